@@ -1,0 +1,2 @@
+"""ONNX Workbench."""
+__version__ = "0.1.0"

@@ -1,0 +1,116 @@
+"""``workbench.backend``: the standard ONNX backend API (``onnx.backend.base``).
+
+>>> import workbench.backend as backend                      # doctest: +SKIP
+>>> rep = backend.prepare(model, device="CPU")                # doctest: +SKIP
+>>> outputs = rep.run([x])                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import onnx
+from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
+
+from workbench import device as _device
+from workbench.graph.executor import Plan
+from workbench.graph.load import load
+from workbench.graph import passes as _passes
+
+
+class WorkbenchRep(BackendRep):
+    """A prepared model: ``run(inputs)`` returns the outputs in graph-output order."""
+
+    def __init__(self, loaded, plan: Plan, dev):
+        self.loaded = loaded
+        self.plan = plan
+        self.device = dev
+        self.output_names = list(plan.output_names)
+
+    def run(self, inputs: Any, **kwargs) -> tuple:
+        if isinstance(inputs, np.ndarray) or not isinstance(inputs, (list, tuple, dict)):
+            inputs = [inputs]
+        if isinstance(inputs, dict):
+            feeds = {k: self.device.put(v) for k, v in inputs.items()}
+        else:
+            feeds = [self.device.put(v) for v in inputs]
+        outs = self.plan.run(feeds)
+        outs = [self.device.get(o) for o in outs]
+        return namedtupledict("Outputs", self.output_names)(*outs)
+
+
+def _dev(device) -> "_device.Device":
+    return _device.get_device(device)
+
+
+def prepare(model, device: str = "CPU", *, optimize: bool = True, **kwargs) -> WorkbenchRep:
+    """Load, validate and plan ``model`` (path, bytes or ModelProto) for ``device``."""
+    dev = _dev(device)
+    loaded = load(model, check=kwargs.pop("check", True))
+    graph = loaded.graph
+    if optimize:
+        graph = _passes.optimize(graph)
+    plan = Plan(graph)
+    if dev.is_cuda:
+        plan = dev.move_plan(plan)
+    return WorkbenchRep(loaded, plan, dev)
+
+
+def run_model(model, inputs, device: str = "CPU", **kwargs):
+    return prepare(model, device, **kwargs).run(inputs)
+
+
+def run_node(node: onnx.NodeProto, inputs: Sequence, device: str = "CPU",
+             outputs_info=None, **kwargs):
+    """Run a single node on inputs (numpy arrays) at the newest opset (or ``opset_version``)."""
+    from workbench.graph.ir import Graph, Node, attr_to_python
+    opset = kwargs.get("opset_version") or onnx.defs.onnx_opset_version()
+    opsets = {node.domain or "": opset}
+    attrs = {a.name: attr_to_python(a, opsets) for a in node.attribute}
+    n = Node(node.op_type, list(node.input), list(node.output), attrs,
+             node.name or node.op_type, node.domain)
+    names = [i for i in node.input if i]
+    from workbench.graph.ir import ValueInfo
+    g = Graph("run_node", [n], [ValueInfo(x) for x in names],
+              [ValueInfo(o) for o in node.output if o], {}, {}, opsets)
+    dev = _dev(device)
+    plan = Plan(g, check_inputs=False)
+    outs = plan.run([dev.put(x) for x in inputs[:len(names)]])
+    return namedtupledict("Outputs", plan.output_names)(*[dev.get(o) for o in outs])
+
+
+def supports_device(device: str) -> bool:
+    return _device.supports(device)
+
+
+def is_compatible(model, device: str = "CPU", **kwargs) -> bool:
+    return supports_device(device)
+
+
+class WorkbenchBackend(Backend):
+    """Class form, for code that wants a ``Backend`` subclass."""
+
+    @classmethod
+    def prepare(cls, model, device="CPU", **kwargs):
+        return prepare(model, device, **kwargs)
+
+    @classmethod
+    def run_model(cls, model, inputs, device="CPU", **kwargs):
+        return run_model(model, inputs, device, **kwargs)
+
+    @classmethod
+    def run_node(cls, node, inputs, device="CPU", outputs_info=None, **kwargs):
+        return run_node(node, inputs, device, outputs_info, **kwargs)
+
+    @classmethod
+    def supports_device(cls, device):
+        return supports_device(device)
+
+    @classmethod
+    def is_compatible(cls, model, device="CPU", **kwargs):
+        return is_compatible(model, device, **kwargs)
+
+
+__all__ = ["prepare", "run_model", "run_node", "supports_device", "is_compatible",
+           "WorkbenchRep", "WorkbenchBackend", "Device", "DeviceType"]

@@ -1,0 +1,225 @@
+"""The ONNX conformance yardstick.
+
+Generates the official node test cases from the installed onnx package
+(``onnx.backend.test.case.node.collect_testcases``), runs each through ``workbench.backend`` and
+compares with the expected outputs the way onnx's own runner does (same rtol/atol, dtype and
+shape equality). Prints passed/total overall and per operator::
+
+    python -m workbench.conformance                 # everything, summary per op
+    python -m workbench.conformance -k conv -v      # cases whose name contains "conv", details
+    python -m workbench.conformance --failures      # one line per failing case with the reason
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import signal
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+EXPECTED_FAILURES_FILE = "tests/conformance_expected_failures.txt"
+
+
+@dataclass
+class CaseResult:
+    name: str
+    op: str
+    ok: bool
+    message: str = ""
+    seconds: float = 0.0
+
+
+def collect(patterns=None) -> list:
+    """The node test cases of the installed onnx package, filtered by name substrings."""
+    from onnx.backend.test.case.node import collect_testcases
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = collect_testcases()
+    if patterns:
+        cases = [c for c in cases if any(p in c.name for p in patterns)]
+    return sorted(cases, key=lambda c: c.name)
+
+
+def primary_op(case) -> str:
+    """The operator a case tests: the single op of one-node models, else from the case name."""
+    types = [n.op_type for n in case.model.graph.node if n.op_type != "Constant"]
+    uniq = sorted(set(types))
+    if len(uniq) == 1:
+        return uniq[0]
+    if not uniq:
+        return "Constant"
+    name = re.sub(r"^test_", "", case.name)
+    best = None
+    for t in uniq:
+        snake = re.sub(r"(?<!^)(?=[A-Z])", "_", t).lower()
+        if name.startswith(snake) or name.startswith(t.lower()):
+            if best is None or len(t) > len(best):
+                best = t
+    return (best or uniq[0]) + " (expanded)" if "expanded" in case.name else (best or uniq[0])
+
+
+def _norm(x):
+    if isinstance(x, onnx.TensorProto):
+        return numpy_helper.to_array(x)
+    if isinstance(x, list):
+        return [_norm(v) for v in x]
+    return x
+
+
+def compare(ref_outputs, outputs, rtol: float, atol: float) -> None:
+    """Raise AssertionError when outputs differ from the reference (onnx runner semantics)."""
+    if len(outputs) != len(ref_outputs):
+        raise AssertionError(f"{len(outputs)} outputs, expected {len(ref_outputs)}")
+    for i, (ref, out) in enumerate(zip(ref_outputs, outputs)):
+        if ref is None:
+            if out is not None:
+                raise AssertionError(f"output {i}: expected an empty optional, got {type(out)}")
+            continue
+        if isinstance(ref, (list, tuple)):
+            if not isinstance(out, (list, tuple)):
+                raise AssertionError(f"output {i}: expected a sequence, got {type(out).__name__}")
+            if len(ref) != len(out):
+                raise AssertionError(f"output {i}: sequence of {len(out)}, expected {len(ref)}")
+            compare(list(ref), list(out), rtol, atol)
+            continue
+        if not isinstance(out, np.ndarray):
+            raise AssertionError(f"output {i}: expected an array, got {type(out).__name__}")
+        if tuple(out.shape) != tuple(ref.shape):
+            raise AssertionError(f"output {i}: shape {list(out.shape)}, expected "
+                                 f"{list(ref.shape)}")
+        if ref.dtype == object:
+            np.testing.assert_array_equal(out, ref, err_msg=f"output {i}")
+            continue
+        if out.dtype != ref.dtype:
+            raise AssertionError(f"output {i}: dtype {out.dtype}, expected {ref.dtype}")
+        o_rtol = rtol
+        if out.dtype.name == "bfloat16" or "float8" in out.dtype.name or \
+                "float4" in out.dtype.name or out.dtype.name in ("int4", "uint4", "int2", "uint2"):
+            if out.dtype.name == "bfloat16":
+                o_rtol = max(rtol, 2 ** -6)
+            out = out.astype(np.float32)
+            ref = ref.astype(np.float32)
+        np.testing.assert_allclose(out, ref, rtol=o_rtol, atol=atol, err_msg=f"output {i}")
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout()
+
+
+def run_case(case, device: str = "CPU", timeout: int = 60) -> CaseResult:
+    import workbench.backend as backend
+    from workbench.ops.sequence_repr import from_engine
+
+    op = primary_op(case)
+    t0 = time.perf_counter()
+    use_alarm = hasattr(signal, "SIGALRM")
+    if use_alarm:
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.alarm(timeout)
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            rep = backend.prepare(case.model, device)
+            for inputs, ref_outputs in case.data_sets:
+                outs = rep.run([_norm(x) for x in inputs])
+                compare([_norm(r) for r in ref_outputs], [from_engine(o) for o in outs],
+                        case.rtol, case.atol)
+        return CaseResult(case.name, op, True, "", time.perf_counter() - t0)
+    except _Timeout:
+        return CaseResult(case.name, op, False, f"timeout after {timeout}s",
+                          time.perf_counter() - t0)
+    except AssertionError as e:
+        msg = " ".join(str(e).split())[:300]
+        return CaseResult(case.name, op, False, "wrong result: " + msg, time.perf_counter() - t0)
+    except Exception as e:
+        msg = " ".join(str(e).split())[:300]
+        return CaseResult(case.name, op, False, f"{type(e).__name__}: {msg}",
+                          time.perf_counter() - t0)
+    finally:
+        if use_alarm:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+
+
+def run_all(patterns=None, device: str = "CPU") -> list[CaseResult]:
+    return [run_case(c, device) for c in collect(patterns)]
+
+
+def load_expected_failures(path: str = EXPECTED_FAILURES_FILE) -> dict[str, str]:
+    """{case name: reason} from the expected-failures file (``name  # reason`` per line)."""
+    out = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if not line or line.startswith("#"):
+                    continue
+                name, _, reason = line.partition("#")
+                out[name.strip()] = reason.strip()
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def summarize(results: list[CaseResult], out=sys.stdout, per_op: bool = True) -> None:
+    by_op = collections.defaultdict(list)
+    for r in results:
+        by_op[r.op].append(r)
+    if per_op:
+        print(f"{'operator':34s} {'passed':>7s} {'total':>6s}", file=out)
+        for op in sorted(by_op):
+            rs = by_op[op]
+            p = sum(r.ok for r in rs)
+            mark = "" if p == len(rs) else "  <"
+            print(f"{op:34s} {p:7d} {len(rs):6d}{mark}", file=out)
+    passed = sum(r.ok for r in results)
+    print(f"\nONNX node conformance (onnx {onnx.__version__}): {passed}/{len(results)} cases pass "
+          f"({len(by_op)} operators, {sum(all(r.ok for r in rs) for rs in by_op.values())} "
+          f"fully passing)", file=out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m workbench.conformance", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-k", action="append", default=[], help="only cases whose name contains this")
+    p.add_argument("--device", default="CPU")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every case")
+    p.add_argument("--failures", action="store_true", help="print each failing case and reason")
+    p.add_argument("--no-per-op", action="store_true")
+    p.add_argument("--write-expected", metavar="FILE",
+                   help="write the failing cases as an expected-failures file")
+    args = p.parse_args(argv)
+    results = []
+    for c in collect(args.k):
+        r = run_case(c, args.device)
+        results.append(r)
+        if args.verbose:
+            print(f"{'PASS' if r.ok else 'FAIL'} {r.name} ({r.seconds:.2f}s) {r.message}")
+    if args.failures and not args.verbose:
+        for r in results:
+            if not r.ok:
+                print(f"FAIL {r.name}: {r.message}")
+    summarize(results, per_op=not args.no_per_op)
+    if args.write_expected:
+        with open(args.write_expected, "w", encoding="utf-8") as f:
+            f.write("# ONNX node conformance cases expected to fail: name  # reason\n")
+            for r in results:
+                if not r.ok:
+                    f.write(f"{r.name}  # {r.message}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

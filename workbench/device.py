@@ -1,0 +1,148 @@
+"""Devices (SINGA-compatible): ``create_cpu()``, ``create_cuda_gpu()``, ``get_default_device()``.
+
+A device decides where arrays live: numpy on the CPU, cupy on a CUDA GPU. Arrays move between
+devices only when asked (``put``/``get``, ``Tensor.to_device``, ``tensor.to_numpy``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.arrays import cupy_module, is_array
+from workbench.errors import DeviceError
+
+
+class Device:
+    """A place where arrays live and kernels run."""
+
+    def __init__(self, kind: str = "CPU", index: int = 0):
+        self.kind = kind.upper()
+        self.index = int(index)
+        self.id = -1 if self.kind == "CPU" else self.index
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "CUDA"
+
+    @property
+    def xp(self):
+        return cupy_module() if self.is_cuda else np
+
+    def __repr__(self) -> str:
+        return "Device('CPU')" if not self.is_cuda else f"Device('CUDA:{self.index}')"
+
+    def __str__(self) -> str:
+        return "CPU" if not self.is_cuda else f"CUDA:{self.index}"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Device) and (self.kind, self.index) == (other.kind, other.index)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.index))
+
+    # SINGA names
+    def id_(self) -> int:  # pragma: no cover - trivial alias
+        return self.id
+
+    def put(self, a):
+        """Move an array (or a list of arrays, for sequence values) onto this device."""
+        if isinstance(a, list):
+            return [self.put(x) for x in a]
+        if a is None:
+            return None
+        if self.is_cuda:
+            cp = cupy_module()
+            with cp.cuda.Device(self.index):
+                return cp.asarray(a)
+        if is_array(a) and not isinstance(a, np.ndarray):
+            return cupy_module().asnumpy(a)
+        if isinstance(a, np.ndarray):
+            return a
+        return np.asarray(a)
+
+    def get(self, a):
+        """Copy an array back to the host as numpy (lists element-wise)."""
+        if isinstance(a, list):
+            return [self.get(x) for x in a]
+        cp = cupy_module()
+        if cp is not None and isinstance(a, cp.ndarray):
+            return cp.asnumpy(a)
+        return a
+
+    def move_plan(self, plan):
+        """Put a plan's constant arrays (initializers) on this device."""
+        plan._template = [self.put(v) if is_array(v) else v for v in plan._template]
+        return plan
+
+    def synchronize(self) -> None:
+        if self.is_cuda:
+            cupy_module().cuda.Device(self.index).synchronize()
+
+
+_CPU = Device("CPU")
+_default = _CPU
+
+
+def cuda_available() -> bool:
+    cp = cupy_module()
+    if cp is None:
+        return False
+    try:
+        return cp.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def create_cpu() -> Device:
+    return _CPU
+
+
+def get_default_device() -> Device:
+    return _default
+
+
+def create_cuda_gpu(id: int = 0) -> Device:  # noqa: A002 - SINGA's parameter name
+    """The CUDA GPU ``id`` (needs cupy and a working GPU)."""
+    cp = cupy_module()
+    if cp is None:
+        raise DeviceError("CUDA was asked for but cupy is not installed; install the GPU extra "
+                          "(pip install 'onnx-workbench[gpu-cuda12]' or [gpu-cuda13]) or use "
+                          "device.create_cpu()")
+    if not cuda_available():
+        raise DeviceError("CUDA was asked for but no CUDA GPU is visible to cupy "
+                          "(cupy.cuda.runtime.getDeviceCount() is 0 or failed); use "
+                          "device.create_cpu()")
+    n = cp.cuda.runtime.getDeviceCount()
+    if not 0 <= id < n:
+        raise DeviceError(f"CUDA:{id} does not exist: this machine has {n} GPU(s) "
+                          f"(CUDA:0..CUDA:{n - 1})")
+    return Device("CUDA", id)
+
+
+create_cuda_gpu_on = create_cuda_gpu
+
+
+def get_device(spec=None) -> Device:
+    """A Device from a Device, 'CPU', 'CUDA', 'CUDA:1', or an onnx.backend Device string."""
+    if spec is None:
+        return _default
+    if isinstance(spec, Device):
+        return spec
+    s = str(spec).strip().upper()
+    if s == "CPU":
+        return _CPU
+    if s.startswith("CUDA") or s.startswith("GPU"):
+        idx = 0
+        if ":" in s:
+            idx = int(s.split(":", 1)[1] or 0)
+        return create_cuda_gpu(idx)
+    raise DeviceError(f"unknown device {spec!r}; use 'CPU' or 'CUDA:<n>'")
+
+
+def supports(spec) -> bool:
+    s = str(spec).strip().upper()
+    if s == "CPU":
+        return True
+    if s.startswith("CUDA"):
+        return cuda_available()
+    return False

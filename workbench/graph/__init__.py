@@ -1,0 +1,1 @@
+"""Graph layer: load -> IR -> passes -> Plan (executor) -> export."""

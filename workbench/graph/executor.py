@@ -1,0 +1,425 @@
+"""The Plan: parse once, run many times.
+
+A :class:`Plan` is built from a :class:`~workbench.graph.ir.Graph`: nodes are put in topological
+order, each node's kernel is looked up once for the model's opset, attributes are merged with
+the spec's defaults once, values get integer slots and each value is freed right after its last
+use. ``Plan.run`` is then a lean loop over prepared steps. Per-node hooks see every node's
+outputs (the widgets' tensor inspector uses them); a Plan built with ``outputs=[...]`` keeps only
+the nodes those outputs need (cutting at ``last_layers``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from workbench.arrays import is_array
+from workbench.arrays.dtypes import dtype_name, np_dtype_of_onnx
+from workbench.errors import (
+    InputError,
+    KernelError,
+    ModelLoadError,
+    ShapeError,
+    UnsupportedOperatorError,
+    WorkbenchError,
+)
+from workbench.graph.ir import Graph, Node
+from workbench.ops.registry import NodeContext, attribute_defaults, lookup
+
+
+# --------------------------------------------------------------------------- ordering
+def topological_order(graph: Graph, *, outer: Sequence[str] = ()) -> list[Node]:
+    """Nodes in a topological order, stable with respect to the file's order.
+
+    Raises ModelLoadError naming the value and node when an input is never defined, and the
+    nodes involved when the graph has a cycle.
+    """
+    available = {v.name for v in graph.inputs} | set(graph.initializers) | set(outer) | {""}
+    producers: dict[str, int] = {}
+    for i, n in enumerate(graph.nodes):
+        for o in n.outputs:
+            if o:
+                producers[o] = i
+    deps: list[set] = []
+    for i, n in enumerate(graph.nodes):
+        needs = set()
+        names = list(n.inputs)
+        for sg in n.subgraphs:
+            names.extend(sg.free_variables())
+        for name in names:
+            if name in available:
+                continue
+            if name not in producers:
+                raise ModelLoadError(
+                    f"node {n.name!r} ({n.op_type}) reads {name!r}, which is neither a graph "
+                    f"input, an initializer, nor the output of any node (missing initializer?)")
+            if producers[name] != i:
+                needs.add(producers[name])
+        deps.append(needs)
+    users: dict[int, list[int]] = {i: [] for i in range(len(graph.nodes))}
+    for i, d in enumerate(deps):
+        for j in d:
+            users[j].append(i)
+    remaining = [len(d) for d in deps]
+    import heapq
+    ready = [i for i, r in enumerate(remaining) if r == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            remaining[u] -= 1
+            if remaining[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(graph.nodes):
+        stuck = [graph.nodes[i].name for i, r in enumerate(remaining) if r > 0]
+        raise ModelLoadError(
+            f"the graph has a cycle: nodes {stuck[:10]}{' ...' if len(stuck) > 10 else ''} "
+            f"depend on each other; ONNX graphs must be acyclic")
+    return [graph.nodes[i] for i in order]
+
+
+def needed_nodes(order: list[Node], outputs: Sequence[str]) -> list[Node]:
+    """The nodes (in order) that the given output names depend on."""
+    need = set(outputs)
+    keep = []
+    for n in reversed(order):
+        if any(o in need for o in n.outputs if o):
+            keep.append(n)
+            need.update(i for i in n.inputs if i)
+            for sg in n.subgraphs:
+                need.update(sg.free_variables())
+    keep.reverse()
+    return keep
+
+
+def layer_nodes(graph: Graph) -> list[Node]:
+    """The nodes counted by ``last_layers``: topological order, ``Constant`` nodes excluded."""
+    return [n for n in topological_order(graph) if n.op_type != "Constant"]
+
+
+def resolve_cut(graph: Graph, last_layers) -> list[str]:
+    """Output names for a cut at ``last_layers``.
+
+    -1 keeps the whole graph (its outputs); -k keeps all but the last k-1 layers and returns the
+    outputs of the last kept node (SINGA's documented meaning, counted in topological order
+    without Constant nodes). A string names a node (its outputs) or a value.
+    """
+    if last_layers is None:
+        return [v.name for v in graph.outputs]
+    if isinstance(last_layers, (list, tuple)):
+        out = []
+        for x in last_layers:
+            out.extend(resolve_cut(graph, x))
+        return out
+    if isinstance(last_layers, (int, np.integer)) and not isinstance(last_layers, bool):
+        k = int(last_layers)
+        nodes = layer_nodes(graph)
+        if k >= 0:
+            raise InputError(
+                f"last_layers={k} is not valid: use -1 to keep the whole graph, -k to cut off "
+                f"the last k-1 layers (-2 ... -{len(nodes)}), or a node/value name")
+        if k == -1:
+            return [v.name for v in graph.outputs]
+        if -k > len(nodes):
+            raise InputError(f"last_layers={k} cuts more layers than the graph has "
+                             f"({len(nodes)} layers, so the smallest value is -{len(nodes)})")
+        node = nodes[len(nodes) + k]
+        return [o for o in node.outputs if o]
+    if isinstance(last_layers, str):
+        node = graph.node_by_name(last_layers)
+        if node is not None:
+            return [o for o in node.outputs if o]
+        values = {o for n in graph.nodes for o in n.outputs if o}
+        values |= {v.name for v in graph.inputs}
+        if last_layers in values:
+            return [last_layers]
+        names = [n.name for n in graph.nodes] + sorted(values)
+        close = difflib.get_close_matches(last_layers, names, n=5)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise InputError(f"last_layers={last_layers!r} is neither a node nor a value name of "
+                         f"graph {graph.name!r}{hint}")
+    raise InputError(f"last_layers must be a negative int or a node/value name, "
+                     f"got {type(last_layers).__name__}")
+
+
+# --------------------------------------------------------------------------- plan
+@dataclass
+class Step:
+    fn: Callable
+    ins: tuple
+    outs: tuple
+    attrs: dict
+    free: tuple
+    node: Node
+    subplans: tuple = ()     # (attr name, Plan, ((name, slot), ...))
+
+
+class Plan:
+    """An executable schedule of a graph.
+
+    >>> plan = Plan(graph)                       # doctest: +SKIP
+    >>> y, = plan.run({"x": x})                  # doctest: +SKIP
+    """
+
+    def __init__(self, graph: Graph, *, outputs: Sequence[str] | None = None,
+                 outer: Sequence[str] = (), training: bool = False, seed: int | None = None,
+                 check_inputs: bool = True):
+        self.graph = graph
+        self.training = training
+        self.check_inputs = check_inputs
+        self.output_names = list(outputs) if outputs is not None else \
+            [v.name for v in graph.outputs]
+        self._rng = np.random.default_rng(seed)
+        order = topological_order(graph, outer=outer)
+        self.nodes = needed_nodes(order, self.output_names)
+        self.input_infos = list(graph.inputs)
+        self.outer_names = list(outer)
+
+        slots: dict[str, int] = {}
+
+        def slot(name: str) -> int:
+            if name not in slots:
+                slots[name] = len(slots)
+            return slots[name]
+
+        for v in graph.inputs:
+            slot(v.name)
+        for name in outer:
+            slot(name)
+        for name in graph.initializers:
+            slot(name)
+        for n in self.nodes:
+            for o in n.outputs:
+                if o:
+                    slot(o)
+        self.slots = slots
+        produced = {o for n in self.nodes for o in n.outputs if o}
+        defined = produced | set(slots)
+        for name in self.output_names:
+            if name not in defined:
+                raise ModelLoadError(f"graph {graph.name!r} has no value named {name!r} to output")
+
+        # last use of every slot
+        last_use: dict[int, int] = {}
+        keep = {slots[n] for n in self.output_names}
+        missing = []
+        for si, n in enumerate(self.nodes):
+            names = [i for i in n.inputs if i]
+            for sg in n.subgraphs:
+                names.extend(sg.free_variables())
+            for name in names:
+                if name not in slots:
+                    missing.append((n, name))
+                    continue
+                last_use[slots[name]] = si
+        if missing:
+            n, name = missing[0]
+            raise ModelLoadError(f"node {n.name!r} ({n.op_type}) reads undefined value {name!r}")
+        frees: list[list[int]] = [[] for _ in self.nodes]
+        for s, si in last_use.items():
+            if s not in keep:
+                frees[si].append(s)
+        # outputs nobody reads are freed right after they are produced
+        for si, n in enumerate(self.nodes):
+            for o in n.outputs:
+                if o and slots[o] not in last_use and slots[o] not in keep:
+                    frees[si].append(slots[o])
+
+        errors = []
+        self.steps: list[Step] = []
+        for si, n in enumerate(self.nodes):
+            opset = graph.opsets.get(n.domain or "", graph.opsets.get("ai.onnx"))
+            if opset is None:
+                errors.append(UnsupportedOperatorError(
+                    n.op_type, n.domain, None, n.name,
+                    reason=f"the model imports no opset for domain {n.domain or 'ai.onnx'!r}"))
+                continue
+            try:
+                entry = lookup(n.op_type, n.domain, opset, n.name)
+            except UnsupportedOperatorError as e:
+                errors.append(e)
+                continue
+            attrs = dict(attribute_defaults(n.op_type, n.domain or "", opset))
+            subplans = []
+            for k, v in n.attrs.items():
+                if isinstance(v, Graph):
+                    free = sorted(v.free_variables())
+                    sub = Plan(v, outer=free, training=training, check_inputs=False)
+                    subplans.append((k, sub, tuple((f, slots[f]) for f in free)))
+                else:
+                    attrs[k] = v
+            if entry.wants_ctx:
+                attrs["ctx"] = NodeContext(n.name, n.op_type, opset, len(n.outputs),
+                                           tuple(n.outputs), training, self._rng)
+            self.steps.append(Step(
+                entry.fn,
+                tuple(slots[i] if i else -1 for i in n.inputs),
+                tuple(slots[o] if o else -1 for o in n.outputs),
+                attrs, tuple(frees[si]), n, tuple(subplans)))
+        if errors:
+            if len(errors) == 1:
+                raise errors[0]
+            ops = sorted({f"{e.domain}::{e.op_type}" + (f" (opset {e.opset})" if e.opset else "")
+                          for e in errors})
+            err = UnsupportedOperatorError(
+                errors[0].op_type, errors[0].domain, errors[0].opset, errors[0].node_name,
+                reason=f"{len(errors)} nodes use operators the engine lacks: {', '.join(ops)}")
+            err.missing = errors
+            raise err
+
+        self._template: list[Any] = [None] * len(slots)
+        for name, arr in graph.initializers.items():
+            self._template[slots[name]] = arr
+        self._in_slots = [slots[v.name] for v in graph.inputs]
+        self._out_slots = [slots[n] for n in self.output_names]
+        self._outer_slots = [(name, slots[name]) for name in outer]
+
+    # ------------------------------------------------------------------ running
+    def _feeds_to_slots(self, feeds) -> list:
+        infos = self.input_infos
+        if isinstance(feeds, dict):
+            unknown = [k for k in feeds if k not in self.slots or k in self.graph.initializers
+                       and k not in {v.name for v in infos}]
+            names = [v.name for v in infos]
+            if unknown:
+                raise InputError(f"unknown input name(s) {unknown}; the model's inputs are "
+                                 f"{names}")
+            missing = [n for n in names if n not in feeds]
+            if missing:
+                raise InputError(f"missing input(s) {missing}; the model's inputs are {names}")
+            values = [feeds[n] for n in names]
+        else:
+            values = list(feeds)
+            if len(values) != len(infos):
+                raise InputError(
+                    f"the model takes {len(infos)} input(s) {[v.name for v in infos]}, "
+                    f"got {len(values)}")
+        if self.check_inputs:
+            for info, v in zip(infos, values):
+                _check_input(info, v)
+        return values
+
+    def run(self, feeds, *, hook: Callable | None = None, outer: dict | None = None) -> list:
+        """Run the plan; ``feeds`` is a list in input order or a dict by name.
+
+        ``hook(node, outputs)`` is called after every node with the tuple of its outputs.
+        Returns the outputs (a list, in ``output_names`` order).
+        """
+        values = self._feeds_to_slots(feeds)
+        env = self._template.copy()
+        for s, v in zip(self._in_slots, values):
+            env[s] = v
+        if outer is not None:
+            for name, s in self._outer_slots:
+                env[s] = outer[name]
+        return self._execute(env, hook)
+
+    def run_positional(self, values: Sequence, outer: dict | None = None) -> list:
+        """Run with inputs in order and no checks (subgraph bodies)."""
+        env = self._template.copy()
+        for s, v in zip(self._in_slots, values):
+            env[s] = v
+        if outer:
+            for name, s in self._outer_slots:
+                env[s] = outer[name]
+        return self._execute(env, None)
+
+    def _execute(self, env: list, hook) -> list:
+        step = None
+        try:
+            for step in self.steps:
+                args = [env[i] if i >= 0 else None for i in step.ins]
+                if step.subplans:
+                    kw = dict(step.attrs)
+                    for name, sub, free in step.subplans:
+                        kw[name] = _bind(sub, {f: env[s] for f, s in free})
+                    r = step.fn(*args, **kw)
+                else:
+                    r = step.fn(*args, **step.attrs)
+                outs = step.outs
+                if type(r) is tuple:
+                    for s, v in zip(outs, r):
+                        if s >= 0:
+                            env[s] = v
+                    if hook is not None:
+                        hook(step.node, r)
+                else:
+                    if outs[0] >= 0:
+                        env[outs[0]] = r
+                    if hook is not None:
+                        hook(step.node, (r,))
+                for s in step.free:
+                    env[s] = None
+        except WorkbenchError as e:
+            if step is not None and "node " not in str(e)[:6] and not getattr(e, "_located", 0):
+                e.args = (f"node {step.node.name!r} ({step.node.op_type}): {e}",) + e.args[1:]
+                e._located = True
+            raise
+        except Exception as e:
+            if step is None:
+                raise
+            raise KernelError(
+                f"node {step.node.name!r} ({step.node.op_type}, opset "
+                f"{self.graph.opsets.get(step.node.domain or '', '?')}) failed: "
+                f"{type(e).__name__}: {e}; inputs: {_describe_args(step, env, args)}",
+                node_name=step.node.name, op_type=step.node.op_type) from e
+        out = []
+        for s in self._out_slots:
+            v = env[s]
+            if isinstance(v, np.generic):
+                v = np.asarray(v)
+            out.append(v)
+        return out
+
+
+def _bind(plan: Plan, scope: dict) -> Callable:
+    def body(*inputs):
+        return plan.run_positional(inputs, scope)
+    body.plan = plan
+    return body
+
+
+def _describe_args(step: Step, env, args) -> str:
+    parts = []
+    for name, a in zip(step.node.inputs, args):
+        if a is None:
+            parts.append(f"{name or '<omitted>'}=None")
+        elif is_array(a):
+            parts.append(f"{name}: {a.dtype}{list(a.shape)}")
+        else:
+            parts.append(f"{name}: {type(a).__name__}")
+    return ", ".join(parts) or "(none)"
+
+
+def _check_input(info, v) -> None:
+    if info.type_proto is not None and not info.is_tensor:
+        return
+    if not is_array(v):
+        if isinstance(v, (list, tuple)) or v is None:
+            raise InputError(f"input {info.name!r} must be an array, got {type(v).__name__}")
+        return
+    if info.dtype:
+        try:
+            want = np_dtype_of_onnx(info.dtype)
+        except TypeError:
+            want = None
+        if want is not None and v.dtype != want and not (want == object and v.dtype.kind in "OU"):
+            raise InputError(f"input {info.name!r} expects dtype {dtype_name(info.dtype)} "
+                             f"({want}), got {v.dtype}; convert it with .astype({want.name!r})")
+    if info.shape is not None:
+        if len(info.shape) != v.ndim:
+            raise ShapeError(f"input {info.name!r} expects rank {len(info.shape)} "
+                             f"(shape {_fmt_shape(info.shape)}), got shape {list(v.shape)}")
+        for d, (want, got) in enumerate(zip(info.shape, v.shape)):
+            if isinstance(want, int) and want != got:
+                raise ShapeError(f"input {info.name!r} expects shape {_fmt_shape(info.shape)}, "
+                                 f"got {list(v.shape)} (dimension {d} differs)")
+
+
+def _fmt_shape(shape) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"

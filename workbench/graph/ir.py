@@ -1,0 +1,265 @@
+"""The Graph IR: nodes, values (name, dtype, shape), initializers and subgraphs.
+
+A thin, mutable, Python-native view of an ONNX graph that passes rewrite and the executor plans
+from. ``Graph.from_proto`` / ``Graph.to_proto`` convert both ways without losing information
+the engine does not model (doc strings, metadata stay on the ModelProto kept by the loader).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, helper, numpy_helper
+
+
+@dataclass
+class ValueInfo:
+    """Name, element type and shape of a value; ``shape`` entries are int, str (symbolic) or
+    None (unknown); ``shape`` itself is None when the rank is unknown. ``type_proto`` keeps
+    non-tensor types (sequences, optionals)."""
+
+    name: str
+    dtype: int | None = None
+    shape: tuple | None = None
+    type_proto: Any = None
+
+    @classmethod
+    def from_proto(cls, vi: onnx.ValueInfoProto) -> "ValueInfo":
+        t = vi.type
+        dtype, shape = None, None
+        if t.HasField("tensor_type"):
+            tt = t.tensor_type
+            dtype = tt.elem_type or None
+            if tt.HasField("shape"):
+                dims = []
+                for d in tt.shape.dim:
+                    if d.HasField("dim_value"):
+                        dims.append(int(d.dim_value))
+                    elif d.HasField("dim_param"):
+                        dims.append(d.dim_param)
+                    else:
+                        dims.append(None)
+                shape = tuple(dims)
+        return cls(vi.name, dtype, shape, t)
+
+    def to_proto(self) -> onnx.ValueInfoProto:
+        if self.type_proto is not None and not self.type_proto.HasField("tensor_type"):
+            vi = onnx.ValueInfoProto(name=self.name)
+            vi.type.CopyFrom(self.type_proto)
+            return vi
+        return helper.make_tensor_value_info(
+            self.name, self.dtype or 0, None if self.shape is None else list(self.shape))
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.type_proto is None or self.type_proto.HasField("tensor_type")
+
+
+@dataclass
+class Node:
+    op_type: str
+    inputs: list
+    outputs: list
+    attrs: dict = field(default_factory=dict)
+    name: str = ""
+    domain: str = ""
+    doc_string: str = ""
+
+    def __repr__(self) -> str:
+        return f"Node({self.name!r}, {self.op_type}, {self.inputs} -> {self.outputs})"
+
+    @property
+    def subgraphs(self) -> list:
+        out = []
+        for v in self.attrs.values():
+            if isinstance(v, Graph):
+                out.append(v)
+            elif isinstance(v, list) and v and isinstance(v[0], Graph):
+                out.extend(v)
+        return out
+
+
+def attr_to_python(a: onnx.AttributeProto, opsets: dict, base_dir: str | None = None):
+    t = a.type
+    if t == AttributeProto.FLOAT:
+        return float(a.f)
+    if t == AttributeProto.INT:
+        return int(a.i)
+    if t == AttributeProto.STRING:
+        try:
+            return a.s.decode("utf-8")
+        except UnicodeDecodeError:
+            return a.s
+    if t == AttributeProto.TENSOR:
+        return numpy_helper.to_array(a.t, base_dir or "")
+    if t == AttributeProto.GRAPH:
+        return Graph.from_proto(a.g, opsets)
+    if t == AttributeProto.SPARSE_TENSOR:
+        return _sparse_to_dense(a.sparse_tensor)
+    if t == AttributeProto.FLOATS:
+        return [float(x) for x in a.floats]
+    if t == AttributeProto.INTS:
+        return [int(x) for x in a.ints]
+    if t == AttributeProto.STRINGS:
+        return [s.decode("utf-8") for s in a.strings]
+    if t == AttributeProto.TENSORS:
+        return [numpy_helper.to_array(x) for x in a.tensors]
+    if t == AttributeProto.GRAPHS:
+        return [Graph.from_proto(g, opsets) for g in a.graphs]
+    if t == AttributeProto.TYPE_PROTO:
+        return a.tp
+    if t == AttributeProto.TYPE_PROTOS:
+        return list(a.type_protos)
+    return helper.get_attribute_value(a)
+
+
+def _sparse_to_dense(sp: onnx.SparseTensorProto) -> np.ndarray:
+    values = numpy_helper.to_array(sp.values)
+    indices = numpy_helper.to_array(sp.indices).astype(np.int64)
+    dims = tuple(sp.dims)
+    dense = np.zeros(dims, dtype=values.dtype)
+    if indices.ndim == 1:
+        dense.reshape(-1)[indices] = values
+    else:
+        dense[tuple(indices.T)] = values
+    return dense
+
+
+def python_to_attr(name: str, value) -> onnx.AttributeProto:
+    if isinstance(value, Graph):
+        return helper.make_attribute(name, value.to_proto())
+    if isinstance(value, list) and value and isinstance(value[0], Graph):
+        return helper.make_attribute(name, [g.to_proto() for g in value])
+    if isinstance(value, np.ndarray):
+        return helper.make_attribute(name, numpy_helper.from_array(value))
+    if isinstance(value, list) and value and isinstance(value[0], np.ndarray):
+        return helper.make_attribute(name, [numpy_helper.from_array(v) for v in value])
+    if isinstance(value, onnx.TypeProto):
+        a = AttributeProto(name=name, type=AttributeProto.TYPE_PROTO)
+        a.tp.CopyFrom(value)
+        return a
+    return helper.make_attribute(name, value)
+
+
+@dataclass
+class Graph:
+    name: str = "graph"
+    nodes: list = field(default_factory=list)
+    inputs: list = field(default_factory=list)        # ValueInfo, graph inputs (not initializers)
+    outputs: list = field(default_factory=list)       # ValueInfo
+    initializers: dict = field(default_factory=dict)  # name -> numpy array
+    value_info: dict = field(default_factory=dict)    # name -> ValueInfo (intermediates)
+    opsets: dict = field(default_factory=lambda: {"": 17})
+    doc_string: str = ""
+
+    # ------------------------------------------------------------------ conversion
+    @classmethod
+    def from_proto(cls, g: onnx.GraphProto, opsets: dict, base_dir: str | None = None) -> "Graph":
+        inits = {}
+        for t in g.initializer:
+            inits[t.name] = numpy_helper.to_array(t, base_dir or "")
+        for st in g.sparse_initializer:
+            inits[st.values.name] = _sparse_to_dense(st)
+        inputs = [ValueInfo.from_proto(v) for v in g.input if v.name not in inits]
+        outputs = [ValueInfo.from_proto(v) for v in g.output]
+        vinfo = {v.name: ValueInfo.from_proto(v) for v in g.value_info}
+        for v in g.input:
+            if v.name in inits:
+                vinfo[v.name] = ValueInfo.from_proto(v)
+        nodes = []
+        for i, n in enumerate(g.node):
+            attrs = {a.name: attr_to_python(a, opsets, base_dir) for a in n.attribute}
+            nodes.append(Node(n.op_type, list(n.input), list(n.output), attrs,
+                              n.name or f"{n.op_type}_{i}", n.domain, n.doc_string))
+        return cls(g.name, nodes, inputs, outputs, inits, vinfo, dict(opsets), g.doc_string)
+
+    def to_proto(self) -> onnx.GraphProto:
+        nodes = []
+        for n in self.nodes:
+            pn = helper.make_node(n.op_type, n.inputs, n.outputs, name=n.name or None,
+                                  domain=n.domain or None)
+            if n.doc_string:
+                pn.doc_string = n.doc_string
+            pn.attribute.extend(python_to_attr(k, v) for k, v in n.attrs.items())
+            nodes.append(pn)
+        inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in self.initializers.items()]
+        g = helper.make_graph(nodes, self.name, [v.to_proto() for v in self.inputs],
+                              [v.to_proto() for v in self.outputs], inits,
+                              doc_string=self.doc_string or None)
+        known = {v.name for v in self.inputs} | {v.name for v in self.outputs}
+        g.value_info.extend(v.to_proto() for k, v in self.value_info.items()
+                            if k not in known and k not in self.initializers
+                            and (v.dtype or v.type_proto is not None))
+        return g
+
+    # ------------------------------------------------------------------ queries
+    def producers(self) -> dict:
+        """value name -> node that produces it."""
+        return {o: n for n in self.nodes for o in n.outputs if o}
+
+    def consumers(self) -> dict:
+        out: dict = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i:
+                    out.setdefault(i, []).append(n)
+            for sg in n.subgraphs:
+                for name in sg.free_variables():
+                    out.setdefault(name, []).append(n)
+        return out
+
+    def free_variables(self) -> set:
+        """Names this (sub)graph reads from an enclosing scope."""
+        defined = {v.name for v in self.inputs} | set(self.initializers)
+        used = set()
+        for n in self.nodes:
+            for i in n.inputs:
+                if i and i not in defined:
+                    used.add(i)
+            for sg in n.subgraphs:
+                used |= {x for x in sg.free_variables() if x not in defined}
+            defined.update(o for o in n.outputs if o)
+        for o in self.outputs:
+            if o.name not in defined:
+                used.add(o.name)
+        return used
+
+    def value(self, name: str) -> ValueInfo | None:
+        for v in self.inputs:
+            if v.name == name:
+                return v
+        for v in self.outputs:
+            if v.name == name:
+                return v
+        if name in self.value_info:
+            return self.value_info[name]
+        if name in self.initializers:
+            a = self.initializers[name]
+            from workbench.arrays.dtypes import onnx_dtype_of_np
+            try:
+                return ValueInfo(name, onnx_dtype_of_np(a.dtype), tuple(a.shape))
+            except TypeError:
+                return ValueInfo(name, None, tuple(a.shape))
+        return None
+
+    def node_by_name(self, name: str) -> Node | None:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        return None
+
+    def copy(self) -> "Graph":
+        """Shallow-structural copy: new node/value lists, shared initializer arrays."""
+        return Graph(self.name,
+                     [Node(n.op_type, list(n.inputs), list(n.outputs), dict(n.attrs), n.name,
+                           n.domain, n.doc_string) for n in self.nodes],
+                     [ValueInfo(v.name, v.dtype, v.shape, v.type_proto) for v in self.inputs],
+                     [ValueInfo(v.name, v.dtype, v.shape, v.type_proto) for v in self.outputs],
+                     dict(self.initializers), dict(self.value_info), dict(self.opsets),
+                     self.doc_string)
+
+    def num_parameters(self) -> int:
+        return int(sum(int(np.prod(a.shape)) for a in self.initializers.values()))

@@ -1,0 +1,180 @@
+"""The kernel registry: one registration next to each kernel.
+
+A kernel is a plain named function registered for an ONNX op and the opset version that
+introduced the behaviour it implements::
+
+    @kernel("LeakyRelu", since=6)
+    def leaky_relu(x, *, alpha):
+        xp = xp_of(x)
+        return xp.where(x >= 0, x, x * x.dtype.type(alpha))
+
+Lookup takes the newest ``since`` not above the model's opset for that domain. Inputs arrive
+positionally in spec order (``None`` for omitted optional inputs), attributes as keyword
+arguments under their spec names; attributes with a default in the spec are always passed, with
+the spec's default (read from ``onnx.defs``, never retyped). A kernel returns one array, or a
+tuple of arrays for several outputs (a Python ``list`` is a single *sequence* value).
+
+Kernels that need to know about the node (number of outputs, node name, opset, a random
+generator) ask for it with ``wants_ctx=True`` and receive ``ctx=`` a :class:`NodeContext`.
+Graph-valued attributes (If/Loop/Scan bodies) arrive as callables: ``body(*inputs) -> list``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import onnx
+import onnx.defs
+import onnx.helper
+
+from workbench.errors import UnsupportedOperatorError
+
+DEFAULT_DOMAIN = ""
+_DOMAIN_ALIASES = {"ai.onnx": ""}
+
+
+def _norm_domain(domain: str | None) -> str:
+    domain = domain or ""
+    return _DOMAIN_ALIASES.get(domain, domain)
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    op_type: str
+    domain: str
+    since: int
+    fn: Callable
+    wants_ctx: bool = False
+
+
+@dataclass
+class NodeContext:
+    """What a kernel may know about the node it runs (only when registered ``wants_ctx``)."""
+
+    node_name: str
+    op_type: str
+    opset: int
+    n_outputs: int
+    output_names: tuple = ()
+    training: bool = False
+    rng: Any = None
+    extra: dict = field(default_factory=dict)
+
+
+# (domain, op_type) -> sorted list of since versions / entries
+_REGISTRY: dict[tuple[str, str], list[KernelEntry]] = {}
+
+
+def kernel(op_type: str, since: int = 1, *, domain: str = "", wants_ctx: bool = False):
+    """Register the decorated function as the kernel of ``op_type`` from opset ``since``.
+
+    Stack several decorators to register one function for several ops or versions.
+    """
+
+    def deco(fn: Callable) -> Callable:
+        if fn.__name__ in ("_", "<lambda>"):
+            raise ValueError(f"kernel for {op_type} must be a named function")
+        register(op_type, fn, since=since, domain=domain, wants_ctx=wants_ctx)
+        return fn
+
+    return deco
+
+
+def register(op_type: str, fn: Callable, *, since: int = 1, domain: str = "",
+             wants_ctx: bool = False) -> None:
+    """Register ``fn`` as a kernel (the non-decorator form, for custom operators)."""
+    key = (_norm_domain(domain), op_type)
+    entries = _REGISTRY.setdefault(key, [])
+    entries[:] = [e for e in entries if e.since != since]
+    entries.append(KernelEntry(op_type, key[0], int(since), fn, wants_ctx))
+    entries.sort(key=lambda e: e.since)
+    attribute_defaults.cache_clear()
+
+
+def unregister(op_type: str, *, domain: str = "", since: int | None = None) -> None:
+    key = (_norm_domain(domain), op_type)
+    if since is None:
+        _REGISTRY.pop(key, None)
+    elif key in _REGISTRY:
+        _REGISTRY[key] = [e for e in _REGISTRY[key] if e.since != since]
+
+
+def _ensure_loaded() -> None:
+    # importing the op families fills the registry
+    import workbench.ops  # noqa: F401
+
+
+def lookup(op_type: str, domain: str = "", opset: int | None = None,
+           node_name: str | None = None) -> KernelEntry:
+    """The kernel for ``op_type`` at ``opset``: the newest ``since`` <= opset."""
+    _ensure_loaded()
+    dom = _norm_domain(domain)
+    entries = _REGISTRY.get((dom, op_type))
+    if not entries:
+        raise UnsupportedOperatorError(op_type, dom, opset, node_name)
+    if opset is None:
+        return entries[-1]
+    versions = [e.since for e in entries]
+    i = bisect.bisect_right(versions, opset)
+    if i == 0:
+        raise UnsupportedOperatorError(op_type, dom, opset, node_name, versions)
+    return entries[i - 1]
+
+
+def has_kernel(op_type: str, domain: str = "", opset: int | None = None) -> bool:
+    try:
+        lookup(op_type, domain, opset)
+        return True
+    except UnsupportedOperatorError:
+        return False
+
+
+def registered_ops() -> dict[tuple[str, str], list[int]]:
+    """{(domain, op_type): [since versions]} for every registered kernel."""
+    _ensure_loaded()
+    return {k: [e.since for e in v] for k, v in sorted(_REGISTRY.items()) if v}
+
+
+@functools.lru_cache(maxsize=None)
+def schema(op_type: str, domain: str, opset: int):
+    """The onnx OpSchema of ``op_type`` at ``opset`` or None if onnx does not define it."""
+    try:
+        return onnx.defs.get_schema(op_type, opset, _norm_domain(domain))
+    except Exception:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def attribute_defaults(op_type: str, domain: str, opset: int) -> dict[str, Any]:
+    """Spec defaults of the op's attributes at ``opset`` (only those that have one)."""
+    s = schema(op_type, domain, opset)
+    if s is None:
+        return {}
+    out = {}
+    for name, attr in s.attributes.items():
+        dv = attr.default_value
+        if dv is not None and dv.type != 0:
+            val = onnx.helper.get_attribute_value(dv)
+            if isinstance(val, bytes):
+                val = val.decode("utf-8")
+            elif isinstance(val, list) and val and isinstance(val[0], bytes):
+                val = [v.decode("utf-8") for v in val]
+            out[name] = val
+    return out
+
+
+def max_opset(domain: str = "") -> int:
+    """Newest opset the installed onnx package defines for a domain."""
+    dom = _norm_domain(domain)
+    return onnx.defs.onnx_opset_version() if dom == "" else _max_domain_opset(dom)
+
+
+def _max_domain_opset(domain: str) -> int:
+    best = 0
+    for s in onnx.defs.get_all_schemas_with_history():
+        if s.domain == domain and s.since_version > best:
+            best = s.since_version
+    return best
