@@ -1,3 +1,225 @@
-"""Inference-only graph rewrites (placeholder replaced below)."""
-def optimize(graph, **kw):
-    return graph
+"""Inference-only graph rewrites. Each pass returns a new Graph and leaves outputs unchanged.
+
+- :func:`fold_constants`: ``Constant`` nodes and nodes whose inputs are all constants become
+  initializers (deterministic ops only; no random ops, no control flow); ``Shape`` of a value
+  whose shape is fully static is folded too when every graph input is fully static (so the
+  executor's input checks guarantee the shape cannot change).
+- :func:`fold_batchnorm`: ``Conv`` followed by inference-mode ``BatchNormalization`` becomes
+  one ``Conv`` with rescaled weights and bias.
+- :func:`remove_identities`: ``Identity`` and inference ``Dropout`` nodes are bypassed.
+- :func:`eliminate_dead_code`: nodes and initializers no output depends on are dropped.
+
+:func:`optimize` runs them in a sensible order. Passes never touch the caller's graph.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from workbench.graph.ir import Graph, Node
+
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                    "Multinomial", "Bernoulli", "Dropout"}
+MAX_FOLDED_BYTES = 64 << 20
+
+
+def _uses_in_subgraphs(graph: Graph) -> set:
+    names = set()
+    for n in graph.nodes:
+        for sg in n.subgraphs:
+            names |= sg.free_variables()
+    return names
+
+
+def _rename_inputs(graph: Graph, mapping: dict) -> None:
+    if not mapping:
+        return
+    for n in graph.nodes:
+        n.inputs = [mapping.get(i, i) for i in n.inputs]
+
+
+def remove_identities(graph: Graph) -> Graph:
+    """Bypass Identity nodes and inference-mode Dropout nodes (whose mask nobody reads)."""
+    g = graph.copy()
+    outputs = {v.name for v in g.outputs}
+    consumed = {i for n in g.nodes for i in n.inputs if i}
+    sub_used = _uses_in_subgraphs(g)
+    mapping: dict = {}
+    keep = []
+    for n in g.nodes:
+        src = mapping.get(n.inputs[0], n.inputs[0]) if n.inputs else None
+        removable = False
+        if n.op_type == "Identity" and len(n.outputs) == 1:
+            removable = src is not None
+        elif n.op_type == "Dropout" and n.inputs:
+            mask_used = len(n.outputs) > 1 and n.outputs[1] and (
+                n.outputs[1] in consumed or n.outputs[1] in outputs or n.outputs[1] in sub_used)
+            training = len(n.inputs) > 2 and n.inputs[2]
+            removable = not mask_used and not training and not n.attrs.get("is_test") == 0
+        if removable and src and n.outputs[0] not in outputs and n.outputs[0] not in sub_used:
+            value_type = g.value(n.outputs[0])
+            if value_type is None or value_type.is_tensor:
+                mapping[n.outputs[0]] = src
+                continue
+        keep.append(n)
+    g.nodes = keep
+    _rename_inputs(g, mapping)
+    return g
+
+
+def eliminate_dead_code(graph: Graph) -> Graph:
+    """Drop nodes no graph output depends on, and unused initializers."""
+    from workbench.graph.executor import needed_nodes, topological_order
+    g = graph.copy()
+    order = topological_order(g)
+    keep = needed_nodes(order, [v.name for v in g.outputs])
+    keep_ids = {id(n) for n in keep}
+    g.nodes = [n for n in g.nodes if id(n) in keep_ids]
+    used = {i for n in g.nodes for i in n.inputs if i} | {v.name for v in g.outputs}
+    used |= _uses_in_subgraphs(g)
+    g.initializers = {k: v for k, v in g.initializers.items() if k in used}
+    return g
+
+
+def _static_shape(info):
+    if info is None or info.shape is None:
+        return None
+    if all(isinstance(d, int) for d in info.shape):
+        return info.shape
+    return None
+
+
+def fold_constants(graph: Graph) -> Graph:
+    """Evaluate nodes whose inputs are all constants and store their outputs as initializers."""
+    from workbench.errors import WorkbenchError
+    from workbench.ops.registry import attribute_defaults, lookup
+    g = graph.copy()
+    outputs = {v.name for v in g.outputs}
+    inputs_static = all(_static_shape(v) is not None for v in g.inputs)
+    consts = dict(g.initializers)
+    keep = []
+    for n in g.nodes:
+        folded = None
+        if n.subgraphs or n.op_type in NONDETERMINISTIC or n.domain not in ("", "ai.onnx"):
+            keep.append(n)
+            continue
+        if n.op_type == "Shape" and inputs_static and n.inputs[0] not in consts:
+            shape = _static_shape(g.value(n.inputs[0]))
+            if shape is not None:
+                opset = g.opsets.get("", 1)
+                s = np.array(shape, dtype=np.int64)
+                if opset >= 15:
+                    start = n.attrs.get("start", 0)
+                    end = n.attrs.get("end", None)
+                    s = s[start:end]
+                folded = (s,)
+        elif all((not i) or i in consts for i in n.inputs):
+            opset = g.opsets.get(n.domain or "", None)
+            try:
+                entry = lookup(n.op_type, n.domain, opset, n.name)
+                if entry.wants_ctx:
+                    raise WorkbenchError("needs context")
+                attrs = dict(attribute_defaults(n.op_type, n.domain or "", opset))
+                attrs.update(n.attrs)
+                with np.errstate(all="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    r = entry.fn(*[consts[i] if i else None for i in n.inputs], **attrs)
+                folded = r if type(r) is tuple else (r,)
+                if any(not isinstance(x, np.ndarray) and not isinstance(x, np.generic)
+                       for x in folded[:len(n.outputs)]):
+                    folded = None
+                elif sum(np.asarray(x).nbytes for x in folded) > MAX_FOLDED_BYTES:
+                    folded = None
+            except Exception:
+                folded = None
+        if folded is None:
+            keep.append(n)
+            continue
+        for name, val in zip(n.outputs, folded):
+            if name:
+                consts[name] = np.asarray(val)
+        # graph outputs that are constants still need a producer: keep an Identity-free form
+        for name in n.outputs:
+            if name in outputs:
+                keep.append(Node("Constant", [], [name],
+                                 {"value": np.asarray(consts[name])}, n.name, ""))
+    g.nodes = keep
+    g.initializers = consts
+    return eliminate_dead_code(g)
+
+
+def fold_batchnorm(graph: Graph) -> Graph:
+    """Fold inference BatchNormalization into the Conv that feeds it."""
+    g = graph.copy()
+    producers = g.producers()
+    consumers = g.consumers()
+    outputs = {v.name for v in g.outputs}
+    inits = g.initializers
+    removed = set()
+    mapping = {}
+    for bn in g.nodes:
+        if bn.op_type != "BatchNormalization" or len([o for o in bn.outputs if o]) != 1:
+            continue
+        if bn.attrs.get("training_mode", 0) or bn.attrs.get("spatial", 1) != 1 \
+                or bn.attrs.get("is_test", 1) == 0:
+            continue
+        x = bn.inputs[0]
+        conv = producers.get(x)
+        if conv is None or conv.op_type != "Conv" or id(conv) in removed:
+            continue
+        if len(consumers.get(x, [])) != 1 or x in outputs:
+            continue
+        params = bn.inputs[1:5]
+        if len(params) != 4 or not all(p in inits for p in params):
+            continue
+        if conv.inputs[1] not in inits or (len(conv.inputs) > 2 and conv.inputs[2]
+                                          and conv.inputs[2] not in inits):
+            continue
+        w = inits[conv.inputs[1]]
+        if w.dtype.kind != "f":
+            continue
+        scale, bias, mean, var = (np.asarray(inits[p], dtype=np.float64) for p in params)
+        eps = float(bn.attrs.get("epsilon", 1e-5))
+        s = scale / np.sqrt(var + eps)
+        b0 = np.asarray(inits[conv.inputs[2]], np.float64) if len(conv.inputs) > 2 \
+            and conv.inputs[2] else np.zeros(w.shape[0])
+        if s.shape != (w.shape[0],):
+            continue
+        new_w = (w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+        new_b = ((b0 - mean) * s + bias).astype(w.dtype)
+        wname = _fresh(inits, conv.inputs[1] + "_bnfolded")
+        bname = _fresh(inits, (conv.inputs[2] if len(conv.inputs) > 2 and conv.inputs[2]
+                               else conv.name + "_bias") + "_bnfolded")
+        inits[wname] = new_w
+        inits[bname] = new_b
+        conv.inputs = [conv.inputs[0], wname, bname]
+        conv.outputs = [bn.outputs[0]]
+        removed.add(id(bn))
+    if not removed:
+        return g
+    g.nodes = [n for n in g.nodes if id(n) not in removed]
+    _rename_inputs(g, mapping)
+    return eliminate_dead_code(g)
+
+
+def _fresh(names, base: str) -> str:
+    name, i = base, 1
+    while name in names:
+        name = f"{base}_{i}"
+        i += 1
+    return name
+
+
+def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bool = True
+             ) -> Graph:
+    """Run the inference passes: identities, constant folding, Conv+BN folding, DCE."""
+    g = graph
+    if identities:
+        g = remove_identities(g)
+    if fold:
+        g = fold_constants(g)
+    if bn:
+        g = fold_batchnorm(g)
+    return eliminate_dead_code(g)

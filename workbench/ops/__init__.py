@@ -9,7 +9,7 @@ from workbench.ops.registry import kernel, lookup, register, registered_ops  # n
 _FAMILIES = (
     "elementwise", "activation", "logic", "cast",
     "conv", "pool", "norm", "reduce",
-    "shape", "indexing", "tensorgen",
+    "shape", "indexing", "tensorgen", "loss",
     "controlflow", "sequence", "quant", "resize", "rnn", "signal", "misc", "nlp",
     "attention", "training", "ml",
 )

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs, from the repo's own files:
+#   the package with its test and lab extras, PyTorch CPU (test oracle for real models and
+#   gradients), and Debian's Chromium for the real-browser widget tests.
+# Safe to run again. Used by the README's test command and by .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+$PY -m pip install --quiet --upgrade pip
+$PY -m pip install --quiet -e ".[test,lab]"
+# PyTorch CPU: 'torch==2.13.0' resolves to a local CPU wheel on the project's machines.
+if ! $PY -c "import torch" 2>/dev/null; then
+  $PY -m pip install --quiet "torch==2.13.0" || echo "warning: torch not installed; torch-based tests will skip"
+fi
+# Chromium for the Playwright browser tests (Playwright's own browser download does not work
+# offline; the tests point Playwright at /usr/bin/chromium).
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  ($SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null) \
+    || echo "warning: chromium not installed; browser tests will skip"
+fi
+echo "test environment ready"

@@ -1,0 +1,292 @@
+"""The ``workbench`` command line.
+
+    workbench info MODEL                      inputs/outputs, opsets, op histogram, parameters,
+                                              and which ops the engine lacks
+    workbench run MODEL [--input NAME=FILE.npy ...] [--compare onnxruntime] [--repeat N]
+    workbench demo                            the main job: the embedded default model, offline
+    workbench view MODEL                      open the model in Netron (needs the netron package)
+    workbench conformance [-k PATTERN]        the ONNX node conformance yardstick
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import time
+
+import numpy as np
+
+from workbench.errors import WorkbenchError
+
+
+def _shape_str(shape) -> str:
+    if shape is None:
+        return "?"
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _dtype_str(info) -> str:
+    from workbench.arrays.dtypes import dtype_name
+    if info.dtype:
+        return dtype_name(info.dtype)
+    if info.type_proto is not None and not info.is_tensor:
+        return str(info.type_proto.WhichOneof("value")).replace("_type", "")
+    return "?"
+
+
+def describe(loaded, out=sys.stdout) -> dict:
+    """Print a model's summary; returns the facts as a dict (for tests and widgets)."""
+    from workbench.ops.registry import has_kernel
+    g = loaded.graph
+    p = loaded.proto
+    hist = collections.Counter()
+    missing = collections.Counter()
+
+    def walk(graph):
+        for n in graph.nodes:
+            key = n.op_type if not n.domain or n.domain == "ai.onnx" else f"{n.domain}::{n.op_type}"
+            hist[key] += 1
+            if not has_kernel(n.op_type, n.domain, g.opsets.get(n.domain or "", None)):
+                missing[key] += 1
+            for sg in n.subgraphs:
+                walk(sg)
+
+    walk(g)
+    n_params = g.num_parameters()
+    print(f"model: {loaded.path or '(in memory)'}", file=out)
+    print(f"  producer: {p.producer_name} {p.producer_version}".rstrip(), file=out)
+    print(f"  IR version: {p.ir_version}; opsets: " + ", ".join(
+        f"{d or 'ai.onnx'} {v}" for d, v in sorted(g.opsets.items())), file=out)
+    if p.doc_string:
+        print(f"  doc: {p.doc_string.strip()[:200]}", file=out)
+    print("inputs:", file=out)
+    for v in g.inputs:
+        print(f"  {v.name}: {_dtype_str(v)} {_shape_str(v.shape)}", file=out)
+    print("outputs:", file=out)
+    for v in g.outputs:
+        print(f"  {v.name}: {_dtype_str(v)} {_shape_str(v.shape)}", file=out)
+    print(f"nodes: {sum(hist.values())} ({len(hist)} op types); parameters: {n_params:,} in "
+          f"{len(g.initializers)} initializers", file=out)
+    for op, c in hist.most_common():
+        flag = "   <- no kernel" if op in missing else ""
+        print(f"  {op:28s} {c:6d}{flag}", file=out)
+    if missing:
+        print(f"the engine lacks {len(missing)} op type(s): {', '.join(sorted(missing))}",
+              file=out)
+    else:
+        print("the engine has kernels for every op in this model", file=out)
+    return {"histogram": dict(hist), "missing": dict(missing), "parameters": n_params}
+
+
+def _random_inputs(graph, seed: int = 0) -> dict:
+    from workbench.arrays.dtypes import np_dtype_of_onnx
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for v in graph.inputs:
+        shape = [d if isinstance(d, int) else 1 for d in (v.shape or ())]
+        dt = np_dtype_of_onnx(v.dtype or 1)
+        if dt.kind == "f":
+            feeds[v.name] = rng.standard_normal(shape).astype(dt)
+        elif dt.kind in "iu":
+            feeds[v.name] = rng.integers(0, 2, shape).astype(dt)
+        elif dt.kind == "b":
+            feeds[v.name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            raise WorkbenchError(f"cannot make a random value for input {v.name!r} of type "
+                                 f"{dt}; give it with --input {v.name}=FILE.npy")
+    return feeds
+
+
+def _load_inputs(specs, graph) -> tuple[dict, list]:
+    feeds = _random_inputs(graph) if len(specs) < len(graph.inputs) else {}
+    notes = []
+    names = [v.name for v in graph.inputs]
+    for spec in specs:
+        if "=" not in spec:
+            raise WorkbenchError(f"--input {spec!r}: expected NAME=FILE.npy")
+        name, path = spec.split("=", 1)
+        if name not in names:
+            raise WorkbenchError(f"--input {spec!r}: the model has no input {name!r} "
+                                 f"(its inputs are {names})")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except FileNotFoundError:
+            raise WorkbenchError(f"--input {spec!r}: file {path!r} not found") from None
+        except ValueError as e:
+            raise WorkbenchError(f"--input {spec!r}: {path!r} is not a plain .npy array ({e})"
+                                 ) from None
+    given = {s.split("=", 1)[0] for s in specs}
+    for n in names:
+        if n not in given:
+            notes.append(f"input {n!r}: random values of shape {list(feeds[n].shape)} "
+                         f"(symbolic dims set to 1)")
+    return feeds, notes
+
+
+def _time(fn, repeat: int) -> tuple[float, object]:
+    out = fn()
+    times = []
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)), out
+
+
+def cmd_info(args) -> int:
+    from workbench.graph.load import load
+    describe(load(args.model, check=not args.no_check))
+    return 0
+
+
+def cmd_run(args) -> int:
+    import workbench.backend as backend
+    rep = backend.prepare(args.model, args.device, check=not args.no_check)
+    graph = rep.loaded.graph
+    feeds, notes = _load_inputs(args.input or [], graph)
+    for n in notes:
+        print("note:", n)
+    t, outs = _time(lambda: rep.run(feeds), args.repeat)
+    print(f"workbench ({args.device}): {t * 1e3:.2f} ms per run (median of {args.repeat})")
+    for name, o in zip(rep.output_names, outs):
+        a = np.asarray(o) if not isinstance(o, list) else o
+        if isinstance(a, np.ndarray):
+            flat = a.reshape(-1)[:6]
+            print(f"  {name}: {a.dtype} {list(a.shape)} first values {np.array2string(flat, precision=4)}")
+        else:
+            print(f"  {name}: sequence of {len(a)}")
+    if args.save:
+        np.savez(args.save, **{n: np.asarray(o) for n, o in zip(rep.output_names, outs)})
+        print("saved outputs to", args.save)
+    if args.compare:
+        if args.compare != "onnxruntime":
+            raise WorkbenchError(f"--compare {args.compare!r}: only 'onnxruntime' is supported")
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise WorkbenchError("--compare onnxruntime needs the onnxruntime package "
+                                 "(pip install onnxruntime)") from None
+        sess = ort.InferenceSession(rep.loaded.proto.SerializeToString(),
+                                    providers=["CPUExecutionProvider"])
+        t2, ref = _time(lambda: sess.run(None, feeds), args.repeat)
+        print(f"onnxruntime {ort.__version__}: {t2 * 1e3:.2f} ms per run; "
+              f"workbench/onnxruntime time ratio {t / t2:.2f}")
+        worst = 0.0
+        for name, o, r in zip(rep.output_names, outs, ref):
+            o, r = np.asarray(o), np.asarray(r)
+            if o.dtype.kind in "fc":
+                diff = float(np.max(np.abs(o.astype(np.float64) - r))) if o.size else 0.0
+                scale = float(np.max(np.abs(r))) if r.size else 0.0
+                norm = diff / max(scale, 1e-12)
+                worst = max(worst, norm)
+                print(f"  {name}: max abs difference {diff:.3g} (normalised {norm:.3g})")
+            else:
+                same = o.shape == r.shape and bool(np.all(o == r))
+                print(f"  {name}: {'identical' if same else 'DIFFERENT'}")
+                worst = max(worst, 0.0 if same else 1.0)
+        if worst > 1e-3:
+            print("warning: outputs differ from onnxruntime by more than 1e-3 (normalised)")
+            return 1
+    return 0
+
+
+def default_model_path() -> str:
+    return os.path.join(os.path.dirname(__file__), "data", "default_model.onnx")
+
+
+def cmd_demo(args) -> int:
+    """The main job: load the embedded digits CNN, describe it, classify held-out digits."""
+    import workbench.backend as backend
+    from workbench.graph.load import load
+    path = default_model_path()
+    print("ONNX Workbench demo: the embedded default model (a digits CNN), offline\n")
+    loaded = load(path)
+    describe(loaded)
+    sample = np.load(os.path.join(os.path.dirname(path), "digits_sample.npz"),
+                     allow_pickle=False)
+    images, labels = sample["images"], sample["labels"]
+    rep = backend.prepare(path)
+    print(f"\noptimised plan: {len(rep.plan.steps)} steps (from {len(loaded.graph.nodes)} nodes"
+          f" after constant folding, BatchNorm folding and Identity/Dropout removal)")
+    t, (logits,) = _time(lambda: rep.run([images]), 20)
+    pred = logits.argmax(1)
+    acc = float((pred == labels).mean())
+    print(f"\nclassified {len(images)} held-out 8x8 digits in {t * 1e3:.2f} ms: "
+          f"accuracy {acc:.3f}")
+    for i in range(min(8, len(images))):
+        img = images[i, 0]
+        rows = ["".join(" .:-=+*#%@"[min(9, int(v * 9.99))] for v in row) for row in img]
+        print(f"  label {labels[i]}  predicted {pred[i]}   |{rows[2]}|")
+    try:
+        import onnxruntime as ort
+        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        ref = sess.run(None, {"image": images})[0]
+        err = float(np.max(np.abs(ref - logits)) / max(np.max(np.abs(ref)), 1e-12))
+        print(f"\ncross-check with onnxruntime {ort.__version__}: normalised max difference "
+              f"{err:.2e}")
+    except ImportError:
+        print("\n(onnxruntime is not installed: skipping the cross-check)")
+    return 0 if acc > 0.9 else 1
+
+
+def cmd_view(args) -> int:
+    try:
+        from workbench.widgets.netron_view import view_main
+    except ImportError as e:
+        raise WorkbenchError(f"workbench view needs the widgets extra ({e}); "
+                             f"pip install 'onnx-workbench[lab]'") from None
+    return view_main([args.model] + (["--port", str(args.port)] if args.port else []))
+
+
+def cmd_conformance(args) -> int:
+    from workbench import conformance
+    argv = []
+    for k in args.k or []:
+        argv += ["-k", k]
+    if args.failures:
+        argv.append("--failures")
+    return conformance.main(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="workbench", description="ONNX Workbench command line")
+    sub = p.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("info", help="describe a model")
+    a.add_argument("model")
+    a.add_argument("--no-check", action="store_true", help="skip onnx.checker")
+    a.set_defaults(func=cmd_info)
+    r = sub.add_parser("run", help="run a model (random inputs unless given)")
+    r.add_argument("model")
+    r.add_argument("--input", action="append", metavar="NAME=FILE.npy")
+    r.add_argument("--compare", metavar="onnxruntime")
+    r.add_argument("--repeat", type=int, default=5)
+    r.add_argument("--device", default="CPU")
+    r.add_argument("--save", metavar="OUT.npz", help="save the outputs")
+    r.add_argument("--no-check", action="store_true")
+    r.set_defaults(func=cmd_run)
+    d = sub.add_parser("demo", help="the main job on the embedded default model")
+    d.set_defaults(func=cmd_demo)
+    v = sub.add_parser("view", help="open a model in Netron")
+    v.add_argument("model")
+    v.add_argument("--port", type=int)
+    v.set_defaults(func=cmd_view)
+    c = sub.add_parser("conformance", help="run the ONNX node conformance cases")
+    c.add_argument("-k", action="append")
+    c.add_argument("--failures", action="store_true")
+    c.set_defaults(func=cmd_conformance)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except WorkbenchError as e:
+        print(f"workbench {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,495 @@
+"""Attention family: Attention, RotaryEmbedding, LinearAttention, FlexAttention (preview),
+TensorScatter (KV-cache update) and CausalConvWithState (the causal depthwise convolution of
+linear-attention / state-space blocks).
+
+Low-precision inputs (float16, bfloat16) are computed in float32 and cast back at the end;
+double stays double.
+
+Attention opset differences are all additive, so one kernel serves every version:
+Attention-23 (past/present cache, masks, causal, softcap, qk_matmul_output modes), -24 adds the
+``nonpad_kv_seqlen`` input (external cache, bottom-right causal alignment per batch), -25 adds
+``left_window_size``/``right_window_size`` (sliding window).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from workbench.arrays import np_dtype_of_onnx, xp_of
+from workbench.errors import InputError, ShapeError
+from workbench.ops.registry import kernel
+
+_SOFTMAX_PRECISIONS = {1: "float", 10: "float16", 11: "double", 16: "bfloat16"}
+
+
+def _work_dtype(dtype) -> np.dtype:
+    """Computation dtype: double stays double, everything else runs in float32."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+def _ints(values) -> list[int]:
+    if values is None:
+        return []
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    if isinstance(values, (int, float)):
+        return [int(values)]
+    return [int(v) for v in values]
+
+
+def _softmax_dtype(softmax_precision, default):
+    if softmax_precision is None:
+        return default
+    if softmax_precision not in _SOFTMAX_PRECISIONS:
+        raise InputError(f"softmax_precision {softmax_precision} is not supported (supported: "
+                         + ", ".join(f"{k} ({v})" for k, v in _SOFTMAX_PRECISIONS.items()) + ")")
+    return np_dtype_of_onnx(softmax_precision)
+
+
+def _masked_softmax(xp, scores, dtype, dead=None, rnd=None):
+    """Softmax over the last axis computed in ``dtype``.
+
+    Rows whose maximum is -inf (every key masked), and rows flagged in ``dead`` (broadcastable
+    boolean, e.g. decided on the additive bias), give all-zero probabilities instead of NaN.
+    ``rnd`` (optional) rounds every intermediate to a lower precision, to follow a softmax that
+    is defined in float16/bfloat16 while computing in float32.
+    """
+    s = scores.astype(dtype)
+    if rnd is None:
+        def rnd(a):
+            return a
+    zero = xp.zeros((), dtype=s.dtype)
+    one = xp.ones((), dtype=s.dtype)
+    if s.shape[-1] == 0:
+        return s
+    m = xp.max(s, axis=-1, keepdims=True)
+    empty = xp.isneginf(m)
+    m = xp.where(empty, zero, m)
+    e = rnd(xp.exp(rnd(s - m)))
+    total = rnd(xp.sum(e, axis=-1, keepdims=True))
+    total = xp.where(total == 0, one, total)
+    p = rnd(e / total)
+    if dead is not None:
+        empty = empty | dead
+    return xp.where(empty, zero, p)
+
+
+# --------------------------------------------------------------------------------------------
+# Attention
+
+
+def _split_heads(x, heads, name):
+    """(B, S, H*D) -> (B, H, S, D)."""
+    b, s, hidden = x.shape
+    if heads is None or heads <= 0 or hidden % heads:
+        raise ShapeError(f"Attention: 3-D input {name} of shape {x.shape} needs "
+                         f"{'q' if name == 'Q' else 'kv'}_num_heads dividing its last dimension "
+                         f"{hidden}, got {heads}")
+    return x.reshape(b, s, heads, hidden // heads).transpose(0, 2, 1, 3)
+
+
+def _mask_bias(xp, attn_mask, total_len, wdt):
+    """Additive bias from a boolean or numeric mask, padded with -inf up to total_len keys."""
+    if attn_mask.dtype == np.bool_:
+        bias = xp.where(attn_mask, xp.zeros((), wdt), xp.asarray(-np.inf, dtype=wdt))
+    else:
+        bias = attn_mask.astype(wdt)
+    if bias.ndim == 0:
+        bias = bias.reshape(1, 1)
+    short = total_len - bias.shape[-1]
+    if short > 0:
+        pad = xp.full(bias.shape[:-1] + (short,), -np.inf, dtype=wdt)
+        bias = xp.concatenate([bias, pad], axis=-1)
+    elif short < 0:
+        raise ShapeError(f"Attention: attn_mask of shape {attn_mask.shape} has more keys "
+                         f"({attn_mask.shape[-1]}) than the total sequence length {total_len}")
+    return bias
+
+
+@kernel("Attention", since=23, wants_ctx=True)
+def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None,
+              *, is_causal, qk_matmul_output_mode, softcap, kv_num_heads=None, q_num_heads=None,
+              scale=None, softmax_precision=None, left_window_size=-1, right_window_size=-1,
+              ctx):
+    """Scaled dot-product attention (MHA/GQA/MQA) with cache, masks, causal and windows."""
+    xp = xp_of(Q, K, V)
+    out_dtype = Q.dtype
+    wdt = _work_dtype(out_dtype)
+    if Q.ndim not in (3, 4) or K.ndim != Q.ndim or V.ndim != Q.ndim:
+        raise ShapeError(f"Attention: Q, K and V must all be 3-D or all 4-D, got shapes "
+                         f"{Q.shape}, {K.shape}, {V.shape}")
+    is3d = Q.ndim == 3
+    if is3d:
+        q = _split_heads(Q, q_num_heads, "Q")
+        k = _split_heads(K, kv_num_heads, "K")
+        v = _split_heads(V, kv_num_heads, "V")
+    else:
+        q, k, v = Q, K, V
+    b, hq, sq, d = q.shape
+    hkv = k.shape[1]
+    if k.shape[0] != b or v.shape[0] != b or v.shape[1] != hkv or k.shape[3] != d \
+            or v.shape[2] != k.shape[2]:
+        raise ShapeError(f"Attention: inconsistent shapes Q {Q.shape}, K {K.shape}, V {V.shape} "
+                         f"(per head: Q {q.shape}, K {k.shape}, V {v.shape})")
+    if hkv == 0 or hq % hkv:
+        raise ShapeError(f"Attention: q_num_heads ({hq}) must be a multiple of kv_num_heads "
+                         f"({hkv})")
+    if (past_key is None) != (past_value is None):
+        raise InputError("Attention: past_key and past_value must be given together")
+    past_len = 0
+    if past_key is not None:
+        past_len = past_key.shape[2]
+        if past_key.shape[:2] != (b, hkv) or past_key.shape[3] != d:
+            raise ShapeError(f"Attention: past_key of shape {past_key.shape} does not match "
+                             f"(batch {b}, kv heads {hkv}, *, head size {d})")
+        k = xp.concatenate([past_key.astype(k.dtype), k], axis=2)
+        v = xp.concatenate([past_value.astype(v.dtype), v], axis=2)
+    present_k, present_v = k, v
+    total = k.shape[2]
+    dv = v.shape[3]
+    scale_f = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    root = math.sqrt(scale_f)
+
+    # Low-precision inputs run in float32 but are rounded to their own type after every step
+    # of the op's function definition (which computes in T1), so results match it closely.
+    if out_dtype != wdt:
+        def rnd(a):
+            return a.astype(out_dtype).astype(wdt)
+    else:
+        def rnd(a):
+            return a
+
+    group = hq // hkv
+    root = float(np.asarray(root, dtype=out_dtype).astype(wdt))  # sqrt(scale) in T1
+    qg = rnd(q.astype(wdt) * wdt.type(root)).reshape(b, hkv, group, sq, d)
+    kg = rnd(k.astype(wdt) * wdt.type(root))[:, :, None]
+    qk = rnd(xp.matmul(qg, xp.swapaxes(kg, -1, -2)).reshape(b, hq, sq, total))
+    qk_raw = qk
+    if softcap and softcap > 0:
+        cap = wdt.type(softcap)
+        qk = rnd(rnd(xp.tanh(rnd(qk / cap))) * cap)
+    qk_capped = qk
+
+    # structural mask: causal frontier, external-cache padding, sliding window
+    allowed = None
+    if nonpad_kv_seqlen is not None:
+        nonpad = xp.asarray(nonpad_kv_seqlen).reshape(-1).astype(np.int64)
+        if nonpad.shape[0] != b:
+            raise ShapeError(f"Attention: nonpad_kv_seqlen has {nonpad.shape[0]} values, "
+                             f"expected one per batch ({b})")
+    else:
+        nonpad = None
+    j = xp.arange(total, dtype=np.int64)
+    i = xp.arange(sq, dtype=np.int64)
+    if past_key is not None or nonpad is None:
+        offset = xp.full((b,), past_len, dtype=np.int64)
+    else:
+        offset = nonpad - sq
+    pos = offset[:, None, None, None] + i[None, None, :, None]  # (B,1,S,1) absolute position
+    jj = j[None, None, None, :]
+    if nonpad is not None:
+        allowed = jj < nonpad[:, None, None, None]
+    if is_causal:
+        c = jj <= pos
+        allowed = c if allowed is None else allowed & c
+    if left_window_size is not None and left_window_size >= 0:
+        c = jj >= pos - left_window_size
+        allowed = c if allowed is None else allowed & c
+    if right_window_size is not None and right_window_size >= 0:
+        c = jj <= pos + right_window_size
+        allowed = c if allowed is None else allowed & c
+
+    bias = None
+    if attn_mask is not None:
+        bias = rnd(_mask_bias(xp, attn_mask, total, wdt))
+    if allowed is not None:
+        sb = xp.where(allowed, xp.zeros((), wdt), xp.asarray(-np.inf, dtype=wdt))
+        bias = sb if bias is None else bias + sb
+    dead = None
+    if bias is not None:
+        try:
+            qk = rnd(qk + bias)
+        except ValueError:
+            raise ShapeError(f"Attention: attn_mask of shape {attn_mask.shape} does not "
+                             f"broadcast to (batch, q_heads, q_len, total_len) = "
+                             f"{(b, hq, sq, total)}") from None
+        # a query row whose additive bias is -inf for every key attends nothing: zero row
+        dead = xp.isneginf(xp.max(bias, axis=-1, keepdims=True)) if total else None
+    qk_biased = qk
+
+    sm_dtype = _softmax_dtype(softmax_precision, out_dtype if out_dtype != wdt else wdt)
+    if sm_dtype.itemsize < 4:
+        def sm_rnd(a):
+            return a.astype(sm_dtype).astype(wdt)
+        probs = rnd(_masked_softmax(xp, sm_rnd(qk), wdt, dead, sm_rnd))
+    else:
+        probs = rnd(_masked_softmax(xp, qk, sm_dtype, dead).astype(wdt))
+    pg = probs.reshape(b, hkv, group, sq, total)
+    y = xp.matmul(pg, v.astype(wdt)[:, :, None]).reshape(b, hq, sq, dv)
+    if is3d:
+        y = y.transpose(0, 2, 1, 3).reshape(b, sq, hq * dv)
+    outputs = [y.astype(out_dtype), present_k.astype(K.dtype), present_v.astype(V.dtype)]
+    n_out = ctx.n_outputs if ctx is not None else 1
+    if n_out > 3:
+        chosen = {0: qk_raw, 1: qk_capped, 2: qk_biased, 3: probs}.get(qk_matmul_output_mode)
+        if chosen is None:
+            raise InputError(f"Attention: qk_matmul_output_mode {qk_matmul_output_mode} is not "
+                             f"supported (supported: 0, 1, 2, 3)")
+        outputs.append(chosen.astype(out_dtype))
+    return tuple(outputs[:max(n_out, 1)])
+
+
+# --------------------------------------------------------------------------------------------
+# RotaryEmbedding
+
+
+@kernel("RotaryEmbedding", since=23)
+def rotary_embedding(X, cos_cache, sin_cache, position_ids=None, *, interleaved,
+                     rotary_embedding_dim, num_heads=None):
+    """Rotary positional embedding (half split or interleaved pairs, partial rotation)."""
+    xp = xp_of(X)
+    out_dtype = X.dtype
+    wdt = _work_dtype(out_dtype)
+    if X.ndim == 4:
+        x = X.transpose(0, 2, 1, 3)  # (B, S, H, D)
+    elif X.ndim == 3:
+        bsz, seq, hidden = X.shape
+        if not num_heads or hidden % num_heads:
+            raise ShapeError(f"RotaryEmbedding: a 3-D input of shape {X.shape} needs the "
+                             f"num_heads attribute dividing {hidden}, got {num_heads}")
+        x = X.reshape(bsz, seq, num_heads, hidden // num_heads)
+    else:
+        raise ShapeError(f"RotaryEmbedding: input must be 3-D (B, S, hidden) or 4-D "
+                         f"(B, H, S, D), got shape {X.shape}")
+    head = x.shape[3]
+    rd = rotary_embedding_dim if rotary_embedding_dim else head
+    if rd > head or rd % 2:
+        raise ShapeError(f"RotaryEmbedding: rotary_embedding_dim {rd} must be even and at most "
+                         f"the head size {head}")
+    cos = cos_cache
+    sin = sin_cache
+    if position_ids is not None:
+        pid = position_ids.astype(np.int64)
+        cos = xp.take(cos, pid, axis=0)
+        sin = xp.take(sin, pid, axis=0)
+    half = rd // 2
+    if cos.shape[-1] != half or sin.shape[-1] != half:
+        raise ShapeError(f"RotaryEmbedding: the last dimension of cos_cache/sin_cache "
+                         f"({cos.shape[-1]}/{sin.shape[-1]}) must be rotary_embedding_dim/2 = "
+                         f"{half}")
+    cos = cos.astype(wdt)[:, :, None, :]
+    sin = sin.astype(wdt)[:, :, None, :]
+    xr = x[..., :rd].astype(wdt)
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+    else:
+        x1, x2 = xr[..., :half], xr[..., half:]
+    real = cos * x1 - sin * x2
+    imag = sin * x1 + cos * x2
+    if interleaved:
+        rot = xp.stack([real, imag], axis=-1).reshape(xr.shape)
+    else:
+        rot = xp.concatenate([real, imag], axis=-1)
+    out = xp.concatenate([rot.astype(out_dtype), x[..., rd:]], axis=-1)
+    if X.ndim == 4:
+        return out.transpose(0, 2, 1, 3)
+    return out.reshape(X.shape)
+
+
+# --------------------------------------------------------------------------------------------
+# LinearAttention
+
+_UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
+
+
+@kernel("LinearAttention", since=27)
+def linear_attention(query, key, value, past_state=None, decay=None, beta=None, *, chunk_size,
+                     kv_num_heads, q_num_heads, scale, update_rule):
+    """Recurrent linear attention (linear / gated / delta / gated_delta rules), GQA aware.
+
+    Runs the recurrence token by token, vectorised over batch and heads.
+    """
+    xp = xp_of(query, key, value)
+    if update_rule not in _UPDATE_RULES:
+        raise InputError(f"LinearAttention: update_rule {update_rule!r} is not supported "
+                         f"(supported: {', '.join(_UPDATE_RULES)})")
+    if query.ndim != 3 or key.ndim != 3 or value.ndim != 3:
+        raise ShapeError(f"LinearAttention: query, key and value must be 3-D (B, T, H*D), got "
+                         f"{query.shape}, {key.shape}, {value.shape}")
+    hq, hk = int(q_num_heads), int(kv_num_heads)
+    if hk <= 0 or hq <= 0 or hq % hk:
+        raise ShapeError(f"LinearAttention: q_num_heads ({hq}) must be a positive multiple of "
+                         f"kv_num_heads ({hk})")
+    b, t, qh = query.shape
+    if qh % hq or key.shape[2] % hk or value.shape[2] % hk:
+        raise ShapeError(f"LinearAttention: the last dimensions of query {query.shape}, key "
+                         f"{key.shape}, value {value.shape} must divide by the head counts "
+                         f"({hq}, {hk})")
+    dk = qh // hq
+    dv = value.shape[2] // hk
+    if key.shape[2] // hk != dk:
+        raise ShapeError(f"LinearAttention: query head size {dk} differs from key head size "
+                         f"{key.shape[2] // hk}")
+    gated = update_rule in ("gated", "gated_delta")
+    delta = update_rule in ("delta", "gated_delta")
+    if gated and decay is None:
+        raise InputError(f"LinearAttention: update_rule {update_rule!r} needs the decay input")
+    if delta and beta is None:
+        raise InputError(f"LinearAttention: update_rule {update_rule!r} needs the beta input")
+    out_dtype = query.dtype
+    state_dtype = past_state.dtype if past_state is not None else query.dtype
+    wdt = _work_dtype(out_dtype)
+    group = hq // hk
+    q = query.astype(wdt).reshape(b, t, hk, group, dk)
+    k = key.astype(wdt).reshape(b, t, hk, dk)
+    v = value.astype(wdt).reshape(b, t, hk, dv)
+    if gated:
+        g = decay.astype(wdt)
+        if g.shape[2] == hk * dk:
+            g = xp.exp(g.reshape(b, t, hk, dk, 1))
+        elif g.shape[2] == hk:
+            g = xp.exp(g.reshape(b, t, hk, 1, 1))
+        else:
+            raise ShapeError(f"LinearAttention: decay of shape {decay.shape} must be (B, T, "
+                             f"{hk * dk}) or (B, T, {hk})")
+    if delta:
+        bt = beta.astype(wdt)
+        if bt.shape[2] not in (hk, 1):
+            raise ShapeError(f"LinearAttention: beta of shape {beta.shape} must be (B, T, {hk}) "
+                             f"or (B, T, 1)")
+        bt = xp.broadcast_to(bt, (b, t, hk))[..., None]  # (B, T, Hk, 1)
+    if past_state is not None:
+        if past_state.shape != (b, hk, dk, dv):
+            raise ShapeError(f"LinearAttention: past_state of shape {past_state.shape} must be "
+                             f"{(b, hk, dk, dv)}")
+        s = past_state.astype(wdt)
+    else:
+        s = xp.zeros((b, hk, dk, dv), dtype=wdt)
+    sc = wdt.type(scale if scale else 1.0 / math.sqrt(dk))
+    out = xp.empty((b, t, hk, group, dv), dtype=wdt)
+    for step in range(t):
+        kt = k[:, step]  # (B, Hk, dk)
+        vt = v[:, step]  # (B, Hk, dv)
+        if gated:
+            s = g[:, step] * s
+        if delta:
+            pred = xp.matmul(kt[:, :, None, :], s)[:, :, 0, :]  # S^T k: (B, Hk, dv)
+            vt = bt[:, step] * (vt - pred)
+        s = s + kt[:, :, :, None] * vt[:, :, None, :]
+        out[:, step] = xp.matmul(q[:, step], s) * sc  # (B, Hk, group, dv)
+    y = out.reshape(b, t, hq * dv).astype(out_dtype)
+    return y, s.astype(state_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# FlexAttention (ai.onnx.preview)
+
+
+@kernel("FlexAttention", since=1, domain="ai.onnx.preview")
+def flex_attention(Q, K, V, *, prob_mod=None, score_mod=None, scale=None,
+                   softmax_precision=None):
+    """Attention with optional score_mod / prob_mod subgraphs (PyTorch flex_attention)."""
+    xp = xp_of(Q, K, V)
+    if Q.ndim != 4 or K.ndim != 4 or V.ndim != 4:
+        raise ShapeError(f"FlexAttention: Q, K and V must be 4-D (B, H, L, D), got "
+                         f"{Q.shape}, {K.shape}, {V.shape}")
+    b, hq, lq, d = Q.shape
+    hkv = K.shape[1]
+    if hkv == 0 or hq % hkv or V.shape[1] != hkv or K.shape[3] != d or V.shape[2] != K.shape[2]:
+        raise ShapeError(f"FlexAttention: inconsistent shapes Q {Q.shape}, K {K.shape}, "
+                         f"V {V.shape} (q heads must be a multiple of kv heads)")
+    sdt = _softmax_dtype(softmax_precision, _work_dtype(Q.dtype))
+    group = hq // hkv
+    skv = K.shape[2]
+    scale_f = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    qg = Q.astype(sdt).reshape(b, hkv, group, lq, d)
+    scores = xp.matmul(qg, xp.swapaxes(K.astype(sdt), -1, -2)[:, :, None])
+    scores = scores.reshape(b, hq, lq, skv) * sdt.type(scale_f)
+    if score_mod is not None:
+        scores = xp.asarray(score_mod(scores)[0]).astype(sdt)
+    probs = _masked_softmax(xp, scores, sdt)
+    if prob_mod is not None:
+        probs = xp.asarray(prob_mod(probs)[0]).astype(sdt)
+    y = xp.matmul(probs.reshape(b, hkv, group, lq, skv), V.astype(sdt)[:, :, None])
+    return y.reshape(b, hq, lq, V.shape[3]).astype(Q.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# TensorScatter
+
+
+@kernel("TensorScatter", since=24)
+def tensor_scatter(past_cache, update, write_indices=None, *, axis, mode):
+    """Write ``update`` into a copy of ``past_cache`` along the sequence axis, per batch."""
+    xp = xp_of(past_cache, update)
+    r = past_cache.ndim
+    if not -r <= axis < r or axis % r == 0:
+        raise ShapeError(f"TensorScatter: axis {axis} is invalid for rank {r} (it must name a "
+                         f"non-batch dimension, range [{-r}, {r - 1}] excluding 0)")
+    ax = axis % r
+    if update.ndim != r or any(update.shape[i] != past_cache.shape[i]
+                               for i in range(r) if i != ax):
+        raise ShapeError(f"TensorScatter: update of shape {update.shape} must match past_cache "
+                         f"{past_cache.shape} except along axis {ax}")
+    if mode not in ("linear", "circular"):
+        raise InputError(f"TensorScatter: mode {mode!r} is not supported (supported: linear, "
+                         f"circular)")
+    b = past_cache.shape[0]
+    max_len = past_cache.shape[ax]
+    seq = update.shape[ax]
+    if write_indices is None:
+        starts = xp.zeros((b,), dtype=np.int64)
+    else:
+        starts = xp.asarray(write_indices).reshape(-1).astype(np.int64)
+    idx = starts[:, None] + xp.arange(seq, dtype=np.int64)[None, :]  # (B, seq)
+    if mode == "circular":
+        idx = idx % max_len if max_len else idx
+    elif seq and (bool((idx[:, -1] >= max_len).any()) or bool((starts < 0).any())):
+        raise ShapeError(f"TensorScatter: linear mode needs 0 <= write_indices and "
+                         f"write_indices + {seq} <= {max_len}, got write_indices "
+                         f"{_ints(starts)}")
+    present = past_cache.copy()
+    dst = xp.moveaxis(present, ax, 1)
+    src = xp.moveaxis(update, ax, 1)
+    dst[xp.arange(b)[:, None], idx] = src
+    return present
+
+
+# --------------------------------------------------------------------------------------------
+# CausalConvWithState
+
+
+@kernel("CausalConvWithState", since=27)
+def causal_conv_with_state(input, weight, bias=None, past_state=None, *, activation):
+    """Causal depthwise 1-D convolution carrying the last k-1 positions as state."""
+    xp = xp_of(input, weight)
+    if activation not in ("none", "silu", "swish"):
+        raise InputError(f"CausalConvWithState: activation {activation!r} is not supported "
+                         f"(supported: none, silu, swish)")
+    if input.ndim != 3 or weight.ndim != 3 or weight.shape[:2] != (input.shape[1], 1):
+        raise ShapeError(f"CausalConvWithState: input must be (B, C, L) and weight (C, 1, k), "
+                         f"got {input.shape} and {weight.shape}")
+    b, c, length = input.shape
+    k = weight.shape[2]
+    wdt = _work_dtype(input.dtype)
+    x = input.astype(wdt)
+    if past_state is not None:
+        if past_state.shape != (b, c, k - 1):
+            raise ShapeError(f"CausalConvWithState: past_state of shape {past_state.shape} "
+                             f"must be {(b, c, k - 1)}")
+        prev = past_state.astype(wdt)
+    else:
+        prev = xp.zeros((b, c, k - 1), dtype=wdt)
+    xc = xp.concatenate([prev, x], axis=2)
+    w = weight.astype(wdt)[:, 0, :]  # (C, k)
+    y = xp.zeros((b, c, length), dtype=wdt)
+    for j in range(k):
+        y = y + w[None, :, j:j + 1] * xc[:, :, j:j + length]
+    if bias is not None:
+        y = y + bias.astype(wdt)[None, :, None]
+    if activation in ("silu", "swish"):
+        y = y / (1.0 + xp.exp(-y))
+    present = xc[:, :, xc.shape[2] - (k - 1):]
+    return y.astype(input.dtype), present.astype(input.dtype)

@@ -1,0 +1,660 @@
+"""Convolutions: Conv, ConvTranspose, ConvInteger, DeformConv, Col2Im, CausalConvWithState.
+
+Conv is GEMM based. The padded input is viewed as sliding windows through ``as_strided`` (no
+copy); the windows are copied once into an im2col matrix and multiplied by the weights in one
+``matmul`` per group set. Special cases skip the im2col copy: 1x1 convolutions are a plain
+matmul, depthwise convolutions (one input channel per group) multiply-accumulate over the
+kernel taps on shifted views. ConvTranspose is the adjoint: one matmul, then the columns are
+scattered back (col2im) with one strided add per kernel tap.
+
+Float16/bfloat16 inputs are computed in float32 and cast back; float32 stays float32 (BLAS
+sgemm accumulates in float32); float64 stays float64. The window helpers here
+(:func:`window_geometry`, :func:`pad_spatial`, :func:`sliding_windows`) are shared with the
+pooling kernels.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+
+import numpy as np  # dtype constants and host-side shape arithmetic only
+
+from workbench.arrays import xp_of
+from workbench.errors import InputError, ShapeError
+from workbench.ops.registry import kernel
+
+_AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+# --------------------------------------------------------------------------------------------
+# shared window helpers (also used by workbench.ops.pool)
+# --------------------------------------------------------------------------------------------
+
+def stride_tricks(xp):
+    """``numpy.lib.stride_tricks`` or ``cupy.lib.stride_tricks``, matching the array module."""
+    return xp.lib.stride_tricks
+
+
+def compute_dtype(dtype):
+    """The dtype arithmetic runs in: float32 for the narrow floats, the dtype itself otherwise."""
+    dt = np.dtype(dtype)
+    if (dt.kind == "f" and dt.itemsize < 4) or dt.name == "bfloat16":
+        return np.dtype(np.float32)
+    return dt
+
+
+def to_compute(x):
+    """``x`` in its compute dtype (float16/bfloat16 -> float32; other dtypes unchanged)."""
+    cd = compute_dtype(x.dtype)
+    return x if x.dtype == cd else x.astype(cd)
+
+
+def spatial_ints(op, name, value, n, default):
+    """An INTS attribute with one value per spatial axis (``default`` when absent)."""
+    if value is None or len(value) == 0:
+        return [default] * n
+    vals = [int(v) for v in value]
+    if len(vals) != n:
+        raise ShapeError(f"{op}: attribute {name}={vals} has {len(vals)} values but the input "
+                         f"has {n} spatial axes")
+    return vals
+
+
+def _norm_auto_pad(op, auto_pad):
+    ap = auto_pad or "NOTSET"
+    if isinstance(ap, bytes):
+        ap = ap.decode()
+    ap = ap.upper()
+    if ap not in _AUTO_PADS:
+        raise InputError(f"{op}: auto_pad={auto_pad!r} is not supported "
+                         f"(supported: {', '.join(_AUTO_PADS)})")
+    return ap
+
+
+def window_geometry(op, in_shape, kernel_shape, strides, dilations, pads, auto_pad,
+                    ceil_mode=False):
+    """Padding and output size of a sliding-window op (Conv, pools) per spatial axis.
+
+    Returns ``(pads_begin, pads_end, out_shape, extra_end)``: ``extra_end`` is the padding
+    needed past ``pads_end`` so that the last (ceil mode) window fits; values there are not
+    part of the op's padding (they never count as input or as explicit padding).
+    """
+    n = len(in_shape)
+    ap = _norm_auto_pad(op, auto_pad)
+    for name, vals in (("strides", strides), ("dilations", dilations),
+                       ("kernel_shape", kernel_shape)):
+        if any(v < 1 for v in vals):
+            raise ShapeError(f"{op}: attribute {name}={list(vals)} must be positive")
+    eff = [(k - 1) * d + 1 for k, d in zip(kernel_shape, dilations)]
+    if ap in ("SAME_UPPER", "SAME_LOWER"):
+        out = [-(-i // s) for i, s in zip(in_shape, strides)]
+        total = [max(0, (o - 1) * s + e - i) for o, s, e, i in zip(out, strides, eff, in_shape)]
+        if ap == "SAME_UPPER":
+            pb = [t // 2 for t in total]
+        else:
+            pb = [t - t // 2 for t in total]
+        pe = [t - b for t, b in zip(total, pb)]
+    else:
+        if ap == "VALID":
+            pb, pe = [0] * n, [0] * n
+        else:
+            p = [0] * (2 * n) if pads is None or len(pads) == 0 else [int(v) for v in pads]
+            if len(p) != 2 * n:
+                raise ShapeError(f"{op}: attribute pads={p} needs {2 * n} values "
+                                 f"(begin and end for {n} spatial axes)")
+            pb, pe = p[:n], p[n:]
+        out = []
+        for i, b, e_, k, s in zip(in_shape, pb, pe, eff, strides):
+            span = i + b + e_ - k
+            if span < 0:
+                raise ShapeError(
+                    f"{op}: the kernel (extent {k} with dilation) is larger than the padded "
+                    f"input (size {i} + pads {b}+{e_}) along a spatial axis; input spatial "
+                    f"shape {list(in_shape)}, kernel_shape {list(kernel_shape)}")
+            if ceil_mode:
+                o = -(-span // s) + 1
+                if (o - 1) * s >= i + b:  # the last window would start in the end padding
+                    o -= 1
+            else:
+                o = span // s + 1
+            out.append(o)
+    extra = [max(0, (o - 1) * s + k - (i + b + e_))
+             for o, s, k, i, b, e_ in zip(out, strides, eff, in_shape, pb, pe)]
+    return pb, pe, out, extra
+
+
+def pad_spatial(x, begin, end, value=0):
+    """Pad the spatial axes (2..) of ``x``; negative amounts crop. Returns ``x`` if no-op."""
+    xp = xp_of(x)
+    if not any(begin) and not any(end):
+        return x
+    if any(b < 0 for b in begin) or any(e < 0 for e in end):
+        sl = [slice(None), slice(None)]
+        for b, e, size in zip(begin, end, x.shape[2:]):
+            sl.append(slice(max(0, -b), size - max(0, -e)))
+        x = x[tuple(sl)]
+        begin = [max(0, b) for b in begin]
+        end = [max(0, e) for e in end]
+    shape = list(x.shape[:2]) + [s + b + e for s, b, e in zip(x.shape[2:], begin, end)]
+    out = xp.empty(shape, dtype=x.dtype)
+    out.fill(value)
+    inner = (slice(None), slice(None)) + tuple(
+        slice(b, b + s) for b, s in zip(begin, x.shape[2:]))
+    out[inner] = x
+    return out
+
+
+def sliding_windows(xpad, kernel_shape, strides, dilations, out_shape):
+    """A strided view of shape ``(N, C, *kernel_shape, *out_shape)`` over a padded input."""
+    xp = xp_of(xpad)
+    st = xpad.strides
+    sp = st[2:]
+    shape = tuple(xpad.shape[:2]) + tuple(kernel_shape) + tuple(out_shape)
+    strides_b = tuple(st[:2]) + tuple(s * d for s, d in zip(sp, dilations)) + \
+        tuple(s * t for s, t in zip(sp, strides))
+    return stride_tricks(xp).as_strided(xpad, shape=shape, strides=strides_b)
+
+
+def tap_view(xpad, tap, strides, dilations, out_shape):
+    """The ``(N, C, *out_shape)`` view of ``xpad`` seen by one kernel tap (a multi-index)."""
+    sl = (slice(None), slice(None)) + tuple(
+        slice(t * d, t * d + (o - 1) * s + 1, s)
+        for t, d, o, s in zip(tap, dilations, out_shape, strides))
+    return xpad[sl]
+
+
+_SCRATCH = threading.local()
+_SCRATCH_MAX = 512 << 20
+
+
+def _scratch(xp, shape, dtype):
+    """A reusable per-thread workspace (numpy only) for the temporary im2col matrix.
+
+    Large fresh allocations are mapped from the OS on each call and page-faulted on first
+    touch, which costs as much as the copy itself; reusing one buffer avoids that.
+    """
+    dt = np.dtype(dtype)
+    nbytes = int(math.prod(shape)) * dt.itemsize
+    if xp is not np or nbytes > _SCRATCH_MAX or nbytes == 0:
+        return xp.empty(shape, dtype=dt)
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = xp.empty(nbytes, dtype=xp.uint8)
+        _SCRATCH.buf = buf
+    return buf[:nbytes].view(dt).reshape(shape)
+
+
+# --------------------------------------------------------------------------------------------
+# the convolution core (inputs already in compute dtype)
+# --------------------------------------------------------------------------------------------
+
+_MERGE_BELOW = 256  # output positions per image under which one GEMM spans the whole batch
+
+
+def conv_core(x, w, b, group, strides, dilations, pb, pe, extra, out_shape):
+    """Y = conv(x, w) + b for arrays in compute dtype; geometry already resolved."""
+    xp = xp_of(x, w)
+    N, C = x.shape[:2]
+    M = w.shape[0]
+    ksh = tuple(w.shape[2:])
+    nd = len(ksh)
+    K = int(math.prod(ksh))
+    OUT = int(math.prod(out_shape))
+    Cg, Mg = C // group, M // group
+    dtype = x.dtype
+    if N == 0 or M == 0 or OUT == 0:
+        y = xp.zeros((N, M, *out_shape), dtype=dtype)
+        return y + b.reshape((1, M) + (1,) * nd) if b is not None and y.size else y
+
+    if group == C and group == M and w.shape[1] == 1 and K > 1:
+        return _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape)
+
+    pe_all = [e + x_ for e, x_ in zip(pe, extra)]
+    if K == 1:
+        xs = pad_spatial(x, pb, pe_all, 0)
+        if any(s != 1 for s in strides) or list(xs.shape[2:]) != list(out_shape):
+            xs = tap_view(xs, (0,) * nd, strides, dilations, out_shape)
+        merged = OUT < _MERGE_BELOW and N > 1
+        if merged:
+            cols = _scratch(xp, (group, Cg, N) + tuple(out_shape), dtype)
+            xp.copyto(cols, xs.reshape((N, group, Cg) + tuple(out_shape)).transpose(
+                (1, 2, 0) + tuple(range(3, 3 + nd))))
+            cols = cols.reshape(group, Cg, N * OUT)
+        else:
+            cols = xs.reshape(N, group, Cg, OUT)  # a view when xs is contiguous
+    else:
+        xpad = pad_spatial(x, pb, pe_all, 0)
+        win = sliding_windows(xpad, ksh, strides, dilations, out_shape)
+        win = win.reshape((N, group, Cg) + ksh + tuple(out_shape))
+        merged = OUT < _MERGE_BELOW and N > 1
+        if merged:
+            cols = _scratch(xp, (group, Cg) + ksh + (N,) + tuple(out_shape), dtype)
+            order = (1, 2) + tuple(range(3, 3 + nd)) + (0,) + tuple(range(3 + nd, 3 + 2 * nd))
+            xp.copyto(cols, win.transpose(order))
+            cols = cols.reshape(group, Cg * K, N * OUT)
+        else:
+            cols = _scratch(xp, (N, group, Cg) + ksh + tuple(out_shape), dtype)
+            xp.copyto(cols, win)
+            cols = cols.reshape(N, group, Cg * K, OUT)
+
+    wm = w.reshape(group, Mg, Cg * K)
+    if merged:
+        y = xp.matmul(wm, cols)  # (group, Mg, N*OUT)
+        y = y.reshape(M, N, OUT).transpose(1, 0, 2)
+        out = xp.empty((N, M, OUT), dtype=dtype)
+        if b is not None:
+            xp.add(y, b.reshape(1, M, 1), out=out)
+        else:
+            xp.copyto(out, y)
+        return out.reshape((N, M) + tuple(out_shape))
+    y = xp.matmul(wm, cols)  # (N, group, Mg, OUT)
+    y = y.reshape((N, M) + tuple(out_shape))
+    if b is not None:
+        y += b.reshape((1, M) + (1,) * nd)
+    return y
+
+
+_BLOCK = 1 << 15  # accumulator elements per block: small enough to stay in L2 across taps
+
+
+def blocks(xp, N, C, per_channel):
+    """(batch slice, channel slice) blocks for tap-by-tap accumulation.
+
+    On numpy each block's accumulator stays in cache while every kernel tap is added into it;
+    on other array modules (cupy) the whole tensor is one block (one launch per tap).
+    """
+    if xp is not np:
+        return [(slice(None), slice(None))]
+    per_image = C * max(1, per_channel)
+    if per_image <= _BLOCK:
+        nb = max(1, _BLOCK // per_image)
+        return [(slice(n, min(N, n + nb)), slice(None)) for n in range(0, N, nb)]
+    cb = max(1, _BLOCK // max(1, per_channel))
+    return [(slice(n, n + 1), slice(c, min(C, c + cb)))
+            for n in range(N) for c in range(0, C, cb)]
+
+
+def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape):
+    """Depthwise conv (group == C == M): multiply-accumulate over the kernel taps."""
+    xp = xp_of(x, w)
+    N, C = x.shape[:2]
+    ksh = tuple(w.shape[2:])
+    nd = len(ksh)
+    xpad = pad_spatial(x, pb, [e + x_ for e, x_ in zip(pe, extra)], 0)
+    taps = list(itertools.product(*[range(k) for k in ksh]))
+    wt = w.reshape(C, len(taps))
+    y = xp.empty((N, C) + tuple(out_shape), dtype=x.dtype)
+    bshape = (1, C) + (1,) * nd
+    wcols = [wt[:, t].reshape(bshape) for t in range(len(taps))]
+    bias = b.reshape(bshape) if b is not None else None
+    views = [tap_view(xpad, tap, strides, dilations, out_shape) for tap in taps]
+    tmp = None
+    for bn, bc in blocks(xp, N, C, int(math.prod(out_shape))):
+        acc = y[bn, bc]
+        if tmp is None or tmp.shape != acc.shape:
+            tmp = xp.empty(acc.shape, dtype=x.dtype)
+        xp.multiply(views[0][bn, bc], wcols[0][:, bc], out=acc)
+        for t in range(1, len(taps)):
+            xp.multiply(views[t][bn, bc], wcols[t][:, bc], out=tmp)
+            acc += tmp
+        if bias is not None:
+            acc += bias[:, bc]
+    return y
+
+
+def _check_conv_inputs(op, X, W, B, group):
+    if X.ndim < 3:
+        raise ShapeError(f"{op}: input X must have shape (N, C, D1, ...) with at least one "
+                         f"spatial axis, got shape {tuple(X.shape)}")
+    if W.ndim != X.ndim:
+        raise ShapeError(f"{op}: weight W has rank {W.ndim} but X has rank {X.ndim} "
+                         f"(X {tuple(X.shape)}, W {tuple(W.shape)})")
+    if group < 1:
+        raise InputError(f"{op}: group={group} must be >= 1")
+    C, M = X.shape[1], W.shape[0]
+    if W.shape[1] * group != C or M % group:
+        raise ShapeError(f"{op}: X has {C} channels and W has shape {tuple(W.shape)} with "
+                         f"group={group}; need W.shape[1] * group == C and W.shape[0] "
+                         f"divisible by group")
+    if B is not None and tuple(B.shape) != (M,):
+        raise ShapeError(f"{op}: bias B must have shape ({M},), got {tuple(B.shape)}")
+
+
+def _kernel_from(op, W, kernel_shape, first_spatial=2):
+    ks = tuple(int(k) for k in W.shape[first_spatial:])
+    if kernel_shape is not None and len(kernel_shape) and tuple(kernel_shape) != ks:
+        raise ShapeError(f"{op}: attribute kernel_shape={list(kernel_shape)} does not match "
+                         f"the weight's spatial shape {list(ks)}")
+    return ks
+
+
+# --------------------------------------------------------------------------------------------
+# Conv
+# --------------------------------------------------------------------------------------------
+
+@kernel("Conv", since=1)
+def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+         pads=None, strides=None):
+    """ONNX Conv (1-D/2-D/3-D...): im2col + matmul, with 1x1 and depthwise fast paths."""
+    _check_conv_inputs("Conv", X, W, B, int(group))
+    nd = X.ndim - 2
+    ks = _kernel_from("Conv", W, kernel_shape)
+    st = spatial_ints("Conv", "strides", strides, nd, 1)
+    dl = spatial_ints("Conv", "dilations", dilations, nd, 1)
+    pb, pe, out, extra = window_geometry("Conv", X.shape[2:], ks, st, dl, pads, auto_pad)
+    x, w = to_compute(X), to_compute(W)
+    if w.dtype != x.dtype:
+        w = w.astype(x.dtype)
+    b = None if B is None else B.astype(x.dtype, copy=False)
+    y = conv_core(x, w, b, int(group), st, dl, pb, pe, extra, out)
+    return y if y.dtype == X.dtype else y.astype(X.dtype)
+
+
+@kernel("ConvInteger", since=10)
+def conv_integer(x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET",
+                 dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """ONNX ConvInteger: (x - x_zp) conv (w - w_zp) accumulated exactly, int32 output."""
+    xp = xp_of(x, w)
+    _check_conv_inputs("ConvInteger", x, w, None, int(group))
+    nd = x.ndim - 2
+    M = w.shape[0]
+    ks = _kernel_from("ConvInteger", w, kernel_shape)
+    st = spatial_ints("ConvInteger", "strides", strides, nd, 1)
+    dl = spatial_ints("ConvInteger", "dilations", dilations, nd, 1)
+    pb, pe, out, extra = window_geometry("ConvInteger", x.shape[2:], ks, st, dl, pads, auto_pad)
+    # float64 holds every partial sum exactly (|term| < 2**16) and runs on BLAS
+    xf = x.astype(xp.float64)
+    if x_zero_point is not None:
+        if x_zero_point.size != 1:
+            raise ShapeError(f"ConvInteger: x_zero_point must be a scalar (per-tensor), got "
+                             f"shape {tuple(x_zero_point.shape)}")
+        xf -= x_zero_point.reshape(()).astype(xp.float64)
+    wf = w.astype(xp.float64)
+    if w_zero_point is not None:
+        if w_zero_point.size == 1:
+            wf -= w_zero_point.reshape(()).astype(xp.float64)
+        elif w_zero_point.size == M:
+            wf -= w_zero_point.reshape((M,) + (1,) * (w.ndim - 1)).astype(xp.float64)
+        else:
+            raise ShapeError(f"ConvInteger: w_zero_point must be a scalar or have {M} values "
+                             f"(one per output channel), got shape "
+                             f"{tuple(w_zero_point.shape)}")
+    y = conv_core(xf, wf, None, int(group), st, dl, pb, pe, extra, out)
+    return xp.rint(y).astype(xp.int32)
+
+
+# --------------------------------------------------------------------------------------------
+# ConvTranspose and Col2Im (col2im scatter)
+# --------------------------------------------------------------------------------------------
+
+def _col2im_add(buf, cols, strides, dilations, offset):
+    """buf[..., offset + k*d + s*i] += cols[..., k, i] over every kernel tap ``k``.
+
+    ``buf`` is (N, C, *S); ``cols`` is (N, C, *kernel, *blocks).
+    """
+    nd = buf.ndim - 2
+    ksh = cols.shape[2:2 + nd]
+    blocks = cols.shape[2 + nd:]
+    for tap in itertools.product(*[range(k) for k in ksh]):
+        sl = (slice(None), slice(None)) + tuple(
+            slice(o + t * d, o + t * d + (n - 1) * s + 1, s)
+            for o, t, d, n, s in zip(offset, tap, dilations, blocks, strides))
+        buf[sl] += cols[(slice(None), slice(None)) + tap]
+
+
+def _conv_transpose(X, W, B, auto_pad, dilations, group, kernel_shape, output_padding,
+                    output_shape, pads, strides, upper_puts_extra_at_end):
+    op = "ConvTranspose"
+    xp = xp_of(X, W)
+    group = int(group)
+    if X.ndim < 3 or W.ndim != X.ndim:
+        raise ShapeError(f"{op}: X must be (N, C, D1, ...) and W (C, M/group, k1, ...) of the "
+                         f"same rank, got X {tuple(X.shape)}, W {tuple(W.shape)}")
+    N, C = X.shape[:2]
+    if W.shape[0] != C or C % group:
+        raise ShapeError(f"{op}: W.shape[0] must equal the {C} input channels and be divisible "
+                         f"by group={group}, got W {tuple(W.shape)}")
+    nd = X.ndim - 2
+    ks = _kernel_from(op, W, kernel_shape)
+    Mg = W.shape[1]
+    M = Mg * group
+    if B is not None and tuple(B.shape) != (M,):
+        raise ShapeError(f"{op}: bias B must have shape ({M},), got {tuple(B.shape)}")
+    st = spatial_ints(op, "strides", strides, nd, 1)
+    dl = spatial_ints(op, "dilations", dilations, nd, 1)
+    op_ = spatial_ints(op, "output_padding", output_padding, nd, 0)
+    ap = _norm_auto_pad(op, auto_pad)
+    ins = [int(v) for v in X.shape[2:]]
+    eff = [(k - 1) * d + 1 for k, d in zip(ks, dl)]
+    natural = [s * (i - 1) + o + e for s, i, o, e in zip(st, ins, op_, eff)]
+    if output_shape is not None and len(output_shape):
+        osh = [int(v) for v in output_shape][-nd:]
+        if len(osh) != nd:
+            raise ShapeError(f"{op}: output_shape={list(output_shape)} needs {nd} values")
+    elif ap in ("SAME_UPPER", "SAME_LOWER"):
+        osh = [i * s for i, s in zip(ins, st)]
+    else:
+        osh = None
+    if osh is not None:
+        total = [n - o for n, o in zip(natural, osh)]
+        if (ap == "SAME_UPPER") == upper_puts_extra_at_end:
+            pb = [t // 2 for t in total]
+        else:
+            pb = [t - t // 2 for t in total]
+    else:
+        if ap == "VALID" or pads is None or len(pads) == 0:
+            p = [0] * (2 * nd)
+        else:
+            p = [int(v) for v in pads]
+            if len(p) != 2 * nd:
+                raise ShapeError(f"{op}: attribute pads={p} needs {2 * nd} values")
+        pb = p[:nd]
+        osh = [n - b - e for n, b, e in zip(natural, p[:nd], p[nd:])]
+        if any(o < 0 for o in osh):
+            raise ShapeError(f"{op}: pads={p} are larger than the full output {natural}")
+
+    x = to_compute(X)
+    w = to_compute(W).astype(x.dtype, copy=False)
+    K = int(math.prod(ks))
+    IN = int(math.prod(ins))
+    # columns: (N, group, Mg*K, IN) = W_g^T @ X_g
+    wt = w.reshape(group, C // group, Mg * K).transpose(0, 2, 1)
+    cols = xp.matmul(wt, x.reshape(N, group, C // group, IN))
+    cols = cols.reshape((N, M) + tuple(ks) + tuple(ins))
+    full = [s * (i - 1) + e for s, i, e in zip(st, ins, eff)]
+    lo = [min(0, b) for b in pb]
+    hi = [max(f, b + o) for f, b, o in zip(full, pb, osh)]
+    buf = xp.zeros((N, M) + tuple(h - l_ for h, l_ in zip(hi, lo)), dtype=x.dtype)
+    _col2im_add(buf, cols, st, dl, [-l_ for l_ in lo])
+    sl = (slice(None), slice(None)) + tuple(
+        slice(b - l_, b - l_ + o) for b, l_, o in zip(pb, lo, osh))
+    y = buf[sl]
+    if B is not None:
+        y = y + B.astype(x.dtype).reshape((1, M) + (1,) * nd)
+    else:
+        y = xp.ascontiguousarray(y)
+    return y if y.dtype == X.dtype else y.astype(X.dtype)
+
+
+@kernel("ConvTranspose", since=1)
+def conv_transpose_1(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                     kernel_shape=None, output_padding=None, output_shape=None, pads=None,
+                     strides=None):
+    """ConvTranspose-1: with output_shape/SAME, SAME_UPPER puts the odd padding at the start."""
+    return _conv_transpose(X, W, B, auto_pad, dilations, group, kernel_shape, output_padding,
+                           output_shape, pads, strides, upper_puts_extra_at_end=False)
+
+
+@kernel("ConvTranspose", since=11)
+def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                   kernel_shape=None, output_padding=None, output_shape=None, pads=None,
+                   strides=None):
+    """ConvTranspose-11+: matmul then col2im; SAME_UPPER puts the odd padding at the end."""
+    return _conv_transpose(X, W, B, auto_pad, dilations, group, kernel_shape, output_padding,
+                           output_shape, pads, strides, upper_puts_extra_at_end=True)
+
+
+@kernel("Col2Im", since=18)
+def col2im(input, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
+    """ONNX Col2Im: sum column blocks (N, C*prod(block), L) back into (N, C, *image_shape)."""
+    op = "Col2Im"
+    xp = xp_of(input)
+    img = [int(v) for v in image_shape.reshape(-1).tolist()]
+    blk = [int(v) for v in block_shape.reshape(-1).tolist()]
+    nd = len(img)
+    if len(blk) != nd:
+        raise ShapeError(f"{op}: image_shape {img} and block_shape {blk} must have the same "
+                         f"length")
+    if input.ndim != 3:
+        raise ShapeError(f"{op}: input must be 3-D (N, C*prod(block_shape), L), got shape "
+                         f"{tuple(input.shape)}")
+    st = spatial_ints(op, "strides", strides, nd, 1)
+    dl = spatial_ints(op, "dilations", dilations, nd, 1)
+    pb, pe, nblocks, _ = window_geometry(op, img, blk, st, dl, pads, "NOTSET")
+    K = int(math.prod(blk))
+    N, CK, L = (int(v) for v in input.shape)
+    if K == 0 or CK % K:
+        raise ShapeError(f"{op}: input dimension 1 ({CK}) must be a multiple of "
+                         f"prod(block_shape)={K}")
+    if L != int(math.prod(nblocks)):
+        raise ShapeError(f"{op}: input has L={L} blocks but image_shape {img}, block_shape "
+                         f"{blk}, pads, strides and dilations give {nblocks} "
+                         f"= {int(math.prod(nblocks))} blocks")
+    C = CK // K
+    dtype = input.dtype
+    acc_dtype = compute_dtype(dtype) if dtype.kind == "f" or dtype.name == "bfloat16" else dtype
+    cols = input.astype(acc_dtype, copy=False).reshape((N, C) + tuple(blk) + tuple(nblocks))
+    padded = [i + b + e for i, b, e in zip(img, pb, pe)]
+    buf = xp.zeros((N, C) + tuple(padded), dtype=acc_dtype)
+    _col2im_add(buf, cols, st, dl, [0] * nd)
+    y = buf[(slice(None), slice(None)) + tuple(slice(b, b + i) for b, i in zip(pb, img))]
+    return xp.ascontiguousarray(y).astype(dtype, copy=False)
+
+
+# --------------------------------------------------------------------------------------------
+# DeformConv
+# --------------------------------------------------------------------------------------------
+
+def _deform_conv(X, W, offset, B, mask, dilations, group, kernel_shape, offset_group, pads,
+                 strides):
+    op = "DeformConv"
+    xp = xp_of(X, W, offset)
+    group, offset_group = int(group), int(offset_group)
+    _check_conv_inputs(op, X, W, B, group)
+    N, C = X.shape[:2]
+    M = W.shape[0]
+    nd = X.ndim - 2
+    ks = _kernel_from(op, W, kernel_shape)
+    K = int(math.prod(ks))
+    st = spatial_ints(op, "strides", strides, nd, 1)
+    dl = spatial_ints(op, "dilations", dilations, nd, 1)
+    pb, pe, out, _ = window_geometry(op, X.shape[2:], ks, st, dl, pads, "NOTSET")
+    G = offset_group
+    if G < 1 or C % G:
+        raise ShapeError(f"{op}: offset_group={G} must divide the {C} input channels")
+    exp_off = (N, G * K * nd) + tuple(out)
+    if tuple(offset.shape) != exp_off:
+        raise ShapeError(f"{op}: offset must have shape {exp_off} (N, offset_group*prod(kernel)"
+                         f"*{nd}, *output spatial), got {tuple(offset.shape)}")
+    if mask is not None and tuple(mask.shape) != (N, G * K) + tuple(out):
+        raise ShapeError(f"{op}: mask must have shape {(N, G * K) + tuple(out)}, got "
+                         f"{tuple(mask.shape)}")
+    x = to_compute(X)
+    dt = x.dtype
+    ins = [int(v) for v in X.shape[2:]]
+    OUT = int(math.prod(out))
+    off = offset.astype(dt).reshape((N, G, K, nd, OUT))
+    msk = None if mask is None else mask.astype(dt).reshape(N, G, K, OUT)
+    # sampling positions: base (-pad + o*s + k*d) + offset, per axis -> (N, G, K, OUT)
+    grids = xp.meshgrid(*[xp.arange(o) for o in out], indexing="ij")
+    taps = xp.meshgrid(*[xp.arange(k) for k in ks], indexing="ij")
+    pos = []
+    for a in range(nd):
+        base = (grids[a].reshape(1, OUT) * st[a] - pb[a]) + taps[a].reshape(K, 1) * dl[a]
+        pos.append(base.astype(dt)[None, None] + off[:, :, :, a])
+    Cg_off = C // G
+    xg = x.reshape(N, G, Cg_off, int(math.prod(ins)))
+    sampled = xp.zeros((N, G, Cg_off, K, OUT), dtype=dt)
+    lows = [xp.floor(p) for p in pos]
+    fracs = [p - lo for p, lo in zip(pos, lows)]
+    lows = [lo.astype(xp.int64) for lo in lows]
+    n_idx = xp.arange(N).reshape(N, 1, 1, 1)
+    g_idx = xp.arange(G).reshape(1, G, 1, 1)
+    for corner in itertools.product((0, 1), repeat=nd):
+        weight = None
+        valid = None
+        flat = None
+        for a, c in enumerate(corner):
+            idx = lows[a] + c
+            wa = fracs[a] if c else 1 - fracs[a]
+            va = (idx >= 0) & (idx < ins[a])
+            weight = wa if weight is None else weight * wa
+            valid = va if valid is None else valid & va
+            idx_c = xp.clip(idx, 0, ins[a] - 1)
+            flat = idx_c if flat is None else flat * ins[a] + idx_c
+        weight = xp.where(valid, weight, 0)
+        # gather (N, G, K, OUT) positions for every channel of the offset group
+        vals = xg[n_idx, g_idx, :, flat]  # (N, G, K, OUT, Cg_off)
+        sampled += xp.moveaxis(vals, -1, 2) * weight[:, :, None]
+    if msk is not None:
+        sampled *= msk[:, :, None]
+    cols = sampled.reshape(N, group, C // group, K, OUT).reshape(N, group, (C // group) * K,
+                                                                   OUT)
+    w = to_compute(W).astype(dt, copy=False).reshape(group, M // group, (C // group) * K)
+    y = xp.matmul(w, cols).reshape((N, M) + tuple(out))
+    if B is not None:
+        y += B.astype(dt).reshape((1, M) + (1,) * nd)
+    return y if y.dtype == X.dtype else y.astype(X.dtype)
+
+
+@kernel("DeformConv", since=19)
+def deform_conv(X, W, offset, B=None, mask=None, *, dilations=None, group=1,
+                kernel_shape=None, offset_group=1, pads=None, strides=None):
+    """ONNX DeformConv (N-D): bilinear (multilinear) sampling at offset taps, then a matmul."""
+    return _deform_conv(X, W, offset, B, mask, dilations, group, kernel_shape, offset_group,
+                        pads, strides)
+
+
+# --------------------------------------------------------------------------------------------
+# CausalConvWithState
+# --------------------------------------------------------------------------------------------
+
+@kernel("CausalConvWithState", since=27)
+def causal_conv_with_state(input, weight, bias=None, past_state=None, *, activation="none"):
+    """Stateful causal depthwise 1-D conv: output over [past_state, input], new state = tail."""
+    op = "CausalConvWithState"
+    xp = xp_of(input, weight)
+    act = (activation or "none").lower()
+    if act not in ("none", "silu", "swish"):
+        raise InputError(f"{op}: activation={activation!r} is not supported "
+                         f"(supported: 'none', 'silu', 'swish')")
+    if input.ndim != 3 or weight.ndim != 3 or weight.shape[1] != 1 \
+            or weight.shape[0] != input.shape[1]:
+        raise ShapeError(f"{op}: input must be (batch, channels, length) and weight "
+                         f"(channels, 1, k); got input {tuple(input.shape)}, weight "
+                         f"{tuple(weight.shape)}")
+    Bn, C, L = (int(v) for v in input.shape)
+    k = int(weight.shape[2])
+    if k < 1:
+        raise ShapeError(f"{op}: kernel length must be >= 1, got weight {tuple(weight.shape)}")
+    x = to_compute(input)
+    if past_state is None:
+        past = xp.zeros((Bn, C, k - 1), dtype=x.dtype)
+    else:
+        if tuple(past_state.shape) != (Bn, C, k - 1):
+            raise ShapeError(f"{op}: past_state must have shape {(Bn, C, k - 1)}, got "
+                             f"{tuple(past_state.shape)}")
+        past = past_state.astype(x.dtype)
+    full = xp.concatenate([past, x], axis=2)
+    w = to_compute(weight).astype(x.dtype, copy=False)
+    y = full[:, :, 0:L] * w[:, 0, 0].reshape(1, C, 1)
+    for j in range(1, k):
+        y += full[:, :, j:j + L] * w[:, 0, j].reshape(1, C, 1)
+    if bias is not None:
+        y += bias.astype(x.dtype).reshape(1, C, 1)
+    if act != "none":  # silu(y) = y * sigmoid(y), written with tanh so it cannot overflow
+        y = y * (0.5 * (1 + xp.tanh(0.5 * y)))
+    present = xp.ascontiguousarray(full[:, :, full.shape[2] - (k - 1):])
+    return y.astype(input.dtype, copy=False), present.astype(input.dtype, copy=False)

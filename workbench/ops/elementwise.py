@@ -1,0 +1,460 @@
+"""Elementwise math: arithmetic, unary math, variadic Min/Max/Sum/Mean, bitwise ops, Clip, Identity.
+
+Every kernel keeps the dtype of its input (float16 stays float16, integer ops stay integer) and
+broadcasts like numpy (multidirectional broadcasting, opset 7+). The opset-6 forms of the binary
+ops also accept the legacy ``broadcast``/``axis`` attributes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np  # dtype constants, np.errstate and np.generic only
+
+from workbench.arrays import xp_of
+from workbench.errors import InputError, ShapeError
+from workbench.ops.registry import kernel
+
+
+def ensure_array(r, xp=np):
+    """numpy ufuncs return scalars for 0-d inputs: turn them back into 0-d arrays."""
+    return xp.asarray(r) if isinstance(r, np.generic) else r
+
+
+def quiet():
+    """Silence numpy floating-point warnings (division by zero, overflow, NaN) in a block."""
+    return np.errstate(all="ignore")
+
+
+def is_float(dtype) -> bool:
+    """True for float16/32/64 and the ml_dtypes floats (bfloat16, float8...)."""
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or (dtype.kind == "V" and "float" in dtype.name)
+
+
+def is_signed_int(dtype) -> bool:
+    return np.dtype(dtype).kind == "i"
+
+
+def compute_dtype(dtype):
+    """The dtype to compute a float op in: float32 for float16/bfloat16, else the dtype itself."""
+    dtype = np.dtype(dtype)
+    if dtype.itemsize < 4 and is_float(dtype):
+        return np.dtype(np.float32)
+    return dtype
+
+
+def legacy_broadcast(op: str, a, b, broadcast, axis):
+    """Opset < 7 binary ops: with ``broadcast=1`` B is aligned to A starting at ``axis``."""
+    if not broadcast or b.ndim == 0 or a.shape == b.shape:
+        return b
+    if axis is None:
+        axis = a.ndim - b.ndim
+    axis = axis + a.ndim if axis < 0 else axis
+    if axis < 0 or axis + b.ndim > a.ndim or any(
+            db not in (1, a.shape[axis + i]) for i, db in enumerate(b.shape)):
+        raise ShapeError(f"{op}: legacy broadcast of B {tuple(b.shape)} into A {tuple(a.shape)} "
+                         f"at axis={axis} is impossible (B must match A's dims from axis on)")
+    return b.reshape(tuple(b.shape) + (1,) * (a.ndim - axis - b.ndim))
+
+
+# ----------------------------------------------------------------------------------------------
+# binary arithmetic
+
+
+@kernel("Add", since=6)
+def add(a, b, *, broadcast=0, axis=None):
+    b = legacy_broadcast("Add", a, b, broadcast, axis)
+    return ensure_array(xp_of(a, b).add(a, b))
+
+
+@kernel("Sub", since=6)
+def sub(a, b, *, broadcast=0, axis=None):
+    b = legacy_broadcast("Sub", a, b, broadcast, axis)
+    return ensure_array(xp_of(a, b).subtract(a, b))
+
+
+@kernel("Mul", since=6)
+def mul(a, b, *, broadcast=0, axis=None):
+    b = legacy_broadcast("Mul", a, b, broadcast, axis)
+    return ensure_array(xp_of(a, b).multiply(a, b))
+
+
+@kernel("Div", since=6)
+def div(a, b, *, broadcast=0, axis=None):
+    """Float division, or integer division truncating toward zero (C semantics)."""
+    b = legacy_broadcast("Div", a, b, broadcast, axis)
+    xp = xp_of(a, b)
+    with quiet():
+        kind = a.dtype.kind
+        if kind == "u" or kind == "b":
+            return ensure_array(xp.floor_divide(a, b))
+        if kind != "i":
+            return ensure_array(xp.true_divide(a, b))
+        # a - fmod(a, b) is an exact multiple of b, so floor division of it truncates
+        r = ensure_array(xp.fmod(a, b))
+        if r.ndim == 0:
+            return ensure_array(xp.floor_divide(a - r, b))
+        xp.subtract(a, r, out=r)
+        xp.floor_divide(r, b, out=r)
+        return r
+
+
+@kernel("Pow", since=6)
+def pow_(x, y, *, broadcast=0, axis=None):
+    """x ** y with the output type of ``x``; the exponent may have another numeric type."""
+    y = legacy_broadcast("Pow", x, y, broadcast, axis)
+    xp = xp_of(x, y)
+    with quiet():
+        if is_float(x.dtype):
+            if y.dtype == x.dtype:
+                return ensure_array(xp.power(x, y))
+            if is_float(y.dtype) and np.dtype(y.dtype).itemsize > np.dtype(x.dtype).itemsize:
+                wide = compute_dtype(y.dtype)
+                return ensure_array(xp.power(x.astype(wide), y.astype(wide))).astype(x.dtype)
+            if not is_float(y.dtype):
+                cdt = compute_dtype(x.dtype)
+                return ensure_array(xp.power(x.astype(cdt, copy=False),
+                                             y.astype(cdt))).astype(x.dtype, copy=False)
+            return ensure_array(xp.power(x, y.astype(x.dtype)))
+        if is_float(y.dtype):  # integer base, float exponent: compute in double, truncate
+            r = xp.power(x.astype(np.float64), y.astype(np.float64))
+            return ensure_array(r).astype(x.dtype)
+        return _int_pow(xp, x, y)
+
+
+def _int_pow(xp, x, y):
+    y = y.astype(x.dtype, copy=False) if y.dtype.kind == x.dtype.kind else y
+    if y.dtype.kind == "i" and y.size and bool((y < 0).any()):
+        # integer x ** negative n is 1 / x**n truncated: 0 unless |x| == 1
+        neg = y < 0
+        r = ensure_array(xp.power(x, xp.where(neg, 0, y).astype(y.dtype)))
+        odd = (y % 2) != 0
+        inv = xp.where(x == 1, 1, xp.where(x == -1, xp.where(odd, -1, 1), 0)).astype(x.dtype)
+        return ensure_array(xp.where(neg, inv, r)).astype(x.dtype, copy=False)
+    return ensure_array(xp.power(x, y)).astype(x.dtype, copy=False)
+
+
+@kernel("Mod", since=10)
+def mod(a, b, *, fmod=0):
+    """fmod=0: result has the sign of B (floor); fmod=1: sign of A (C fmod)."""
+    xp = xp_of(a, b)
+    with quiet():
+        if fmod:
+            return ensure_array(xp.fmod(a, b))
+        return ensure_array(xp.mod(a, b))
+
+
+# ----------------------------------------------------------------------------------------------
+# unary math
+
+
+@kernel("Neg", since=6)
+def neg(x):
+    return ensure_array(xp_of(x).negative(x))
+
+
+@kernel("Abs", since=6)
+def abs_(x):
+    return ensure_array(xp_of(x).absolute(x))
+
+
+@kernel("Sqrt", since=6)
+def sqrt(x):
+    with quiet():
+        return ensure_array(xp_of(x).sqrt(x))
+
+
+@kernel("Exp", since=6)
+def exp(x):
+    with quiet():
+        return ensure_array(xp_of(x).exp(x))
+
+
+@kernel("Log", since=6)
+def log(x):
+    with quiet():
+        return ensure_array(xp_of(x).log(x))
+
+
+@kernel("Reciprocal", since=6)
+def reciprocal(x):
+    with quiet():
+        if not is_float(x.dtype):
+            raise InputError(f"Reciprocal: input dtype {x.dtype} is not supported "
+                             f"(float16, bfloat16, float, double)")
+        return ensure_array(xp_of(x).reciprocal(x))
+
+
+@kernel("Floor", since=6)
+def floor(x):
+    return ensure_array(xp_of(x).floor(x))
+
+
+@kernel("Ceil", since=6)
+def ceil(x):
+    return ensure_array(xp_of(x).ceil(x))
+
+
+@kernel("Round", since=11)
+def round_(x):
+    """Round half to even; integral values, +-0, NaN and infinities are returned unchanged."""
+    return ensure_array(xp_of(x).rint(x))
+
+
+@kernel("Sign", since=9)
+def sign(x):
+    return ensure_array(xp_of(x).sign(x))
+
+
+@kernel("Sin", since=7)
+def sin(x):
+    return ensure_array(xp_of(x).sin(x))
+
+
+@kernel("Cos", since=7)
+def cos(x):
+    return ensure_array(xp_of(x).cos(x))
+
+
+@kernel("Tan", since=7)
+def tan(x):
+    return ensure_array(xp_of(x).tan(x))
+
+
+@kernel("Asin", since=7)
+def asin(x):
+    with quiet():
+        return ensure_array(xp_of(x).arcsin(x))
+
+
+@kernel("Acos", since=7)
+def acos(x):
+    with quiet():
+        return ensure_array(xp_of(x).arccos(x))
+
+
+@kernel("Atan", since=7)
+def atan(x):
+    return ensure_array(xp_of(x).arctan(x))
+
+
+@kernel("Sinh", since=9)
+def sinh(x):
+    with quiet():
+        return ensure_array(xp_of(x).sinh(x))
+
+
+@kernel("Cosh", since=9)
+def cosh(x):
+    with quiet():
+        return ensure_array(xp_of(x).cosh(x))
+
+
+@kernel("Asinh", since=9)
+def asinh(x):
+    return ensure_array(xp_of(x).arcsinh(x))
+
+
+@kernel("Acosh", since=9)
+def acosh(x):
+    with quiet():
+        return ensure_array(xp_of(x).arccosh(x))
+
+
+@kernel("Atanh", since=9)
+def atanh(x):
+    with quiet():
+        return ensure_array(xp_of(x).arctanh(x))
+
+
+def special_module(xp):
+    """scipy.special (numpy) or cupyx.scipy.special (cupy), or None when not installed."""
+    try:
+        if xp is np:
+            import scipy.special as special
+        else:  # pragma: no cover - GPU only
+            import cupyx.scipy.special as special
+        return special
+    except ImportError:  # pragma: no cover - depends on the machine
+        return None
+
+
+_math_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf_array(x):
+    """The error function elementwise, in the dtype of ``x``."""
+    xp = xp_of(x)
+    special = special_module(xp)
+    xc = x.astype(compute_dtype(x.dtype), copy=False)
+    if special is not None:
+        r = special.erf(xc)
+    else:  # pragma: no cover - slow path without scipy
+        r = _math_erf(xc).astype(xc.dtype)
+    return ensure_array(r, xp).astype(x.dtype, copy=False)
+
+
+@kernel("Erf", since=9)
+def erf(x):
+    if not is_float(x.dtype):  # Erf-9 also allows integer types
+        return erf_array(x.astype(np.float64)).astype(x.dtype)
+    return erf_array(x)
+
+
+@kernel("IsNaN", since=9)
+def isnan(x):
+    return ensure_array(xp_of(x).isnan(x))
+
+
+@kernel("IsInf", since=10)
+def isinf(x, *, detect_negative=1, detect_positive=1):
+    xp = xp_of(x)
+    if detect_negative and detect_positive:
+        return ensure_array(xp.isinf(x))
+    if detect_positive:
+        return ensure_array(xp.isposinf(x.astype(compute_dtype(x.dtype), copy=False)))
+    if detect_negative:
+        return ensure_array(xp.isneginf(x.astype(compute_dtype(x.dtype), copy=False)))
+    return xp.zeros(x.shape, dtype=bool)
+
+
+# ----------------------------------------------------------------------------------------------
+# variadic
+
+
+def _variadic(op: str, ufunc_name: str, inputs):
+    if not inputs:
+        raise InputError(f"{op} needs at least one input")
+    if len(inputs) == 1:
+        return inputs[0]
+    xp = xp_of(*inputs)
+    ufunc = getattr(xp, ufunc_name)
+    r = ensure_array(ufunc(inputs[0], inputs[1]), xp)
+    for a in inputs[2:]:
+        if r.shape == xp.broadcast_shapes(r.shape, a.shape) and r.dtype == a.dtype:
+            ufunc(r, a, out=r)  # r is a fresh array: update it in place
+        else:
+            r = ensure_array(ufunc(r, a), xp)
+    return r
+
+
+@kernel("Sum", since=6)
+def sum_(*inputs):
+    return _variadic("Sum", "add", inputs)
+
+
+@kernel("Mean", since=6)
+def mean(*inputs):
+    if len(inputs) == 1:
+        return inputs[0]
+    r = _variadic("Mean", "add", inputs)
+    xp = xp_of(r)
+    if r.ndim == 0:
+        return ensure_array(r / r.dtype.type(len(inputs)), xp)
+    xp.divide(r, r.dtype.type(len(inputs)), out=r)
+    return r
+
+
+@kernel("Max", since=6)
+def max_(*inputs):
+    return _variadic("Max", "maximum", inputs)
+
+
+@kernel("Min", since=6)
+def min_(*inputs):
+    return _variadic("Min", "minimum", inputs)
+
+
+# ----------------------------------------------------------------------------------------------
+# bitwise
+
+
+@kernel("BitShift", since=11)
+def bitshift(x, y, *, direction):
+    """Shifts that are negative or >= the bit width give 0 (or -1 right-shifting a negative)."""
+    xp = xp_of(x, y)
+    if direction not in ("LEFT", "RIGHT"):
+        raise InputError(f"BitShift: direction must be 'LEFT' or 'RIGHT', got {direction!r}")
+    shift = xp.left_shift if direction == "LEFT" else xp.right_shift
+    nbits = x.dtype.itemsize * 8
+    bad = y >= nbits
+    if y.dtype.kind == "i":
+        bad = bad | (y < 0)
+    if not bad.any():
+        return ensure_array(shift(x, y.astype(x.dtype, copy=False)), xp)
+    r = ensure_array(shift(x, xp.where(bad, 0, y).astype(x.dtype)), xp)
+    if direction == "RIGHT" and x.dtype.kind == "i":
+        fill = xp.where(x < 0, -1, 0).astype(x.dtype)
+    else:
+        fill = xp.zeros((), dtype=x.dtype)
+    return ensure_array(xp.where(bad, fill, r), xp).astype(x.dtype, copy=False)
+
+
+@kernel("BitwiseAnd", since=18)
+def bitwise_and(a, b):
+    return ensure_array(xp_of(a, b).bitwise_and(a, b))
+
+
+@kernel("BitwiseOr", since=18)
+def bitwise_or(a, b):
+    return ensure_array(xp_of(a, b).bitwise_or(a, b))
+
+
+@kernel("BitwiseXor", since=18)
+def bitwise_xor(a, b):
+    return ensure_array(xp_of(a, b).bitwise_xor(a, b))
+
+
+@kernel("BitwiseNot", since=18)
+def bitwise_not(x):
+    return ensure_array(xp_of(x).invert(x))
+
+
+# ----------------------------------------------------------------------------------------------
+# Clip, Identity
+
+
+def _clip(xp, x, lo, hi):
+    if lo is None and hi is None:
+        return x
+    if lo is not None and hi is not None:
+        r = ensure_array(xp.maximum(x, lo), xp)
+        return ensure_array(xp.minimum(r, hi, out=r if r.ndim else None), xp)
+    if lo is not None:
+        return ensure_array(xp.maximum(x, lo), xp)
+    return ensure_array(xp.minimum(x, hi), xp)
+
+
+def _attr_bound(xp, x, value):
+    """A Clip-6 attribute bound as a 0-d array of x's dtype (out of range -> +-inf: no bound)."""
+    with quiet():
+        return xp.asarray(np.asarray(value, dtype=np.float64).astype(x.dtype))
+
+
+@kernel("Clip", since=6)
+def clip_6(x, *, min=-3.4028234663852886e38, max=3.4028234663852886e38):  # noqa: A002
+    """Clip-6..10: the bounds are float attributes (float types only)."""
+    xp = xp_of(x)
+    return _clip(xp, x, _attr_bound(xp, x, min), _attr_bound(xp, x, max))
+
+
+@kernel("Clip", since=11)
+def clip(x, lo=None, hi=None):
+    """Clip to [min, max] (omitted bounds are open); min > max gives max everywhere."""
+    xp = xp_of(x)
+    for name, bound in (("min", lo), ("max", hi)):
+        if bound is not None and bound.size != 1:
+            raise ShapeError(f"Clip: '{name}' must be a scalar (or 1-element) tensor, "
+                             f"got shape {tuple(bound.shape)}")
+    lo = None if lo is None else lo.reshape(()).astype(x.dtype, copy=False)
+    hi = None if hi is None else hi.reshape(()).astype(x.dtype, copy=False)
+    return _clip(xp, x, lo, hi)
+
+
+@kernel("Identity", since=1)
+def identity(x):
+    """Returns its input: a tensor, a sequence (list) or an optional value."""
+    if isinstance(x, list):
+        return list(x)
+    return x

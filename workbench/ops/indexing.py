@@ -1,0 +1,364 @@
+"""Indexing: Gather, GatherElements, GatherND, Scatter, ScatterElements, ScatterND, TensorScatter,
+Compress, NonZero, OneHot, Unique.
+
+Indices may be negative (counted from the end of their axis) and are checked against the bounds;
+an out-of-range index raises :class:`~workbench.errors.InputError` naming the op, the axis and
+its size. Scatter reductions (add, mul, max, min) apply duplicate indices one after another.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.arrays import xp_of
+from workbench.errors import InputError, ShapeError
+from workbench.ops.registry import kernel
+
+
+def _ints(values) -> list[int]:
+    if values is None:
+        return []
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    if isinstance(values, (int, float)):
+        return [int(values)]
+    return [int(v) for v in values]
+
+
+def _norm_axis(axis: int, rank: int, op: str, what: str = "axis") -> int:
+    if not -rank <= axis < rank:
+        raise ShapeError(f"{op}: {what} {axis} is out of range for an input of rank {rank} "
+                         f"(accepted range is [{-rank}, {rank - 1}])")
+    return axis % rank
+
+
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
+
+
+def _norm_indices(op, xp, indices, dim, axis_desc):
+    """int64 indices with negatives wrapped; raises InputError when any is out of [-dim, dim)."""
+    idx = xp.asarray(indices).astype(np.int64, copy=False)
+    if idx.size:
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < -dim or hi >= dim:
+            bad = lo if lo < -dim else hi
+            raise InputError(f"{op}: index {bad} is out of bounds for {axis_desc} of size {dim} "
+                             f"(valid range [{-dim}, {dim - 1}])")
+        if lo < 0:
+            idx = xp.where(idx < 0, idx + dim, idx)
+    return idx
+
+
+def _along_axis_index(xp, idx, axis):
+    """Fancy index addressing ``arr[..., idx[...], ...]`` element-wise along ``axis``: for every
+    other dimension d an ``arange(idx.shape[d])`` broadcast against ``idx``."""
+    out = []
+    for d in range(idx.ndim):
+        if d == axis:
+            out.append(idx)
+        else:
+            shape = [1] * idx.ndim
+            shape[d] = idx.shape[d]
+            out.append(xp.arange(idx.shape[d], dtype=np.int64).reshape(shape))
+    return tuple(out)
+
+
+# Gather family -----------------------------------------------------------------------------------
+
+@kernel("Gather", since=1)
+def gather(data, indices, *, axis=0):
+    """Take the slices ``indices`` along ``axis``; the index dims replace that axis."""
+    xp = xp_of(data)
+    if data.ndim == 0:
+        raise ShapeError("Gather: data must have rank >= 1, got a scalar")
+    ax = _norm_axis(int(axis), data.ndim, "Gather")
+    idx = _norm_indices("Gather", xp, indices, data.shape[ax], f"axis {ax}")
+    return xp.take(data, idx, axis=ax)
+
+
+@kernel("GatherElements", since=11)
+def gather_elements(data, indices, *, axis=0):
+    """``out[i][j][k] = data[indices[i][j][k]][j][k]`` (axis=0); output has the indices shape."""
+    xp = xp_of(data)
+    r = data.ndim
+    ax = _norm_axis(int(axis), r, "GatherElements")
+    if indices.ndim != r:
+        raise ShapeError(f"GatherElements: indices rank {indices.ndim} must equal data rank {r}")
+    for d in range(r):
+        if d != ax and indices.shape[d] > data.shape[d]:
+            raise ShapeError(f"GatherElements: indices shape {tuple(indices.shape)} exceeds data "
+                             f"shape {tuple(data.shape)} on axis {d}")
+    idx = _norm_indices("GatherElements", xp, indices, data.shape[ax], f"axis {ax}")
+    return data[_along_axis_index(xp, idx, ax)]
+
+
+def _gather_nd(data, indices, batch_dims):
+    xp = xp_of(data)
+    b = int(batch_dims)
+    r, q = data.ndim, indices.ndim
+    if r < 1 or q < 1 or b >= min(r, q):
+        raise ShapeError(f"GatherND: needs rank(data) >= 1, rank(indices) >= 1 and batch_dims < "
+                         f"min of both; got data {tuple(data.shape)}, indices "
+                         f"{tuple(indices.shape)}, batch_dims={b}")
+    if tuple(data.shape[:b]) != tuple(indices.shape[:b]):
+        raise ShapeError(f"GatherND: the first {b} dims of data {tuple(data.shape)} and indices "
+                         f"{tuple(indices.shape)} must match")
+    k = indices.shape[-1]
+    if not 1 <= k <= r - b:
+        raise ShapeError(f"GatherND: indices.shape[-1] = {k} must be in [1, {r - b}] "
+                         f"(rank(data) - batch_dims)")
+    batch_shape = tuple(data.shape[:b])
+    nb = _prod(batch_shape)
+    mid_shape = tuple(indices.shape[b:-1])
+    tail_shape = tuple(data.shape[b + k:])
+    d = data.reshape((nb,) + tuple(data.shape[b:]))
+    idx = xp.asarray(indices).astype(np.int64, copy=False).reshape(nb, -1, k)
+    parts = [xp.arange(nb, dtype=np.int64)[:, None]]
+    for j in range(k):
+        dim = data.shape[b + j]
+        parts.append(_norm_indices("GatherND", xp, idx[..., j], dim, f"data axis {b + j}"))
+    out = d[tuple(parts)]
+    return out.reshape(batch_shape + mid_shape + tail_shape)
+
+
+@kernel("GatherND", since=11)
+def gather_nd(data, indices, *, batch_dims=0):
+    """Gather slices of ``data`` addressed by the index tuples in the last dim of ``indices``
+    (``batch_dims`` leading dims shared, from opset 12)."""
+    return _gather_nd(data, indices, batch_dims)
+
+
+# Scatter family ----------------------------------------------------------------------------------
+
+_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _occurrence_rounds(xp, lin):
+    """For each position of ``lin``: how many earlier positions hold the same value."""
+    n = lin.shape[0]
+    order = xp.argsort(lin, kind="stable")
+    s = lin[order]
+    new_group = xp.ones(n, dtype=bool)
+    new_group[1:] = s[1:] != s[:-1]
+    group_id = xp.cumsum(new_group) - 1
+    group_start = xp.nonzero(new_group)[0][group_id]
+    rank = xp.empty(n, dtype=np.int64)
+    rank[order] = xp.arange(n, dtype=np.int64) - group_start
+    return rank
+
+
+_UFUNC = {"add": "add", "mul": "multiply", "max": "maximum", "min": "minimum"}
+
+
+def _scatter_rows(op, out2, lin, upd2, reduction):
+    """``out2[lin[i]] = f(out2[lin[i]], upd2[i])`` for each i, in order, on a (R, C) array."""
+    xp = xp_of(out2)
+    if reduction not in _REDUCTIONS:
+        raise InputError(f"{op}: reduction {reduction!r} is not supported "
+                         f"({', '.join(_REDUCTIONS)})")
+    if lin.shape[0] == 0:
+        return
+    if reduction == "none":
+        out2[lin] = upd2
+        return
+    ufunc = getattr(xp, _UFUNC[reduction])
+    if xp is np and hasattr(ufunc, "at"):
+        ufunc.at(out2, lin, upd2)
+        return
+    rank = _occurrence_rounds(xp, lin)
+    for r in range(int(rank.max()) + 1):
+        sel = rank == r
+        rows = lin[sel]
+        out2[rows] = ufunc(out2[rows], upd2[sel])
+
+
+def _scatter_elements(op, data, indices, updates, axis, reduction):
+    xp = xp_of(data)
+    r = data.ndim
+    ax = _norm_axis(int(axis), r, op)
+    if indices.ndim != r or tuple(indices.shape) != tuple(updates.shape):
+        raise ShapeError(f"{op}: indices {tuple(indices.shape)} and updates "
+                         f"{tuple(updates.shape)} must have the same shape and the rank of data "
+                         f"{tuple(data.shape)}")
+    for d in range(r):
+        if d != ax and indices.shape[d] > data.shape[d]:
+            raise ShapeError(f"{op}: indices shape {tuple(indices.shape)} exceeds data shape "
+                             f"{tuple(data.shape)} on axis {d}")
+    idx = _norm_indices(op, xp, indices, data.shape[ax], f"axis {ax}")
+    out = data.copy()
+    full = _along_axis_index(xp, idx, ax)
+    lin = xp.zeros(idx.shape, dtype=np.int64)
+    for d, part in enumerate(full):
+        lin = lin * data.shape[d] + part
+    _scatter_rows(op, out.reshape(-1, 1), lin.reshape(-1), updates.reshape(-1, 1), reduction)
+    return out
+
+
+@kernel("Scatter", since=9)
+def scatter(data, indices, updates, *, axis=0):
+    """Scatter-9..10 (deprecated): the same as ScatterElements without reduction."""
+    return _scatter_elements("Scatter", data, indices, updates, axis, "none")
+
+
+@kernel("ScatterElements", since=11)
+def scatter_elements(data, indices, updates, *, axis=0, reduction="none"):
+    """A copy of ``data`` with ``updates`` written (or reduced, from 16) at ``indices`` along
+    ``axis``."""
+    return _scatter_elements("ScatterElements", data, indices, updates, axis, reduction)
+
+
+@kernel("ScatterND", since=11)
+def scatter_nd(data, indices, updates, *, reduction="none"):
+    """A copy of ``data`` with slices replaced (or reduced, from 16) at the index tuples in the
+    last dim of ``indices``."""
+    xp = xp_of(data)
+    r = data.ndim
+    k = indices.shape[-1] if indices.ndim else 0
+    if indices.ndim < 1 or not 1 <= k <= r:
+        raise ShapeError(f"ScatterND: indices shape {tuple(indices.shape)} needs rank >= 1 and a "
+                         f"last dim in [1, {r}] (rank of data {tuple(data.shape)})")
+    expect = tuple(indices.shape[:-1]) + tuple(data.shape[k:])
+    if tuple(updates.shape) != expect:
+        raise ShapeError(f"ScatterND: updates shape {tuple(updates.shape)} must be "
+                         f"indices.shape[:-1] + data.shape[k:] = {expect}")
+    idx = xp.asarray(indices).astype(np.int64, copy=False).reshape(-1, k)
+    lin = xp.zeros(idx.shape[0], dtype=np.int64)
+    for j in range(k):
+        dim = data.shape[j]
+        lin = lin * dim + _norm_indices("ScatterND", xp, idx[:, j], dim, f"data axis {j}")
+    out = data.copy()
+    rest = _prod(data.shape[k:])
+    _scatter_rows("ScatterND", out.reshape(-1, rest), lin,
+                  updates.reshape(idx.shape[0], rest), reduction)
+    return out
+
+
+@kernel("TensorScatter", since=24)
+def tensor_scatter(past_cache, update, write_indices=None, *, axis=-2, mode="linear"):
+    """KV-cache update: ``update`` written into a copy of ``past_cache`` along ``axis`` from
+    ``write_indices[b]`` for each batch entry (modulo the cache length when circular)."""
+    xp = xp_of(past_cache)
+    r = past_cache.ndim
+    ax = _norm_axis(int(axis), r, "TensorScatter")
+    if ax == 0:
+        raise ShapeError("TensorScatter: axis cannot be 0 (the batch dimension)")
+    if mode not in ("linear", "circular"):
+        raise InputError(f"TensorScatter: mode {mode!r} is not supported (linear, circular)")
+    ps, us = tuple(past_cache.shape), tuple(update.shape)
+    if update.ndim != r or any(ps[d] != us[d] for d in range(r) if d != ax) or us[ax] > ps[ax]:
+        raise ShapeError(f"TensorScatter: update shape {us} must match the cache shape {ps} "
+                         f"except on axis {ax}, where it may not be longer")
+    batch, max_len, seq_len = ps[0], ps[ax], us[ax]
+    if write_indices is None:
+        starts = xp.zeros(batch, dtype=np.int64)
+    else:
+        starts = xp.asarray(write_indices).astype(np.int64, copy=False).reshape(-1)
+    pos = starts[:, None] + xp.arange(seq_len, dtype=np.int64)[None, :]     # (B, S)
+    if mode == "circular":
+        pos = pos % max_len
+    elif pos.size and (int(pos.min()) < 0 or int(pos.max()) >= max_len):
+        raise InputError(f"TensorScatter: write_indices + sequence length {seq_len} exceed the "
+                         f"cache length {max_len} in linear mode")
+    shape = [1] * r
+    shape[0], shape[ax] = batch, seq_len
+    idx = xp.broadcast_to(pos.reshape(shape), us)
+    out = past_cache.copy()
+    out[_along_axis_index(xp, idx, ax)] = update
+    return out
+
+
+# Selection ---------------------------------------------------------------------------------------
+
+@kernel("Compress", since=9)
+def compress(input, condition, *, axis=None):
+    """Keep the slices along ``axis`` (or elements of the flattened input) where ``condition``
+    is true; a shorter condition drops the remaining slices."""
+    xp = xp_of(input)
+    cond = xp.asarray(condition).reshape(-1).astype(bool, copy=False)
+    if axis is None:
+        data, ax = input.reshape(-1), 0
+    else:
+        data, ax = input, _norm_axis(int(axis), input.ndim, "Compress")
+    n = data.shape[ax]
+    if cond.shape[0] > n:
+        if bool(cond[n:].any()):
+            raise ShapeError(f"Compress: condition has {cond.shape[0]} values, more than the "
+                             f"{n} slices along axis {ax}, and selects beyond them")
+        cond = cond[:n]
+    keep = xp.nonzero(cond)[0]
+    return xp.take(data, keep, axis=ax)
+
+
+@kernel("NonZero", since=9)
+def non_zero(x):
+    """Indices of the non-zero elements, shape (rank, count), row-major order."""
+    xp = xp_of(x)
+    if x.ndim == 0:
+        return xp.zeros((0, int(bool(x))), dtype=np.int64)
+    nz = xp.nonzero(x)
+    return xp.stack([i.astype(np.int64, copy=False) for i in nz]).reshape(x.ndim, -1)
+
+
+@kernel("OneHot", since=9)
+def one_hot(indices, depth, values, *, axis=-1):
+    """One-hot encode ``indices`` along a new ``axis`` of size ``depth``; ``values`` is
+    [off, on]; indices outside [-depth, depth) give all-off rows."""
+    xp = xp_of(indices)
+    d = xp.asarray(depth).reshape(-1)
+    if d.shape[0] != 1:
+        raise ShapeError(f"OneHot: depth must hold one value, got shape {tuple(depth.shape)}")
+    depth_v = int(float(d[0]))
+    if depth_v < 1:
+        raise ShapeError(f"OneHot: depth must be >= 1, got {depth_v}")
+    vals = xp.asarray(values).reshape(-1)
+    if vals.shape[0] != 2:
+        raise ShapeError(f"OneHot: values must hold [off_value, on_value], got "
+                         f"{vals.shape[0]} values")
+    r = indices.ndim
+    if not -r - 1 <= axis <= r:
+        raise ShapeError(f"OneHot: axis {axis} is out of range [{-r - 1}, {r}] for indices of "
+                         f"rank {r}")
+    ax = axis + r + 1 if axis < 0 else axis
+    ind = indices
+    if ind.dtype.kind == "f":
+        ind = xp.trunc(ind)
+    ind = ind.astype(np.int64)
+    ind = xp.where(ind < 0, ind + depth_v, ind)
+    ind = xp.expand_dims(ind, ax)
+    shape = [1] * (r + 1)
+    shape[ax] = depth_v
+    hot = ind == xp.arange(depth_v, dtype=np.int64).reshape(shape)
+    return xp.where(hot, vals[1], vals[0])
+
+
+# Unique ------------------------------------------------------------------------------------------
+
+@kernel("Unique", since=11, wants_ctx=True)
+def unique(x, *, axis=None, sorted=1, ctx):
+    """Unique values (or sub-tensors along ``axis``) with first-occurrence indices, inverse
+    indices and counts, sorted ascending or in order of first occurrence."""
+    xp = xp_of(x)
+    work = x.astype(np.float32) if x.dtype.name == "bfloat16" else x
+    if axis is None:
+        y, first, inverse, counts = xp.unique(work.reshape(-1), return_index=True,
+                                              return_inverse=True, return_counts=True)
+        ax = 0
+    else:
+        ax = _norm_axis(int(axis), x.ndim, "Unique")
+        y, first, inverse, counts = xp.unique(work, return_index=True, return_inverse=True,
+                                              return_counts=True, axis=ax)
+    inverse = inverse.reshape(-1)
+    if not sorted:
+        order = xp.argsort(first, kind="stable")
+        y = xp.take(y, order, axis=ax)
+        first, counts = first[order], counts[order]
+        remap = xp.empty_like(order)
+        remap[order] = xp.arange(order.shape[0], dtype=order.dtype)
+        inverse = remap[inverse]
+    y = y.astype(x.dtype, copy=False)
+    outs = (y, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64))
+    return outs[:max(ctx.n_outputs, 1)]

@@ -1,0 +1,338 @@
+"""Layered (Sugiyama-style) layout of a Graph IR, computed in Python.
+
+Steps: tolerant topological order -> longest-path layering (sources pulled down next to their
+first consumer) -> dummy chains for edges that skip layers (shared per producer; very long edges
+are drawn directly) -> barycentric ordering sweeps -> coordinate assignment (barycentre targets
+made feasible by averaging a left-packed and a right-packed placement). Linear-ish work per
+sweep; a 2,500-node transformer-like graph lays out in well under a second.
+
+The result is compact JSON-ready data (column lists, integer coordinates) for the front-end.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import hashlib
+from collections import defaultdict
+
+from workbench.graph.ir import Graph
+
+NODE_H = 28
+LAYER_GAP = 30
+NODE_GAP = 18
+DUMMY_W = 6
+MAX_SPAN = 48          # edges spanning more layers are drawn directly, not routed
+
+_CATEGORIES = {
+    "layer": ("Conv ConvTranspose ConvInteger QLinearConv Gemm MatMul MatMulInteger QLinearMatMul "
+              "Einsum LSTM GRU RNN Attention MultiHeadAttention DeformConv", 215),
+    "activation": ("Relu LeakyRelu PRelu Sigmoid HardSigmoid Tanh Elu Selu Celu Gelu FastGelu "
+                   "Softmax LogSoftmax Softplus Softsign HardSwish Mish Swish ThresholdedRelu "
+                   "Clip Hardmax QuickGelu", 5),
+    "normalization": ("BatchNormalization LayerNormalization InstanceNormalization "
+                      "GroupNormalization LpNormalization MeanVarianceNormalization LRN Dropout "
+                      "SimplifiedLayerNormalization SkipLayerNormalization RMSNormalization", 140),
+    "pooling": ("MaxPool AveragePool GlobalAveragePool GlobalMaxPool LpPool GlobalLpPool "
+                "MaxRoiPool RoiAlign MaxUnpool", 275),
+    "math": ("Add Sub Mul Div Pow Sqrt Exp Log Neg Abs Reciprocal Erf Floor Ceil Round Sign Sin "
+             "Cos Tan Sum Mean Max Min Mod BitShift Where Equal Greater Less GreaterOrEqual "
+             "LessOrEqual Not And Or Xor IsNaN IsInf", 35),
+    "shape": ("Reshape Transpose Flatten Squeeze Unsqueeze Concat Split Slice Gather GatherND "
+              "GatherElements Scatter ScatterND ScatterElements Shape Size Expand Tile Pad Cast "
+              "CastLike Identity DepthToSpace SpaceToDepth Resize Upsample Range NonZero "
+              "ConstantOfShape Compress OneHot Trilu", 200),
+    "reduction": ("ReduceMax ReduceMin ReduceMean ReduceSum ReduceProd ReduceL1 ReduceL2 "
+                  "ReduceLogSum ReduceLogSumExp ReduceSumSquare ArgMax ArgMin TopK CumSum", 55),
+    "control": ("If Loop Scan SequenceMap", 320),
+}
+_OP_CATEGORY = {op: (cat, hue) for cat, (ops, hue) in _CATEGORIES.items() for op in ops.split()}
+_FIXED = {"Input": "#2f3b4c", "Output": "#2f3b4c", "Constant": "#9aa3ad"}
+
+
+def op_category(op: str) -> str:
+    if op in ("Input", "Output", "Constant"):
+        return op.lower()
+    return _OP_CATEGORY.get(op, ("other", None))[0]
+
+
+def op_colors(ops) -> dict:
+    """A colour per op type: the category's hue, lightness varied within the category."""
+    out = {}
+    seen = defaultdict(int)
+    for op in sorted(set(ops)):
+        if op in _FIXED:
+            out[op] = _FIXED[op]
+            continue
+        cat, hue = _OP_CATEGORY.get(op, ("other", None))
+        if hue is None:
+            hue = int(hashlib.md5(op.encode()).hexdigest()[:4], 16) % 360
+            light, sat = 0.42, 0.35
+        else:
+            k = seen[cat]
+            seen[cat] += 1
+            light, sat = (0.40, 0.48, 0.34, 0.45, 0.37)[k % 5], 0.55 - 0.06 * (k % 3)
+        r, g, b = colorsys.hls_to_rgb(hue / 360.0, light, sat)
+        out[op] = "#%02x%02x%02x" % (int(r * 255), int(g * 255), int(b * 255))
+    return out
+
+
+def _label_width(text: str) -> int:
+    return max(56, min(220, 7 * len(text) + 18))
+
+
+def _toposort(n: int, preds: list, succs: list) -> list:
+    indeg = [len(p) for p in preds]
+    ready = [i for i in range(n) if indeg[i] == 0]
+    ready.reverse()
+    order, placed = [], [False] * n
+    while True:
+        while ready:
+            i = ready.pop()
+            order.append(i)
+            placed[i] = True
+            for j in reversed(succs[i]):
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    ready.append(j)
+        if len(order) == n:
+            return order
+        # a cycle (invalid model): break it at the first unplaced node, in file order
+        i = next(k for k in range(n) if not placed[k])
+        indeg[i] = 0
+        ready.append(i)
+
+
+def graph_elements(graph: Graph):
+    """Display nodes (graph inputs, ops, graph outputs) and edges between them.
+
+    Returns (names, ops, kinds, edges, node_index) where edges are (src, dst, value name) and
+    node_index maps an op node's name to its display index.
+    """
+    names, ops, kinds = [], [], []
+    index: dict[str, int] = {}
+    producer: dict[str, int] = {}
+    for v in graph.inputs:
+        producer[v.name] = len(names)
+        names.append(v.name)
+        ops.append("Input")
+        kinds.append(1)
+    for node in graph.nodes:
+        idx = len(names)
+        index.setdefault(node.name, idx)
+        names.append(node.name)
+        ops.append(node.op_type)
+        kinds.append(0)
+        for o in node.outputs:
+            if o:
+                producer.setdefault(o, idx)
+    edges, seen = [], set()
+    for k, node in enumerate(graph.nodes):
+        dst = k + len(graph.inputs)
+        srcs = list(node.inputs)
+        for sg in node.subgraphs:
+            srcs.extend(sorted(sg.free_variables()))
+        for v in srcs:
+            src = producer.get(v)
+            if src is None or src == dst or (src, dst) in seen:
+                continue
+            seen.add((src, dst))
+            edges.append((src, dst, v))
+    for v in graph.outputs:
+        idx = len(names)
+        names.append(v.name)
+        ops.append("Output")
+        kinds.append(2)
+        src = producer.get(v.name)
+        if src is not None:
+            edges.append((src, idx, v.name))
+    return names, ops, kinds, edges, index
+
+
+def layout_graph(graph: Graph, *, max_span: int = MAX_SPAN, sweeps: int = 4) -> dict:
+    """Compute the layout; returns a JSON-ready dict (see GraphView docs for the format)."""
+    names, ops, kinds, edges, _ = graph_elements(graph)
+    n = len(names)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    succs: list[list[int]] = [[] for _ in range(n)]
+    for s, d, _v in edges:
+        succs[s].append(d)
+        preds[d].append(s)
+    order = _toposort(n, preds, succs)
+    rank = [0] * n
+    for i, v in enumerate(order):
+        rank[v] = i
+
+    # ---- longest-path layering (edges against the order, from broken cycles, are ignored)
+    layer = [0] * n
+    for v in order:
+        best = 0
+        for u in preds[v]:
+            if rank[u] < rank[v] and layer[u] + 1 > best:
+                best = layer[u] + 1
+        layer[v] = best
+    # sources (inputs, Constants, ...) sit just above their first consumer
+    for v in reversed(order):
+        if not preds[v] and succs[v]:
+            layer[v] = max(0, min(layer[w] for w in succs[v]) - 1)
+    # outputs sit at the bottom
+    nlayers = (max(layer) + 1) if n else 0
+    for v in range(n):
+        if kinds[v] == 2 and preds[v]:
+            layer[v] = max(layer[v], max(layer[u] for u in preds[v]) + 1)
+    nlayers = (max(layer) + 1) if n else 0
+
+    # ---- dummy chains for edges spanning several layers (one chain per producer)
+    width = [DUMMY_W] * n
+    for v in range(n):
+        width[v] = _label_width(ops[v] if kinds[v] == 0 else names[v])
+    layer_of = list(layer)
+    chain: dict[int, dict[int, int]] = {}
+    reach: dict[int, int] = {}
+    for s, d, _v in edges:
+        span = layer[d] - layer[s]
+        if 1 < span <= max_span:
+            reach[s] = max(reach.get(s, 0), layer[d] - 1)
+    adj_down: list[list[int]] = [[] for _ in range(n)]   # between consecutive layers only
+    total = n
+    for s, last in reach.items():
+        c = {}
+        prev = s
+        for lay in range(layer[s] + 1, last + 1):
+            c[lay] = total
+            layer_of.append(lay)
+            width.append(DUMMY_W)
+            adj_down.append([])
+            adj_down[prev].append(total)
+            prev = total
+            total += 1
+        chain[s] = c
+    routes = []      # per edge: list of node ids along the path
+    for s, d, _v in edges:
+        span = layer[d] - layer[s]
+        if span == 1:
+            adj_down[s].append(d)
+            routes.append((s, d))
+        elif 1 < span <= max_span:
+            c = chain[s]
+            path = [s] + [c[lay] for lay in range(layer[s] + 1, layer[d])] + [d]
+            adj_down[path[-2]].append(d)
+            routes.append(tuple(path))
+        else:
+            routes.append((s, d))
+    adj_up: list[list[int]] = [[] for _ in range(total)]
+    for u in range(total):
+        for w in adj_down[u]:
+            adj_up[w].append(u)
+
+    # ---- ordering: initial by topological rank, then barycentric sweeps
+    layers: list[list[int]] = [[] for _ in range(nlayers)]
+    for v in order:
+        layers[layer_of[v]].append(v)
+    # dummies start next to their producer's position: insert by producer rank
+    key0 = [0.0] * total
+    for v in range(n):
+        key0[v] = float(rank[v])
+    for s, c in chain.items():
+        for lay, dmy in c.items():
+            key0[dmy] = float(rank[s]) + 0.5
+            layers[lay].append(dmy)
+    for lst in layers:
+        lst.sort(key=key0.__getitem__)
+    pos = [0.0] * total
+    for lst in layers:
+        for i, v in enumerate(lst):
+            pos[v] = float(i)
+
+    def sweep(rng, nbrs):
+        for lay in rng:
+            lst = layers[lay]
+            keys = []
+            for v in lst:
+                nb = nbrs[v]
+                if nb:
+                    keys.append(sum(pos[u] for u in nb) / len(nb))
+                else:
+                    keys.append(pos[v])
+            idx = sorted(range(len(lst)), key=lambda i: (keys[i], pos[lst[i]]))
+            new = [lst[i] for i in idx]
+            layers[lay] = new
+            for i, v in enumerate(new):
+                pos[v] = float(i)
+
+    for _ in range(sweeps):
+        sweep(range(1, nlayers), adj_up)
+        sweep(range(nlayers - 2, -1, -1), adj_down)
+
+    # ---- coordinates: x of node centres
+    x = [0.0] * total
+
+    def place(lst, targets):
+        if not lst:
+            return
+        m = len(lst)
+        left = [0.0] * m
+        for i in range(m):
+            t = targets[i]
+            if i:
+                t = max(t, left[i - 1] + (width[lst[i - 1]] + width[lst[i]]) / 2 + NODE_GAP)
+            left[i] = t
+        right = [0.0] * m
+        for i in range(m - 1, -1, -1):
+            t = targets[i]
+            if i < m - 1:
+                t = min(t, right[i + 1] - (width[lst[i + 1]] + width[lst[i]]) / 2 - NODE_GAP)
+            right[i] = t
+        for i, v in enumerate(lst):
+            x[v] = (left[i] + right[i]) / 2
+
+    for lst in layers:  # initial packing, centred on 0
+        tot = sum(width[v] for v in lst) + NODE_GAP * (len(lst) - 1)
+        cur = -tot / 2
+        for v in lst:
+            x[v] = cur + width[v] / 2
+            cur += width[v] + NODE_GAP
+
+    def coord_pass(rng, nbrs):
+        for lay in rng:
+            lst = layers[lay]
+            targets = []
+            for v in lst:
+                nb = nbrs[v]
+                targets.append(sum(x[u] for u in nb) / len(nb) if nb else x[v])
+            place(lst, targets)
+
+    for _ in range(3):
+        coord_pass(range(1, nlayers), adj_up)
+        coord_pass(range(nlayers - 2, -1, -1), adj_down)
+    coord_pass(range(1, nlayers), adj_up)
+
+    # ---- output: integers, origin at the top-left with a margin
+    margin = 20
+    minx = min((x[v] - width[v] / 2 for v in range(total)), default=0.0)
+    maxx = max((x[v] + width[v] / 2 for v in range(total)), default=0.0)
+    step = NODE_H + LAYER_GAP
+    xs = [int(round(x[v] - minx + margin)) for v in range(total)]
+    ys = [margin + layer_of[v] * step + NODE_H // 2 for v in range(total)]
+    edge_pts = []
+    for r in routes:
+        pts = []
+        for v in r:
+            pts.append(xs[v])
+            pts.append(ys[v])
+        edge_pts.append(pts)
+    return {
+        "name": names,
+        "op": ops,
+        "kind": kinds,
+        "x": xs[:n],
+        "y": ys[:n],
+        "w": width[:n],
+        "h": NODE_H,
+        "layer": layer[:n],
+        "edges": [[s, d] for s, d, _ in edges],
+        "edge_value": [v for _, _, v in edges],
+        "edge_points": edge_pts,
+        "width": int(maxx - minx + 2 * margin),
+        "height": int(margin * 2 + max(nlayers, 1) * step),
+        "n_dummies": total - n,
+    }
