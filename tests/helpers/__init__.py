@@ -1,0 +1,1 @@
+"""Test helpers: PyTorch model builders/exporters (``torch_models``) and oracles (``compare``)."""

@@ -178,7 +178,8 @@ def softplus(x):
     """log(1 + exp(x)), computed as logaddexp(x, 0) (no overflow)."""
     xp = xp_of(x)
     xc = _up(x)
-    return _down(ensure_array(xp.logaddexp(xc, xp.zeros((), xc.dtype)), xp), x.dtype)
+    with quiet():
+        return _down(ensure_array(xp.logaddexp(xc, xp.zeros((), xc.dtype)), xp), x.dtype)
 
 
 @kernel("Softsign", since=1)
@@ -197,9 +198,10 @@ def mish(x):
     """x * tanh(softplus(x))."""
     xp = xp_of(x)
     xc = _up(x)
-    t = xp.logaddexp(xc, xp.zeros((), xc.dtype))
-    xp.tanh(t, out=t)
-    t *= xc
+    with quiet():
+        t = xp.logaddexp(xc, xp.zeros((), xc.dtype))
+        xp.tanh(t, out=t)
+        t *= xc
     return _down(ensure_array(t, xp), x.dtype)
 
 

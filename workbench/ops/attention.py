@@ -68,7 +68,9 @@ def _masked_softmax(xp, scores, dtype, dead=None, rnd=None):
     empty = xp.isneginf(m)
     m = xp.where(empty, zero, m)
     e = rnd(xp.exp(rnd(s - m)))
-    total = rnd(xp.sum(e, axis=-1, keepdims=True))
+    total = e[..., :1]
+    for jj in range(1, e.shape[-1]):
+        total = rnd(total + e[..., jj:jj + 1])
     total = xp.where(total == 0, one, total)
     p = rnd(e / total)
     if dead is not None:

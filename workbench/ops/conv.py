@@ -276,6 +276,64 @@ def blocks(xp, N, C, per_channel):
             for n in range(N) for c in range(0, C, cb)]
 
 
+class WideTaps:
+    """Kernel taps as contiguous slices of a flattened (phase-split) padded input.
+
+    Tap-by-tap ops (depthwise conv, pools) read one shifted window per kernel tap. Viewed
+    directly those windows are strided in every axis, and ufuncs crawl along their short
+    rows. Here the padded input is split into ``prod(strides)`` phase images (one copy; none
+    for stride 1) and flattened, so that every tap becomes one *contiguous* slice of length
+    ``L = out[0] * P[1] * ... * P[-1]`` (P = phase image shape) at some offset: the "wide"
+    output, which has ``P[a] - out[a]`` junk columns per row that :meth:`valid` drops.
+    """
+
+    def __init__(self, xpad, kernel_shape, strides, dilations, out_shape):
+        xp = xp_of(xpad)
+        N, C = xpad.shape[:2]
+        S = [int(v) for v in xpad.shape[2:]]
+        nd = len(S)
+        self.out_shape = [int(o) for o in out_shape]
+        P = [-(-s_ // st) for s_, st in zip(S, strides)]
+        P[0] += 1  # one spare row so the last tap's slice stays inside the buffer
+        self.P = P
+        if all(st == 1 for st in strides):
+            flat = xp.zeros((1, N, C) + tuple(P), dtype=xpad.dtype)
+            flat[(0, slice(None), slice(None)) + tuple(slice(0, s_) for s_ in S)] = xpad
+        else:
+            # phases[r0, r1, ..., n, c, p0, p1, ...] = xpad[n, c, p0*s0 + r0, p1*s1 + r1, ...]
+            full = [p * st for p, st in zip(P, strides)]
+            tmp = xp.zeros((N, C) + tuple(full), dtype=xpad.dtype)
+            tmp[(slice(None), slice(None)) + tuple(slice(0, s_) for s_ in S)] = xpad
+            split = (N, C) + tuple(v for p, st in zip(P, strides) for v in (p, st))
+            order = tuple(3 + 2 * a for a in range(nd)) + (0, 1) + tuple(2 + 2 * a
+                                                                          for a in range(nd))
+            flat = xp.ascontiguousarray(tmp.reshape(split).transpose(order))
+            flat = flat.reshape((-1, N, C) + tuple(P))
+        self.flat = flat.reshape(flat.shape[0], N, C, int(math.prod(P)))
+        rowlen = [int(math.prod(P[a + 1:])) for a in range(nd)]
+        self.L = self.out_shape[0] * rowlen[0]
+        self.taps = []
+        for tap in itertools.product(*[range(k) for k in kernel_shape]):
+            pos = [t * d for t, d in zip(tap, dilations)]
+            phase = 0
+            for a in range(nd):
+                phase = phase * strides[a] + pos[a] % strides[a]
+            off = sum((p // st) * rl for p, st, rl in zip(pos, strides, rowlen))
+            self.taps.append((phase, off))
+
+    def tap(self, t, bn, bc):
+        """The contiguous (n-block, c-block, L) slice read by tap ``t``."""
+        phase, off = self.taps[t]
+        return self.flat[phase, bn, bc, off:off + self.L]
+
+    def valid(self, wide):
+        """The (N, C, *out_shape) view of the valid outputs of a (N, C, L) wide array."""
+        N, C = wide.shape[:2]
+        w = wide.reshape((N, C, self.out_shape[0]) + tuple(self.P[1:]))
+        return w[(slice(None), slice(None), slice(None)) +
+                 tuple(slice(0, o) for o in self.out_shape[1:])]
+
+
 def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape):
     """Depthwise conv (group == C == M): multiply-accumulate over the kernel taps."""
     xp = xp_of(x, w)
@@ -283,24 +341,25 @@ def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape):
     ksh = tuple(w.shape[2:])
     nd = len(ksh)
     xpad = pad_spatial(x, pb, [e + x_ for e, x_ in zip(pe, extra)], 0)
-    taps = list(itertools.product(*[range(k) for k in ksh]))
-    wt = w.reshape(C, len(taps))
-    y = xp.empty((N, C) + tuple(out_shape), dtype=x.dtype)
-    bshape = (1, C) + (1,) * nd
-    wcols = [wt[:, t].reshape(bshape) for t in range(len(taps))]
-    bias = b.reshape(bshape) if b is not None else None
-    views = [tap_view(xpad, tap, strides, dilations, out_shape) for tap in taps]
+    wt_ = WideTaps(xpad, ksh, strides, dilations, out_shape)
+    K = len(wt_.taps)
+    wt = w.reshape(C, K)
+    wcols = [wt[:, t].reshape(1, C, 1) for t in range(K)]
+    acc = xp.empty((N, C, wt_.L), dtype=x.dtype)
     tmp = None
-    for bn, bc in blocks(xp, N, C, int(math.prod(out_shape))):
-        acc = y[bn, bc]
-        if tmp is None or tmp.shape != acc.shape:
-            tmp = xp.empty(acc.shape, dtype=x.dtype)
-        xp.multiply(views[0][bn, bc], wcols[0][:, bc], out=acc)
-        for t in range(1, len(taps)):
-            xp.multiply(views[t][bn, bc], wcols[t][:, bc], out=tmp)
-            acc += tmp
-        if bias is not None:
-            acc += bias[:, bc]
+    for bn, bc in blocks(xp, N, C, wt_.L):
+        a = acc[bn, bc]
+        if tmp is None or tmp.shape != a.shape:
+            tmp = xp.empty(a.shape, dtype=x.dtype)
+        xp.multiply(wt_.tap(0, bn, bc), wcols[0][:, bc], out=a)
+        for t in range(1, K):
+            xp.multiply(wt_.tap(t, bn, bc), wcols[t][:, bc], out=tmp)
+            a += tmp
+    y = xp.empty((N, C) + tuple(out_shape), dtype=x.dtype)
+    if b is not None:
+        xp.add(wt_.valid(acc), b.reshape((1, C) + (1,) * nd), out=y)
+    else:
+        xp.copyto(y, wt_.valid(acc))
     return y
 
 

@@ -323,16 +323,20 @@ def isinf(x, *, detect_negative=1, detect_positive=1):
 # variadic
 
 
-def _variadic(op: str, ufunc_name: str, inputs):
+def _variadic(op: str, ufunc_name: str, inputs, accumulate=False):
+    """Fold ``ufunc`` over the inputs (broadcasting); half floats accumulate in float32."""
     if not inputs:
         raise InputError(f"{op} needs at least one input")
     if len(inputs) == 1:
         return inputs[0]
     xp = xp_of(*inputs)
     ufunc = getattr(xp, ufunc_name)
-    r = ensure_array(ufunc(inputs[0], inputs[1]), xp)
+    dtype = inputs[0].dtype
+    wide = compute_dtype(dtype) if accumulate and len(inputs) > 2 else dtype
+    first = inputs[0] if wide == dtype else inputs[0].astype(wide)
+    r = ensure_array(ufunc(first, inputs[1]), xp)
     for a in inputs[2:]:
-        if r.shape == xp.broadcast_shapes(r.shape, a.shape) and r.dtype == a.dtype:
+        if r.shape == xp.broadcast_shapes(r.shape, a.shape) and r.dtype == wide:
             ufunc(r, a, out=r)  # r is a fresh array: update it in place
         else:
             r = ensure_array(ufunc(r, a), xp)
@@ -341,6 +345,8 @@ def _variadic(op: str, ufunc_name: str, inputs):
 
 @kernel("Sum", since=6)
 def sum_(*inputs):
+    if len(inputs) > 2:
+        return _variadic("Sum", "add", inputs, accumulate=True).astype(inputs[0].dtype, copy=False)
     return _variadic("Sum", "add", inputs)
 
 
@@ -348,12 +354,13 @@ def sum_(*inputs):
 def mean(*inputs):
     if len(inputs) == 1:
         return inputs[0]
-    r = _variadic("Mean", "add", inputs)
+    r = _variadic("Mean", "add", inputs, accumulate=True)
     xp = xp_of(r)
     if r.ndim == 0:
-        return ensure_array(r / r.dtype.type(len(inputs)), xp)
-    xp.divide(r, r.dtype.type(len(inputs)), out=r)
-    return r
+        r = ensure_array(r / r.dtype.type(len(inputs)), xp)
+    else:
+        xp.divide(r, r.dtype.type(len(inputs)), out=r)
+    return r.astype(inputs[0].dtype, copy=False)
 
 
 @kernel("Max", since=6)

@@ -266,24 +266,48 @@ def layout_graph(graph: Graph, *, max_span: int = MAX_SPAN, sweeps: int = 4) -> 
     # ---- coordinates: x of node centres
     x = [0.0] * total
 
+    def sep(a, b):
+        return (width[a] + width[b]) / 2 + NODE_GAP
+
     def place(lst, targets):
-        if not lst:
-            return
+        """Priority placement: real nodes move to their targets first and are then fixed;
+        dummies (long-edge lanes) give way. Keeps the order and the minimum separations."""
         m = len(lst)
-        left = [0.0] * m
-        for i in range(m):
-            t = targets[i]
-            if i:
-                t = max(t, left[i - 1] + (width[lst[i - 1]] + width[lst[i]]) / 2 + NODE_GAP)
-            left[i] = t
-        right = [0.0] * m
-        for i in range(m - 1, -1, -1):
-            t = targets[i]
-            if i < m - 1:
-                t = min(t, right[i + 1] - (width[lst[i + 1]] + width[lst[i]]) / 2 - NODE_GAP)
-            right[i] = t
-        for i, v in enumerate(lst):
-            x[v] = (left[i] + right[i]) / 2
+        if m == 1:
+            x[lst[0]] = targets[0]
+            return
+        fixed = [False] * m
+        prio = sorted(range(m), key=lambda i: (lst[i] >= n, -len(adj_up[lst[i]])
+                                               - len(adj_down[lst[i]])))
+        for i in prio:
+            v, t = lst[i], targets[i]
+            if t > x[v]:
+                lim, acc = t, 0.0
+                for j in range(i + 1, m):
+                    acc += sep(lst[j - 1], lst[j])
+                    if fixed[j]:
+                        lim = min(lim, x[lst[j]] - acc)
+                        break
+                x[v] = max(x[v], lim)
+                for j in range(i + 1, m):
+                    need = x[lst[j - 1]] + sep(lst[j - 1], lst[j])
+                    if x[lst[j]] >= need:
+                        break
+                    x[lst[j]] = need
+            elif t < x[v]:
+                lim, acc = t, 0.0
+                for j in range(i - 1, -1, -1):
+                    acc += sep(lst[j], lst[j + 1])
+                    if fixed[j]:
+                        lim = max(lim, x[lst[j]] + acc)
+                        break
+                x[v] = min(x[v], lim)
+                for j in range(i - 1, -1, -1):
+                    need = x[lst[j + 1]] - sep(lst[j], lst[j + 1])
+                    if x[lst[j]] <= need:
+                        break
+                    x[lst[j]] = need
+            fixed[i] = True
 
     for lst in layers:  # initial packing, centred on 0
         tot = sum(width[v] for v in lst) + NODE_GAP * (len(lst) - 1)
@@ -298,7 +322,16 @@ def layout_graph(graph: Graph, *, max_span: int = MAX_SPAN, sweeps: int = 4) -> 
             targets = []
             for v in lst:
                 nb = nbrs[v]
-                targets.append(sum(x[u] for u in nb) / len(nb) if nb else x[v])
+                if not nb:
+                    targets.append(x[v])
+                    continue
+                # long-edge lanes (dummies) pull weakly: the main line stays straight
+                sw = sx = 0.0
+                for u in nb:
+                    wt = 1.0 if u < n else 0.05
+                    sw += wt
+                    sx += wt * x[u]
+                targets.append(sx / sw)
             place(lst, targets)
 
     for _ in range(3):

@@ -1,0 +1,110 @@
+"""Gradient rules, one file per op family, registered per ONNX op type.
+
+A rule receives the forward node's arrays and returns the gradients of its inputs::
+
+    @gradient("Relu")
+    def relu_grad(ctx, grads_out, inputs, outputs, **attrs):
+        (gy,), (x,) = grads_out, inputs
+        return (gy * (x > 0),)
+
+* ``ctx`` is a :class:`GradContext`: ``ctx.needs_input_grad[i]`` says whether input ``i`` needs
+  a gradient (skip expensive work where it does not), ``ctx.opset`` the opset the forward ran
+  at, ``ctx.xp`` the array module (numpy or cupy) of the arrays.
+* ``grads_out`` holds one array per forward output, ``None`` for outputs that received no
+  gradient (at least one is not None).
+* ``inputs`` / ``outputs`` are the forward arrays (``None`` for omitted optional inputs).
+* ``attrs`` are the node's attributes merged with the spec defaults of ``ctx.opset``.
+* It returns a tuple with one entry per input (shorter tuples are padded with ``None``);
+  ``None`` where the input is not differentiable or needs no gradient. Each gradient has the
+  input's shape (rules un-broadcast with :func:`unbroadcast`).
+
+Rules never import numpy for array work; they use ``ctx.xp`` (or ``xp_of``) so that they run on
+cupy as well. Ops composed of primitives need no rule: the tape records the primitives.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from workbench.ops.registry import _norm_domain
+
+_RULES: dict[tuple[str, str], Callable] = {}
+
+_FAMILIES = ("elementwise", "activation", "linalg", "conv", "pool", "norm", "shape", "reduce",
+             "loss", "nn")
+_loaded = False
+
+
+def gradient(op_type: str, *, domain: str = ""):
+    """Register the decorated function as the gradient rule of ``op_type``.
+
+    Stack decorators to register one function for several ops.
+    """
+
+    def deco(fn: Callable) -> Callable:
+        if fn.__name__ in ("_", "<lambda>"):
+            raise ValueError(f"gradient rule for {op_type} must be a named function")
+        _RULES[(_norm_domain(domain), op_type)] = fn
+        return fn
+
+    return deco
+
+
+def _ensure_loaded() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for name in _FAMILIES:
+        importlib.import_module(f"workbench.grad.{name}")
+
+
+def rule_for(op_type: str, domain: str = "") -> Callable | None:
+    """The gradient rule of ``op_type`` or None."""
+    _ensure_loaded()
+    return _RULES.get((_norm_domain(domain), op_type))
+
+
+def registered_rules() -> list[tuple[str, str]]:
+    """[(domain, op_type)] of every registered rule, sorted."""
+    _ensure_loaded()
+    return sorted(_RULES)
+
+
+@dataclass
+class GradContext:
+    """What a gradient rule may know about the forward node."""
+
+    op_type: str
+    opset: int
+    needs_input_grad: tuple
+    xp: Any
+    node_name: str = ""
+    n_outputs: int = 1
+
+
+def unbroadcast(g, shape):
+    """Sum ``g`` over the axes that numpy broadcasting added or stretched to reach ``shape``."""
+    shape = tuple(shape)
+    if g.shape == shape:
+        return g
+    nd = g.ndim - len(shape)
+    if nd > 0:
+        g = g.sum(axis=tuple(range(nd)))
+    axes = tuple(i for i, d in enumerate(shape) if d == 1 and g.shape[i] != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g.reshape(shape)
+
+
+def ints(values) -> list[int]:
+    """Host list of Python ints from an int tensor, list, scalar or None."""
+    if values is None:
+        return []
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    if isinstance(values, (int, float)):
+        return [int(values)]
+    return [int(v) for v in values]
