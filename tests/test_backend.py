@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx.backend.test
-import pytest
-from onnx import helper, TensorProto
+from onnx import TensorProto, helper
 
 import workbench.backend as backend
 

@@ -7,16 +7,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
 from workbench import device as _device
+from workbench.graph import passes as _passes
 from workbench.graph.executor import Plan
 from workbench.graph.load import load
-from workbench.graph import passes as _passes
 
 
 class WorkbenchRep(BackendRep):
@@ -40,7 +41,7 @@ class WorkbenchRep(BackendRep):
         return namedtupledict("Outputs", self.output_names)(*outs)
 
 
-def _dev(device) -> "_device.Device":
+def _dev(device) -> _device.Device:
     return _device.get_device(device)
 
 

@@ -36,8 +36,9 @@ def _dtype_str(info) -> str:
     return "?"
 
 
-def describe(loaded, out=sys.stdout) -> dict:
+def describe(loaded, out=None) -> dict:
     """Print a model's summary; returns the facts as a dict (for tests and widgets)."""
+    out = out or sys.stdout
     from workbench.ops.registry import has_kernel
     g = loaded.graph
     p = loaded.proto

@@ -41,6 +41,7 @@ def test_passes_really_rewrite():
 
 def test_constant_subgraph_folded():
     from onnx import helper, numpy_helper
+
     from .models import make_model, vi
     c = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "c")
     nodes = [helper.make_node("Mul", ["c", "c"], ["c2"], name="sq"),
@@ -53,6 +54,7 @@ def test_constant_subgraph_folded():
 
 def test_dead_code_removed():
     from onnx import helper
+
     from .models import make_model, vi
     nodes = [helper.make_node("Relu", ["x"], ["unused"], name="dead"),
              helper.make_node("Neg", ["x"], ["y"], name="live")]

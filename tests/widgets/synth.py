@@ -135,3 +135,23 @@ def chain(n=2500) -> onnx.ModelProto:
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     return m
+
+
+def custom_op_model() -> onnx.ModelProto:
+    """x -> Relu -> com.example::Mystery -> Relu -> y, plus a Sigmoid branch from x to z.
+    The engine has no kernel for Mystery."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu_a"),
+        helper.make_node("Mystery", ["a"], ["b"], name="mystery", domain="com.example"),
+        helper.make_node("Relu", ["b"], ["y"], name="relu_y"),
+        helper.make_node("Sigmoid", ["x"], ["z"], name="sig_z"),
+    ]
+    g = helper.make_graph(
+        nodes, "custom",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("com.example", 1)])
+    m.ir_version = 8
+    return m

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.arrays.dtypes import (  # noqa: F401
+    dtype_name,
     np_dtype_of_onnx,
     onnx_dtype_of_np,
-    dtype_name,
 )
 
 try:  # cupy is optional: the package imports and works without it

@@ -11,8 +11,9 @@ the nodes those outputs need (cutting at ``last_layers``).
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -27,7 +27,7 @@ class ValueInfo:
     type_proto: Any = None
 
     @classmethod
-    def from_proto(cls, vi: onnx.ValueInfoProto) -> "ValueInfo":
+    def from_proto(cls, vi: onnx.ValueInfoProto) -> ValueInfo:
         t = vi.type
         dtype, shape = None, None
         if t.HasField("tensor_type"):
@@ -157,7 +157,7 @@ class Graph:
 
     # ------------------------------------------------------------------ conversion
     @classmethod
-    def from_proto(cls, g: onnx.GraphProto, opsets: dict, base_dir: str | None = None) -> "Graph":
+    def from_proto(cls, g: onnx.GraphProto, opsets: dict, base_dir: str | None = None) -> Graph:
         inits = {}
         for t in g.initializer:
             inits[t.name] = numpy_helper.to_array(t, base_dir or "")
@@ -251,7 +251,7 @@ class Graph:
                 return n
         return None
 
-    def copy(self) -> "Graph":
+    def copy(self) -> Graph:
         """Shallow-structural copy: new node/value lists, shared initializer arrays."""
         return Graph(self.name,
                      [Node(n.op_type, list(n.inputs), list(n.outputs), dict(n.attrs), n.name,

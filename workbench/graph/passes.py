@@ -93,8 +93,7 @@ def _static_shape(info):
 
 def fold_constants(graph: Graph) -> Graph:
     """Evaluate nodes whose inputs are all constants and store their outputs as initializers."""
-    from workbench.errors import WorkbenchError
-    from workbench.ops.registry import attribute_defaults, lookup
+    from workbench.ops.registry import NodeContext, attribute_defaults, lookup
     g = graph.copy()
     outputs = {v.name for v in g.outputs}
     inputs_static = all(_static_shape(v) is not None for v in g.inputs)
@@ -119,10 +118,11 @@ def fold_constants(graph: Graph) -> Graph:
             opset = g.opsets.get(n.domain or "", None)
             try:
                 entry = lookup(n.op_type, n.domain, opset, n.name)
-                if entry.wants_ctx:
-                    raise WorkbenchError("needs context")
                 attrs = dict(attribute_defaults(n.op_type, n.domain or "", opset))
                 attrs.update(n.attrs)
+                if entry.wants_ctx:
+                    attrs["ctx"] = NodeContext(n.name, n.op_type, opset, len(n.outputs),
+                                               tuple(n.outputs), False, None)
                 with np.errstate(all="ignore"), warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     r = entry.fn(*[consts[i] if i else None for i in n.inputs], **attrs)

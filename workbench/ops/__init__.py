@@ -8,7 +8,7 @@ from workbench.ops.registry import kernel, lookup, register, registered_ops  # n
 
 _FAMILIES = (
     "elementwise", "activation", "logic", "cast",
-    "conv", "pool", "norm", "reduce",
+    "conv", "pool", "norm", "linalg", "reduce",
     "shape", "indexing", "tensorgen", "loss",
     "controlflow", "sequence", "quant", "resize", "rnn", "signal", "misc", "nlp",
     "attention", "training", "ml",

@@ -70,7 +70,7 @@ def prelu(x, slope):
     """x where x >= 0 else slope * x; slope broadcasts to x (unidirectional)."""
     xp = xp_of(x, slope)
     try:
-        shape = xp.broadcast_shapes(x.shape, slope.shape)
+        shape = np.broadcast_shapes(x.shape, slope.shape)
     except ValueError:
         shape = None
     if shape != tuple(x.shape):
@@ -173,13 +173,21 @@ def tanh(x):
     return ensure_array(xp_of(x).tanh(x))
 
 
+def _softplus(xp, xc):
+    """log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)): no overflow, exact tails; a new array."""
+    with quiet():
+        t = xp.absolute(xc)
+        xp.negative(t, out=t)
+        xp.exp(t, out=t)
+        xp.log1p(t, out=t)
+        t += xp.maximum(xc, 0)
+    return ensure_array(t, xp)
+
+
 @kernel("Softplus", since=1)
 def softplus(x):
-    """log(1 + exp(x)), computed as logaddexp(x, 0) (no overflow)."""
     xp = xp_of(x)
-    xc = _up(x)
-    with quiet():
-        return _down(ensure_array(xp.logaddexp(xc, xp.zeros((), xc.dtype)), xp), x.dtype)
+    return _down(_softplus(xp, _up(x)), x.dtype)
 
 
 @kernel("Softsign", since=1)
@@ -198,10 +206,9 @@ def mish(x):
     """x * tanh(softplus(x))."""
     xp = xp_of(x)
     xc = _up(x)
-    with quiet():
-        t = xp.logaddexp(xc, xp.zeros((), xc.dtype))
-        xp.tanh(t, out=t)
-        t *= xc
+    t = _softplus(xp, xc)
+    xp.tanh(t, out=t)
+    t *= xc
     return _down(ensure_array(t, xp), x.dtype)
 
 

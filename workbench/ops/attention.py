@@ -1,6 +1,6 @@
-"""Attention family: Attention, RotaryEmbedding, LinearAttention, FlexAttention (preview),
-TensorScatter (KV-cache update) and CausalConvWithState (the causal depthwise convolution of
-linear-attention / state-space blocks).
+"""Attention family: Attention, RotaryEmbedding, LinearAttention, FlexAttention (preview).
+
+(The KV-cache helper TensorScatter lives in ``indexing``, CausalConvWithState in ``conv``.)
 
 Low-precision inputs (float16, bfloat16) are computed in float32 and cast back at the end;
 double stays double.
@@ -48,18 +48,13 @@ def _softmax_dtype(softmax_precision, default):
     return np_dtype_of_onnx(softmax_precision)
 
 
-def _masked_softmax(xp, scores, dtype, dead=None, rnd=None):
+def _masked_softmax(xp, scores, dtype, dead=None):
     """Softmax over the last axis computed in ``dtype``.
 
     Rows whose maximum is -inf (every key masked), and rows flagged in ``dead`` (broadcastable
     boolean, e.g. decided on the additive bias), give all-zero probabilities instead of NaN.
-    ``rnd`` (optional) rounds every intermediate to a lower precision, to follow a softmax that
-    is defined in float16/bfloat16 while computing in float32.
     """
     s = scores.astype(dtype)
-    if rnd is None:
-        def rnd(a):
-            return a
     zero = xp.zeros((), dtype=s.dtype)
     one = xp.ones((), dtype=s.dtype)
     if s.shape[-1] == 0:
@@ -67,12 +62,10 @@ def _masked_softmax(xp, scores, dtype, dead=None, rnd=None):
     m = xp.max(s, axis=-1, keepdims=True)
     empty = xp.isneginf(m)
     m = xp.where(empty, zero, m)
-    e = rnd(xp.exp(rnd(s - m)))
-    total = e[..., :1]
-    for jj in range(1, e.shape[-1]):
-        total = rnd(total + e[..., jj:jj + 1])
+    e = xp.exp(s - m)
+    total = xp.sum(e, axis=-1, keepdims=True)
     total = xp.where(total == 0, one, total)
-    p = rnd(e / total)
+    p = e / total
     if dead is not None:
         empty = empty | dead
     return xp.where(empty, zero, p)
@@ -154,24 +147,14 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
     scale_f = float(scale) if scale is not None else 1.0 / math.sqrt(d)
     root = math.sqrt(scale_f)
 
-    # Low-precision inputs run in float32 but are rounded to their own type after every step
-    # of the op's function definition (which computes in T1), so results match it closely.
-    if out_dtype != wdt:
-        def rnd(a):
-            return a.astype(out_dtype).astype(wdt)
-    else:
-        def rnd(a):
-            return a
-
     group = hq // hkv
-    root = float(np.asarray(root, dtype=out_dtype).astype(wdt))  # sqrt(scale) in T1
-    qg = rnd(q.astype(wdt) * wdt.type(root)).reshape(b, hkv, group, sq, d)
-    kg = rnd(k.astype(wdt) * wdt.type(root))[:, :, None]
-    qk = rnd(xp.matmul(qg, xp.swapaxes(kg, -1, -2)).reshape(b, hq, sq, total))
+    qg = (q.astype(wdt) * wdt.type(root)).reshape(b, hkv, group, sq, d)
+    kg = (k.astype(wdt) * wdt.type(root))[:, :, None]
+    qk = xp.matmul(qg, xp.swapaxes(kg, -1, -2)).reshape(b, hq, sq, total)
     qk_raw = qk
     if softcap and softcap > 0:
         cap = wdt.type(softcap)
-        qk = rnd(rnd(xp.tanh(rnd(qk / cap))) * cap)
+        qk = cap * xp.tanh(qk / cap)
     qk_capped = qk
 
     # structural mask: causal frontier, external-cache padding, sliding window
@@ -205,14 +188,14 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
 
     bias = None
     if attn_mask is not None:
-        bias = rnd(_mask_bias(xp, attn_mask, total, wdt))
+        bias = _mask_bias(xp, attn_mask, total, wdt)
     if allowed is not None:
         sb = xp.where(allowed, xp.zeros((), wdt), xp.asarray(-np.inf, dtype=wdt))
         bias = sb if bias is None else bias + sb
     dead = None
     if bias is not None:
         try:
-            qk = rnd(qk + bias)
+            qk = qk + bias
         except ValueError:
             raise ShapeError(f"Attention: attn_mask of shape {attn_mask.shape} does not "
                              f"broadcast to (batch, q_heads, q_len, total_len) = "
@@ -221,13 +204,9 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
         dead = xp.isneginf(xp.max(bias, axis=-1, keepdims=True)) if total else None
     qk_biased = qk
 
-    sm_dtype = _softmax_dtype(softmax_precision, out_dtype if out_dtype != wdt else wdt)
-    if sm_dtype.itemsize < 4:
-        def sm_rnd(a):
-            return a.astype(sm_dtype).astype(wdt)
-        probs = rnd(_masked_softmax(xp, sm_rnd(qk), wdt, dead, sm_rnd))
-    else:
-        probs = rnd(_masked_softmax(xp, qk, sm_dtype, dead).astype(wdt))
+    # softmax in float32/double unless softmax_precision asks for another type
+    sm_dtype = _softmax_dtype(softmax_precision, wdt)
+    probs = _masked_softmax(xp, qk, sm_dtype, dead).astype(wdt)
     pg = probs.reshape(b, hkv, group, sq, total)
     y = xp.matmul(pg, v.astype(wdt)[:, :, None]).reshape(b, hq, sq, dv)
     if is3d:
@@ -416,82 +395,3 @@ def flex_attention(Q, K, V, *, prob_mod=None, score_mod=None, scale=None,
         probs = xp.asarray(prob_mod(probs)[0]).astype(sdt)
     y = xp.matmul(probs.reshape(b, hkv, group, lq, skv), V.astype(sdt)[:, :, None])
     return y.reshape(b, hq, lq, V.shape[3]).astype(Q.dtype)
-
-
-# --------------------------------------------------------------------------------------------
-# TensorScatter
-
-
-@kernel("TensorScatter", since=24)
-def tensor_scatter(past_cache, update, write_indices=None, *, axis, mode):
-    """Write ``update`` into a copy of ``past_cache`` along the sequence axis, per batch."""
-    xp = xp_of(past_cache, update)
-    r = past_cache.ndim
-    if not -r <= axis < r or axis % r == 0:
-        raise ShapeError(f"TensorScatter: axis {axis} is invalid for rank {r} (it must name a "
-                         f"non-batch dimension, range [{-r}, {r - 1}] excluding 0)")
-    ax = axis % r
-    if update.ndim != r or any(update.shape[i] != past_cache.shape[i]
-                               for i in range(r) if i != ax):
-        raise ShapeError(f"TensorScatter: update of shape {update.shape} must match past_cache "
-                         f"{past_cache.shape} except along axis {ax}")
-    if mode not in ("linear", "circular"):
-        raise InputError(f"TensorScatter: mode {mode!r} is not supported (supported: linear, "
-                         f"circular)")
-    b = past_cache.shape[0]
-    max_len = past_cache.shape[ax]
-    seq = update.shape[ax]
-    if write_indices is None:
-        starts = xp.zeros((b,), dtype=np.int64)
-    else:
-        starts = xp.asarray(write_indices).reshape(-1).astype(np.int64)
-    idx = starts[:, None] + xp.arange(seq, dtype=np.int64)[None, :]  # (B, seq)
-    if mode == "circular":
-        idx = idx % max_len if max_len else idx
-    elif seq and (bool((idx[:, -1] >= max_len).any()) or bool((starts < 0).any())):
-        raise ShapeError(f"TensorScatter: linear mode needs 0 <= write_indices and "
-                         f"write_indices + {seq} <= {max_len}, got write_indices "
-                         f"{_ints(starts)}")
-    present = past_cache.copy()
-    dst = xp.moveaxis(present, ax, 1)
-    src = xp.moveaxis(update, ax, 1)
-    dst[xp.arange(b)[:, None], idx] = src
-    return present
-
-
-# --------------------------------------------------------------------------------------------
-# CausalConvWithState
-
-
-@kernel("CausalConvWithState", since=27)
-def causal_conv_with_state(input, weight, bias=None, past_state=None, *, activation):
-    """Causal depthwise 1-D convolution carrying the last k-1 positions as state."""
-    xp = xp_of(input, weight)
-    if activation not in ("none", "silu", "swish"):
-        raise InputError(f"CausalConvWithState: activation {activation!r} is not supported "
-                         f"(supported: none, silu, swish)")
-    if input.ndim != 3 or weight.ndim != 3 or weight.shape[:2] != (input.shape[1], 1):
-        raise ShapeError(f"CausalConvWithState: input must be (B, C, L) and weight (C, 1, k), "
-                         f"got {input.shape} and {weight.shape}")
-    b, c, length = input.shape
-    k = weight.shape[2]
-    wdt = _work_dtype(input.dtype)
-    x = input.astype(wdt)
-    if past_state is not None:
-        if past_state.shape != (b, c, k - 1):
-            raise ShapeError(f"CausalConvWithState: past_state of shape {past_state.shape} "
-                             f"must be {(b, c, k - 1)}")
-        prev = past_state.astype(wdt)
-    else:
-        prev = xp.zeros((b, c, k - 1), dtype=wdt)
-    xc = xp.concatenate([prev, x], axis=2)
-    w = weight.astype(wdt)[:, 0, :]  # (C, k)
-    y = xp.zeros((b, c, length), dtype=wdt)
-    for j in range(k):
-        y = y + w[None, :, j:j + 1] * xc[:, :, j:j + length]
-    if bias is not None:
-        y = y + bias.astype(wdt)[None, :, None]
-    if activation in ("silu", "swish"):
-        y = y / (1.0 + xp.exp(-y))
-    present = xc[:, :, xc.shape[2] - (k - 1):]
-    return y.astype(input.dtype), present.astype(input.dtype)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np  # dtype constants and host-side shape arithmetic only
 
@@ -166,23 +168,26 @@ def tap_view(xpad, tap, strides, dilations, out_shape):
 
 
 _SCRATCH = threading.local()
-_SCRATCH_MAX = 512 << 20
+_SCRATCH_MAX = 256 << 20
 
 
-def _scratch(xp, shape, dtype):
-    """A reusable per-thread workspace (numpy only) for the temporary im2col matrix.
+def _scratch(xp, shape, dtype, slot="cols"):
+    """A reusable per-thread workspace (numpy only) for temporaries such as im2col matrices.
 
     Large fresh allocations are mapped from the OS on each call and page-faulted on first
-    touch, which costs as much as the copy itself; reusing one buffer avoids that.
+    touch, which costs as much as the copy itself; reusing one buffer per ``slot`` avoids
+    that. The caller must not return (a view of) the workspace.
     """
     dt = np.dtype(dtype)
     nbytes = int(math.prod(shape)) * dt.itemsize
     if xp is not np or nbytes > _SCRATCH_MAX or nbytes == 0:
         return xp.empty(shape, dtype=dt)
-    buf = getattr(_SCRATCH, "buf", None)
+    bufs = getattr(_SCRATCH, "bufs", None)
+    if bufs is None:
+        bufs = _SCRATCH.bufs = {}
+    buf = bufs.get(slot)
     if buf is None or buf.nbytes < nbytes:
-        buf = xp.empty(nbytes, dtype=xp.uint8)
-        _SCRATCH.buf = buf
+        buf = bufs[slot] = xp.empty(nbytes, dtype=xp.uint8)
     return buf[:nbytes].view(dt).reshape(shape)
 
 
@@ -276,40 +281,95 @@ def blocks(xp, N, C, per_channel):
             for n in range(N) for c in range(0, C, cb)]
 
 
+_PARALLEL_MIN = 1 << 18  # element-ops under which a tap loop stays on the calling thread
+_POOL: list = []
+_POOL_LOCK = threading.Lock()
+
+
+def _n_workers():
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8))
+
+
+def run_blocks(xp, jobs, fn, work):
+    """Run ``fn(chunk)`` over contiguous chunks of ``jobs``, in parallel threads on numpy.
+
+    numpy releases the GIL inside ufunc loops, so independent blocks of a tap loop (depthwise
+    conv, pooling) use every core the way BLAS does for the GEMM convolutions. ``work`` is the
+    number of element-operations; small jobs stay on the calling thread.
+    """
+    nw = _n_workers()
+    if xp is not np or nw == 1 or work < _PARALLEL_MIN or len(jobs) < 2:
+        fn(jobs)
+        return
+    nw = min(nw, len(jobs))
+    with _POOL_LOCK:
+        if not _POOL or _POOL[0]._max_workers < nw - 1:
+            _POOL[:] = [ThreadPoolExecutor(max_workers=nw - 1,
+                                           thread_name_prefix="workbench-taps")]
+        pool = _POOL[0]
+    step = -(-len(jobs) // nw)
+    chunks = [jobs[i:i + step] for i in range(0, len(jobs), step)]
+    futures = [pool.submit(fn, c) for c in chunks[1:]]
+    try:
+        fn(chunks[0])
+    finally:
+        for f in futures:
+            f.result()
+
+
 class WideTaps:
-    """Kernel taps as contiguous slices of a flattened (phase-split) padded input.
+    """Kernel taps as contiguous slices of a flattened, phase-split, padded copy of the input.
 
     Tap-by-tap ops (depthwise conv, pools) read one shifted window per kernel tap. Viewed
-    directly those windows are strided in every axis, and ufuncs crawl along their short
-    rows. Here the padded input is split into ``prod(strides)`` phase images (one copy; none
-    for stride 1) and flattened, so that every tap becomes one *contiguous* slice of length
-    ``L = out[0] * P[1] * ... * P[-1]`` (P = phase image shape) at some offset: the "wide"
-    output, which has ``P[a] - out[a]`` junk columns per row that :meth:`valid` drops.
+    directly those windows are strided in every axis and ufuncs crawl along their short rows.
+    Here the input is copied once, padded, into ``prod(strides)`` phase images (``phase[r][p]
+    = xpad[p * stride + r]``) of shape ``P`` and flattened, so that every tap becomes one
+    contiguous slice of length ``L = out[0] * P[1] * ... * P[-1]`` at some offset: the "wide"
+    output, whose rows carry ``P[a] - out[a]`` junk columns that :meth:`valid` drops.
+
+    ``channels_last`` stores the buffer as (phase, N, spatial, C) so that the contiguous axis
+    is the channel axis (better for small images with many channels).
     """
 
-    def __init__(self, xpad, kernel_shape, strides, dilations, out_shape):
-        xp = xp_of(xpad)
-        N, C = xpad.shape[:2]
-        S = [int(v) for v in xpad.shape[2:]]
+    def __init__(self, x, pb, pe, pad_value, kernel_shape, strides, dilations, out_shape,
+                 channels_last=False):
+        xp = xp_of(x)
+        N, C = (int(v) for v in x.shape[:2])
+        S = [int(v) for v in x.shape[2:]]
         nd = len(S)
+        Sp = [s_ + b + e for s_, b, e in zip(S, pb, pe)]
         self.out_shape = [int(o) for o in out_shape]
-        P = [-(-s_ // st) for s_, st in zip(S, strides)]
-        P[0] += 1  # one spare row so the last tap's slice stays inside the buffer
+        self.channels_last = channels_last
+        P = [-(-sp // st) for sp, st in zip(Sp, strides)]
+        P[0] += 1  # a spare row so that the last tap's slice stays inside the buffer
         self.P = P
-        if all(st == 1 for st in strides):
-            flat = xp.zeros((1, N, C) + tuple(P), dtype=xpad.dtype)
-            flat[(0, slice(None), slice(None)) + tuple(slice(0, s_) for s_ in S)] = xpad
-        else:
-            # phases[r0, r1, ..., n, c, p0, p1, ...] = xpad[n, c, p0*s0 + r0, p1*s1 + r1, ...]
-            full = [p * st for p, st in zip(P, strides)]
-            tmp = xp.zeros((N, C) + tuple(full), dtype=xpad.dtype)
-            tmp[(slice(None), slice(None)) + tuple(slice(0, s_) for s_ in S)] = xpad
-            split = (N, C) + tuple(v for p, st in zip(P, strides) for v in (p, st))
-            order = tuple(3 + 2 * a for a in range(nd)) + (0, 1) + tuple(2 + 2 * a
-                                                                          for a in range(nd))
-            flat = xp.ascontiguousarray(tmp.reshape(split).transpose(order))
-            flat = flat.reshape((-1, N, C) + tuple(P))
-        self.flat = flat.reshape(flat.shape[0], N, C, int(math.prod(P)))
+        nph = int(math.prod(strides))
+        shape = (nph, N) + ((*P, C) if channels_last else (C, *P))
+        flat = _scratch(xp, shape, x.dtype, "taps")
+        flat.fill(pad_value)
+        for ph, r in enumerate(itertools.product(*[range(st) for st in strides])):
+            dst, src = [], []
+            for a in range(nd):
+                st = strides[a]
+                p0 = max(0, -(-(pb[a] - r[a]) // st))
+                i0 = p0 * st + r[a] - pb[a]
+                cnt = min((S[a] - 1 - i0) // st + 1, -(-(Sp[a] - r[a]) // st) - p0)
+                if i0 >= S[a] or cnt <= 0:
+                    break
+                dst.append(slice(p0, p0 + cnt))
+                src.append(slice(i0, i0 + (cnt - 1) * st + 1, st))
+            else:
+                part = x[(slice(None), slice(None)) + tuple(src)]
+                if channels_last:
+                    flat[(ph, slice(None)) + tuple(dst)] = xp.moveaxis(part, 1, -1)
+                else:
+                    flat[(ph, slice(None), slice(None)) + tuple(dst)] = part
+        lp = int(math.prod(P))
+        self.flat = flat.reshape((nph, N, lp, C) if channels_last else (nph, N, C, lp))
         rowlen = [int(math.prod(P[a + 1:])) for a in range(nd)]
         self.L = self.out_shape[0] * rowlen[0]
         self.taps = []
@@ -321,17 +381,26 @@ class WideTaps:
             off = sum((p // st) * rl for p, st, rl in zip(pos, strides, rowlen))
             self.taps.append((phase, off))
 
-    def tap(self, t, bn, bc):
-        """The contiguous (n-block, c-block, L) slice read by tap ``t``."""
-        phase, off = self.taps[t]
-        return self.flat[phase, bn, bc, off:off + self.L]
+    def views(self):
+        """One (N, C, L) view per tap ((N, L, C) when channels_last), in tap order."""
+        if self.channels_last:
+            return [self.flat[ph, :, off:off + self.L] for ph, off in self.taps]
+        return [self.flat[ph, :, :, off:off + self.L] for ph, off in self.taps]
 
     def valid(self, wide):
-        """The (N, C, *out_shape) view of the valid outputs of a (N, C, L) wide array."""
+        """The (N, C, *out_shape) view of the valid outputs of a wide accumulator."""
+        if self.channels_last:
+            N, _, C = wide.shape
+            w = wide.reshape((N, self.out_shape[0]) + tuple(self.P[1:]) + (C,))
+            w = w[(slice(None), slice(None)) + tuple(slice(0, o) for o in self.out_shape[1:])]
+            return xp_of(wide).moveaxis(w, -1, 1)
         N, C = wide.shape[:2]
         w = wide.reshape((N, C, self.out_shape[0]) + tuple(self.P[1:]))
         return w[(slice(None), slice(None), slice(None)) +
                  tuple(slice(0, o) for o in self.out_shape[1:])]
+
+
+_SMALL_IMAGE = 2048  # wide outputs per channel under which depthwise runs channels-last
 
 
 def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape):
@@ -340,26 +409,57 @@ def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape):
     N, C = x.shape[:2]
     ksh = tuple(w.shape[2:])
     nd = len(ksh)
-    xpad = pad_spatial(x, pb, [e + x_ for e, x_ in zip(pe, extra)], 0)
-    wt_ = WideTaps(xpad, ksh, strides, dilations, out_shape)
-    K = len(wt_.taps)
+    pe_all = [e + x_ for e, x_ in zip(pe, extra)]
+    dt = x.dtype
+    K = int(math.prod(ksh))
     wt = w.reshape(C, K)
-    wcols = [wt[:, t].reshape(1, C, 1) for t in range(K)]
-    acc = xp.empty((N, C, wt_.L), dtype=x.dtype)
-    tmp = None
-    for bn, bc in blocks(xp, N, C, wt_.L):
-        a = acc[bn, bc]
-        if tmp is None or tmp.shape != a.shape:
-            tmp = xp.empty(a.shape, dtype=x.dtype)
-        xp.multiply(wt_.tap(0, bn, bc), wcols[0][:, bc], out=a)
+    probe_L = out_shape[0] * int(math.prod(
+        [-(-(s_ + b_ + e_) // st) for s_, b_, e_, st in
+         zip(x.shape[3:], pb[1:], pe_all[1:], strides[1:])]))
+    channels_last = xp is np and probe_L < _SMALL_IMAGE
+    wide = WideTaps(x, pb, pe_all, 0, ksh, strides, dilations, out_shape, channels_last)
+    views = wide.views()
+    L = wide.L
+    if xp is not np:  # one launch per tap over the whole tensor
+        acc = views[0] * wt[:, 0].reshape(1, C, 1)
         for t in range(1, K):
-            xp.multiply(wt_.tap(t, bn, bc), wcols[t][:, bc], out=tmp)
-            a += tmp
-    y = xp.empty((N, C) + tuple(out_shape), dtype=x.dtype)
+            acc += views[t] * wt[:, t].reshape(1, C, 1)
+    elif channels_last:  # weights are contiguous channel vectors
+        acc = _scratch(xp, (N, L, C), dt, "acc")
+        wT = xp.ascontiguousarray(wt.T)
+        rows = max(1, _BLOCK // max(1, C))
+        jobs = [(n, r0, min(L, r0 + rows)) for n in range(N) for r0 in range(0, L, rows)]
+
+        def work(chunk):
+            tmp = xp.empty((min(rows, L), C), dtype=dt)
+            for n, r0, r1 in chunk:
+                a, t_ = acc[n, r0:r1], tmp[:r1 - r0]
+                xp.multiply(views[0][n, r0:r1], wT[0], out=a)
+                for t in range(1, K):
+                    xp.multiply(views[t][n, r0:r1], wT[t], out=t_)
+                    a += t_
+        run_blocks(xp, jobs, work, 2 * K * acc.size)
+    else:  # one channel per block: the weight is a scalar (numpy's fastest loop)
+        acc = _scratch(xp, (N, C, L), dt, "acc")
+        wl = wt.tolist()
+        nb = max(1, min(N, _BLOCK // max(1, L)))
+        jobs = [(c, n0, min(N, n0 + nb)) for c in range(C) for n0 in range(0, N, nb)]
+
+        def work(chunk):
+            tmp = xp.empty((nb, L), dtype=dt)
+            for c, n0, n1 in chunk:
+                wc = wl[c]
+                a, t_ = acc[n0:n1, c], tmp[:n1 - n0]
+                xp.multiply(views[0][n0:n1, c], wc[0], out=a)
+                for t in range(1, K):
+                    xp.multiply(views[t][n0:n1, c], wc[t], out=t_)
+                    a += t_
+        run_blocks(xp, jobs, work, 2 * K * acc.size)
+    y = xp.empty((N, C) + tuple(out_shape), dtype=dt)
     if b is not None:
-        xp.add(wt_.valid(acc), b.reshape((1, C) + (1,) * nd), out=y)
+        xp.add(wide.valid(acc), b.reshape((1, C) + (1,) * nd), out=y)
     else:
-        xp.copyto(y, wt_.valid(acc))
+        xp.copyto(y, wide.valid(acc))
     return y
 
 

@@ -32,10 +32,6 @@ def is_float(dtype) -> bool:
     return dtype.kind == "f" or (dtype.kind == "V" and "float" in dtype.name)
 
 
-def is_signed_int(dtype) -> bool:
-    return np.dtype(dtype).kind == "i"
-
-
 def compute_dtype(dtype):
     """The dtype to compute a float op in: float32 for float16/bfloat16, else the dtype itself."""
     dtype = np.dtype(dtype)
@@ -85,16 +81,22 @@ def div(a, b, *, broadcast=0, axis=None):
     """Float division, or integer division truncating toward zero (C semantics)."""
     b = legacy_broadcast("Div", a, b, broadcast, axis)
     xp = xp_of(a, b)
+    kind = a.dtype.kind
     with quiet():
-        kind = a.dtype.kind
-        if kind == "u" or kind == "b":
-            return ensure_array(xp.floor_divide(a, b))
-        if kind != "i":
-            return ensure_array(xp.true_divide(a, b))
+        if kind not in "iu":
+            return ensure_array(xp.true_divide(a, b), xp)
+        if a.dtype.itemsize <= 4 or (a.size and -2**53 < int(a.min()) and int(a.max()) < 2**53):
+            # |a| < 2**53: the double quotient truncates to the exact integer quotient (and is
+            # much faster than integer division)
+            q = ensure_array(xp.true_divide(a, b, dtype=np.float64), xp)
+            xp.trunc(q, out=q)
+            return q.astype(a.dtype)
+        if kind == "u":
+            return ensure_array(xp.floor_divide(a, b), xp)
         # a - fmod(a, b) is an exact multiple of b, so floor division of it truncates
-        r = ensure_array(xp.fmod(a, b))
+        r = ensure_array(xp.fmod(a, b), xp)
         if r.ndim == 0:
-            return ensure_array(xp.floor_divide(a - r, b))
+            return ensure_array(xp.floor_divide(a - r, b), xp)
         xp.subtract(a, r, out=r)
         xp.floor_divide(r, b, out=r)
         return r
@@ -124,7 +126,7 @@ def pow_(x, y, *, broadcast=0, axis=None):
 
 
 def _int_pow(xp, x, y):
-    y = y.astype(x.dtype, copy=False) if y.dtype.kind == x.dtype.kind else y
+    y = y.astype(x.dtype, copy=False)
     if y.dtype.kind == "i" and y.size and bool((y < 0).any()):
         # integer x ** negative n is 1 / x**n truncated: 0 unless |x| == 1
         neg = y < 0
@@ -179,10 +181,10 @@ def log(x):
 
 @kernel("Reciprocal", since=6)
 def reciprocal(x):
+    if not is_float(x.dtype):  # numpy's integer reciprocal would silently give 0s
+        raise InputError(f"Reciprocal: input dtype {x.dtype} is not supported "
+                         f"(float16, bfloat16, float, double)")
     with quiet():
-        if not is_float(x.dtype):
-            raise InputError(f"Reciprocal: input dtype {x.dtype} is not supported "
-                             f"(float16, bfloat16, float, double)")
         return ensure_array(xp_of(x).reciprocal(x))
 
 
@@ -312,10 +314,11 @@ def isinf(x, *, detect_negative=1, detect_positive=1):
     xp = xp_of(x)
     if detect_negative and detect_positive:
         return ensure_array(xp.isinf(x))
+    xc = x.astype(compute_dtype(x.dtype), copy=False)
     if detect_positive:
-        return ensure_array(xp.isposinf(x.astype(compute_dtype(x.dtype), copy=False)))
+        return ensure_array(xc == math.inf, xp)
     if detect_negative:
-        return ensure_array(xp.isneginf(x.astype(compute_dtype(x.dtype), copy=False)))
+        return ensure_array(xc == -math.inf, xp)
     return xp.zeros(x.shape, dtype=bool)
 
 
@@ -336,7 +339,7 @@ def _variadic(op: str, ufunc_name: str, inputs, accumulate=False):
     first = inputs[0] if wide == dtype else inputs[0].astype(wide)
     r = ensure_array(ufunc(first, inputs[1]), xp)
     for a in inputs[2:]:
-        if r.shape == xp.broadcast_shapes(r.shape, a.shape) and r.dtype == wide:
+        if r.shape == np.broadcast_shapes(r.shape, a.shape) and r.dtype == wide:
             ufunc(r, a, out=r)  # r is a fresh array: update it in place
         else:
             r = ensure_array(ufunc(r, a), xp)

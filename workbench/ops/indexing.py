@@ -140,7 +140,7 @@ _REDUCTIONS = ("none", "add", "mul", "max", "min")
 def _occurrence_rounds(xp, lin):
     """For each position of ``lin``: how many earlier positions hold the same value."""
     n = lin.shape[0]
-    order = xp.argsort(lin, kind="stable")
+    order = _stable_argsort(xp, lin)
     s = lin[order]
     new_group = xp.ones(n, dtype=bool)
     new_group[1:] = s[1:] != s[:-1]
@@ -337,28 +337,65 @@ def one_hot(indices, depth, values, *, axis=-1):
 
 # Unique ------------------------------------------------------------------------------------------
 
+def _stable_argsort(xp, a):
+    # cupy's argsort is always stable (and older versions take no ``kind``)
+    if xp is np:
+        return np.argsort(a, kind="stable")
+    return xp.argsort(a)
+
+
+def _sort_rows(xp, rows):
+    """Stable lexicographic order of the rows of a 2-D array (column 0 most significant)."""
+    if rows.shape[1] == 0:
+        return xp.arange(rows.shape[0], dtype=np.int64)
+    if xp is np:
+        return np.lexsort(rows.T[::-1])
+    order = xp.arange(rows.shape[0], dtype=np.int64)
+    for c in range(rows.shape[1] - 1, -1, -1):  # least significant key first
+        order = order[_stable_argsort(xp, rows[order, c])]
+    return order
+
+
 @kernel("Unique", since=11, wants_ctx=True)
 def unique(x, *, axis=None, sorted=1, ctx):
     """Unique values (or sub-tensors along ``axis``) with first-occurrence indices, inverse
     indices and counts, sorted ascending or in order of first occurrence."""
     xp = xp_of(x)
-    work = x.astype(np.float32) if x.dtype.name == "bfloat16" else x
     if axis is None:
-        y, first, inverse, counts = xp.unique(work.reshape(-1), return_index=True,
-                                              return_inverse=True, return_counts=True)
-        ax = 0
+        ax, moved = 0, x.reshape(-1)
     else:
         ax = _norm_axis(int(axis), x.ndim, "Unique")
-        y, first, inverse, counts = xp.unique(work, return_index=True, return_inverse=True,
-                                              return_counts=True, axis=ax)
-    inverse = inverse.reshape(-1)
+        moved = xp.moveaxis(x, ax, 0)
+    n = moved.shape[0]
+    rows = moved.reshape(n, -1)
+    keys = rows
+    if keys.dtype.name == "bfloat16" or keys.dtype.kind == "b":
+        keys = keys.astype(np.float32)
+    if n == 0:
+        order = xp.zeros(0, dtype=np.int64)
+        new_group = xp.zeros(0, dtype=bool)
+    else:
+        order = _sort_rows(xp, keys)
+        s = keys[order]
+        new_group = xp.ones(n, dtype=bool)
+        differs = s[1:] != s[:-1]
+        if s.dtype.kind == "f":  # NaNs compare equal to each other here, as numpy.unique
+            differs &= ~(xp.isnan(s[1:]) & xp.isnan(s[:-1]))
+        new_group[1:] = xp.any(differs, axis=1)
+    group_id = xp.cumsum(new_group) - 1
+    starts = xp.nonzero(new_group)[0]
+    first = order[starts]                      # stable order: the first occurrence leads
+    counts = xp.diff(xp.concatenate([starts, xp.asarray([n], dtype=starts.dtype)]))
+    inverse = xp.empty(n, dtype=np.int64)
+    inverse[order] = group_id
     if not sorted:
-        order = xp.argsort(first, kind="stable")
-        y = xp.take(y, order, axis=ax)
-        first, counts = first[order], counts[order]
-        remap = xp.empty_like(order)
-        remap[order] = xp.arange(order.shape[0], dtype=order.dtype)
+        by_first = _stable_argsort(xp, first)
+        first, counts = first[by_first], counts[by_first]
+        remap = xp.empty_like(by_first)
+        remap[by_first] = xp.arange(by_first.shape[0], dtype=by_first.dtype)
         inverse = remap[inverse]
-    y = y.astype(x.dtype, copy=False)
+    y = xp.take(moved, first, axis=0)
+    if axis is not None:
+        y = xp.moveaxis(y, 0, ax)
     outs = (y, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64))
     return outs[:max(ctx.n_outputs, 1)]

@@ -11,7 +11,6 @@ from workbench.arrays import to_numpy, xp_of
 from workbench.errors import InputError, ShapeError, UnsupportedOperatorError
 from workbench.ops.registry import kernel
 
-
 # ---------------------------------------------------------------------------------------------
 # NonMaxSuppression
 
@@ -124,9 +123,12 @@ def dropout_10(data, *, ratio=0.5, ctx):
 
 @kernel("Dropout", since=12, wants_ctx=True)
 def dropout_12(data, ratio=None, training_mode=None, *, seed=None, ctx):
-    """Opsets 12+: ratio and training_mode inputs (defaults 0.5 and false), seed attribute."""
+    """Opsets 12+: ratio and training_mode inputs (ratio defaults to 0.5), seed attribute.
+
+    An omitted training_mode means "not training" in the spec; here it follows the engine's
+    training flag (false unless a model is being trained), so inference is as specified."""
     r = _scalar(ratio, 0.5, float)
-    training = _scalar(training_mode, False, bool)
+    training = _scalar(training_mode, bool(ctx.training), bool)
     return _dropout(data, r, training, seed, ctx, np.bool_)
 
 

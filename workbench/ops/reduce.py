@@ -49,6 +49,13 @@ def _reduce_axes(op, data, axes, noop_with_empty_axes):
     return out
 
 
+def _prod_of(values) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
+
+
 def _reduced_shape(shape, axes, keepdims):
     if keepdims:
         return tuple(1 if i in axes else d for i, d in enumerate(shape))
@@ -77,10 +84,21 @@ def _finish(xp, res, dtype):
     return xp.asarray(res).astype(dtype, copy=False)
 
 
-# element-wise steps applied before / after the core reduction ------------------------------------
+def _xsum(xp, w, ax, keepdims, dtype=None):
+    """``sum`` over ``ax``; over no axes it is the identity (numpy's ``axis=()``)."""
+    if not ax:
+        return w if dtype is None else w.astype(dtype, copy=False)
+    return xp.sum(w, axis=ax, keepdims=keepdims, dtype=dtype)
+
+
+def _float_work(x):
+    """x in a float type fit for accumulation: low floats -> float32, ints -> float64."""
+    w = _work(x)
+    return w.astype(np.float64) if w.dtype.kind in "iub" else w
+
 
 def _reduce(op, data, axes, keepdims, noop_with_empty_axes, how):
-    """Shared driver: ``how(xp, x, axes_tuple, keepdims)`` does the core reduction."""
+    """Shared driver: ``how(xp, x, axes_tuple, keepdims)`` does the reduction proper."""
     xp = xp_of(data)
     ax = _reduce_axes(op, data, axes, noop_with_empty_axes)
     return how(xp, data, ax, bool(keepdims))
@@ -88,25 +106,21 @@ def _reduce(op, data, axes, keepdims, noop_with_empty_axes, how):
 
 def _sum_core(xp, x, ax, keepdims):
     w = _work(x)
-    return _finish(xp, xp.sum(w, axis=ax, keepdims=keepdims, dtype=w.dtype), x.dtype)
+    return _finish(xp, _xsum(xp, w, ax, keepdims, w.dtype), x.dtype)
 
 
 def _prod_core(xp, x, ax, keepdims):
+    if not ax:
+        return x
     w = _work(x)
     return _finish(xp, xp.prod(w, axis=ax, keepdims=keepdims, dtype=w.dtype), x.dtype)
 
 
 def _mean_core(xp, x, ax, keepdims):
-    w = _work(x)
-    if w.dtype.kind in "iub":
-        w = w.astype(np.float64)
-    n = 1
-    for a in ax:
-        n *= x.shape[a]
-    if n == 0:  # mean of nothing: NaN (0/0), as numpy
-        s = xp.sum(w, axis=ax, keepdims=keepdims)
-        return _finish(xp, s * np.nan, x.dtype)
-    return _finish(xp, xp.sum(w, axis=ax, keepdims=keepdims) / w.dtype.type(n), x.dtype)
+    w = _float_work(x)
+    n = _prod_of(x.shape[a] for a in ax)
+    with np.errstate(divide="ignore", invalid="ignore"):  # mean of nothing: NaN, as numpy
+        return _finish(xp, _xsum(xp, w, ax, keepdims) / w.dtype.type(n), x.dtype)
 
 
 def _extreme_core(is_max):
@@ -131,34 +145,28 @@ def _l1_core(xp, x, ax, keepdims):
 
 def _sum_square_core(xp, x, ax, keepdims):
     w = _work(x)
-    return _finish(xp, xp.sum(w * w, axis=ax, keepdims=keepdims, dtype=w.dtype), x.dtype)
+    return _finish(xp, _xsum(xp, w * w, ax, keepdims, w.dtype), x.dtype)
 
 
 def _l2_core(xp, x, ax, keepdims):
-    w = _work(x)
-    if w.dtype.kind in "iu":
-        w = w.astype(np.float64)
-    s = xp.sum(w * w, axis=ax, keepdims=keepdims)
-    return _finish(xp, xp.sqrt(s), x.dtype)
+    w = _float_work(x)
+    return _finish(xp, xp.sqrt(_xsum(xp, w * w, ax, keepdims)), x.dtype)
 
 
 def _log_sum_core(xp, x, ax, keepdims):
-    w = _work(x)
-    if w.dtype.kind in "iu":
-        w = w.astype(np.float64)
+    w = _float_work(x)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return _finish(xp, xp.log(xp.sum(w, axis=ax, keepdims=keepdims)), x.dtype)
+        return _finish(xp, xp.log(_xsum(xp, w, ax, keepdims)), x.dtype)
 
 
 def _log_sum_exp_core(xp, x, ax, keepdims):
-    w = _work(x)
-    if w.dtype.kind in "iu":
-        w = w.astype(np.float64)
+    w = _float_work(x)
     if not ax:
         return _finish(xp, w, x.dtype)
     if any(x.shape[a] == 0 for a in ax):
         shape = _reduced_shape(x.shape, ax, keepdims)
         return xp.full(shape, -np.inf, dtype=x.dtype)
+    # stable: log(sum(exp(x - m))) + m with m the (finite) maximum
     m = xp.max(w, axis=ax, keepdims=True)
     m = xp.where(xp.isfinite(m), m, xp.zeros_like(m))
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
@@ -218,13 +226,11 @@ reduce_sum_square_axes_attr, reduce_sum_square_axes_input = _make_reduce("Reduce
 def _arg_extreme(op, data, axis, keepdims, select_last_index, is_max):
     xp = xp_of(data)
     axis = _norm_axis(int(axis), data.ndim, op)
-    n = data.shape[axis] if data.ndim else 1
+    n = data.shape[axis]
     if n == 0:
         raise ShapeError(f"{op}: cannot take the arg{'max' if is_max else 'min'} over axis "
                          f"{axis} of size 0 (input shape {tuple(data.shape)})")
-    x = data if data.ndim else data.reshape(1)
-    if x.dtype.kind == "b":
-        x = x.astype(np.uint8)
+    x = data.astype(np.uint8) if data.dtype.kind == "b" else data
     fn = xp.argmax if is_max else xp.argmin
     if select_last_index:
         idx = (n - 1) - fn(xp.flip(x, axis=axis), axis=axis)
@@ -233,8 +239,6 @@ def _arg_extreme(op, data, axis, keepdims, select_last_index, is_max):
     idx = xp.asarray(idx).astype(np.int64, copy=False)
     if keepdims:
         idx = xp.expand_dims(idx, axis)
-    if data.ndim == 0:
-        idx = idx.reshape(())
     return idx
 
 
@@ -308,15 +312,22 @@ def _top_k(x, k, axis, largest):
     if largest:
         # descending order, ties by lower index first: a stable ascending sort of the reversed
         # axis, read backwards
-        order = xp.argsort(xp.flip(xs, axis=ax), axis=ax, kind="stable")
+        order = _stable_argsort(xp, xp.flip(xs, axis=ax), ax)
         order = (n - 1) - xp.flip(order, axis=ax)
     else:
-        order = xp.argsort(xs, axis=ax, kind="stable")
+        order = _stable_argsort(xp, xs, ax)
     take = [slice(None)] * x.ndim
     take[ax] = slice(0, k)
     idx = order[tuple(take)].astype(np.int64, copy=False)
     values = xp.take_along_axis(x, idx, axis=ax)
     return values, idx
+
+
+def _stable_argsort(xp, a, axis):
+    # cupy's argsort is always stable (and older versions take no ``kind``)
+    if xp is np:
+        return np.argsort(a, axis=axis, kind="stable")
+    return xp.argsort(a, axis=axis)
 
 
 def _k_of(k) -> int:

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import onnx
 import onnx.defs
@@ -138,7 +139,7 @@ def registered_ops() -> dict[tuple[str, str], list[int]]:
     return {k: [e.since for e in v] for k, v in sorted(_REGISTRY.items()) if v}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def schema(op_type: str, domain: str, opset: int):
     """The onnx OpSchema of ``op_type`` at ``opset`` or None if onnx does not define it."""
     try:
@@ -147,7 +148,7 @@ def schema(op_type: str, domain: str, opset: int):
         return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def attribute_defaults(op_type: str, domain: str, opset: int) -> dict[str, Any]:
     """Spec defaults of the op's attributes at ``opset`` (only those that have one)."""
     s = schema(op_type, domain, opset)

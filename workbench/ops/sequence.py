@@ -18,10 +18,12 @@ import numpy as np
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
 from workbench.ops.registry import kernel
+from workbench.ops.sequence_repr import NONE_OPTIONAL
+
 # NONE_OPTIONAL, the empty optional value (what ``Optional`` produces without an input; test it
 # with ``is``), is the one object defined in workbench.ops.sequence_repr (shared with the
 # executor) and re-exported here as workbench.ops.sequence.NONE_OPTIONAL.
-from workbench.ops.sequence_repr import NONE_OPTIONAL  # noqa: E402,F401
+__all__ = ["NONE_OPTIONAL", "is_empty_optional"]
 
 
 def is_empty_optional(value) -> bool:
@@ -120,10 +122,9 @@ def split_to_sequence(input, split=None, *, axis=0, keepdims=1):
         if step <= 0:
             raise InputError(f"SplitToSequence: split must be positive, got {step}")
         sizes = [step] * (dim // step) + ([dim % step] if dim % step else [])
-    else:
-        if any(s < 0 for s in sizes) or sum(sizes) != dim:
-            raise ShapeError(f"SplitToSequence: split {sizes} must be non-negative and sum to "
-                             f"the size {dim} of axis {axis} (input shape {tuple(x.shape)})")
+    elif any(s < 0 for s in sizes) or sum(sizes) != dim:
+        raise ShapeError(f"SplitToSequence: split {sizes} must be non-negative and sum to "
+                         f"the size {dim} of axis {axis} (input shape {tuple(x.shape)})")
     out, start = [], 0
     for s in sizes:
         out.append(x[(slice(None),) * axis + (slice(start, start + s),)])

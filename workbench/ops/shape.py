@@ -327,10 +327,28 @@ def _pad(data, pads, mode, value, axes=None):
     if mode not in ("reflect", "edge", "wrap"):
         raise InputError(f"Pad: mode {mode!r} is not supported (constant, reflect, edge, wrap)")
     for i, (b, e) in enumerate(zip(before, after)):
-        if (b or e) and data.shape[i] == 0:
+        if not (b or e):
+            continue
+        d = data.shape[i]
+        if d == 0:
             raise ShapeError(f"Pad: cannot {mode}-pad axis {i} of size 0 "
                              f"(input shape {tuple(data.shape)})")
-    return xp.pad(data, list(zip(before, after)), mode=mode)
+        data = xp.take(data, _pad_source_index(xp, mode, d, b, e), axis=i)
+    return data
+
+
+def _pad_source_index(xp, mode, d, before, after):
+    """For each position of a padded axis, the index along the input axis it copies."""
+    j = xp.arange(-before, d + after, dtype=np.int64)
+    if mode == "edge":
+        return xp.clip(j, 0, d - 1)
+    if mode == "wrap":
+        return j % d
+    if d == 1:  # reflect
+        return xp.zeros_like(j)
+    period = 2 * (d - 1)
+    j = xp.abs(j) % period
+    return xp.where(j >= d, period - j, j)
 
 
 @kernel("Pad", since=1)

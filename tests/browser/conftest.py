@@ -1,0 +1,3 @@
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "browser: real-browser test (JupyterLab + Playwright + Debian chromium)")

@@ -1,0 +1,331 @@
+"""Real-browser test of the widgets: JupyterLab on 127.0.0.1, driven by Playwright with Debian's
+Chromium. Clicks a graph node and checks that Python sees the selection, moves the cutter's
+slider, clicks an inspector row, presses Stop on a running training loop, and keeps
+screenshots in ``test-artifacts/``. Skips cleanly when chromium, playwright or jupyterlab is
+missing.
+
+Run: ``pytest -m browser tests/browser -s`` (prints the 2,500-node GraphView draw time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROME_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run",
+               "--disable-quic"]
+
+
+def _requirements():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"chromium not found at {CHROMIUM} (apt-get install chromium)")
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
+    pytest.importorskip("anywidget", reason="anywidget is not installed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cell(src: str) -> dict:
+    return {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+            "source": src.strip("\n")}
+
+
+CELLS = [
+    # 0: setup
+    """
+import sys, time
+sys.path.insert(0, {tests!r})
+import numpy as np
+import synth
+from workbench.widgets import GraphView, LayerCutter, TensorInspector, TrainingMonitor, netron
+mlp, cnn = synth.mlp(), synth.cnn()
+x_cnn = np.random.default_rng(0).standard_normal((2, 1, 8, 8)).astype(np.float32)
+""",
+    # 1
+    "gv = GraphView(mlp, height=360)\ngv",
+    # 2
+    "cutter = LayerCutter(mlp, height=300)\ncutter",
+    # 3
+    "insp = TensorInspector(cnn, [x_cnn], height=360)\ninsp",
+    # 4
+    """
+with TrainingMonitor(total=40, title="short run") as mon:
+    for i in range(40):
+        time.sleep(0.02)
+        mon.update(loss=1 / (i + 1), metrics={"acc": i / 40})
+        if i % 10 == 9:
+            mon.update(loss=1.3 / (i + 1), metrics={"acc": i / 45}, phase="val")
+""",
+    # 5
+    """
+t0 = time.perf_counter()
+big = GraphView(synth.transformer_like(blocks=100), height=420)
+print(f"python side: {len(big.graph.nodes)} nodes, {time.perf_counter() - t0:.2f} s")
+big
+""",
+    # 6
+    "nv = netron(mlp, height=320)\nnv",
+    # 7: a long training loop, stopped with the Stop button
+    """
+mon2 = TrainingMonitor(total=600, title="stoppable")
+with mon2:
+    for i in range(600):
+        time.sleep(0.05)
+        mon2.update(loss=1 / (i + 1))
+        if mon2.should_stop:
+            break
+""",
+    # 8: probe: what Python sees
+    """
+print("PROBE", json.dumps({"selected": gv.selected, "details_op": gv.details.get("op"),
+      "cut": cutter.last_layers, "outputs": cutter.outputs, "insp_selected": insp.selected,
+      "mon2_step": mon2.step, "mon2_reason": mon2.stop_reason, "render_ms": big.render_ms}))
+""",
+]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    _requirements()
+    base = tmp_path_factory.mktemp("lab")
+    root = base / "root"
+    root.mkdir()
+    settings = base / "settings"
+    for rel, content in {
+        "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+        "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
+            {"fetchNews": "false", "checkForUpdates": False},
+    }.items():
+        p = settings / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(content))
+    cells = [_cell(c.replace("{tests!r}", repr(str(ROOT / "tests" / "widgets")))) for c in CELLS]
+    cells[0]["source"] = "import json\n" + cells[0]["source"]
+    nb = {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                      "language": "python"}}}
+    (root / "widgets.ipynb").write_text(json.dumps(nb))
+    port, token = _free_port(), "wbtest" + os.urandom(8).hex()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["JUPYTERLAB_SETTINGS_DIR"] = str(settings)
+    env["JUPYTER_RUNTIME_DIR"] = str(base / "runtime")
+    env["JUPYTER_CONFIG_DIR"] = str(base / "config")
+    env["IPYTHONDIR"] = str(base / "ipython")
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
+           f"--port={port}", "--allow-root", f"--ServerApp.token={token}",
+           f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
+           "--LabApp.news_url=", "--ServerApp.port_retries=0"]
+    log = open(base / "lab.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2):
+                break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail("JupyterLab did not start:\n" + (base / "lab.log").read_text()[-3000:])
+            time.sleep(0.5)
+    yield {"url": url, "token": token, "root": root, "proc": proc, "log": base / "lab.log"}
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def page(lab):
+    from playwright.sync_api import sync_playwright
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROME_ARGS)
+        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+        pg = ctx.new_page()
+        pg.errors = []
+        pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+        pg.goto(f"{lab['url']}/lab/tree/widgets.ipynb?token={lab['token']}")
+        yield pg
+        ctx.close()
+        browser.close()
+
+
+def _shot(pg, name, locator=None):
+    path = ARTIFACTS / f"lab-{name}.png"
+    (locator or pg).screenshot(path=str(path))
+    return path
+
+
+def _run_cell(pg, i):
+    cell = pg.locator(".jp-Notebook .jp-Cell").nth(i)
+    cell.locator(".jp-InputArea-editor").click()
+    pg.keyboard.press("Shift+Enter")
+    return cell
+
+
+def _wait_idle(pg, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        prompts = pg.locator(".jp-Notebook .jp-InputPrompt").all_inner_texts()
+        if prompts and not any("*" in p for p in prompts):
+            return
+        time.sleep(0.3)
+    raise AssertionError("the kernel stayed busy")
+
+
+def test_widgets_in_jupyterlab(lab, page):
+    pg = page
+    try:
+        _test(lab, pg)
+    except Exception:
+        _shot(pg, "failure")
+        raise
+
+
+def _test(lab, pg):
+    page = pg
+    pg.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    # wait for the kernel to be ready
+    pg.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    pg.wait_for_function(f"document.querySelectorAll('.jp-Notebook .jp-Cell').length === "
+                         f"{len(CELLS)}", timeout=30_000)
+    cells = pg.locator(".jp-Notebook .jp-Cell")
+    t_run = time.perf_counter()
+    for i in range(7):                               # every widget cell, in order
+        _run_cell(pg, i)
+    # ---- GraphView
+    gv = cells.nth(1).locator(".wb-graphview")
+    gv.wait_for(timeout=60_000)
+    assert gv.locator("canvas.wb-main").count() == 1
+    assert gv.get_attribute("data-nodes") == "8"           # input + 6 ops + output
+    assert "MatMul" in gv.locator(".wb-side").inner_text()   # legend
+    # ---- the 2,500-node graph: draw time measured in the browser
+    big = cells.nth(5).locator(".wb-graphview")
+    big.wait_for(timeout=120_000)
+    t_big = time.perf_counter() - t_run
+    draw_ms = float(big.get_attribute("data-draw-ms"))
+    print(f"\n2,500-node GraphView: first draw in the browser {draw_ms:.0f} ms "
+          f"(widget visible {t_big:.1f} s after the cells were started; includes kernel "
+          f"start, imports and the layout)")
+    _wait_idle(pg)
+    print(cells.nth(5).locator(".jp-OutputArea-output").first.inner_text())
+    # search, then click the centred match: the node is selected in Python
+    gv.scroll_into_view_if_needed()
+    gv.locator("input.wb-search").fill("relu1")
+    gv.locator("input.wb-search").press("Enter")
+    assert gv.get_attribute("data-matches") == "1"
+    box = gv.locator(".wb-canvaswrap").bounding_box()
+    pg.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    pg.wait_for_function(
+        "el => el.dataset.selected === 'relu1'", arg=gv.element_handle(), timeout=10_000)
+    pg.wait_for_function(
+        "el => el.querySelector('.wb-details').innerText.includes('Outputs')",
+        arg=gv.element_handle(), timeout=10_000)   # details came back from Python
+    assert "Relu" in gv.locator(".wb-details").inner_text()
+    # pan and zoom do not break anything
+    pg.mouse.move(box["x"] + 100, box["y"] + 100)
+    pg.mouse.wheel(0, 300)
+    pg.mouse.down()
+    pg.mouse.move(box["x"] + 160, box["y"] + 140, steps=4)
+    pg.mouse.up()
+    assert gv.get_attribute("data-selected") == "relu1"     # a drag is not a click
+    _shot(pg, "graphview", gv)
+    # ---- LayerCutter: move the slider two steps left (-1 -> -3)
+    cut = cells.nth(2).locator(".wb-layer-cutter")
+    cut.scroll_into_view_if_needed()
+    handle = cut.locator(".noUi-handle").first
+    handle.focus()
+    handle.press("ArrowLeft")
+    handle.press("ArrowLeft")
+    pg.wait_for_function("el => el.innerText.includes('cut after fc2')",
+                         arg=cut.element_handle(), timeout=10_000)
+    assert "h4" in cut.locator(".wb-cut-info").inner_text()
+    _shot(pg, "layercutter", cut)
+    # ---- TensorInspector: sort by std, click the relu row -> histogram (+ feature maps)
+    ins = cells.nth(3).locator(".wb-inspector")
+    ins.scroll_into_view_if_needed()
+    assert ins.locator("tr.wb-row").count() == 5
+    ins.locator("th[data-col='std']").click()
+    ins.locator("tr.wb-row[data-value='r1']").click()
+    if ins.locator("tr.wb-row[data-value='r1'] td.wb-c-status").inner_text() == "ok":
+        ins.locator("canvas.wb-hist").wait_for(timeout=10_000)
+        ins.locator(".wb-ti-maps canvas").first.wait_for(timeout=10_000)
+        assert ins.locator(".wb-ti-maps canvas").count() == 4
+    _shot(pg, "inspector", ins)
+    # ---- TrainingMonitor (short run, finished)
+    mon = cells.nth(4).locator(".wb-monitor")
+    mon.scroll_into_view_if_needed()
+    assert mon.get_attribute("data-done") == "true"
+    assert mon.locator(".wb-tm-chart").count() == 2               # loss, acc
+    assert "40 step(s)" in mon.locator(".wb-tm-summary").inner_text()
+    _shot(pg, "monitor", mon)
+    # ---- Netron iframe served from the kernel on 127.0.0.1
+    frame_el = cells.nth(6).locator("iframe")
+    frame_el.wait_for(timeout=30_000)
+    assert re.match(r"http://127\.0\.0\.1:\d+/", frame_el.get_attribute("src"))
+    frame_el.scroll_into_view_if_needed()
+    pg.wait_for_timeout(2500)
+    _shot(pg, "netron", cells.nth(6))
+    # ---- Stop button on a running loop (the kernel is busy: Stop interrupts it cleanly)
+    _run_cell(pg, 7)
+    mon2 = cells.nth(7).locator(".wb-monitor")
+    mon2.wait_for(timeout=30_000)
+    pg.wait_for_function("el => Number(el.dataset.step) >= 10", arg=mon2.element_handle(),
+                         timeout=30_000)
+    mon2.locator("button.wb-stop").click()
+    pg.wait_for_function("el => el.dataset.done === 'true'", arg=mon2.element_handle(),
+                         timeout=30_000)
+    _shot(pg, "monitor-stopped", mon2)
+    # ---- what Python saw
+    _wait_idle(pg)
+    probe = _run_cell(pg, 8)
+    _wait_idle(pg)
+    out = probe.locator(".jp-OutputArea-output").first.inner_text()
+    seen = json.loads(out.split("PROBE", 1)[1])
+    print("python sees:", seen)
+    assert seen["selected"] == "relu1" and seen["details_op"] == "Relu"
+    assert seen["cut"] == -3 and seen["outputs"] == ["h4"]
+    assert seen["insp_selected"] == "r1"
+    assert 10 <= seen["mon2_step"] < 600 and seen["mon2_reason"] == "stop requested"
+    assert seen["render_ms"] > 0
+    assert "Traceback" not in pg.locator(".jp-Notebook").inner_text()
+    _shot(pg, "notebook")
+    # ---- the kernel goes away: widgets stay usable locally, nothing hangs or throws
+    pg.evaluate("""async ([token]) => {
+        const r = await fetch('/api/sessions?token=' + token);
+        for (const s of await r.json())
+            await fetch('/api/kernels/' + s.kernel.id + '?token=' + token, {method: 'DELETE'});
+    }""", [lab["token"]])
+    pg.wait_for_timeout(1500)
+    gv.locator("input.wb-search").fill("fc2")
+    gv.locator("input.wb-search").press("Enter")
+    pg.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    pg.wait_for_function("el => el.dataset.selected === 'fc2'", arg=gv.element_handle(),
+                         timeout=10_000)
+    _shot(pg, "graphview-no-kernel", gv)
+    assert page.errors == [], page.errors

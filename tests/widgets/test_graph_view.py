@@ -1,0 +1,105 @@
+import json
+
+import onnx
+import pytest
+import synth
+from onnx import TensorProto, helper
+from workbench.graph.load import load
+from workbench.widgets import GraphView
+
+
+def test_accepts_proto_path_loaded_and_objects(tmp_path):
+    m = synth.mlp()
+    p = tmp_path / "mlp.onnx"
+    onnx.save(m, p)
+    lm = load(m)
+
+    class HasGraph:  # like workbench.model.Model: anything with .graph / .proto
+        graph = lm.graph
+        proto = lm.proto
+
+    for src in (m, str(p), p, lm, lm.graph, HasGraph(), m.SerializeToString()):
+        gv = GraphView(src)
+        assert gv.graph_data["name"][:2] == ["x", "fc1"]
+        assert gv.graph_data["op"].count("MatMul") == 2
+    assert GraphView(str(p)).title == "mlp.onnx"
+    with pytest.raises(TypeError):
+        GraphView(42)
+
+
+def test_layout_json_is_compact_and_has_colours_and_legend():
+    gv = GraphView(synth.mlp())
+    d = gv.graph_data
+    s = json.dumps(d)
+    assert len(s) < 4000
+    assert set(d["colors"]) >= {"MatMul", "Add", "Relu", "Softmax", "Input", "Output"}
+    assert d["op_counts"] == {"MatMul": 2, "Add": 2, "Relu": 1, "Softmax": 1}
+    assert all(isinstance(v, int) for v in d["x"] + d["y"])
+
+
+def test_selected_is_observable_and_fills_details():
+    gv = GraphView(synth.mlp())
+    seen = []
+    gv.observe(lambda ch: seen.append(ch["new"]), names="selected")
+    gv.set_state({"selected": "fc1"})        # what a click in the browser does
+    assert seen == ["fc1"]
+    det = gv.details
+    assert det["op"] == "MatMul"
+    assert det["inputs"][1] == {"name": "W1", "shape": "[8, 16]", "dtype": "float32",
+                                "param": True, "count": 128}
+    assert det["outputs"][0]["shape"] == "[N, 16]"
+    assert det["params"] == 128
+    gv.selected = "softmax"
+    assert gv.details["attrs"] == {"axis": "-1"}
+    gv.selected = "x"                         # a graph input
+    assert gv.details["op"] == "Input"
+    gv.selected = ""
+    assert gv.details == {}
+    with pytest.raises(KeyError):
+        gv.select("nope")
+
+
+def test_messages_to_the_front_end(record):
+    gv = GraphView(synth.mlp())
+    rec = record(gv)
+    gv.set_state({"selected": "relu1"})
+    sent = {k for data, _ in rec.messages for k in data["state"]}
+    assert "details" in sent                  # details go back to the browser
+    rec.messages.clear()
+    gv.search("add")
+    (data, buffers), = rec.messages
+    assert data["state"]["highlight"] == ["fc1_bias", "fc2_bias"]
+
+
+def test_text_fallbacks():
+    gv = GraphView(synth.mlp())
+    r = repr(gv)
+    assert r.startswith("GraphView('mlp': 6 nodes") and "MatMul×2" in r
+    assert gv._repr_mimebundle_() == {"text/plain": r}
+
+
+def test_no_nodes_and_unsupported_ops_still_draw():
+    g = helper.make_graph([], "empty", [], [])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    gv = GraphView(m)
+    assert gv.graph_data["name"] == [] and "0 nodes" in repr(gv)
+    # identity graph: output is the input
+    g = helper.make_graph([], "passthrough",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])])
+    gv = GraphView(helper.make_model(g))
+    assert gv.graph_data["op"] == ["Input", "Output"] and gv.graph_data["edges"] == [[0, 1]]
+    gv = GraphView(synth.custom_op_model())
+    assert "Mystery" in gv.graph_data["op"]
+
+
+def test_2500_node_graph_view():
+    import time
+    m = synth.transformer_like(blocks=100)
+    t0 = time.perf_counter()
+    gv = GraphView(m)
+    dt = time.perf_counter() - t0
+    size = len(json.dumps(gv.graph_data))
+    print(f"\nGraphView of {len(gv.graph.nodes)} nodes: {dt:.2f} s (layout "
+          f"{gv.layout_seconds:.2f} s), {size / 1e3:.0f} kB of layout JSON")
+    assert size < 2_000_000

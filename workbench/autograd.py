@@ -1,0 +1,808 @@
+"""Autograd: one primitive (:func:`apply`), a tape of ONNX nodes, and :func:`backward`.
+
+Every differentiable computation goes through :func:`apply`, which runs the registered ONNX
+kernel (``workbench.ops``) on the Tensors' arrays and records a :class:`TapeNode` holding the
+op type, domain, opset and attributes: every tape node *is* an ONNX node. Backward applies the
+per-op gradient rules of ``workbench.grad``; export (``sonnx.to_onnx``) is a plain walk back
+from the output Tensors over the same nodes.
+
+Recording, and the choice made for export
+-----------------------------------------
+The *structure* of every op is recorded always (a small node object: op, attributes, links to
+the parent nodes or leaf Tensors, output shapes/dtypes); a node does not keep its inputs'
+arrays, so intermediate arrays are freed as usual. That is what lets ``to_onnx`` export a
+forward run in eval mode in which nothing requires a gradient (the SINGA page's
+``y = model.forward(x); sonnx.to_onnx([x], [y])``). Arrays for the backward pass are saved only
+when some input requires a gradient and gradients are enabled (not inside :func:`no_grad`).
+:func:`inference_mode` switches recording off entirely (fastest; its results cannot be exported).
+
+Training mode is explicit: ``model.train()`` / ``model.eval()`` (or ``training=`` in the
+functions below); there is no global ``autograd.training`` flag.
+
+Gradients: ``backward(loss)`` walks the tape in reverse topological order, accumulates the
+gradients, stores them on the leaf Tensors that require one (``t.grad``, replaced - not
+accumulated - by each backward), frees the saved arrays, and returns the list of
+``(leaf, grad)`` pairs, so SINGA's ``for p, g in autograd.backward(loss)`` works.
+
+>>> from workbench import tensor, autograd
+>>> import numpy as np
+>>> w = tensor.Tensor(data=np.array([1.0, -2.0], np.float32), requires_grad=True,
+...                   stores_grad=True)
+>>> loss = autograd.reduce_sum(autograd.relu(w) * 3.0)
+>>> [g.numpy().tolist() for _, g in autograd.backward(loss)]
+[[3.0, 0.0]]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import itertools
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from workbench import grad as _grad
+from workbench.arrays import is_array, xp_of
+from workbench.errors import DeviceError, GradientError, InputError, ShapeError
+from workbench.ops.registry import NodeContext, _norm_domain, attribute_defaults, lookup
+from workbench.tensor import Tensor, as_tensor
+
+#: opset of the nodes that layers and the functions below record (ai.onnx domain)
+DEFAULT_OPSET = 17
+
+_grad_enabled = contextvars.ContextVar("workbench_grad_enabled", default=True)
+_recording = contextvars.ContextVar("workbench_recording", default=True)
+_node_ids = itertools.count()
+_rng = np.random.default_rng()
+_OPSET13 = DEFAULT_OPSET if DEFAULT_OPSET >= 13 else 13
+
+
+# --------------------------------------------------------------------------- modes
+@contextlib.contextmanager
+def no_grad():
+    """Ops record their structure (exportable) but save nothing for backward."""
+    tok = _grad_enabled.set(False)
+    try:
+        yield
+    finally:
+        _grad_enabled.reset(tok)
+
+
+@contextlib.contextmanager
+def enable_grad():
+    tok = _grad_enabled.set(True)
+    try:
+        yield
+    finally:
+        _grad_enabled.reset(tok)
+
+
+@contextlib.contextmanager
+def inference_mode():
+    """No tape at all: fastest, but results can neither be differentiated nor exported."""
+    tok = _recording.set(False)
+    tok2 = _grad_enabled.set(False)
+    try:
+        yield
+    finally:
+        _grad_enabled.reset(tok2)
+        _recording.reset(tok)
+
+
+def is_grad_enabled() -> bool:
+    return _grad_enabled.get()
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the generator used by Dropout in training mode (and kernels asking for ``rng``)."""
+    global _rng
+    _rng = np.random.default_rng(seed)
+    from workbench.grad import nn as _nn
+    _nn.seed(seed)
+
+
+def rng():
+    return _rng
+
+
+# --------------------------------------------------------------------------- the tape
+class TapeNode:
+    """One recorded ONNX node.
+
+    ``parents[i]`` is ``None`` (omitted optional input), a ``(TapeNode, output_index)`` tuple
+    (the input was produced by that node) or a leaf :class:`Tensor` (a parameter, a constant,
+    or a data input). ``attrs`` are the attributes as given (what export writes); ``kw`` the
+    attributes merged with the spec defaults (what the kernel and the gradient rule receive).
+    """
+
+    __slots__ = ("op_type", "domain", "opset", "attrs", "kw", "fn", "wants_ctx", "parents",
+                 "needs_input_grad", "n_outputs", "out_meta", "out_names", "name",
+                 "requires_grad", "saved_in", "saved_out", "state_updates", "freed", "uid",
+                 "training", "__weakref__")
+
+    def __repr__(self) -> str:
+        return f"TapeNode({self.name!r}, {self.op_type}, opset {self.opset})"
+
+    def parent_meta(self, i):
+        """(shape, dtype) of input ``i``."""
+        p = self.parents[i]
+        if p is None:
+            return None
+        if type(p) is tuple:
+            return p[0].out_meta[p[1]]
+        return tuple(p.shape), p.dtype
+
+
+def _is_float(dtype) -> bool:
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+def apply(op_type: str, inputs: Sequence, attrs: dict | None = None, *, n_outputs: int = 1,
+          opset: int | None = None, domain: str = "", name: str | None = None,
+          out_names: Sequence[str] | None = None, fn: Callable | None = None,
+          training: bool = False, state_updates: dict | None = None):
+    """Run ONNX op ``op_type`` on Tensors and record it on the tape.
+
+    ``inputs``: Tensors, ``None`` for omitted optional inputs, or arrays / Python scalars (made
+    constant Tensors; a Python float takes the dtype of the first float input). ``attrs``: the
+    node's attributes (spec defaults of ``opset`` are filled in). ``fn`` overrides the kernel
+    (used for the training-mode forms of BatchNormalization and Dropout). ``state_updates``
+    ``{output_index: Tensor}`` copies that output into the Tensor after the run (running
+    statistics). Returns a Tensor, or a tuple of ``n_outputs`` Tensors.
+    """
+    domain = _norm_domain(domain)
+    if opset is None:
+        opset = DEFAULT_OPSET if domain == "" else 1
+    attrs = {} if attrs is None else attrs
+    wants_ctx = False
+    if fn is None:
+        entry = lookup(op_type, domain, opset, name)
+        fn, wants_ctx = entry.fn, entry.wants_ctx
+    kw = attribute_defaults(op_type, domain, opset)
+    if attrs:
+        kw = {**kw, **attrs}
+    outs = run_op(op_type, domain, opset, fn, wants_ctx, kw, attrs, inputs, n_outputs, name,
+                  out_names, training, state_updates)
+    return outs[0] if n_outputs == 1 else tuple(outs)
+
+
+def _tensors_of(inputs: Sequence) -> list:
+    ref = None
+    for x in inputs:
+        if isinstance(x, Tensor):
+            ref = x
+            break
+    out = []
+    for x in inputs:
+        if x is None or isinstance(x, Tensor):
+            out.append(x)
+        else:
+            out.append(as_tensor(x, like=ref))
+    return out
+
+
+def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool, kw: dict,
+           attrs: dict, inputs: Sequence, n_outputs: int, name: str | None,
+           out_names: Sequence[str] | None, training: bool = False,
+           state_updates: dict | None = None) -> list:
+    """The engine of :func:`apply` with the kernel and merged attributes already resolved
+    (``SONNXModel`` calls it directly with a Plan step's prepared kernel). Returns a list."""
+    ts = _tensors_of(inputs)
+    dev = None
+    arrays = []
+    any_grad = False
+    for t in ts:
+        if t is None:
+            arrays.append(None)
+            continue
+        if dev is None:
+            dev = t.device
+        elif t.device is not dev and t.device != dev:
+            raise DeviceError(
+                f"{op_type}{f' (node {name!r})' if name else ''}: inputs live on different "
+                f"devices ({dev} and {t.device}); move them with Tensor.to_device(dev)")
+        arrays.append(t.data)
+        if t.requires_grad:
+            any_grad = True
+    if dev is None:
+        from workbench import device as _device
+        dev = _device.get_default_device()
+    if wants_ctx:
+        ctx = NodeContext(name or op_type, op_type, opset, n_outputs,
+                          tuple(out_names or ()), training, _rng)
+        r = fn(*arrays, **kw, ctx=ctx)
+    else:
+        r = fn(*arrays, **kw)
+    if type(r) is not tuple:
+        r = (r,)
+    if len(r) < n_outputs:
+        raise GradientError(f"{op_type}: the kernel returned {len(r)} output(s), "
+                            f"{n_outputs} were asked for")
+    r = [np.asarray(a) if isinstance(a, np.generic) else a for a in r[:n_outputs]]
+
+    recording = _recording.get()
+    grad_on = any_grad and recording and _grad_enabled.get()
+    node = None
+    if recording:
+        node = TapeNode()
+        node.op_type, node.domain, node.opset = op_type, domain, opset
+        node.attrs, node.kw, node.fn, node.wants_ctx = attrs, kw, fn, wants_ctx
+        node.n_outputs = n_outputs
+        node.uid = next(_node_ids)
+        node.name = name or f"{op_type}_{node.uid}"
+        node.out_names = out_names
+        node.training = training
+        parents = []
+        for t in ts:
+            if t is None:
+                parents.append(None)
+            elif t.creator is not None:
+                parents.append((t.creator, t._index))
+            else:
+                parents.append(t)
+        node.parents = parents
+        node.out_meta = [(tuple(a.shape), a.dtype) if is_array(a) else (None, None)
+                         for a in r]
+        node.requires_grad = grad_on
+        node.state_updates = state_updates
+        node.freed = False
+        if grad_on:
+            node.needs_input_grad = tuple(t is not None and t.requires_grad for t in ts)
+            node.saved_in = arrays
+            node.saved_out = r
+        else:
+            node.needs_input_grad = None
+            node.saved_in = node.saved_out = None
+    outs = []
+    names = out_names or ()
+    for i, a in enumerate(r):
+        rg = grad_on and is_array(a) and _is_float(a.dtype)
+        t = Tensor._make(a, dev, rg, node, i, names[i] if i < len(names) else None)
+        if node is None:
+            t._untraced = True
+        outs.append(t)
+    if state_updates:
+        for i, st in state_updates.items():
+            st.data = r[i]
+    return outs
+
+
+# --------------------------------------------------------------------------- walking the tape
+def tape_order(outputs: Sequence[Tensor], stop: set | None = None,
+               only_grad: bool = False) -> list[TapeNode]:
+    """Tape nodes the ``outputs`` depend on, in topological order (parents first).
+
+    ``stop`` is a set of ``(id(node), index)`` edges not to walk through (inputs given as
+    intermediate Tensors). ``only_grad`` follows only nodes that require a gradient.
+    """
+    stop = stop or set()
+    order: list[TapeNode] = []
+    seen: set = set()
+    for out in outputs:
+        root = out.creator
+        if root is None or id(root) in seen or (id(root), out._index) in stop:
+            continue
+        if only_grad and not root.requires_grad:
+            continue
+        seen.add(id(root))
+        stack = [(root, iter(root.parents))]
+        while stack:
+            node, it = stack[-1]
+            for p in it:
+                if type(p) is not tuple:
+                    continue
+                pn = p[0]
+                if id(pn) in seen or (id(pn), p[1]) in stop:
+                    continue
+                if only_grad and not pn.requires_grad:
+                    continue
+                seen.add(id(pn))
+                stack.append((pn, iter(pn.parents)))
+                break
+            else:
+                stack.pop()
+                order.append(node)
+    return order
+
+
+# --------------------------------------------------------------------------- backward
+def backward(y: Tensor, dy=None, *, retain_graph: bool = False) -> list:
+    """Back-propagate from ``y``; returns ``[(leaf Tensor, grad Tensor), ...]``.
+
+    ``dy`` defaults to ones of ``y``'s shape (a scalar loss gives the usual gradient). Each leaf
+    Tensor that requires a gradient gets ``.grad`` set. The saved arrays are freed unless
+    ``retain_graph``; a second backward through freed nodes raises :class:`GradientError`.
+    """
+    if not isinstance(y, Tensor):
+        raise InputError(f"backward() needs a Tensor, got {type(y).__name__}")
+    if y.creator is None or not y.requires_grad:
+        raise GradientError(
+            "backward(): the loss does not depend on any Tensor that requires a gradient "
+            "(all parameters frozen, computed inside no_grad()/inference_mode(), or the loss "
+            "is a constant)")
+    xp = xp_of(y.data)
+    if dy is None:
+        g0 = xp.ones(y.shape, dtype=y.dtype)
+    else:
+        g0 = dy.data if isinstance(dy, Tensor) else xp.asarray(dy, dtype=y.dtype)
+        if g0.shape != tuple(y.shape):
+            g0 = xp.broadcast_to(g0, y.shape)
+    grads: dict = {(id(y.creator), y._index): g0}
+    leaf: dict = {}
+    order = tape_order([y], only_grad=True)
+    for node in reversed(order):
+        gouts = [grads.pop((id(node), i), None) for i in range(node.n_outputs)]
+        if all(g is None for g in gouts):
+            continue
+        if node.saved_in is None:
+            raise GradientError(
+                f"node {node.name!r} ({node.op_type}): its saved arrays were freed by an earlier "
+                f"backward(); run the forward again (or pass retain_graph=True)")
+        gins = _run_rule(node, gouts)
+        needs = node.needs_input_grad
+        for i, p in enumerate(node.parents):
+            if p is None or i >= len(gins) or not needs[i]:
+                continue
+            g = gins[i]
+            if g is None:
+                continue
+            if type(p) is tuple:
+                shape, dtype = p[0].out_meta[p[1]]
+                key = (id(p[0]), p[1])
+            else:
+                shape, dtype = tuple(p.shape), p.dtype
+                key = None
+            if tuple(g.shape) != shape:
+                raise GradientError(
+                    f"node {node.name!r} ({node.op_type}): the gradient rule returned shape "
+                    f"{list(g.shape)} for input {i}, which has shape {list(shape)}")
+            if g.dtype != dtype:
+                g = g.astype(dtype)
+            if key is None:
+                prev = leaf.get(id(p))
+                leaf[id(p)] = (p, g if prev is None else prev[1] + g)
+            else:
+                prev = grads.get(key)
+                grads[key] = g if prev is None else prev + g
+        if not retain_graph:
+            node.saved_in = node.saved_out = None
+            node.freed = True
+    out = []
+    for t, g in leaf.values():
+        gt = Tensor._make(g, t.device, False, None, 0, None)
+        t.grad = gt
+        out.append((t, gt))
+    return out
+
+
+def _run_rule(node: TapeNode, gouts: list) -> tuple:
+    rule = _grad.rule_for(node.op_type, node.domain)
+    if rule is None:
+        dom = node.domain or "ai.onnx"
+        raise GradientError(
+            f"node {node.name!r} ({dom}::{node.op_type}, opset {node.opset}) has no gradient "
+            f"rule, but a gradient flows through it to a trainable parameter; freeze the "
+            f"parameters before it (Tensor.requires_grad = False / model.freeze()), cut the "
+            f"model before it, or add a rule with @workbench.grad.gradient({node.op_type!r})")
+    xp = xp_of(*[a for a in node.saved_in if a is not None])
+    ctx = _grad.GradContext(node.op_type, node.opset, node.needs_input_grad, xp, node.name,
+                            node.n_outputs)
+    kw = node.kw
+    if node.training:
+        kw = dict(kw)
+        kw["training"] = True
+    try:
+        gins = rule(ctx, gouts, node.saved_in, node.saved_out, **kw)
+    except GradientError:
+        raise
+    except Exception as e:
+        raise GradientError(f"node {node.name!r} ({node.op_type}): gradient rule failed: "
+                            f"{type(e).__name__}: {e}") from e
+    return tuple(gins) if gins is not None else ()
+
+
+def gradients(y: Tensor, dy=None) -> dict:
+    """``{leaf Tensor: grad Tensor}`` for every leaf requiring a gradient (SINGA's API)."""
+    return dict(backward(y, dy))
+
+
+# --------------------------------------------------------------------------- functional API
+# SINGA names; each records ONNX ops. Unary/binary helpers first.
+def _unary(op: str, x, **attrs):
+    return apply(op, [x], attrs or None)
+
+
+def relu(x):
+    return _unary("Relu", x)
+
+
+def sigmoid(x):
+    return _unary("Sigmoid", x)
+
+
+def tanh(x):
+    return _unary("Tanh", x)
+
+
+def exp(x):
+    return _unary("Exp", x)
+
+
+def log(x):
+    return _unary("Log", x)
+
+
+def sqrt(x):
+    return _unary("Sqrt", x)
+
+
+def abs(x):  # noqa: A001 - SINGA's name
+    return _unary("Abs", x)
+
+
+def erf(x):
+    return _unary("Erf", x)
+
+
+def sin(x):
+    return _unary("Sin", x)
+
+
+def cos(x):
+    return _unary("Cos", x)
+
+
+def negative(x):
+    return _unary("Neg", x)
+
+
+def reciprocal(x):
+    return _unary("Reciprocal", x)
+
+
+def softplus(x):
+    return _unary("Softplus", x)
+
+
+def softsign(x):
+    return _unary("Softsign", x)
+
+
+def leakyrelu(x, a: float = 0.01):
+    return _unary("LeakyRelu", x, alpha=float(a))
+
+
+def elu(x, alpha: float = 1.0):
+    return _unary("Elu", x, alpha=float(alpha))
+
+
+def selu(x, alpha: float = 1.67326, gamma: float = 1.0507):
+    return _unary("Selu", x, alpha=float(alpha), gamma=float(gamma))
+
+
+def hardsigmoid(x, alpha: float = 0.2, gamma: float = 0.5):
+    return _unary("HardSigmoid", x, alpha=float(alpha), beta=float(gamma))
+
+
+def gelu(x, approximate: str = "none"):
+    """GELU composed of primitives (exportable at any opset >= 9):
+    ``0.5 * x * (1 + erf(x / sqrt(2)))``, or the tanh approximation."""
+    if approximate == "tanh":
+        inner = (x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)
+        return x * 0.5 * (tanh(inner) + 1.0)
+    return x * 0.5 * (erf(x * (1.0 / math.sqrt(2.0))) + 1.0)
+
+
+def add(a, b):
+    return apply("Add", [a, b])
+
+
+def sub(a, b):
+    return apply("Sub", [a, b])
+
+
+def mul(a, b):
+    return apply("Mul", [a, b])
+
+
+def div(a, b):
+    return apply("Div", [a, b])
+
+
+def pow(a, b):  # noqa: A001 - SINGA's name
+    return apply("Pow", [a, b])
+
+
+def matmul(a, b):
+    return apply("MatMul", [a, b])
+
+
+def gemm(a, b, c=None, alpha: float = 1.0, beta: float = 1.0, transA: int = 0,  # noqa: N803
+         transB: int = 0):
+    attrs = {}
+    if alpha != 1.0:
+        attrs["alpha"] = float(alpha)
+    if beta != 1.0:
+        attrs["beta"] = float(beta)
+    if transA:
+        attrs["transA"] = 1
+    if transB:
+        attrs["transB"] = 1
+    return apply("Gemm", [a, b, c], attrs)
+
+
+def add_bias(x, b, axis: int = 0):
+    """SINGA's add_bias: ``x + b`` with ``b`` broadcast along ``axis`` (0: rows, 1: columns)."""
+    if axis == 0:
+        return add(x, b)
+    return add(x, reshape(b, (-1, 1)))
+
+
+def clip(x, min=None, max=None):  # noqa: A002 - SINGA's names
+    lo = None if min is None else as_tensor(np.asarray(min), like=x)
+    hi = None if max is None else as_tensor(np.asarray(max), like=x)
+    return apply("Clip", [x, lo, hi])
+
+
+def _axes_tensor(axes):
+    return as_tensor(np.asarray(axes if isinstance(axes, (list, tuple)) else [axes],
+                                dtype=np.int64))
+
+
+def reshape(x, shape):
+    return apply("Reshape", [x, as_tensor(np.asarray(list(shape), dtype=np.int64))])
+
+
+def flatten(x, axis: int = 1):
+    return apply("Flatten", [x], {"axis": int(axis)})
+
+
+def transpose(x, shape=None):
+    """Permute axes (SINGA calls the permutation ``shape``); reversed axes by default."""
+    attrs = {} if shape is None else {"perm": [int(a) for a in shape]}
+    return apply("Transpose", [x], attrs)
+
+
+def squeeze(x, axis=None):
+    return apply("Squeeze", [x, None if axis is None else _axes_tensor(axis)])
+
+
+def unsqueeze(x, axis):
+    return apply("Unsqueeze", [x, _axes_tensor(axis)])
+
+
+def cat(xs, axis: int = 0):
+    return apply("Concat", list(xs), {"axis": int(axis)})
+
+
+concat = cat
+
+
+def split(x, axis: int, parts):
+    """Split ``x`` along ``axis`` into pieces of the sizes in ``parts`` (a list)."""
+    parts = [int(p) for p in parts]
+    return list(apply("Split", [x, as_tensor(np.asarray(parts, dtype=np.int64))],
+                      {"axis": int(axis)}, n_outputs=len(parts))) if len(parts) > 1 else [
+        apply("Split", [x, as_tensor(np.asarray(parts, dtype=np.int64))], {"axis": int(axis)})]
+
+
+def gather(x, axis: int, indices):
+    idx = indices if isinstance(indices, Tensor) else as_tensor(np.asarray(indices,
+                                                                           dtype=np.int64))
+    return apply("Gather", [x, idx], {"axis": int(axis)})
+
+
+def slice(x, starts, ends, axes=None, steps=None):  # noqa: A001 - SINGA's name
+    def c(v):
+        return None if v is None else as_tensor(np.asarray(list(v), dtype=np.int64))
+    return apply("Slice", [x, c(starts), c(ends), c(axes), c(steps)])
+
+
+def expand(x, shape):
+    return apply("Expand", [x, as_tensor(np.asarray(list(shape), dtype=np.int64))])
+
+
+def tile(x, repeats):
+    return apply("Tile", [x, as_tensor(np.asarray(list(repeats), dtype=np.int64))])
+
+
+def pad(x, mode: str = "constant", pads=(), constant=0.0):
+    return apply("Pad", [x, as_tensor(np.asarray(list(pads), dtype=np.int64)),
+                         as_tensor(np.asarray(constant), like=x)], {"mode": mode})
+
+
+def where(x, y, condition):
+    """SINGA's argument order: ``where(x, y, condition)`` = ``condition ? x : y``."""
+    return apply("Where", [condition, x, y])
+
+
+def cast(x, to):
+    from workbench.arrays.dtypes import onnx_dtype_of_np
+    return apply("Cast", [x], {"to": int(onnx_dtype_of_np(np.dtype(to)))})
+
+
+def identity(x):
+    return apply("Identity", [x])
+
+
+def reduce_sum(x, axes=None, keepdims: int = 0):
+    ax = None if axes is None else _axes_tensor(axes)
+    return apply("ReduceSum", [x, ax], {"keepdims": int(keepdims)})
+
+
+def reduce_mean(x, axes=None, keepdims: int = 0):
+    attrs = {"keepdims": int(keepdims)}
+    if axes is not None:
+        attrs["axes"] = list(axes) if isinstance(axes, (list, tuple)) else [int(axes)]
+    return apply("ReduceMean", [x], attrs)
+
+
+def reduce_max(x, axes=None, keepdims: int = 0):
+    attrs = {"keepdims": int(keepdims)}
+    if axes is not None:
+        attrs["axes"] = list(axes) if isinstance(axes, (list, tuple)) else [int(axes)]
+    return apply("ReduceMax", [x], attrs)
+
+
+def sum(*xs):  # noqa: A001 - SINGA's name (variadic element-wise Sum)
+    return apply("Sum", list(xs))
+
+
+def mean(*xs):
+    return apply("Mean", list(xs))
+
+
+def max(*xs):  # noqa: A001
+    return apply("Max", list(xs))
+
+
+def min(*xs):  # noqa: A001
+    return apply("Min", list(xs))
+
+
+def softmax(x, axis: int = 1):
+    return apply("Softmax", [x], {"axis": int(axis)})
+
+
+def log_softmax(x, axis: int = 1):
+    return apply("LogSoftmax", [x], {"axis": int(axis)})
+
+
+def layer_norm(x, scale, bias=None, axis: int = -1, epsilon: float = 1e-5):
+    return apply("LayerNormalization", [x, scale, bias],
+                 {"axis": int(axis), "epsilon": float(epsilon)})
+
+
+def dropout(x, ratio: float = 0.5, training: bool = True):
+    """Inverted dropout; identity outside training (a Dropout node either way)."""
+    from workbench.grad.nn import dropout_train
+    r = as_tensor(np.asarray(ratio, dtype=x.dtype))
+    if not training or ratio == 0.0:
+        return apply("Dropout", [x, r], opset=_OPSET13)
+    mode = as_tensor(np.asarray(True))
+    return apply("Dropout", [x, r, mode], n_outputs=2, opset=_OPSET13,
+                 fn=dropout_train, training=True)[0]
+
+
+def batch_norm(x, scale, bias, running_mean, running_var, *, momentum: float = 0.9,
+               epsilon: float = 1e-5, training: bool = False):
+    """BatchNormalization; in training it normalises with the batch statistics and updates
+    ``running_mean``/``running_var`` in place (ONNX: ``running = running * momentum + batch *
+    (1 - momentum)``, biased batch variance)."""
+    attrs = {"epsilon": float(epsilon), "momentum": float(momentum)}
+    if not training:
+        return apply("BatchNormalization", [x, scale, bias, running_mean, running_var], attrs,
+                     opset=15)
+    from workbench.grad.norm import batchnorm_train
+    attrs["training_mode"] = 1
+    return apply("BatchNormalization", [x, scale, bias, running_mean, running_var], attrs,
+                 opset=15, n_outputs=3, fn=batchnorm_train, training=True,
+                 state_updates={1: running_mean, 2: running_var})[0]
+
+
+def conv2d(x, W, b=None, stride=1, padding=0, dilation=1, group: int = 1):
+    """2-D convolution (an ONNX Conv node); ``padding``/``stride``/``dilation`` int or pair."""
+    def pair(v):
+        return [int(v), int(v)] if isinstance(v, (int, np.integer)) else [int(a) for a in v]
+    ph, pw = pair(padding)
+    attrs = {"strides": pair(stride), "dilations": pair(dilation), "group": int(group),
+             "pads": [ph, pw, ph, pw], "kernel_shape": list(W.shape[2:])}
+    return apply("Conv", [x, W, b], attrs)
+
+
+# --------------------------------------------------------------------------- losses
+def _labels(t, n: int, c: int, op: str):
+    """(kind, Tensor) for labels: ('index', int tensor of shape (N,)) or ('onehot', float)."""
+    if not isinstance(t, Tensor):
+        t = as_tensor(np.asarray(t))
+    shape, dtype = tuple(t.shape), t.dtype
+    if dtype.kind in "iu":
+        if shape == (n, 1):
+            t = reshape(t, (n,))
+            shape = (n,)
+        if shape != (n,):
+            raise ShapeError(f"{op}: integer labels must have shape ({n},) (one class index per "
+                             f"row of the ({n}, {c}) scores), got {list(shape)}")
+        data = t.data
+        if data.size and (int(data.min()) < 0 or int(data.max()) >= c):
+            raise InputError(f"{op}: class indices must lie in [0, {c - 1}] for {c} classes, "
+                             f"got values in [{int(data.min())}, {int(data.max())}]")
+        if dtype not in (np.int32, np.int64):
+            t = cast(t, np.int64)
+        return "index", t
+    if _is_float(dtype):
+        if shape != (n, c):
+            hint = (" (float labels of shape (N,) look like class indices: convert them with "
+                    ".astype(np.int64))" if shape == (n,) else "")
+            raise ShapeError(f"{op}: one-hot/probability labels must have the scores' shape "
+                             f"({n}, {c}), got {list(shape)}{hint}")
+        return "onehot", t
+    raise InputError(f"{op}: labels must be integer class indices or float one-hot rows, got "
+                     f"dtype {dtype}")
+
+
+def softmax_cross_entropy(x, t):
+    """Mean cross-entropy of logits ``x`` (N, C) against ``t``: int class indices (N,) or
+    one-hot / probability rows (N, C). Records SoftmaxCrossEntropyLoss (indices) or
+    LogSoftmax/Mul/ReduceSum/ReduceMean (one-hot)."""
+    if x.ndim() != 2:
+        raise ShapeError(f"softmax_cross_entropy: scores must be 2-D (N, C), got shape "
+                         f"{list(x.shape)}; flatten them first")
+    n, c = x.shape
+    kind, t = _labels(t, n, c, "softmax_cross_entropy")
+    if kind == "index":
+        return apply("SoftmaxCrossEntropyLoss", [x, t], {"reduction": "mean"},
+                     opset=_OPSET13)
+    if t.dtype != x.dtype:
+        t = cast(t, x.dtype)
+    logp = log_softmax(x, 1)
+    return negative(reduce_mean(reduce_sum(logp * t, [1]), None))
+
+
+def cross_entropy(y, t):
+    """SINGA's CrossEntropy: ``-sum(t * log(y)) / N`` for probabilities ``y`` (N, C)."""
+    n, c = y.shape
+    kind, t = _labels(t, n, c, "cross_entropy")
+    if kind == "index":
+        from workbench.tensor import from_numpy
+        onehot = np.zeros((n, c), dtype=y.dtype)
+        onehot[np.arange(n), np.asarray(t.numpy())] = 1
+        t = from_numpy(onehot).to_device(y.device)
+    return negative(reduce_sum(log(y) * t)) * (1.0 / n)
+
+
+def mse_loss(x, t):
+    """SINGA's MeanSquareError: ``sum((x - t)^2) / (2 * N)`` with N = ``x.shape[0]``."""
+    if not isinstance(t, Tensor):
+        t = as_tensor(np.asarray(t, dtype=x.dtype), like=x)
+    if tuple(t.shape) != tuple(x.shape):
+        raise ShapeError(f"mse_loss: target shape {list(t.shape)} differs from the prediction's "
+                         f"{list(x.shape)}")
+    d = x - t
+    return reduce_sum(d * d) * (1.0 / (2.0 * x.shape[0]))
+
+
+def nll_loss(logp, t):
+    """Mean negative log-likelihood of log-probabilities (N, C) and int labels (N,)."""
+    n, c = logp.shape
+    kind, t = _labels(t, n, c, "nll_loss")
+    if kind != "index":
+        raise InputError("nll_loss: labels must be integer class indices")
+    return apply("NegativeLogLikelihoodLoss", [logp, t], {"reduction": "mean"},
+                 opset=_OPSET13)
+
+
+def binary_cross_entropy(x, t):
+    """Mean binary cross-entropy of probabilities ``x`` and targets ``t`` (same shape)."""
+    if not isinstance(t, Tensor):
+        t = as_tensor(np.asarray(t, dtype=x.dtype), like=x)
+    eps = 1e-7
+    xc = clip(x, eps, 1.0 - eps)
+    return negative(reduce_mean(t * log(xc) + (1.0 - t) * log(1.0 - xc), None))
+
+
+__all__ = [n for n in dir() if not n.startswith("_") and n not in (
+    "annotations", "contextlib", "contextvars", "itertools", "math", "np", "Any", "Callable",
+    "Sequence")]

@@ -1,0 +1,176 @@
+"""Normalisation: the training-mode forward of BatchNormalization, and the gradients of
+BatchNormalization (inference and training form, opset-7 ``spatial`` included),
+LayerNormalization, InstanceNormalization and GroupNormalization.
+
+Training-mode BatchNormalization follows the ONNX spec (opset 15): the output is normalised with
+the batch mean and the *biased* batch variance, and the running statistics become
+``running * momentum + batch * (1 - momentum)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from workbench.arrays import xp_of
+from workbench.grad import gradient, unbroadcast
+
+
+def _bn_axes_shape(x, param, spatial=1):
+    """(reduction axes, broadcast shape of the per-channel parameters)."""
+    if spatial == 0 and param.ndim > 1:
+        return (0,), (1,) + tuple(param.shape)
+    if spatial == 0:  # per-activation stats given flat
+        return (0,), (1,) + tuple(x.shape[1:])
+    axes = (0,) + tuple(range(2, x.ndim))
+    return axes, (1, x.shape[1]) + (1,) * (x.ndim - 2)
+
+
+def _acc(x):
+    return x.astype("float32") if x.dtype.name in ("float16", "bfloat16") else x
+
+
+def batchnorm_train(x, scale, bias, input_mean, input_var, *, epsilon=1e-5, momentum=0.9,
+                    training_mode=1, spatial=1, **unused):
+    """BatchNormalization in training mode: (Y, running_mean, running_var)."""
+    axes, bshape = _bn_axes_shape(x, scale, spatial)
+    xa = _acc(x)
+    mean = xa.mean(axis=axes)
+    var = xa.var(axis=axes)
+    inv = 1.0 / ((var + epsilon) ** 0.5)
+    y = (xa - mean.reshape(bshape)) * (inv.reshape(bshape) * _acc(scale).reshape(bshape)) \
+        + _acc(bias).reshape(bshape)
+    m = x.dtype.type(momentum) if x.dtype.kind == "f" else momentum
+    run_mean = (input_mean * m + mean.astype(input_mean.dtype) * (1 - m)).astype(
+        input_mean.dtype)
+    run_var = (input_var * m + var.astype(input_var.dtype) * (1 - m)).astype(input_var.dtype)
+    return y.astype(x.dtype), run_mean.reshape(input_mean.shape), run_var.reshape(
+        input_var.shape)
+
+
+@gradient("BatchNormalization")
+def batch_norm_grad(ctx, grads_out, inputs, outputs, *, epsilon=1e-5, training_mode=0,
+                    spatial=1, **attrs):
+    x, scale, bias, mean, var = inputs[:5]
+    g = grads_out[0]
+    if g is None:
+        return (None,) * 5
+    need = ctx.needs_input_grad
+    axes, bshape = _bn_axes_shape(x, scale, spatial)
+    training = bool(training_mode) or attrs.get("training", False)
+    sc = scale.reshape(bshape)
+    if training:
+        m = int(math.prod(x.shape[a] for a in axes))
+        bm = x.mean(axis=axes).reshape(bshape)
+        bv = x.var(axis=axes).reshape(bshape)
+        inv = 1.0 / (bv + epsilon) ** 0.5
+        xhat = (x - bm) * inv
+        gxhat = g * sc
+        gx = None
+        if need[0]:
+            s1 = gxhat.sum(axis=axes).reshape(bshape)
+            s2 = (gxhat * xhat).sum(axis=axes).reshape(bshape)
+            gx = (inv / m) * (m * gxhat - s1 - xhat * s2)
+        gs = (g * xhat).sum(axis=axes).reshape(scale.shape) if need[1] else None
+        gb = g.sum(axis=axes).reshape(bias.shape) if need[2] else None
+        return gx, gs, gb, None, None
+    inv = 1.0 / (var.reshape(bshape) + epsilon) ** 0.5
+    gx = g * (sc * inv) if need[0] else None
+    gs = gb = gm = gv = None
+    if need[1]:
+        gs = (g * ((x - mean.reshape(bshape)) * inv)).sum(axis=axes).reshape(scale.shape)
+    if need[2]:
+        gb = g.sum(axis=axes).reshape(bias.shape)
+    if len(need) > 3 and need[3]:
+        gm = (-(g * sc * inv)).sum(axis=axes).reshape(mean.shape)
+    if len(need) > 4 and need[4]:
+        gv = (g * sc * (x - mean.reshape(bshape)) * (-0.5) * inv ** 3).sum(
+            axis=axes).reshape(var.shape)
+    return gx, gs, gb, gm, gv
+
+
+def _norm_backward(g, xhat, inv, axes, n):
+    """dL/dx of ``xhat = (x - mean) * inv`` (stats over ``axes``, ``n`` elements) given
+    dL/dxhat ``g``."""
+    s1 = g.sum(axis=axes, keepdims=True)
+    s2 = (g * xhat).sum(axis=axes, keepdims=True)
+    return (inv / n) * (n * g - s1 - xhat * s2)
+
+
+@gradient("LayerNormalization")
+def layer_norm_grad(ctx, grads_out, inputs, outputs, *, axis=-1, epsilon=1e-5, **attrs):
+    x, scale = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    g = grads_out[0]
+    need = ctx.needs_input_grad
+    gx = gs = gb = None
+    if g is not None:
+        ax = axis % x.ndim
+        axes = tuple(range(ax, x.ndim))
+        n = int(math.prod(x.shape[ax:]))
+        mean = x.mean(axis=axes, keepdims=True)
+        xc = x - mean
+        inv = 1.0 / ((xc * xc).mean(axis=axes, keepdims=True) + epsilon) ** 0.5
+        xhat = xc * inv
+        if need[0]:
+            gx = _norm_backward(g * scale, xhat, inv, axes, n)
+        if need[1]:
+            gs = unbroadcast(g * xhat, scale.shape)
+        if bias is not None and len(need) > 2 and need[2]:
+            gb = unbroadcast(g, bias.shape)
+    # gradients arriving at the optional Mean / InvStdDev outputs are not supported
+    if len(grads_out) > 1 and any(go is not None for go in grads_out[1:]):
+        from workbench.errors import GradientError
+        raise GradientError("LayerNormalization: gradients through the Mean/InvStdDev outputs "
+                            "are not supported")
+    return gx, gs, gb
+
+
+@gradient("InstanceNormalization")
+def instance_norm_grad(ctx, grads_out, inputs, outputs, *, epsilon=1e-5, **attrs):
+    x, scale, bias = inputs
+    g = grads_out[0]
+    need = ctx.needs_input_grad
+    axes = tuple(range(2, x.ndim))
+    n = int(math.prod(x.shape[2:]))
+    bshape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    mean = x.mean(axis=axes, keepdims=True)
+    xc = x - mean
+    inv = 1.0 / ((xc * xc).mean(axis=axes, keepdims=True) + epsilon) ** 0.5
+    xhat = xc * inv
+    gx = _norm_backward(g * scale.reshape(bshape), xhat, inv, axes, n) if need[0] else None
+    gs = (g * xhat).sum(axis=(0,) + axes) if need[1] else None
+    gb = g.sum(axis=(0,) + axes) if need[2] else None
+    return gx, gs, gb
+
+
+@gradient("GroupNormalization")
+def group_norm_grad(ctx, grads_out, inputs, outputs, *, epsilon=1e-5, num_groups=1, **attrs):
+    x, scale, bias = inputs
+    g = grads_out[0]
+    need = ctx.needs_input_grad
+    nb, c = x.shape[:2]
+    rest = x.shape[2:]
+    xg = x.reshape((nb, num_groups, -1))
+    axes = (2,)
+    n = xg.shape[2]
+    mean = xg.mean(axis=2, keepdims=True)
+    xc = xg - mean
+    inv = 1.0 / ((xc * xc).mean(axis=2, keepdims=True) + epsilon) ** 0.5
+    xhat = (xc * inv).reshape(x.shape)
+    if scale.shape[0] == c:  # opset 21: per-channel scale/bias
+        bshape = (1, c) + (1,) * len(rest)
+        sc = scale.reshape(bshape)
+        red = (0,) + tuple(range(2, x.ndim))
+        gs = (g * xhat).sum(axis=red) if need[1] else None
+        gb = g.sum(axis=red) if need[2] else None
+    else:  # opset 18: per-group scale/bias
+        cpg = c // num_groups
+        sc = xp_of(scale).repeat(scale, cpg).reshape((1, c) + (1,) * len(rest))
+        gs = (g * xhat).reshape(nb, num_groups, -1).sum(axis=(0, 2)) if need[1] else None
+        gb = g.reshape(nb, num_groups, -1).sum(axis=(0, 2)) if need[2] else None
+    gx = None
+    if need[0]:
+        gxhat = (g * sc).reshape((nb, num_groups, -1))
+        gx = _norm_backward(gxhat, xhat.reshape((nb, num_groups, -1)), inv, axes, n).reshape(
+            x.shape)
+    return gx, gs, gb

@@ -1,0 +1,220 @@
+"""Gradients of shape and indexing ops: Reshape/Flatten/Squeeze/Unsqueeze, Transpose, Concat,
+Split, Slice, Gather, GatherElements, Expand, Tile, Pad, DepthToSpace/SpaceToDepth.
+
+Every opset form is handled (attributes that later became inputs: Slice-1..9, Split-2..12,
+Squeeze/Unsqueeze-1..12, Pad-2..10)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.grad import gradient, ints, unbroadcast
+
+
+def scatter_add(xp, target, index, values):
+    """``target[index] += values`` with repeated indices accumulated (numpy and cupy)."""
+    if hasattr(xp, "add") and hasattr(xp.add, "at"):
+        try:
+            xp.add.at(target, index, values)
+            return target
+        except (NotImplementedError, TypeError):
+            pass
+    import cupyx  # pragma: no cover - GPU only
+    cupyx.scatter_add(target, index, values)
+    return target
+
+
+@gradient("Reshape")
+@gradient("Flatten")
+@gradient("Squeeze")
+@gradient("Unsqueeze")
+def reshape_grad(ctx, grads_out, inputs, outputs, **attrs):
+    return (grads_out[0].reshape(inputs[0].shape),)
+
+
+@gradient("Transpose")
+def transpose_grad(ctx, grads_out, inputs, outputs, *, perm=None, **attrs):
+    x = inputs[0]
+    if perm is None:
+        perm = list(range(x.ndim))[::-1]
+    inv = np.argsort(np.asarray(perm)).tolist()
+    return (grads_out[0].transpose(inv),)
+
+
+@gradient("Concat")
+def concat_grad(ctx, grads_out, inputs, outputs, *, axis=0, **attrs):
+    g = grads_out[0]
+    ax = axis % g.ndim
+    out = []
+    start = 0
+    for i, x in enumerate(inputs):
+        n = x.shape[ax]
+        if ctx.needs_input_grad[i]:
+            sl = [slice(None)] * g.ndim
+            sl[ax] = slice(start, start + n)
+            out.append(g[tuple(sl)])
+        else:
+            out.append(None)
+        start += n
+    return tuple(out)
+
+
+@gradient("Split")
+def split_grad(ctx, grads_out, inputs, outputs, *, axis=0, **attrs):
+    xp = ctx.xp
+    x = inputs[0]
+    parts = [go if go is not None else xp.zeros(o.shape, dtype=x.dtype)
+             for go, o in zip(grads_out, outputs)]
+    return (xp.concatenate(parts, axis=axis % x.ndim),) + (None,) * (len(inputs) - 1)
+
+
+def slice_index(shape, starts, ends, axes, steps):
+    """The Python index tuple of an ONNX Slice (clamping as the spec says)."""
+    nd = len(shape)
+    axes = list(range(len(starts))) if not axes else [a % nd for a in axes]
+    steps = steps or [1] * len(starts)
+    index = [slice(None)] * nd
+    for st, en, ax, step in zip(starts, ends, axes, steps):
+        dim = shape[ax]
+        if st < 0:
+            st += dim
+        if en < 0:
+            en += dim
+        if step > 0:
+            st = min(max(st, 0), dim)
+            en = min(max(en, 0), dim)
+            index[ax] = slice(st, en, step)
+        else:
+            st = min(max(st, 0), dim - 1)
+            en = min(max(en, -1), dim - 1)
+            index[ax] = slice(st, None if en == -1 else en, step)
+    return tuple(index)
+
+
+@gradient("Slice")
+def slice_grad(ctx, grads_out, inputs, outputs, **attrs):
+    xp = ctx.xp
+    x = inputs[0]
+    g = grads_out[0]
+    if ctx.opset < 10:
+        starts, ends, axes, steps = attrs["starts"], attrs["ends"], attrs.get("axes"), None
+    else:
+        starts, ends = ints(inputs[1]), ints(inputs[2])
+        axes = ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else None
+        steps = ints(inputs[4]) if len(inputs) > 4 and inputs[4] is not None else None
+    gx = xp.zeros(x.shape, dtype=g.dtype)
+    gx[slice_index(x.shape, starts, ends, axes, steps)] = g
+    return (gx,) + (None,) * (len(inputs) - 1)
+
+
+@gradient("Gather")
+def gather_grad(ctx, grads_out, inputs, outputs, *, axis=0, **attrs):
+    xp = ctx.xp
+    x, idx = inputs
+    g = grads_out[0]
+    ax = axis % x.ndim
+    n = x.shape[ax]
+    idx = xp.where(idx < 0, idx + n, idx)
+    gx = xp.zeros(x.shape, dtype=g.dtype)
+    if ax == 0 and idx.ndim >= 1:
+        scatter_add(xp, gx, idx.reshape(-1), g.reshape((-1,) + x.shape[1:]))
+        return gx, None
+    # move the gathered axes to the front, scatter along axis 0, move back
+    gxm = xp.moveaxis(gx, ax, 0)
+    gm = xp.moveaxis(g, tuple(range(ax, ax + idx.ndim)), tuple(range(idx.ndim)))
+    scatter_add(xp, gxm, idx.reshape(-1), gm.reshape((-1,) + gxm.shape[1:]))
+    return gx, None
+
+
+@gradient("GatherElements")
+def gather_elements_grad(ctx, grads_out, inputs, outputs, *, axis=0, **attrs):
+    xp = ctx.xp
+    x, idx = inputs
+    g = grads_out[0]
+    ax = axis % x.ndim
+    idx = xp.where(idx < 0, idx + x.shape[ax], idx)
+    grids = list(xp.indices(idx.shape, sparse=True))
+    grids[ax] = idx
+    gx = xp.zeros(x.shape, dtype=g.dtype)
+    scatter_add(xp, gx, tuple(grids), g)
+    return gx, None
+
+
+@gradient("Expand")
+def expand_grad(ctx, grads_out, inputs, outputs, **attrs):
+    return unbroadcast(grads_out[0], inputs[0].shape), None
+
+
+@gradient("Tile")
+def tile_grad(ctx, grads_out, inputs, outputs, **attrs):
+    x = inputs[0]
+    g = grads_out[0]
+    reps = ints(inputs[1])
+    shape = []
+    for r, d in zip(reps, x.shape):
+        shape += [r, d]
+    return (g.reshape(shape).sum(axis=tuple(range(0, 2 * x.ndim, 2))),) + (None,) * (
+        len(inputs) - 1)
+
+
+@gradient("Pad")
+def pad_grad(ctx, grads_out, inputs, outputs, *, mode="constant", **attrs):
+    xp = ctx.xp
+    x = inputs[0]
+    g = grads_out[0]
+    nd = x.ndim
+    if ctx.opset < 11:
+        pads = list(attrs.get("pads") or attrs.get("paddings") or [])
+        axes = list(range(nd))
+    else:
+        pads = ints(inputs[1])
+        axes = ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else list(
+            range(nd))
+        axes = [a % nd for a in axes]
+    na = len(axes)
+    begin, end = [0] * nd, [0] * nd
+    for i, a in enumerate(axes):
+        begin[a], end[a] = pads[i], pads[na + i]
+    rest = (None,) * (len(inputs) - 1)
+    if mode == "constant":
+        gx = xp.zeros(x.shape, dtype=g.dtype)
+        src, dst = [], []
+        for a in range(nd):
+            b, e = begin[a], end[a]
+            lo_x, lo_g = max(0, -b), max(0, b)
+            n = x.shape[a] - lo_x - max(0, -e)
+            src.append(slice(lo_g, lo_g + n))
+            dst.append(slice(lo_x, lo_x + n))
+        gx[tuple(dst)] = g[tuple(src)]
+        return (gx,) + rest
+    # reflect / edge / wrap: pad an index map the same way and scatter-add the gradient
+    np_mode = {"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode]
+    idx = xp.arange(x.size, dtype=xp.int64).reshape(x.shape)
+    widths = [(max(0, begin[a]), max(0, end[a])) for a in range(nd)]
+    pidx = xp.pad(idx, widths, mode=np_mode)
+    crop = tuple(slice(max(0, -begin[a]), pidx.shape[a] - max(0, -end[a])) for a in range(nd))
+    pidx = pidx[crop]
+    gx = xp.zeros(x.size, dtype=g.dtype)
+    scatter_add(xp, gx, pidx.reshape(-1), g.reshape(-1))
+    return (gx.reshape(x.shape),) + rest
+
+
+@gradient("DepthToSpace")
+def depth_to_space_grad(ctx, grads_out, inputs, outputs, *, blocksize, mode="DCR", **attrs):
+    g = grads_out[0]
+    n, c, h, w = inputs[0].shape
+    b = blocksize
+    if mode == "DCR":
+        t = g.reshape(n, c // (b * b), h, b, w, b).transpose(0, 3, 5, 1, 2, 4)
+    else:
+        t = g.reshape(n, c // (b * b), h, b, w, b).transpose(0, 1, 3, 5, 2, 4)
+    return (t.reshape(n, c, h, w),)
+
+
+@gradient("SpaceToDepth")
+def space_to_depth_grad(ctx, grads_out, inputs, outputs, *, blocksize, **attrs):
+    g = grads_out[0]
+    n, c, h, w = inputs[0].shape
+    b = blocksize
+    t = g.reshape(n, b, b, c, h // b, w // b).transpose(0, 3, 4, 1, 5, 2)
+    return (t.reshape(n, c, h, w),)

@@ -1,0 +1,590 @@
+"""Layers (SINGA-compatible): parameters created lazily from the first input, ONNX nodes out.
+
+>>> import numpy as np
+>>> from workbench import layer, tensor
+>>> fc = layer.Linear(3)                     # in_features taken from the first input
+>>> y = fc(tensor.from_numpy(np.ones((2, 5), np.float32)))
+>>> y.shape, sorted(fc.get_params())
+((2, 3), ['W', 'b'])
+
+Every layer records ONNX nodes through ``autograd.apply`` (Linear: Gemm, or MatMul + Add for
+more than two dimensions; Conv2d: Conv; BatchNorm2d: BatchNormalization; ...), which is what
+makes a model of layers trainable and exportable. Parameters are Tensors with
+``requires_grad=True, stores_grad=True``; a layer creates them on the first call, from the
+input's shape, device and float dtype (float32 unless the input is another float type), or
+eagerly when the input size is given (``Linear(in, out)``, ``Conv2d(in, out, k)``).
+
+``get_params()`` / ``get_states()`` return ``{name: Tensor}`` with dotted names
+(``"conv1.W"``); states are the parameters plus buffers such as BatchNorm's running
+statistics. ``layer.training`` (set by ``model.train()`` / ``model.eval()``) switches Dropout
+and BatchNorm between their training and inference forms.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import numpy as np
+
+from workbench import autograd
+from workbench.errors import InputError, ShapeError
+from workbench.tensor import Tensor, host_rng
+
+
+def _pair(v, what: str):
+    if isinstance(v, (int, np.integer)):
+        return int(v), int(v)
+    v = tuple(int(a) for a in v)
+    if len(v) != 2:
+        raise InputError(f"{what} must be an int or a pair, got {v}")
+    return v
+
+
+def _float_dtype(x: Tensor):
+    return x.dtype if x.dtype.kind == "f" else np.dtype(np.float32)
+
+
+def _param(data: np.ndarray, like: Tensor | None, dtype, name: str) -> Tensor:
+    t = Tensor(device=like.device if like is not None else None, data=data.astype(dtype),
+               requires_grad=True, stores_grad=True, name=name)
+    return t
+
+
+def _buffer(data: np.ndarray, like: Tensor | None, dtype, name: str) -> Tensor:
+    return Tensor(device=like.device if like is not None else None, data=data.astype(dtype),
+                  requires_grad=False, stores_grad=False, name=name)
+
+
+class Layer:
+    """Base class: ``initialize(*inputs)`` (optional, lazy parameter creation), ``forward``."""
+
+    def __init__(self):
+        object.__setattr__(self, "_layers", OrderedDict())
+        object.__setattr__(self, "_params", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        self._initialized = False
+        self.training = True
+        self.name = None
+
+    # ------------------------------------------------------------------ registration
+    def __setattr__(self, name, value):
+        if "_layers" not in self.__dict__:
+            raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() "
+                               f"before setting attributes")
+        if isinstance(value, Layer):
+            self._layers[name] = value
+        elif isinstance(value, Tensor):
+            if value.stores_grad:
+                self._params[name] = value
+                self._buffers.pop(name, None)
+            elif name in self._buffers:
+                self._buffers[name] = value
+        else:
+            self._layers.pop(name, None)
+            self._params.pop(name, None)
+        object.__setattr__(self, name, value)
+
+    def register_buffer(self, name: str, t: Tensor) -> None:
+        """Register a non-trainable state Tensor (saved by ``get_states``)."""
+        self._buffers[name] = t
+        object.__setattr__(self, name, t)
+
+    # ------------------------------------------------------------------ calling
+    def initialize(self, *inputs) -> None:
+        """Create the parameters from the first inputs (override in layers that need it)."""
+
+    def forward(self, *inputs):
+        raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
+
+    def __call__(self, *args, **kwargs):
+        if not self._initialized:
+            self.initialize(*args)
+            self._initialized = True
+        return self.forward(*args, **kwargs)
+
+    # ------------------------------------------------------------------ traversal
+    def sublayers(self) -> "OrderedDict[str, Layer]":
+        return OrderedDict(self._layers)
+
+    def _walk(self, prefix: str = ""):
+        yield prefix, self
+        for n, sub in self._layers.items():
+            yield from sub._walk(f"{prefix}{n}.")
+
+    def get_params(self) -> "OrderedDict[str, Tensor]":
+        """``{dotted name: parameter}``; also sets each parameter's ``name``."""
+        out = OrderedDict()
+        for prefix, lay in self._walk():
+            for n, p in lay._params.items():
+                key = prefix + n
+                if key not in out and all(p is not q for q in out.values()):
+                    p.name = key
+                    out[key] = p
+        return out
+
+    def get_states(self) -> "OrderedDict[str, Tensor]":
+        """Parameters and buffers (running statistics...)."""
+        out = self.get_params()
+        for prefix, lay in self._walk():
+            for n, b in lay._buffers.items():
+                key = prefix + n
+                b.name = key
+                out[key] = b
+        return out
+
+    def set_params(self, parameters: dict) -> None:
+        self._set(parameters, self.get_params(), "parameter")
+
+    def set_states(self, states: dict) -> None:
+        self._set(states, self.get_states(), "state")
+
+    def _set(self, values: dict, mine: dict, what: str) -> None:
+        unknown = [k for k in values if k not in mine]
+        if unknown:
+            raise InputError(f"unknown {what}(s) {unknown[:5]}; this model has "
+                             f"{list(mine)[:10]}{' ...' if len(mine) > 10 else ''}")
+        for k, v in values.items():
+            t = mine[k]
+            arr = v.numpy() if isinstance(v, Tensor) else np.asarray(v)
+            if tuple(arr.shape) != tuple(t.shape):
+                raise ShapeError(f"{what} {k!r}: expected shape {list(t.shape)}, got "
+                                 f"{list(arr.shape)}")
+            t.data = t.device.put(arr.astype(t.dtype, copy=True))
+
+    def train(self, mode: bool = True):
+        for _, lay in self._walk():
+            object.__setattr__(lay, "training", bool(mode))
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def freeze(self) -> "Layer":
+        """Stop training every parameter of this layer (``requires_grad = False``)."""
+        for p in self.get_params().values():
+            p.requires_grad = False
+        return self
+
+    def unfreeze(self) -> "Layer":
+        for p in self.get_params().values():
+            p.requires_grad = True
+        return self
+
+    def device_check(self, *inputs) -> None:
+        devs = {t.device for t in inputs if isinstance(t, Tensor)}
+        if len(devs) > 1:
+            from workbench.errors import DeviceError
+            raise DeviceError(f"{type(self).__name__}: inputs live on different devices {devs}")
+
+    def __repr__(self) -> str:
+        subs = ", ".join(f"{n}={type(s).__name__}" for n, s in self._layers.items())
+        return f"{type(self).__name__}({subs})"
+
+
+# --------------------------------------------------------------------------- dense
+class Linear(Layer):
+    """``y = x W + b`` with ``W`` of shape (in, out) (SINGA's layout). ``Linear(out)`` or
+    ``Linear(in, out)``. Records Gemm for 2-D inputs, MatMul + Add otherwise."""
+
+    def __init__(self, out_features, *args, bias: bool = True, **kwargs):
+        super().__init__()
+        self.in_features = None
+        if args:
+            self.in_features, out_features = int(out_features), int(args[0])
+        self.out_features = int(out_features)
+        self.bias = bias
+        if self.in_features is not None:
+            self._create(None, np.dtype(np.float32))
+            self._initialized = True
+
+    def _create(self, like, dtype):
+        fan_in, fan_out = self.in_features, self.out_features
+        std = math.sqrt(2.0 / (fan_in + fan_out))
+        self.W = _param(host_rng().normal(0.0, std, (fan_in, fan_out)), like, dtype, "W")
+        if self.bias:
+            self.b = _param(np.zeros(fan_out), like, dtype, "b")
+
+    def initialize(self, x):
+        if self.in_features is None:
+            self.in_features = int(x.shape[-1])
+            self._create(x, _float_dtype(x))
+
+    def forward(self, x):
+        if x.shape[-1] != self.in_features:
+            raise ShapeError(f"Linear: expects inputs with {self.in_features} features in the "
+                             f"last dimension, got shape {list(x.shape)}")
+        if self.W.device != x.device:
+            self.W.to_device(x.device)
+            if self.bias:
+                self.b.to_device(x.device)
+        if x.ndim() == 2:
+            return autograd.apply("Gemm", [x, self.W, self.b if self.bias else None])
+        y = autograd.matmul(x, self.W)
+        return autograd.add(y, self.b) if self.bias else y
+
+
+class Gemm(Layer):
+    """SINGA's Gemm layer: ``alpha * A' B' + beta * C`` with a trainable B (and C)."""
+
+    def __init__(self, nb_kernels, alpha=1.0, beta=1.0, transA=False, transB=True,  # noqa: N803
+                 bias=True, bias_shape=None):
+        super().__init__()
+        self.nb_kernels, self.alpha, self.beta = int(nb_kernels), alpha, beta
+        self.transA, self.transB, self.bias, self.bias_shape = int(transA), int(transB), bias, \
+            bias_shape
+
+    def initialize(self, x):
+        k = x.shape[0] if self.transA else x.shape[1]
+        shape = (self.nb_kernels, k) if self.transB else (k, self.nb_kernels)
+        std = math.sqrt(2.0 / (k + self.nb_kernels))
+        dt = _float_dtype(x)
+        self.W = _param(host_rng().normal(0, std, shape), x, dt, "W")
+        if self.bias:
+            self.b = _param(np.zeros(self.bias_shape or (1, self.nb_kernels)), x, dt, "b")
+
+    def forward(self, x):
+        return autograd.gemm(x, self.W, self.b if self.bias else None, self.alpha, self.beta,
+                             self.transA, self.transB)
+
+
+class Embedding(Layer):
+    """Lookup table ``W[ids]`` (a Gather node), ``W`` of shape (input_dim, output_dim)."""
+
+    def __init__(self, input_dim: int, output_dim: int, initializer: str = "gaussian"):
+        super().__init__()
+        self.input_dim, self.output_dim = int(input_dim), int(output_dim)
+        self.W = _param(host_rng().normal(0.0, 1.0, (self.input_dim, self.output_dim)), None,
+                        np.float32, "W")
+
+    def forward(self, ids):
+        if ids.dtype.kind not in "iu":
+            raise InputError(f"Embedding: ids must be integers, got {ids.dtype}")
+        if self.W.device != ids.device:
+            self.W.to_device(ids.device)
+        return autograd.apply("Gather", [self.W, ids], {"axis": 0})
+
+
+# --------------------------------------------------------------------------- convolution
+class Conv2d(Layer):
+    """2-D convolution. ``Conv2d(out_channels, kernel_size)`` or
+    ``Conv2d(in_channels, out_channels, kernel_size)``; ``padding``/``stride``/``dilation`` int
+    or pair; ``group``; ``pad_mode`` "NOTSET", "SAME_UPPER", "SAME_LOWER" or "VALID";
+    ``activation`` "RELU" appends a ReLU."""
+
+    def __init__(self, nb_kernels, kernel_size, *args, stride=1, padding=0, dilation=1,
+                 group: int = 1, bias: bool = True, pad_mode: str = "NOTSET",
+                 activation: str = "NOTSET", **kwargs):
+        super().__init__()
+        self.in_channels = None
+        if args:
+            self.in_channels, nb_kernels, kernel_size = int(nb_kernels), kernel_size, args[0]
+        self.nb_kernels = int(nb_kernels)
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.stride = _pair(stride, "stride")
+        self.dilation = _pair(dilation, "dilation")
+        if isinstance(padding, (int, np.integer)) or len(padding) == 2:
+            ph, pw = _pair(padding, "padding")
+            self.padding = (ph, pw, ph, pw)
+        else:
+            self.padding = tuple(int(p) for p in padding)
+        self.group = int(group)
+        self.bias = bias
+        self.pad_mode = pad_mode.upper()
+        self.activation = activation.upper()
+        if self.nb_kernels % self.group:
+            raise InputError(f"Conv2d: {self.nb_kernels} kernels cannot be split into "
+                             f"{self.group} groups")
+        if self.in_channels is not None:
+            self._create(None, np.dtype(np.float32))
+            self._initialized = True
+
+    def _create(self, like, dtype):
+        if self.in_channels % self.group:
+            raise InputError(f"Conv2d: {self.in_channels} input channels cannot be split into "
+                             f"{self.group} groups")
+        kh, kw = self.kernel_size
+        fan_in = self.in_channels // self.group * kh * kw
+        shape = (self.nb_kernels, self.in_channels // self.group, kh, kw)
+        self.W = _param(host_rng().normal(0.0, math.sqrt(2.0 / fan_in), shape), like, dtype, "W")
+        if self.bias:
+            self.b = _param(np.zeros(self.nb_kernels), like, dtype, "b")
+
+    def initialize(self, x):
+        if self.in_channels is None:
+            if x.ndim() != 4:
+                raise ShapeError(f"Conv2d: expects NCHW inputs, got shape {list(x.shape)}")
+            self.in_channels = int(x.shape[1])
+            self._create(x, _float_dtype(x))
+
+    def _pads(self, x):
+        if self.pad_mode in ("NOTSET", ""):
+            return list(self.padding)
+        if self.pad_mode == "VALID":
+            return [0, 0, 0, 0]
+        pb, pe = [], []
+        for i in range(2):
+            n, s, k, d = x.shape[2 + i], self.stride[i], self.kernel_size[i], self.dilation[i]
+            out = -(-n // s)
+            total = max(0, (out - 1) * s + (k - 1) * d + 1 - n)
+            lo, hi = total // 2, total - total // 2
+            if self.pad_mode == "SAME_LOWER":
+                lo, hi = hi, lo
+            pb.append(lo), pe.append(hi)
+        return pb + pe
+
+    def forward(self, x):
+        if x.ndim() != 4 or x.shape[1] != self.in_channels:
+            raise ShapeError(f"Conv2d: expects NCHW inputs with {self.in_channels} channels, "
+                             f"got shape {list(x.shape)}")
+        if self.W.device != x.device:
+            self.W.to_device(x.device)
+            if self.bias:
+                self.b.to_device(x.device)
+        attrs = {"kernel_shape": list(self.kernel_size), "strides": list(self.stride),
+                 "dilations": list(self.dilation), "pads": self._pads(x), "group": self.group}
+        y = autograd.apply("Conv", [x, self.W, self.b if self.bias else None], attrs)
+        return autograd.relu(y) if self.activation == "RELU" else y
+
+
+class BatchNorm2d(Layer):
+    """Batch normalisation over (N, H, W) per channel. ``BatchNorm2d(momentum=0.9)`` or
+    ``BatchNorm2d(num_features, momentum=0.9)``; running statistics update as in ONNX:
+    ``running = running * momentum + batch * (1 - momentum)``."""
+
+    def __init__(self, *args, momentum: float = 0.9, epsilon: float = 1e-5):
+        super().__init__()
+        self.momentum, self.epsilon = float(momentum), float(epsilon)
+        self.channels = int(args[0]) if args else None
+        if self.channels is not None:
+            self._create(None, np.dtype(np.float32))
+            self._initialized = True
+
+    def _create(self, like, dtype):
+        c = self.channels
+        self.scale = _param(np.ones(c), like, dtype, "scale")
+        self.bias = _param(np.zeros(c), like, dtype, "bias")
+        self.register_buffer("running_mean", _buffer(np.zeros(c), like, dtype, "running_mean"))
+        self.register_buffer("running_var", _buffer(np.ones(c), like, dtype, "running_var"))
+
+    def initialize(self, x):
+        if self.channels is None:
+            self.channels = int(x.shape[1])
+            self._create(x, _float_dtype(x))
+
+    def forward(self, x):
+        if x.shape[1] != self.channels:
+            raise ShapeError(f"BatchNorm2d: expects {self.channels} channels, got shape "
+                             f"{list(x.shape)}")
+        return autograd.batch_norm(x, self.scale, self.bias, self.running_mean,
+                                   self.running_var, momentum=self.momentum,
+                                   epsilon=self.epsilon, training=self.training)
+
+
+class LayerNorm(Layer):
+    """Layer normalisation over the last dimensions (LayerNormalization, opset 17)."""
+
+    def __init__(self, normalized_shape=None, eps: float = 1e-5):
+        super().__init__()
+        if isinstance(normalized_shape, (int, np.integer)):
+            normalized_shape = (int(normalized_shape),)
+        self.normalized_shape = None if normalized_shape is None else tuple(normalized_shape)
+        self.eps = float(eps)
+        if self.normalized_shape is not None:
+            self._create(None, np.dtype(np.float32))
+            self._initialized = True
+
+    def _create(self, like, dtype):
+        self.scale = _param(np.ones(self.normalized_shape), like, dtype, "scale")
+        self.bias = _param(np.zeros(self.normalized_shape), like, dtype, "bias")
+
+    def initialize(self, x):
+        if self.normalized_shape is None:
+            self.normalized_shape = (int(x.shape[-1]),)
+            self._create(x, _float_dtype(x))
+
+    def forward(self, x):
+        return autograd.layer_norm(x, self.scale, self.bias, -len(self.normalized_shape),
+                                   self.eps)
+
+
+# --------------------------------------------------------------------------- pooling
+class Pooling2d(Layer):
+    """Max or average pooling (MaxPool / AveragePool)."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, is_max: bool = True,
+                 pad_mode: str = "NOTSET", ceil_mode: bool = False,
+                 count_include_pad: bool = False):
+        super().__init__()
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.stride = self.kernel_size if stride is None else _pair(stride, "stride")
+        ph, pw = _pair(padding, "padding")
+        self.padding = [ph, pw, ph, pw]
+        self.is_max = is_max
+        self.pad_mode = pad_mode.upper()
+        self.ceil_mode, self.count_include_pad = int(ceil_mode), int(count_include_pad)
+
+    def forward(self, x):
+        attrs = {"kernel_shape": list(self.kernel_size), "strides": list(self.stride)}
+        if self.pad_mode in ("NOTSET", ""):
+            attrs["pads"] = list(self.padding)
+        else:
+            attrs["auto_pad"] = self.pad_mode
+        if self.ceil_mode:
+            attrs["ceil_mode"] = 1
+        if self.is_max:
+            return autograd.apply("MaxPool", [x], attrs)
+        if self.count_include_pad:
+            attrs["count_include_pad"] = 1
+        return autograd.apply("AveragePool", [x], attrs)
+
+
+class MaxPool2d(Pooling2d):
+    def __init__(self, kernel_size, stride=None, padding=0, pad_mode: str = "NOTSET", **kw):
+        super().__init__(kernel_size, stride, padding, True, pad_mode, **kw)
+
+
+class AvgPool2d(Pooling2d):
+    def __init__(self, kernel_size, stride=None, padding=0, pad_mode: str = "NOTSET", **kw):
+        super().__init__(kernel_size, stride, padding, False, pad_mode, **kw)
+
+
+class GlobalAvgPool2d(Layer):
+    def forward(self, x):
+        return autograd.apply("GlobalAveragePool", [x])
+
+
+# --------------------------------------------------------------------------- element-wise
+class _Fn(Layer):
+    fn = None
+
+    def forward(self, x):
+        return type(self).fn(x)
+
+
+class ReLU(_Fn):
+    fn = staticmethod(autograd.relu)
+
+
+class Sigmoid(_Fn):
+    fn = staticmethod(autograd.sigmoid)
+
+
+class Tanh(_Fn):
+    fn = staticmethod(autograd.tanh)
+
+
+class Identity(_Fn):
+    fn = staticmethod(autograd.identity)
+
+
+class Gelu(Layer):
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x):
+        return autograd.gelu(x, self.approximate)
+
+
+class LeakyReLU(Layer):
+    def __init__(self, a: float = 0.01):
+        super().__init__()
+        self.a = a
+
+    def forward(self, x):
+        return autograd.leakyrelu(x, self.a)
+
+
+class SoftMax(Layer):
+    def __init__(self, axis: int = 1):
+        super().__init__()
+        self.axis = axis
+
+    def forward(self, x):
+        return autograd.softmax(x, self.axis)
+
+
+Softmax = SoftMax
+
+
+class LogSoftmax(SoftMax):
+    def forward(self, x):
+        return autograd.log_softmax(x, self.axis)
+
+
+class Dropout(Layer):
+    """Inverted dropout in training, identity in eval."""
+
+    def __init__(self, ratio: float = 0.5):
+        super().__init__()
+        if not 0.0 <= ratio < 1.0:
+            raise InputError(f"Dropout: ratio must be in [0, 1), got {ratio}")
+        self.ratio = float(ratio)
+
+    def forward(self, x):
+        return autograd.dropout(x, self.ratio, training=self.training)
+
+
+class Flatten(Layer):
+    def __init__(self, axis: int = 1):
+        super().__init__()
+        self.axis = axis
+
+    def forward(self, x):
+        return autograd.flatten(x, self.axis)
+
+
+class Reshape(Layer):
+    def forward(self, x, shape):
+        return autograd.reshape(x, shape)
+
+
+class Cat(Layer):
+    def __init__(self, axis: int = 0):
+        super().__init__()
+        self.axis = axis
+
+    def forward(self, xs):
+        return autograd.cat(xs, self.axis)
+
+
+class Add(Layer):
+    def forward(self, a, b):
+        return autograd.add(a, b)
+
+
+class Sequential(Layer):
+    """Layers applied one after the other: ``Sequential(Conv2d(8, 3), ReLU(), ...)``."""
+
+    def __init__(self, *layers):
+        super().__init__()
+        for i, lay in enumerate(layers):
+            setattr(self, str(i), lay)
+
+    def forward(self, x):
+        for lay in self._layers.values():
+            x = lay(x)
+        return x
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def __getitem__(self, i) -> Layer:
+        return list(self._layers.values())[i]
+
+
+# --------------------------------------------------------------------------- losses
+class SoftMaxCrossEntropy(Layer):
+    def forward(self, x, t):
+        return autograd.softmax_cross_entropy(x, t)
+
+
+class MeanSquareError(Layer):
+    def forward(self, x, t):
+        return autograd.mse_loss(x, t)
+
+
+class CrossEntropy(Layer):
+    def forward(self, x, t):
+        return autograd.cross_entropy(x, t)

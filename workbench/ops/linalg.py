@@ -1,0 +1,209 @@
+"""Linear algebra: MatMul, Gemm, MatMulInteger, Einsum, Det.
+
+Products run on BLAS through ``matmul`` (float16/bfloat16 are computed in float32 and cast
+back; transposed operands are passed as views, never copied). Einsum validates and normalizes
+its equation (explicit output, spaces removed) before handing it to ``einsum``.
+"""
+
+from __future__ import annotations
+
+from workbench.arrays import xp_of
+from workbench.errors import InputError, ShapeError
+from workbench.ops.conv import compute_dtype
+from workbench.ops.registry import kernel
+
+
+def _matmul(op, a, b):
+    xp = xp_of(a, b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(f"{op}: inputs must have rank >= 1, got shapes {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
+    ka = a.shape[-1]
+    kb = b.shape[-2] if b.ndim >= 2 else b.shape[0]
+    if ka != kb:
+        raise ShapeError(f"{op}: inner dimensions differ: A {tuple(a.shape)} has {ka} columns, "
+                         f"B {tuple(b.shape)} has {kb} rows")
+    try:
+        return xp.matmul(a, b)
+    except ValueError as e:
+        raise ShapeError(f"{op}: shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast "
+                         f"over their batch dimensions ({e})") from None
+
+
+@kernel("MatMul", since=1)
+def matmul(A, B):
+    """numpy.matmul semantics (N-D batch broadcasting, 1-D operands promoted and squeezed)."""
+    cda, cdb = compute_dtype(A.dtype), compute_dtype(B.dtype)
+    if cda != A.dtype or cdb != B.dtype:  # float16/bfloat16: BLAS in float32
+        return _matmul("MatMul", A.astype(cda), B.astype(cdb)).astype(A.dtype, copy=False)
+    return _matmul("MatMul", A, B)
+
+
+@kernel("Gemm", since=1)
+def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0):
+    """Y = alpha * A' @ B' + beta * C with C unidirectionally broadcast to (M, N)."""
+    op = "Gemm"
+    xp = xp_of(A, B)
+    if A.ndim != 2 or B.ndim != 2:
+        raise ShapeError(f"{op}: A and B must be 2-D, got {tuple(A.shape)} and "
+                         f"{tuple(B.shape)}")
+    out_dt = A.dtype
+    cd = compute_dtype(out_dt)
+    a = A.T if transA else A
+    b = B.T if transB else B
+    if a.shape[1] != b.shape[0]:
+        raise ShapeError(f"{op}: A' {tuple(a.shape)} and B' {tuple(b.shape)} (after transA="
+                         f"{transA}, transB={transB}) have different inner dimensions")
+    y = xp.matmul(a.astype(cd, copy=False), b.astype(cd, copy=False))
+    integer = cd.kind in "iu"
+    if alpha != 1.0:
+        y = (y * alpha).astype(cd) if integer else y * cd.type(alpha)
+    if C is not None and beta != 0.0:
+        M, N = y.shape
+        if C.ndim > 2 or any(c not in (1, n) for c, n in zip(C.shape[::-1], (N, M))):
+            raise ShapeError(f"{op}: C of shape {tuple(C.shape)} does not broadcast to the "
+                             f"output shape ({M}, {N})")
+        c = C.astype(cd, copy=False)
+        if beta == 1.0:
+            y += c
+        elif integer:
+            y = (y + c * beta).astype(cd)
+        else:
+            y += c * cd.type(beta)
+    return y.astype(out_dt, copy=False)
+
+
+def _zero_point_rows(op, zp, a):
+    """A's zero point shaped to broadcast over A: scalar, per row (M,) or (..., M, 1)."""
+    if zp is None:
+        return 0
+    z = zp.astype(xp_of(zp).float64)
+    if z.size == 1:
+        return z.reshape(())
+    if z.ndim == 1 and a.ndim >= 2 and z.shape[0] == a.shape[-2]:
+        return z.reshape(-1, 1)
+    if z.ndim == a.ndim:
+        return z
+    raise ShapeError(f"{op}: a_zero_point of shape {tuple(zp.shape)} does not match A "
+                     f"{tuple(a.shape)} (scalar, one per row, or A's rank with last dim 1)")
+
+
+@kernel("MatMulInteger", since=10)
+def matmul_integer(A, B, a_zero_point=None, b_zero_point=None):
+    """(A - a_zp) @ (B - b_zp) with exact integer accumulation, int32 output."""
+    op = "MatMulInteger"
+    xp = xp_of(A, B)
+    # float64 holds every partial sum exactly (|term| < 2**16) and runs on BLAS
+    a = A.astype(xp.float64) - _zero_point_rows(op, a_zero_point, A)
+    b = B.astype(xp.float64)
+    if b_zero_point is not None:
+        bz = b_zero_point.astype(xp.float64)
+        b = b - (bz.reshape(()) if bz.size == 1 else bz)
+    return xp.rint(_matmul(op, a, b)).astype(xp.int32)
+
+
+# --------------------------------------------------------------------------------------------
+# Einsum
+# --------------------------------------------------------------------------------------------
+
+def _parse_term(op, term, ndim, index):
+    """Letters of one input term, with '...' expanded to its number of dimensions."""
+    if term.count("...") > 1 or term.replace("...", "").count(".") != 0:
+        raise InputError(f"{op}: term {term!r} may contain at most one '...' ellipsis")
+    letters = term.replace("...", "")
+    bad = [c for c in letters if not c.isascii() or not c.isalpha()]
+    if bad:
+        raise InputError(f"{op}: term {term!r} contains {bad[0]!r}; only letters a-z, A-Z "
+                         f"and '...' are allowed")
+    if "..." in term:
+        n_ell = ndim - len(letters)
+        if n_ell < 0:
+            raise ShapeError(f"{op}: term {term!r} names {len(letters)} dimensions but input "
+                             f"{index} has rank {ndim}")
+    else:
+        n_ell = 0
+        if len(letters) != ndim:
+            raise ShapeError(f"{op}: term {term!r} names {len(letters)} dimensions but input "
+                             f"{index} has rank {ndim}")
+    return letters, n_ell
+
+
+def normalize_einsum(equation, shapes):
+    """The explicit, space-free form of an einsum equation, validated against ``shapes``."""
+    op = "Einsum"
+    if not isinstance(equation, str) or not equation.strip():
+        raise InputError(f"{op}: attribute equation is required")
+    eq = equation.replace(" ", "")
+    if eq.count("->") > 1:
+        raise InputError(f"{op}: equation {equation!r} has more than one '->'")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        raise InputError(f"{op}: equation {equation!r} has {len(terms)} input terms but "
+                         f"{len(shapes)} inputs were given")
+    sizes: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    max_ell = 0
+    for i, (term, shape) in enumerate(zip(terms, shapes)):
+        letters, n_ell = _parse_term(op, term, len(shape), i)
+        max_ell = max(max_ell, n_ell)
+        pos = term.find("...")
+        dims = list(shape)
+        if pos >= 0:
+            dims = dims[:pos] + dims[pos + n_ell:]
+        for c, d in zip(letters, dims):
+            counts[c] = counts.get(c, 0) + 1
+            if c in sizes and sizes[c] != d and 1 not in (sizes[c], d):
+                raise ShapeError(f"{op}: index {c!r} has size {sizes[c]} in one place and {d} "
+                                 f"in input {i} (equation {equation!r}, shapes "
+                                 f"{[tuple(s) for s in shapes]})")
+            sizes[c] = max(sizes.get(c, d), d)
+    has_ell = any("..." in t for t in terms)
+    if arrow:
+        out_letters = rhs.replace("...", "")
+        if rhs.count("...") > 1 or rhs.replace("...", "").count("."):
+            raise InputError(f"{op}: the output term {rhs!r} may contain at most one '...'")
+        for c in out_letters:
+            if c not in sizes:
+                raise InputError(f"{op}: output index {c!r} does not appear in any input term "
+                                 f"of {equation!r}")
+        if len(set(out_letters)) != len(out_letters):
+            raise InputError(f"{op}: output term {rhs!r} repeats an index")
+        if "..." in rhs and not has_ell:
+            rhs = rhs.replace("...", "")
+        elif has_ell and max_ell > 0 and "..." not in rhs:
+            raise InputError(f"{op}: the inputs use '...' for {max_ell} dimension(s) but the "
+                             f"output term {rhs!r} has no '...'")
+    else:
+        singles = sorted(c for c, n in counts.items() if n == 1)  # ASCII: 'A' < 'Z' < 'a'
+        rhs = ("..." if has_ell else "") + "".join(singles)
+    return f"{','.join(terms)}->{rhs}"
+
+
+@kernel("Einsum", since=12)
+def einsum(*Inputs, equation=None):
+    """Einstein summation (explicit and implicit forms, '...' broadcasting) on ``einsum``."""
+    if not Inputs:
+        raise InputError("Einsum: at least one input is required")
+    xp = xp_of(*Inputs)
+    eq = normalize_einsum(equation, [x.shape for x in Inputs])
+    out_dt = Inputs[0].dtype
+    cd = compute_dtype(out_dt)
+    ops = [x.astype(cd, copy=False) for x in Inputs]
+    y = xp.einsum(eq, *ops, optimize=len(ops) > 1)
+    return xp.asarray(y).astype(out_dt, copy=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Det
+# --------------------------------------------------------------------------------------------
+
+@kernel("Det", since=11)
+def det(X):
+    """Determinant of the trailing square matrices, shape X.shape[:-2]."""
+    xp = xp_of(X)
+    if X.ndim < 2 or X.shape[-1] != X.shape[-2]:
+        raise ShapeError(f"Det: input must have shape (..., M, M), got {tuple(X.shape)}")
+    cd = compute_dtype(X.dtype)
+    y = xp.linalg.det(X.astype(cd, copy=False))
+    return xp.asarray(y).astype(X.dtype, copy=False)

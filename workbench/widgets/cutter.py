@@ -1,0 +1,290 @@
+"""LayerCutter: pick where to cut a model (``last_layers``), see what is removed, add a head.
+
+>>> cutter = LayerCutter("resnet18.onnx")      # doctest: +SKIP
+>>> cutter                                      # slider -1 .. -N, or click a node in the graph
+>>> cutter.last_layers = -2                     # or a node name: cutter.last_layers = "flatten"
+>>> cutter.outputs, cutter.model                # output names; the cut model
+
+``last_layers`` follows DESIGN §2.2 (the executor's :func:`resolve_cut`): -1 keeps the whole
+graph, -k cuts after the k-th node from the end, counted in topological order without
+``Constant`` nodes; a node or value name is also accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from workbench.errors import InputError
+from workbench.graph.executor import layer_nodes, needed_nodes, resolve_cut, topological_order
+from workbench.graph.ir import Graph, Node, ValueInfo
+from workbench.widgets._base import TextRepr, import_widgets
+from workbench.widgets._model import as_source, dtype_str, fmt_shape
+from workbench.widgets.graph_view import GraphView
+
+anywidget, ipywidgets, traitlets = import_widgets()
+
+
+@dataclass
+class CutModel:
+    """A cut (and optionally re-headed) model built at the graph level.
+
+    ``graph`` keeps only the nodes the new outputs need (plus the head); ``frozen`` names the
+    parameters a training loop should not update (all of the base model's when ``freeze``).
+    ``run(feeds)`` runs it with the engine's :class:`~workbench.graph.executor.Plan`.
+    """
+
+    graph: Graph
+    outputs: list
+    last_layers: object
+    frozen: set = field(default_factory=set)
+    head: dict | None = None
+
+    @property
+    def trainable(self) -> list:
+        return [k for k in self.graph.initializers if k not in self.frozen]
+
+    def to_proto(self, ir_version: int = 8) -> onnx.ModelProto:
+        opsets = [helper.make_opsetid(d, v) for d, v in self.graph.opsets.items()]
+        m = helper.make_model(self.graph.to_proto(), opset_imports=opsets,
+                              producer_name="workbench.widgets.LayerCutter")
+        m.ir_version = ir_version
+        return m
+
+    @property
+    def proto(self) -> onnx.ModelProto:
+        return self.to_proto()
+
+    def plan(self):
+        from workbench.graph.executor import Plan
+        if getattr(self, "_plan", None) is None:
+            self._plan = Plan(self.graph, outputs=self.outputs)
+        return self._plan
+
+    def run(self, feeds) -> list:
+        return self.plan().run(feeds)
+
+    def __call__(self, *inputs):
+        return self.run(list(inputs))
+
+
+def cut_graph(graph: Graph, last_layers=-1, *, head_classes: int | None = None,
+              freeze: bool = False, in_features: int | None = None, seed: int = 0) -> CutModel:
+    """Cut ``graph`` at ``last_layers`` (see module docs); optionally add a Linear head
+    (Flatten + Gemm with ``head_classes`` outputs) on the first new output."""
+    outputs = resolve_cut(graph, last_layers)
+    keep = needed_nodes(topological_order(graph), outputs)
+    used = {i for n in keep for i in n.inputs if i}
+    for n in keep:
+        for sg in n.subgraphs:
+            used |= sg.free_variables()
+    g = Graph(
+        name=f"{graph.name}_cut",
+        nodes=[Node(n.op_type, list(n.inputs), list(n.outputs), dict(n.attrs), n.name,
+                    n.domain, n.doc_string) for n in keep],
+        inputs=[ValueInfo(v.name, v.dtype, v.shape, v.type_proto) for v in graph.inputs],
+        outputs=[graph.value(o) or ValueInfo(o) for o in outputs],
+        initializers={k: v for k, v in graph.initializers.items() if k in used},
+        value_info={k: v for k, v in graph.value_info.items() if k in used or k in outputs},
+        opsets=dict(graph.opsets), doc_string=graph.doc_string)
+    frozen = set(g.initializers) if freeze else set()
+    head = None
+    if head_classes:
+        src = outputs[0]
+        vi = graph.value(src)
+        if in_features is None:
+            dims = None if vi is None or vi.shape is None else vi.shape[1:]
+            if dims is None or not all(isinstance(d, int) for d in dims):
+                raise InputError(
+                    f"cannot size the new head: the shape of {src!r} is "
+                    f"{fmt_shape(vi.shape if vi else None)}, not known after the batch axis; "
+                    f"pass in_features=")
+            in_features = int(np.prod(dims, dtype=np.int64))
+        rng = np.random.default_rng(seed)
+        bound = np.sqrt(6.0 / (in_features + head_classes))
+        w = rng.uniform(-bound, bound, (head_classes, in_features)).astype(np.float32)
+        g.initializers["head.weight"] = w
+        g.initializers["head.bias"] = np.zeros(head_classes, np.float32)
+        g.nodes.append(Node("Flatten", [src], ["head.flat"], {"axis": 1}, "head_flatten"))
+        g.nodes.append(Node("Gemm", ["head.flat", "head.weight", "head.bias"], ["head.logits"],
+                            {"transB": 1}, "head_fc"))
+        g.outputs = [ValueInfo("head.logits", onnx.TensorProto.FLOAT,
+                               (vi.shape[0] if vi and vi.shape else None, head_classes))]
+        outputs = ["head.logits"]
+        head = {"in_features": in_features, "classes": head_classes, "source": src}
+    return CutModel(g, outputs, last_layers, frozen, head)
+
+
+def _model_cut(original, last_layers, head_classes, freeze):
+    """Model.cut when the facade provides it for this object, else None."""
+    try:
+        from workbench.model import Model
+    except ImportError:
+        return None
+    if not (isinstance(original, Model) and hasattr(original, "cut")) or head_classes:
+        return None
+    try:
+        return original.cut(last_layers)
+    except TypeError:
+        return None
+
+
+class LayerCutter(TextRepr, ipywidgets.VBox):
+    """Slider (``last_layers`` -1 .. -N) + graph (click a node to cut after it) + outputs.
+
+    Python API: ``last_layers`` (int or node/value name), ``outputs`` (list of names),
+    ``head_classes`` (0 = no new head), ``freeze``, ``model`` (the result), ``removed``.
+    """
+
+    last_layers = traitlets.Union([traitlets.Int(), traitlets.Unicode()], default_value=-1)
+    outputs = traitlets.List(traitlets.Unicode())
+    head_classes = traitlets.Int(0)
+    freeze = traitlets.Bool(False)
+
+    def __init__(self, model, *, last_layers=-1, head_classes: int = 0, freeze: bool = False,
+                 height: int = 460):
+        src = as_source(model)
+        self.source = src
+        self.graph = src.graph
+        self._layers = layer_nodes(self.graph)
+        self._order = topological_order(self.graph)
+        self._layer_index = {n.name: i for i, n in enumerate(self._layers)}
+        n = max(1, len(self._layers))
+        self._syncing = False
+        self.view = GraphView(src, height=height, title=f"{src.name} — cut")
+        self.slider = ipywidgets.IntSlider(
+            value=-1, min=-n, max=-1, step=1, description="last_layers",
+            continuous_update=True, layout=ipywidgets.Layout(width="420px"),
+            style={"description_width": "80px"})
+        self.slider.add_class("wb-cut-slider")
+        self.cut_label = ipywidgets.HTML()
+        self.head_box = ipywidgets.Checkbox(value=bool(head_classes), description="new head",
+                                            indent=False, layout=ipywidgets.Layout(width="90px"))
+        self.classes_box = ipywidgets.BoundedIntText(
+            value=head_classes or 10, min=1, max=1_000_000, description="classes",
+            layout=ipywidgets.Layout(width="150px"), style={"description_width": "50px"})
+        self.freeze_box = ipywidgets.Checkbox(value=freeze, description="freeze base",
+                                              indent=False, layout=ipywidgets.Layout(width="110px"))
+        self.info = ipywidgets.HTML()
+        self.info.add_class("wb-cut-info")
+        controls = ipywidgets.HBox([self.slider, self.cut_label])
+        head = ipywidgets.HBox([self.head_box, self.classes_box, self.freeze_box])
+        super().__init__([controls, head, self.view, self.info])
+        self.add_class("wb-layer-cutter")
+        self.slider.observe(self._on_slider, names="value")
+        self.view.observe(self._on_click, names="selected")
+        for w in (self.head_box, self.classes_box, self.freeze_box):
+            w.observe(self._on_head, names="value")
+        self.head_classes = head_classes
+        self.freeze = freeze
+        self.last_layers = last_layers
+        self._update()
+
+    # ------------------------------------------------------------------ events
+    def _on_slider(self, change) -> None:
+        if not self._syncing:
+            self.last_layers = int(change["new"])
+
+    def _on_click(self, change) -> None:
+        name = change["new"]
+        if name:
+            try:
+                resolve_cut(self.graph, name)
+            except InputError:
+                return
+            self.last_layers = name
+
+    def _on_head(self, change) -> None:
+        if self._syncing:
+            return
+        self.head_classes = int(self.classes_box.value) if self.head_box.value else 0
+        self.freeze = bool(self.freeze_box.value)
+
+    @traitlets.validate("last_layers")
+    def _check_last_layers(self, proposal):
+        value = proposal["value"]
+        resolve_cut(self.graph, value)      # raises InputError with a clear message
+        return value
+
+    @traitlets.observe("last_layers", "head_classes", "freeze")
+    def _on_change(self, change) -> None:
+        if getattr(self, "view", None) is not None:
+            self._update()
+
+    # ------------------------------------------------------------------ state
+    def _cut_node(self):
+        outs = resolve_cut(self.graph, self.last_layers)
+        producers = self.graph.producers()
+        return outs, [producers[o] for o in outs if o in producers]
+
+    def _update(self) -> None:
+        outs, cut_nodes = self._cut_node()
+        keep = needed_nodes(self._order, outs)
+        kept = {n.name for n in keep}
+        removed = [n.name for n in self.graph.nodes if n.name not in kept]
+        removed += [v.name for v in self.graph.outputs if v.name not in outs]
+        self.removed = removed
+        self.outputs = outs
+        self._syncing = True
+        try:
+            k = self.last_layers
+            if isinstance(k, str) and len(cut_nodes) == 1 and cut_nodes[0].name in \
+                    self._layer_index:
+                idx = self._layer_index[cut_nodes[0].name]
+                k = idx - len(self._layers)
+            if isinstance(k, int) and self.slider.min <= k <= -1:
+                self.slider.value = k
+            if self.head_classes:
+                self.classes_box.value = self.head_classes
+            self.head_box.value = bool(self.head_classes)
+            self.freeze_box.value = self.freeze
+        finally:
+            self._syncing = False
+        self.view.dimmed = removed
+        self.view.marked = [n.name for n in cut_nodes]
+        where = ", ".join(f"<b>{n.name}</b> ({n.op_type})" for n in cut_nodes) or "inputs"
+        self.cut_label.value = f"<span class='wb-cut-where'>cut after {where}</span>"
+        rows = "".join(
+            f"<tr><td><code>{o}</code></td><td>{self._desc(o)}</td></tr>" for o in outs)
+        head = ""
+        if self.head_classes:
+            try:
+                cm = self.model
+                h = cm.head
+                head = (f"<div>+ new head: Flatten → Linear({h['in_features']} → "
+                        f"{h['classes']}); output <code>head.logits</code>; "
+                        f"{'base frozen, training updates the head only' if self.freeze else 'all parameters trainable'}</div>")
+            except InputError as e:
+                head = f"<div style='color:#b00'>head: {e}</div>"
+        self.info.value = (
+            f"<div>keeps {len(kept)} of {len(self.graph.nodes)} nodes; "
+            f"new output(s):</div><table>{rows}</table>{head}")
+
+    def _desc(self, name: str) -> str:
+        vi = self.graph.value(name)
+        if vi is None:
+            return "?"
+        return f"{dtype_str(vi.dtype)} {fmt_shape(vi.shape)}"
+
+    @property
+    def model(self):
+        """The cut model: ``Model.cut(last_layers)`` when the model came as a workbench Model
+        offering ``cut`` (and no new head is asked for), else a :class:`CutModel` built from
+        :func:`resolve_cut` + the executor's dependency pruning."""
+        via_model = _model_cut(self.source.original, self.last_layers, self.head_classes,
+                               self.freeze)
+        if via_model is not None:
+            return via_model
+        return cut_graph(self.graph, self.last_layers, head_classes=self.head_classes or None,
+                         freeze=self.freeze)
+
+    def summary(self) -> str:
+        outs = ", ".join(f"{o} {self._desc(o)}" for o in self.outputs)
+        head = f"; head {self.head_classes} classes{' (base frozen)' if self.freeze else ''}" \
+            if self.head_classes else ""
+        return (f"LayerCutter({self.source.name!r}: last_layers={self.last_layers!r}, "
+                f"outputs: {outs}; removes {len(self.removed)} of "
+                f"{len(self.graph.nodes) + len(self.graph.outputs)} nodes/outputs{head})")
