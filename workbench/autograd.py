@@ -45,7 +45,14 @@ import numpy as np
 
 from workbench import grad as _grad
 from workbench.arrays import is_array, xp_of
-from workbench.errors import DeviceError, GradientError, InputError, ShapeError
+from workbench.errors import (
+    DeviceError,
+    GradientError,
+    InputError,
+    KernelError,
+    ShapeError,
+    WorkbenchError,
+)
 from workbench.ops.registry import NodeContext, _norm_domain, attribute_defaults, lookup
 from workbench.tensor import Tensor, as_tensor
 
@@ -209,17 +216,30 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
     if dev is None:
         from workbench import device as _device
         dev = _device.get_default_device()
-    if wants_ctx:
-        ctx = NodeContext(name or op_type, op_type, opset, n_outputs,
-                          tuple(out_names or ()), training, _rng)
-        r = fn(*arrays, **kw, ctx=ctx)
-    else:
-        r = fn(*arrays, **kw)
+    try:
+        if wants_ctx:
+            ctx = NodeContext(name or op_type, op_type, opset, n_outputs,
+                              tuple(out_names or ()), training, _rng)
+            r = fn(*arrays, **kw, ctx=ctx)
+        else:
+            r = fn(*arrays, **kw)
+    except WorkbenchError as e:
+        if name and not getattr(e, "_located", False):
+            e.args = (f"node {name!r} ({op_type}): {e}",) + e.args[1:]
+            e._located = True
+        raise
+    except Exception as e:
+        shapes = ", ".join("None" if a is None else f"{a.dtype}{list(a.shape)}"
+                           if is_array(a) else type(a).__name__ for a in arrays)
+        raise KernelError(f"{op_type}{f' (node {name!r})' if name else ''} failed: "
+                          f"{type(e).__name__}: {e}; inputs: {shapes}", node_name=name,
+                          op_type=op_type) from e
     if type(r) is not tuple:
         r = (r,)
     if len(r) < n_outputs:
-        raise GradientError(f"{op_type}: the kernel returned {len(r)} output(s), "
-                            f"{n_outputs} were asked for")
+        raise KernelError(f"{op_type}{f' (node {name!r})' if name else ''}: the kernel "
+                          f"returned {len(r)} output(s), {n_outputs} were asked for",
+                          node_name=name, op_type=op_type)
     r = [np.asarray(a) if isinstance(a, np.generic) else a for a in r[:n_outputs]]
 
     recording = _recording.get()

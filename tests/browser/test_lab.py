@@ -136,7 +136,8 @@ def lab(tmp_path_factory):
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
            f"--port={port}", "--allow-root", f"--ServerApp.token={token}",
            f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
-           "--LabApp.news_url=", "--ServerApp.port_retries=0"]
+           "--LabApp.news_url=", "--ServerApp.port_retries=0",
+           "--LabApp.expose_app_in_browser=True"]
     log = open(base / "lab.log", "w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
     url = f"http://127.0.0.1:{port}"
@@ -181,11 +182,17 @@ def _shot(pg, name, locator=None):
     return path
 
 
-def _run_cell(pg, i):
-    cell = pg.locator(".jp-Notebook .jp-Cell").nth(i)
-    cell.locator(".jp-InputArea-editor").click()
-    pg.keyboard.press("Shift+Enter")
-    return cell
+def _run_cell(pg, i, wait=True):
+    """Run cell i through JupyterLab's own commands (window.jupyterapp)."""
+    pg.evaluate("""async ([i, wait]) => {
+        const app = window.jupyterapp;
+        const panel = app.shell.currentWidget;
+        panel.content.activeCellIndex = i;
+        panel.content.deselectAll();
+        const done = app.commands.execute('notebook:run-cell');
+        if (wait) await done;
+    }""", [i, wait])
+    return pg.locator(".jp-Notebook .jp-Cell").nth(i)
 
 
 def _wait_idle(pg, timeout=120):
@@ -216,8 +223,11 @@ def _test(lab, pg):
                          f"{len(CELLS)}", timeout=30_000)
     cells = pg.locator(".jp-Notebook .jp-Cell")
     t_run = time.perf_counter()
+    pg.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget && "
+                         "window.jupyterapp.shell.currentWidget.sessionContext.session",
+                         timeout=60_000)
     for i in range(7):                               # every widget cell, in order
-        _run_cell(pg, i)
+        _run_cell(pg, i, wait=False)
     # ---- GraphView
     gv = cells.nth(1).locator(".wb-graphview")
     gv.wait_for(timeout=60_000)
@@ -292,7 +302,7 @@ def _test(lab, pg):
     pg.wait_for_timeout(2500)
     _shot(pg, "netron", cells.nth(6))
     # ---- Stop button on a running loop (the kernel is busy: Stop interrupts it cleanly)
-    _run_cell(pg, 7)
+    _run_cell(pg, 7, wait=False)
     mon2 = cells.nth(7).locator(".wb-monitor")
     mon2.wait_for(timeout=30_000)
     pg.wait_for_function("el => Number(el.dataset.step) >= 10", arg=mon2.element_handle(),

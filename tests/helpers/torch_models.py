@@ -19,7 +19,8 @@ import io
 import math
 import os
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -269,7 +270,8 @@ def _shufflenetv2_cls():
             inp = chans[0]
             stages = []
             for n, out in zip(repeats, chans[1:4]):
-                units = [ShuffleUnit(inp, out, 2)] + [ShuffleUnit(out, out, 1) for _ in range(n - 1)]
+                units = [ShuffleUnit(inp, out, 2)]
+                units += [ShuffleUnit(out, out, 1) for _ in range(n - 1)]
                 stages.append(nn.Sequential(*units))
                 inp = out
             self.stage2, self.stage3, self.stage4 = stages
@@ -305,7 +307,7 @@ def _bert_cls():
             return x.view(b, s, self.heads, self.head_dim).permute(0, 2, 1, 3)
 
         def forward(self, h, ext_mask):
-            q, k, v = self._split(self.query(h)), self._split(self.key(h)), self._split(self.value(h))
+            q, k, v = (self._split(lin(h)) for lin in (self.query, self.key, self.value))
             scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
             probs = torch.softmax(scores + ext_mask, dim=-1)
             ctx = torch.matmul(probs, v).permute(0, 2, 1, 3).contiguous()

@@ -93,7 +93,7 @@ def elu(x, *, alpha=1.0):
     xp = xp_of(x)
     xc = _up(x)
     with quiet():
-        t = xp.minimum(xc, 0)
+        t = ensure_array(xp.minimum(xc, 0), xp)
         xp.expm1(t, out=t)
         t *= alpha
     return _down(ensure_array(xp.where(xc > 0, xc, t), xp), x.dtype)
@@ -104,10 +104,10 @@ def selu(x, *, alpha=1.6732632423543772, gamma=1.0507009873554805):
     xp = xp_of(x)
     xc = _up(x)
     with quiet():
-        t = xp.minimum(xc, 0)
+        t = ensure_array(xp.minimum(xc, 0), xp)
         xp.expm1(t, out=t)
         t *= alpha
-        t = xp.where(xc > 0, xc, t)
+        t = ensure_array(xp.where(xc > 0, xc, t), xp)
         t *= gamma
     return _down(ensure_array(t, xp), x.dtype)
 
@@ -118,7 +118,7 @@ def celu(x, *, alpha=1.0):
     xp = xp_of(x)
     xc = _up(x)
     with quiet():
-        t = xp.minimum(xc, 0)
+        t = ensure_array(xp.minimum(xc, 0), xp)
         t /= alpha
         xp.expm1(t, out=t)
         t *= alpha
@@ -176,7 +176,7 @@ def tanh(x):
 def _softplus(xp, xc):
     """log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)): no overflow, exact tails; a new array."""
     with quiet():
-        t = xp.absolute(xc)
+        t = ensure_array(xp.absolute(xc), xp)
         xp.negative(t, out=t)
         xp.exp(t, out=t)
         xp.log1p(t, out=t)
@@ -195,7 +195,7 @@ def softsign(x):
     """x / (1 + |x|)."""
     xp = xp_of(x)
     xc = _up(x)
-    t = xp.absolute(xc)
+    t = ensure_array(xp.absolute(xc), xp)
     t += 1
     xp.divide(xc, t, out=t)
     return _down(ensure_array(t, xp), x.dtype)
@@ -218,14 +218,14 @@ def gelu(x, *, approximate="none"):
     xp = xp_of(x)
     xc = _up(x)
     if approximate == "tanh":
-        t = xc * xc
+        t = ensure_array(xc * xc, xp)
         t *= 0.044715
         t += 1
         t *= xc
         t *= math.sqrt(2.0 / math.pi)
         xp.tanh(t, out=t)
     elif approximate == "none":
-        t = erf_array(xc * (1.0 / math.sqrt(2.0)))
+        t = erf_array(ensure_array(xc * (1.0 / math.sqrt(2.0)), xp))
     else:
         raise InputError(f"Gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     t += 1
@@ -236,8 +236,8 @@ def gelu(x, *, approximate="none"):
 
 def _swish(xp, x, alpha):
     xc = _up(x)
-    t = xc * alpha if alpha != 1.0 else xp.array(xc, copy=True)
-    _sigmoid_inplace(xp, ensure_array(t, xp))
+    t = ensure_array(xc * alpha, xp) if alpha != 1.0 else xp.array(xc, copy=True)
+    _sigmoid_inplace(xp, t)
     t *= xc
     return t
 

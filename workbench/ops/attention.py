@@ -29,16 +29,6 @@ def _work_dtype(dtype) -> np.dtype:
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
-def _ints(values) -> list[int]:
-    if values is None:
-        return []
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    if isinstance(values, (int, float)):
-        return [int(values)]
-    return [int(v) for v in values]
-
-
 def _softmax_dtype(softmax_precision, default):
     if softmax_precision is None:
         return default
@@ -219,7 +209,9 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
             raise InputError(f"Attention: qk_matmul_output_mode {qk_matmul_output_mode} is not "
                              f"supported (supported: 0, 1, 2, 3)")
         outputs.append(chosen.astype(out_dtype))
-    return tuple(outputs[:max(n_out, 1)])
+    if n_out <= 1:
+        return outputs[0]
+    return tuple(outputs[:n_out])
 
 
 # --------------------------------------------------------------------------------------------

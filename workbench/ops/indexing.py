@@ -116,7 +116,7 @@ def _gather_nd(data, indices, batch_dims):
     mid_shape = tuple(indices.shape[b:-1])
     tail_shape = tuple(data.shape[b + k:])
     d = data.reshape((nb,) + tuple(data.shape[b:]))
-    idx = xp.asarray(indices).astype(np.int64, copy=False).reshape(nb, -1, k)
+    idx = xp.asarray(indices).astype(np.int64, copy=False).reshape(nb, _prod(mid_shape), k)
     parts = [xp.arange(nb, dtype=np.int64)[:, None]]
     for j in range(k):
         dim = data.shape[b + j]
@@ -232,7 +232,7 @@ def scatter_nd(data, indices, updates, *, reduction="none"):
         lin = lin * dim + _norm_indices("ScatterND", xp, idx[:, j], dim, f"data axis {j}")
     out = data.copy()
     rest = _prod(data.shape[k:])
-    _scatter_rows("ScatterND", out.reshape(-1, rest), lin,
+    _scatter_rows("ScatterND", out.reshape(_prod(data.shape[:k]), rest), lin,
                   updates.reshape(idx.shape[0], rest), reduction)
     return out
 
@@ -300,7 +300,7 @@ def non_zero(x):
     if x.ndim == 0:
         return xp.zeros((0, int(bool(x))), dtype=np.int64)
     nz = xp.nonzero(x)
-    return xp.stack([i.astype(np.int64, copy=False) for i in nz]).reshape(x.ndim, -1)
+    return xp.stack([i.astype(np.int64, copy=False) for i in nz])
 
 
 @kernel("OneHot", since=9)
@@ -367,7 +367,7 @@ def unique(x, *, axis=None, sorted=1, ctx):
         ax = _norm_axis(int(axis), x.ndim, "Unique")
         moved = xp.moveaxis(x, ax, 0)
     n = moved.shape[0]
-    rows = moved.reshape(n, -1)
+    rows = moved.reshape(n, _prod(moved.shape[1:]))
     keys = rows
     if keys.dtype.name == "bfloat16" or keys.dtype.kind == "b":
         keys = keys.astype(np.float32)
