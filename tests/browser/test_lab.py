@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -195,6 +194,24 @@ def _run_cell(pg, i, wait=True):
     return pg.locator(".jp-Notebook .jp-Cell").nth(i)
 
 
+def _click_centre(pg, gv, expect, tries=4):
+    """Click the middle of the graph canvas (where a search match is centred). Outputs that
+    finish loading (the Netron iframe) can move the page, so measure right before clicking
+    and retry."""
+    for _ in range(tries):
+        gv.scroll_into_view_if_needed()
+        pg.wait_for_timeout(300)
+        box = gv.locator(".wb-canvaswrap").bounding_box()
+        pg.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        try:
+            pg.wait_for_function(f"el => el.dataset.selected === {expect!r}",
+                                 arg=gv.element_handle(), timeout=3_000)
+            return box
+        except Exception:
+            gv.locator("input.wb-search").press("Enter")   # centre the match again
+    raise AssertionError(f"clicking the centred node did not select {expect!r}")
+
+
 def _wait_idle(pg, timeout=120):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -207,6 +224,8 @@ def _wait_idle(pg, timeout=120):
 
 def test_widgets_in_jupyterlab(lab, page):
     pg = page
+    for old in ARTIFACTS.glob("lab-*.png"):
+        old.unlink()
     try:
         _test(lab, pg)
     except Exception:
@@ -244,17 +263,22 @@ def _test(lab, pg):
           f"start, imports and the layout)")
     _wait_idle(pg)
     print(cells.nth(5).locator(".jp-OutputArea-output").first.inner_text())
+    cells.nth(6).locator("iframe").wait_for(timeout=30_000)
+    pg.wait_for_timeout(2000)                      # let the Netron page load and settle
+    big.scroll_into_view_if_needed()
+    _shot(pg, "graphview-2500", big)
+    big.locator("input.wb-search").fill("b50_attn")
+    big.locator("input.wb-search").press("Enter")
+    assert big.get_attribute("data-matches") == "1"
+    _shot(pg, "graphview-2500-search", big)
     # search, then click the centred match: the node is selected in Python
     gv.scroll_into_view_if_needed()
     gv.locator("input.wb-search").fill("relu1")
     gv.locator("input.wb-search").press("Enter")
     assert gv.get_attribute("data-matches") == "1"
-    box = gv.locator(".wb-canvaswrap").bounding_box()
-    pg.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    box = _click_centre(pg, gv, "relu1")
     pg.wait_for_function(
-        "el => el.dataset.selected === 'relu1'", arg=gv.element_handle(), timeout=10_000)
-    pg.wait_for_function(
-        "el => el.querySelector('.wb-details').innerText.includes('Outputs')",
+        "el => el.querySelector('.wb-details').textContent.includes('Outputs')",
         arg=gv.element_handle(), timeout=10_000)   # details came back from Python
     assert "Relu" in gv.locator(".wb-details").inner_text()
     # pan and zoom do not break anything
@@ -299,7 +323,12 @@ def _test(lab, pg):
     frame_el.wait_for(timeout=30_000)
     assert re.match(r"http://127\.0\.0\.1:\d+/", frame_el.get_attribute("src"))
     frame_el.scroll_into_view_if_needed()
-    pg.wait_for_timeout(2500)
+    frame = frame_el.content_frame
+    try:   # Netron asks for cookie consent on a first visit; accept it to see the graph
+        frame.get_by_text("Accept").click(timeout=3_000)
+    except Exception:
+        pass
+    pg.wait_for_timeout(1500)
     _shot(pg, "netron", cells.nth(6))
     # ---- Stop button on a running loop (the kernel is busy: Stop interrupts it cleanly)
     _run_cell(pg, 7, wait=False)
@@ -334,8 +363,6 @@ def _test(lab, pg):
     pg.wait_for_timeout(1500)
     gv.locator("input.wb-search").fill("fc2")
     gv.locator("input.wb-search").press("Enter")
-    pg.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    pg.wait_for_function("el => el.dataset.selected === 'fc2'", arg=gv.element_handle(),
-                         timeout=10_000)
+    _click_centre(pg, gv, "fc2")
     _shot(pg, "graphview-no-kernel", gv)
     assert page.errors == [], page.errors

@@ -108,6 +108,15 @@ def test_quantize_float16_scale_and_int32_input():
     np.testing.assert_array_equal(y, [50, 150, -2])
 
 
+def test_zero_dim_inputs_give_zero_dim_arrays():
+    q = run("QuantizeLinear", np.array(1.5, np.float32), np.array(1.0, np.float32))
+    d = run("DequantizeLinear", np.array(3, np.uint8), np.array(2.0, np.float32))
+    y, _, _ = run("DynamicQuantizeLinear", np.array(3.0, np.float32), opset=11)
+    for v in (q, d, y):
+        assert isinstance(v, np.ndarray) and v.shape == ()
+    assert int(q) == 2 and float(d) == 6.0
+
+
 def test_quantize_empty_tensor():
     y = run("QuantizeLinear", np.zeros((0, 3), np.float32), np.array(1.0, np.float32))
     assert y.shape == (0, 3) and y.dtype == np.uint8

@@ -236,6 +236,8 @@ def test_pad_strings_and_bad_mode():
         run("Pad", np.ones(2), ints(1, 1), mode="symmetric")
     with pytest.raises(ShapeError, match="size 0"):
         run("Pad", np.ones((0, 2)), ints(1, 0, 0, 0), mode="edge")
+    with pytest.raises(ShapeError, match="remove more than"):
+        run("Pad", np.ones((3, 2)), ints(-2, 0, -2, 0))
 
 
 # Expand / Tile / Shape / Size --------------------------------------------------------------------

@@ -85,7 +85,7 @@ def transformer_like(blocks=100, d=8, heads=2, seq=4) -> onnx.ModelProto:
     for b in range(blocks):
         p = f"b{b}_"
 
-        def node(op, ins, name, **kw):
+        def node(op, ins, name, p=p, **kw):
             out = p + name
             nodes.append(helper.make_node(op, ins, [out], name=out, **kw))
             return out

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 import synth
+
 from workbench.errors import InputError
 from workbench.graph.executor import Plan, layer_nodes, resolve_cut
 from workbench.graph.load import load

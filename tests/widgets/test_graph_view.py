@@ -4,6 +4,7 @@ import onnx
 import pytest
 import synth
 from onnx import TensorProto, helper
+
 from workbench.graph.load import load
 from workbench.widgets import GraphView
 

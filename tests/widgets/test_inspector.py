@@ -3,6 +3,7 @@ import json
 import numpy as np
 import pytest
 import synth
+
 from workbench.widgets import TensorInspector
 from workbench.widgets.inspector import feature_maps, tensor_stats
 

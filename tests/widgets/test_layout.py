@@ -1,6 +1,7 @@
 import time
 
 import synth
+
 from workbench.graph.load import load
 from workbench.widgets.layout import graph_elements, layout_graph
 

@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import pytest
+
 from workbench.widgets import TrainingMonitor
 from workbench.widgets import monitor as monitor_mod
 

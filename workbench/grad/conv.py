@@ -99,16 +99,15 @@ def conv_weight_grad(xp, x, gy, w_shape, group, k, s, d, pb, pe):
         return dw.reshape(tuple(w_shape))
     p = int(math.prod(out_sp))
     kp = int(math.prod(k))
-    win = _windows(xp, xpad, out_sp, k, s, d)
-    perm = (0,) + tuple(range(2, 2 + nsp)) + (1,) + tuple(range(2 + nsp, 2 + 2 * nsp))
-    cols = win.transpose(perm).reshape(n * p, group, cg * kp)
+    win = _windows(xp, xpad, out_sp, k, s, d)                    # (n, c, *o, *k)
+    perm = (0, 1) + tuple(range(2 + nsp, 2 + 2 * nsp)) + tuple(range(2, 2 + nsp))
+    cols = win.transpose(perm).reshape(n, group, cg * kp, p)      # copy, inner runs along o
+    gyr = gy.reshape(n, group, mg, p)
     if group == 1:
-        gy2 = gy.reshape(n, m, p).transpose(1, 0, 2).reshape(m, n * p)
-        dw = gy2 @ cols.reshape(n * p, cg * kp)
+        dw = gyr[:, 0] @ cols[:, 0].transpose(0, 2, 1)            # (n, m, c*kp)
     else:
-        gy2 = gy.reshape(n, group, mg, p).transpose(1, 2, 0, 3).reshape(group, mg, n * p)
-        dw = gy2 @ xp.ascontiguousarray(cols.transpose(1, 0, 2))
-    return dw.reshape(tuple(w_shape))
+        dw = gyr @ cols.transpose(0, 1, 3, 2)                     # (n, g, mg, cg*kp)
+    return dw.sum(axis=0).reshape(tuple(w_shape))
 
 
 def conv_input_grad(xp, gy, w, x_shape, group, k, s, d, pb, pe):
@@ -123,7 +122,7 @@ def conv_input_grad(xp, gy, w, x_shape, group, k, s, d, pb, pe):
     pad_sp = []
     for i in range(nsp):
         need = (out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1
-        pad_sp.append(max(sp[i] + pb[i] + pe[i], need + 0, pb[i] + sp[i]))
+        pad_sp.append(max(sp[i] + pb[i] + pe[i], need))
     dxpad = xp.zeros((n, c) + tuple(pad_sp), dtype=gy.dtype)
     kidx = list(itertools.product(*[range(v) for v in k]))
     if cg == 1:  # depthwise
@@ -136,11 +135,8 @@ def conv_input_grad(xp, gy, w, x_shape, group, k, s, d, pb, pe):
             dxpad[(slice(None), slice(None)) + _ksl(kk, d, s, out_sp)] += contrib
     else:
         p = int(math.prod(out_sp))
-        wg = w.reshape(group, mg, cg * kp)
-        gy2 = gy.reshape(n, group, mg, p).transpose(1, 2, 0, 3).reshape(group, mg, n * p)
-        dcols = wg.transpose(0, 2, 1) @ gy2                    # (group, cg*kp, n*p)
-        dcols = dcols.reshape((group, cg, kp, n) + tuple(out_sp))
-        dcols = dcols.transpose((3, 0, 1, 2) + tuple(range(4, 4 + nsp)))  # n, g, cg, kp, *o
+        wt = w.reshape(group, mg, cg * kp).transpose(0, 2, 1)        # (g, cg*kp, mg)
+        dcols = wt @ gy.reshape(n, group, mg, p)                      # (n, g, cg*kp, p)
         dcols = dcols.reshape((n, c, kp) + tuple(out_sp))
         for j, kk in enumerate(kidx):
             dxpad[(slice(None), slice(None)) + _ksl(kk, d, s, out_sp)] += dcols[:, :, j]

@@ -207,8 +207,9 @@ def mish(x):
     xp = xp_of(x)
     xc = _up(x)
     t = _softplus(xp, xc)
-    xp.tanh(t, out=t)
-    t *= xc
+    with quiet():  # -inf * 0 -> NaN, as the formula says
+        xp.tanh(t, out=t)
+        t *= xc
     return _down(ensure_array(t, xp), x.dtype)
 
 
@@ -238,7 +239,8 @@ def _swish(xp, x, alpha):
     xc = _up(x)
     t = ensure_array(xc * alpha, xp) if alpha != 1.0 else xp.array(xc, copy=True)
     _sigmoid_inplace(xp, t)
-    t *= xc
+    with quiet():
+        t *= xc
     return t
 
 

@@ -50,7 +50,7 @@ def _masked_softmax(xp, scores, dtype, dead=None):
     if s.shape[-1] == 0:
         return s
     m = xp.max(s, axis=-1, keepdims=True)
-    empty = xp.isneginf(m)
+    empty = m == -np.inf
     m = xp.where(empty, zero, m)
     e = xp.exp(s - m)
     total = xp.sum(e, axis=-1, keepdims=True)
@@ -191,7 +191,7 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
                              f"broadcast to (batch, q_heads, q_len, total_len) = "
                              f"{(b, hq, sq, total)}") from None
         # a query row whose additive bias is -inf for every key attends nothing: zero row
-        dead = xp.isneginf(xp.max(bias, axis=-1, keepdims=True)) if total else None
+        dead = (xp.max(bias, axis=-1, keepdims=True) == -np.inf) if total else None
     qk_biased = qk
 
     # softmax in float32/double unless softmax_precision asks for another type

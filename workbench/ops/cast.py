@@ -131,7 +131,8 @@ def _to_e8m0(x, dst, saturate, round_mode, op):
         low = (biased < 0) | (a == 0)
         high = (biased > 254) | np.isinf(a)
         out = np.clip(biased, 0, 254).astype(np.uint8)
-        out[a == 0] = 0
+        out[low] = 0  # the smallest power, 2**-127
+        out[high] = 254  # the largest, 2**127
         if not saturate:
             out[low | high] = 255
         out[np.isnan(a)] = 255

@@ -42,12 +42,17 @@ def _stack(op: str, what: str, elems, axis: int = 0):
 
 @kernel("If", since=1)
 def if_(cond, *, then_branch, else_branch):
+    """Run one branch (one kernel for every If version: later ones only widen the types)."""
     branch = then_branch if _scalar_bool("If", "cond", cond) else else_branch
     return _outputs(branch())
 
 
 @kernel("Loop", since=1, wants_ctx=True)
 def loop(M, cond, *v_initial, body, ctx):
+    """``for i in range(M) while cond``: M and cond may be omitted (None). The condition the
+    body returns is always honoured (as onnxruntime does), also when the cond input was
+    omitted. Scan outputs are stacked on a new axis 0; with zero iterations they are empty
+    float32 arrays of shape (0,) (their element type and shape are unknown to the kernel)."""
     xp = xp_of(M, cond, *v_initial)
     max_trip = None if M is None else int(M.reshape(-1)[0])
     keep_going = True if cond is None else _scalar_bool("Loop", "cond", cond)
@@ -100,6 +105,8 @@ def _norm_axes(op: str, attr: str, axes, ranks) -> list[int]:
 def scan(*initial_state_and_scan_inputs, body, num_scan_inputs, scan_input_axes=None,
          scan_input_directions=None, scan_output_axes=None, scan_output_directions=None,
          ctx):
+    """Opset 9+ Scan: no batch axis; per-input scan axes and directions, per-output stacking
+    axes and directions (1 = prepend, i.e. reversed)."""
     inputs = initial_state_and_scan_inputs
     m = int(num_scan_inputs)
     n = len(inputs) - m

@@ -103,7 +103,7 @@ def _dropout(x, ratio: float, training: bool, seed, ctx, mask_dtype):
     else:
         # bfloat16 / float8 data is scaled in float32 and cast back
         cdt = x.dtype if x.dtype.name in ("float16", "float32", "float64") else np.dtype("float32")
-        y = (x.astype(cdt) * keep / cdt.type(1 - ratio)).astype(x.dtype)
+        y = xp.asarray(x.astype(cdt) * keep / cdt.type(1 - ratio)).astype(x.dtype)
     if n_out < 2:
         return y
     return y, keep.astype(mask_dtype)

@@ -31,7 +31,7 @@ def array_feature_extractor(X, Y):
 @kernel("Binarizer", since=1, domain=ML)
 def binarizer(X, *, threshold=0.0):
     """Y = 1 where X > threshold, else 0 (same dtype as X)."""
-    return (X > threshold).astype(X.dtype)
+    return xp_of(X).asarray(X > threshold).astype(X.dtype)
 
 
 # ---------------------------------------------------------------------------------------------

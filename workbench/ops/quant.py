@@ -122,16 +122,17 @@ def _saturate_cast(y, out_dtype, saturate: bool):
     """Round/clamp a float array into ``out_dtype`` (integer or narrow float)."""
     out_dtype = np.dtype(out_dtype)
     xp = xp_of(y)
+    y = xp.asarray(y)  # ufuncs turn 0-d arrays into numpy scalars
     if _is_int(out_dtype):
         lo, hi = _int_range(out_dtype)
-        y = xp.clip(xp.rint(y.astype(np.float64)), lo, hi)
+        y = xp.asarray(xp.clip(xp.rint(y.astype(np.float64)), lo, hi))
         if out_dtype.name in _NARROW_INTS:
             return y.astype(np.int64).astype(out_dtype)
         return y.astype(out_dtype)
     y = y.astype(np.float32)
     if saturate and out_dtype.name in _NARROW_FLOATS and out_dtype.name != "bfloat16":
         fmax = float(_mld.finfo(out_dtype).max)
-        y = xp.clip(y, -fmax, fmax)
+        y = xp.asarray(xp.clip(y, -fmax, fmax))
     return y.astype(out_dtype)
 
 
@@ -199,7 +200,7 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
             diff = diff - _to_float(zp, np.float32)
     else:
         raise InputError(f"{op}: unsupported input dtype {x.dtype}")
-    return _to_float(diff, out_dtype) * _to_float(scale, out_dtype)
+    return xp_of(x).asarray(_to_float(diff, out_dtype) * _to_float(scale, out_dtype))
 
 
 @kernel("DynamicQuantizeLinear", since=11)
@@ -218,7 +219,7 @@ def dynamic_quantize_linear(x):
     else:
         zp = np.uint8(np.clip(np.rint(np.float32(0.0) - np.float32(x_min) / scale), 0, 255))
         q = xp.rint(xf / scale) + np.float32(zp)
-        y = xp.clip(q, 0, 255).astype(np.uint8)
+        y = xp.asarray(xp.clip(q, 0, 255)).astype(np.uint8)
     return y, xp.asarray(scale, dtype=np.float32), xp.asarray(zp, dtype=np.uint8)
 
 

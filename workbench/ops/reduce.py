@@ -45,8 +45,7 @@ def _reduce_axes(op, data, axes, noop_with_empty_axes):
     axes = _ints(axes)
     if not axes:
         return () if noop_with_empty_axes else tuple(range(data.ndim))
-    out = tuple(sorted({_norm_axis(a, data.ndim, op, "axes value") for a in axes}))
-    return out
+    return tuple(sorted({_norm_axis(a, data.ndim, op, "axes value") for a in axes}))
 
 
 def _prod_of(values) -> int:
@@ -266,18 +265,17 @@ def _scalar_axis(op, axis) -> int:
 def _cumulative(op, x, axis, exclusive, reverse, is_sum):
     xp = xp_of(x)
     ax = _norm_axis(_scalar_axis(op, axis), x.ndim, op)
-    if x.ndim == 0:
-        return x.copy() if not exclusive else xp.asarray(x.dtype.type(0 if is_sum else 1))
     w = _work(x)
     if reverse:
         w = xp.flip(w, axis=ax)
-    if exclusive:
+    if exclusive and w.shape[ax]:
+        # shift by one along the axis, the identity (0 or 1) entering first
         pad_shape = list(w.shape)
         pad_shape[ax] = 1
-        fill = xp.full(pad_shape, 0 if is_sum else 1, dtype=w.dtype)
         head = [slice(None)] * w.ndim
-        head[ax] = slice(0, max(w.shape[ax] - 1, 0))
-        w = xp.concatenate([fill, w[tuple(head)]], axis=ax) if w.shape[ax] else w
+        head[ax] = slice(0, w.shape[ax] - 1)
+        fill = xp.full(pad_shape, 0 if is_sum else 1, dtype=w.dtype)
+        w = xp.concatenate([fill, w[tuple(head)]], axis=ax)
     acc = xp.cumsum if is_sum else xp.cumprod
     out = acc(w, axis=ax, dtype=w.dtype)
     if reverse:

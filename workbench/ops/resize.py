@@ -184,9 +184,14 @@ def _resample_axis(xp, y, axis, idx, w, valid, extrapolation_value):
         out = xp.take(y, idx[:, 0], axis=axis)
     else:
         out = None
+        wc = w.astype(y.dtype)
         for k in range(idx.shape[1]):
-            term = xp.take(y, idx[:, k], axis=axis) * w[:, k].astype(y.dtype).reshape(bshape)
-            out = term if out is None else out + term
+            term = xp.take(y, idx[:, k], axis=axis)  # a fresh array: scaled in place
+            term *= wc[:, k].reshape(bshape)
+            if out is None:
+                out = term
+            else:
+                out += term
     if valid is not None and not bool(valid.all()):
         fill = xp.asarray(extrapolation_value).astype(out.dtype)
         out = xp.where(valid.reshape(bshape), out, fill)
@@ -211,7 +216,11 @@ def _resize(x, out_shape, scales, *, mode, coord_mode, nearest_mode, cubic_coeff
     if x.size == 0:
         raise ShapeError(f"Resize: cannot resize an empty input of shape {x.shape} "
                          f"to the non-empty shape {tuple(out_shape)}")
-    for axis, (in_len, out_len) in enumerate(zip(x.shape, out_shape)):
+    # shrinking axes first (less data for the later passes); among equal ratios the innermost
+    # axis first, as its element-wise gather is the slowest pass
+    order = sorted(range(x.ndim), key=lambda a: (out_shape[a] / x.shape[a], -a))
+    for axis in order:
+        in_len, out_len = x.shape[axis], out_shape[axis]
         scale = scales[axis]
         start, end = roi[axis] if roi is not None else (0.0, 1.0)
         if out_len == in_len and coord_mode != "tf_crop_and_resize" and scale == 1.0:
@@ -444,28 +453,34 @@ def _grid_sample(X, grid, mode, padding_mode, align_corners, op):
             x = ((gd + 1.0) * size - 1.0) / 2.0
         per_dim.append(_grid_taps(xp, x, size, mode, padding_mode, align_corners))
     strides = [int(np.prod(in_sp[d + 1:], dtype=np.int64)) for d in range(r)]
-    xf = X.reshape(n, c, -1)
+    n_in = int(np.prod(in_sp, dtype=np.int64))
+    # channels-last rows (N * spatial, C): every tap is one row gather of C contiguous values
+    rows = xp.ascontiguousarray(xp.moveaxis(X.reshape(n, c, n_in), 1, 2)).reshape(n * n_in, c)
     if mode != "nearest":
-        xf = xf.astype(cdt)
+        rows = rows.astype(cdt)
+    base = (xp.arange(n, dtype=np.int64) * n_in)[:, None]
     out = None
     for combo in np.ndindex(*[len(t) for t in per_dim]):
-        flat = None
+        flat = base
         weight = None
         valid = None
         for d, k in enumerate(combo):
             i, w, v = per_dim[d][k]
-            flat = i * strides[d] if flat is None else flat + i * strides[d]
+            flat = flat + i * strides[d]
             valid = v if valid is None else valid & v
             if w is not None:
                 weight = w if weight is None else weight * w
-        vals = xp.take_along_axis(xf, flat[:, None, :], axis=2)
+        vals = xp.take(rows, flat.reshape(-1), axis=0)  # (N * P, C), a fresh array
         if weight is None:  # nearest
-            zero = xp.zeros((), dtype=vals.dtype)
-            out = xp.where(valid[:, None, :], vals, zero)
+            vals[~valid.reshape(-1)] = 0
+            out = vals
         else:
-            weight = xp.where(valid, weight, 0.0).astype(cdt)
-            term = vals * weight[:, None, :]
-            out = term if out is None else out + term
+            vals *= xp.where(valid, weight, 0.0).astype(cdt).reshape(-1, 1)
+            if out is None:
+                out = vals
+            else:
+                out += vals
+    out = xp.ascontiguousarray(xp.moveaxis(out.reshape(n, p, c), 2, 1))
     out = out.reshape((n, c) + tuple(out_sp))
     if out.dtype != out_dtype:
         out = out.astype(out_dtype)  # integer outputs: computed in float, cast at the end

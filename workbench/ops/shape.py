@@ -307,6 +307,10 @@ def _pad(data, pads, mode, value, axes=None):
         before[a] = pads[i]
         after[a] = pads[i + len(axes)]
     # negative pads crop first
+    for i, (b, e) in enumerate(zip(before, after)):
+        if max(-b, 0) + max(-e, 0) > data.shape[i]:
+            raise ShapeError(f"Pad: pads {pads} remove more than the {data.shape[i]} elements "
+                             f"of axis {i} (input shape {tuple(data.shape)})")
     if any(p < 0 for p in before + after):
         index = tuple(slice(max(-b, 0), data.shape[i] - max(-e, 0))
                       for i, (b, e) in enumerate(zip(before, after)))

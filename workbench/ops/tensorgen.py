@@ -224,8 +224,11 @@ def multinomial(input, *, dtype=6, sample_size=1, seed=None, ctx=None):
     cdf = cdf / cdf[:, -1:]
     rng = _generator(xp, seed, ctx)
     u = rng.random((batch, int(sample_size)), dtype=np.float64)
-    idx = (u[:, :, None] >= cdf[:, None, :]).sum(axis=2)
-    return xp.minimum(idx, classes - 1).astype(out_dt)
+    # one sorted search over all rows: row r's cdf and draws are shifted into [r, r + 1]
+    shift = xp.arange(batch, dtype=np.float64)[:, None]
+    pos = xp.searchsorted((cdf + shift).reshape(-1), (u + shift).reshape(-1), side="right")
+    idx = pos.reshape(batch, -1) - xp.arange(batch, dtype=pos.dtype)[:, None] * classes
+    return xp.clip(idx, 0, classes - 1).astype(out_dt)
 
 
 @kernel("Bernoulli", since=15, wants_ctx=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 STATIC = Path(__file__).parent / "static"
@@ -18,7 +18,7 @@ def in_notebook() -> bool:
     return ip is not None and getattr(ip, "kernel", None) is not None
 
 
-@lru_cache(maxsize=None)
+@cache
 def esm(*files: str) -> str:
     """The widget's ES module: the given files from ``static/`` joined in order (a shared
     core first, then the widget's own file with its ``export default``). No network."""

@@ -254,9 +254,10 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
             try:
                 cm = self.model
                 h = cm.head
+                train = ("base frozen, training updates the head only" if self.freeze
+                         else "all parameters trainable")
                 head = (f"<div>+ new head: Flatten → Linear({h['in_features']} → "
-                        f"{h['classes']}); output <code>head.logits</code>; "
-                        f"{'base frozen, training updates the head only' if self.freeze else 'all parameters trainable'}</div>")
+                        f"{h['classes']}); output <code>head.logits</code>; {train}</div>")
             except InputError as e:
                 head = f"<div style='color:#b00'>head: {e}</div>"
         self.info.value = (

@@ -297,9 +297,8 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
             m = onnx.ModelProto()
             m.CopyFrom(self.source.proto)
         else:
-            m = onnx.helper.make_model(
-                self.graph.to_proto(),
-                opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in self.graph.opsets.items()])
+            opsets = [onnx.helper.make_opsetid(d, v) for d, v in self.graph.opsets.items()]
+            m = onnx.helper.make_model(self.graph.to_proto(), opset_imports=opsets)
             m.ir_version = 8
         have = {o.name for o in m.graph.output}
         vinfo = {v.name: v for v in m.graph.value_info}
@@ -451,8 +450,9 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
             parts.append(f"{len(bad)} with NaN/Inf (first {bad[0]['value']!r})")
         if self.unsupported:
             ops = sorted({u["op"] for u in self.unsupported})
+            names = ", ".join(u["node"] for u in self.unsupported[:5])
             parts.append(f"{len(self.unsupported)} node(s) the engine cannot run "
-                         f"({', '.join(ops)}): {', '.join(u['node'] for u in self.unsupported[:5])}")
+                         f"({', '.join(ops)}): {names}")
         if self.error:
             parts.append(f"error: {self.error[:200]}")
         if self.compare_info.get("error"):

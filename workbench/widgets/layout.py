@@ -72,7 +72,7 @@ def op_colors(ops) -> dict:
             seen[cat] += 1
             light, sat = (0.40, 0.48, 0.34, 0.45, 0.37)[k % 5], 0.55 - 0.06 * (k % 3)
         r, g, b = colorsys.hls_to_rgb(hue / 360.0, light, sat)
-        out[op] = "#%02x%02x%02x" % (int(r * 255), int(g * 255), int(b * 255))
+        out[op] = f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
     return out
 
 

@@ -113,7 +113,7 @@ class TrainingMonitor:
         self._shown = False
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> "TrainingMonitor":
+    def __enter__(self) -> TrainingMonitor:
         self.start()
         return self
 

@@ -33,7 +33,7 @@ except ImportError:  # pragma: no cover - IPython is a dependency of the widgets
             return (f'<iframe width="{self.width}" height="{self.height}" src="{self.src}" '
                     f'frameborder="0" allowfullscreen></iframe>')
 
-_LIVE: "weakref.WeakSet[NetronView]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[NetronView] = weakref.WeakSet()
 _LOCK = threading.Lock()
 
 
@@ -132,7 +132,7 @@ class NetronView(_IFrame):
         except Exception:
             return False
 
-    def __enter__(self) -> "NetronView":
+    def __enter__(self) -> NetronView:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -131,11 +131,12 @@ class WbGraphCanvas {
   fitInitial() {
     const d = this.data;
     const kAll = Math.min(1.5, (this.W - 20) / Math.max(1, d.width), (this.H - 20) / Math.max(1, d.height));
-    if (kAll >= 0.45) {
+    if (kAll >= 0.75) {
       this.k = kAll;
       this.tx = (this.W - d.width * this.k) / 2; this.ty = (this.H - d.height * this.k) / 2;
     } else {
-      this.k = Math.max(0.45, Math.min(1, (this.W - 20) / Math.max(1, d.width)));
+      // too big to read when fitted: start at the top, readable, and pan/zoom from there
+      this.k = Math.max(0.75, Math.min(1, (this.W - 20) / Math.max(1, d.width)));
       this.tx = (this.W - d.width * this.k) / 2; this.ty = 10;
       if (this.tx < 10) this.tx = 10;
     }
@@ -154,6 +155,12 @@ class WbGraphCanvas {
     this.tx = this.W / 2 - this.data.x[i] * this.k;
     this.ty = this.H / 2 - this.data.y[i] * this.k;
     this.draw();
+  }
+
+  ensureVisible(i, margin = 40) {
+    if (i < 0 || i >= this.n) return;
+    const sx = this.data.x[i] * this.k + this.tx, sy = this.data.y[i] * this.k + this.ty;
+    if (sx < margin || sx > this.W - margin || sy < margin || sy > this.H - margin) this.centreOn(i, false);
   }
 
   toWorld(sx, sy) { return [(sx - this.tx) / this.k, (sy - this.ty) / this.k]; }

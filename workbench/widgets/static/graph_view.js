@@ -69,7 +69,9 @@ function wbRenderGraphView(model, el, opts = {}) {
     setSelectedLocal(i === undefined ? -1 : i, true);
   };
   const onDetails = () => { details.innerHTML = wbDetailsHTML(data, gc.selected, model.get("details")); };
-  const onH = () => sync("highlight"), onD = () => sync("dimmed"), onM = () => sync("marked");
+  const showMarked = () => { const first = [...gc.marked][0]; if (first !== undefined) gc.ensureVisible(first); };
+  const onH = () => sync("highlight"), onD = () => sync("dimmed");
+  const onM = () => { sync("marked"); showMarked(); };
   model.on("change:selected", onSel);
   model.on("change:details", onDetails);
   model.on("change:highlight", onH);
@@ -100,7 +102,12 @@ export default {
   render({ model, el }) {
     const view = wbRenderGraphView(model, el);
     // the first layout can happen before the element is attached: redraw once it has a size
-    requestAnimationFrame(() => { view.gc.resize(); view.gc.fitInitial(); view.gc.draw(); });
+    requestAnimationFrame(() => {
+      const gc = view.gc;
+      gc.resize(); gc.fitInitial();
+      if (gc.selected >= 0) gc.centreOn(gc.selected);
+      else { const m = [...gc.marked][0]; if (m !== undefined) gc.ensureVisible(m); gc.draw(); }
+    });
     return () => view.destroy();
   },
 };

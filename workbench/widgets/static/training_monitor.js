@@ -39,7 +39,7 @@ function wbDrawChart(canvas, name, ser) {
   for (const [x, y] of all) { x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y); }
   if (x1 === x0) x1 = x0 + 1;
   if (y1 === y0) { y1 += 0.5; y0 -= 0.5; }
-  const L = 44, R = 8, T = 18, B = 18;
+  const L = 44, R = 8, T = 24, B = 18;
   const sx = (x) => L + (x - x0) / (x1 - x0) * (W - L - R);
   const sy = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
   c.strokeStyle = "#e4e7eb"; c.lineWidth = 1;
