@@ -31,6 +31,7 @@ from tests.helpers.light_models import (
 )
 
 pytestmark = pytest.mark.slow
+pytest.importorskip("onnxruntime", reason="onnxruntime is the output oracle of these tests")
 
 TOL = 1e-3
 

@@ -147,7 +147,8 @@ class Optimizer:
         if not bool(xp.isfinite(dy).all()):  # the scale does not fit the loss dtype
             self.loss_scale = float(np.finfo(loss.dtype).max) / 2
             dy = xp.full(loss.shape, self.loss_scale, dtype=loss.dtype)
-        pairs = self._params_of(loss, dy)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below
+            pairs = self._params_of(loss, dy)
         unscaled = []
         for p, g in pairs:
             g32 = g.data.astype(np.float32) * np.float32(1.0 / self.loss_scale)

@@ -38,29 +38,67 @@ def test_click_picks_a_cut_by_node_name():
     assert "float32 [N, 16]" in repr(cutter)
 
 
-def test_cut_model_is_equivalent_to_the_executor(require_runnable, rng):
+def _forward(model, x):
+    from workbench import tensor
+    out = model.forward(tensor.Tensor(data=x))
+    return [tensor.to_numpy(t) for t in (out if isinstance(out, (list, tuple)) else [out])]
+
+
+def test_cut_model_is_equivalent_to_the_executor_and_model_cut(require_runnable, rng):
+    sonnx = pytest.importorskip("workbench.sonnx")
     m = synth.mlp()
     require_runnable(m)
     g = load(m).graph
     x = rng.standard_normal((3, 8)).astype(np.float32)
     cutter = LayerCutter(m)
-    for k in range(-1, -len(layer_nodes(g)) - 1, -1):
+    full = sonnx.SONNXModel(m)
+    choices = list(range(-1, -len(layer_nodes(g)) - 1, -1)) + ["fc1_bias", "relu1", "h4"]
+    for k in choices:
         cutter.last_layers = k
         want = Plan(g, outputs=resolve_cut(g, k)).run([x])
-        got = cutter.model.run([x])
-        assert len(got) == len(want)
-        for a, b in zip(got, want):
-            np.testing.assert_array_equal(a, b)
-    for name in ("fc1_bias", "relu1", "h4"):
-        cutter.last_layers = name
-        want = Plan(g, outputs=resolve_cut(g, name)).run([x])
-        np.testing.assert_array_equal(cutter.model.run([x])[0], want[0])
+        cm = cutter.model                          # Model.cut(k): a new SONNXModel
+        assert isinstance(cm, sonnx.SONNXModel)
+        ref = full.cut(k)
+        assert cm.output_names == ref.output_names == cutter.outputs
+        assert list(cm.get_params()) == list(ref.get_params())
+        for got in (_forward(cm, x), _forward(ref, x), cutter.cut_graph().run([x])):
+            assert len(got) == len(want)
+            for a, b in zip(got, want):
+                np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
-def test_cut_model_structure_and_head(require_runnable, rng):
+def test_a_workbench_model_is_cut_with_its_own_cut(require_runnable, rng):
+    sonnx = pytest.importorskip("workbench.sonnx")
+    m = synth.mlp()
+    require_runnable(m)
+    full = sonnx.SONNXModel(m)
+    cutter = LayerCutter(full, last_layers="relu1")
+    assert cutter.graph is full.onnx_graph or len(cutter.graph.nodes) == 6
+    cm = cutter.model
+    assert cm.output_names == ["h3"]
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    np.testing.assert_allclose(_forward(cm, x)[0], _forward(full.cut("relu1"), x)[0])
+
+
+def test_new_head_on_the_model(require_runnable, rng):
+    pytest.importorskip("workbench.sonnx")
+    m = synth.mlp()
+    require_runnable(m)
+    cutter = LayerCutter(m, last_layers="relu1", head_classes=5, freeze=True)
+    hm = cutter.model
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    y, = _forward(hm, x)
+    assert y.shape == (3, 5)
+    params = hm.get_params()
+    assert {k for k, p in params.items() if p.requires_grad} == {"head.W", "head.b"}
+    cutter.freeze = False
+    assert all(p.requires_grad for p in cutter.model.get_params().values())
+
+
+def test_graph_level_cut_structure_and_head(require_runnable, rng):
     m = synth.mlp()
     cutter = LayerCutter(m, last_layers="relu1")
-    cm = cutter.model
+    cm = cutter.cut_graph()
     assert [n.name for n in cm.graph.nodes] == ["fc1", "fc1_bias", "relu1"]
     assert set(cm.graph.initializers) == {"W1", "b1"}
     import onnx
@@ -68,7 +106,7 @@ def test_cut_model_structure_and_head(require_runnable, rng):
     cutter.head_classes = 5
     cutter.freeze = True
     assert cutter.head_box.value and cutter.classes_box.value == 5 and cutter.freeze_box.value
-    cm = cutter.model
+    cm = cutter.cut_graph()
     assert cm.outputs == ["head.logits"]
     assert cm.head == {"in_features": 16, "classes": 5, "source": "h3"}
     assert cm.frozen == {"W1", "b1"} and cm.trainable == ["head.weight", "head.bias"]
@@ -81,7 +119,7 @@ def test_cut_model_structure_and_head(require_runnable, rng):
     np.testing.assert_allclose(y, h @ cm.graph.initializers["head.weight"].T, rtol=1e-5,
                                atol=1e-5)
     cutter.head_box.value = False                   # the checkbox removes the head
-    assert cutter.head_classes == 0 and cutter.model.head is None
+    assert cutter.head_classes == 0 and cutter.cut_graph().head is None
 
 
 def test_cutter_on_graph_without_nodes():

@@ -38,12 +38,25 @@ def as_source(model: Any) -> Source:
         else:
             name = lm.proto.graph.name or "model"
         return Source(lm.graph, lm.proto, name, model)
-    g = getattr(model, "graph", None)
-    if callable(g):
-        g = g()
-    proto = getattr(model, "proto", None)
-    if callable(proto):
-        proto = proto()
+    # workbench models: SONNXModel keeps its Graph IR in ``onnx_graph`` (``graph`` is SINGA's
+    # graph-mode switch, a method: never call it); other objects may offer ``graph``/``proto``
+    g = getattr(model, "onnx_graph", None)
+    if not isinstance(g, (Graph, LoadedModel)):
+        g = getattr(model, "graph", None)
+    if callable(g) and not isinstance(g, Graph):
+        g = None
+    proto = None
+    for attr in ("proto", "_proto", "model_proto"):
+        p = getattr(model, attr, None)
+        if isinstance(p, onnx.ModelProto):
+            proto = p
+            break
+    if g is None and proto is None and callable(getattr(model, "to_onnx", None)):
+        try:
+            proto = model.to_onnx()
+        except Exception as e:  # a model that must be traced with example inputs first
+            raise TypeError(f"cannot show this {type(model).__name__}: to_onnx() failed ({e}); "
+                            f"export it first (model.to_onnx(inputs)) and pass the proto") from e
     if isinstance(g, LoadedModel):
         proto = proto or g.proto
         g = g.graph

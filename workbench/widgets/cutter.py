@@ -118,18 +118,40 @@ def cut_graph(graph: Graph, last_layers=-1, *, head_classes: int | None = None,
     return CutModel(g, outputs, last_layers, frozen, head)
 
 
-def _model_cut(original, last_layers, head_classes, freeze):
-    """Model.cut when the facade provides it for this object, else None."""
+def _sonnx_available() -> bool:
     try:
-        from workbench.model import Model
+        import workbench.model  # noqa: F401
+        import workbench.sonnx  # noqa: F401
     except ImportError:
-        return None
-    if not (isinstance(original, Model) and hasattr(original, "cut")) or head_classes:
-        return None
-    try:
-        return original.cut(last_layers)
-    except TypeError:
-        return None
+        return False
+    return hasattr(workbench.model.Model, "cut")
+
+
+def with_head(base, classes: int, freeze: bool = False):
+    """``base`` (a workbench Model returning Tensors) followed by Flatten + ``layer.Linear``
+    with ``classes`` outputs; ``freeze`` freezes the base's imported weights."""
+    from workbench import autograd, layer, model
+
+    class CutWithHead(model.Model):
+        """A cut model with a new Linear head (made by LayerCutter)."""
+
+        def __init__(self):
+            super().__init__()
+            self.base = base
+            self.head = layer.Linear(classes)
+
+        def forward(self, *inputs):
+            out = self.base.forward(*inputs)
+            y = out[0] if isinstance(out, (list, tuple)) else out
+            return self.head(autograd.flatten(y, 1))
+
+    if freeze:
+        if hasattr(base, "freeze_imported"):
+            base.freeze_imported()
+        else:
+            for p in base.get_params().values():
+                p.requires_grad = False
+    return CutWithHead()
 
 
 class LayerCutter(TextRepr, ipywidgets.VBox):
@@ -154,6 +176,7 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
         self._layer_index = {n.name: i for i, n in enumerate(self._layers)}
         n = max(1, len(self._layers))
         self._syncing = False
+        self._sonnx = None
         self.view = GraphView(src, height=height, title=f"{src.name} — cut")
         self.slider = ipywidgets.IntSlider(
             value=-1, min=-n, max=-1, step=1, description="last_layers",
@@ -252,8 +275,7 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
         head = ""
         if self.head_classes:
             try:
-                cm = self.model
-                h = cm.head
+                h = self.cut_graph().head
                 train = ("base frozen, training updates the head only" if self.freeze
                          else "all parameters trainable")
                 head = (f"<div>+ new head: Flatten → Linear({h['in_features']} → "
@@ -270,15 +292,36 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
             return "?"
         return f"{dtype_str(vi.dtype)} {fmt_shape(vi.shape)}"
 
+    def _full_model(self):
+        """The uncut model as a workbench Model (the user's own, or one made once from the
+        ONNX proto)."""
+        orig = self.source.original
+        if hasattr(orig, "cut") and hasattr(orig, "forward"):
+            return orig
+        if self._sonnx is None:
+            from workbench.sonnx import SONNXModel
+            proto = self.source.proto
+            if proto is None:
+                proto = cut_graph(self.graph, -1).to_proto()
+            self._sonnx = SONNXModel(proto)
+        return self._sonnx
+
     @property
     def model(self):
-        """The cut model: ``Model.cut(last_layers)`` when the model came as a workbench Model
-        offering ``cut`` (and no new head is asked for), else a :class:`CutModel` built from
-        :func:`resolve_cut` + the executor's dependency pruning."""
-        via_model = _model_cut(self.source.original, self.last_layers, self.head_classes,
-                               self.freeze)
-        if via_model is not None:
-            return via_model
+        """The resulting model: ``Model.cut(last_layers)`` (a new ``sonnx.SONNXModel`` with
+        a copy of the weights), followed by a new ``layer.Linear(head_classes)`` head when one
+        is asked for (imported weights frozen when ``freeze``). Where the training stack is
+        not available, a graph-level :class:`CutModel` (see :meth:`cut_graph`)."""
+        if not _sonnx_available():
+            return self.cut_graph()
+        base = self._full_model().cut(self.last_layers)
+        if self.head_classes:
+            return with_head(base, self.head_classes, self.freeze)
+        return base
+
+    def cut_graph(self) -> CutModel:
+        """The cut at the graph level (no training stack): pruned Graph IR, an ONNX head
+        (Flatten + Gemm) when ``head_classes`` is set, ``frozen`` parameter names."""
         return cut_graph(self.graph, self.last_layers, head_classes=self.head_classes or None,
                          freeze=self.freeze)
 

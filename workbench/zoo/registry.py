@@ -50,6 +50,15 @@ class ZooEntry:
 
 
 _IMAGENET_LABELS = {"synset.txt": (MODELS_BASE + "vision/classification/synset.txt", None)}
+# Tokeniser files, as the SINGA demos' tokenisers (Google BERT, transformers 2.5.1) used them;
+# the Hugging Face copies are the files transformers downloads for these model names. Their
+# sha256 is not recorded upstream, so it is None (size and sha256 are then not verified).
+_HF = "https://huggingface.co/"
+_BERT_VOCAB = {"vocab.txt": (_HF + "bert-base-uncased/resolve/main/vocab.txt", None)}
+_GPT2_BPE = {"vocab.json": (_HF + "gpt2/resolve/main/vocab.json", None),
+             "merges.txt": (_HF + "gpt2/resolve/main/merges.txt", None)}
+_ROBERTA_BPE = {"vocab.json": (_HF + "roberta-base/resolve/main/vocab.json", None),
+                "merges.txt": (_HF + "roberta-base/resolve/main/merges.txt", None)}
 _APACHE_ZOO = "Apache-2.0 (ONNX Model Zoo; see the model's README in onnx/models for upstream terms)"
 
 REGISTRY: dict[str, ZooEntry] = {e.name: e for e in [
@@ -114,21 +123,23 @@ REGISTRY: dict[str, ZooEntry] = {e.name: e for e in [
              (IOSpec("unstack:1", "float32", ("N", 256)), IOSpec("unstack:0", "float32", ("N", 256)),
               IOSpec("unique_ids:0", "int64", ("N",))),
              "Apache-2.0 (Google BERT)", "TensorFlow -> ONNX (tf2onnx)",
-             "Devlin et al., arXiv:1810.04805", aliases=("bert", "bert-squad", "bertsquad-10")),
+             "Devlin et al., arXiv:1810.04805", aliases=("bert", "bert-squad", "bertsquad-10"),
+             extra_files=_BERT_VOCAB),
     ZooEntry("roberta", "RoBERTa-base sequence classification (SST-2)", "sentiment",
              "text/machine_comprehension/roberta/model/roberta-sequence-classification-9.onnx",
              498_658_080, "8b28f588889de84ef45918765b25bd0e74179b9be5d9320dafdddcb2553784cc", 9,
              (IOSpec("input", "int64", ("batch", "sentence_length")),),
              (IOSpec("output", "float32", ("batch", 2)),),
              "MIT (fairseq RoBERTa)", "PyTorch", "Liu et al., arXiv:1907.11692",
-             aliases=("ro_bert_a", "roberta-sequence-classification-9")),
+             aliases=("ro_bert_a", "roberta-sequence-classification-9"),
+             extra_files=_ROBERTA_BPE),
     ZooEntry("gpt2", "GPT-2 with LM head", "text-generation",
              "text/machine_comprehension/gpt-2/model/gpt2-lm-head-10.onnx", 664_871_060,
              "12fbb1ec2d2d70c8ebd21a290a348a4109447b98582af64c6f93b6526d5c8f35", 10,
              (IOSpec("input1", "int64", ("d1", "d2", "d3")),),
              (IOSpec("output1", "float32", ("d1", "d2", "d3", 50257)),),
              "MIT (OpenAI GPT-2)", "PyTorch", "Radford et al., 2019",
-             aliases=("gpt-2", "gpt2-lm-head", "gpt2-lm-head-10")),
+             aliases=("gpt-2", "gpt2-lm-head", "gpt2-lm-head-10"), extra_files=_GPT2_BPE),
 ]}
 
 _ALIASES = {a.lower(): e.name for e in REGISTRY.values() for a in (e.name,) + e.aliases}
