@@ -261,7 +261,7 @@ def conv_core(x, w, b, group, strides, dilations, pb, pe, extra, out_shape):
     return y
 
 
-_BLOCK = 1 << 15  # accumulator elements per block: small enough to stay in L2 across taps
+_BLOCK = 1 << 17  # accumulator elements per block: small enough to stay in L2 across taps
 
 
 def blocks(xp, N, C, per_channel):
@@ -272,7 +272,7 @@ def blocks(xp, N, C, per_channel):
     """
     if xp is not np:
         return [(slice(None), slice(None))]
-    per_image = C * max(1, per_channel)
+    per_image = max(1, C * per_channel)
     if per_image <= _BLOCK:
         nb = max(1, _BLOCK // per_image)
         return [(slice(n, min(N, n + nb)), slice(None)) for n in range(0, N, nb)]

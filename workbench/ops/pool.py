@@ -1,9 +1,10 @@
 """Pooling: MaxPool, AveragePool, LpPool, their Global forms, MaxUnpool, MaxRoiPool, RoiAlign.
 
-The windowed pools reduce tap by tap: the padded input is laid out once so that every kernel
-tap is a contiguous slice (:class:`workbench.ops.conv.WideTaps`), and one ``maximum``/``add``
-per tap accumulates into a cache-sized block. There are no Python loops over pixels. The
-output size follows the spec (floor or ``ceil_mode``; with ``ceil_mode`` a window that would
+The windowed pools reduce one spatial axis at a time (max and sum are separable): along an
+axis each kernel tap is one strided ``maximum``/``add`` over the outputs where it falls inside
+the input, on cache-sized blocks of (image, channels), spread over threads. Windows are clipped
+at the borders instead of padding the input (same result, no padded copy); there are no Python
+loops over pixels. The output size follows the spec (floor or ``ceil_mode``; with ``ceil_mode`` a window that would
 start in the end padding is dropped; the extra padding that ceil mode needs past ``pads``
 never counts as input or as padding).
 """
@@ -18,7 +19,7 @@ import numpy as np  # dtype constants only
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
 from workbench.ops.conv import (
-    WideTaps, blocks, compute_dtype, pad_spatial, run_blocks, spatial_ints, tap_view,
+    blocks, compute_dtype, pad_spatial, run_blocks, spatial_ints, tap_view,
     to_compute, window_geometry,
 )
 from workbench.ops.registry import kernel
@@ -49,23 +50,62 @@ def _lowest(dtype):
     return np.iinfo(dt).min
 
 
-def _tap_reduce(x, ks, st, dl, pb, pe_all, out, pad_value, reduce):
-    """Reduce (``"max"`` or ``"sum"``) over the kernel taps; returns (WideTaps, wide acc)."""
+def _window_reduce(x, ks, st, dl, pb, out, reduce):
+    """Max or sum over every window, one spatial axis at a time (both are separable).
+
+    Windows are clipped at the input borders, which is the same as padding with the
+    reduction's identity (-inf / 0) but needs no padded copy. Along each axis every kernel tap
+    is one strided ``maximum``/``add`` over the output range where it lands inside the input;
+    blocks of (image, channels) keep the intermediate results in cache.
+    """
     xp = xp_of(x)
     N, C = x.shape[:2]
-    wide = WideTaps(x, pb, pe_all, pad_value, ks, st, dl, out)
-    views = wide.views()
-    acc = xp.empty((N, C, wide.L), dtype=x.dtype)
+    nd = len(ks)
     ufunc = xp.maximum if reduce == "max" else xp.add
+    identity = _lowest(x.dtype) if reduce == "max" else 0
+    y = xp.empty((N, C) + tuple(out), dtype=x.dtype)
+    plans = []
+    for a in range(nd):
+        size = int(x.shape[2 + a])
+        taps = []
+        for t in range(ks[a]):
+            off = t * dl[a] - pb[a]
+            lo = max(0, -(off // st[a]))  # first output whose tap index is >= 0
+            hi = min(out[a], (size - 1 - off) // st[a] + 1) if size - 1 - off >= 0 else 0
+            if hi > lo:
+                taps.append((lo, hi, off))
+        full = [tp for tp in taps if tp[0] == 0 and tp[1] == out[a]]
+        first = full[0] if full else None
+        plans.append((first, [tp for tp in taps if tp is not first]))
+
+    def along(src, dst, a):
+        first, rest = plans[a]
+        pre = (slice(None),) * (2 + a)
+        s_ = st[a]
+        if first is None:
+            dst.fill(identity)
+        else:
+            lo, hi, off = first
+            xp.copyto(dst, src[pre + (slice(lo * s_ + off, (hi - 1) * s_ + off + 1, s_),)])
+        for lo, hi, off in rest:
+            d = dst[pre + (slice(lo, hi),)]
+            ufunc(d, src[pre + (slice(lo * s_ + off, (hi - 1) * s_ + off + 1, s_),)], out=d)
 
     def work(chunk):
         for bn, bc in chunk:
-            a = acc[bn, bc]
-            xp.copyto(a, views[0][bn, bc])
-            for v in views[1:]:
-                ufunc(a, v[bn, bc], out=a)
-    run_blocks(xp, blocks(xp, N, C, wide.L), work, acc.size * len(views))
-    return wide, acc
+            cur = x[bn, bc]
+            for a in range(nd):  # outermost axis first: its taps read contiguous rows
+                if a == nd - 1:
+                    dst = y[bn, bc]
+                else:
+                    shape = list(cur.shape)
+                    shape[2 + a] = out[a]
+                    dst = xp.empty(shape, dtype=x.dtype)
+                along(cur, dst, a)
+                cur = dst
+    per_channel = int(math.prod(x.shape[2:]))
+    run_blocks(xp, blocks(xp, N, C, per_channel), work, N * C * per_channel * max(ks))
+    return y
 
 
 def _axis_counts(op, S, pb, pe, ks, st, dl, out, include_pad):
@@ -93,14 +133,8 @@ def max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
     if want_idx:
         y, idx = _max_pool_with_indices(x, ks, st, dl, pb, pe_all, out, int(storage_order))
         return y.astype(X.dtype, copy=False), idx
-    N, C = X.shape[:2]
-    if N * C == 0:
-        return xp_of(X).empty((N, C) + tuple(out), dtype=X.dtype)
-    wide, acc = _tap_reduce(x, ks, st, dl, pb, pe_all, out, _lowest(x.dtype), "max")
-    xp = xp_of(X)
-    y = xp.empty((N, C) + tuple(out), dtype=X.dtype)
-    xp.copyto(y, wide.valid(acc), casting="unsafe")
-    return y
+    y = _window_reduce(x, ks, st, dl, pb, out, "max")
+    return y.astype(X.dtype, copy=False)
 
 
 def _max_pool_with_indices(x, ks, st, dl, pb, pe_all, out, storage_order):
@@ -160,8 +194,7 @@ def average_pool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
     if N * C == 0:
         return xp.empty((N, C) + tuple(out), dtype=X.dtype)
     x = to_compute(X)
-    pe_all = [e + x_ for e, x_ in zip(pe, extra)]
-    wide, acc = _tap_reduce(x, ks, st, dl, pb, pe_all, out, 0, "sum")
+    acc = _window_reduce(x, ks, st, dl, pb, out, "sum")
     counts = _axis_counts(op, X.shape[2:], pb, pe, ks, st, dl, out, bool(count_include_pad))
     nd = len(out)
     inv = None
@@ -170,9 +203,8 @@ def average_pool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
         shape[a] = len(c)
         ca = xp.asarray([1.0 / max(v, 1) for v in c], dtype=x.dtype).reshape(shape)
         inv = ca if inv is None else inv * ca
-    y = xp.empty((N, C) + tuple(out), dtype=x.dtype)
-    xp.multiply(wide.valid(acc), inv, out=y)
-    return y.astype(X.dtype, copy=False)
+    acc *= inv
+    return acc.astype(X.dtype, copy=False)
 
 
 def _lp_pool(X, p, ks, st, dl, pb, pe, extra, out):
@@ -183,10 +215,8 @@ def _lp_pool(X, p, ks, st, dl, pb, pe, extra, out):
     x = to_compute(X)
     p = float(p)
     xa = x * x if p == 2.0 else xp.abs(x) if p == 1.0 else xp.abs(x) ** p
-    pe_all = [e + x_ for e, x_ in zip(pe, extra)]
-    wide, acc = _tap_reduce(xa, ks, st, dl, pb, pe_all, out, 0, "sum")
-    s = wide.valid(acc)
-    y = xp.sqrt(s) if p == 2.0 else s.copy() if p == 1.0 else s ** (1.0 / p)
+    s = _window_reduce(xa, ks, st, dl, pb, out, "sum")
+    y = xp.sqrt(s) if p == 2.0 else s if p == 1.0 else s ** (1.0 / p)
     return y.astype(X.dtype, copy=False)
 
 

@@ -116,6 +116,11 @@ class NetronView(_IFrame):
         try:
             nt = _import_netron()
             _quiet_call(nt.stop, self.address)
+            # netron's server thread notices the stop within its 0.25 s poll: wait for it, so
+            # that "closed" means the port is free again
+            deadline = time.monotonic() + 2.0
+            while nt.status(self.address) and time.monotonic() < deadline:
+                time.sleep(0.02)
         except Exception:
             pass
         if self._tmpdir:
