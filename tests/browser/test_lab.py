@@ -98,7 +98,8 @@ with mon2:
     # 8: probe: what Python sees
     """
 print("PROBE", json.dumps({"selected": gv.selected, "details_op": gv.details.get("op"),
-      "cut": cutter.last_layers, "outputs": cutter.outputs, "insp_selected": insp.selected,
+      "cut": cutter.last_layers, "outputs": cutter.outputs, "slider": cutter.slider.value,
+      "insp_selected": insp.selected,
       "mon2_step": mon2.step, "mon2_reason": mon2.stop_reason, "render_ms": big.render_ms}))
 """,
 ]
@@ -300,6 +301,16 @@ def _test(lab, pg):
                          arg=cut.element_handle(), timeout=10_000)
     assert "h4" in cut.locator(".wb-cut-info").inner_text()
     _shot(pg, "layercutter", cut)
+    # clicking a node in the cutter's graph cuts there (and moves the slider to match)
+    cgv = cut.locator(".wb-graphview")
+    cgv.locator("input.wb-search").fill("relu1")
+    cgv.locator("input.wb-search").press("Enter")
+    _click_centre(pg, cgv, "relu1")
+    pg.wait_for_function("el => el.innerText.includes('cut after relu1')",
+                         arg=cut.element_handle(), timeout=10_000)
+    pg.wait_for_function("el => el.querySelector('.widget-readout').textContent.includes('4')",
+                         arg=cut.element_handle(), timeout=10_000)
+    _shot(pg, "layercutter-click", cut)
     # ---- TensorInspector: sort by std, click the relu row -> histogram (+ feature maps)
     ins = cells.nth(3).locator(".wb-inspector")
     ins.scroll_into_view_if_needed()
@@ -348,7 +359,7 @@ def _test(lab, pg):
     seen = json.loads(out.split("PROBE", 1)[1])
     print("python sees:", seen)
     assert seen["selected"] == "relu1" and seen["details_op"] == "Relu"
-    assert seen["cut"] == -3 and seen["outputs"] == ["h4"]
+    assert seen["cut"] == "relu1" and seen["outputs"] == ["h3"] and seen["slider"] == -4
     assert seen["insp_selected"] == "r1"
     assert 10 <= seen["mon2_step"] < 600 and seen["mon2_reason"] == "stop requested"
     assert seen["render_ms"] > 0
@@ -364,5 +375,6 @@ def _test(lab, pg):
     gv.locator("input.wb-search").fill("fc2")
     gv.locator("input.wb-search").press("Enter")
     _click_centre(pg, gv, "fc2")
+    gv.locator(".wb-nokernel").wait_for(timeout=10_000)    # a clear message, no hang
     _shot(pg, "graphview-no-kernel", gv)
     assert page.errors == [], page.errors

@@ -125,3 +125,13 @@ def test_bad_inputs_give_a_message_not_a_crash(rng):
     insp = TensorInspector(synth.mlp(), [rng.standard_normal((3, 5)).astype(np.float32)])
     assert insp.error or insp.unsupported
     assert all(r["status"] != "ok" for r in insp.rows)
+
+
+def test_graph_without_nodes():
+    from onnx import TensorProto, helper
+    g = helper.make_graph([], "passthrough",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])])
+    insp = TensorInspector(helper.make_model(g), [np.ones(1, np.float32)])
+    assert insp.rows == [] and not insp.error
+    assert "0/0 values" in repr(insp)

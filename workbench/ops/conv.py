@@ -261,11 +261,11 @@ def conv_core(x, w, b, group, strides, dilations, pb, pe, extra, out_shape):
     return y
 
 
-_BLOCK = 1 << 17  # accumulator elements per block: small enough to stay in L2 across taps
+_BLOCK = 1 << 15  # accumulator elements per block: small enough to stay in L2 across taps
 
 
-def blocks(xp, N, C, per_channel):
-    """(batch slice, channel slice) blocks for tap-by-tap accumulation.
+def blocks(xp, N, C, per_channel, block=_BLOCK):
+    """(batch slice, channel slice) blocks of about ``block`` elements for tap-by-tap loops.
 
     On numpy each block's accumulator stays in cache while every kernel tap is added into it;
     on other array modules (cupy) the whole tensor is one block (one launch per tap).
@@ -273,10 +273,10 @@ def blocks(xp, N, C, per_channel):
     if xp is not np:
         return [(slice(None), slice(None))]
     per_image = max(1, C * per_channel)
-    if per_image <= _BLOCK:
-        nb = max(1, _BLOCK // per_image)
+    if per_image <= block:
+        nb = max(1, block // per_image)
         return [(slice(n, min(N, n + nb)), slice(None)) for n in range(0, N, nb)]
-    cb = max(1, _BLOCK // max(1, per_channel))
+    cb = max(1, block // max(1, per_channel))
     return [(slice(n, n + 1), slice(c, min(C, c + cb)))
             for n in range(N) for c in range(0, C, cb)]
 

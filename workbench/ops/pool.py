@@ -50,6 +50,9 @@ def _lowest(dtype):
     return np.iinfo(dt).min
 
 
+_POOL_BLOCK = 1 << 17  # input elements per block (input, one intermediate and output in L2)
+
+
 def _window_reduce(x, ks, st, dl, pb, out, reduce):
     """Max or sum over every window, one spatial axis at a time (both are separable).
 
@@ -104,7 +107,8 @@ def _window_reduce(x, ks, st, dl, pb, out, reduce):
                 along(cur, dst, a)
                 cur = dst
     per_channel = int(math.prod(x.shape[2:]))
-    run_blocks(xp, blocks(xp, N, C, per_channel), work, N * C * per_channel * max(ks))
+    run_blocks(xp, blocks(xp, N, C, per_channel, _POOL_BLOCK), work,
+               N * C * per_channel * max(ks))
     return y
 
 

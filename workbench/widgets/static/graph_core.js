@@ -381,11 +381,15 @@ class WbGraphCanvas {
 }
 
 // Details panel contents for a node (uses Python's details when they are for this node).
-function wbDetailsHTML(data, i, det) {
+function wbDetailsHTML(data, i, det, late = false) {
   if (i < 0) return '<div class="wb-muted">Click a node to see its details.</div>';
   const name = data.name[i], op = data.op[i];
   let h = `<div class="wb-opname">${wbEsc(op)}</div><div class="wb-muted" style="word-break:break-all">${wbEsc(name)}</div>`;
-  if (!det || det.name !== name) return h + '<div class="wb-muted">(loading details from the kernel…)</div>';
+  if (!det || det.name !== name) {
+    return h + (late
+      ? '<div class="wb-msg wb-nokernel">No details arrived from Python: the kernel may be busy, stopped or restarted. Re-run the cell to reconnect.</div>'
+      : '<div class="wb-muted">(loading details from the kernel…)</div>');
+  }
   if (det.domain && det.domain !== "ai.onnx") h += `<div class="wb-muted">domain ${wbEsc(det.domain)}</div>`;
   const attrs = Object.entries(det.attrs || {});
   if (attrs.length) {

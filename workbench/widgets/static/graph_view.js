@@ -27,9 +27,14 @@ function wbRenderGraphView(model, el, opts = {}) {
 
   const gc = new WbGraphCanvas(wrap, data);
   let matches = [], cursor = -1;
+  let lateTimer = 0;
   const setSelectedLocal = (i, centre) => {
     gc.selected = i;
     details.innerHTML = wbDetailsHTML(data, i, model.get("details"));
+    clearTimeout(lateTimer);
+    if (i >= 0) lateTimer = setTimeout(() => {
+      if (gc.selected === i) details.innerHTML = wbDetailsHTML(data, i, model.get("details"), true);
+    }, 4000);
     root.dataset.selected = i >= 0 ? data.name[i] : "";
     if (centre && i >= 0) gc.centreOn(i); else gc.draw();
   };
@@ -91,6 +96,7 @@ function wbRenderGraphView(model, el, opts = {}) {
   return {
     root, gc,
     destroy() {
+      clearTimeout(lateTimer);
       model.off("change:selected", onSel); model.off("change:details", onDetails);
       model.off("change:highlight", onH); model.off("change:dimmed", onD); model.off("change:marked", onM);
       gc.destroy();
