@@ -39,7 +39,7 @@ import contextlib
 import contextvars
 import itertools
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -52,9 +52,7 @@ def prepare(model, device: str = "CPU", *, optimize: bool = True, **kwargs) -> W
     graph = loaded.graph
     if optimize:
         graph = _passes.optimize(graph)
-    plan = Plan(graph)
-    if dev.is_cuda:
-        plan = dev.move_plan(plan)
+    plan = Plan(graph, device=dev)   # kernels for the device's array module, weights on it
     return WorkbenchRep(loaded, plan, dev)
 
 
@@ -76,7 +74,7 @@ def run_node(node: onnx.NodeProto, inputs: Sequence, device: str = "CPU",
     g = Graph("run_node", [n], [ValueInfo(x) for x in names],
               [ValueInfo(o) for o in node.output if o], {}, {}, opsets)
     dev = _dev(device)
-    plan = Plan(g, check_inputs=False)
+    plan = Plan(g, check_inputs=False, device=dev)
     outs = plan.run([dev.put(x) for x in inputs[:len(names)]])
     return namedtupledict("Outputs", plan.output_names)(*[dev.get(o) for o in outs])
 

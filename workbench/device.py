@@ -19,6 +19,7 @@ class Device:
         self.kind = kind.upper()
         self.index = int(index)
         self.id = -1 if self.kind == "CPU" else self.index
+        self._peak_bytes = 0
 
     @property
     def is_cuda(self) -> bool:
@@ -74,6 +75,37 @@ class Device:
         plan._template = [self.put(v) if is_array(v) else v for v in plan._template]
         return plan
 
+    def _note_peak(self, nbytes: int) -> None:
+        if nbytes > self._peak_bytes:
+            self._peak_bytes = int(nbytes)
+
+    def reset_peak(self) -> None:
+        """Forget the peak recorded so far (``memory_info()['peak_bytes']``)."""
+        self._peak_bytes = 0
+
+    def memory_info(self) -> dict:
+        """Memory of this device's array pool, in bytes.
+
+        On CUDA (cupy's default memory pool): ``used_bytes`` (held by live arrays),
+        ``pool_bytes`` (reserved by the pool, used + cached free blocks), ``peak_bytes`` (the
+        highest ``used_bytes`` seen by a Plan run with ``plan.track_memory = True``, or by
+        this call) and ``free_bytes``/``total_bytes`` of the GPU. On the CPU arrays are plain
+        numpy allocations that are not tracked: every field is 0.
+        """
+        info = {"device": str(self), "used_bytes": 0, "pool_bytes": 0,
+                "peak_bytes": self._peak_bytes, "free_bytes": 0, "total_bytes": 0}
+        if not self.is_cuda:
+            return info
+        cp = cupy_module()
+        with cp.cuda.Device(self.index):
+            pool = cp.get_default_memory_pool()
+            used = int(pool.used_bytes())
+            self._note_peak(used)
+            free, total = cp.cuda.runtime.memGetInfo()
+        info.update(used_bytes=used, pool_bytes=int(pool.total_bytes()),
+                    peak_bytes=self._peak_bytes, free_bytes=int(free), total_bytes=int(total))
+        return info
+
     def synchronize(self) -> None:
         if self.is_cuda:
             cupy_module().cuda.Device(self.index).synchronize()
@@ -101,8 +133,11 @@ def get_default_device() -> Device:
     return _default
 
 
+_CUDA: dict[int, Device] = {}
+
+
 def create_cuda_gpu(id: int = 0) -> Device:  # noqa: A002 - SINGA's parameter name
-    """The CUDA GPU ``id`` (needs cupy and a working GPU)."""
+    """The CUDA GPU ``id`` (needs cupy and a working GPU); one Device object per GPU."""
     cp = cupy_module()
     if cp is None:
         raise DeviceError("CUDA was asked for but cupy is not installed; install the GPU extra "
@@ -116,7 +151,9 @@ def create_cuda_gpu(id: int = 0) -> Device:  # noqa: A002 - SINGA's parameter na
     if not 0 <= id < n:
         raise DeviceError(f"CUDA:{id} does not exist: this machine has {n} GPU(s) "
                           f"(CUDA:0..CUDA:{n - 1})")
-    return Device("CUDA", id)
+    if id not in _CUDA:
+        _CUDA[id] = Device("CUDA", id)
+    return _CUDA[id]
 
 
 create_cuda_gpu_on = create_cuda_gpu

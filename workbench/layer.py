@@ -101,10 +101,21 @@ class Layer:
         if not self._initialized:
             self.initialize(*args)
             self._initialized = True
+        if args and isinstance(args[0], Tensor) and (self._params or self._buffers):
+            self._follow_device(args[0].device)
         return self.forward(*args, **kwargs)
 
+    def _follow_device(self, dev) -> None:
+        """Move this layer's own parameters and buffers to the inputs' device (layers
+        created eagerly live on the default device until their first call)."""
+        first = next(iter(self._params.values()), None) or next(iter(self._buffers.values()))
+        if first.device is dev or first.device == dev:
+            return
+        for t in list(self._params.values()) + list(self._buffers.values()):
+            t.to_device(dev)
+
     # ------------------------------------------------------------------ traversal
-    def sublayers(self) -> "OrderedDict[str, Layer]":
+    def sublayers(self) -> OrderedDict[str, Layer]:
         return OrderedDict(self._layers)
 
     def _walk(self, prefix: str = ""):
@@ -112,7 +123,7 @@ class Layer:
         for n, sub in self._layers.items():
             yield from sub._walk(f"{prefix}{n}.")
 
-    def get_params(self) -> "OrderedDict[str, Tensor]":
+    def get_params(self) -> OrderedDict[str, Tensor]:
         """``{dotted name: parameter}``; also sets each parameter's ``name``."""
         out = OrderedDict()
         for prefix, lay in self._walk():
@@ -123,7 +134,7 @@ class Layer:
                     out[key] = p
         return out
 
-    def get_states(self) -> "OrderedDict[str, Tensor]":
+    def get_states(self) -> OrderedDict[str, Tensor]:
         """Parameters and buffers (running statistics...)."""
         out = self.get_params()
         for prefix, lay in self._walk():
@@ -160,13 +171,13 @@ class Layer:
     def eval(self):
         return self.train(False)
 
-    def freeze(self) -> "Layer":
+    def freeze(self) -> Layer:
         """Stop training every parameter of this layer (``requires_grad = False``)."""
         for p in self.get_params().values():
             p.requires_grad = False
         return self
 
-    def unfreeze(self) -> "Layer":
+    def unfreeze(self) -> Layer:
         for p in self.get_params().values():
             p.requires_grad = True
         return self
@@ -214,10 +225,6 @@ class Linear(Layer):
         if x.shape[-1] != self.in_features:
             raise ShapeError(f"Linear: expects inputs with {self.in_features} features in the "
                              f"last dimension, got shape {list(x.shape)}")
-        if self.W.device != x.device:
-            self.W.to_device(x.device)
-            if self.bias:
-                self.b.to_device(x.device)
         if x.ndim() == 2:
             return autograd.apply("Gemm", [x, self.W, self.b if self.bias else None])
         y = autograd.matmul(x, self.W)
@@ -260,8 +267,6 @@ class Embedding(Layer):
     def forward(self, ids):
         if ids.dtype.kind not in "iu":
             raise InputError(f"Embedding: ids must be integers, got {ids.dtype}")
-        if self.W.device != ids.device:
-            self.W.to_device(ids.device)
         return autograd.apply("Gather", [self.W, ids], {"axis": 0})
 
 
@@ -337,10 +342,6 @@ class Conv2d(Layer):
         if x.ndim() != 4 or x.shape[1] != self.in_channels:
             raise ShapeError(f"Conv2d: expects NCHW inputs with {self.in_channels} channels, "
                              f"got shape {list(x.shape)}")
-        if self.W.device != x.device:
-            self.W.to_device(x.device)
-            if self.bias:
-                self.b.to_device(x.device)
         attrs = {"kernel_shape": list(self.kernel_size), "strides": list(self.stride),
                  "dilations": list(self.dilation), "pads": self._pads(x), "group": self.group}
         y = autograd.apply("Conv", [x, self.W, self.b if self.bias else None], attrs)

@@ -148,7 +148,7 @@ class Model(Layer):
         return rep.run([a for a in args if isinstance(a, Tensor)])
 
     # ------------------------------------------------------------------ dtype / device
-    def astype(self, dtype) -> "Model":
+    def astype(self, dtype) -> Model:
         """Convert every float parameter and buffer to ``dtype`` (e.g. float64 for gradient
         checks, float16 for mixed precision)."""
         dt = np.dtype(dtype)
@@ -158,10 +158,10 @@ class Model(Layer):
         self._replays = {}
         return self
 
-    def half(self) -> "Model":
+    def half(self) -> Model:
         return self.astype(np.float16)
 
-    def to_device(self, device) -> "Model":
+    def to_device(self, device) -> Model:
         for t in self.get_states().values():
             t.to_device(device)
         self._replays = {}

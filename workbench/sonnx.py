@@ -12,8 +12,11 @@
 
 ``SONNXModel(onnx_model)`` loads the model with ``workbench.graph.load`` (validation, shape
 inference). Float initializers become trainable parameters (``get_params()``, named as in the
-file), except BatchNormalization's running mean/variance, which are states (buffers);
-non-float initializers are constants. ``forward(*x, last_layers=-1, aux_output=())`` runs the
+file), except BatchNormalization's running mean/variance, which are states (buffers), and
+initializers used only as settings (Dropout's ratio, Clip's bounds, Resize's scales...), which
+are constants like the non-float ones. ``imported_params()`` / ``freeze_imported()`` address
+the imported weights apart from appended layers.
+``forward(*x, last_layers=-1, aux_output=())`` runs the
 graph's Plan on Tensors - every node through ``autograd`` - and returns a list of Tensors.
 
 ``last_layers`` follows the SINGA page: -1 keeps the whole graph, -k cuts after the k-th layer
@@ -66,6 +69,17 @@ def to_onnx(inputs, outputs, *, input_names=None, output_names=None, dynamic_axe
 to_onnx_model = to_onnx
 
 
+# input slots that hold settings, not weights: a float initializer used only there is a
+# constant (Dropout's ratio, Clip's bounds, Pad's value, Resize's scales...)
+_CONSTANT_SLOTS = {
+    "Dropout": (1, 2), "Clip": (1, 2), "Pad": (1, 2, 3), "Resize": (1, 2, 3),
+    "Upsample": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2), "Expand": (1,),
+    "Reshape": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "OneHot": (1, 2),
+    "BatchNormalization": (3, 4), "SoftmaxCrossEntropyLoss": (1, 2),
+    "NegativeLogLikelihoodLoss": (1, 2),
+}
+
+
 def _is_float(a) -> bool:
     return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
 
@@ -97,19 +111,23 @@ class SONNXModel(Model):
         loaded = load(onnx_model)
         self._proto = loaded.proto
         self.onnx_graph = loaded.graph
-        self._weights: "OrderedDict[str, Tensor]" = OrderedDict()
+        self._weights: OrderedDict[str, Tensor] = OrderedDict()
         self._tplans: dict = {}
-        stats = set()
+        stats, trainable = set(), set()
         for n in self.onnx_graph.nodes:
             if n.op_type == "BatchNormalization":
                 stats.update(i for i in n.inputs[3:5] if i)
+            fixed = _CONSTANT_SLOTS.get(n.op_type, ())
+            trainable.update(i for k, i in enumerate(n.inputs) if i and k not in fixed)
+            for sg in n.subgraphs:
+                trainable.update(sg.free_variables())
         for name, arr in self.onnx_graph.initializers.items():
             a = np.array(arr, copy=True)
-            if _is_float(a) and name not in stats:
+            if _is_float(a) and name not in stats and name in trainable:
                 t = Tensor(device=self._dev, data=a, requires_grad=True, stores_grad=True,
                            name=name)
                 self._params[name] = t
-            elif _is_float(a):
+            elif name in stats:
                 t = Tensor(device=self._dev, data=a, name=name)
                 self._buffers[name] = t
             else:
@@ -135,17 +153,17 @@ class SONNXModel(Model):
         """Node names in the order ``last_layers`` counts them (-1 is the last)."""
         return [n.name for n in layer_nodes(self.onnx_graph)]
 
-    def imported_params(self) -> "OrderedDict[str, Tensor]":
+    def imported_params(self) -> OrderedDict[str, Tensor]:
         """The parameters that came from the ONNX file (not appended layers)."""
         return OrderedDict((k, t) for k, t in self._params.items())
 
-    def freeze_imported(self) -> "SONNXModel":
+    def freeze_imported(self) -> SONNXModel:
         """Freeze the imported weights (transfer learning that trains only appended layers)."""
         for t in self._params.values():
             t.requires_grad = False
         return self
 
-    def unfreeze_imported(self) -> "SONNXModel":
+    def unfreeze_imported(self) -> SONNXModel:
         for t in self._params.values():
             t.requires_grad = True
         return self
@@ -278,7 +296,7 @@ class SONNXModel(Model):
         return [y]
 
     # ------------------------------------------------------------------ cut
-    def cut(self, last_layers, inputs=None) -> "SONNXModel":
+    def cut(self, last_layers, inputs=None) -> SONNXModel:
         """A NEW SONNXModel holding only the nodes the outputs at ``last_layers`` need, with
         a copy of the current weights (appended layers are not part of it)."""
         outs = resolve_cut(self.onnx_graph, last_layers)

@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from workbench import device as _device
-from workbench.arrays import cupy_module, is_array, to_numpy as _arr_to_numpy
+from workbench.arrays import cupy_module, is_array
+from workbench.arrays import to_numpy as _arr_to_numpy
 from workbench.errors import InputError
 
 float16 = np.dtype(np.float16)
@@ -161,7 +162,7 @@ class Tensor:
     def item(self):
         return self.numpy().item()
 
-    def to_device(self, device) -> "Tensor":
+    def to_device(self, device) -> Tensor:
         """Move this Tensor's data to ``device`` in place (SINGA semantics); returns self."""
         device = _device.get_device(device)
         if device != self.device:
@@ -169,10 +170,10 @@ class Tensor:
             self.device = device
         return self
 
-    def to_host(self) -> "Tensor":
+    def to_host(self) -> Tensor:
         return self.to_device(_device.create_cpu())
 
-    def clone(self) -> "Tensor":
+    def clone(self) -> Tensor:
         """A new leaf Tensor with a copy of the data (no tape link)."""
         t = Tensor._make(self.data.copy(), self.device, self.requires_grad, None, 0, self.name)
         t.stores_grad = self.stores_grad
@@ -180,7 +181,7 @@ class Tensor:
 
     copy = clone
 
-    def detach(self) -> "Tensor":
+    def detach(self) -> Tensor:
         """A leaf sharing the data, cut from the tape."""
         return Tensor._make(self.data, self.device, False, None, 0, self.name)
 
@@ -191,59 +192,59 @@ class Tensor:
                              f"{self.size()} elements")
         self.data = self.device.put(arr.astype(self.dtype, copy=False).reshape(self.shape))
 
-    def copy_data(self, t: "Tensor") -> None:
+    def copy_data(self, t: Tensor) -> None:
         self.copy_from_numpy(t.numpy())
 
-    def set_value(self, x) -> "Tensor":
+    def set_value(self, x) -> Tensor:
         xp = self.device.xp
         self.data = xp.full(self.shape, x, dtype=self.dtype)
         return self
 
-    def gaussian(self, mean: float = 0.0, std: float = 1.0) -> "Tensor":
+    def gaussian(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
         a = _host_rng.normal(mean, std, size=self.shape).astype(self.dtype)
         self.data = self.device.put(a)
         return self
 
-    def uniform(self, low: float = 0.0, high: float = 1.0) -> "Tensor":
+    def uniform(self, low: float = 0.0, high: float = 1.0) -> Tensor:
         a = _host_rng.uniform(low, high, size=self.shape).astype(self.dtype)
         self.data = self.device.put(a)
         return self
 
-    def bernoulli(self, p: float) -> "Tensor":
+    def bernoulli(self, p: float) -> Tensor:
         a = (_host_rng.random(self.shape) < p).astype(self.dtype)
         self.data = self.device.put(a)
         return self
 
-    def as_type(self, dtype) -> "Tensor":
+    def as_type(self, dtype) -> Tensor:
         from workbench import autograd
         return autograd.cast(self, dtype)
 
     astype = as_type
 
     # ------------------------------------------------------------------ shape ops
-    def reshape(self, shape) -> "Tensor":
+    def reshape(self, shape) -> Tensor:
         from workbench import autograd
         if isinstance(shape, int):
             shape = (shape,)
         return autograd.reshape(self, shape)
 
-    def transpose(self, axes=None) -> "Tensor":
+    def transpose(self, axes=None) -> Tensor:
         from workbench import autograd
         return autograd.transpose(self, axes)
 
     @property
-    def T(self) -> "Tensor":  # noqa: N802
+    def T(self) -> Tensor:  # noqa: N802
         return self.transpose()
 
-    def flatten(self, axis: int = 1) -> "Tensor":
+    def flatten(self, axis: int = 1) -> Tensor:
         from workbench import autograd
         return autograd.flatten(self, axis)
 
-    def sum(self, axis=None, keepdims: bool = False) -> "Tensor":
+    def sum(self, axis=None, keepdims: bool = False) -> Tensor:
         from workbench import autograd
         return autograd.reduce_sum(self, axis, int(keepdims))
 
-    def mean(self, axis=None, keepdims: bool = False) -> "Tensor":
+    def mean(self, axis=None, keepdims: bool = False) -> Tensor:
         from workbench import autograd
         return autograd.reduce_mean(self, axis, int(keepdims))
 
@@ -254,7 +255,7 @@ class Tensor:
         a = self.numpy().astype(np.float64)
         return float(np.sqrt((a * a).sum()) / max(a.size, 1))
 
-    def __getitem__(self, key) -> "Tensor":
+    def __getitem__(self, key) -> Tensor:
         """Basic indexing (ints, slices with steps, ``None``, ``...``) as Slice/Squeeze/
         Unsqueeze nodes."""
         from workbench import autograd

@@ -23,7 +23,7 @@ epoch (the TrainingMonitor widget uses it); returning ``False`` stops training.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -268,6 +268,12 @@ def _test(lab, pg):
     pg.wait_for_timeout(2000)                      # let the Netron page load and settle
     big.scroll_into_view_if_needed()
     _shot(pg, "graphview-2500", big)
+    # worst case: every node and edge on screen ("Fit"), drawn synchronously on click
+    fit_ms = pg.evaluate("""el => { const b = [...el.querySelectorAll('button')]
+        .find((x) => x.textContent === 'Fit'); const t = performance.now(); b.click();
+        return performance.now() - t; }""", big.element_handle())
+    print(f"2,500-node GraphView: redraw with the whole graph on screen {fit_ms:.0f} ms")
+    _shot(pg, "graphview-2500-fit", big)
     big.locator("input.wb-search").fill("b50_attn")
     big.locator("input.wb-search").press("Enter")
     assert big.get_attribute("data-matches") == "1"
@@ -297,7 +303,7 @@ def _test(lab, pg):
     handle.focus()
     handle.press("ArrowLeft")
     handle.press("ArrowLeft")
-    pg.wait_for_function("el => el.innerText.includes('cut after fc2')",
+    pg.wait_for_function("el => el.innerText.includes('cut after fc2 (MatMul)')",
                          arg=cut.element_handle(), timeout=10_000)
     assert "h4" in cut.locator(".wb-cut-info").inner_text()
     _shot(pg, "layercutter", cut)
@@ -306,7 +312,7 @@ def _test(lab, pg):
     cgv.locator("input.wb-search").fill("relu1")
     cgv.locator("input.wb-search").press("Enter")
     _click_centre(pg, cgv, "relu1")
-    pg.wait_for_function("el => el.innerText.includes('cut after relu1')",
+    pg.wait_for_function("el => el.innerText.includes('cut after relu1 (Relu)')",
                          arg=cut.element_handle(), timeout=10_000)
     pg.wait_for_function("el => el.querySelector('.widget-readout').textContent.includes('4')",
                          arg=cut.element_handle(), timeout=10_000)

@@ -151,6 +151,20 @@ def test_conv_depthwise(stride, dil, k, pads):
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("shape,stride", [((3, 2, 160, 160), 1), ((3, 2, 161, 159), 2),
+                                          ((2, 3, 9), 1), ((2, 3, 5, 6, 7), 2)])
+def test_conv_depthwise_blocks_and_ranks(shape, stride):
+    # big images take the one-image-block path; 1-D and 3-D use the same code
+    nd = len(shape) - 2
+    C = shape[1]
+    x = RNG.standard_normal(shape).astype(np.float32)
+    w = RNG.standard_normal((C, 1) + (3,) * nd).astype(np.float32)
+    b = RNG.standard_normal(C).astype(np.float32)
+    y = run("Conv", x, w, b, group=C, strides=[stride] * nd, pads=[1] * (2 * nd))
+    ref = naive_conv(x, w, b, [stride] * nd, [1] * (2 * nd), [1] * nd, C)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+
+
 def test_conv_depthwise_channel_multiplier():
     x = RNG.standard_normal((2, 3, 6, 6)).astype(np.float32)
     w = RNG.standard_normal((6, 1, 3, 3)).astype(np.float32)

@@ -228,6 +228,21 @@ def test_erf(dtype):
                                rtol={2: 1e-2, 4: 1e-6, 8: 1e-12}[np.dtype(dtype).itemsize])
 
 
+@pytest.mark.parametrize("dtype,ulps", [(np.float32, 2), (np.float64, 16)])
+def test_erf_without_scipy(xp, dtype, ulps):
+    from workbench.ops.elementwise import _erf_fallback
+
+    x = np.concatenate([np.linspace(-7, 7, 4001), [0.0, -0.0, 1e-30, 1.9999999, 2.0]])
+    x = x.astype(dtype)
+    got = to_numpy(_erf_fallback(xp.asarray(x)))
+    assert got.dtype == dtype
+    expected = np.array([math.erf(v) for v in x.astype(np.float64)])
+    np.testing.assert_allclose(got, expected, rtol=ulps * np.finfo(dtype).eps, atol=0)
+    special = to_numpy(_erf_fallback(xp.asarray(np.array([np.nan, np.inf, -np.inf], dtype))))
+    assert np.isnan(special[0]) and special[1] == 1 and special[2] == -1
+    assert np.signbit(got[-4])  # erf(-0) = -0
+
+
 def test_isnan_isinf(xp):
     x = xp.asarray(np.array([1.0, np.nan, np.inf, -np.inf, 0.0], np.float32))
     np.testing.assert_array_equal(to_numpy(run("IsNaN", x)), [0, 1, 0, 0, 0])

@@ -137,3 +137,17 @@ def test_first_interrupt_is_a_stop_request_second_one_interrupts(notebook):
             mon.update(loss=1.0)
     assert signal.getsignal(signal.SIGINT) == before
     assert not mon.widget.sigint_armed
+
+
+def test_fit_callback_and_tensor_values():
+    np = pytest.importorskip("numpy")
+    mon = TrainingMonitor(total=3, display=False)
+    with mon:
+        assert mon.fit_callback(0, {"loss": np.float32(0.5), "accuracy": 0.7, "val_loss": 0.6,
+                                    "val_accuracy": 0.65, "time": 1.0}) is True
+        mon.update(loss=np.array([0.25]))            # a 1-element array
+        mon.stop()
+        assert mon.fit_callback(1, {"loss": 0.4}) is False
+    assert mon.history["train"]["loss"] == [0.5, 0.25, 0.4]
+    assert mon.history["val"]["accuracy"] == [0.65]
+    assert "time" not in mon.history["train"]

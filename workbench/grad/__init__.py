@@ -25,8 +25,9 @@ cupy as well. Ops composed of primitives need no rule: the tape records the prim
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from workbench.ops.registry import _norm_domain
 

@@ -221,7 +221,6 @@ def mean_grad(ctx, grads_out, inputs, outputs, **attrs):
 @gradient("Min")
 def minmax_grad(ctx, grads_out, inputs, outputs, **attrs):
     """The gradient goes to the inputs equal to the result, split evenly between ties."""
-    xp = ctx.xp
     g, y = grads_out[0], outputs[0]
     masks = [(x == y) for x in inputs]
     count = masks[0].astype(g.dtype)

@@ -106,6 +106,6 @@ def global_max_pool_grad(ctx, grads_out, inputs, outputs, **attrs):
     g = grads_out[0]
     flat = x.reshape(x.shape[0], x.shape[1], -1)
     arg = flat.argmax(axis=-1)
-    gx = xp.zeros(flat.shape, dtype=g.dtype)
-    xp.put_along_axis(gx, arg[..., None], g.reshape(x.shape[0], x.shape[1], 1), axis=-1)
-    return (gx.reshape(x.shape),)
+    onehot = xp.arange(flat.shape[-1]) == arg[..., None]
+    gx = onehot * g.reshape(x.shape[0], x.shape[1], 1)
+    return (gx.astype(g.dtype).reshape(x.shape),)

@@ -133,7 +133,8 @@ def gather_elements_grad(ctx, grads_out, inputs, outputs, *, axis=0, **attrs):
     g = grads_out[0]
     ax = axis % x.ndim
     idx = xp.where(idx < 0, idx + x.shape[ax], idx)
-    grids = list(xp.indices(idx.shape, sparse=True))
+    grids = [xp.arange(n).reshape((1,) * i + (n,) + (1,) * (idx.ndim - i - 1))
+             for i, n in enumerate(idx.shape)]
     grids[ax] = idx
     gx = xp.zeros(x.shape, dtype=g.dtype)
     scatter_add(xp, gx, tuple(grids), g)

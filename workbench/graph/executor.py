@@ -6,6 +6,13 @@ the spec's defaults once, values get integer slots and each value is freed right
 use. ``Plan.run`` is then a lean loop over prepared steps. Per-node hooks see every node's
 outputs (the widgets' tensor inspector uses them); a Plan built with ``outputs=[...]`` keeps only
 the nodes those outputs need (cutting at ``last_layers``).
+
+A Plan built for a device (``Plan(graph, device="CUDA:0")``) looks its kernels up for that
+device's array module (cupy overrides from ``workbench/arrays/cuda`` first, the portable kernel
+otherwise), gives input-less kernels the module in ``ctx.extra["xp"]``, keeps its initializers
+on the device, refuses feeds that live elsewhere, and turns an out-of-memory failure into a
+``DeviceError`` naming the device, the node and the bytes requested. Nothing is copied back to
+the host during a run.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import numpy as np
 from workbench.arrays import is_array
 from workbench.arrays.dtypes import dtype_name, np_dtype_of_onnx
 from workbench.errors import (
+    DeviceError,
     InputError,
     KernelError,
     ModelLoadError,
@@ -169,8 +177,18 @@ class Plan:
 
     def __init__(self, graph: Graph, *, outputs: Sequence[str] | None = None,
                  outer: Sequence[str] = (), training: bool = False, seed: int | None = None,
-                 check_inputs: bool = True):
+                 check_inputs: bool = True, device=None):
         self.graph = graph
+        if device is not None:
+            from workbench.device import get_device
+            device = get_device(device)
+        self.device = device
+        on_cuda = device is not None and device.is_cuda
+        xp_mod = device.xp if device is not None else None
+        xp_key = "cupy" if on_cuda else None
+        #: sample the device memory pool after every node (peak in ``last_peak_bytes``)
+        self.track_memory = False
+        self.last_peak_bytes = None
         self.training = training
         self.check_inputs = check_inputs
         self.output_names = list(outputs) if outputs is not None else \
@@ -241,7 +259,7 @@ class Plan:
                     reason=f"the model imports no opset for domain {n.domain or 'ai.onnx'!r}"))
                 continue
             try:
-                entry = lookup(n.op_type, n.domain, opset, n.name)
+                entry = lookup(n.op_type, n.domain, opset, n.name, xp=xp_key)
             except UnsupportedOperatorError as e:
                 errors.append(e)
                 continue
@@ -250,13 +268,15 @@ class Plan:
             for k, v in n.attrs.items():
                 if isinstance(v, Graph):
                     free = sorted(v.free_variables())
-                    sub = Plan(v, outer=free, training=training, check_inputs=False)
+                    sub = Plan(v, outer=free, training=training, check_inputs=False,
+                               device=device)
                     subplans.append((k, sub, tuple((f, slots[f]) for f in free)))
                 else:
                     attrs[k] = v
             if entry.wants_ctx:
                 attrs["ctx"] = NodeContext(n.name, n.op_type, opset, len(n.outputs),
-                                           tuple(n.outputs), training, self._rng)
+                                           tuple(n.outputs), training, self._rng,
+                                           extra={"xp": xp_mod} if xp_mod is not None else {})
             self.steps.append(Step(
                 entry.fn,
                 tuple(slots[i] if i else -1 for i in n.inputs),
@@ -279,6 +299,8 @@ class Plan:
         self._in_slots = [slots[v.name] for v in graph.inputs]
         self._out_slots = [slots[n] for n in self.output_names]
         self._outer_slots = [(name, slots[name]) for name in outer]
+        if on_cuda:
+            device.move_plan(self)
 
     # ------------------------------------------------------------------ running
     def _feeds_to_slots(self, feeds) -> list:
@@ -303,6 +325,9 @@ class Plan:
         if self.check_inputs:
             for info, v in zip(infos, values):
                 _check_input(info, v)
+        if self.device is not None:
+            for info, v in zip(infos, values):
+                _check_device(self.device, info.name, v)
         return values
 
     def run(self, feeds, *, hook: Callable | None = None, outer: dict | None = None) -> list:
@@ -318,6 +343,9 @@ class Plan:
         if outer is not None:
             for name, s in self._outer_slots:
                 env[s] = outer[name]
+        if self.device is not None and self.device.is_cuda:
+            with self.device.xp.cuda.Device(self.device.index):
+                return self._execute(env, hook)
         return self._execute(env, hook)
 
     def run_positional(self, values: Sequence, outer: dict | None = None) -> list:
@@ -332,6 +360,8 @@ class Plan:
 
     def _execute(self, env: list, hook) -> list:
         step = None
+        mem = _pool_sampler(self.device) if self.track_memory else None
+        peak = mem() if mem is not None else 0
         try:
             for step in self.steps:
                 args = [env[i] if i >= 0 else None for i in step.ins]
@@ -356,6 +386,10 @@ class Plan:
                         hook(step.node, (r,))
                 for s in step.free:
                     env[s] = None
+                if mem is not None:
+                    used = mem()
+                    if used > peak:
+                        peak = used
         except WorkbenchError as e:
             if step is not None and "node " not in str(e)[:6] and not getattr(e, "_located", 0):
                 e.args = (f"node {step.node.name!r} ({step.node.op_type}): {e}",) + e.args[1:]
@@ -364,11 +398,17 @@ class Plan:
         except Exception as e:
             if step is None:
                 raise
+            if _is_oom(e):
+                raise _oom_error(e, self.device, step) from e
             raise KernelError(
                 f"node {step.node.name!r} ({step.node.op_type}, opset "
                 f"{self.graph.opsets.get(step.node.domain or '', '?')}) failed: "
                 f"{type(e).__name__}: {e}; inputs: {_describe_args(step, env, args)}",
                 node_name=step.node.name, op_type=step.node.op_type) from e
+        if mem is not None:
+            self.last_peak_bytes = peak
+            if self.device is not None:
+                self.device._note_peak(peak)
         out = []
         for s in self._out_slots:
             v = env[s]
@@ -424,3 +464,71 @@ def _check_input(info, v) -> None:
 
 def _fmt_shape(shape) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+# --------------------------------------------------------------------------- devices
+def _array_place(v):
+    """(kind, index) of where an array lives: ("CPU", 0) or ("CUDA", n); None for non-arrays."""
+    if isinstance(v, np.ndarray) or isinstance(v, np.generic):
+        return ("CPU", 0)
+    dev = getattr(v, "device", None)
+    if is_array(v) and dev is not None:
+        return ("CUDA", int(getattr(dev, "id", 0)))
+    return None
+
+
+def _check_device(device, name: str, v) -> None:
+    """Feeds must already live on the plan's device (they move only when asked)."""
+    items = v if isinstance(v, list) else [v]
+    for a in items:
+        place = _array_place(a)
+        if place is None or place == (device.kind, device.index):
+            continue
+        where = "CPU" if place[0] == "CPU" else f"CUDA:{place[1]}"
+        raise DeviceError(
+            f"input {name!r} is on {where} but the plan runs on {device}; arrays of two devices "
+            f"cannot be mixed in one run: move the input with device.put(array) (or "
+            f"Tensor.to_device) first")
+
+
+# cupy's out-of-memory exception types (filled lazily; tests may add their own)
+_OOM_TYPES: list = []
+
+
+def _is_oom(e: BaseException) -> bool:
+    if not _OOM_TYPES:
+        try:
+            import cupy  # noqa: PLC0415
+            _OOM_TYPES.append(cupy.cuda.memory.OutOfMemoryError)
+        except Exception:
+            _OOM_TYPES.append(type(None))
+    if isinstance(e, tuple(t for t in _OOM_TYPES if t is not type(None))):
+        return True
+    # cuBLAS / cuDNN / runtime allocation failures surface with these names
+    text = str(e)
+    return "CUBLAS_STATUS_ALLOC_FAILED" in text or "cudaErrorMemoryAllocation" in text
+
+
+def _oom_error(e: BaseException, device, step) -> DeviceError:
+    import re  # noqa: PLC0415
+    size = getattr(e, "_size", None)
+    if size is None:
+        m = re.search(r"allocating ([\d,]+) bytes", str(e))
+        size = int(m.group(1).replace(",", "")) if m else None
+    req = f"{size:,} bytes" if size is not None else "an unknown number of bytes"
+    where = str(device) if device is not None else "the GPU"
+    err = DeviceError(
+        f"out of memory on {where} in node {step.node.name!r} ({step.node.op_type}): it "
+        f"requested {req} ({e}); use a smaller batch, free other arrays, or run on the CPU")
+    err.bytes_requested = size
+    err.node_name = step.node.name
+    err.device = where
+    return err
+
+
+def _pool_sampler(device):
+    """A zero-argument function returning the bytes in use on ``device`` (None on the CPU)."""
+    if device is None or not device.is_cuda:
+        return None
+    pool = device.xp.get_default_memory_pool()
+    return pool.used_bytes

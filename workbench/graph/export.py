@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import onnx

@@ -84,7 +84,7 @@ def cast_to(x, to: int, *, saturate: int = 1, round_mode: str = "up", op: str = 
     dst = _target_dtype(op, to)
     src = x.dtype
     if to == TensorProto.STRING:
-        return x if src == object else _to_strings(x)
+        return x if src.kind == "O" else _to_strings(x)
     if src.kind in "OUS":
         return _from_strings(x, to, dst, saturate, round_mode, op)
     if src == dst:

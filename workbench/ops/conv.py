@@ -191,6 +191,30 @@ def _scratch(xp, shape, dtype, slot="cols"):
     return buf[:nbytes].view(dt).reshape(shape)
 
 
+def _parallel_copy(xp, dst, src, axis):
+    """``copyto(dst, src)`` split along ``axis`` over the worker threads (numpy)."""
+    n = dst.shape[axis]
+    pre = (slice(None),) * axis
+
+    def work(chunk):
+        for i0, i1 in chunk:
+            xp.copyto(dst[pre + (slice(i0, i1),)], src[pre + (slice(i0, i1),)])
+    step = max(1, n // (4 * _n_workers()))
+    run_blocks(xp, [(i, min(n, i + step)) for i in range(0, n, step)], work, dst.size)
+
+
+def _parallel_add(xp, out, a, b):
+    """``out = a + b`` (or a copy of ``a`` when ``b`` is None), split over images (axis 0)."""
+    def work(chunk):
+        for n0, n1 in chunk:
+            if b is None:
+                xp.copyto(out[n0:n1], a[n0:n1])
+            else:
+                xp.add(a[n0:n1], b, out=out[n0:n1])
+    n = out.shape[0]
+    run_blocks(xp, [(i, i + 1) for i in range(n)] if xp is np else [(0, n)], work, out.size)
+
+
 # --------------------------------------------------------------------------------------------
 # the convolution core (inputs already in compute dtype)
 # --------------------------------------------------------------------------------------------
@@ -237,28 +261,25 @@ def conv_core(x, w, b, group, strides, dilations, pb, pe, extra, out_shape):
         if merged:
             cols = _scratch(xp, (group, Cg) + ksh + (N,) + tuple(out_shape), dtype)
             order = (1, 2) + tuple(range(3, 3 + nd)) + (0,) + tuple(range(3 + nd, 3 + 2 * nd))
-            xp.copyto(cols, win.transpose(order))
+            _parallel_copy(xp, cols, win.transpose(order), axis=1)
             cols = cols.reshape(group, Cg * K, N * OUT)
         else:
             cols = _scratch(xp, (N, group, Cg) + ksh + tuple(out_shape), dtype)
-            xp.copyto(cols, win)
+            _parallel_copy(xp, cols, win, axis=0)
             cols = cols.reshape(N, group, Cg * K, OUT)
 
     wm = w.reshape(group, Mg, Cg * K)
+    bias = None if b is None else b.reshape(1, M, 1)
     if merged:
         y = xp.matmul(wm, cols)  # (group, Mg, N*OUT)
         y = y.reshape(M, N, OUT).transpose(1, 0, 2)
         out = xp.empty((N, M, OUT), dtype=dtype)
-        if b is not None:
-            xp.add(y, b.reshape(1, M, 1), out=out)
-        else:
-            xp.copyto(out, y)
+        _parallel_add(xp, out, y, bias)
         return out.reshape((N, M) + tuple(out_shape))
-    y = xp.matmul(wm, cols)  # (N, group, Mg, OUT)
-    y = y.reshape((N, M) + tuple(out_shape))
-    if b is not None:
-        y += b.reshape((1, M) + (1,) * nd)
-    return y
+    y = xp.matmul(wm, cols).reshape(N, M, OUT)  # (N, group, Mg, OUT)
+    if bias is not None:
+        _parallel_add(xp, y, y, bias)
+    return y.reshape((N, M) + tuple(out_shape))
 
 
 _BLOCK = 1 << 15  # accumulator elements per block: small enough to stay in L2 across taps
@@ -287,6 +308,12 @@ _POOL_LOCK = threading.Lock()
 
 
 def _n_workers():
+    """Threads for tap loops: ``WORKBENCH_NUM_THREADS`` or ``OMP_NUM_THREADS`` if set, else
+    the CPUs this process may run on (at most 8)."""
+    for var in ("WORKBENCH_NUM_THREADS", "OMP_NUM_THREADS"):
+        v = os.environ.get(var, "").strip()
+        if v.isdigit() and int(v) > 0:
+            return min(int(v), 64)
     try:
         n = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
@@ -324,33 +351,28 @@ def run_blocks(xp, jobs, fn, work):
 class WideTaps:
     """Kernel taps as contiguous slices of a flattened, phase-split, padded copy of the input.
 
-    Tap-by-tap ops (depthwise conv, pools) read one shifted window per kernel tap. Viewed
-    directly those windows are strided in every axis and ufuncs crawl along their short rows.
-    Here the input is copied once, padded, into ``prod(strides)`` phase images (``phase[r][p]
-    = xpad[p * stride + r]``) of shape ``P`` and flattened, so that every tap becomes one
+    Tap-by-tap ops (depthwise conv) read one shifted window per kernel tap. Viewed directly
+    those windows are strided in every axis and loops crawl along their short rows. Here the
+    input is copied once, padded, into ``prod(strides)`` phase images (``phase[r][p] =
+    xpad[p * stride + r]``) of shape ``P`` and flattened, so that every tap becomes one
     contiguous slice of length ``L = out[0] * P[1] * ... * P[-1]`` at some offset: the "wide"
     output, whose rows carry ``P[a] - out[a]`` junk columns that :meth:`valid` drops.
-
-    ``channels_last`` stores the buffer as (phase, N, spatial, C) so that the contiguous axis
-    is the channel axis (better for small images with many channels).
+    ``flat`` has shape (phases, N, C, prod(P)).
     """
 
-    def __init__(self, x, pb, pe, pad_value, kernel_shape, strides, dilations, out_shape,
-                 channels_last=False):
+    def __init__(self, x, pb, pe, pad_value, kernel_shape, strides, dilations, out_shape):
         xp = xp_of(x)
         N, C = (int(v) for v in x.shape[:2])
         S = [int(v) for v in x.shape[2:]]
         nd = len(S)
         Sp = [s_ + b + e for s_, b, e in zip(S, pb, pe)]
         self.out_shape = [int(o) for o in out_shape]
-        self.channels_last = channels_last
         P = [-(-sp // st) for sp, st in zip(Sp, strides)]
         P[0] += 1  # a spare row so that the last tap's slice stays inside the buffer
         self.P = P
         nph = int(math.prod(strides))
-        shape = (nph, N) + ((*P, C) if channels_last else (C, *P))
-        flat = _scratch(xp, shape, x.dtype, "taps")
-        flat.fill(pad_value)
+        flat = _scratch(xp, (nph, N, C) + tuple(P), x.dtype, "taps")
+        parts = []  # (phase, destination slices, source slices)
         for ph, r in enumerate(itertools.product(*[range(st) for st in strides])):
             dst, src = [], []
             for a in range(nd):
@@ -363,14 +385,19 @@ class WideTaps:
                 dst.append(slice(p0, p0 + cnt))
                 src.append(slice(i0, i0 + (cnt - 1) * st + 1, st))
             else:
-                part = x[(slice(None), slice(None)) + tuple(src)]
-                if channels_last:
-                    flat[(ph, slice(None)) + tuple(dst)] = xp.moveaxis(part, 1, -1)
-                else:
-                    flat[(ph, slice(None), slice(None)) + tuple(dst)] = part
-        lp = int(math.prod(P))
-        self.flat = flat.reshape((nph, N, lp, C) if channels_last else (nph, N, C, lp))
+                parts.append((ph, tuple(dst), tuple(src)))
+
+        def fill(chunk):
+            for n0, n1 in chunk:
+                flat[:, n0:n1].fill(pad_value)
+                for ph, dst, src in parts:
+                    flat[(ph, slice(n0, n1), slice(None)) + dst] = \
+                        x[(slice(n0, n1), slice(None)) + src]
+        jobs = [(n, n + 1) for n in range(N)] if xp is np else [(0, N)]
+        run_blocks(xp, jobs, fill, flat.size)
+        self.flat = flat.reshape(nph, N, C, int(math.prod(P)))
         rowlen = [int(math.prod(P[a + 1:])) for a in range(nd)]
+        self.rowlen = rowlen[0]
         self.L = self.out_shape[0] * rowlen[0]
         self.taps = []
         for tap in itertools.product(*[range(k) for k in kernel_shape]):
@@ -382,29 +409,30 @@ class WideTaps:
             self.taps.append((phase, off))
 
     def views(self):
-        """One (N, C, L) view per tap ((N, L, C) when channels_last), in tap order."""
-        if self.channels_last:
-            return [self.flat[ph, :, off:off + self.L] for ph, off in self.taps]
+        """One (N, C, L) view per tap, in tap order."""
         return [self.flat[ph, :, :, off:off + self.L] for ph, off in self.taps]
 
     def valid(self, wide):
-        """The (N, C, *out_shape) view of the valid outputs of a wide accumulator."""
-        if self.channels_last:
-            N, _, C = wide.shape
-            w = wide.reshape((N, self.out_shape[0]) + tuple(self.P[1:]) + (C,))
-            w = w[(slice(None), slice(None)) + tuple(slice(0, o) for o in self.out_shape[1:])]
-            return xp_of(wide).moveaxis(w, -1, 1)
-        N, C = wide.shape[:2]
-        w = wide.reshape((N, C, self.out_shape[0]) + tuple(self.P[1:]))
+        """The (A, B, rows, *out_shape[1:]) view of the valid outputs of an (A, B, rows * rowlen)
+        wide array (``rows`` whole output rows; all of them when the last axis is ``L``)."""
+        A, B_ = wide.shape[:2]
+        w = wide.reshape((A, B_, -1) + tuple(self.P[1:]))
         return w[(slice(None), slice(None), slice(None)) +
                  tuple(slice(0, o) for o in self.out_shape[1:])]
 
 
-_SMALL_IMAGE = 2048  # wide outputs per channel under which depthwise runs channels-last
+_DW_CALL = 1 << 17  # depthwise: multiply-adds per BLAS call, below OpenBLAS' threading size
 
 
 def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape):
-    """Depthwise conv (group == C == M): multiply-accumulate over the kernel taps."""
+    """Depthwise conv (group == C == M).
+
+    Per block of channels, images and output rows, the kernel taps (contiguous slices of the
+    phase-split input, see :class:`WideTaps`) are copied into a small cache-resident im2col
+    block and one batched matmul (a ``(1, K) @ (K, n)`` product per channel) does the
+    multiply-adds. Blocks are spread over threads; each BLAS call stays small enough to run
+    on the calling thread.
+    """
     xp = xp_of(x, w)
     N, C = x.shape[:2]
     ksh = tuple(w.shape[2:])
@@ -412,54 +440,48 @@ def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape):
     pe_all = [e + x_ for e, x_ in zip(pe, extra)]
     dt = x.dtype
     K = int(math.prod(ksh))
-    wt = w.reshape(C, K)
-    probe_L = out_shape[0] * int(math.prod(
-        [-(-(s_ + b_ + e_) // st) for s_, b_, e_, st in
-         zip(x.shape[3:], pb[1:], pe_all[1:], strides[1:])]))
-    channels_last = xp is np and probe_L < _SMALL_IMAGE
-    wide = WideTaps(x, pb, pe_all, 0, ksh, strides, dilations, out_shape, channels_last)
+    wide = WideTaps(x, pb, pe_all, 0, ksh, strides, dilations, out_shape)
     views = wide.views()
-    L = wide.L
+    L, rowlen, rows = wide.L, wide.rowlen, out_shape[0]
+    bias = None if b is None else b.reshape((1, C) + (1,) * nd)
     if xp is not np:  # one launch per tap over the whole tensor
+        wt = w.reshape(C, K)
         acc = views[0] * wt[:, 0].reshape(1, C, 1)
         for t in range(1, K):
             acc += views[t] * wt[:, t].reshape(1, C, 1)
-    elif channels_last:  # weights are contiguous channel vectors
-        acc = _scratch(xp, (N, L, C), dt, "acc")
-        wT = xp.ascontiguousarray(wt.T)
-        rows = max(1, _BLOCK // max(1, C))
-        jobs = [(n, r0, min(L, r0 + rows)) for n in range(N) for r0 in range(0, L, rows)]
-
-        def work(chunk):
-            tmp = xp.empty((min(rows, L), C), dtype=dt)
-            for n, r0, r1 in chunk:
-                a, t_ = acc[n, r0:r1], tmp[:r1 - r0]
-                xp.multiply(views[0][n, r0:r1], wT[0], out=a)
-                for t in range(1, K):
-                    xp.multiply(views[t][n, r0:r1], wT[t], out=t_)
-                    a += t_
-        run_blocks(xp, jobs, work, 2 * K * acc.size)
-    else:  # one channel per block: the weight is a scalar (numpy's fastest loop)
-        acc = _scratch(xp, (N, C, L), dt, "acc")
-        wl = wt.tolist()
-        nb = max(1, min(N, _BLOCK // max(1, L)))
-        jobs = [(c, n0, min(N, n0 + nb)) for c in range(C) for n0 in range(0, N, nb)]
-
-        def work(chunk):
-            tmp = xp.empty((nb, L), dtype=dt)
-            for c, n0, n1 in chunk:
-                wc = wl[c]
-                a, t_ = acc[n0:n1, c], tmp[:n1 - n0]
-                xp.multiply(views[0][n0:n1, c], wc[0], out=a)
-                for t in range(1, K):
-                    xp.multiply(views[t][n0:n1, c], wc[t], out=t_)
-                    a += t_
-        run_blocks(xp, jobs, work, 2 * K * acc.size)
-    y = xp.empty((N, C) + tuple(out_shape), dtype=dt)
-    if b is not None:
-        xp.add(wide.valid(acc), b.reshape((1, C) + (1,) * nd), out=y)
+        y = wide.valid(acc)
+        return xp.ascontiguousarray(y + bias if bias is not None else y)
+    budget = max(rowlen, _DW_CALL // K)  # columns of one (1, K) @ (K, n) product
+    if N * L <= budget:
+        G, nb, rb = max(1, budget // (N * L)), N, rows
+    elif L <= budget:
+        G, nb, rb = 1, budget // L, rows
     else:
-        xp.copyto(y, wide.valid(acc))
+        G, nb, rb = 1, 1, budget // rowlen
+    jobs = [(c0, min(C, c0 + G), n0, min(N, n0 + nb), r0, min(rows, r0 + rb))
+            for c0 in range(0, C, G) for n0 in range(0, N, nb) for r0 in range(0, rows, rb)]
+    w3 = w.reshape(C, 1, K)
+    y = xp.empty((N, C) + tuple(out_shape), dtype=dt)
+
+    def work(chunk):
+        seg = rb * rowlen
+        cols = xp.empty((G, K, nb, seg), dtype=dt)
+        acc = xp.empty((G, nb * seg), dtype=dt)
+        for c0, c1, n0, n1, r0, r1 in chunk:
+            g, m, n = c1 - c0, n1 - n0, (r1 - r0) * rowlen
+            cb = cols[:g, :, :m, :n]
+            lo = r0 * rowlen
+            for t, v in enumerate(views):
+                xp.copyto(cb[:, t], v[n0:n1, c0:c1, lo:lo + n].swapaxes(0, 1))
+            a = acc[:g, :m * n]
+            xp.matmul(w3[c0:c1], cb.reshape(g, K, m * n), out=a.reshape(g, 1, m * n))
+            valid = wide.valid(a.reshape(g, m, n)).swapaxes(0, 1)
+            dst = y[n0:n1, c0:c1, r0:r1]
+            if bias is None:
+                xp.copyto(dst, valid)
+            else:
+                xp.add(valid, bias[:, c0:c1], out=dst)
+    run_blocks(xp, jobs, work, 2 * K * C * N * L)
     return y
 
 

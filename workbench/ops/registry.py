@@ -17,6 +17,16 @@ tuple of arrays for several outputs (a Python ``list`` is a single *sequence* va
 Kernels that need to know about the node (number of outputs, node name, opset, a random
 generator) ask for it with ``wants_ctx=True`` and receive ``ctx=`` a :class:`NodeContext`.
 Graph-valued attributes (If/Loop/Scan bodies) arrive as callables: ``body(*inputs) -> list``.
+
+Device-specific fast paths are *overrides* registered for an array module::
+
+    @kernel("Conv", since=1, xp="cupy")
+    def conv_cuda(X, W, B=None, *, ...): ...
+
+``lookup(..., xp="cupy")`` (what a Plan built for a CUDA device asks) returns the override when
+one exists for the same behaviour (its ``since`` is not older than the portable kernel's it
+would replace), else the portable kernel. An override has the portable kernel's signature and
+falls back to it (``portable(op_type, since)``) for attribute combinations it does not handle.
 """
 
 from __future__ import annotations
@@ -67,40 +77,58 @@ class NodeContext:
 
 # (domain, op_type) -> sorted list of since versions / entries
 _REGISTRY: dict[tuple[str, str], list[KernelEntry]] = {}
+# array-module name ("cupy") -> (domain, op_type) -> sorted override entries
+_OVERRIDES: dict[str, dict[tuple[str, str], list[KernelEntry]]] = {}
+# modules that register the overrides of an array module, imported on its first lookup
+_OVERRIDE_MODULES = {"cupy": "workbench.arrays.cuda.overrides"}
+_overrides_loaded: set = set()
 
 
-def kernel(op_type: str, since: int = 1, *, domain: str = "", wants_ctx: bool = False):
+def _xp_name(xp) -> str | None:
+    if xp is None:
+        return None
+    name = xp if isinstance(xp, str) else getattr(xp, "__name__", str(xp))
+    return None if name == "numpy" else name
+
+
+def kernel(op_type: str, since: int = 1, *, domain: str = "", wants_ctx: bool = False,
+           xp=None):
     """Register the decorated function as the kernel of ``op_type`` from opset ``since``.
 
     Stack several decorators to register one function for several ops or versions.
+    ``xp="cupy"`` registers a device-specific override instead of the portable kernel.
     """
 
     def deco(fn: Callable) -> Callable:
         if fn.__name__ in ("_", "<lambda>"):
             raise ValueError(f"kernel for {op_type} must be a named function")
-        register(op_type, fn, since=since, domain=domain, wants_ctx=wants_ctx)
+        register(op_type, fn, since=since, domain=domain, wants_ctx=wants_ctx, xp=xp)
         return fn
 
     return deco
 
 
 def register(op_type: str, fn: Callable, *, since: int = 1, domain: str = "",
-             wants_ctx: bool = False) -> None:
+             wants_ctx: bool = False, xp=None) -> None:
     """Register ``fn`` as a kernel (the non-decorator form, for custom operators)."""
     key = (_norm_domain(domain), op_type)
-    entries = _REGISTRY.setdefault(key, [])
+    xname = _xp_name(xp)
+    table = _REGISTRY if xname is None else _OVERRIDES.setdefault(xname, {})
+    entries = table.setdefault(key, [])
     entries[:] = [e for e in entries if e.since != since]
     entries.append(KernelEntry(op_type, key[0], int(since), fn, wants_ctx))
     entries.sort(key=lambda e: e.since)
     attribute_defaults.cache_clear()
 
 
-def unregister(op_type: str, *, domain: str = "", since: int | None = None) -> None:
+def unregister(op_type: str, *, domain: str = "", since: int | None = None, xp=None) -> None:
     key = (_norm_domain(domain), op_type)
+    xname = _xp_name(xp)
+    table = _REGISTRY if xname is None else _OVERRIDES.get(xname, {})
     if since is None:
-        _REGISTRY.pop(key, None)
-    elif key in _REGISTRY:
-        _REGISTRY[key] = [e for e in _REGISTRY[key] if e.since != since]
+        table.pop(key, None)
+    elif key in table:
+        table[key] = [e for e in table[key] if e.since != since]
 
 
 def _ensure_loaded() -> None:
@@ -108,9 +136,57 @@ def _ensure_loaded() -> None:
     import workbench.ops  # noqa: F401
 
 
+def _ensure_overrides(xname: str) -> None:
+    if xname in _overrides_loaded:
+        return
+    _overrides_loaded.add(xname)
+    mod = _OVERRIDE_MODULES.get(xname)
+    if mod:
+        import importlib
+        importlib.import_module(mod)
+
+
 def lookup(op_type: str, domain: str = "", opset: int | None = None,
-           node_name: str | None = None) -> KernelEntry:
-    """The kernel for ``op_type`` at ``opset``: the newest ``since`` <= opset."""
+           node_name: str | None = None, xp=None) -> KernelEntry:
+    """The kernel for ``op_type`` at ``opset``: the newest ``since`` <= opset.
+
+    With ``xp`` (an array module or its name, e.g. ``"cupy"``) an override registered for that
+    module is preferred when its ``since`` is at least the portable kernel's.
+    """
+    entry = _lookup(op_type, domain, opset, node_name)
+    xname = _xp_name(xp)
+    if xname is None:
+        return entry
+    _ensure_overrides(xname)
+    over = _OVERRIDES.get(xname, {}).get((entry.domain, op_type))
+    if not over:
+        return entry
+    best = None
+    for e in over:  # sorted by since
+        if opset is None or e.since <= opset:
+            best = e
+    if best is not None and best.since >= entry.since:
+        return best
+    return entry
+
+
+def portable(op_type: str, since: int | None = None, domain: str = "") -> Callable:
+    """The portable (array-module agnostic) kernel function of ``op_type`` at opset ``since``
+    (what an override falls back to)."""
+    return _lookup(op_type, domain, since, None).fn
+
+
+def overrides(xp) -> dict[tuple[str, str], list[int]]:
+    """{(domain, op_type): [since versions]} of the overrides registered for ``xp``."""
+    xname = _xp_name(xp)
+    if xname is None:
+        return {}
+    _ensure_overrides(xname)
+    return {k: [e.since for e in v] for k, v in sorted(_OVERRIDES.get(xname, {}).items()) if v}
+
+
+def _lookup(op_type: str, domain: str = "", opset: int | None = None,
+            node_name: str | None = None) -> KernelEntry:
     _ensure_loaded()
     dom = _norm_domain(domain)
     entries = _REGISTRY.get((dom, op_type))

@@ -43,6 +43,10 @@ def _num(v):
     return v if math.isfinite(v) else None
 
 
+def _short(v):
+    return None if v is None else float(f"{v:.7g}")
+
+
 def to_numpy(a):
     if isinstance(a, np.ndarray):
         return a
@@ -127,7 +131,8 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
     Parameters: ``model`` (path/ModelProto/LoadedModel/Model/Graph), ``inputs`` (list in input
     order or dict by name), ``nodes`` (restrict statistics to these node names), ``keep``
     (node/value names whose full arrays are kept), ``keep_bytes`` (budget for other full
-    arrays, default 32 MiB), ``compare`` (None or "onnxruntime"), ``rtol``/``atol``.
+    arrays, default 32 MiB), ``compare`` (None or "onnxruntime"), ``rtol``/``atol``,
+    ``device`` (e.g. "CUDA:0": run there; statistics are computed on the host).
     """
 
     _esm = esm("graph_core.js", "tensor_inspector.js")
@@ -146,13 +151,20 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
 
     def __init__(self, model, inputs, *, nodes=None, keep=None, keep_bytes: int = 32 << 20,
                  compare: str | None = None, rtol: float = 1e-3, atol: float = 1e-4,
-                 height: int = 460, **kwargs):
+                 device=None, height: int = 460, **kwargs):
         super().__init__(height=height, **kwargs)
         src = as_source(model)
         self.source = src
         self.graph = src.graph
         self.title = src.name
+        self._device = device
         self._feeds = inputs
+        if device is not None:          # feeds go to the device once; stats come back small
+            from workbench.device import get_device
+            dev = get_device(device)
+            put = dev.put
+            self._feeds = ({k: put(v) for k, v in inputs.items()} if isinstance(inputs, dict)
+                           else [put(v) for v in inputs])
         self._only = set(nodes) if nodes is not None else None
         self._keep = set(keep or ())
         self.keep_bytes = int(keep_bytes)
@@ -173,7 +185,7 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
         unsupported = []
         plan = None
         try:
-            plan = Plan(g)
+            plan = self._plan()
         except UnsupportedOperatorError as e:
             errs = getattr(e, "missing", None) or [e]
             bad = {x.node_name for x in errs}
@@ -188,7 +200,7 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
                                                  for c in self._consumers().get(o, ()))]
             sinks = list(dict.fromkeys(sinks))
             try:
-                plan = Plan(g, outputs=sinks) if sinks else None
+                plan = self._plan(sinks) if sinks else None
             except WorkbenchError as e2:
                 self.error = f"could not plan the runnable part: {e2}"
                 plan = None
@@ -210,6 +222,10 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
                 self.error = str(e)
             self.run_seconds = time.perf_counter() - t0
         self._build_rows(order, failed)
+
+    def _plan(self, outputs=None) -> Plan:
+        kw = {"device": self._device} if self._device is not None else {}
+        return Plan(self.graph, outputs=outputs, **kw)
 
     def _consumers(self) -> dict:
         if not hasattr(self, "_cons"):
@@ -341,10 +357,11 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
                     if status == "ok":
                         row["status"] = "not run" if (after_fail or self.error) else "skipped"
                 else:
-                    row.update({k: st.get(k) for k in ("shape", "dtype", "min", "max", "mean",
-                                                       "std", "nan", "inf")})
+                    row.update({k: st.get(k) for k in ("shape", "dtype", "nan", "inf")})
+                    # 7 significant digits keep the table JSON small (full values: stats())
+                    row.update({k: _short(st.get(k)) for k in ("min", "max", "mean", "std")})
                     if "diff" in st:
-                        row["diff"] = st["diff"]
+                        row["diff"] = _short(st["diff"])
                         row["diff_ok"] = st["diff_ok"]
                         if not st["diff_ok"] and not first_div:
                             first_div = o
@@ -405,7 +422,7 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
         if name not in self._stats:
             return None
         try:
-            out, = Plan(self.graph, outputs=[name]).run(self._feeds)
+            out, = self._plan([name]).run(self._feeds)
         except WorkbenchError:
             return None
         return to_numpy(out)

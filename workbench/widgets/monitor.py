@@ -53,6 +53,18 @@ def _fmt_val(v) -> str:
     return f"{v:.3e}" if a and (a < 1e-3 or a >= 1e5) else f"{v:.4f}"
 
 
+def _scalar(v):
+    """A float from a number, a 0-d/1-element array or a workbench/numpy/cupy tensor."""
+    if v is None:
+        return None
+    if hasattr(v, "item"):
+        v = v.item()
+    elif hasattr(v, "numpy"):
+        v = v.numpy()
+        v = v.item() if hasattr(v, "item") else v
+    return float(v)
+
+
 def _isatty(stream) -> bool:
     try:
         return bool(stream.isatty())
@@ -211,8 +223,7 @@ class TrainingMonitor:
         h["step"].append(step)
         for k in set(h) - {"step"} | set(vals):
             h.setdefault(k, [None] * (len(h["step"]) - 1))
-            v = vals.get(k)
-            h[k].append(None if v is None else float(v))
+            h[k].append(_scalar(vals.get(k)))
         now = time.perf_counter()
         force = phase == "val" or (self.total is not None and self.step >= self.total)
         if self.mode == "widget" and self.widget is not None:
@@ -220,6 +231,21 @@ class TrainingMonitor:
                 self._push(now)
         elif self.mode == "text":
             self._text(now, force)
+
+    def fit_callback(self, epoch: int, logs: dict) -> bool:
+        """For ``workbench.training.fit(..., callback=monitor.fit_callback)``: one train and
+        one val point per epoch; returns False (stop) once Stop was pressed.
+
+        >>> with TrainingMonitor(total=epochs) as mon:                  # doctest: +SKIP
+        ...     fit(model, x, y, epochs=epochs, callback=mon.fit_callback)
+        """
+        step = epoch + 1
+        train = {k: v for k, v in logs.items() if not k.startswith("val_") and k != "time"}
+        val = {k[4:]: v for k, v in logs.items() if k.startswith("val_")}
+        self.update(step=step, **train)
+        if val:
+            self.update(step=step, phase="val", **val)
+        return not self.should_stop
 
     # ------------------------------------------------------------------ derived numbers
     @property

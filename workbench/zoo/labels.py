@@ -67,8 +67,10 @@ def imagenet_labels(*, offline: bool | None = None, quiet: bool = False) -> list
         path = zoo.fetch_extra("resnet18", "synset.txt", offline=offline, progress=False)
     except DownloadError as e:
         if not quiet:
-            print(f"ImageNet labels are not available ({_short(e)}); showing class_<i> "
-                  f"instead of names", file=sys.stderr)
+            why = ("not in the cache, and the workbench is offline" if "offline" in str(e)
+                   else _short(e))
+            print(f"ImageNet labels (synset.txt) are not available ({why}); showing "
+                  f"class_<i> instead of names", file=sys.stderr)
         return placeholder_labels(1000)
     lines = list(_imagenet_cached(path, os.path.getmtime(path)))
     if len(lines) != 1000:

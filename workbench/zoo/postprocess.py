@@ -2,15 +2,14 @@
 SQuAD answer spans.
 
 >>> import numpy as np
->>> top_k(np.log([[0.1, 0.6, 0.3]]), ["a", "b", "c"], k=2)
-[('b', 0.6...), ('c', 0.3...)]
+>>> [(c, round(p, 3)) for c, p in top_k(np.log([[0.1, 0.6, 0.3]]), ["a", "b", "c"], k=2)]
+[('b', 0.6), ('c', 0.3)]
 """
 
 from __future__ import annotations
 
 import collections
 import colorsys
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -233,9 +232,9 @@ def squad_answers(example, start_logits, end_logits, *, n_best: int = 20,
                          f"{len(end_logits)} end logit rows")
     cands = []
     for fi, feat in enumerate(example.features):
-        n_tok = len(feat.tokens)
-        for s in best_indexes(start_logits[fi][:n_tok], n_best):
-            for e in best_indexes(end_logits[fi][:n_tok], n_best):
+        # as run_squad: the n-best over the whole row (padding included), then filtered
+        for s in best_indexes(start_logits[fi], n_best):
+            for e in best_indexes(end_logits[fi], n_best):
                 if s not in feat.token_to_orig_map or e not in feat.token_to_orig_map:
                     continue
                 if not feat.token_is_max_context.get(s, False):
@@ -245,7 +244,7 @@ def squad_answers(example, start_logits, end_logits, *, n_best: int = 20,
                 cands.append((start_logits[fi][s] + end_logits[fi][e], fi, s, e))
     cands.sort(key=lambda c: -c[0])
     seen, out = set(), []
-    for score, fi, s, e in cands:
+    for _score, fi, s, e in cands:
         if len(out) >= n_best:
             break
         feat = example.features[fi]
@@ -292,7 +291,3 @@ def sentiment(logits, labels=("negative", "positive")) -> tuple:
     i = int(np.argmax(p))
     return labels[i], float(p[i])
 
-
-__all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "collections",
-                                                                     "colorsys", "math", "np",
-                                                                     "dataclass")]

@@ -8,7 +8,7 @@ a valid image never raises.
 >>> x = imagenet(np.zeros((50, 80, 4), np.uint8))        # RGBA, any size
 >>> x.shape, x.dtype
 ((1, 3, 224, 224), dtype('float32'))
->>> x[0, :, 0, 0].round(4).tolist()                        # black, normalised
+>>> [round(float(v), 4) for v in x[0, :, 0, 0]]            # black, normalised
 [-2.1179, -2.0357, -1.8044]
 """
 
@@ -47,11 +47,40 @@ def load_image(image, mode: str = "RGB"):
     else:
         img = Image.fromarray(_as_uint8_hwc(np.asarray(image)))
     if img.mode != mode:
-        if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
-            img = img.convert("RGBA").convert(mode)
-        else:
-            img = img.convert(mode)
+        img = _convert(img, mode)
     return img
+
+
+def _convert(img, mode: str):
+    """``img.convert(mode)`` for every PIL mode: high-range gray (16/32-bit, float) is scaled
+    to 0-255 rather than clipped, LAB goes through ImageCms, alpha is dropped."""
+    from PIL import Image
+
+    if img.mode in ("I", "F") or img.mode.startswith("I;16"):
+        a = np.asarray(img, dtype=np.float64)
+        top = float(np.nanmax(a)) if a.size else 0.0
+        if img.mode.startswith("I;16") or (img.mode == "I" and 255 < top <= 65535):
+            a = a / 257.0
+        elif img.mode == "I" and top > 65535:
+            a = a * (255.0 / top)
+        elif img.mode == "F" and top <= 1.0:
+            a = a * 255.0
+        img = Image.fromarray(np.clip(np.rint(np.nan_to_num(a)), 0, 255).astype(np.uint8), "L")
+        return img if mode == "L" else img.convert(mode)
+    if img.mode == "LAB":
+        from PIL import ImageCms
+
+        t = ImageCms.buildTransformFromOpenProfiles(ImageCms.createProfile("LAB"),
+                                                    ImageCms.createProfile("sRGB"), "LAB", "RGB")
+        img = ImageCms.applyTransform(img, t)
+        return img if mode == "RGB" else img.convert(mode)
+    try:
+        if img.mode in ("RGBA", "LA", "PA", "RGBa") or \
+                (img.mode == "P" and "transparency" in img.info):
+            img = img.convert("RGBA")
+        return img.convert(mode)
+    except ValueError:          # a mode PIL cannot convert (La, ...): its first band as gray
+        return img.getchannel(0).convert("L").convert(mode)
 
 
 def _as_uint8_hwc(a: np.ndarray) -> np.ndarray:

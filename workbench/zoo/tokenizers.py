@@ -152,11 +152,23 @@ class BertTokenizer:
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
+_TWIN_WORDS = (
+    "the of and to a in is was for on that by with as it at from this be are or an were which "
+    "its new early years convention center failed meet attendance revenue expectations many "
+    "silicon valley businesses choosing much larger moscone san francisco jose due latter "
+    "limited space ballot measure finance expansion via hotel tax reach required two thirds "
+    "majority pass june team built south hall million blue white tent adding square feet "
+    "exhibit where how what when who why year may votes did need go film so good bad movie "
+    "here some text encode hello world")
+
+
 def bert_twin_vocab() -> list[str]:
-    """A character-level WordPiece vocabulary (specials, then each printable ASCII character and
-    its ``##`` form): every ASCII word tokenises, letter by letter. For the BERT twin only."""
+    """A small WordPiece vocabulary: the specials, ~130 common (and demo) words, then each
+    printable lower-case ASCII character and its ``##`` form, so every ASCII word tokenises
+    (unknown words letter by letter). For the BERT twin only."""
     chars = [chr(c) for c in range(33, 127) if not ("A" <= chr(c) <= "Z")]
-    return BERT_SPECIALS + chars + ["##" + c for c in chars]
+    words = list(dict.fromkeys(w for w in _TWIN_WORDS.split() if w not in chars))
+    return BERT_SPECIALS + words + chars + ["##" + c for c in chars]
 
 
 # --------------------------------------------------------------------------- byte-level BPE

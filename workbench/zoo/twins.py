@@ -95,12 +95,35 @@ def _export(model: layer.Layer, example: list, in_names: list, out_names: list,
                           doc_string=f"untrained architecture twin of the zoo model "
                                      f"{twin_of!r} (workbench.zoo.twins); predictions are "
                                      f"meaningless")
+    proto.doc_string = proto.graph.doc_string
+    _renumber(proto)
     meta = {META_TWIN_OF: twin_of, **{f"workbench.{k}": str(v) for k, v in meta.items()}}
     for k, v in meta.items():
         p = proto.metadata_props.add()
         p.key, p.value = k, v
     onnx.checker.check_model(proto)
     return proto
+
+
+def _renumber(proto: onnx.ModelProto) -> None:
+    """Name nodes ``<Op>_<i>`` by position (the tape numbers them per process), and their
+    intermediate values after them, so that a twin's bytes depend only on its seed."""
+    keep = {v.name for v in proto.graph.output} | {v.name for v in proto.graph.input} | \
+        {t.name for t in proto.graph.initializer}
+    rename = {}
+    for i, n in enumerate(proto.graph.node):
+        n.name = f"{n.op_type}_{i}"
+        for k, o in enumerate(n.output):
+            if o and o not in keep:
+                rename[o] = f"{n.name}_out" if len(n.output) == 1 else f"{n.name}_out{k}"
+    for n in proto.graph.node:
+        for seq in (n.input, n.output):
+            for j, v in enumerate(seq):
+                if v in rename:
+                    seq[j] = rename[v]
+    for vi in proto.graph.value_info:
+        if vi.name in rename:
+            vi.name = rename[vi.name]
 
 
 def _image(shape) -> Tensor:
@@ -482,8 +505,6 @@ class _BertSquad(layer.Layer):
         self.qa = layer.Linear(dim, 2)
 
     def forward(self, unique_ids, segment_ids, input_mask, input_ids):
-        # recorded first: to_onnx would otherwise take an int64 [k] shape constant met
-        # earlier on the tape for this int64 [N] input (its leaf-matching heuristic)
         uid = autograd.identity(unique_ids)
         x = autograd.add(autograd.add(self.word(input_ids), self.pos(_positions(input_ids))),
                          self.type(segment_ids))
@@ -495,7 +516,10 @@ class _BertSquad(layer.Layer):
             x = lay(x, bias)
         logits = self.qa(x)                                          # [N, L, 2]
         start, end = autograd.split(logits, 2, [1, 1])
-        return autograd.squeeze(end, 2), autograd.squeeze(start, 2), uid
+        # unique ids first: to_onnx walks the outputs in order and would otherwise take an
+        # int64 [k] shape constant met earlier for this int64 [N] input (its leaf-matching
+        # heuristic); bertsquad() puts the outputs back in the real model's order
+        return uid, autograd.squeeze(end, 2), autograd.squeeze(start, 2)
 
 
 def bertsquad(seed: int = SEED) -> onnx.ModelProto:
@@ -515,10 +539,15 @@ def bertsquad(seed: int = SEED) -> onnx.ModelProto:
                   .astype(np.int64))
     uid = _const(np.arange(n, dtype=np.int64))
     names_in = ["unique_ids_raw_output___9:0", "segment_ids:0", "input_mask:0", "input_ids:0"]
-    names_out = ["unstack:1", "unstack:0", "unique_ids:0"]
+    names_out = ["unique_ids:0", "unstack:1", "unstack:0"]
     dyn = {k: {0: "N"} for k in names_in + names_out}
-    return _export(_BertSquad(vocab, L), [uid, seg, mask, ids], names_in, names_out, dyn,
-                   "bertsquad", max_positions=L, seq_length=L)
+    proto = _export(_BertSquad(vocab, L), [uid, seg, mask, ids], names_in, names_out, dyn,
+                    "bertsquad", max_positions=L, seq_length=L)
+    outs = list(proto.graph.output)
+    del proto.graph.output[:]
+    proto.graph.output.extend(outs[1:] + outs[:1])     # unstack:1, unstack:0, unique_ids:0
+    onnx.checker.check_model(proto)
+    return proto
 
 
 class _RobertaCls(layer.Layer):
