@@ -6,7 +6,8 @@ exported once per session (``torch_exports`` fixture, tests/conftest.py) and run
 normalised max error ``max|ours - ort| / max|ort|`` must be <= 1e-3 for every output, at batch 1
 and batch 3 (the batch axis is dynamic; the sequence axis of the transformers too).
 Opset variants cover the exporter's different op forms (Clip attributes vs inputs, LayerNorm
-decomposed vs LayerNormalization, Split/Slice/Reduce* attribute-to-input moves).
+decomposed (14) vs LayerNormalization (17+), GELU decomposed vs the Gelu op (20, erf and tanh),
+Split/Slice/Reduce* attribute-to-input moves).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ CASES = [
     ("resnet18", 17), ("resnet18", 9), ("resnet18", 11), ("resnet18", 20),
     ("mobilenetv2", 17), ("mobilenetv2", 10),
     ("shufflenetv2", 17), ("shufflenetv2", 11),
-    ("bert", 17), ("bert", 14),
-    ("gpt2", 17), ("gpt2", 14), ("gpt2", 18),
+    ("bert", 17), ("bert", 14), ("bert", 20),
+    ("gpt2", 17), ("gpt2", 14), ("gpt2", 18), ("gpt2", 20),
 ]
 SEQ = {1: 8, 3: 5}  # sequence length per batch size for the transformers (dynamic axis)
 

@@ -238,7 +238,7 @@ def cmd_view(args) -> int:
     except ImportError as e:
         raise WorkbenchError(f"workbench view needs the widgets extra ({e}); "
                              f"pip install 'onnx-workbench[lab]'") from None
-    return view_main([args.model] + (["--port", str(args.port)] if args.port else []))
+    return view_main([args.model] + args.rest)
 
 
 def cmd_conformance(args) -> int:
@@ -271,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
     v = sub.add_parser("view", help="open a model in Netron")
     v.add_argument("model")
-    v.add_argument("--port", type=int)
+    v.add_argument("rest", nargs=argparse.REMAINDER,
+                   help="--port N, --host ADDR, --no-browser, --timeout S (see workbench view -h)")
     v.set_defaults(func=cmd_view)
     c = sub.add_parser("conformance", help="run the ONNX node conformance cases")
     c.add_argument("-k", action="append")
