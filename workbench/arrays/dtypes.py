@@ -41,6 +41,8 @@ if _mld is not None:
         ("INT2", "int2"),
         ("UINT2", "uint2"),
         ("FLOAT4E2M1", "float4_e2m1fn"),
+        ("FLOAT6E2M3", "float6_e2m3fn"),
+        ("FLOAT6E3M2", "float6_e3m2fn"),
     ]:
         if hasattr(TensorProto, _name) and hasattr(_mld, _attr):
             _ONNX_TO_NP[getattr(TensorProto, _name)] = np.dtype(getattr(_mld, _attr))
