@@ -66,8 +66,13 @@ class Row:
 
 
 # ----------------------------------------------------------------------------- timing
+STAT = {"median": statistics.median, "min": min}
+_stat = statistics.median  # set from --stat in main()
+
+
 def time_median(fn, runs: int, warmup: int) -> tuple[float, object]:
-    """Median wall time of ``fn()`` in ms over ``runs`` runs after ``warmup`` runs."""
+    """Median (or, with ``--stat min``, best) wall time of ``fn()`` in ms over ``runs`` runs
+    after ``warmup`` runs."""
     out = None
     for _ in range(warmup):
         out = fn()
@@ -76,7 +81,7 @@ def time_median(fn, runs: int, warmup: int) -> tuple[float, object]:
         t0 = time.perf_counter()
         out = fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), out
+    return _stat(times), out
 
 
 class _Budget(Exception):
@@ -250,6 +255,8 @@ def environment(threads: int) -> dict:
         import torch
 
         env["torch"] = torch.__version__
+    if hasattr(os, "getloadavg"):
+        env["loadavg_1m"] = round(os.getloadavg()[0], 2)
     return env
 
 
@@ -268,9 +275,14 @@ def main(argv=None) -> int:
                    help="intra-op threads for onnxruntime and torch (default: os.cpu_count())")
     p.add_argument("--quick", action="store_true",
                    help="fast sanity run: batch 1, 3 runs, 1 warm-up, small reference budget")
+    p.add_argument("--stat", choices=sorted(STAT), default="median",
+                   help="median (default) or min of the timed runs; min is steadier on a busy "
+                        "machine")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failures")
     args = p.parse_args(argv)
+    global _stat
+    _stat = STAT[args.stat]
     if args.quick:
         args.batches, args.runs, args.warmup = [1], 3, 1
         args.reference_budget = min(args.reference_budget, 15.0)
@@ -289,7 +301,10 @@ def main(argv=None) -> int:
 
     env = environment(args.threads)
     print("environment: " + ", ".join(f"{k}={v}" for k, v in env.items()))
-    print(f"median of {args.runs} runs after {args.warmup} warm-up runs; "
+    if env.get("loadavg_1m", 0) > 0.5 * (os.cpu_count() or 1):
+        print(f"warning: the machine is busy (load average {env['loadavg_1m']}): timings will "
+              "be noisy; try --stat min, or run on a quiet machine")
+    print(f"{args.stat} of {args.runs} runs after {args.warmup} warm-up runs; "
           "ours/ort < 1 means faster than onnxruntime\n")
     rows, cache = [], {}
     for name in models:
@@ -303,7 +318,7 @@ def main(argv=None) -> int:
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(
-            {"environment": env,
+            {"environment": env, "stat": args.stat, "runs": args.runs,
              "rows": [dict(asdict(r), ratio=r.ratio) for r in rows]}, indent=2))
     return 0
 

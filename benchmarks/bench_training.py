@@ -4,7 +4,8 @@ One training step = forward + loss + backward + SGD update (momentum 0.9), batch
 (BatchNorm batch statistics, Dropout active). The models are built in PyTorch
 (``tests/helpers/torch_models.py``), exported with torch.onnx (opset 17) and imported with
 ``sonnx.SONNXModel``, so both sides train the same network from the same weights. Both run on
-the same machine in the same process, PyTorch with ``torch.set_num_threads(os.cpu_count())``.
+the same machine in the same process, PyTorch with ``torch.set_num_threads(os.cpu_count())``,
+their steps interleaved (ours, torch, ours, torch...) so that both see the same load.
 
     python benchmarks/bench_training.py                 # ResNet-18, MobileNetV2, BERT-like
     python benchmarks/bench_training.py --quick         # 112x112 images, 2 timed steps
@@ -47,48 +48,57 @@ def _labels(name, batch, seed=0):
     return np.random.default_rng(seed).integers(0, n, size=batch).astype(np.int64)
 
 
-def bench_torch(model, xs, labels, warmup, runs):
-    import torch
-    model.train()
-    sgd = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    tx = [torch.from_numpy(a) for a in xs]
-    ty = torch.from_numpy(labels)
-    times, first = [], None
-    for i in range(warmup + runs):
-        t0 = time.perf_counter()
-        out = model(*tx)
+class TorchStep:
+    def __init__(self, model, xs, labels):
+        import torch
+        self.torch = torch
+        self.model = model.train()
+        self.sgd = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        self.tx = [torch.from_numpy(a) for a in xs]
+        self.ty = torch.from_numpy(labels)
+
+    def __call__(self) -> float:
+        out = self.model(*self.tx)
         logits = out[-1] if isinstance(out, tuple) else out
-        loss = torch.nn.functional.cross_entropy(logits, ty)
-        sgd.zero_grad()
+        loss = self.torch.nn.functional.cross_entropy(logits, self.ty)
+        self.sgd.zero_grad()
         loss.backward()
-        sgd.step()
-        dt = time.perf_counter() - t0
-        if first is None:
-            first = float(loss.detach())
-        if i >= warmup:
-            times.append(dt)
-    return statistics.median(times), first
+        self.sgd.step()
+        return float(loss.detach())
 
 
-def bench_ours(proto, xs, labels, warmup, runs, use_graph):
-    from workbench import autograd, opt, sonnx, tensor
-    m = sonnx.SONNXModel(proto)
-    m.compile([tensor.PlaceHolder(a.shape, dtype=a.dtype) for a in xs], is_train=True,
-              use_graph=use_graph)
-    sgd = opt.SGD(lr=1e-3, momentum=0.9)
-    txs = [tensor.from_numpy(a) for a in xs]
-    times, first = [], None
-    for i in range(warmup + runs):
+class OurStep:
+    def __init__(self, proto, xs, labels, use_graph):
+        from workbench import autograd, opt, sonnx, tensor
+        self.autograd = autograd
+        self.m = sonnx.SONNXModel(proto)
+        self.m.compile([tensor.PlaceHolder(a.shape, dtype=a.dtype) for a in xs],
+                       is_train=True, use_graph=use_graph)
+        self.sgd = opt.SGD(lr=1e-3, momentum=0.9)
+        self.txs = [tensor.from_numpy(a) for a in xs]
+        self.labels = labels
+
+    def __call__(self) -> float:
+        outs = self.m.forward(*self.txs)
+        loss = self.autograd.softmax_cross_entropy(outs[-1], self.labels)
+        self.sgd.backward_and_update(loss)
+        return float(loss.numpy())
+
+
+def interleaved(ours, theirs, warmup, runs):
+    """Alternate the two steps so that both see the same machine load; medians."""
+    first = (ours(), theirs())
+    for _ in range(max(0, warmup - 1)):
+        ours(), theirs()
+    t_ours, t_theirs = [], []
+    for _ in range(runs):
         t0 = time.perf_counter()
-        outs = m.forward(*txs)
-        loss = autograd.softmax_cross_entropy(outs[-1], labels)
-        sgd.backward_and_update(loss)
-        dt = time.perf_counter() - t0
-        if first is None:
-            first = float(loss.numpy())
-        if i >= warmup:
-            times.append(dt)
-    return statistics.median(times), first
+        ours()
+        t_ours.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        theirs()
+        t_theirs.append(time.perf_counter() - t0)
+    return statistics.median(t_ours), statistics.median(t_theirs), first
 
 
 def main(argv=None) -> int:
@@ -101,6 +111,9 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--graph", action="store_true", help="compile with use_graph=True")
     ap.add_argument("--quick", action="store_true", help="112x112 images, 2 timed runs")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads for both sides (default: all cores); numpy's BLAS is limited "
+                         "with threadpoolctl when installed")
     ap.add_argument("--json", help="write the results there")
     args = ap.parse_args(argv)
     if args.quick:
@@ -112,8 +125,14 @@ def main(argv=None) -> int:
         return 0
     from tests.helpers.torch_models import build, export_onnx
 
-    threads = os.cpu_count() or 1
+    threads = args.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
+    if args.threads:
+        try:
+            from threadpoolctl import threadpool_limits
+            threadpool_limits(args.threads)
+        except ImportError:
+            print("threadpoolctl is not installed: numpy's BLAS keeps its own thread count")
     print(f"batch {args.batch}, images {args.image}x{args.image}, bert seq {args.seq}, "
           f"{threads} threads, median of {args.runs} steps after {args.warmup} warm-up")
     print(f"{'model':14s} {'ours ms':>10s} {'torch ms':>10s} {'ours/torch':>11s} "
@@ -124,9 +143,9 @@ def main(argv=None) -> int:
         proto = export_onnx(model, example, None, opset=17)
         xs = _inputs(name, args.batch, args.image, args.seq)
         labels = _labels(name, args.batch)
-        # ours first: the torch step changes the torch model's weights
-        ours, l_ours = bench_ours(proto, xs, labels, args.warmup, args.runs, args.graph)
-        theirs, l_torch = bench_torch(model, xs, labels, args.warmup, args.runs)
+        ours, theirs, (l_ours, l_torch) = interleaved(
+            OurStep(proto, xs, labels, args.graph), TorchStep(model, xs, labels),
+            args.warmup, args.runs)
         ratio = ours / theirs
         rows.append({"model": name, "ours_ms": ours * 1e3, "torch_ms": theirs * 1e3,
                      "ratio": ratio, "loss_ours": l_ours, "loss_torch": l_torch})

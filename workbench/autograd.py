@@ -240,6 +240,7 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
         raise KernelError(f"{op_type}{f' (node {name!r})' if name else ''}: the kernel "
                           f"returned {len(r)} output(s), {n_outputs} were asked for",
                           node_name=name, op_type=op_type)
+    extra = r[n_outputs:]  # training forms may return statistics for their gradient rule
     r = [np.asarray(a) if isinstance(a, np.generic) else a for a in r[:n_outputs]]
 
     recording = _recording.get()
@@ -271,7 +272,7 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
         if grad_on:
             node.needs_input_grad = tuple(t is not None and t.requires_grad for t in ts)
             node.saved_in = arrays
-            node.saved_out = r
+            node.saved_out = r + list(extra) if extra else r
         else:
             node.needs_input_grad = None
             node.saved_in = node.saved_out = None
@@ -340,8 +341,9 @@ def backward(y: Tensor, dy=None, *, retain_graph: bool = False) -> list:
     if y.creator is None or not y.requires_grad:
         raise GradientError(
             "backward(): the loss does not depend on any Tensor that requires a gradient "
-            "(all parameters frozen, computed inside no_grad()/inference_mode(), or the loss "
-            "is a constant)")
+            "(all parameters frozen, computed inside no_grad()/inference_mode() or by a model "
+            "compiled with is_train=False and not switched to model.train(), or the loss is "
+            "a constant)")
     xp = xp_of(y.data)
     if dy is None:
         g0 = xp.ones(y.shape, dtype=y.dtype)

@@ -58,6 +58,7 @@ class Model(Layer):
         self._placeholders = None
         self._replays = {}
         self.optimizer = None
+        self.inference_only = False
 
     # ------------------------------------------------------------------ SINGA API
     def set_optimizer(self, optimizer) -> None:
@@ -72,7 +73,18 @@ class Model(Layer):
     def __call__(self, *args, **kwargs):
         if self.training and type(self).train_one_batch is not Model.train_one_batch:
             return self.train_one_batch(*args, **kwargs)
+        if self.inference_only:
+            with autograd.no_grad():
+                return self.forward(*args, **kwargs)
         return self.forward(*args, **kwargs)
+
+    def train(self, mode: bool = True):
+        """Training mode (Dropout drops, BatchNorm uses batch statistics); ``train(True)``
+        also ends the inference-only state of ``compile(is_train=False)``."""
+        super().train(mode)
+        if mode:
+            object.__setattr__(self, "inference_only", False)
+        return self
 
     def graph(self, mode: bool = True, sequential: bool = False) -> None:
         self._set_graph_mode(mode)
@@ -94,6 +106,10 @@ class Model(Layer):
         if self._needs_init_forward():
             self._init_forward(inputs)
         self.train(is_train)
+        # compile(is_train=False) is SINGA's inference set-up: forward passes then keep no
+        # arrays for a backward pass (their structure is still recorded, for export) until
+        # model.train() is called
+        object.__setattr__(self, "inference_only", not is_train)
         self.sequential = sequential
         self._set_graph_mode(use_graph)
 
@@ -101,7 +117,9 @@ class Model(Layer):
         """Hook for subclasses (SONNXModel re-plans for the placeholders' batch size)."""
 
     def _needs_init_forward(self) -> bool:
-        return any(not lay._initialized for _, lay in self._walk() if lay is not self)
+        """True when a sublayer still has to size its parameters from a first input."""
+        return any(not lay._initialized and type(lay).initialize is not Layer.initialize
+                   for _, lay in self._walk() if lay is not self)
 
     def _init_forward(self, inputs) -> None:
         saved = {k: t.data.copy() for k, t in self.get_states().items() if not t.stores_grad}
@@ -235,7 +253,11 @@ class Model(Layer):
             self.train(was)
         outs = [out] if isinstance(out, Tensor) else list(out)
         kwargs.setdefault("model_name", type(self).__name__)
+        self._export_defaults(xs, outs, kwargs)
         return to_onnx(xs, outs, **kwargs)
+
+    def _export_defaults(self, inputs, outputs, kwargs) -> None:
+        """Hook: fill default export arguments (SONNXModel keeps the file's names)."""
 
     def export(self, path, inputs=None, *, overwrite: bool = False, **kwargs) -> str:
         """Write the model to ``path`` as ONNX (atomically; never over an existing file

@@ -168,6 +168,62 @@ class SONNXModel(Model):
             t.requires_grad = True
         return self
 
+    def run(self, *inputs, last_layers=-1, aux_output=()) -> list:
+        """Numpy in, numpy out: the outputs (at ``last_layers``) without recording gradients."""
+        xs = [x if isinstance(x, Tensor) else Tensor(device=self._dev, data=np.asarray(x))
+              for x in inputs]
+        was = self.training
+        self.eval()
+        try:
+            with autograd.no_grad():
+                outs = SONNXModel.forward(self, *xs, last_layers=last_layers,
+                                          aux_output=aux_output)
+        finally:
+            super().train(was)
+        return [o.numpy() for o in outs]
+
+    def _example_inputs(self, inputs):
+        if inputs is None and self._placeholders is None:
+            from workbench.arrays.dtypes import np_dtype_of_onnx
+            from workbench.tensor import PlaceHolder
+            return [PlaceHolder(tuple(d if isinstance(d, int) else 1 for d in (v.shape or ())),
+                                device=self._dev, dtype=np_dtype_of_onnx(v.dtype or 1),
+                                name=v.name) for v in self.onnx_graph.inputs]
+        return super()._example_inputs(inputs)
+
+    def _export_defaults(self, inputs, outputs, kwargs) -> None:
+        """Keep the file's input names and its symbolic (dynamic) dimensions."""
+        names = self.input_names
+        if "input_names" not in kwargs and len(inputs) == len(names):
+            kwargs["input_names"] = names
+        if "dynamic_axes" in kwargs:
+            return
+        declared = {}
+        inits = {t.name for t in self._proto.graph.initializer}
+        for vi in list(self._proto.graph.input) + list(self._proto.graph.output):
+            if vi.name in inits or not vi.type.HasField("tensor_type"):
+                continue
+            dims = {i: d.dim_param for i, d in enumerate(vi.type.tensor_type.shape.dim)
+                    if d.dim_param}
+            if dims:
+                declared[vi.name] = dims
+        in_names = kwargs.get("input_names") or []
+        out_names = list(kwargs.get("output_names") or []) + [
+            t.name for t in outputs[len(kwargs.get("output_names") or []):]]
+        dyn = {k: v for k, v in declared.items() if k in in_names or k in out_names}
+        if dyn:
+            kwargs["dynamic_axes"] = dyn
+
+    def to_device(self, device) -> SONNXModel:
+        """Move every imported weight (constants too) and appended layers to ``device``."""
+        device = _device.get_device(device)
+        for t in self._weights.values():
+            t.to_device(device)
+        super().to_device(device)
+        self._dev = device
+        self._share_initializers()
+        return self
+
     def _prepare_inputs(self, inputs) -> None:
         """Re-load with the placeholders' shapes (SINGA: the batch size of the PlaceHolder)."""
         infos = self.onnx_graph.inputs
@@ -188,8 +244,6 @@ class SONNXModel(Model):
         dev = inputs[0].device if inputs else None
         if dev is not None and dev != self._dev:
             self.to_device(dev)
-            self._dev = dev
-            self._share_initializers()
 
     def _check_input(self, info, t, where="forward") -> None:
         """dtype and rank always; fixed non-batch dimensions in forward (compile re-declares
@@ -211,6 +265,18 @@ class SONNXModel(Model):
                                      f"{list(info.shape)}, got {list(t.shape)} (dimension {d} "
                                      f"differs)")
 
+    def _outputs_for(self, last_layers, aux_output) -> tuple:
+        try:
+            key = (last_layers, tuple(aux_output))
+            hash(key)
+        except TypeError:
+            return tuple(resolve_cut(self.onnx_graph, last_layers) + list(aux_output))
+        cache = self.__dict__.setdefault("_cut_cache", {})
+        if key not in cache or cache[key][0] is not self.onnx_graph:
+            outs = tuple(resolve_cut(self.onnx_graph, last_layers) + list(aux_output))
+            cache[key] = (self.onnx_graph, outs)
+        return cache[key][1]
+
     def _tplan(self, outputs: tuple) -> _TensorPlan:
         key = (outputs, self.training)
         tp = self._tplans.get(key)
@@ -224,8 +290,7 @@ class SONNXModel(Model):
     def forward(self, *x, last_layers=-1, aux_output=()):
         """Run the graph on Tensors (or arrays); returns the list of output Tensors (the
         outputs at ``last_layers``, then the ``aux_output`` values)."""
-        outs = resolve_cut(self.onnx_graph, last_layers) + list(aux_output)
-        tp = self._tplan(tuple(outs))
+        tp = self._tplan(self._outputs_for(last_layers, aux_output))
         infos = self.onnx_graph.inputs
         if len(x) != len(infos):
             raise InputError(f"the model takes {len(infos)} input(s) "
@@ -238,6 +303,9 @@ class SONNXModel(Model):
                                  f"{self._dev}; move it with Tensor.to_device")
             self._check_input(info, t)
             xs.append(t)
+        if self.inference_only:
+            with autograd.no_grad():
+                return self._run(tp, xs)
         return self._run(tp, xs)
 
     def _run(self, tp: _TensorPlan, xs: list) -> list:

@@ -79,6 +79,7 @@ CASES = [
     C("Where", [R.random((2, 3)) > 0.5, rnd(2, 3), rnd(3)], id="Where"),
     C("Identity", [rnd(2, 2)]),
     C("Cast", [rnd(2, 2)], {"to": 11}, id="Cast-f64"),
+    C("CastLike", [rnd(2, 2), np.zeros(1)], opset=15, wrt=[0]),
     # ---------------------------------------------------------------- activations
     C("Relu", [away(3, 4)]),
     C("LeakyRelu", [away(3, 4)], {"alpha": 0.2}),
@@ -94,6 +95,7 @@ CASES = [
     C("Gelu", [rnd(3, 4, lo=-3, hi=3)], opset=20, id="Gelu-erf"),
     C("Gelu", [rnd(3, 4, lo=-3, hi=3)], {"approximate": "tanh"}, opset=20, id="Gelu-tanh"),
     C("Mish", [rnd(3, 4, lo=-3, hi=3)], opset=18),
+    C("Swish", [rnd(3, 4, lo=-3, hi=3)], {"alpha": 1.5}, opset=24),
     C("Softmax", [rnd(2, 3, 4)], {"axis": 1}, opset=13, id="Softmax-13"),
     C("Softmax", [rnd(2, 3, 4)], {"axis": 1}, opset=11, id="Softmax-11-coerce"),
     C("LogSoftmax", [rnd(2, 3, 4)], {"axis": -1}, opset=13, id="LogSoftmax-13"),
@@ -156,6 +158,10 @@ CASES = [
     C("LayerNormalization", [rnd(2, 3, 4), rnd(3, 4), rnd(3, 4)], {"axis": 1},
       id="LayerNorm-axis1"),
     C("InstanceNormalization", [rnd(2, 3, 4, 4), rnd(3, lo=0.5, hi=1.5), rnd(3)]),
+    C("LRN", [rnd(2, 5, 3, 3)], {"size": 3, "alpha": 0.5, "beta": 0.75, "bias": 1.5},
+      id="LRN-odd"),
+    C("LRN", [rnd(1, 6, 2, 2)], {"size": 4, "alpha": 0.3, "beta": 0.6, "bias": 2.0},
+      id="LRN-even"),
     C("GroupNormalization", [rnd(2, 4, 3, 3), rnd(4, lo=0.5, hi=1.5), rnd(4)],
       {"num_groups": 2}, opset=21, id="GroupNorm-21"),
     # ---------------------------------------------------------------- shape / indexing
@@ -186,6 +192,10 @@ CASES = [
     C("Pad", [rnd(3, 4), i64([2, 1, 1, 3])], {"mode": "reflect"}, opset=13, id="Pad-reflect"),
     C("Pad", [rnd(3, 4), i64([2, 1, 1, 3])], {"mode": "edge"}, opset=13, id="Pad-edge"),
     C("Pad", [rnd(2, 3)], {"pads": [0, 1, 1, 0]}, opset=2, id="Pad-2"),
+    C("Resize", [rnd(1, 2, 2, 3), None, np.array([1, 1, 2, 1.5], np.float32)],
+      {"mode": "nearest"}, opset=13, wrt=[0], id="Resize-nearest"),
+    C("Upsample", [rnd(1, 2, 2, 3), np.array([1, 1, 2, 2], np.float32)], opset=9, wrt=[0],
+      id="Upsample-9"),
     C("DepthToSpace", [rnd(1, 8, 2, 3)], {"blocksize": 2}, id="DepthToSpace-DCR"),
     C("DepthToSpace", [rnd(1, 8, 2, 3)], {"blocksize": 2, "mode": "CRD"},
       id="DepthToSpace-CRD"),
@@ -285,7 +295,7 @@ def test_every_rule_has_a_case():
     covered = {c.op for c in CASES}
     missing = [op for dom, op in grad.registered_rules()
                if dom == "" and op not in covered and op not in (
-                   "Floor", "Ceil", "Round", "Sign", "CastLike", "Dropout", "Swish")]
+                   "Floor", "Ceil", "Round", "Sign", "Dropout")]  # tested below
     assert not missing, f"rules without a finite-difference case: {missing}"
 
 
@@ -324,3 +334,13 @@ def test_float_op_without_rule_raises_gradient_error():
             autograd.backward(loss)
     finally:
         unregister("TwiceNoGrad", domain="test.nograd")
+
+
+@pytest.mark.parametrize("op", ["Floor", "Ceil", "Round", "Sign"])
+def test_piecewise_constant_ops_pass_no_gradient(op):
+    w = Tensor(data=rnd(3) + 0.3, requires_grad=True, stores_grad=True)
+    y = autograd.apply(op, [w])
+    assert y.requires_grad  # float output on the path...
+    loss = autograd.reduce_sum(y * w)  # ...but only the direct use of w gets a gradient
+    (g,) = [g for _, g in autograd.backward(loss)]
+    np.testing.assert_array_equal(g.numpy(), y.numpy())

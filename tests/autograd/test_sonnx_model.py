@@ -146,3 +146,28 @@ def test_input_checks():
         m.forward(tensor.from_numpy(np.ones((5, 5), np.float32)))
     with pytest.raises(ShapeError, match="rank"):
         m.forward(tensor.from_numpy(np.ones((5,), np.float32)))
+
+
+def test_compile_for_inference_saves_nothing_for_backward_until_train():
+    m = sonnx.SONNXModel(mlp_proto())
+    m.compile([tensor.PlaceHolder((5, 4))], is_train=False)
+    y = m.forward(tensor.from_numpy(X))[0]
+    assert y.creator is not None and y.creator.saved_in is None and not y.requires_grad
+    exported = sonnx.to_onnx([tensor.PlaceHolder((5, 4))], [y])  # still exportable
+    assert [n.name for n in exported.graph.node][-1] == "reshape"
+    m.train()
+    y = m.forward(tensor.from_numpy(X))[0]
+    assert y.requires_grad
+
+
+def test_export_without_compile_keeps_names_and_dynamic_dims(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    m = sonnx.SONNXModel(mlp_proto())
+    np.testing.assert_allclose(m.run(X)[0], ref(X, "y"), rtol=1e-5)
+    path = tmp_path / "mlp.onnx"
+    m.export(path)
+    p = onnx.load(str(path))
+    assert [i.name for i in p.graph.input] == ["x"] and [o.name for o in p.graph.output] == ["y"]
+    assert p.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(s.run(None, {"x": X})[0], ref(X, "y"), rtol=1e-5)

@@ -37,6 +37,7 @@ HEADER = r"""
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define WB_NEG_INF (-INFINITY)
 struct wb_dim3 { unsigned int x, y, z; };
 static wb_dim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0}, blockDim = {1, 1, 1},
                gridDim = {1, 1, 1};

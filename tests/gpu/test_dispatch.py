@@ -106,8 +106,8 @@ def test_input_less_kernels_get_the_device_array_module(fake_ops):
 
 
 def test_constant_kernel_reads_ctx_xp():
-    from workbench.ops.tensorgen import _ctx_xp
     from workbench.ops.registry import NodeContext
+    from workbench.ops.tensorgen import _ctx_xp
     ctx = NodeContext("c", "Constant", 17, 1, extra={"xp": np})
     assert _ctx_xp(ctx) is np
 
@@ -230,3 +230,13 @@ def test_fuse_elementwise_builds_operation_text():
     assert "x1" in k.operation and "fmaxf(v, 0.f)" in k.operation and "6.0f" in k.operation
     with pytest.raises(ValueError, match="unsupported op"):
         fuse_elementwise(["NoSuchOp"])
+
+
+def test_out_of_memory_message_parsed_from_cupy_text():
+    class Step:
+        class node:
+            name, op_type = "conv1", "Conv"
+    e = MemoryError("Out of memory allocating 2,048 bytes (allocated so far: 10 bytes).")
+    err = executor._oom_error(e, wbdevice.Device("CUDA", 1), Step)
+    assert isinstance(err, DeviceError) and err.bytes_requested == 2048
+    assert "out of memory on CUDA:1 in node 'conv1' (Conv): it requested 2,048 bytes" in str(err)

@@ -199,6 +199,7 @@ def test_cuda_plan_refuses_host_feeds_naming_both_devices(cuda):
 
 def test_out_of_memory_on_cuda_is_a_device_error(cuda):
     import cupy as cp
+
     from workbench.errors import DeviceError
     free, total = cp.cuda.runtime.memGetInfo()
     n = int(total // 4 * 2)                      # 2x the GPU's memory in float32

@@ -91,12 +91,7 @@ def with_random_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProt
     """
     rng = np.random.default_rng(seed)
     src = model.graph
-    outputs = {o.name for o in src.output}
-    logits = [n.input[0] for n in src.node
-              if n.op_type == "Softmax" and n.output[0] in outputs and n.input[0] not in outputs]
-    known = {}
-    if logits:  # shape inference on the small original (weights not materialised yet)
-        known = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    logits, known = _logits_infos(model)
     shapes = {t.name: numpy_helper.to_array(t) for t in src.initializer
               if t.data_type == onnx.TensorProto.INT64 and len(t.dims) == 1}
     uses = _consumers(src)
@@ -130,12 +125,40 @@ def with_random_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProt
         g.input.append(helper.make_tensor_value_info(t.name, t.data_type, shape))
     del g.node[:]
     g.node.extend(keep)
-    for name in logits:
+    _append_outputs(g, logits, known)
+    return m
+
+
+def logits_names(model: onnx.ModelProto) -> list[str]:
+    """The inputs of the Softmax nodes that produce graph outputs (the models' logits)."""
+    outputs = {o.name for o in model.graph.output}
+    return [n.input[0] for n in model.graph.node
+            if n.op_type == "Softmax" and n.output[0] in outputs and n.input[0] not in outputs]
+
+
+def _logits_infos(model: onnx.ModelProto):
+    logits = logits_names(model)
+    known = {}
+    if logits:  # shape inference on the small original (weights not materialised yet)
+        known = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    return logits, known
+
+
+def _append_outputs(g: onnx.GraphProto, names, known) -> None:
+    for name in names:
         if name in known:
             g.output.append(known[name])
         else:  # the checker wants a shape field: give an unknown-rank one
             g.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
             g.output[-1].type.tensor_type.shape.SetInParent()
+
+
+def with_logits_output(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with the input of its final Softmax (the logits) as an extra output."""
+    logits, known = _logits_infos(model)
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    _append_outputs(m.graph, logits, known)
     return m
 
 

@@ -386,3 +386,20 @@ def test_causal_conv_with_state(bias, past, act):
         ref = ref / (1 + np.exp(-ref))
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(state, full[:, :, -3:])
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_conv_paths_same_result_with_any_thread_count(monkeypatch, threads):
+    # im2col (per image and batch-merged), 1x1, depthwise and grouped paths, threaded or not
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", threads)
+    rng = np.random.default_rng(7)
+    cases = [((4, 8, 30, 30), (16, 8, 3, 3), 1), ((6, 16, 10, 10), (32, 16, 3, 3), 1),
+             ((4, 32, 30, 30), (64, 32, 1, 1), 1), ((4, 24, 40, 40), (24, 1, 3, 3), 24),
+             ((4, 16, 20, 20), (32, 4, 3, 3), 4)]
+    for xs, ws, g in cases:
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = rng.standard_normal(ws).astype(np.float32)
+        b = rng.standard_normal(ws[0]).astype(np.float32)
+        y = run("Conv", x, w, b, group=g, pads=[ws[2] // 2] * 4)
+        ref = naive_conv(x, w, b, [1, 1], [ws[2] // 2] * 4, [1, 1], g)
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-3)

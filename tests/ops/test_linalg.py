@@ -183,3 +183,35 @@ def test_det():
     assert run("Det", x2.astype(np.float16)).dtype == np.float16
     with pytest.raises(ShapeError, match="M, M"):
         run("Det", np.zeros((2, 3), np.float32))
+
+
+# --------------------------------------------------------------------------------------------
+# the threaded GEMM helper (shared with the convolutions)
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sa,sb", [((300, 400), (400, 500)), ((4, 200, 300), (4, 300, 200)),
+                                   ((3, 1, 200, 300), (2, 300, 200)), ((200, 300), (5, 300, 64))])
+def test_parallel_matmul_splits_match_matmul(monkeypatch, sa, sb):
+    from workbench.ops import parallel
+
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "3")
+    a = RNG.standard_normal(sa).astype(np.float32)
+    b = RNG.standard_normal(sb).astype(np.float32)
+    y = parallel.parallel_matmul(np, a, b)
+    np.testing.assert_allclose(y, np.matmul(a, b), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(run("MatMul", a, b), np.matmul(a, b), rtol=1e-4, atol=1e-3)
+
+
+def test_single_threaded_blas_restores_thread_count():
+    from workbench.ops import parallel
+
+    ctls = parallel.blas_controller()
+    if ctls is None:
+        pytest.skip("threadpoolctl is not available")
+    before = [c.get_num_threads() for c in ctls]
+    with parallel.single_threaded_blas(ctls):
+        assert all(c.get_num_threads() == 1 for c in ctls)
+        with parallel.single_threaded_blas(ctls):
+            assert all(c.get_num_threads() == 1 for c in ctls)
+        assert all(c.get_num_threads() == 1 for c in ctls)
+    assert [c.get_num_threads() for c in ctls] == before

@@ -12,7 +12,9 @@ A rule receives the forward node's arrays and returns the gradients of its input
   at, ``ctx.xp`` the array module (numpy or cupy) of the arrays.
 * ``grads_out`` holds one array per forward output, ``None`` for outputs that received no
   gradient (at least one is not None).
-* ``inputs`` / ``outputs`` are the forward arrays (``None`` for omitted optional inputs).
+* ``inputs`` / ``outputs`` are the forward arrays (``None`` for omitted optional inputs);
+  ``outputs`` may hold more arrays than the node has outputs when the forward function
+  returned extra ones for its rule (training-mode BatchNormalization: batch mean, 1/std).
 * ``attrs`` are the node's attributes merged with the spec defaults of ``ctx.opset``.
 * It returns a tuple with one entry per input (shorter tuples are padded with ``None``);
   ``None`` where the input is not differentiable or needs no gradient. Each gradient has the
@@ -98,6 +100,18 @@ def unbroadcast(g, shape):
     if axes:
         g = g.sum(axis=axes, keepdims=True)
     return g.reshape(shape)
+
+
+def cuda_family(xp, family: str):
+    """``workbench.arrays.cuda.<family>`` when ``xp`` is cupy (the GPU fast paths), else None.
+
+    Rules use it to pick a CUDA kernel by array module, never by a device flag."""
+    if getattr(xp, "__name__", "") != "cupy":
+        return None
+    try:
+        return importlib.import_module(f"workbench.arrays.cuda.{family}")
+    except Exception:  # pragma: no cover - depends on the machine
+        return None
 
 
 def ints(values) -> list[int]:

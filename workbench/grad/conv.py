@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from workbench.grad import gradient
+from workbench.grad import cuda_family, gradient
 
 
 def _as_strided(xp, a, shape, strides):
@@ -119,6 +119,10 @@ def conv_input_grad(xp, gy, w, x_shape, group, k, s, d, pb, pe):
     nsp = len(out_sp)
     cg, mg = c // group, m // group
     kp = int(math.prod(k))
+    if cg > 1 and kp == 1 and tuple(out_sp) == tuple(sp) and not any(pb) and not any(pe) \
+            and all(v == 1 for v in s):  # 1x1, stride 1: a plain GEMM, no scatter
+        wt = w.reshape(group, mg, cg).transpose(0, 2, 1)
+        return (wt @ gy.reshape(n, group, mg, -1)).reshape(tuple(x_shape))
     pad_sp = []
     for i in range(nsp):
         need = (out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1
@@ -129,9 +133,13 @@ def conv_input_grad(xp, gy, w, x_shape, group, k, s, d, pb, pe):
         gyr = gy.reshape((n, group, mg) + tuple(out_sp))
         wr = w.reshape(group, mg, kp)
         bshape = (1, group, mg) + (1,) * nsp
+        tmp = xp.empty((n, group) + tuple(out_sp), dtype=gy.dtype) if mg == 1 else None
         for j, kk in enumerate(kidx):
-            contrib = (gyr * wr[:, :, j].reshape(bshape)).sum(axis=2) if mg > 1 else \
-                gyr[:, :, 0] * wr[:, 0, j].reshape((1, group) + (1,) * nsp)
+            if mg > 1:
+                contrib = (gyr * wr[:, :, j].reshape(bshape)).sum(axis=2)
+            else:
+                contrib = xp.multiply(gyr[:, :, 0], wr[:, 0, j].reshape(
+                    (1, group) + (1,) * nsp), out=tmp)
             dxpad[(slice(None), slice(None)) + _ksl(kk, d, s, out_sp)] += contrib
     else:
         p = int(math.prod(out_sp))
@@ -152,8 +160,14 @@ def conv_grad(ctx, grads_out, inputs, outputs, *, group=1, **attrs):
     g = grads_out[0]
     k, s, d, pb, pe = _geometry(x, w, outputs[0], attrs)
     need = ctx.needs_input_grad
-    gx = conv_input_grad(xp, g, w, x.shape, group, k, s, d, pb, pe) if need[0] else None
-    gw = conv_weight_grad(xp, x, g, w.shape, group, k, s, d, pb, pe) if need[1] else None
+    cu = cuda_family(xp, "conv") if x.ndim == 4 else None
+    if cu is not None:  # GPU: im2col/col2im kernels + cuBLAS
+        geo = {"strides": s, "pads": pb + pe, "dilations": d, "group": group}
+        gx = cu.conv2d_backward_data(g, w, x.shape, **geo) if need[0] else None
+        gw = cu.conv2d_backward_weight(g, x, w.shape, **geo) if need[1] else None
+    else:
+        gx = conv_input_grad(xp, g, w, x.shape, group, k, s, d, pb, pe) if need[0] else None
+        gw = conv_weight_grad(xp, x, g, w.shape, group, k, s, d, pb, pe) if need[1] else None
     gb = None
     if b is not None and len(need) > 2 and need[2]:
         gb = g.sum(axis=(0,) + tuple(range(2, g.ndim)))

@@ -31,20 +31,21 @@ def _acc(x):
 
 def batchnorm_train(x, scale, bias, input_mean, input_var, *, epsilon=1e-5, momentum=0.9,
                     training_mode=1, spatial=1, **unused):
-    """BatchNormalization in training mode: (Y, running_mean, running_var)."""
+    """BatchNormalization in training mode: (Y, running_mean, running_var), followed by the
+    batch mean and 1/std (kept for the gradient rule; not node outputs)."""
     axes, bshape = _bn_axes_shape(x, scale, spatial)
     xa = _acc(x)
     mean = xa.mean(axis=axes)
-    var = xa.var(axis=axes)
+    xc = xa - mean.reshape(bshape)
+    var = (xc * xc).mean(axis=axes)
     inv = 1.0 / ((var + epsilon) ** 0.5)
-    y = (xa - mean.reshape(bshape)) * (inv.reshape(bshape) * _acc(scale).reshape(bshape)) \
-        + _acc(bias).reshape(bshape)
+    y = xc * (inv.reshape(bshape) * _acc(scale).reshape(bshape)) + _acc(bias).reshape(bshape)
     m = x.dtype.type(momentum) if x.dtype.kind == "f" else momentum
     run_mean = (input_mean * m + mean.astype(input_mean.dtype) * (1 - m)).astype(
         input_mean.dtype)
     run_var = (input_var * m + var.astype(input_var.dtype) * (1 - m)).astype(input_var.dtype)
-    return y.astype(x.dtype), run_mean.reshape(input_mean.shape), run_var.reshape(
-        input_var.shape)
+    return (y.astype(x.dtype, copy=False), run_mean.reshape(input_mean.shape),
+            run_var.reshape(input_var.shape), mean, inv)
 
 
 @gradient("BatchNormalization")
@@ -60,18 +61,25 @@ def batch_norm_grad(ctx, grads_out, inputs, outputs, *, epsilon=1e-5, training_m
     sc = scale.reshape(bshape)
     if training:
         m = int(math.prod(x.shape[a] for a in axes))
-        bm = x.mean(axis=axes).reshape(bshape)
-        bv = x.var(axis=axes).reshape(bshape)
-        inv = 1.0 / (bv + epsilon) ** 0.5
+        if len(outputs) >= 5:  # statistics kept by batchnorm_train
+            bm, inv = outputs[3].reshape(bshape), outputs[4].reshape(bshape)
+        else:
+            bm = x.mean(axis=axes).reshape(bshape)
+            inv = 1.0 / (x.var(axis=axes).reshape(bshape) + epsilon) ** 0.5
+        bm, inv = bm.astype(x.dtype, copy=False), inv.astype(x.dtype, copy=False)
         xhat = (x - bm) * inv
-        gxhat = g * sc
+        sum_g = g.sum(axis=axes).reshape(bshape)              # = dL/dbias
+        sum_gx = (g * xhat).sum(axis=axes).reshape(bshape)    # = dL/dscale
         gx = None
         if need[0]:
-            s1 = gxhat.sum(axis=axes).reshape(bshape)
-            s2 = (gxhat * xhat).sum(axis=axes).reshape(bshape)
-            gx = (inv / m) * (m * gxhat - s1 - xhat * s2)
-        gs = (g * xhat).sum(axis=axes).reshape(scale.shape) if need[1] else None
-        gb = g.sum(axis=axes).reshape(bias.shape) if need[2] else None
+            # dx = scale/std/m * (m g - sum(g) - xhat sum(g xhat))
+            xhat *= sum_gx
+            gx = g * m
+            gx -= sum_g
+            gx -= xhat
+            gx *= sc * inv / m
+        gs = sum_gx.reshape(scale.shape) if need[1] else None
+        gb = sum_g.reshape(bias.shape) if need[2] else None
         return gx, gs, gb, None, None
     inv = 1.0 / (var.reshape(bshape) + epsilon) ** 0.5
     gx = g * (sc * inv) if need[0] else None
@@ -174,3 +182,31 @@ def group_norm_grad(ctx, grads_out, inputs, outputs, *, epsilon=1e-5, num_groups
         gx = _norm_backward(gxhat, xhat.reshape((nb, num_groups, -1)), inv, axes, n).reshape(
             x.shape)
     return gx, gs, gb
+
+
+def _channel_window_sum(xp, a, before: int, after: int):
+    """out[:, c] = sum of a[:, i] for i in [c - before, c + after] (clipped to the channels)."""
+    c = a.shape[1]
+    cs = xp.cumsum(a, axis=1)
+    zero = xp.zeros_like(cs[:, :1])
+    cs = xp.concatenate([zero, cs], axis=1)               # cs[:, j] = sum of a[:, :j]
+    hi = xp.minimum(xp.arange(c) + after + 1, c)
+    lo = xp.maximum(xp.arange(c) - before, 0)
+    return xp.take(cs, hi, axis=1) - xp.take(cs, lo, axis=1)
+
+
+@gradient("LRN")
+def lrn_grad(ctx, grads_out, inputs, outputs, *, size, alpha=0.0001, beta=0.75, bias=1.0,
+             **attrs):
+    """y_c = x_c * s_c^-beta with s_c = bias + alpha/size * (sum of x_i^2 over the channel
+    window of c)."""
+    xp = ctx.xp
+    x = inputs[0]
+    g = grads_out[0]
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    s = bias + (alpha / size) * _channel_window_sum(xp, x * x, lo, hi)
+    sb = s ** (-beta)
+    t = g * x * sb / s                                    # g_c x_c s_c^(-beta-1)
+    # channel k is in the window of c for c in [k - hi, k + lo]
+    back = _channel_window_sum(xp, t, hi, lo)
+    return ((g * sb - (2.0 * alpha * beta / size) * x * back).astype(x.dtype),)

@@ -219,3 +219,25 @@ def space_to_depth_grad(ctx, grads_out, inputs, outputs, *, blocksize, **attrs):
     b = blocksize
     t = g.reshape(n, b, b, c, h // b, w // b).transpose(0, 3, 4, 1, 5, 2)
     return (t.reshape(n, c, h, w),)
+
+
+@gradient("Resize")
+@gradient("Upsample")
+def resize_nearest_grad(ctx, grads_out, inputs, outputs, *, mode="nearest", **attrs):
+    """Nearest-neighbour resizing copies input elements: the forward kernel run on a map of
+    element indices gives, for each output, its source; gradients are scatter-added back.
+    (The linear/cubic modes have no rule yet.)"""
+    from workbench.errors import GradientError
+    from workbench.ops.registry import lookup
+    if mode != "nearest":
+        raise GradientError(f"{ctx.op_type}: no gradient rule for mode {mode!r} (only "
+                            f"'nearest')")
+    xp = ctx.xp
+    x = inputs[0]
+    g = grads_out[0]
+    idx = xp.arange(x.size, dtype=xp.int64).reshape(x.shape)
+    kw = {k: v for k, v in attrs.items() if k != "training"}
+    src = lookup(ctx.op_type, "", ctx.opset).fn(idx, *inputs[1:], mode=mode, **kw)
+    gx = xp.zeros(x.size, dtype=g.dtype)
+    scatter_add(xp, gx, src.reshape(-1), g.reshape(-1))
+    return (gx.reshape(x.shape),) + (None,) * (len(inputs) - 1)

@@ -13,7 +13,8 @@ import numpy as np  # dtype constants only
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
-from workbench.ops.elementwise import compute_dtype, ensure_array, erf_array, is_float, quiet
+from workbench.ops._common import compute_dtype, ensure_array, is_float, quiet
+from workbench.ops.elementwise import erf_array
 from workbench.ops.registry import kernel
 
 

@@ -19,14 +19,10 @@ import numpy as np
 
 from workbench.arrays import np_dtype_of_onnx, xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import work_dtype
 from workbench.ops.registry import kernel
 
 _SOFTMAX_PRECISIONS = {1: "float", 10: "float16", 11: "double", 16: "bfloat16"}
-
-
-def _work_dtype(dtype) -> np.dtype:
-    """Computation dtype: double stays double, everything else runs in float32."""
-    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
 def _softmax_dtype(softmax_precision, default):
@@ -101,7 +97,7 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
     """Scaled dot-product attention (MHA/GQA/MQA) with cache, masks, causal and windows."""
     xp = xp_of(Q, K, V)
     out_dtype = Q.dtype
-    wdt = _work_dtype(out_dtype)
+    wdt = work_dtype(out_dtype)
     if Q.ndim not in (3, 4) or K.ndim != Q.ndim or V.ndim != Q.ndim:
         raise ShapeError(f"Attention: Q, K and V must all be 3-D or all 4-D, got shapes "
                          f"{Q.shape}, {K.shape}, {V.shape}")
@@ -224,7 +220,7 @@ def rotary_embedding(X, cos_cache, sin_cache, position_ids=None, *, interleaved,
     """Rotary positional embedding (half split or interleaved pairs, partial rotation)."""
     xp = xp_of(X)
     out_dtype = X.dtype
-    wdt = _work_dtype(out_dtype)
+    wdt = work_dtype(out_dtype)
     if X.ndim == 4:
         x = X.transpose(0, 2, 1, 3)  # (B, S, H, D)
     elif X.ndim == 3:
@@ -313,7 +309,7 @@ def linear_attention(query, key, value, past_state=None, decay=None, beta=None, 
         raise InputError(f"LinearAttention: update_rule {update_rule!r} needs the beta input")
     out_dtype = query.dtype
     state_dtype = past_state.dtype if past_state is not None else query.dtype
-    wdt = _work_dtype(out_dtype)
+    wdt = work_dtype(out_dtype)
     group = hq // hk
     q = query.astype(wdt).reshape(b, t, hk, group, dk)
     k = key.astype(wdt).reshape(b, t, hk, dk)
@@ -373,7 +369,7 @@ def flex_attention(Q, K, V, *, prob_mod=None, score_mod=None, scale=None,
     if hkv == 0 or hq % hkv or V.shape[1] != hkv or K.shape[3] != d or V.shape[2] != K.shape[2]:
         raise ShapeError(f"FlexAttention: inconsistent shapes Q {Q.shape}, K {K.shape}, "
                          f"V {V.shape} (q heads must be a multiple of kv heads)")
-    sdt = _softmax_dtype(softmax_precision, _work_dtype(Q.dtype))
+    sdt = _softmax_dtype(softmax_precision, work_dtype(Q.dtype))
     group = hq // hkv
     skv = K.shape[2]
     scale_f = float(scale) if scale is not None else 1.0 / math.sqrt(d)

@@ -21,13 +21,14 @@ host; strings are numpy object arrays of ``str``.
 
 from __future__ import annotations
 
-import numpy as np  # dtype constants; string tensors are always host (object) arrays
+import numpy as np
+import onnx  # dtype constants; string tensors are always host (object) arrays
 from onnx import TensorProto
 
 from workbench.arrays import to_numpy, xp_of
 from workbench.arrays.dtypes import dtype_name, np_dtype_of_onnx, onnx_dtype_of_np
 from workbench.errors import InputError, UnsupportedOperatorError
-from workbench.ops.elementwise import quiet
+from workbench.ops._common import quiet
 from workbench.ops.registry import kernel
 
 # largest finite value of each float8 type (for saturation)
@@ -70,8 +71,9 @@ def _target_dtype(op: str, to: int):
         return np_dtype_of_onnx(to)
     except (TypeError, ValueError):
         raise UnsupportedOperatorError(
-            op, reason=f"casting to element type {dtype_name(to)} ({to}) is not supported: "
-                       f"it has no array dtype here") from None
+            op, reason=f"the target element type {dtype_name(to)} ({to}) has no array dtype "
+                       f"here (supported: the TensorProto.DataType values of onnx "
+                       f"{onnx.__version__} other than UNDEFINED)") from None
 
 
 def cast_to(x, to: int, *, saturate: int = 1, round_mode: str = "up", op: str = "Cast"):

@@ -2,218 +2,49 @@
 
 Conv is GEMM based. The padded input is viewed as sliding windows through ``as_strided`` (no
 copy); the windows are copied once into an im2col matrix and multiplied by the weights in one
-``matmul`` per group set. Special cases skip the im2col copy: 1x1 convolutions are a plain
-matmul, depthwise convolutions (one input channel per group) multiply-accumulate over the
-kernel taps on shifted views. ConvTranspose is the adjoint: one matmul, then the columns are
-scattered back (col2im) with one strided add per kernel tap.
+``matmul`` per group set (per image, or over the whole batch for small images), split over
+threads. 1x1 convolutions skip the im2col copy (a plain matmul). Depthwise convolutions (one
+input channel per group) lay the input out so that every kernel tap is a contiguous slice and
+run cache-sized im2col blocks through batched ``(1, K) @ (K, n)`` products. ConvTranspose is
+the adjoint: one matmul, then the columns are scattered back (col2im) with one strided add per
+kernel tap.
 
 Float16/bfloat16 inputs are computed in float32 and cast back; float32 stays float32 (BLAS
 sgemm accumulates in float32); float64 stays float64. The window helpers here
-(:func:`window_geometry`, :func:`pad_spatial`, :func:`sliding_windows`) are shared with the
-pooling kernels.
+(:mod:`workbench.ops.windows`) and the threading/BLAS helpers (:mod:`workbench.ops.parallel`)
+are shared with the pooling and linalg kernels.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np  # dtype constants and host-side shape arithmetic only
+import numpy as np  # host-side checks only
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops.parallel import (
+    blas_controller,
+    parallel_add,
+    parallel_copy,
+    parallel_matmul,
+    run_blocks,
+    scratch,
+    single_threaded_blas,
+)
 from workbench.ops.registry import kernel
-
-_AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
-
-
-# --------------------------------------------------------------------------------------------
-# shared window helpers (also used by workbench.ops.pool)
-# --------------------------------------------------------------------------------------------
-
-def stride_tricks(xp):
-    """``numpy.lib.stride_tricks`` or ``cupy.lib.stride_tricks``, matching the array module."""
-    return xp.lib.stride_tricks
-
-
-def compute_dtype(dtype):
-    """The dtype arithmetic runs in: float32 for the narrow floats, the dtype itself otherwise."""
-    dt = np.dtype(dtype)
-    if (dt.kind == "f" and dt.itemsize < 4) or dt.name == "bfloat16":
-        return np.dtype(np.float32)
-    return dt
-
-
-def to_compute(x):
-    """``x`` in its compute dtype (float16/bfloat16 -> float32; other dtypes unchanged)."""
-    cd = compute_dtype(x.dtype)
-    return x if x.dtype == cd else x.astype(cd)
-
-
-def spatial_ints(op, name, value, n, default):
-    """An INTS attribute with one value per spatial axis (``default`` when absent)."""
-    if value is None or len(value) == 0:
-        return [default] * n
-    vals = [int(v) for v in value]
-    if len(vals) != n:
-        raise ShapeError(f"{op}: attribute {name}={vals} has {len(vals)} values but the input "
-                         f"has {n} spatial axes")
-    return vals
-
-
-def _norm_auto_pad(op, auto_pad):
-    ap = auto_pad or "NOTSET"
-    if isinstance(ap, bytes):
-        ap = ap.decode()
-    ap = ap.upper()
-    if ap not in _AUTO_PADS:
-        raise InputError(f"{op}: auto_pad={auto_pad!r} is not supported "
-                         f"(supported: {', '.join(_AUTO_PADS)})")
-    return ap
-
-
-def window_geometry(op, in_shape, kernel_shape, strides, dilations, pads, auto_pad,
-                    ceil_mode=False):
-    """Padding and output size of a sliding-window op (Conv, pools) per spatial axis.
-
-    Returns ``(pads_begin, pads_end, out_shape, extra_end)``: ``extra_end`` is the padding
-    needed past ``pads_end`` so that the last (ceil mode) window fits; values there are not
-    part of the op's padding (they never count as input or as explicit padding).
-    """
-    n = len(in_shape)
-    ap = _norm_auto_pad(op, auto_pad)
-    for name, vals in (("strides", strides), ("dilations", dilations),
-                       ("kernel_shape", kernel_shape)):
-        if any(v < 1 for v in vals):
-            raise ShapeError(f"{op}: attribute {name}={list(vals)} must be positive")
-    eff = [(k - 1) * d + 1 for k, d in zip(kernel_shape, dilations)]
-    if ap in ("SAME_UPPER", "SAME_LOWER"):
-        out = [-(-i // s) for i, s in zip(in_shape, strides)]
-        total = [max(0, (o - 1) * s + e - i) for o, s, e, i in zip(out, strides, eff, in_shape)]
-        if ap == "SAME_UPPER":
-            pb = [t // 2 for t in total]
-        else:
-            pb = [t - t // 2 for t in total]
-        pe = [t - b for t, b in zip(total, pb)]
-    else:
-        if ap == "VALID":
-            pb, pe = [0] * n, [0] * n
-        else:
-            p = [0] * (2 * n) if pads is None or len(pads) == 0 else [int(v) for v in pads]
-            if len(p) != 2 * n:
-                raise ShapeError(f"{op}: attribute pads={p} needs {2 * n} values "
-                                 f"(begin and end for {n} spatial axes)")
-            pb, pe = p[:n], p[n:]
-        out = []
-        for i, b, e_, k, s in zip(in_shape, pb, pe, eff, strides):
-            span = i + b + e_ - k
-            if span < 0:
-                raise ShapeError(
-                    f"{op}: the kernel (extent {k} with dilation) is larger than the padded "
-                    f"input (size {i} + pads {b}+{e_}) along a spatial axis; input spatial "
-                    f"shape {list(in_shape)}, kernel_shape {list(kernel_shape)}")
-            if ceil_mode:
-                o = -(-span // s) + 1
-                if (o - 1) * s >= i + b:  # the last window would start in the end padding
-                    o -= 1
-            else:
-                o = span // s + 1
-            out.append(o)
-    extra = [max(0, (o - 1) * s + k - (i + b + e_))
-             for o, s, k, i, b, e_ in zip(out, strides, eff, in_shape, pb, pe)]
-    return pb, pe, out, extra
-
-
-def pad_spatial(x, begin, end, value=0):
-    """Pad the spatial axes (2..) of ``x``; negative amounts crop. Returns ``x`` if no-op."""
-    xp = xp_of(x)
-    if not any(begin) and not any(end):
-        return x
-    if any(b < 0 for b in begin) or any(e < 0 for e in end):
-        sl = [slice(None), slice(None)]
-        for b, e, size in zip(begin, end, x.shape[2:]):
-            sl.append(slice(max(0, -b), size - max(0, -e)))
-        x = x[tuple(sl)]
-        begin = [max(0, b) for b in begin]
-        end = [max(0, e) for e in end]
-    shape = list(x.shape[:2]) + [s + b + e for s, b, e in zip(x.shape[2:], begin, end)]
-    out = xp.empty(shape, dtype=x.dtype)
-    out.fill(value)
-    inner = (slice(None), slice(None)) + tuple(
-        slice(b, b + s) for b, s in zip(begin, x.shape[2:]))
-    out[inner] = x
-    return out
-
-
-def sliding_windows(xpad, kernel_shape, strides, dilations, out_shape):
-    """A strided view of shape ``(N, C, *kernel_shape, *out_shape)`` over a padded input."""
-    xp = xp_of(xpad)
-    st = xpad.strides
-    sp = st[2:]
-    shape = tuple(xpad.shape[:2]) + tuple(kernel_shape) + tuple(out_shape)
-    strides_b = tuple(st[:2]) + tuple(s * d for s, d in zip(sp, dilations)) + \
-        tuple(s * t for s, t in zip(sp, strides))
-    return stride_tricks(xp).as_strided(xpad, shape=shape, strides=strides_b)
-
-
-def tap_view(xpad, tap, strides, dilations, out_shape):
-    """The ``(N, C, *out_shape)`` view of ``xpad`` seen by one kernel tap (a multi-index)."""
-    sl = (slice(None), slice(None)) + tuple(
-        slice(t * d, t * d + (o - 1) * s + 1, s)
-        for t, d, o, s in zip(tap, dilations, out_shape, strides))
-    return xpad[sl]
-
-
-_SCRATCH = threading.local()
-_SCRATCH_MAX = 256 << 20
-
-
-def _scratch(xp, shape, dtype, slot="cols"):
-    """A reusable per-thread workspace (numpy only) for temporaries such as im2col matrices.
-
-    Large fresh allocations are mapped from the OS on each call and page-faulted on first
-    touch, which costs as much as the copy itself; reusing one buffer per ``slot`` avoids
-    that. The caller must not return (a view of) the workspace.
-    """
-    dt = np.dtype(dtype)
-    nbytes = int(math.prod(shape)) * dt.itemsize
-    if xp is not np or nbytes > _SCRATCH_MAX or nbytes == 0:
-        return xp.empty(shape, dtype=dt)
-    bufs = getattr(_SCRATCH, "bufs", None)
-    if bufs is None:
-        bufs = _SCRATCH.bufs = {}
-    buf = bufs.get(slot)
-    if buf is None or buf.nbytes < nbytes:
-        buf = bufs[slot] = xp.empty(nbytes, dtype=xp.uint8)
-    return buf[:nbytes].view(dt).reshape(shape)
-
-
-def _parallel_copy(xp, dst, src, axis):
-    """``copyto(dst, src)`` split along ``axis`` over the worker threads (numpy)."""
-    n = dst.shape[axis]
-    pre = (slice(None),) * axis
-
-    def work(chunk):
-        for i0, i1 in chunk:
-            xp.copyto(dst[pre + (slice(i0, i1),)], src[pre + (slice(i0, i1),)])
-    step = max(1, n // (4 * _n_workers()))
-    run_blocks(xp, [(i, min(n, i + step)) for i in range(0, n, step)], work, dst.size)
-
-
-def _parallel_add(xp, out, a, b):
-    """``out = a + b`` (or a copy of ``a`` when ``b`` is None), split over images (axis 0)."""
-    def work(chunk):
-        for n0, n1 in chunk:
-            if b is None:
-                xp.copyto(out[n0:n1], a[n0:n1])
-            else:
-                xp.add(a[n0:n1], b, out=out[n0:n1])
-    n = out.shape[0]
-    run_blocks(xp, [(i, i + 1) for i in range(n)] if xp is np else [(0, n)], work, out.size)
-
+from workbench.ops.windows import (
+    WideTaps,
+    compute_dtype,
+    norm_auto_pad,
+    pad_spatial,
+    sliding_windows,
+    spatial_ints,
+    tap_view,
+    to_compute,
+    window_geometry,
+)
 
 # --------------------------------------------------------------------------------------------
 # the convolution core (inputs already in compute dtype)
@@ -247,7 +78,7 @@ def conv_core(x, w, b, group, strides, dilations, pb, pe, extra, out_shape):
             xs = tap_view(xs, (0,) * nd, strides, dilations, out_shape)
         merged = OUT < _MERGE_BELOW and N > 1
         if merged:
-            cols = _scratch(xp, (group, Cg, N) + tuple(out_shape), dtype)
+            cols = scratch(xp, (group, Cg, N) + tuple(out_shape), dtype)
             xp.copyto(cols, xs.reshape((N, group, Cg) + tuple(out_shape)).transpose(
                 (1, 2, 0) + tuple(range(3, 3 + nd))))
             cols = cols.reshape(group, Cg, N * OUT)
@@ -259,169 +90,31 @@ def conv_core(x, w, b, group, strides, dilations, pb, pe, extra, out_shape):
         win = win.reshape((N, group, Cg) + ksh + tuple(out_shape))
         merged = OUT < _MERGE_BELOW and N > 1
         if merged:
-            cols = _scratch(xp, (group, Cg) + ksh + (N,) + tuple(out_shape), dtype)
+            cols = scratch(xp, (group, Cg) + ksh + (N,) + tuple(out_shape), dtype)
             order = (1, 2) + tuple(range(3, 3 + nd)) + (0,) + tuple(range(3 + nd, 3 + 2 * nd))
-            _parallel_copy(xp, cols, win.transpose(order), axis=1)
+            parallel_copy(xp, cols, win.transpose(order), axis=1)
             cols = cols.reshape(group, Cg * K, N * OUT)
         else:
-            cols = _scratch(xp, (N, group, Cg) + ksh + tuple(out_shape), dtype)
-            _parallel_copy(xp, cols, win, axis=0)
+            cols = scratch(xp, (N, group, Cg) + ksh + tuple(out_shape), dtype)
+            parallel_copy(xp, cols, win, axis=0)
             cols = cols.reshape(N, group, Cg * K, OUT)
 
     wm = w.reshape(group, Mg, Cg * K)
     bias = None if b is None else b.reshape(1, M, 1)
     if merged:
-        y = xp.matmul(wm, cols)  # (group, Mg, N*OUT)
+        y = parallel_matmul(xp, wm, cols)  # (group, Mg, N*OUT)
         y = y.reshape(M, N, OUT).transpose(1, 0, 2)
         out = xp.empty((N, M, OUT), dtype=dtype)
-        _parallel_add(xp, out, y, bias)
+        parallel_add(xp, out, y, bias)
         return out.reshape((N, M) + tuple(out_shape))
-    y = xp.matmul(wm, cols).reshape(N, M, OUT)  # (N, group, Mg, OUT)
+    y = parallel_matmul(xp, wm, cols).reshape(N, M, OUT)  # (N, group, Mg, OUT)
     if bias is not None:
-        _parallel_add(xp, y, y, bias)
+        parallel_add(xp, y, y, bias)
     return y.reshape((N, M) + tuple(out_shape))
 
 
-_BLOCK = 1 << 15  # accumulator elements per block: small enough to stay in L2 across taps
-
-
-def blocks(xp, N, C, per_channel, block=_BLOCK):
-    """(batch slice, channel slice) blocks of about ``block`` elements for tap-by-tap loops.
-
-    On numpy each block's accumulator stays in cache while every kernel tap is added into it;
-    on other array modules (cupy) the whole tensor is one block (one launch per tap).
-    """
-    if xp is not np:
-        return [(slice(None), slice(None))]
-    per_image = max(1, C * per_channel)
-    if per_image <= block:
-        nb = max(1, block // per_image)
-        return [(slice(n, min(N, n + nb)), slice(None)) for n in range(0, N, nb)]
-    cb = max(1, block // max(1, per_channel))
-    return [(slice(n, n + 1), slice(c, min(C, c + cb)))
-            for n in range(N) for c in range(0, C, cb)]
-
-
-_PARALLEL_MIN = 1 << 18  # element-ops under which a tap loop stays on the calling thread
-_POOL: list = []
-_POOL_LOCK = threading.Lock()
-
-
-def _n_workers():
-    """Threads for tap loops: ``WORKBENCH_NUM_THREADS`` or ``OMP_NUM_THREADS`` if set, else
-    the CPUs this process may run on (at most 8)."""
-    for var in ("WORKBENCH_NUM_THREADS", "OMP_NUM_THREADS"):
-        v = os.environ.get(var, "").strip()
-        if v.isdigit() and int(v) > 0:
-            return min(int(v), 64)
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        n = os.cpu_count() or 1
-    return max(1, min(n, 8))
-
-
-def run_blocks(xp, jobs, fn, work):
-    """Run ``fn(chunk)`` over contiguous chunks of ``jobs``, in parallel threads on numpy.
-
-    numpy releases the GIL inside ufunc loops, so independent blocks of a tap loop (depthwise
-    conv, pooling) use every core the way BLAS does for the GEMM convolutions. ``work`` is the
-    number of element-operations; small jobs stay on the calling thread.
-    """
-    nw = _n_workers()
-    if xp is not np or nw == 1 or work < _PARALLEL_MIN or len(jobs) < 2:
-        fn(jobs)
-        return
-    nw = min(nw, len(jobs))
-    with _POOL_LOCK:
-        if not _POOL or _POOL[0]._max_workers < nw - 1:
-            _POOL[:] = [ThreadPoolExecutor(max_workers=nw - 1,
-                                           thread_name_prefix="workbench-taps")]
-        pool = _POOL[0]
-    step = -(-len(jobs) // nw)
-    chunks = [jobs[i:i + step] for i in range(0, len(jobs), step)]
-    futures = [pool.submit(fn, c) for c in chunks[1:]]
-    try:
-        fn(chunks[0])
-    finally:
-        for f in futures:
-            f.result()
-
-
-class WideTaps:
-    """Kernel taps as contiguous slices of a flattened, phase-split, padded copy of the input.
-
-    Tap-by-tap ops (depthwise conv) read one shifted window per kernel tap. Viewed directly
-    those windows are strided in every axis and loops crawl along their short rows. Here the
-    input is copied once, padded, into ``prod(strides)`` phase images (``phase[r][p] =
-    xpad[p * stride + r]``) of shape ``P`` and flattened, so that every tap becomes one
-    contiguous slice of length ``L = out[0] * P[1] * ... * P[-1]`` at some offset: the "wide"
-    output, whose rows carry ``P[a] - out[a]`` junk columns that :meth:`valid` drops.
-    ``flat`` has shape (phases, N, C, prod(P)).
-    """
-
-    def __init__(self, x, pb, pe, pad_value, kernel_shape, strides, dilations, out_shape):
-        xp = xp_of(x)
-        N, C = (int(v) for v in x.shape[:2])
-        S = [int(v) for v in x.shape[2:]]
-        nd = len(S)
-        Sp = [s_ + b + e for s_, b, e in zip(S, pb, pe)]
-        self.out_shape = [int(o) for o in out_shape]
-        P = [-(-sp // st) for sp, st in zip(Sp, strides)]
-        P[0] += 1  # a spare row so that the last tap's slice stays inside the buffer
-        self.P = P
-        nph = int(math.prod(strides))
-        flat = _scratch(xp, (nph, N, C) + tuple(P), x.dtype, "taps")
-        parts = []  # (phase, destination slices, source slices)
-        for ph, r in enumerate(itertools.product(*[range(st) for st in strides])):
-            dst, src = [], []
-            for a in range(nd):
-                st = strides[a]
-                p0 = max(0, -(-(pb[a] - r[a]) // st))
-                i0 = p0 * st + r[a] - pb[a]
-                cnt = min((S[a] - 1 - i0) // st + 1, -(-(Sp[a] - r[a]) // st) - p0)
-                if i0 >= S[a] or cnt <= 0:
-                    break
-                dst.append(slice(p0, p0 + cnt))
-                src.append(slice(i0, i0 + (cnt - 1) * st + 1, st))
-            else:
-                parts.append((ph, tuple(dst), tuple(src)))
-
-        def fill(chunk):
-            for n0, n1 in chunk:
-                flat[:, n0:n1].fill(pad_value)
-                for ph, dst, src in parts:
-                    flat[(ph, slice(n0, n1), slice(None)) + dst] = \
-                        x[(slice(n0, n1), slice(None)) + src]
-        jobs = [(n, n + 1) for n in range(N)] if xp is np else [(0, N)]
-        run_blocks(xp, jobs, fill, flat.size)
-        self.flat = flat.reshape(nph, N, C, int(math.prod(P)))
-        rowlen = [int(math.prod(P[a + 1:])) for a in range(nd)]
-        self.rowlen = rowlen[0]
-        self.L = self.out_shape[0] * rowlen[0]
-        self.taps = []
-        for tap in itertools.product(*[range(k) for k in kernel_shape]):
-            pos = [t * d for t, d in zip(tap, dilations)]
-            phase = 0
-            for a in range(nd):
-                phase = phase * strides[a] + pos[a] % strides[a]
-            off = sum((p // st) * rl for p, st, rl in zip(pos, strides, rowlen))
-            self.taps.append((phase, off))
-
-    def views(self):
-        """One (N, C, L) view per tap, in tap order."""
-        return [self.flat[ph, :, :, off:off + self.L] for ph, off in self.taps]
-
-    def valid(self, wide):
-        """The (A, B, rows, *out_shape[1:]) view of the valid outputs of an (A, B, rows * rowlen)
-        wide array (``rows`` whole output rows; all of them when the last axis is ``L``)."""
-        A, B_ = wide.shape[:2]
-        w = wide.reshape((A, B_, -1) + tuple(self.P[1:]))
-        return w[(slice(None), slice(None), slice(None)) +
-                 tuple(slice(0, o) for o in self.out_shape[1:])]
-
-
 _DW_CALL = 1 << 17  # depthwise: multiply-adds per BLAS call, below OpenBLAS' threading size
+_DW_BLOCK = 1 << 16  # depthwise: outputs per block (enough work per Python call to thread)
 
 
 def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape):
@@ -453,11 +146,12 @@ def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape):
         return xp.ascontiguousarray(y + bias if bias is not None else y)
     budget = max(rowlen, _DW_CALL // K)  # columns of one (1, K) @ (K, n) product
     if N * L <= budget:
-        G, nb, rb = max(1, budget // (N * L)), N, rows
+        nb, rb = N, rows
     elif L <= budget:
-        G, nb, rb = 1, budget // L, rows
+        nb, rb = budget // L, rows
     else:
-        G, nb, rb = 1, 1, budget // rowlen
+        nb, rb = 1, budget // rowlen
+    G = max(1, _DW_BLOCK // (nb * rb * rowlen))  # channels per block
     jobs = [(c0, min(C, c0 + G), n0, min(N, n0 + nb), r0, min(rows, r0 + rb))
             for c0 in range(0, C, G) for n0 in range(0, N, nb) for r0 in range(0, rows, rb)]
     w3 = w.reshape(C, 1, K)
@@ -481,7 +175,8 @@ def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape):
                 xp.copyto(dst, valid)
             else:
                 xp.add(valid, bias[:, c0:c1], out=dst)
-    run_blocks(xp, jobs, work, 2 * K * C * N * L)
+    with single_threaded_blas(blas_controller()):
+        run_blocks(xp, jobs, work, 2 * K * C * N * L)
     return y
 
 
@@ -606,7 +301,7 @@ def _conv_transpose(X, W, B, auto_pad, dilations, group, kernel_shape, output_pa
     st = spatial_ints(op, "strides", strides, nd, 1)
     dl = spatial_ints(op, "dilations", dilations, nd, 1)
     op_ = spatial_ints(op, "output_padding", output_padding, nd, 0)
-    ap = _norm_auto_pad(op, auto_pad)
+    ap = norm_auto_pad(op, auto_pad)
     ins = [int(v) for v in X.shape[2:]]
     eff = [(k - 1) * d + 1 for k, d in zip(ks, dl)]
     natural = [s * (i - 1) + o + e for s, i, o, e in zip(st, ins, op_, eff)]
@@ -642,7 +337,7 @@ def _conv_transpose(X, W, B, auto_pad, dilations, group, kernel_shape, output_pa
     IN = int(math.prod(ins))
     # columns: (N, group, Mg*K, IN) = W_g^T @ X_g
     wt = w.reshape(group, C // group, Mg * K).transpose(0, 2, 1)
-    cols = xp.matmul(wt, x.reshape(N, group, C // group, IN))
+    cols = parallel_matmul(xp, wt, x.reshape(N, group, C // group, IN))
     cols = cols.reshape((N, M) + tuple(ks) + tuple(ins))
     full = [s * (i - 1) + e for s, i, e in zip(st, ins, eff)]
     lo = [min(0, b) for b in pb]
@@ -784,7 +479,7 @@ def _deform_conv(X, W, offset, B, mask, dilations, group, kernel_shape, offset_g
     cols = sampled.reshape(N, group, C // group, K, OUT).reshape(N, group, (C // group) * K,
                                                                    OUT)
     w = to_compute(W).astype(dt, copy=False).reshape(group, M // group, (C // group) * K)
-    y = xp.matmul(w, cols).reshape((N, M) + tuple(out))
+    y = parallel_matmul(xp, w, cols).reshape((N, M) + tuple(out))
     if B is not None:
         y += B.astype(dt).reshape((1, M) + (1,) * nd)
     return y if y.dtype == X.dtype else y.astype(X.dtype)

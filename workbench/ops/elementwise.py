@@ -10,35 +10,12 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np  # dtype constants, np.errstate and np.generic only
+import numpy as np  # dtype constants only
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import compute_dtype, ensure_array, is_float, quiet
 from workbench.ops.registry import kernel
-
-
-def ensure_array(r, xp=np):
-    """numpy ufuncs return scalars for 0-d inputs: turn them back into 0-d arrays."""
-    return xp.asarray(r) if isinstance(r, np.generic) else r
-
-
-def quiet():
-    """Silence numpy floating-point warnings (division by zero, overflow, NaN) in a block."""
-    return np.errstate(all="ignore")
-
-
-def is_float(dtype) -> bool:
-    """True for float16/32/64 and the ml_dtypes floats (bfloat16, float8...)."""
-    dtype = np.dtype(dtype)
-    return dtype.kind == "f" or (dtype.kind == "V" and "float" in dtype.name)
-
-
-def compute_dtype(dtype):
-    """The dtype to compute a float op in: float32 for float16/bfloat16, else the dtype itself."""
-    dtype = np.dtype(dtype)
-    if dtype.itemsize < 4 and is_float(dtype):
-        return np.dtype(np.float32)
-    return dtype
 
 
 def legacy_broadcast(op: str, a, b, broadcast, axis):

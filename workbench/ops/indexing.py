@@ -12,31 +12,8 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import norm_axis, prod, stable_argsort
 from workbench.ops.registry import kernel
-
-
-def _ints(values) -> list[int]:
-    if values is None:
-        return []
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    if isinstance(values, (int, float)):
-        return [int(values)]
-    return [int(v) for v in values]
-
-
-def _norm_axis(axis: int, rank: int, op: str, what: str = "axis") -> int:
-    if not -rank <= axis < rank:
-        raise ShapeError(f"{op}: {what} {axis} is out of range for an input of rank {rank} "
-                         f"(accepted range is [{-rank}, {rank - 1}])")
-    return axis % rank
-
-
-def _prod(values) -> int:
-    out = 1
-    for v in values:
-        out *= int(v)
-    return out
 
 
 def _norm_indices(op, xp, indices, dim, axis_desc):
@@ -75,7 +52,7 @@ def gather(data, indices, *, axis=0):
     xp = xp_of(data)
     if data.ndim == 0:
         raise ShapeError("Gather: data must have rank >= 1, got a scalar")
-    ax = _norm_axis(int(axis), data.ndim, "Gather")
+    ax = norm_axis(int(axis), data.ndim, "Gather")
     idx = _norm_indices("Gather", xp, indices, data.shape[ax], f"axis {ax}")
     return xp.take(data, idx, axis=ax)
 
@@ -85,7 +62,7 @@ def gather_elements(data, indices, *, axis=0):
     """``out[i][j][k] = data[indices[i][j][k]][j][k]`` (axis=0); output has the indices shape."""
     xp = xp_of(data)
     r = data.ndim
-    ax = _norm_axis(int(axis), r, "GatherElements")
+    ax = norm_axis(int(axis), r, "GatherElements")
     if indices.ndim != r:
         raise ShapeError(f"GatherElements: indices rank {indices.ndim} must equal data rank {r}")
     for d in range(r):
@@ -112,11 +89,11 @@ def _gather_nd(data, indices, batch_dims):
         raise ShapeError(f"GatherND: indices.shape[-1] = {k} must be in [1, {r - b}] "
                          f"(rank(data) - batch_dims)")
     batch_shape = tuple(data.shape[:b])
-    nb = _prod(batch_shape)
+    nb = prod(batch_shape)
     mid_shape = tuple(indices.shape[b:-1])
     tail_shape = tuple(data.shape[b + k:])
     d = data.reshape((nb,) + tuple(data.shape[b:]))
-    idx = xp.asarray(indices).astype(np.int64, copy=False).reshape(nb, _prod(mid_shape), k)
+    idx = xp.asarray(indices).astype(np.int64, copy=False).reshape(nb, prod(mid_shape), k)
     parts = [xp.arange(nb, dtype=np.int64)[:, None]]
     for j in range(k):
         dim = data.shape[b + j]
@@ -140,7 +117,7 @@ _REDUCTIONS = ("none", "add", "mul", "max", "min")
 def _occurrence_rounds(xp, lin):
     """For each position of ``lin``: how many earlier positions hold the same value."""
     n = lin.shape[0]
-    order = _stable_argsort(xp, lin)
+    order = stable_argsort(xp, lin)
     s = lin[order]
     new_group = xp.ones(n, dtype=bool)
     new_group[1:] = s[1:] != s[:-1]
@@ -179,7 +156,7 @@ def _scatter_rows(op, out2, lin, upd2, reduction):
 def _scatter_elements(op, data, indices, updates, axis, reduction):
     xp = xp_of(data)
     r = data.ndim
-    ax = _norm_axis(int(axis), r, op)
+    ax = norm_axis(int(axis), r, op)
     if indices.ndim != r or tuple(indices.shape) != tuple(updates.shape):
         raise ShapeError(f"{op}: indices {tuple(indices.shape)} and updates "
                          f"{tuple(updates.shape)} must have the same shape and the rank of data "
@@ -231,8 +208,8 @@ def scatter_nd(data, indices, updates, *, reduction="none"):
         dim = data.shape[j]
         lin = lin * dim + _norm_indices("ScatterND", xp, idx[:, j], dim, f"data axis {j}")
     out = data.copy()
-    rest = _prod(data.shape[k:])
-    _scatter_rows("ScatterND", out.reshape(_prod(data.shape[:k]), rest), lin,
+    rest = prod(data.shape[k:])
+    _scatter_rows("ScatterND", out.reshape(prod(data.shape[:k]), rest), lin,
                   updates.reshape(idx.shape[0], rest), reduction)
     return out
 
@@ -243,7 +220,7 @@ def tensor_scatter(past_cache, update, write_indices=None, *, axis=-2, mode="lin
     ``write_indices[b]`` for each batch entry (modulo the cache length when circular)."""
     xp = xp_of(past_cache)
     r = past_cache.ndim
-    ax = _norm_axis(int(axis), r, "TensorScatter")
+    ax = norm_axis(int(axis), r, "TensorScatter")
     if ax == 0:
         raise ShapeError("TensorScatter: axis cannot be 0 (the batch dimension)")
     if mode not in ("linear", "circular"):
@@ -282,7 +259,7 @@ def compress(input, condition, *, axis=None):
     if axis is None:
         data, ax = input.reshape(-1), 0
     else:
-        data, ax = input, _norm_axis(int(axis), input.ndim, "Compress")
+        data, ax = input, norm_axis(int(axis), input.ndim, "Compress")
     n = data.shape[ax]
     if cond.shape[0] > n:
         if bool(cond[n:].any()):
@@ -337,13 +314,6 @@ def one_hot(indices, depth, values, *, axis=-1):
 
 # Unique ------------------------------------------------------------------------------------------
 
-def _stable_argsort(xp, a):
-    # cupy's argsort is always stable (and older versions take no ``kind``)
-    if xp is np:
-        return np.argsort(a, kind="stable")
-    return xp.argsort(a)
-
-
 def _sort_rows(xp, rows):
     """Stable lexicographic order of the rows of a 2-D array (column 0 most significant)."""
     if rows.shape[1] == 0:
@@ -352,7 +322,7 @@ def _sort_rows(xp, rows):
         return np.lexsort(rows.T[::-1])
     order = xp.arange(rows.shape[0], dtype=np.int64)
     for c in range(rows.shape[1] - 1, -1, -1):  # least significant key first
-        order = order[_stable_argsort(xp, rows[order, c])]
+        order = order[stable_argsort(xp, rows[order, c])]
     return order
 
 
@@ -364,10 +334,10 @@ def unique(x, *, axis=None, sorted=1, ctx):
     if axis is None:
         ax, moved = 0, x.reshape(-1)
     else:
-        ax = _norm_axis(int(axis), x.ndim, "Unique")
+        ax = norm_axis(int(axis), x.ndim, "Unique")
         moved = xp.moveaxis(x, ax, 0)
     n = moved.shape[0]
-    rows = moved.reshape(n, _prod(moved.shape[1:]))
+    rows = moved.reshape(n, prod(moved.shape[1:]))
     keys = rows
     if keys.dtype.name == "bfloat16" or keys.dtype.kind == "b":
         keys = keys.astype(np.float32)
@@ -389,7 +359,7 @@ def unique(x, *, axis=None, sorted=1, ctx):
     inverse = xp.empty(n, dtype=np.int64)
     inverse[order] = group_id
     if not sorted:
-        by_first = _stable_argsort(xp, first)
+        by_first = stable_argsort(xp, first)
         first, counts = first[by_first], counts[by_first]
         remap = xp.empty_like(by_first)
         remap[by_first] = xp.arange(by_first.shape[0], dtype=by_first.dtype)

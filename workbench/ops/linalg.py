@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
-from workbench.ops.conv import compute_dtype
+from workbench.ops.parallel import parallel_matmul
 from workbench.ops.registry import kernel
+from workbench.ops.windows import compute_dtype
 
 
 def _matmul(op, a, b):
@@ -24,6 +25,8 @@ def _matmul(op, a, b):
         raise ShapeError(f"{op}: inner dimensions differ: A {tuple(a.shape)} has {ka} columns, "
                          f"B {tuple(b.shape)} has {kb} rows")
     try:
+        if a.ndim >= 2 and b.ndim >= 2:
+            return parallel_matmul(xp, a, b)
         return xp.matmul(a, b)
     except ValueError as e:
         raise ShapeError(f"{op}: shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast "
@@ -54,7 +57,7 @@ def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0):
     if a.shape[1] != b.shape[0]:
         raise ShapeError(f"{op}: A' {tuple(a.shape)} and B' {tuple(b.shape)} (after transA="
                          f"{transA}, transB={transB}) have different inner dimensions")
-    y = xp.matmul(a.astype(cd, copy=False), b.astype(cd, copy=False))
+    y = parallel_matmul(xp, a.astype(cd, copy=False), b.astype(cd, copy=False))
     integer = cd.kind in "iu"
     if alpha != 1.0:
         y = (y * alpha).astype(cd) if integer else y * cd.type(alpha)

@@ -6,7 +6,8 @@ The opset-1 forms of the binary ops also accept the legacy ``broadcast``/``axis`
 from __future__ import annotations
 
 from workbench.arrays import xp_of
-from workbench.ops.elementwise import ensure_array, legacy_broadcast
+from workbench.ops._common import ensure_array
+from workbench.ops.elementwise import legacy_broadcast
 from workbench.ops.registry import kernel
 
 

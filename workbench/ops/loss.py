@@ -12,13 +12,10 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import widen_half
 from workbench.ops.registry import kernel
 
 _REDUCTIONS = ("none", "sum", "mean")
-
-
-def _work(x):
-    return x.astype(np.float32) if x.dtype.name in ("float16", "bfloat16") else x
 
 
 def _nll(op, log_prob, labels, weights, reduction, ignore_index):
@@ -47,7 +44,7 @@ def _nll(op, log_prob, labels, weights, reduction, ignore_index):
         if tuple(weights.shape) != (c,):
             raise ShapeError(f"{op}: weights must have shape ({c},), got "
                              f"{tuple(weights.shape)}")
-        w = xp.take(_work(weights), safe)
+        w = xp.take(widen_half(weights), safe)
         if keep is not None:
             w = xp.where(keep, w, xp.zeros((), dtype=w.dtype))
     elif keep is not None:
@@ -77,7 +74,7 @@ def negative_log_likelihood_loss(input, target, weight=None, *, reduction="mean"
                                  ignore_index=None):
     """``-input[n, target[n, ...], ...] * weight[target]``, then reduced."""
     xp = xp_of(input)
-    out = _nll("NegativeLogLikelihoodLoss", _work(input), target, weight, reduction,
+    out = _nll("NegativeLogLikelihoodLoss", widen_half(input), target, weight, reduction,
                ignore_index)
     return xp.asarray(out).astype(input.dtype, copy=False)
 
@@ -91,7 +88,7 @@ def softmax_cross_entropy_loss(scores, labels, weights=None, *, reduction="mean"
     if scores.ndim < 2:
         raise ShapeError(f"SoftmaxCrossEntropyLoss: scores must be (N, C) or (N, C, d1, ..., dk),"
                          f" got shape {tuple(scores.shape)}")
-    log_prob = _log_softmax(_work(scores), axis=1)
+    log_prob = _log_softmax(widen_half(scores), axis=1)
     out = _nll("SoftmaxCrossEntropyLoss", log_prob, labels, weights, reduction, ignore_index)
     out = xp.asarray(out).astype(scores.dtype, copy=False)
     if ctx.n_outputs > 1:

@@ -12,8 +12,9 @@ import numpy as np  # dtype constants only
 
 from workbench.arrays import np_dtype_of_onnx, xp_of
 from workbench.errors import InputError, ShapeError
-from workbench.ops.conv import compute_dtype, to_compute
+from workbench.ops.parallel import run_blocks
 from workbench.ops.registry import kernel
+from workbench.ops.windows import compute_dtype, to_compute
 
 
 def _axis(op, axis, ndim, name="axis"):
@@ -54,8 +55,14 @@ def _batch_norm(X, scale, B, mean, var, epsilon, momentum, training, spatial, n_
     if not training:
         a = s / xp.sqrt(v + eps)
         shift = b - m * a
-        y = xp.multiply(x, a)
-        y += shift
+        y = xp.empty(x.shape, dtype=dt)
+
+        def work(chunk):
+            for n0, n1 in chunk:
+                xp.multiply(x[n0:n1], a, out=y[n0:n1])
+                y[n0:n1] += shift
+        N = x.shape[0]
+        run_blocks(xp, [(n, n + 1) for n in range(N)] if xp is np else [(0, N)], work, x.size)
         return y.astype(X.dtype, copy=False)
     axes = (0,) + (tuple(range(2, X.ndim)) if spatial else ())
     if s.shape[2:] != (1,) * (X.ndim - 2):  # per-activation parameters: batch statistics only

@@ -4,9 +4,9 @@ The windowed pools reduce one spatial axis at a time (max and sum are separable)
 axis each kernel tap is one strided ``maximum``/``add`` over the outputs where it falls inside
 the input, on cache-sized blocks of (image, channels), spread over threads. Windows are clipped
 at the borders instead of padding the input (same result, no padded copy); there are no Python
-loops over pixels. The output size follows the spec (floor or ``ceil_mode``; with ``ceil_mode`` a window that would
-start in the end padding is dropped; the extra padding that ceil mode needs past ``pads``
-never counts as input or as padding).
+loops over pixels. The output size follows the spec (floor or ``ceil_mode``; with ``ceil_mode``
+a window that would start in the end padding is dropped, and the positions that ceil mode adds
+past ``pads`` count neither as input nor as padding).
 """
 
 from __future__ import annotations
@@ -18,11 +18,16 @@ import numpy as np  # dtype constants only
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
-from workbench.ops.conv import (
-    blocks, compute_dtype, pad_spatial, run_blocks, spatial_ints, tap_view,
-    to_compute, window_geometry,
-)
+from workbench.ops.parallel import blocks, run_blocks
 from workbench.ops.registry import kernel
+from workbench.ops.windows import (
+    compute_dtype,
+    pad_spatial,
+    spatial_ints,
+    tap_view,
+    to_compute,
+    window_geometry,
+)
 
 
 def _pool_setup(op, X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
@@ -408,14 +413,8 @@ def _roi_align(X, rois, batch_indices, mode, oh, ow, sampling_ratio, spatial_sca
         img = x[b]  # (C, H, W)
         if mode == "avg":
             # separable: Y = Ay @ img @ Ax^T, Ay[p, h] = summed weights of the samples of bin p
-            Ay = xp.zeros((oh, H), dtype=dt)
-            Ax = xp.zeros((ow, W), dtype=dt)
-            rows_y = xp.repeat(xp.arange(oh), gh)
-            rows_x = xp.repeat(xp.arange(ow), gw)
-            _scatter_add(xp, Ay, rows_y, ylo.reshape(-1), wyl.reshape(-1))
-            _scatter_add(xp, Ay, rows_y, yhi.reshape(-1), wyh.reshape(-1))
-            _scatter_add(xp, Ax, rows_x, xlo.reshape(-1), wxl.reshape(-1))
-            _scatter_add(xp, Ax, rows_x, xhi.reshape(-1), wxh.reshape(-1))
+            Ay = _interp_matrix(xp, ylo, yhi, wyl, wyh, H)
+            Ax = _interp_matrix(xp, xlo, xhi, wxl, wxh, W)
             y[r] = xp.matmul(xp.matmul(Ay, img), Ax.T) / (gh * gw)
         else:
             # max over samples of the largest weighted corner (the reference semantics)
@@ -429,11 +428,11 @@ def _roi_align(X, rois, batch_indices, mode, oh, ow, sampling_ratio, spatial_sca
     return y.astype(X.dtype, copy=False)
 
 
-def _scatter_add(xp, M, rows, cols, vals):
-    if hasattr(xp, "add") and hasattr(xp.add, "at"):
-        xp.add.at(M, (rows, cols), vals)
-    else:  # pragma: no cover - array modules without ufunc.at
-        xp.scatter_add(M, (rows, cols), vals)
+def _interp_matrix(xp, lo, hi, wl, wh, size):
+    """(bins, size) matrix summing each bin's bilinear sample weights per input index."""
+    grid = xp.arange(size).reshape(1, 1, size)
+    m = (lo[..., None] == grid) * wl[..., None] + (hi[..., None] == grid) * wh[..., None]
+    return m.sum(axis=1)
 
 
 @kernel("RoiAlign", since=10)

@@ -17,55 +17,22 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import ints, norm_axis, prod, stable_argsort, widen_half
 from workbench.ops.registry import kernel
-
-_LOW_FLOATS = ("float16", "bfloat16")
-
-
-def _ints(values) -> list[int]:
-    """A host list of Python ints from an int tensor, a list or a scalar."""
-    if values is None:
-        return []
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    if isinstance(values, (int, float)):
-        return [int(values)]
-    return [int(v) for v in values]
-
-
-def _norm_axis(axis: int, rank: int, op: str, what: str = "axis") -> int:
-    if not -rank <= axis < rank:
-        raise ShapeError(f"{op}: {what} {axis} is out of range for an input of rank {rank} "
-                         f"(accepted range is [{-rank}, {rank - 1}])")
-    return axis % rank
 
 
 def _reduce_axes(op, data, axes, noop_with_empty_axes):
     """The tuple of axes to reduce (possibly empty = no reduction)."""
-    axes = _ints(axes)
+    axes = ints(axes)
     if not axes:
         return () if noop_with_empty_axes else tuple(range(data.ndim))
-    return tuple(sorted({_norm_axis(a, data.ndim, op, "axes value") for a in axes}))
-
-
-def _prod_of(values) -> int:
-    out = 1
-    for v in values:
-        out *= int(v)
-    return out
+    return tuple(sorted({norm_axis(a, data.ndim, op, "axes value") for a in axes}))
 
 
 def _reduced_shape(shape, axes, keepdims):
     if keepdims:
         return tuple(1 if i in axes else d for i, d in enumerate(shape))
     return tuple(d for i, d in enumerate(shape) if i not in axes)
-
-
-def _work(x):
-    """x upcast to float32 when it is a low-precision float (for accurate accumulation)."""
-    if x.dtype.name in _LOW_FLOATS:
-        return x.astype(np.float32)
-    return x
 
 
 def _dtype_extreme(dtype, lowest: bool):
@@ -92,7 +59,7 @@ def _xsum(xp, w, ax, keepdims, dtype=None):
 
 def _float_work(x):
     """x in a float type fit for accumulation: low floats -> float32, ints -> float64."""
-    w = _work(x)
+    w = widen_half(x)
     return w.astype(np.float64) if w.dtype.kind in "iub" else w
 
 
@@ -104,20 +71,20 @@ def _reduce(op, data, axes, keepdims, noop_with_empty_axes, how):
 
 
 def _sum_core(xp, x, ax, keepdims):
-    w = _work(x)
+    w = widen_half(x)
     return _finish(xp, _xsum(xp, w, ax, keepdims, w.dtype), x.dtype)
 
 
 def _prod_core(xp, x, ax, keepdims):
     if not ax:
         return x
-    w = _work(x)
+    w = widen_half(x)
     return _finish(xp, xp.prod(w, axis=ax, keepdims=keepdims, dtype=w.dtype), x.dtype)
 
 
 def _mean_core(xp, x, ax, keepdims):
     w = _float_work(x)
-    n = _prod_of(x.shape[a] for a in ax)
+    n = prod(x.shape[a] for a in ax)
     with np.errstate(divide="ignore", invalid="ignore"):  # mean of nothing: NaN, as numpy
         return _finish(xp, _xsum(xp, w, ax, keepdims) / w.dtype.type(n), x.dtype)
 
@@ -143,7 +110,7 @@ def _l1_core(xp, x, ax, keepdims):
 
 
 def _sum_square_core(xp, x, ax, keepdims):
-    w = _work(x)
+    w = widen_half(x)
     return _finish(xp, _xsum(xp, w * w, ax, keepdims, w.dtype), x.dtype)
 
 
@@ -224,7 +191,7 @@ reduce_sum_square_axes_attr, reduce_sum_square_axes_input = _make_reduce("Reduce
 
 def _arg_extreme(op, data, axis, keepdims, select_last_index, is_max):
     xp = xp_of(data)
-    axis = _norm_axis(int(axis), data.ndim, op)
+    axis = norm_axis(int(axis), data.ndim, op)
     n = data.shape[axis]
     if n == 0:
         raise ShapeError(f"{op}: cannot take the arg{'max' if is_max else 'min'} over axis "
@@ -256,7 +223,7 @@ def arg_min(data, *, axis=0, keepdims=1, select_last_index=0):
 # CumSum / CumProd --------------------------------------------------------------------------------
 
 def _scalar_axis(op, axis) -> int:
-    vals = _ints(axis)
+    vals = ints(axis)
     if len(vals) != 1:
         raise InputError(f"{op}: input 'axis' must hold exactly one integer, got {vals}")
     return vals[0]
@@ -264,8 +231,8 @@ def _scalar_axis(op, axis) -> int:
 
 def _cumulative(op, x, axis, exclusive, reverse, is_sum):
     xp = xp_of(x)
-    ax = _norm_axis(_scalar_axis(op, axis), x.ndim, op)
-    w = _work(x)
+    ax = norm_axis(_scalar_axis(op, axis), x.ndim, op)
+    w = widen_half(x)
     if reverse:
         w = xp.flip(w, axis=ax)
     if exclusive and w.shape[ax]:
@@ -301,7 +268,7 @@ def _top_k(x, k, axis, largest):
     xp = xp_of(x)
     if x.ndim == 0:
         raise ShapeError("TopK: input X must have rank >= 1, got a scalar")
-    ax = _norm_axis(int(axis), x.ndim, "TopK")
+    ax = norm_axis(int(axis), x.ndim, "TopK")
     n = x.shape[ax]
     if k < 0 or k > n:
         raise ShapeError(f"TopK: k={k} must be in [0, {n}] (size of axis {ax} of input shape "
@@ -310,10 +277,10 @@ def _top_k(x, k, axis, largest):
     if largest:
         # descending order, ties by lower index first: a stable ascending sort of the reversed
         # axis, read backwards
-        order = _stable_argsort(xp, xp.flip(xs, axis=ax), ax)
+        order = stable_argsort(xp, xp.flip(xs, axis=ax), ax)
         order = (n - 1) - xp.flip(order, axis=ax)
     else:
-        order = _stable_argsort(xp, xs, ax)
+        order = stable_argsort(xp, xs, ax)
     take = [slice(None)] * x.ndim
     take[ax] = slice(0, k)
     idx = order[tuple(take)].astype(np.int64, copy=False)
@@ -321,15 +288,8 @@ def _top_k(x, k, axis, largest):
     return values, idx
 
 
-def _stable_argsort(xp, a, axis):
-    # cupy's argsort is always stable (and older versions take no ``kind``)
-    if xp is np:
-        return np.argsort(a, axis=axis, kind="stable")
-    return xp.argsort(a, axis=axis)
-
-
 def _k_of(k) -> int:
-    vals = _ints(k)
+    vals = ints(k)
     if len(vals) != 1:
         raise InputError(f"TopK: input 'K' must hold exactly one integer, got {vals}")
     return vals[0]

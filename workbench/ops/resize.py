@@ -30,32 +30,13 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import floats, ints, norm_axis
 from workbench.ops.registry import kernel
 
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
                 "asymmetric", "tf_half_pixel_for_nn", "tf_crop_and_resize")
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 _MODE_ALIASES = {"bilinear": "linear", "trilinear": "linear", "bicubic": "cubic"}
-
-
-def _ints(values) -> list[int]:
-    if values is None:
-        return []
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    if isinstance(values, (int, float)):
-        return [int(values)]
-    return [int(v) for v in values]
-
-
-def _floats(values) -> list[float]:
-    if values is None:
-        return []
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    if isinstance(values, (int, float)):
-        return [float(values)]
-    return [float(v) for v in values]
 
 
 def _compute_dtype(x):
@@ -241,13 +222,7 @@ def _resize(x, out_shape, scales, *, mode, coord_mode, nearest_mode, cubic_coeff
 def _norm_axes(axes, rank, op):
     if axes is None:
         return list(range(rank))
-    out = []
-    for a in _ints(axes):
-        if not -rank <= a < rank:
-            raise ShapeError(f"{op}: axes value {a} is out of range for an input of rank {rank} "
-                             f"(accepted range is [{-rank}, {rank - 1}])")
-        out.append(a % rank)
-    return out
+    return [norm_axis(a, rank, op, "axes value") for a in ints(axes)]
 
 
 def _floor_size(in_len, scale):
@@ -259,17 +234,21 @@ def _floor_size(in_len, scale):
 # Resize / Upsample kernels
 
 
+def _resize_by_scales(op, X, sc, mode):
+    """Resize-10 and Upsample: one scale per axis, asymmetric coordinates, nearest by floor."""
+    if len(sc) != X.ndim:
+        raise ShapeError(f"{op}: scales has {len(sc)} values but the input has rank {X.ndim} "
+                         f"(shape {X.shape}); give one scale per axis")
+    if any(s <= 0 for s in sc):
+        raise InputError(f"{op}: scales must be positive, got {sc}")
+    out_shape = [_floor_size(d, s) for d, s in zip(X.shape, sc)]
+    return _resize(X, out_shape, sc, mode=mode, coord_mode="asymmetric", nearest_mode="simple")
+
+
 @kernel("Resize", since=10)
 def resize_10(X, scales, *, mode):
     """Resize-10: scales input only, asymmetric coordinates, nearest by floor."""
-    sc = _floats(scales)
-    if len(sc) != X.ndim:
-        raise ShapeError(f"Resize: scales has {len(sc)} values but the input has rank {X.ndim} "
-                         f"(shape {X.shape}); give one scale per axis")
-    if any(s <= 0 for s in sc):
-        raise InputError(f"Resize: scales must be positive, got {sc}")
-    out_shape = [_floor_size(d, s) for d, s in zip(X.shape, sc)]
-    return _resize(X, out_shape, sc, mode=mode, coord_mode="asymmetric", nearest_mode="simple")
+    return _resize_by_scales("Resize", X, floats(scales), mode)
 
 
 @kernel("Resize", since=11)
@@ -284,8 +263,8 @@ def resize(X, roi=None, scales=None, sizes=None, *, mode, coordinate_transformat
     if coord not in _COORD_MODES:
         raise InputError(f"Resize: coordinate_transformation_mode {coord!r} is not supported "
                          f"(supported: {', '.join(_COORD_MODES)})")
-    sc_in = _floats(scales) if scales is not None else []
-    sz_in = _ints(sizes) if sizes is not None else []
+    sc_in = floats(scales) if scales is not None else []
+    sz_in = ints(sizes) if sizes is not None else []
     if sc_in and sz_in:
         raise InputError("Resize: only one of 'scales' and 'sizes' may be given, got both "
                          f"(scales={sc_in}, sizes={sz_in})")
@@ -294,7 +273,7 @@ def resize(X, roi=None, scales=None, sizes=None, *, mode, coordinate_transformat
 
     roi_pairs = None
     if coord == "tf_crop_and_resize":
-        roi_v = _floats(roi) if roi is not None else []
+        roi_v = floats(roi) if roi is not None else []
         roi_pairs = [(0.0, 1.0)] * rank
         if roi_v:
             if len(roi_v) == 2 * rank and n != rank:
@@ -345,26 +324,16 @@ def resize(X, roi=None, scales=None, sizes=None, *, mode, coordinate_transformat
                    antialias=antialias, roi=roi_pairs)
 
 
-def _upsample(X, sc, mode):
-    if len(sc) != X.ndim:
-        raise ShapeError(f"Upsample: scales has {len(sc)} values but the input has rank "
-                         f"{X.ndim} (shape {X.shape}); give one scale per axis")
-    if any(s <= 0 for s in sc):
-        raise InputError(f"Upsample: scales must be positive, got {sc}")
-    out_shape = [_floor_size(d, s) for d, s in zip(X.shape, sc)]
-    return _resize(X, out_shape, sc, mode=mode, coord_mode="asymmetric", nearest_mode="simple")
-
-
 @kernel("Upsample", since=7)
 def upsample_7(X, *, mode, scales):
     """Upsample-7: scales attribute."""
-    return _upsample(X, _floats(scales), mode)
+    return _resize_by_scales("Upsample", X, floats(scales), mode)
 
 
 @kernel("Upsample", since=9)
 def upsample_9(X, scales, *, mode):
     """Upsample-9/10: scales input."""
-    return _upsample(X, _floats(scales), mode)
+    return _resize_by_scales("Upsample", X, floats(scales), mode)
 
 
 # --------------------------------------------------------------------------------------------
@@ -521,7 +490,7 @@ def _base_coords(xp, n, align_corners, dtype):
 def affine_grid(theta, size, *, align_corners):
     """AffineGrid-20: sampling grid (N, H, W, 2) or (N, D, H, W, 3) from affine matrices."""
     xp = xp_of(theta)
-    dims = _ints(size)
+    dims = ints(size)
     if len(dims) not in (4, 5):
         raise ShapeError(f"AffineGrid: size must hold 4 values (N, C, H, W) or 5 (N, C, D, H, W), "
                          f"got {dims}")

@@ -12,6 +12,7 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import work_dtype
 from workbench.ops.registry import kernel
 
 # name -> (takes alpha, takes beta, default alpha, default beta)
@@ -114,10 +115,6 @@ def _prepare(op, X, W, R, B, sequence_lens, initial_h, initial_c, n_gates, hidde
     return X, initial_h, initial_c, num_dirs, seq, batch, hs, lens
 
 
-def _cdtype(x):
-    return np.float64 if x.dtype == np.float64 else np.float32
-
-
 def _finish(Y, Y_h, Y_c, layout, out_dtype, n_outputs):
     # Y: (seq, dirs, batch, hidden); Y_h / Y_c: (dirs, batch, hidden)
     if layout:
@@ -139,7 +136,7 @@ def _run(op, n_gates, step, X, W, R, B, sequence_lens, initial_h, initial_c, *, 
     X, initial_h, initial_c, num_dirs, seq, batch, hs, lens = _prepare(
         op, X, W, R, B, sequence_lens, initial_h, initial_c, n_gates, hidden_size, direction,
         layout)
-    cdt = _cdtype(X)
+    cdt = work_dtype(X.dtype)
     Xc = X.astype(cdt)
     Y = xp.zeros((seq, num_dirs, batch, hs), dtype=cdt)
     Y_h = xp.zeros((num_dirs, batch, hs), dtype=cdt)
@@ -252,7 +249,7 @@ def lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=
     if P is not None and P.shape != (num_dirs, 3 * hs_attr):
         raise ShapeError(f"LSTM: P has shape {tuple(P.shape)}, expected "
                          f"{(num_dirs, 3 * hs_attr)}")
-    cdt = _cdtype(X)
+    cdt = work_dtype(X.dtype)
     peep = None if P is None else P.astype(cdt)
     couple = bool(input_forget)
 

@@ -12,33 +12,8 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import ints, norm_axis, prod
 from workbench.ops.registry import kernel
-
-
-def _ints(values) -> list[int]:
-    """A host list of Python ints from an int tensor, a list or a scalar (None -> [])."""
-    if values is None:
-        return []
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    if isinstance(values, (int, float)):
-        return [int(values)]
-    return [int(v) for v in values]
-
-
-def _norm_axis(axis: int, rank: int, op: str, what: str = "axis") -> int:
-    if not -rank <= axis < rank:
-        raise ShapeError(f"{op}: {what} {axis} is out of range for an input of rank {rank} "
-                         f"(accepted range is [{-rank}, {rank - 1}])")
-    return axis % rank
-
-
-def _prod(values) -> int:
-    out = 1
-    for v in values:
-        out *= int(v)
-    return out
-
 
 # Reshape -----------------------------------------------------------------------------------------
 
@@ -62,9 +37,9 @@ def _target_shape(data_shape, shape, allowzero: bool) -> tuple:
                              f"negative)")
         else:
             out.append(int(s))
-    total = _prod(data_shape)
+    total = prod(data_shape)
     if infer is not None:
-        known = _prod(out)
+        known = prod(out)
         if allowzero and 0 in shape:
             raise ShapeError(f"Reshape: with allowzero=1 the shape {shape} may not contain "
                              f"both 0 and -1")
@@ -72,22 +47,22 @@ def _target_shape(data_shape, shape, allowzero: bool) -> tuple:
             raise ShapeError(f"Reshape: cannot reshape input of shape {tuple(data_shape)} "
                              f"({total} elements) to {shape}")
         out[infer] = total // known
-    if _prod(out) != total:
+    if prod(out) != total:
         raise ShapeError(f"Reshape: cannot reshape input of shape {tuple(data_shape)} "
-                         f"({total} elements) to {shape} (-> {tuple(out)}, {_prod(out)} elements)")
+                         f"({total} elements) to {shape} (-> {tuple(out)}, {prod(out)} elements)")
     return tuple(out)
 
 
 @kernel("Reshape", since=1)
 def reshape_attr(data, *, shape=None, consumed_inputs=None):
     """Reshape-1..4: the target shape is the ``shape`` attribute."""
-    return data.reshape(_target_shape(data.shape, _ints(shape), False))
+    return data.reshape(_target_shape(data.shape, ints(shape), False))
 
 
 @kernel("Reshape", since=5)
 def reshape(data, shape, *, allowzero=0):
     """Reshape-5+: 0 copies the input dimension (unless ``allowzero``), -1 is inferred."""
-    return data.reshape(_target_shape(data.shape, _ints(shape), bool(allowzero)))
+    return data.reshape(_target_shape(data.shape, ints(shape), bool(allowzero)))
 
 
 @kernel("Transpose", since=1)
@@ -112,16 +87,16 @@ def flatten(input, *, axis=1):
         raise ShapeError(f"Flatten: axis {axis} is out of range for an input of rank {r} "
                          f"(accepted range is [{-r}, {r}])")
     axis = axis + r if axis < 0 else axis
-    return input.reshape(_prod(input.shape[:axis]), _prod(input.shape[axis:]))
+    return input.reshape(prod(input.shape[:axis]), prod(input.shape[axis:]))
 
 
 # Squeeze / Unsqueeze -----------------------------------------------------------------------------
 
 def _squeeze(data, axes):
-    axes = _ints(axes)
+    axes = ints(axes)
     if not axes:
         return data.reshape(tuple(d for d in data.shape if d != 1))
-    norm = {_norm_axis(a, data.ndim, "Squeeze", "axes value") for a in axes}
+    norm = {norm_axis(a, data.ndim, "Squeeze", "axes value") for a in axes}
     for a in norm:
         if data.shape[a] != 1:
             raise ShapeError(f"Squeeze: cannot squeeze axis {a} of size {data.shape[a]} "
@@ -142,9 +117,9 @@ def squeeze(data, axes=None):
 
 
 def _unsqueeze(data, axes):
-    axes = _ints(axes)
+    axes = ints(axes)
     rank = data.ndim + len(axes)
-    norm = sorted(_norm_axis(a, rank, "Unsqueeze", "axes value") for a in axes)
+    norm = sorted(norm_axis(a, rank, "Unsqueeze", "axes value") for a in axes)
     if len(set(norm)) != len(norm):
         raise ShapeError(f"Unsqueeze: axes {axes} contain duplicates (after normalising to "
                          f"output rank {rank})")
@@ -178,7 +153,7 @@ def _concat(inputs, axis):
         rank = ranks.pop()
         inputs = [a for a in inputs if a.size or a.ndim == rank]
     rank = inputs[0].ndim
-    ax = _norm_axis(int(axis), rank, "Concat")
+    ax = norm_axis(int(axis), rank, "Concat")
     ref = inputs[0].shape
     for a in inputs[1:]:
         if a.ndim != rank or any(d != e for i, (d, e) in enumerate(zip(a.shape, ref)) if i != ax):
@@ -202,7 +177,7 @@ def concat(*inputs, axis):
 
 
 def _split(input, sizes, axis, n_outputs, num_outputs=None):
-    ax = _norm_axis(int(axis), input.ndim, "Split")
+    ax = norm_axis(int(axis), input.ndim, "Split")
     dim = input.shape[ax]
     if sizes:
         if any(s < 0 for s in sizes) or sum(sizes) != dim:
@@ -227,14 +202,14 @@ def _split(input, sizes, axis, n_outputs, num_outputs=None):
 @kernel("Split", since=1, wants_ctx=True)
 def split_v1(input, split_input=None, *, axis=0, split=None, ctx):
     """Split-1: sizes from the optional second input or the ``split`` attribute."""
-    sizes = _ints(split_input) if split_input is not None else _ints(split)
+    sizes = ints(split_input) if split_input is not None else ints(split)
     return _split(input, sizes, axis, ctx.n_outputs)
 
 
 @kernel("Split", since=2, wants_ctx=True)
 def split_attr(input, *, axis=0, split=None, ctx):
     """Split-2..12: sizes from the ``split`` attribute, else equal parts (one per output)."""
-    return _split(input, _ints(split), axis, ctx.n_outputs)
+    return _split(input, ints(split), axis, ctx.n_outputs)
 
 
 @kernel("Split", since=13, wants_ctx=True)
@@ -244,22 +219,22 @@ def split(input, split=None, *, axis=0, num_outputs=None, ctx):
     if split is not None and num_outputs is not None:
         raise InputError("Split: give either the 'split' input or the 'num_outputs' attribute, "
                          "not both")
-    return _split(input, _ints(split), axis, ctx.n_outputs, num_outputs)
+    return _split(input, ints(split), axis, ctx.n_outputs, num_outputs)
 
 
 # Slice -------------------------------------------------------------------------------------------
 
 def _slice(data, starts, ends, axes, steps):
-    starts, ends = _ints(starts), _ints(ends)
+    starts, ends = ints(starts), ints(ends)
     r = data.ndim
-    axes = _ints(axes) if axes is not None and len(axes) else list(range(len(starts)))
-    steps = _ints(steps) if steps is not None and len(steps) else [1] * len(starts)
+    axes = ints(axes) if axes is not None and len(axes) else list(range(len(starts)))
+    steps = ints(steps) if steps is not None and len(steps) else [1] * len(starts)
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise ShapeError(f"Slice: starts {starts}, ends {ends}, axes {axes} and steps {steps} "
                          f"must have the same length")
     index = [slice(None)] * r
     for s, e, a, st in zip(starts, ends, axes, steps):
-        a = _norm_axis(a, r, "Slice", "axes value")
+        a = norm_axis(a, r, "Slice", "axes value")
         dim = data.shape[a]
         if st == 0:
             raise ShapeError("Slice: steps cannot be 0")
@@ -295,9 +270,9 @@ def slice_(data, starts, ends, axes=None, steps=None):
 def _pad(data, pads, mode, value, axes=None):
     xp = xp_of(data)
     r = data.ndim
-    pads = _ints(pads)
-    axes = _ints(axes) if axes is not None else list(range(r))
-    axes = [_norm_axis(a, r, "Pad", "axes value") for a in axes]
+    pads = ints(pads)
+    axes = ints(axes) if axes is not None else list(range(r))
+    axes = [norm_axis(a, r, "Pad", "axes value") for a in axes]
     if len(pads) != 2 * len(axes):
         raise ShapeError(f"Pad: pads {pads} must have 2 * {len(axes)} values (begins then ends) "
                          f"for the axes {axes} of the input shape {tuple(data.shape)}")
@@ -377,7 +352,7 @@ def expand(input, shape):
     Returns a read-only broadcast view.
     """
     xp = xp_of(input)
-    shape = _ints(shape)
+    shape = ints(shape)
     try:
         out_shape = np.broadcast_shapes(tuple(input.shape), tuple(shape))
     except ValueError:
@@ -393,7 +368,7 @@ def tile_v1(input, tiles, axis):
     """Tile-1..5: repeat ``tiles`` times along the single ``axis``."""
     xp = xp_of(input)
     reps = [1] * input.ndim
-    reps[_norm_axis(_ints(axis)[0], input.ndim, "Tile")] = _ints(tiles)[0]
+    reps[norm_axis(ints(axis)[0], input.ndim, "Tile")] = ints(tiles)[0]
     return xp.tile(input, reps)
 
 
@@ -401,7 +376,7 @@ def tile_v1(input, tiles, axis):
 def tile(input, repeats):
     """Tile-6+: repeat the input ``repeats[i]`` times along each axis i."""
     xp = xp_of(input)
-    reps = _ints(repeats)
+    reps = ints(repeats)
     if len(reps) != input.ndim or any(x < 0 for x in reps):
         raise ShapeError(f"Tile: repeats {reps} must have one value >= 0 per axis of the input "
                          f"shape {tuple(input.shape)}")
@@ -425,7 +400,7 @@ def shape(data, *, start=0, end=None):
 def size(data):
     """The number of elements as a 0-D int64 tensor."""
     xp = xp_of(data)
-    return xp.asarray(_prod(data.shape), dtype=np.int64)
+    return xp.asarray(prod(data.shape), dtype=np.int64)
 
 
 # DepthToSpace / SpaceToDepth ---------------------------------------------------------------------
@@ -486,8 +461,8 @@ def center_crop_pad(input_data, shape, *, axes=None):
     """Crop (window start rounded down) or zero-pad (extra pixel on the right) to ``shape``."""
     xp = xp_of(input_data)
     r = input_data.ndim
-    target = _ints(shape)
-    axes = [_norm_axis(a, r, "CenterCropPad", "axes value") for a in _ints(axes)] \
+    target = ints(shape)
+    axes = [norm_axis(a, r, "CenterCropPad", "axes value") for a in ints(axes)] \
         if axes else list(range(r))
     if len(target) != len(axes):
         raise ShapeError(f"CenterCropPad: shape {target} must have one value per axis {axes}")
@@ -517,7 +492,7 @@ def trilu(input, k=None, *, upper=1):
     xp = xp_of(input)
     if input.ndim < 2:
         raise ShapeError(f"Trilu: input must have rank >= 2, got shape {tuple(input.shape)}")
-    kk = _ints(k)[0] if k is not None and k.size else 0
+    kk = ints(k)[0] if k is not None and k.size else 0
     n, m = input.shape[-2:]
     keep = xp.tri(n, m, kk - 1, dtype=bool)
     keep = ~keep if upper else xp.tri(n, m, kk, dtype=bool)

@@ -17,29 +17,18 @@ import numpy as np
 
 from workbench.arrays import np_dtype_of_onnx, xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import scalar_of, work_dtype
 from workbench.ops.registry import kernel
 
 
 def _scalar_int(x, op, name):
     if x is None:
         return None
-    if hasattr(x, "size"):
-        if x.size != 1:
-            raise ShapeError(f"{op}: {name} must be a scalar, got shape {tuple(x.shape)}")
-        return int(x.reshape(-1)[0])
-    return int(x)
+    return int(scalar_of(op, name, x) if hasattr(x, "size") else x)
 
 
 def _scalar_float(x, op, name):
-    if hasattr(x, "size"):
-        if x.size != 1:
-            raise ShapeError(f"{op}: {name} must be a scalar, got shape {tuple(x.shape)}")
-        return float(x.reshape(-1)[0])
-    return float(x)
-
-
-def _fft_dtype(dtype):
-    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+    return float(scalar_of(op, name, x) if hasattr(x, "size") else x)
 
 
 def _to_complex(xp, x, op):
@@ -47,7 +36,7 @@ def _to_complex(xp, x, op):
     if x.ndim < 1 or x.shape[-1] not in (1, 2):
         raise ShapeError(f"{op}: the last dimension of the input must be 1 (real) or 2 (complex: "
                          f"real, imaginary), got shape {x.shape}")
-    w = x.astype(_fft_dtype(x.dtype))
+    w = x.astype(work_dtype(x.dtype))
     if x.shape[-1] == 1:
         return w[..., 0], True
     return w[..., 0] + 1j * w[..., 1], False

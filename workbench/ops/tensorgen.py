@@ -14,17 +14,8 @@ import numpy as np
 
 from workbench.arrays import np_dtype_of_onnx, xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import ints, scalar_of
 from workbench.ops.registry import kernel
-
-
-def _ints(values) -> list[int]:
-    if values is None:
-        return []
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    if isinstance(values, (int, float)):
-        return [int(values)]
-    return [int(v) for v in values]
 
 
 def _ctx_xp(ctx):
@@ -41,7 +32,7 @@ def _dtype(op, onnx_type):
 
 
 def _shape_of(op, shape) -> tuple:
-    dims = _ints(shape)
+    dims = ints(shape)
     if any(d < 0 for d in dims):
         raise ShapeError(f"{op}: shape {dims} has negative dimensions")
     return tuple(dims)
@@ -106,21 +97,15 @@ def constant_of_shape(input, *, value=None):
 
 # Range / EyeLike ---------------------------------------------------------------------------------
 
-def _scalar(op, name, x):
-    if x.size != 1:
-        raise ShapeError(f"{op}: {name} must be a scalar, got shape {tuple(x.shape)}")
-    return x.reshape(-1)[0]
-
-
 @kernel("Range", since=11)
 def range_(start, limit, delta, *, stash_type=1):
     """``start + i * delta`` for i in [0, max(ceil((limit - start) / delta), 0)); float16 and
     bfloat16 are computed in float32 unless ``stash_type`` is 0 (opset 27)."""
     xp = xp_of(start, limit, delta)
     dtype = start.dtype
-    s = _scalar("Range", "start", start)
-    lim = _scalar("Range", "limit", limit)
-    d = _scalar("Range", "delta", delta)
+    s = scalar_of("Range", "start", start)
+    lim = scalar_of("Range", "limit", limit)
+    d = scalar_of("Range", "delta", delta)
     if dtype.kind in "iu":
         s, lim, d = int(s), int(lim), int(d)
         if d == 0:

@@ -12,17 +12,14 @@ import math
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import scalar_of
 from workbench.ops.registry import kernel
 
 _DOMAIN = "ai.onnx.preview.training"
 
 
 def _scalar(x, op, name):
-    if hasattr(x, "size"):
-        if x.size != 1:
-            raise ShapeError(f"{op}: {name} must be a scalar, got shape {tuple(x.shape)}")
-        return x.reshape(-1)[0].item()
-    return x
+    return scalar_of(op, name, x).item() if hasattr(x, "size") else x
 
 
 def _groups(inputs, n_groups, op, names):

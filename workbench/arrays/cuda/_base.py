@@ -17,14 +17,19 @@ from workbench.arrays import cupy_module
 #: storage dtypes our RawKernels are written for (computation is float32)
 DTYPES = ("float32", "float16")
 
+_COMMON = r"""
+#define WB_NEG_INF (__int_as_float((int)0xff800000u))
+"""
+
 _PRELUDE = {
-    "float32": r"""
+    "float32": _COMMON + r"""
 typedef float T;
 __device__ __forceinline__ float ld(T v) { return v; }
 __device__ __forceinline__ T st(float v) { return v; }
 """,
     "float16": r"""
 #include <cuda_fp16.h>
+""" + _COMMON + r"""
 typedef __half T;
 __device__ __forceinline__ float ld(T v) { return __half2float(v); }
 __device__ __forceinline__ T st(float v) { return __float2half(v); }
@@ -62,7 +67,7 @@ __device__ float block_max(float v) {
     v = warp_max(v);
     if (lane == 0) red_m[wid] = v;
     __syncthreads();
-    v = (threadIdx.x < nw) ? red_m[threadIdx.x] : -INFINITY;
+    v = (threadIdx.x < nw) ? red_m[threadIdx.x] : WB_NEG_INF;
     if (wid == 0) v = warp_max(v);
     if (threadIdx.x == 0) red_m[0] = v;
     __syncthreads();
@@ -87,18 +92,24 @@ def supported(*arrays) -> bool:
 
 
 _MODULES: dict = {}
+_FUNCTIONS: dict = {}
 
 
 def function(family: str, body: str, name: str, dtype):
     """The compiled ``extern "C"`` kernel ``name`` of a family for ``dtype`` (cached)."""
     cp = cupy_module()
     dt = np.dtype(dtype).name
+    fkey = (family, dt, name, cp.cuda.runtime.getDevice())  # a loaded function is per GPU
+    fn = _FUNCTIONS.get(fkey)
+    if fn is not None:
+        return fn
     key = (family, dt)
     mod = _MODULES.get(key)
     if mod is None:
         mod = cp.RawModule(code=full_source(body, dt), options=("--std=c++14",))
         _MODULES[key] = mod
-    return mod.get_function(name)
+    fn = _FUNCTIONS[fkey] = mod.get_function(name)
+    return fn
 
 
 THREADS = 256

@@ -174,12 +174,11 @@ def conv2d(x, w, b=None, *, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1),
     pe = [int(pads[2]), int(pads[3])]
     OH = (H + pb[0] + pe[0] - ((KH - 1) * dl[0] + 1)) // st[0] + 1
     OW = (W + pb[1] + pe[1] - ((KW - 1) * dl[1] + 1)) // st[1] + 1
-    y = cp.empty((N, M, max(OH, 0), max(OW, 0)), dtype=x.dtype)
-    if y.size == 0:
-        return y
+    if N * M * max(OH, 0) * max(OW, 0) == 0:
+        return cp.empty((N, M, max(OH, 0), max(OW, 0)), dtype=x.dtype)
     G = int(group)
     if G == C and Cg == 1 and M % C == 0 and G > 1:
-        return _depthwise(x, w, b, y, pb, st, dl)
+        return _depthwise(x, w, b, cp.empty((N, M, OH, OW), dtype=x.dtype), pb, st, dl)
     K = Cg * KH * KW
     L = OH * OW
     w2 = w.reshape(G, M // G, K)
@@ -187,7 +186,8 @@ def conv2d(x, w, b=None, *, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1),
     per_image = C * KH * KW * L * x.itemsize
     chunk = N if pointwise else max(1, min(N, COLS_BUDGET_BYTES // max(per_image, 1)))
     cols = None if pointwise else cp.empty((chunk, C * KH * KW, L), dtype=x.dtype)
-    yv = y.reshape(N, G, M // G, L)
+    y = cp.empty((N, M, OH, OW), dtype=x.dtype) if chunk < N else None
+    yv = None if y is None else y.reshape(N, G, M // G, L)
     for n0 in range(0, N, chunk):
         n1 = min(N, n0 + chunk)
         if pointwise:
@@ -196,7 +196,10 @@ def conv2d(x, w, b=None, *, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1),
             c = cols[:n1 - n0]
             _launch_im2col(x[n0:n1], c, C, H, W, KH, KW, OH, OW, pb, st, dl)
             c = c.reshape(n1 - n0, G, K, L)
-        cp.matmul(w2, c, out=yv[n0:n1])
+        if n1 - n0 == N:        # one chunk: the GEMM's result is the output
+            y = cp.matmul(w2, c).reshape(N, M, OH, OW)
+        else:
+            yv[n0:n1] = cp.matmul(w2, c)
     if b is not None:
         y += b.astype(y.dtype, copy=False).reshape(1, M, 1, 1)
     return y

@@ -27,7 +27,7 @@ extern "C" __global__ void maxpool2d_fwd(const T* __restrict__ x, T* __restrict_
         int ow = (int)(idx % OW); long long t = idx / OW;
         int oh = (int)(t % OH); long long p = t / OH;
         const T* xp = x + p * (long long)H * W;
-        float m = -INFINITY;
+        float m = WB_NEG_INF;
         int best = -1;
         for (int kh = 0; kh < KH; ++kh) {
             int ih = oh * sh - ph + kh * dh;

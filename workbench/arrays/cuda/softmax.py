@@ -16,7 +16,7 @@ extern "C" __global__ void softmax_lastdim(const T* __restrict__ x, T* __restric
     long long row = blockIdx.x;
     const T* xr = x + row * cols;
     T* yr = y + row * cols;
-    float m = -INFINITY;
+    float m = WB_NEG_INF;
     for (long long j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, ld(xr[j]));
     m = block_max(m);
     float s = 0.f;
@@ -39,7 +39,7 @@ extern "C" __global__ void sce_fwd(const T* __restrict__ x, const long long* __r
         int C, long long ignore_index, int has_ignore, int want_logp) {
     long long row = blockIdx.x;
     const T* xr = x + row * (long long)C;
-    float m = -INFINITY;
+    float m = WB_NEG_INF;
     for (int j = threadIdx.x; j < C; j += blockDim.x) m = fmaxf(m, ld(xr[j]));
     m = block_max(m);
     float s = 0.f;
@@ -68,7 +68,7 @@ extern "C" __global__ void sce_bwd(const T* __restrict__ x, const long long* __r
         for (int j = threadIdx.x; j < C; j += blockDim.x) dr[j] = st(0.f);
         return;
     }
-    float m = -INFINITY;
+    float m = WB_NEG_INF;
     for (int j = threadIdx.x; j < C; j += blockDim.x) m = fmaxf(m, ld(xr[j]));
     m = block_max(m);
     float s = 0.f;

@@ -1,0 +1,68 @@
+"""The gradient rules' GPU fast paths (``workbench.grad.cuda_family``: CUDA kernels for Conv,
+MaxPool/AveragePool and SoftmaxCrossEntropyLoss) against the portable path, in float32.
+
+Without a GPU the CUDA C is emulated on the CPU (``tests/gpu/emulation.py``: compiled with g++,
+numpy stand-in for cupy), which checks argument order, geometry and index math; on a machine
+with cupy and a GPU, ``tests/gpu`` runs the rules on the device."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+
+from tests.autograd.test_grad_rules import CASES
+from workbench import autograd
+from workbench.tensor import Tensor
+
+emulation = pytest.importorskip("tests.gpu.emulation")
+
+FAST = [c for c in CASES if c.op in ("Conv", "MaxPool", "AveragePool",
+                                     "SoftmaxCrossEntropyLoss")
+        and len(c.inputs[0].shape) == (2 if c.op == "SoftmaxCrossEntropyLoss" else 4)]
+
+
+def _grads(case, weights):
+    arrays = [None if a is None else np.asarray(a) for a in case.inputs]
+    arrays = [a.astype(np.float32) if a is not None and a.dtype == np.float64 else a
+              for a in arrays]
+    ts = [None if a is None else Tensor(data=a, requires_grad=i in case.wrt)
+          for i, a in enumerate(arrays)]
+    out = autograd.apply(case.op, ts, case.attrs, n_outputs=case.n_outputs, opset=case.opset)
+    outs = out if isinstance(out, tuple) else (out,)
+    return autograd._run_rule(outs[0].creator, weights), outs
+
+
+@pytest.mark.skipif(emulation.GXX is None, reason="g++ is needed to emulate the CUDA kernels")
+@pytest.mark.parametrize("case", FAST, ids=[c.id for c in FAST])
+def test_gpu_fast_path_matches_portable_rule(case, monkeypatch):
+    rng = np.random.default_rng(0)
+    arrays = [None if a is None else np.asarray(a) for a in case.inputs]
+    ts = [None if a is None else Tensor(data=a.astype(np.float32) if a.dtype == np.float64
+                                        else a) for a in arrays]
+    with autograd.no_grad():
+        ref = autograd.apply(case.op, ts, case.attrs, n_outputs=case.n_outputs,
+                             opset=case.opset)
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    weights = [rng.standard_normal(o.shape).astype(np.float32) if k == 0 else None
+               for k, o in enumerate(ref)]
+    portable, _ = _grads(case, weights)
+
+    emulation.install(monkeypatch)
+    import workbench.grad as wg
+    used = []
+
+    def always_cuda(xp, family):
+        used.append(family)
+        return importlib.import_module(f"workbench.arrays.cuda.{family}")
+
+    for mod in ("conv", "pool", "loss"):
+        monkeypatch.setattr(importlib.import_module(f"workbench.grad.{mod}"), "cuda_family",
+                            always_cuda)
+    assert wg.cuda_family(np, "conv") is None  # numpy never picks the CUDA path by itself
+    fast, _ = _grads(case, weights)
+    assert used, "the CUDA path was not taken"
+    for i in case.wrt:
+        np.testing.assert_allclose(fast[i], portable[i], rtol=2e-5, atol=2e-5,
+                                   err_msg=f"input {i}")

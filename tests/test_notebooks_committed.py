@@ -1,0 +1,134 @@
+"""The notebooks under ``notebooks/`` are committed executed, valid and runnable by nbval.
+
+This does not run them (``pytest --nbval-lax notebooks/`` does, see ``notebooks/README.md``);
+it checks what a reader and nbval find in the committed files. The rule for outputs:
+
+1. Every code cell with source was executed in one top-to-bottom run: its ``execution_count``
+   is set and the counts are 1, 2, 3, ... in cell order (no stale or partial runs).
+2. A cell *that shows something* has at least one output. A cell shows something when it is
+   marked ``# NBVAL_CHECK_OUTPUT`` (nbval compares its output), calls ``print`` or ``display``
+   anywhere, or ends with a bare expression that is not a call (``gv``, ``cutter``: a widget
+   or a value is displayed). Cells that only define, import or compute (the setup cell, a
+   training loop whose monitor is a widget, ``model.compile(...)``) may be empty. A cell that
+   shows something only conditionally can opt out with the cell tag ``allow-empty-output``.
+3. No committed output is an error (a traceback), and every notebook has outputs.
+4. The notebook validates against the nbformat schema and its kernelspec is ``python3``.
+5. The zoo notebooks say plainly that offline they run an untrained twin whose predictions are
+   meaningless (nothing pretends to be pretrained).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+CHECK_MARK = "# NBVAL_CHECK_OUTPUT"
+ALLOW_EMPTY_TAG = "allow-empty-output"
+
+
+def _ids(paths):
+    return [p.name for p in paths]
+
+
+def _read(path: Path):
+    return nbformat.read(str(path), as_version=4)
+
+
+def _code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+
+
+def _shows_something(source: str) -> bool:
+    if CHECK_MARK in source:
+        return True
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:          # IPython magics: be conservative, require an output
+        return True
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id in ("print", "display"):
+            return True
+    if tree.body:
+        last = tree.body[-1]
+        if isinstance(last, ast.Expr) and not isinstance(last.value, (ast.Call, ast.Constant)):
+            return True
+    return False
+
+
+def test_there_are_notebooks():
+    names = {p.name for p in NOTEBOOKS}
+    assert "01_getting_started.ipynb" in names
+    assert sum(n.startswith("zoo_") for n in names) == 10, sorted(names)
+    assert (ROOT / "notebooks" / "nbval_sanitize.cfg").is_file()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_valid_and_python3(path):
+    nb = _read(path)
+    nbformat.validate(nb)
+    ks = nb.metadata.get("kernelspec", {})
+    assert ks.get("name") == "python3", f"{path.name}: kernelspec {ks!r}, expected python3"
+    assert ks.get("language", "python") == "python"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_committed_with_outputs(path):
+    nb = _read(path)
+    cells = _code_cells(nb)
+    assert cells, f"{path.name} has no code"
+    counts = [c.get("execution_count") for c in cells]
+    assert None not in counts, (
+        f"{path.name}: cell {counts.index(None) + 1} was never executed; run the notebook top "
+        f"to bottom and commit it with its outputs (see notebooks/README.md)")
+    assert counts == list(range(1, len(cells) + 1)), (
+        f"{path.name}: execution counts {counts} are not 1..{len(cells)} in order; restart the "
+        f"kernel and run all cells before committing")
+    assert any(c.outputs for c in cells), f"{path.name} was committed without any output"
+    for i, c in enumerate(cells, 1):
+        errors = [o for o in c.outputs if o.get("output_type") == "error"]
+        assert not errors, f"{path.name}: code cell {i} has an error output: " \
+                           f"{errors[0].get('ename')}: {errors[0].get('evalue')}"
+        tags = c.metadata.get("tags", [])
+        if _shows_something(c.source) and ALLOW_EMPTY_TAG not in tags:
+            assert c.outputs, (f"{path.name}: code cell {i} prints or displays something but "
+                               f"has no output:\n{c.source[:200]}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_checked_cells_are_deterministic_kinds(path):
+    """Checked cells must not hold widget views (their ids are random) or rely on stderr."""
+    nb = _read(path)
+    for i, c in enumerate(_code_cells(nb), 1):
+        if CHECK_MARK not in c.source:
+            continue
+        for o in c.outputs:
+            data = o.get("data", {})
+            assert "application/vnd.jupyter.widget-view+json" not in data, \
+                f"{path.name}: checked cell {i} displays a widget"
+            assert not (o.get("output_type") == "stream" and o.get("name") == "stderr"), \
+                f"{path.name}: checked cell {i} writes to stderr: {o.get('text', '')[:200]}"
+
+
+ZOO = [p for p in NOTEBOOKS if p.name.startswith("zoo_")]
+
+
+@pytest.mark.parametrize("path", ZOO, ids=_ids(ZOO))
+def test_zoo_notebooks_are_honest_about_twins(path):
+    nb = _read(path)
+    text = " ".join(c.source for c in nb.cells if c.cell_type == "markdown").lower()
+    assert "untrained" in text and "meaningless" in text, \
+        f"{path.name} must say that offline it runs an untrained twin (predictions meaningless)"
+    code = " ".join(c.source for c in _code_cells(nb))
+    assert "allow_twin=True" in code, \
+        f"{path.name} must load with zoo.load_model(..., allow_twin=True)"
+    outputs = json.dumps([c.outputs for c in _code_cells(nb)])
+    if "twin" in outputs:       # executed offline: the run itself says so
+        assert "meaningless" in outputs

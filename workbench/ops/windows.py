@@ -1,0 +1,231 @@
+"""Sliding-window helpers shared by the conv and pool kernel families (no kernels).
+
+Geometry (:func:`window_geometry`: pads, auto_pad, ceil mode, output size), padding
+(:func:`pad_spatial`), strided window views (:func:`sliding_windows`, :func:`tap_view`, via
+``numpy``/``cupy`` ``lib.stride_tricks``), the compute dtype rule (float16/bfloat16 run in
+float32), and :class:`WideTaps`, which lays an input out so that every kernel tap is a
+contiguous slice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np  # dtype constants and host-side shape arithmetic only
+
+from workbench.arrays import xp_of
+from workbench.errors import InputError, ShapeError
+from workbench.ops.parallel import run_blocks, scratch
+
+_AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+# --------------------------------------------------------------------------------------------
+# shared window helpers (also used by workbench.ops.pool)
+# --------------------------------------------------------------------------------------------
+
+def stride_tricks(xp):
+    """``numpy.lib.stride_tricks`` or ``cupy.lib.stride_tricks``, matching the array module."""
+    return xp.lib.stride_tricks
+
+
+def compute_dtype(dtype):
+    """The dtype arithmetic runs in: float32 for the narrow floats, the dtype itself otherwise."""
+    dt = np.dtype(dtype)
+    if (dt.kind == "f" and dt.itemsize < 4) or dt.name == "bfloat16":
+        return np.dtype(np.float32)
+    return dt
+
+
+def to_compute(x):
+    """``x`` in its compute dtype (float16/bfloat16 -> float32; other dtypes unchanged)."""
+    cd = compute_dtype(x.dtype)
+    return x if x.dtype == cd else x.astype(cd)
+
+
+def spatial_ints(op, name, value, n, default):
+    """An INTS attribute with one value per spatial axis (``default`` when absent)."""
+    if value is None or len(value) == 0:
+        return [default] * n
+    vals = [int(v) for v in value]
+    if len(vals) != n:
+        raise ShapeError(f"{op}: attribute {name}={vals} has {len(vals)} values but the input "
+                         f"has {n} spatial axes")
+    return vals
+
+
+def norm_auto_pad(op, auto_pad):
+    ap = auto_pad or "NOTSET"
+    if isinstance(ap, bytes):
+        ap = ap.decode()
+    ap = ap.upper()
+    if ap not in _AUTO_PADS:
+        raise InputError(f"{op}: auto_pad={auto_pad!r} is not supported "
+                         f"(supported: {', '.join(_AUTO_PADS)})")
+    return ap
+
+
+def window_geometry(op, in_shape, kernel_shape, strides, dilations, pads, auto_pad,
+                    ceil_mode=False):
+    """Padding and output size of a sliding-window op (Conv, pools) per spatial axis.
+
+    Returns ``(pads_begin, pads_end, out_shape, extra_end)``: ``extra_end`` is the padding
+    needed past ``pads_end`` so that the last (ceil mode) window fits; values there are not
+    part of the op's padding (they never count as input or as explicit padding).
+    """
+    n = len(in_shape)
+    ap = norm_auto_pad(op, auto_pad)
+    for name, vals in (("strides", strides), ("dilations", dilations),
+                       ("kernel_shape", kernel_shape)):
+        if any(v < 1 for v in vals):
+            raise ShapeError(f"{op}: attribute {name}={list(vals)} must be positive")
+    eff = [(k - 1) * d + 1 for k, d in zip(kernel_shape, dilations)]
+    if ap in ("SAME_UPPER", "SAME_LOWER"):
+        out = [-(-i // s) for i, s in zip(in_shape, strides)]
+        total = [max(0, (o - 1) * s + e - i) for o, s, e, i in zip(out, strides, eff, in_shape)]
+        if ap == "SAME_UPPER":
+            pb = [t // 2 for t in total]
+        else:
+            pb = [t - t // 2 for t in total]
+        pe = [t - b for t, b in zip(total, pb)]
+    else:
+        if ap == "VALID":
+            pb, pe = [0] * n, [0] * n
+        else:
+            p = [0] * (2 * n) if pads is None or len(pads) == 0 else [int(v) for v in pads]
+            if len(p) != 2 * n:
+                raise ShapeError(f"{op}: attribute pads={p} needs {2 * n} values "
+                                 f"(begin and end for {n} spatial axes)")
+            pb, pe = p[:n], p[n:]
+        out = []
+        for i, b, e_, k, s in zip(in_shape, pb, pe, eff, strides):
+            span = i + b + e_ - k
+            if span < 0:
+                raise ShapeError(
+                    f"{op}: the kernel (extent {k} with dilation) is larger than the padded "
+                    f"input (size {i} + pads {b}+{e_}) along a spatial axis; input spatial "
+                    f"shape {list(in_shape)}, kernel_shape {list(kernel_shape)}")
+            if ceil_mode:
+                o = -(-span // s) + 1
+                if (o - 1) * s >= i + b:  # the last window would start in the end padding
+                    o -= 1
+            else:
+                o = span // s + 1
+            out.append(o)
+    extra = [max(0, (o - 1) * s + k - (i + b + e_))
+             for o, s, k, i, b, e_ in zip(out, strides, eff, in_shape, pb, pe)]
+    return pb, pe, out, extra
+
+
+def pad_spatial(x, begin, end, value=0):
+    """Pad the spatial axes (2..) of ``x``; negative amounts crop. Returns ``x`` if no-op."""
+    xp = xp_of(x)
+    if not any(begin) and not any(end):
+        return x
+    if any(b < 0 for b in begin) or any(e < 0 for e in end):
+        sl = [slice(None), slice(None)]
+        for b, e, size in zip(begin, end, x.shape[2:]):
+            sl.append(slice(max(0, -b), size - max(0, -e)))
+        x = x[tuple(sl)]
+        begin = [max(0, b) for b in begin]
+        end = [max(0, e) for e in end]
+    shape = list(x.shape[:2]) + [s + b + e for s, b, e in zip(x.shape[2:], begin, end)]
+    out = xp.empty(shape, dtype=x.dtype)
+    out.fill(value)
+    inner = (slice(None), slice(None)) + tuple(
+        slice(b, b + s) for b, s in zip(begin, x.shape[2:]))
+    out[inner] = x
+    return out
+
+
+def sliding_windows(xpad, kernel_shape, strides, dilations, out_shape):
+    """A strided view of shape ``(N, C, *kernel_shape, *out_shape)`` over a padded input."""
+    xp = xp_of(xpad)
+    st = xpad.strides
+    sp = st[2:]
+    shape = tuple(xpad.shape[:2]) + tuple(kernel_shape) + tuple(out_shape)
+    strides_b = tuple(st[:2]) + tuple(s * d for s, d in zip(sp, dilations)) + \
+        tuple(s * t for s, t in zip(sp, strides))
+    return stride_tricks(xp).as_strided(xpad, shape=shape, strides=strides_b)
+
+
+def tap_view(xpad, tap, strides, dilations, out_shape):
+    """The ``(N, C, *out_shape)`` view of ``xpad`` seen by one kernel tap (a multi-index)."""
+    sl = (slice(None), slice(None)) + tuple(
+        slice(t * d, t * d + (o - 1) * s + 1, s)
+        for t, d, o, s in zip(tap, dilations, out_shape, strides))
+    return xpad[sl]
+
+
+class WideTaps:
+    """Kernel taps as contiguous slices of a flattened, phase-split, padded copy of the input.
+
+    Tap-by-tap ops (depthwise conv) read one shifted window per kernel tap. Viewed directly
+    those windows are strided in every axis and loops crawl along their short rows. Here the
+    input is copied once, padded, into ``prod(strides)`` phase images (``phase[r][p] =
+    xpad[p * stride + r]``) of shape ``P`` and flattened, so that every tap becomes one
+    contiguous slice of length ``L = out[0] * P[1] * ... * P[-1]`` at some offset: the "wide"
+    output, whose rows carry ``P[a] - out[a]`` junk columns that :meth:`valid` drops.
+    ``flat`` has shape (phases, N, C, prod(P)).
+    """
+
+    def __init__(self, x, pb, pe, pad_value, kernel_shape, strides, dilations, out_shape):
+        xp = xp_of(x)
+        N, C = (int(v) for v in x.shape[:2])
+        S = [int(v) for v in x.shape[2:]]
+        nd = len(S)
+        Sp = [s_ + b + e for s_, b, e in zip(S, pb, pe)]
+        self.out_shape = [int(o) for o in out_shape]
+        P = [-(-sp // st) for sp, st in zip(Sp, strides)]
+        P[0] += 1  # a spare row so that the last tap's slice stays inside the buffer
+        self.P = P
+        nph = int(math.prod(strides))
+        flat = scratch(xp, (nph, N, C) + tuple(P), x.dtype, "taps")
+        parts = []  # (phase, destination slices, source slices)
+        for ph, r in enumerate(itertools.product(*[range(st) for st in strides])):
+            dst, src = [], []
+            for a in range(nd):
+                st = strides[a]
+                p0 = max(0, -(-(pb[a] - r[a]) // st))
+                i0 = p0 * st + r[a] - pb[a]
+                cnt = min((S[a] - 1 - i0) // st + 1, -(-(Sp[a] - r[a]) // st) - p0)
+                if i0 >= S[a] or cnt <= 0:
+                    break
+                dst.append(slice(p0, p0 + cnt))
+                src.append(slice(i0, i0 + (cnt - 1) * st + 1, st))
+            else:
+                parts.append((ph, tuple(dst), tuple(src)))
+
+        def fill(chunk):
+            for n0, n1 in chunk:
+                flat[:, n0:n1].fill(pad_value)
+                for ph, dst, src in parts:
+                    flat[(ph, slice(n0, n1), slice(None)) + dst] = \
+                        x[(slice(n0, n1), slice(None)) + src]
+        jobs = [(n, n + 1) for n in range(N)] if xp is np else [(0, N)]
+        run_blocks(xp, jobs, fill, flat.size)
+        self.flat = flat.reshape(nph, N, C, int(math.prod(P)))
+        rowlen = [int(math.prod(P[a + 1:])) for a in range(nd)]
+        self.rowlen = rowlen[0]
+        self.L = self.out_shape[0] * rowlen[0]
+        self.taps = []
+        for tap in itertools.product(*[range(k) for k in kernel_shape]):
+            pos = [t * d for t, d in zip(tap, dilations)]
+            phase = 0
+            for a in range(nd):
+                phase = phase * strides[a] + pos[a] % strides[a]
+            off = sum((p // st) * rl for p, st, rl in zip(pos, strides, rowlen))
+            self.taps.append((phase, off))
+
+    def views(self):
+        """One (N, C, L) view per tap, in tap order."""
+        return [self.flat[ph, :, :, off:off + self.L] for ph, off in self.taps]
+
+    def valid(self, wide):
+        """The (A, B, rows, *out_shape[1:]) view of the valid outputs of an (A, B, rows * rowlen)
+        wide array (``rows`` whole output rows; all of them when the last axis is ``L``)."""
+        A, B_ = wide.shape[:2]
+        w = wide.reshape((A, B_, -1) + tuple(self.P[1:]))
+        return w[(slice(None), slice(None), slice(None)) +
+                 tuple(slice(0, o) for o in self.out_shape[1:])]
