@@ -10,6 +10,13 @@ are already on the GPU on both sides. Targets: inference <= 1.5x PyTorch, traini
     python benchmarks/bench_gpu.py                      # everything
     python benchmarks/bench_gpu.py --quick              # 3 timed runs each
     python benchmarks/bench_gpu.py --models resnet18 --no-train --json out.json
+    python benchmarks/bench_gpu.py --precision tf32     # TF32 tensor cores on both sides
+    python benchmarks/bench_gpu.py --profile            # also: time per op type (synchronized)
+
+Precision: by default both sides compute in strict float32 (PyTorch's cuDNN would otherwise
+use TF32 for convolutions while cuBLAS in cupy does not: not the same arithmetic).
+``--precision tf32`` lets both use TF32 tensor cores (``CUPY_TF32=1`` for cupy's cuBLAS calls,
+``allow_tf32`` for PyTorch).
 
 Exits with status 2 and a message when no CUDA GPU (or no cupy / CUDA build of PyTorch) is
 present. Not part of the test pass/fail.
@@ -18,7 +25,9 @@ present. Not part of the test pass/fail.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import os
 import statistics
 import sys
 import time
@@ -141,6 +150,8 @@ def bench_inference(name, dev, torch, args):
     prep_s = time.perf_counter() - t0
     feeds = [dev.put(a) for a in inputs]
     ours = median_ms(lambda: rep.plan.run(feeds), dev.synchronize, args.runs, args.warmup)
+    if args.profile:
+        profile_plan(name, rep.plan, feeds, dev)
     rep.plan.track_memory = True
     dev.reset_peak()
     out = dev.get(rep.plan.run(feeds)[0])
@@ -158,6 +169,30 @@ def bench_inference(name, dev, torch, args):
     return dict(kind="inference", model=name, batch=args.batch, ours_ms=ours, torch_ms=theirs,
                 ratio=ours / theirs, target=TARGET_INFER, prepare_s=prep_s,
                 peak_mib=None if peak is None else peak / 2 ** 20, max_rel_err=err)
+
+
+def profile_plan(name, plan, feeds, dev, runs=5):
+    """Print the synchronized time per op type of ``plan`` (Python overhead included)."""
+    per_op = collections.defaultdict(float)
+    count = collections.Counter()
+    state = {}
+
+    def hook(node, outs):
+        dev.synchronize()
+        t = time.perf_counter()
+        per_op[node.op_type] += t - state["t"]
+        count[node.op_type] += 1
+        state["t"] = t
+    for _ in range(runs):
+        dev.synchronize()
+        state["t"] = time.perf_counter()
+        plan.run(feeds, hook=hook)
+    total = sum(per_op.values())
+    print(f"profile {name}: {len(plan.steps)} nodes, {total / runs * 1e3:.2f} ms per run "
+          f"(synchronized after every node)")
+    for op, sec in sorted(per_op.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  {op:24s} {count[op] // runs:4d} nodes {sec / runs * 1e3:8.3f} ms "
+              f"{100 * sec / total:5.1f}%")
 
 
 # ----------------------------------------------------------------------------- training
@@ -179,6 +214,29 @@ def bench_training(dev, torch, args):
         sgd.backward_and_update(loss)
         return loss
     ours = median_ms(ours_step, dev.synchronize, args.runs, args.warmup)
+    if args.profile:
+        fw = median_ms(lambda: autograd.softmax_cross_entropy(m.forward(tx)[0], ty),
+                       dev.synchronize, args.runs, 1)
+        print(f"profile training resnet18: step {ours:.2f} ms, forward+loss (taped) "
+              f"{fw:.2f} ms, backward+update {ours - fw:.2f} ms")
+        per_op, count = collections.defaultdict(float), collections.Counter()
+        real = autograd._run_rule
+
+        def timed(node, gouts):
+            dev.synchronize()
+            t0 = time.perf_counter()
+            r = real(node, gouts)
+            dev.synchronize()
+            per_op[node.op_type] += time.perf_counter() - t0
+            count[node.op_type] += 1
+            return r
+        autograd._run_rule = timed
+        try:
+            ours_step()
+        finally:
+            autograd._run_rule = real
+        for op, sec in sorted(per_op.items(), key=lambda kv: -kv[1])[:10]:
+            print(f"  backward {op:22s} {count[op]:4d} nodes {sec * 1e3:8.3f} ms")
 
     tmodel = model.cuda().train()
     topt = torch.optim.SGD(tmodel.parameters(), lr=0.01, momentum=0.9)
@@ -206,13 +264,26 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="3 timed runs, 1 warm-up")
     p.add_argument("--no-train", action="store_true")
     p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--precision", choices=("fp32", "tf32"), default="fp32",
+                   help="fp32 (default): strict float32 on both sides; tf32: TF32 tensor "
+                        "cores on both sides")
+    p.add_argument("--profile", action="store_true", help="print time per op type")
     args = p.parse_args(argv)
+    if args.precision == "tf32":
+        if "cupy" in sys.modules:
+            print("bench_gpu: --precision tf32 must be chosen before cupy is imported",
+                  file=sys.stderr)
+            return 2
+        os.environ["CUPY_TF32"] = "1"   # read by cupy at import: TF32 in its cuBLAS calls
     if args.quick:
         args.runs, args.warmup = 3, 1
     dev, torch = require_gpu()
+    tf32 = args.precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
     cp = dev.xp
     print(f"device: {cp.cuda.runtime.getDeviceProperties(dev.index)['name'].decode()}  "
-          f"cupy {cp.__version__}  torch {torch.__version__}")
+          f"cupy {cp.__version__}  torch {torch.__version__}  precision {args.precision}")
     rows = []
     jobs = [("inference", m) for m in args.models] + ([] if args.no_train else
                                                       [("training", "resnet18")])

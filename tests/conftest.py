@@ -44,3 +44,50 @@ def torch_exports():
     """Session cache of the PyTorch-built models: ``.model(name)``, ``.proto(name, opset)``."""
     pytest.importorskip("torch", reason=TORCH_SKIP_REASON)
     return _ExportCache()
+
+
+# ----------------------------------------------------------------------------- devices
+def cuda_skip_reason() -> str | None:
+    """Why CUDA tests cannot run here, or None when cupy sees a GPU."""
+    from workbench import device as wbdevice  # noqa: PLC0415
+    from workbench.arrays import cupy_module  # noqa: PLC0415
+
+    if cupy_module() is None:
+        return "no CUDA GPU/cupy: cupy is not installed (pip install '.[gpu-cuda12]')"
+    if not wbdevice.cuda_available():
+        return "no CUDA GPU/cupy: cupy sees no CUDA GPU"
+    return None
+
+
+#: the devices tests are parametrised over: the CPU always, CUDA:0 marked ``gpu``
+DEVICES = ["CPU", pytest.param("CUDA:0", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """A workbench Device: 'CPU', then 'CUDA:0' (skipped without cupy and a GPU)."""
+    from workbench import device as wbdevice  # noqa: PLC0415
+
+    if request.param != "CPU":
+        reason = cuda_skip_reason()
+        if reason:
+            pytest.skip(reason)
+    return wbdevice.get_device(request.param)
+
+
+@pytest.fixture
+def cuda():
+    """The CUDA:0 Device (skipped without cupy and a GPU)."""
+    from workbench import device as wbdevice  # noqa: PLC0415
+
+    reason = cuda_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    return wbdevice.get_device("CUDA:0")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that take the ``cuda`` fixture are GPU tests too (``-m gpu`` selects them)."""
+    for item in items:
+        if "cuda" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.gpu)

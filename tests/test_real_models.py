@@ -35,12 +35,12 @@ _reps: dict = {}
 _sessions: dict = {}
 
 
-def _rep(torch_exports, name, opset):
+def _rep(torch_exports, name, opset, device="CPU"):
     import workbench.backend as backend
 
-    key = (name, opset)
+    key = (name, opset, str(device))
     if key not in _reps:
-        _reps[key] = backend.prepare(torch_exports.proto(name, opset))
+        _reps[key] = backend.prepare(torch_exports.proto(name, opset), str(device))
     return _reps[key]
 
 
@@ -59,14 +59,15 @@ def _inputs(name, batch):
 
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("name,opset", CASES, ids=[f"{n}-opset{o}" for n, o in CASES])
-def test_real_model_matches_onnxruntime(torch_exports, name, opset, batch):
+def test_real_model_matches_onnxruntime(torch_exports, name, opset, batch, device):
+    """On the CPU, and on CUDA:0 where a GPU is present (``device`` fixture)."""
     proto = torch_exports.proto(name, opset)
     inputs = _inputs(name, batch)
     ref = run_ort(_ort(torch_exports, name, opset), inputs)
-    got = run_workbench(_rep(torch_exports, name, opset), inputs)
+    got = run_workbench(_rep(torch_exports, name, opset, device), inputs)
     out_names = [o.name for o in proto.graph.output]
     assert_outputs_close(got, ref, tol=TOL, names=out_names,
-                         what=f"{name} (opset {opset}, batch {batch})")
+                         what=f"{name} (opset {opset}, batch {batch}) on {device}")
 
 
 @pytest.mark.parametrize("name", ["resnet18", "mobilenetv2", "shufflenetv2", "bert", "gpt2"])

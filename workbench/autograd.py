@@ -165,7 +165,8 @@ def apply(op_type: str, inputs: Sequence, attrs: dict | None = None, *, n_output
     attrs = {} if attrs is None else attrs
     wants_ctx = False
     if fn is None:
-        entry = lookup(op_type, domain, opset, name)
+        on_cuda = any(isinstance(t, Tensor) and t.device.is_cuda for t in inputs)
+        entry = lookup(op_type, domain, opset, name, xp="cupy" if on_cuda else None)
         fn, wants_ctx = entry.fn, entry.wants_ctx
     kw = attribute_defaults(op_type, domain, opset)
     if attrs:
@@ -193,9 +194,11 @@ def _tensors_of(inputs: Sequence) -> list:
 def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool, kw: dict,
            attrs: dict, inputs: Sequence, n_outputs: int, name: str | None,
            out_names: Sequence[str] | None, training: bool = False,
-           state_updates: dict | None = None) -> list:
+           state_updates: dict | None = None, device=None) -> list:
     """The engine of :func:`apply` with the kernel and merged attributes already resolved
-    (``SONNXModel`` calls it directly with a Plan step's prepared kernel). Returns a list."""
+    (``SONNXModel`` calls it directly with a Plan step's prepared kernel). Returns a list.
+    ``device``: where an op without Tensor inputs (Constant, RandomNormal, ...) runs; the
+    default device when None."""
     ts = _tensors_of(inputs)
     dev = None
     arrays = []
@@ -214,12 +217,15 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
         if t.requires_grad:
             any_grad = True
     if dev is None:
-        from workbench import device as _device
-        dev = _device.get_default_device()
+        if device is None:
+            from workbench import device as _device
+            device = _device.get_default_device()
+        dev = device
     try:
         if wants_ctx:
             ctx = NodeContext(name or op_type, op_type, opset, n_outputs,
-                              tuple(out_names or ()), training, _rng)
+                              tuple(out_names or ()), training, _rng,
+                              extra={"xp": dev.xp} if dev.is_cuda else {})
             r = fn(*arrays, **kw, ctx=ctx)
         else:
             r = fn(*arrays, **kw)
@@ -568,13 +574,13 @@ def clip(x, min=None, max=None):  # noqa: A002 - SINGA's names
     return apply("Clip", [x, lo, hi])
 
 
-def _axes_tensor(axes):
+def _axes_tensor(axes, x):
     return as_tensor(np.asarray(axes if isinstance(axes, (list, tuple)) else [axes],
-                                dtype=np.int64))
+                                dtype=np.int64), like=x)
 
 
 def reshape(x, shape):
-    return apply("Reshape", [x, as_tensor(np.asarray(list(shape), dtype=np.int64))])
+    return apply("Reshape", [x, as_tensor(np.asarray(list(shape), dtype=np.int64), like=x)])
 
 
 def flatten(x, axis: int = 1):
@@ -588,11 +594,11 @@ def transpose(x, shape=None):
 
 
 def squeeze(x, axis=None):
-    return apply("Squeeze", [x, None if axis is None else _axes_tensor(axis)])
+    return apply("Squeeze", [x, None if axis is None else _axes_tensor(axis, x)])
 
 
 def unsqueeze(x, axis):
-    return apply("Unsqueeze", [x, _axes_tensor(axis)])
+    return apply("Unsqueeze", [x, _axes_tensor(axis, x)])
 
 
 def cat(xs, axis: int = 0):
@@ -605,33 +611,33 @@ concat = cat
 def split(x, axis: int, parts):
     """Split ``x`` along ``axis`` into pieces of the sizes in ``parts`` (a list)."""
     parts = [int(p) for p in parts]
-    return list(apply("Split", [x, as_tensor(np.asarray(parts, dtype=np.int64))],
-                      {"axis": int(axis)}, n_outputs=len(parts))) if len(parts) > 1 else [
-        apply("Split", [x, as_tensor(np.asarray(parts, dtype=np.int64))], {"axis": int(axis)})]
+    sizes = as_tensor(np.asarray(parts, dtype=np.int64), like=x)
+    return list(apply("Split", [x, sizes], {"axis": int(axis)}, n_outputs=len(parts))) \
+        if len(parts) > 1 else [apply("Split", [x, sizes], {"axis": int(axis)})]
 
 
 def gather(x, axis: int, indices):
-    idx = indices if isinstance(indices, Tensor) else as_tensor(np.asarray(indices,
-                                                                           dtype=np.int64))
+    idx = indices if isinstance(indices, Tensor) else as_tensor(
+        np.asarray(indices, dtype=np.int64), like=x)
     return apply("Gather", [x, idx], {"axis": int(axis)})
 
 
 def slice(x, starts, ends, axes=None, steps=None):  # noqa: A001 - SINGA's name
     def c(v):
-        return None if v is None else as_tensor(np.asarray(list(v), dtype=np.int64))
+        return None if v is None else as_tensor(np.asarray(list(v), dtype=np.int64), like=x)
     return apply("Slice", [x, c(starts), c(ends), c(axes), c(steps)])
 
 
 def expand(x, shape):
-    return apply("Expand", [x, as_tensor(np.asarray(list(shape), dtype=np.int64))])
+    return apply("Expand", [x, as_tensor(np.asarray(list(shape), dtype=np.int64), like=x)])
 
 
 def tile(x, repeats):
-    return apply("Tile", [x, as_tensor(np.asarray(list(repeats), dtype=np.int64))])
+    return apply("Tile", [x, as_tensor(np.asarray(list(repeats), dtype=np.int64), like=x)])
 
 
 def pad(x, mode: str = "constant", pads=(), constant=0.0):
-    return apply("Pad", [x, as_tensor(np.asarray(list(pads), dtype=np.int64)),
+    return apply("Pad", [x, as_tensor(np.asarray(list(pads), dtype=np.int64), like=x),
                          as_tensor(np.asarray(constant), like=x)], {"mode": mode})
 
 
@@ -650,7 +656,7 @@ def identity(x):
 
 
 def reduce_sum(x, axes=None, keepdims: int = 0):
-    ax = None if axes is None else _axes_tensor(axes)
+    ax = None if axes is None else _axes_tensor(axes, x)
     return apply("ReduceSum", [x, ax], {"keepdims": int(keepdims)})
 
 
@@ -700,10 +706,10 @@ def layer_norm(x, scale, bias=None, axis: int = -1, epsilon: float = 1e-5):
 def dropout(x, ratio: float = 0.5, training: bool = True):
     """Inverted dropout; identity outside training (a Dropout node either way)."""
     from workbench.grad.nn import dropout_train
-    r = as_tensor(np.asarray(ratio, dtype=x.dtype))
+    r = as_tensor(np.asarray(ratio, dtype=x.dtype), like=x)
     if not training or ratio == 0.0:
         return apply("Dropout", [x, r], opset=_OPSET13)
-    mode = as_tensor(np.asarray(True))
+    mode = as_tensor(np.asarray(True), like=x)
     return apply("Dropout", [x, r, mode], n_outputs=2, opset=_OPSET13,
                  fn=dropout_train, training=True)[0]
 
@@ -735,10 +741,11 @@ def conv2d(x, W, b=None, stride=1, padding=0, dilation=1, group: int = 1):
 
 
 # --------------------------------------------------------------------------- losses
-def _labels(t, n: int, c: int, op: str):
-    """(kind, Tensor) for labels: ('index', int tensor of shape (N,)) or ('onehot', float)."""
+def _labels(t, n: int, c: int, op: str, like=None):
+    """(kind, Tensor) for labels: ('index', int tensor of shape (N,)) or ('onehot', float).
+    Labels given as arrays go to the device of ``like`` (the scores)."""
     if not isinstance(t, Tensor):
-        t = as_tensor(np.asarray(t))
+        t = as_tensor(np.asarray(t) if not is_array(t) else t, like=like)
     shape, dtype = tuple(t.shape), t.dtype
     if dtype.kind in "iu":
         if shape == (n, 1):
@@ -773,7 +780,7 @@ def softmax_cross_entropy(x, t):
         raise ShapeError(f"softmax_cross_entropy: scores must be 2-D (N, C), got shape "
                          f"{list(x.shape)}; flatten them first")
     n, c = x.shape
-    kind, t = _labels(t, n, c, "softmax_cross_entropy")
+    kind, t = _labels(t, n, c, "softmax_cross_entropy", like=x)
     if kind == "index":
         return apply("SoftmaxCrossEntropyLoss", [x, t], {"reduction": "mean"},
                      opset=_OPSET13)
@@ -786,7 +793,7 @@ def softmax_cross_entropy(x, t):
 def cross_entropy(y, t):
     """SINGA's CrossEntropy: ``-sum(t * log(y)) / N`` for probabilities ``y`` (N, C)."""
     n, c = y.shape
-    kind, t = _labels(t, n, c, "cross_entropy")
+    kind, t = _labels(t, n, c, "cross_entropy", like=y)
     if kind == "index":
         from workbench.tensor import from_numpy
         onehot = np.zeros((n, c), dtype=y.dtype)
@@ -809,7 +816,7 @@ def mse_loss(x, t):
 def nll_loss(logp, t):
     """Mean negative log-likelihood of log-probabilities (N, C) and int labels (N,)."""
     n, c = logp.shape
-    kind, t = _labels(t, n, c, "nll_loss")
+    kind, t = _labels(t, n, c, "nll_loss", like=logp)
     if kind != "index":
         raise InputError("nll_loss: labels must be integer class indices")
     return apply("NegativeLogLikelihoodLoss", [logp, t], {"reduction": "mean"},

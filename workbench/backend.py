@@ -32,10 +32,13 @@ class WorkbenchRep(BackendRep):
     def run(self, inputs: Any, **kwargs) -> tuple:
         if isinstance(inputs, np.ndarray) or not isinstance(inputs, (list, tuple, dict)):
             inputs = [inputs]
+        host = self.plan.host_inputs  # shape-like inputs a device plan reads on the host
         if isinstance(inputs, dict):
-            feeds = {k: self.device.put(v) for k, v in inputs.items()}
+            feeds = {k: v if k in host else self.device.put(v) for k, v in inputs.items()}
         else:
-            feeds = [self.device.put(v) for v in inputs]
+            names = [v.name for v in self.plan.input_infos]
+            feeds = [v if i < len(names) and names[i] in host else self.device.put(v)
+                     for i, v in enumerate(inputs)]
         outs = self.plan.run(feeds)
         outs = [self.device.get(o) for o in outs]
         return namedtupledict("Outputs", self.output_names)(*outs)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.arrays import cupy_module, is_array
+from workbench.arrays import cupy_module, device_dtype_ok, is_array
 from workbench.errors import DeviceError
 
 
@@ -46,13 +46,19 @@ class Device:
         return self.id
 
     def put(self, a):
-        """Move an array (or a list of arrays, for sequence values) onto this device."""
+        """Move an array (or a list of arrays, for sequence values) onto this device.
+
+        On CUDA, arrays of dtypes cupy has no counterpart for (bfloat16, float8, int4 and the
+        other ml_dtypes types, strings) stay on the host: the executor runs the nodes that
+        touch them on the host (see ``workbench.graph.executor``)."""
         if isinstance(a, list):
             return [self.put(x) for x in a]
         if a is None:
             return None
         if self.is_cuda:
             cp = cupy_module()
+            if isinstance(a, (np.ndarray, np.generic)) and not device_dtype_ok(a.dtype):
+                return np.asarray(a)
             with cp.cuda.Device(self.index):
                 return cp.asarray(a)
         if is_array(a) and not isinstance(a, np.ndarray):

@@ -152,11 +152,14 @@ class Optimizer:
         unscaled = []
         for p, g in pairs:
             g32 = g.data.astype(np.float32) * np.float32(1.0 / self.loss_scale)
-            if not bool(xp.isfinite(g32).all()):
-                return self._skip(f"gradient of {p.name or 'a parameter'} overflowed")
-            if clipping:
-                g32 = xp.clip(g32, -clip_value, clip_value)
             unscaled.append((p, g32))
+        # one device-to-host check for every gradient (not one sync per parameter)
+        finite = xp.stack([xp.isfinite(g32).all() for _, g32 in unscaled])
+        if not bool(finite.all()):
+            bad = next(p for (p, _), ok in zip(unscaled, finite.tolist()) if not ok)
+            return self._skip(f"gradient of {bad.name or 'a parameter'} overflowed")
+        if clipping:
+            unscaled = [(p, xp.clip(g32, -clip_value, clip_value)) for p, g32 in unscaled]
         lr = self.get_lr()
         for p, g32 in unscaled:
             master = self._master.get(p)
@@ -225,6 +228,16 @@ class Optimizer:
 
 
 # --------------------------------------------------------------------------- optimizers
+def _fused_gpu(w, g) -> bool:
+    """Whether a parameter update can run as one fused CUDA kernel (float32/16 cupy arrays
+    of one shape and dtype, contiguous)."""
+    from workbench.arrays import cupy_module  # noqa: PLC0415
+    cp = cupy_module()
+    return (cp is not None and isinstance(w, cp.ndarray) and isinstance(g, cp.ndarray)
+            and w.dtype == g.dtype and w.dtype.name in ("float32", "float16")
+            and w.shape == g.shape and w.flags.c_contiguous)
+
+
 class SGD(Optimizer):
     """Stochastic gradient descent with momentum / Nesterov / dampening / L2 weight decay."""
 
@@ -239,6 +252,16 @@ class SGD(Optimizer):
         self.weight_decay, self.nesterov = float(weight_decay), bool(nesterov)
 
     def _apply(self, st, w, g, lr):
+        if _fused_gpu(w, g):  # one CUDA kernel per parameter
+            from workbench.arrays.cuda.elementwise import sgd_step  # noqa: PLC0415
+            buf = st.get("momentum")
+            first = buf is None
+            if self.momentum and first:
+                buf = st["momentum"] = w.copy()
+            sgd_step(w, g, buf if self.momentum else None, lr=lr, momentum=self.momentum,
+                     dampening=self.dampening, weight_decay=self.weight_decay,
+                     nesterov=self.nesterov, first=first)
+            return
         t = w.dtype.type
         if self.weight_decay:
             g = g + w * t(self.weight_decay)

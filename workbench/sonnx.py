@@ -281,8 +281,11 @@ class SONNXModel(Model):
         key = (outputs, self.training)
         tp = self._tplans.get(key)
         if tp is None:
+            # kernels looked up for the model's device (the CUDA overrides on a GPU); the
+            # weights are this model's Tensors, so the plan's own copies stay where they are
             tp = _TensorPlan(Plan(self.onnx_graph, outputs=list(outputs), training=self.training,
-                                  check_inputs=False))
+                                  check_inputs=False, device=self._dev,
+                                  move_initializers=False))
             self._tplans[key] = tp
         return tp
 
@@ -330,7 +333,7 @@ class SONNXModel(Model):
                     for aname, sub, free in st.subplans:
                         kw[aname] = _bind_tensors(sub, {f: env[s] for f, s in free})
                 outs = run_op(n.op_type, n.domain, opset, st.fn, wants_ctx, kw, n.attrs, args,
-                              n_out, n.name, n.outputs, training)
+                              n_out, n.name, n.outputs, training, device=self._dev)
             for s, v in zip(st.outs, outs):
                 if s >= 0:
                     env[s] = v

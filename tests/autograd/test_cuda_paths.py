@@ -53,7 +53,7 @@ def test_gpu_fast_path_matches_portable_rule(case, monkeypatch):
     import workbench.grad as wg
     used = []
 
-    def always_cuda(xp, family):
+    def always_cuda(xp, family, *arrays):
         used.append(family)
         return importlib.import_module(f"workbench.arrays.cuda.{family}")
 
@@ -66,3 +66,42 @@ def test_gpu_fast_path_matches_portable_rule(case, monkeypatch):
     for i in case.wrt:
         np.testing.assert_allclose(fast[i], portable[i], rtol=2e-5, atol=2e-5,
                                    err_msg=f"input {i}")
+
+
+@pytest.mark.skipif(emulation.GXX is None, reason="g++ is needed to emulate the CUDA kernels")
+@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (6, 5)], ids=["NCHW", "NC"])
+def test_gpu_batchnorm_training_matches_portable(shape, monkeypatch):
+    """Training BatchNorm on the GPU path (statistics kernel, apply kernel; backward reduction
+    and dx kernels) against the portable forward and rule, float32."""
+    from workbench.grad import GradContext
+    from workbench.grad import norm as gnorm
+    r = np.random.default_rng(1)
+    C = shape[1]
+    x = (r.standard_normal(shape) * 2 + 1).astype(np.float32)
+    s = r.uniform(0.5, 1.5, C).astype(np.float32)
+    b, m = r.standard_normal(C).astype(np.float32), r.standard_normal(C).astype(np.float32)
+    v = r.uniform(0.5, 2, C).astype(np.float32)
+    g = r.standard_normal(shape).astype(np.float32)
+    ctx = GradContext("BatchNormalization", 15, (True, True, True, False, False), np)
+    kw = dict(epsilon=1e-3, momentum=0.8)
+
+    def run():
+        outs = gnorm.batchnorm_train(x, s, b, m, v, **kw)
+        grads = gnorm.batch_norm_grad(ctx, [g, None, None], [x, s, b, m, v], list(outs),
+                                      epsilon=1e-3, training_mode=1)
+        return outs, grads
+    want_outs, want_grads = run()
+    emulation.install(monkeypatch)
+    used = []
+
+    def always_cuda(xp, family, *arrays):
+        used.append(family)
+        return importlib.import_module(f"workbench.arrays.cuda.{family}")
+    monkeypatch.setattr(gnorm, "cuda_family", always_cuda)
+    got_outs, got_grads = run()
+    assert used.count("norm") == 2, "the CUDA path was not taken"
+    for k, (a, w) in enumerate(zip(got_outs[:3], want_outs[:3])):
+        np.testing.assert_allclose(a, w, rtol=2e-5, atol=2e-5, err_msg=f"output {k}")
+    for k in range(3):
+        np.testing.assert_allclose(got_grads[k], want_grads[k], rtol=2e-4, atol=2e-4,
+                                   err_msg=f"gradient {k}")

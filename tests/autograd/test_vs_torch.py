@@ -34,8 +34,7 @@ def _export_double(name, example_np, train):
 def _match(proto_params, torch_params):
     """{initializer name: (torch name, transposed?)} matched by value."""
     out = {}
-    for name, t in proto_params.items():
-        a = t.numpy()
+    for name, a in proto_params.items():
         for tn, p in torch_params.items():
             pv = p.detach().numpy()
             if pv.shape == a.shape and np.allclose(pv, a, rtol=0, atol=1e-12):
@@ -48,14 +47,18 @@ def _match(proto_params, torch_params):
     return out
 
 
+def _put(device, a):
+    return tensor.Tensor(data=a, device=device)
+
+
 def _compare(model, m, loss_t, loss_w, ours_pairs, floor=0.0):
     """``floor``: relative to the largest gradient of the whole model, the magnitude under
     which a parameter's gradient is numerically zero (BatchNorm biases followed by a conv and
     another training-mode BatchNorm have an exactly-zero true gradient)."""
     loss_t.backward()
     tparams = dict(model.named_parameters())
-    ours = {p.name: g.numpy() for p, g in ours_pairs}
-    mapping = _match(m.imported_params(), tparams)
+    ours = {p.name: tensor.to_numpy(g) for p, g in ours_pairs}
+    mapping = _match({k: tensor.to_numpy(v) for k, v in m.imported_params().items()}, tparams)
     assert len(mapping) == len(m.imported_params()), \
         f"unmatched initializers: {set(m.imported_params()) - set(mapping)}"
     assert {v[0] for v in mapping.values()} == set(tparams), "torch params not all covered"
@@ -75,30 +78,32 @@ def _compare(model, m, loss_t, loss_w, ours_pairs, floor=0.0):
 
 
 @pytest.mark.slow
-def test_resnet18_training_gradients_match_torch():
+def test_resnet18_training_gradients_match_torch(device):
+    """On the CPU, and on CUDA:0 where a GPU is present (``device`` fixture), in float64."""
     x = example_inputs("resnet18", 2, image=64, seed=3)[0].astype(np.float64)
     labels = np.array([3, 917])
     model, proto = _export_double("resnet18", (x,), train=True)
     out_t = model(torch.from_numpy(x))
     loss_t = torch.nn.functional.cross_entropy(out_t, torch.from_numpy(labels))
 
-    m = sonnx.SONNXModel(proto)
+    m = sonnx.SONNXModel(proto, device=device)
     m.train()
-    out = m.forward(tensor.from_numpy(x))[0]
-    loss = autograd.softmax_cross_entropy(out, labels)
+    out = m.forward(_put(device, x))[0]
+    loss = autograd.softmax_cross_entropy(out, _put(device, labels))
     pairs = autograd.backward(loss)
-    _compare(model, m, loss_t, loss.numpy(), pairs)
+    _compare(model, m, loss_t, tensor.to_numpy(loss), pairs)
     # train-mode BatchNorm updated the running mean exactly as torch did (ONNX momentum 0.9 =
     # torch momentum 0.1; the variances differ on purpose: ONNX uses the biased batch variance)
     for bn in ("bn1", "layer3.1.bn2"):
-        ours = m.get_states()[f"{bn}.running_mean"].numpy()
+        ours = tensor.to_numpy(m.get_states()[f"{bn}.running_mean"])
         theirs = dict(model.named_buffers())[f"{bn}.running_mean"].detach().numpy()
         # (the momentum attribute is a float32 in ONNX: 0.9f differs from 0.9 by 2e-8)
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.slow
-def test_bert_gradients_match_torch():
+def test_bert_gradients_match_torch(device):
+    """On the CPU, and on CUDA:0 where a GPU is present (``device`` fixture), in float64."""
     ids, types, mask = example_inputs("bert", 2, seq=8, seed=5)
     labels = np.array([2, 0])
     model, proto = _export_double("bert", (ids, types, mask), train=False)
@@ -107,13 +112,13 @@ def test_bert_gradients_match_torch():
     loss_t = torch.nn.functional.cross_entropy(logits_t, torch.from_numpy(labels)) + (
         seq_t * torch.from_numpy(w)).sum() * 0.01
 
-    m = sonnx.SONNXModel(proto)
+    m = sonnx.SONNXModel(proto, device=device)
     m.eval()
-    seq, logits = m.forward(*(tensor.from_numpy(a) for a in (ids, types, mask)))
-    loss = autograd.softmax_cross_entropy(logits, labels) + autograd.reduce_sum(
-        seq * tensor.from_numpy(w)) * 0.01
+    seq, logits = m.forward(*(_put(device, a) for a in (ids, types, mask)))
+    loss = autograd.softmax_cross_entropy(logits, _put(device, labels)) + autograd.reduce_sum(
+        seq * _put(device, w)) * 0.01
     pairs = autograd.backward(loss)
-    _compare(model, m, loss_t, loss.numpy(), pairs)
+    _compare(model, m, loss_t, tensor.to_numpy(loss), pairs)
 
 
 @pytest.mark.slow

@@ -1,39 +1,10 @@
-"""GPU test fixtures: ``device`` runs a test on the CPU and on CUDA:0; the CUDA half skips
-cleanly ("no CUDA GPU/cupy") when cupy or a GPU is missing."""
+"""GPU test helpers. The ``device`` and ``cuda`` fixtures live in ``tests/conftest.py`` (every
+test package parametrises over devices with them); the CUDA half skips cleanly ("no CUDA
+GPU/cupy") when cupy or a GPU is missing."""
 
 from __future__ import annotations
 
-import pytest
-
-from workbench import device as wbdevice
-from workbench.arrays import cupy_module
-
-
-def cuda_skip_reason() -> str | None:
-    if cupy_module() is None:
-        return "no CUDA GPU/cupy: cupy is not installed (pip install '.[gpu-cuda12]')"
-    if not wbdevice.cuda_available():
-        return "no CUDA GPU/cupy: cupy sees no CUDA GPU"
-    return None
-
-
-@pytest.fixture(params=["CPU", pytest.param("CUDA:0", marks=pytest.mark.gpu)])
-def device(request):
-    """A workbench Device: 'CPU', then 'CUDA:0' (skipped without cupy and a GPU)."""
-    if request.param != "CPU":
-        reason = cuda_skip_reason()
-        if reason:
-            pytest.skip(reason)
-    return wbdevice.get_device(request.param)
-
-
-@pytest.fixture
-def cuda():
-    """The CUDA:0 Device (skipped without cupy and a GPU)."""
-    reason = cuda_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    return wbdevice.get_device("CUDA:0")
+from tests.conftest import cuda_skip_reason  # noqa: F401 - re-exported for the GPU tests
 
 
 #: comparison tolerance (rtol, atol) of a device result against the numpy path, per dtype

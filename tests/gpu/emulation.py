@@ -41,7 +41,8 @@ HEADER = r"""
 struct wb_dim3 { unsigned int x, y, z; };
 static wb_dim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0}, blockDim = {1, 1, 1},
                gridDim = {1, 1, 1};
-extern "C" void wb_emu_set(int bx, int gx) { blockIdx.x = bx; gridDim.x = gx; }
+extern "C" void wb_emu_set(int bx, int gx, int by, int gy) {
+    blockIdx.x = bx; gridDim.x = gx; blockIdx.y = by; gridDim.y = gy; }
 static inline void __syncthreads() {}
 static inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
@@ -107,9 +108,11 @@ class EmuFunction:
     def __call__(self, grid, block, args):
         cargs = [_carg(a) for a in args]
         g = int(grid[0])
-        for b in range(g):
-            self.set(b, g)
-            self.fn(*cargs)
+        gy = int(grid[1]) if len(grid) > 1 else 1
+        for by in range(gy):
+            for b in range(g):
+                self.set(b, g, by, gy)
+                self.fn(*cargs)
 
 
 def function(family, body, name, dtype):
@@ -121,8 +124,12 @@ class FakeElementwiseKernel:
     """cupy.ElementwiseKernel on numpy arrays (all inputs cast to input 0's dtype)."""
 
     def __init__(self, in_params, out_params, operation, name):
-        self.ins = [p.split()[1] for p in in_params.split(",")]
-        self.operation = re.sub(r"\bX\d+\b", "T", operation)
+        params = [p.split() for p in (in_params + "," + out_params).split(",") if p.strip()]
+        self.ins = [n for _, n in params[:-1]]
+        op = operation
+        for t in {t for t, _ in params if len(t) == 1 and t.isupper()}:  # type placeholders
+            op = re.sub(rf"\b{t}\b", "T", op)
+        self.operation = op
         self.name = name
 
     def __call__(self, *inputs):

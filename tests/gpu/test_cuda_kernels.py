@@ -92,6 +92,33 @@ def test_conv(impl, strict, c, dtype):
     close(got, want, dtype, scale=np.sqrt(np.prod(c["w"][1:])))
 
 
+FUSED = [("Relu", []), ("LeakyRelu", [0.1]), ("Clip", [-0.5, 0.7]), ("Sigmoid", []),
+         ("HardSigmoid", [0.2, 0.5]), ("Tanh", []), ("", [])]
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["act", "add-act"])
+@pytest.mark.parametrize("act,params", FUSED, ids=[a or "none" for a, _ in FUSED])
+@pytest.mark.parametrize("c", [CONV[0], CONV[2], CONV[3], CONV[4]],
+                         ids=["3x3", "groups", "depthwise", "pointwise"])
+def test_fused_conv_epilogue(impl, strict, c, act, params, residual):
+    """FusedConv (Conv + residual + activation in the GEMM epilogue) against the portable
+    FusedConv; float32."""
+    if not residual and not act:
+        pytest.skip("nothing to fuse")
+    X, W = rnd(*c["x"]), rnd(*c["w"])
+    B = rnd(c["w"][0]) if c.get("bias") else None
+    kw = dict(auto_pad=c.get("auto_pad", "NOTSET"), dilations=c.get("dilations"),
+              group=c.get("group", 1), kernel_shape=None, pads=c.get("pads"),
+              strides=c.get("strides"))
+    y0 = portable("Conv", 17)(X, W, B, **kw)
+    Z = rnd(*y0.shape) if residual else None
+    want = portable("FusedConv", 1, "com.workbench")(
+        X, W, B, Z, activation=act, activation_params=params, **kw)
+    got = impl.get(ov.fused_conv_cuda(impl.put(X), impl.put(W), impl.put(B), impl.put(Z),
+                                      activation=act, activation_params=params, **kw))
+    close(got, want, "float32", scale=np.sqrt(np.prod(c["w"][1:])))
+
+
 def test_conv_in_batch_chunks(impl, strict, monkeypatch):
     monkeypatch.setattr(cconv, "COLS_BUDGET_BYTES", 2 * 3 * 9 * 64 * 4)   # 2 images a chunk
     X, W = rnd(5, 3, 8, 8), rnd(4, 3, 3, 3)

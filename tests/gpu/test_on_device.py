@@ -162,7 +162,7 @@ def test_model_on_emulated_cuda_uses_the_overrides(emulated_cuda, name, monkeypa
 def test_real_model_on_cuda(cuda, torch_exports):
     proto = torch_exports.proto("resnet18")
     from tests.helpers.torch_models import example_inputs
-    x, = example_inputs("resnet18", batch=2, image=64)
+    x, = example_inputs("resnet18", batch=2)
     ref = backend.prepare(proto, "CPU").run([x])[0]
     got = backend.prepare(proto, str(cuda)).run([x])[0]
     scale = float(np.abs(ref).max())
@@ -174,8 +174,11 @@ def test_plan_on_cuda_keeps_arrays_on_the_gpu_and_tracks_memory(cuda):
     import cupy as cp
     model, x = small_cnn()
     rep = backend.prepare(model, str(cuda))
-    assert all(isinstance(v, cp.ndarray) for v in rep.plan._template if hasattr(v, "dtype")
-               and v.dtype != object)
+    host = {rep.plan.slots[n] for n in rep.plan.host_values if n in rep.plan.slots}
+    assert host == {rep.plan.slots["shape"]}   # the Reshape target stays a host value
+    for i, v in enumerate(rep.plan._template):
+        if hasattr(v, "dtype"):
+            assert isinstance(v, np.ndarray if i in host else cp.ndarray), i
     rep.plan.track_memory = True
     cuda.reset_peak()
     y, = rep.plan.run([cuda.put(x)])
@@ -207,7 +210,7 @@ def test_out_of_memory_on_cuda_is_a_device_error(cuda):
         [helper.make_node("ConstantOfShape", ["s"], ["y"], name="huge",
                           value=numpy_helper.from_array(np.zeros(1, np.float32)))], "g",
         [helper.make_tensor_value_info("s", TensorProto.INT64, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])]),
         opset_imports=[helper.make_opsetid("", 17)])
     rep = backend.prepare(m, str(cuda))
     with pytest.raises(DeviceError, match=r"out of memory on CUDA:0 in node 'huge'") as ei:
@@ -267,3 +270,89 @@ def test_gradient_rule_on_cuda_matches_cpu(cuda, case):
     for i in case.wrt:
         np.testing.assert_allclose(got[i], want[i], rtol=1e-6, atol=1e-8,
                                    err_msg=f"input {i}")
+
+
+# ----------------------------------------------------------------------------- host shapes
+def dynamic_reshape_model():
+    """x (N, S, 8) -> Shape -> Gather(0), Gather(1) -> Unsqueeze -> Concat([N, S, 2, 4])
+    -> Reshape -> Transpose -> Mul by a Cast of the sequence length; plus a Range of positions
+    gathered from an embedding (a host value used as device data)."""
+    n = helper.make_node
+    inits = [_init("i0", np.array(0, np.int64)), _init("i1", np.array(1, np.int64)),
+             _init("ax0", np.array([0], np.int64)), _init("tail", np.array([2, 4], np.int64)),
+             _init("one", np.array(1, np.int64)),
+             _init("emb", np.arange(40, dtype=np.float32).reshape(10, 4))]
+    nodes = [
+        n("Shape", ["x"], ["sh"], name="shape"),
+        n("Gather", ["sh", "i0"], ["N"], name="g0"),
+        n("Gather", ["sh", "i1"], ["S"], name="g1"),
+        n("Unsqueeze", ["N", "ax0"], ["N1"], name="u0"),
+        n("Unsqueeze", ["S", "ax0"], ["S1"], name="u1"),
+        n("Concat", ["N1", "S1", "tail"], ["target"], axis=0, name="cat"),
+        n("Reshape", ["x", "target"], ["r"], name="reshape"),
+        n("Cast", ["S"], ["Sf"], to=TensorProto.FLOAT, name="cast"),
+        n("Mul", ["r", "Sf"], ["scaled"], name="scale"),
+        n("Range", ["i0", "S", "one"], ["pos"], name="range"),
+        n("Gather", ["emb", "pos"], ["pe"], name="embed"),
+    ]
+    g = helper.make_graph(nodes, "dyn",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "S", 8])],
+                          [helper.make_tensor_value_info("scaled", TensorProto.FLOAT,
+                                                         ["N", "S", 2, 4]),
+                           helper.make_tensor_value_info("pe", TensorProto.FLOAT, ["S", 4])],
+                          inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m, np.random.default_rng(3).standard_normal((2, 5, 8)).astype(np.float32)
+
+
+def test_shape_logic_stays_on_the_host_in_device_plans(emulated_cuda):
+    m, x = dynamic_reshape_model()
+    rep = backend.prepare(m, "CUDA:0")
+    hv = rep.plan.host_values
+    assert {"sh", "N", "S", "N1", "S1", "target", "Sf", "pos", "i0", "i1", "ax0",
+            "tail", "one"} <= hv
+    assert not {"x", "r", "scaled", "emb", "pe"} & hv
+    host_ops = {st.node.name for st in rep.plan.steps if st.host_op}
+    assert host_ops == {"shape", "g0", "g1", "u0", "u1", "cat", "cast", "range"}
+    got = rep.run([x])
+    want = backend.prepare(m).run([x])
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_shape_values_are_numpy_on_a_real_gpu(cuda):
+    import cupy as cp
+    m, x = dynamic_reshape_model()
+    rep = backend.prepare(m, str(cuda))
+    seen = {}
+    rep.plan.run([cuda.put(x)], hook=lambda node, outs: seen.__setitem__(node.name, outs[0]))
+    for name in ("shape", "g0", "cat", "range"):
+        assert isinstance(seen[name], np.ndarray), name
+    for name in ("reshape", "scale", "embed"):
+        assert isinstance(seen[name], cp.ndarray), name
+    want = backend.prepare(m).run([x])
+    for a, b in zip(rep.run([x]), want):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- optimizers
+@pytest.mark.parametrize("kw", [dict(momentum=0.0), dict(momentum=0.9),
+                                dict(momentum=0.9, nesterov=True, weight_decay=1e-3),
+                                dict(momentum=0.8, dampening=0.3, weight_decay=1e-2)],
+                         ids=["plain", "momentum", "nesterov-wd", "dampening-wd"])
+def test_fused_sgd_on_cuda_matches_cpu(cuda, kw):
+    """SGD's one-kernel GPU update gives the portable update's numbers over several steps."""
+    from workbench import opt
+    from workbench.tensor import Tensor
+    r = np.random.default_rng(0)
+    w0 = r.standard_normal((7, 5)).astype(np.float32)
+    grads = [r.standard_normal((7, 5)).astype(np.float32) for _ in range(4)]
+    results = []
+    for dev in (wbdevice.create_cpu(), cuda):
+        p = Tensor(data=w0.copy(), device=dev, requires_grad=True, stores_grad=True)
+        o = opt.SGD(lr=0.1, **kw)
+        for g in grads:
+            o.update(p, dev.put(g))
+        results.append(p.numpy())
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6)

@@ -57,3 +57,29 @@ def conv_bn(opset=13):
     ]
     return make_model(nodes, [vi("x", ["N", 3, 5, 5])], [vi("y", ["N", 150])], inits,
                       opset=opset)
+
+
+def residual_block(opset=13, act="Relu"):
+    """x -> Conv(c1) -> act -> Conv(c2) -> Add(x) -> act; a third Conv whose output is read
+    twice (not fusable) and a Conv -> Clip with constant bounds."""
+    rng = np.random.default_rng(2)
+    f = lambda *s: (rng.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
+    inits = [numpy_helper.from_array(a, n) for a, n in [
+        (f(4, 4, 3, 3), "w1"), (f(4), "b1"), (f(4, 4, 3, 3), "w2"), (f(4, 4, 1, 1), "w3"),
+        (f(4, 4, 1, 1), "w4"), (np.array(0.0, np.float32), "lo"),
+        (np.array(0.5, np.float32), "hi")]]
+    attrs = {"alpha": 0.1} if act == "LeakyRelu" else {}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
+        helper.make_node(act, ["c1"], ["a1"], name="a1", **attrs),
+        helper.make_node("Conv", ["a1", "w2"], ["c2"], name="c2", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "x"], ["s"], name="add"),
+        helper.make_node(act, ["s"], ["a2"], name="a2", **attrs),
+        helper.make_node("Conv", ["a2", "w3"], ["c3"], name="c3"),
+        helper.make_node("Relu", ["c3"], ["r3"], name="r3"),
+        helper.make_node("Mul", ["c3", "r3"], ["m3"], name="m3"),   # c3 read twice
+        helper.make_node("Conv", ["m3", "w4"], ["c4"], name="c4"),
+        helper.make_node("Clip", ["c4", "lo", "hi"], ["y"], name="clip"),
+    ]
+    return make_model(nodes, [vi("x", ["N", 4, 6, 6])], [vi("y", ["N", 4, 6, 6])], inits,
+                      opset=opset)

@@ -38,6 +38,21 @@ def xp_of(*arrays):
     return np
 
 
+#: numpy dtype kinds the GPU array library (cupy) can hold: bool, ints, floats, complex
+_DEVICE_KINDS = frozenset("biufc")
+
+
+def device_dtype_ok(dtype) -> bool:
+    """True when arrays of ``dtype`` can live on the GPU (cupy has the dtype).
+
+    cupy has bool, the (u)int8..64, float16/32/64 and complex64/128. The ml_dtypes types
+    (bfloat16, float8, float4, float6, int4, int2) and strings (object arrays) have no cupy
+    dtype: values of those types stay on the host in a device plan (see
+    ``workbench.graph.executor``)."""
+    dt = np.dtype(dtype)
+    return dt.kind in _DEVICE_KINDS and dt.type.__module__ == "numpy"
+
+
 def is_array(x) -> bool:
     if isinstance(x, np.ndarray):
         return True

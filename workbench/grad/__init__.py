@@ -102,11 +102,15 @@ def unbroadcast(g, shape):
     return g.reshape(shape)
 
 
-def cuda_family(xp, family: str):
+def cuda_family(xp, family: str, *arrays):
     """``workbench.arrays.cuda.<family>`` when ``xp`` is cupy (the GPU fast paths), else None.
 
-    Rules use it to pick a CUDA kernel by array module, never by a device flag."""
+    Rules use it to pick a CUDA kernel by array module, never by a device flag. The CUDA
+    kernels store float32 or float16: when any of ``arrays`` has another dtype (float64 for
+    gradient checks, bfloat16, ints) the rule takes its portable path."""
     if getattr(xp, "__name__", "") != "cupy":
+        return None
+    if any(a is not None and a.dtype.name not in ("float32", "float16") for a in arrays):
         return None
     try:
         return importlib.import_module(f"workbench.arrays.cuda.{family}")

@@ -160,7 +160,7 @@ def conv_grad(ctx, grads_out, inputs, outputs, *, group=1, **attrs):
     g = grads_out[0]
     k, s, d, pb, pe = _geometry(x, w, outputs[0], attrs)
     need = ctx.needs_input_grad
-    cu = cuda_family(xp, "conv") if x.ndim == 4 else None
+    cu = cuda_family(xp, "conv", x, w, g) if x.ndim == 4 else None
     if cu is not None:  # GPU: im2col/col2im kernels + cuBLAS
         geo = {"strides": s, "pads": pb + pe, "dilations": d, "group": group}
         gx = cu.conv2d_backward_data(g, w, x.shape, **geo) if need[0] else None

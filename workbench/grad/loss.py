@@ -41,8 +41,7 @@ def softmax_cross_entropy_grad(ctx, grads_out, inputs, outputs, *, reduction="me
     x, labels = inputs[0], inputs[1]
     weights = inputs[2] if len(inputs) > 2 else None
     c = x.shape[1]
-    cu = cuda_family(xp, "softmax") if (x.ndim == 2 and weights is None
-                                            and x.dtype.itemsize <= 4) else None
+    cu = cuda_family(xp, "softmax", x) if (x.ndim == 2 and weights is None) else None
     if cu is not None and grads_out[0] is not None and (
             len(grads_out) < 2 or grads_out[1] is None):
         return (cu.softmax_cross_entropy_backward(x, labels, grads_out[0], reduction=reduction,

@@ -44,7 +44,7 @@ def max_pool_grad(ctx, grads_out, inputs, outputs, **attrs):
         return (None,)
     k, s, d, pb, pe = _pool_geometry(x, outputs[0], attrs)
     sp, out_sp = x.shape[2:], g.shape[2:]
-    cu = cuda_family(xp, "pool") if x.ndim == 4 and x.dtype.itemsize <= 4 else None
+    cu = cuda_family(xp, "pool", x) if x.ndim == 4 else None
     if cu is not None:  # GPU: argmax from the forward kernel, gather backward
         _, arg = cu.maxpool2d(x, k, s, pb, d, tuple(out_sp), return_argmax=True)
         return (cu.maxpool2d_backward(g, arg, x.shape, k, s, pb, d),)
@@ -76,7 +76,7 @@ def average_pool_grad(ctx, grads_out, inputs, outputs, *, count_include_pad=0, *
     g = grads_out[0]
     k, s, d, pb, pe = _pool_geometry(x, outputs[0], attrs)
     sp, out_sp = x.shape[2:], g.shape[2:]
-    cu = cuda_family(xp, "pool") if x.ndim == 4 and x.dtype.itemsize <= 4 else None
+    cu = cuda_family(xp, "pool", x) if x.ndim == 4 else None
     if cu is not None:
         return (cu.avgpool2d_backward(g, x.shape, k, s, pb, pe, d,
                                       count_include_pad=bool(count_include_pad)),)

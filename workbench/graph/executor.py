@@ -12,7 +12,11 @@ device's array module (cupy overrides from ``workbench/arrays/cuda`` first, the 
 otherwise), gives input-less kernels the module in ``ctx.extra["xp"]``, keeps its initializers
 on the device, refuses feeds that live elsewhere, and turns an out-of-memory failure into a
 ``DeviceError`` naming the device, the node and the bytes requested. Nothing is copied back to
-the host during a run.
+the host during a run, with one exception: values of dtypes that cupy cannot hold (bfloat16,
+float8, float4, int4, int2 -- the ml_dtypes types -- and strings) live on the host, and a node
+that reads or produces such a value runs on the host (its other inputs copied there, its
+outputs of GPU dtypes copied back). Such a node is found on its first run and goes straight
+to the host afterwards.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.arrays import is_array
+from workbench.arrays import device_dtype_ok, is_array, to_numpy
 from workbench.arrays.dtypes import dtype_name, np_dtype_of_onnx
 from workbench.errors import (
     DeviceError,
@@ -166,6 +170,9 @@ class Step:
     free: tuple
     node: Node
     subplans: tuple = ()     # (attr name, Plan, ((name, slot), ...))
+    host: bool = False       # device plans: this node runs on the host (host-only dtypes)
+    host_op: bool = False    # device plans: a shape computation on host values (numpy)
+    host_read: frozenset = frozenset()  # device plans: input positions read on the host
 
 
 class Plan:
@@ -177,13 +184,14 @@ class Plan:
 
     def __init__(self, graph: Graph, *, outputs: Sequence[str] | None = None,
                  outer: Sequence[str] = (), training: bool = False, seed: int | None = None,
-                 check_inputs: bool = True, device=None):
+                 check_inputs: bool = True, device=None, move_initializers: bool = True):
         self.graph = graph
         if device is not None:
             from workbench.device import get_device
             device = get_device(device)
         self.device = device
         on_cuda = device is not None and device.is_cuda
+        self._on_cuda = on_cuda
         xp_mod = device.xp if device is not None else None
         xp_key = "cupy" if on_cuda else None
         #: sample the device memory pool after every node (peak in ``last_peak_bytes``)
@@ -269,7 +277,7 @@ class Plan:
                 if isinstance(v, Graph):
                     free = sorted(v.free_variables())
                     sub = Plan(v, outer=free, training=training, check_inputs=False,
-                               device=device)
+                               device=device, move_initializers=move_initializers)
                     subplans.append((k, sub, tuple((f, slots[f]) for f in free)))
                 else:
                     attrs[k] = v
@@ -293,14 +301,92 @@ class Plan:
             err.missing = errors
             raise err
 
+        #: device plans: names of values kept on the host (shape computations)
+        self.host_values: frozenset = frozenset()
+        #: device plans: graph inputs the plan reads on the host (feed them as numpy)
+        self.host_inputs: frozenset = frozenset()
+        if on_cuda:
+            self._plan_host_values()
+
         self._template: list[Any] = [None] * len(slots)
         for name, arr in graph.initializers.items():
             self._template[slots[name]] = arr
         self._in_slots = [slots[v.name] for v in graph.inputs]
         self._out_slots = [slots[n] for n in self.output_names]
         self._outer_slots = [(name, slots[name]) for name in outer]
-        if on_cuda:
+        if on_cuda and move_initializers:
+            host_slots = {slots[v] for v in self.host_values if v in slots}
+            keep = [self._template[i] for i in host_slots]
             device.move_plan(self)
+            for i, v in zip(host_slots, keep):   # shape constants stay on the host
+                self._template[i] = v
+
+    def _plan_host_values(self) -> None:
+        """Device plans: find the values to keep on the host.
+
+        Shape logic runs on the host, from the shapes the host already knows: the outputs of
+        Shape/Size, small integer constants and graph inputs read only as shapes (the
+        ``shape`` of Reshape, the ``axes`` of Unsqueeze, ...), and the cheap integer ops
+        computed from them (Gather, Concat, Unsqueeze, Add, ...) stay numpy arrays, so that a
+        Reshape with a dynamic target reads it without a device-to-host copy. A host value
+        that a device kernel needs as data is uploaded when it is used."""
+        graph = self.graph
+        nodes = self.nodes
+        consumers: dict[str, list] = {}
+        for n in nodes:
+            for k, i in enumerate(n.inputs):
+                if i:
+                    consumers.setdefault(i, []).append((n, k))
+
+        def small_int(arr) -> bool:
+            a = np.asarray(arr) if not is_array(arr) else arr
+            return a.dtype.kind in "iu" and a.size <= _HOST_CONST_MAX
+
+        cand = {k for k, v in graph.initializers.items() if small_int(v)}
+        const_nodes = {}
+        for n in nodes:
+            if n.op_type == "Constant" and not n.domain and n.outputs and n.outputs[0]:
+                v = n.attrs.get("value")
+                if v is None:
+                    v = n.attrs.get("value_ints", n.attrs.get("value_int"))
+                    v = None if v is None else np.asarray(v, dtype=np.int64)
+                if v is not None and is_array(v) and small_int(v):
+                    cand.add(n.outputs[0])
+                    const_nodes[n.outputs[0]] = n
+        for v in graph.inputs:
+            if v.dtype in _INT_TYPES and v.shape is not None and len(v.shape) <= 1:
+                cand.add(v.name)
+        while True:
+            host = set(cand)
+            host_nodes = set()
+            for n in nodes:
+                if n.op_type in ("Shape", "Size") and not n.domain:
+                    host.update(o for o in n.outputs if o)
+                    host_nodes.add(id(n))
+                elif n.outputs and n.outputs[0] in const_nodes and n.outputs[0] in cand:
+                    host_nodes.add(id(n))
+                elif (n.op_type in _HOST_OPS and not n.domain and not n.subgraphs
+                      and any(n.inputs) and all(i in host for i in n.inputs if i)):
+                    host.update(o for o in n.outputs if o)
+                    host_nodes.add(id(n))
+            # a candidate constant that some device kernel reads as data goes to the device
+            bad = set()
+            for name in cand:
+                for n, k in consumers.get(name, ()):
+                    if id(n) not in host_nodes and k not in _HOST_READ.get(n.op_type, ()):
+                        bad.add(name)
+                        break
+            if not bad:
+                break
+            cand -= bad
+        self.host_values = frozenset(host)
+        self.host_inputs = frozenset(v.name for v in graph.inputs if v.name in host)
+        for st in self.steps:
+            n = st.node
+            if id(n) in host_nodes:
+                st.host_op = True
+            if not n.domain:
+                st.host_read = frozenset(_HOST_READ.get(n.op_type, ()))
 
     # ------------------------------------------------------------------ running
     def _feeds_to_slots(self, feeds) -> list:
@@ -327,7 +413,8 @@ class Plan:
                 _check_input(info, v)
         if self.device is not None:
             for info, v in zip(infos, values):
-                _check_device(self.device, info.name, v)
+                if info.name not in self.host_inputs:
+                    _check_device(self.device, info.name, v)
         return values
 
     def run(self, feeds, *, hook: Callable | None = None, outer: dict | None = None) -> list:
@@ -363,15 +450,20 @@ class Plan:
         mem = _pool_sampler(self.device) if self.track_memory else None
         peak = mem() if mem is not None else 0
         try:
+            on_cuda = self._on_cuda
+            dxp = self.device.xp if on_cuda else None
             for step in self.steps:
                 args = [env[i] if i >= 0 else None for i in step.ins]
                 if step.subplans:
                     kw = dict(step.attrs)
                     for name, sub, free in step.subplans:
                         kw[name] = _bind(sub, {f: env[s] for f, s in free})
-                    r = step.fn(*args, **kw)
                 else:
-                    r = step.fn(*args, **step.attrs)
+                    kw = step.attrs
+                if on_cuda:
+                    r = _run_device_step(step, args, kw, dxp)
+                else:
+                    r = step.fn(*args, **kw)
                 outs = step.outs
                 if type(r) is tuple:
                     for s, v in zip(outs, r):
@@ -478,17 +570,144 @@ def _array_place(v):
 
 
 def _check_device(device, name: str, v) -> None:
-    """Feeds must already live on the plan's device (they move only when asked)."""
+    """Feeds must already live on the plan's device (they move only when asked); values of
+    dtypes the device cannot hold (bfloat16, float8, strings, ...) live on the host."""
     items = v if isinstance(v, list) else [v]
     for a in items:
         place = _array_place(a)
         if place is None or place == (device.kind, device.index):
+            continue
+        if device.is_cuda and _host_only(a):
             continue
         where = "CPU" if place[0] == "CPU" else f"CUDA:{place[1]}"
         raise DeviceError(
             f"input {name!r} is on {where} but the plan runs on {device}; arrays of two devices "
             f"cannot be mixed in one run: move the input with device.put(array) (or "
             f"Tensor.to_device) first")
+
+
+def _host_only(a) -> bool:
+    """A value that must live on the host in a device plan (a numpy array of a dtype cupy lacks,
+    or a sequence holding one)."""
+    if isinstance(a, list):
+        return any(_host_only(x) for x in a)
+    return isinstance(a, (np.ndarray, np.generic)) and not device_dtype_ok(a.dtype)
+
+
+def _is_dtype_refusal(e: BaseException) -> bool:
+    """cupy (or a kernel) refusing a dtype it cannot hold on the device."""
+    if getattr(e, "host_dtype", False):
+        return True
+    text = str(e)
+    return isinstance(e, (ValueError, TypeError)) and (
+        "Unsupported dtype" in text or "Unsupported type" in text or "has no device" in text)
+
+
+#: ops that, when every input is a host value, run on the host in device plans (integer shape
+#: arithmetic on a few elements: cheaper on numpy than a kernel launch, and no sync later)
+_HOST_OPS = frozenset({
+    "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Add", "Sub", "Mul", "Div",
+    "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Where", "Not", "And", "Or",
+    "Neg", "Abs", "Min", "Max", "Identity", "Mod", "Floor", "Ceil", "ReduceProd", "ReduceSum",
+    "ReduceMax", "ReduceMin", "Reshape", "Range", "Sign", "Flatten",
+})  # not Expand/Tile/ConstantOfShape: small inputs, but outputs as large as the data
+#: input positions that kernels read on the host as Python ints (shape-like inputs)
+_HOST_READ = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 3),
+    "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "ConstantOfShape": (0,),
+    "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,),
+    "ReduceProd": (1,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,),
+    "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,), "TopK": (1,), "OneHot": (1,),
+    "Resize": (1, 2, 3), "Upsample": (1,), "CumSum": (1,), "Trilu": (1,), "Range": (0, 1, 2),
+    "Dropout": (1, 2), "CenterCropPad": (1,), "Col2Im": (1, 2), "MaxUnpool": (2,),
+}
+#: integer constants up to this many elements may stay on the host
+_HOST_CONST_MAX = 64
+_INT_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})  # TensorProto (u)int8..64
+
+
+def _run_device_step(step: Step, args: list, kw: dict, xp):
+    """Run one step of a device plan: on the device (host values it reads as data uploaded),
+    as a host shape computation (``step.host_op``), or on the host when the node reads or
+    produces a value of a dtype the device cannot hold (remembered in ``step.host``)."""
+    if step.host_op:
+        return _run_host_op(step, args, kw)
+    if not step.host:
+        mixed = False
+        for i, a in enumerate(args):
+            if type(a) is np.ndarray:
+                if not device_dtype_ok(a.dtype):
+                    break
+                mixed = True
+                if i not in step.host_read:
+                    args[i] = xp.asarray(a)
+        else:
+            try:
+                r = step.fn(*args, **kw)
+            except Exception as e:  # noqa: BLE001 - only dtype refusals are retried
+                if not _is_dtype_refusal(e):
+                    raise
+            else:
+                if mixed:  # a kernel that took its array module from a host input
+                    r = tuple(_to_device(v, xp) for v in r) if type(r) is tuple else \
+                        _to_device(r, xp)
+                return r
+        step.host = True
+    return _run_on_host(step, args, kw, xp)
+
+
+def _to_device(v, xp):
+    if type(v) is np.ndarray and device_dtype_ok(v.dtype):
+        return xp.asarray(v)
+    return v
+
+
+def _run_host_op(step: Step, args: list, kw: dict):
+    """A shape computation on host values: numpy in, numpy out."""
+    if step.node.op_type in ("Shape", "Size"):
+        # only the metadata is read: a zero-stride host view of the device array's shape
+        d = args[0]
+        if d is not None and not isinstance(d, (np.ndarray, list)):
+            args = [np.broadcast_to(np.empty((), np.int8), tuple(d.shape))] + list(args[1:])
+    else:
+        args = [to_numpy(a) if a is not None and not isinstance(a, (np.ndarray, list)) else a
+                for a in args]
+    ctx = kw.get("ctx") if isinstance(kw, dict) else None
+    if ctx is not None and ctx.extra.get("xp") is not None:
+        import dataclasses  # noqa: PLC0415
+        kw = dict(kw)
+        kw["ctx"] = dataclasses.replace(ctx, extra={k: v for k, v in ctx.extra.items()
+                                                    if k != "xp"})
+    r = step.fn(*args, **kw)
+    if type(r) is tuple:
+        return tuple(np.asarray(v) if isinstance(v, np.generic) else v for v in r)
+    return np.asarray(r) if isinstance(r, np.generic) else r
+
+
+def _run_on_host(step: Step, args: list, kw: dict, xp):
+    def down(a):
+        if isinstance(a, list):
+            return [down(x) for x in a]
+        return a if a is None or isinstance(a, (np.ndarray, np.generic)) else to_numpy(a)
+
+    def up(a):
+        if isinstance(a, list):
+            return [up(x) for x in a]
+        if isinstance(a, (np.ndarray, np.generic)) and device_dtype_ok(a.dtype):
+            return xp.asarray(a)
+        return a
+
+    hkw = kw
+    ctx = kw.get("ctx") if isinstance(kw, dict) else None
+    if ctx is not None and ctx.extra.get("xp") is not None:
+        import dataclasses  # noqa: PLC0415
+        hkw = dict(kw)
+        hkw["ctx"] = dataclasses.replace(ctx, extra={k: v for k, v in ctx.extra.items()
+                                                     if k != "xp"})
+    r = step.fn(*[down(a) for a in args], **hkw)
+    if type(r) is tuple:
+        return tuple(up(v) for v in r)
+    return up(r)
 
 
 # cupy's out-of-memory exception types (filled lazily; tests may add their own)

@@ -7,6 +7,10 @@
 - :func:`fold_batchnorm`: ``Conv`` followed by inference-mode ``BatchNormalization`` becomes
   one ``Conv`` with rescaled weights and bias.
 - :func:`remove_identities`: ``Identity`` and inference ``Dropout`` nodes are bypassed.
+- :func:`fuse_conv_activation`: ``Conv`` followed by a residual ``Add`` and/or an activation
+  (Relu, LeakyRelu, Clip with constant bounds, Sigmoid, HardSigmoid, Tanh) becomes one internal
+  ``com.workbench::FusedConv`` node (the epilogue runs in the convolution's output pass; on
+  the GPU in the same kernel as the bias). Internal: optimized graphs are never exported.
 - :func:`eliminate_dead_code`: nodes and initializers no output depends on are dropped.
 
 :func:`optimize` runs them in a sensible order. Passes never touch the caller's graph.
@@ -204,6 +208,93 @@ def fold_batchnorm(graph: Graph) -> Graph:
     return eliminate_dead_code(g)
 
 
+_FUSABLE_ACTS = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "Tanh"}
+FUSED_DOMAIN = "com.workbench"
+
+
+def _activation_params(node: Node, inits: dict, opset: int):
+    """(name, params) of a fusable activation node, or None (e.g. Clip with dynamic bounds)."""
+    op = node.op_type
+    if op == "LeakyRelu":
+        return op, [float(node.attrs.get("alpha", 0.01))]
+    if op == "HardSigmoid":
+        return op, [float(node.attrs.get("alpha", 0.2)), float(node.attrs.get("beta", 0.5))]
+    if op == "Clip":
+        if opset < 11:
+            return op, [float(node.attrs.get("min", -3.4028234663852886e38)),
+                        float(node.attrs.get("max", 3.4028234663852886e38))]
+        bounds = []
+        for k, default in ((1, -np.inf), (2, np.inf)):
+            name = node.inputs[k] if len(node.inputs) > k else ""
+            if not name:
+                bounds.append(default)
+            elif name in inits and np.asarray(inits[name]).size == 1:
+                bounds.append(float(np.asarray(inits[name]).reshape(-1)[0]))
+            else:
+                return None
+        return op, bounds
+    return op, []
+
+
+def fuse_conv_activation(graph: Graph) -> Graph:
+    """Fuse ``Conv [-> Add(residual)] [-> activation]`` chains into ``FusedConv`` nodes.
+
+    Only float convolutions whose intermediate values have a single consumer and are not
+    graph outputs (or read by subgraphs) are fused; the fused node keeps the Conv's name and
+    produces the chain's last value, so every other value keeps its name."""
+    g = graph.copy()
+    consumers = g.consumers()
+    outputs = {v.name for v in g.outputs}
+    sub_used = _uses_in_subgraphs(g)
+    inits = g.initializers
+    opset = g.opsets.get("", g.opsets.get("ai.onnx", 1))
+
+    def only_consumer(value):
+        users = consumers.get(value, [])
+        if len(users) != 1 or value in outputs or value in sub_used:
+            return None
+        return users[0]
+
+    removed = set()
+    for conv in list(g.nodes):
+        if conv.op_type != "Conv" or conv.domain or len(conv.outputs) != 1:
+            continue
+        w = inits.get(conv.inputs[1]) if len(conv.inputs) > 1 else None
+        if w is not None and np.asarray(w).dtype.kind != "f":
+            continue
+        out, z, act, chain = conv.outputs[0], "", None, []
+        nxt = only_consumer(out)
+        if nxt is not None and nxt.op_type == "Add" and not nxt.domain \
+                and len(nxt.inputs) == 2 and len(nxt.outputs) == 1 and id(nxt) not in removed:
+            other = nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0]
+            if other and other != out:
+                z, out = other, nxt.outputs[0]
+                chain.append(nxt)
+                nxt = only_consumer(out)
+        if nxt is not None and nxt.op_type in _FUSABLE_ACTS and not nxt.domain \
+                and len(nxt.outputs) == 1 and id(nxt) not in removed:
+            act = _activation_params(nxt, inits, opset)
+            if act is not None:
+                out = nxt.outputs[0]
+                chain.append(nxt)
+        if not chain:
+            continue
+        attrs = dict(conv.attrs)
+        attrs["activation"] = act[0] if act else ""
+        attrs["activation_params"] = [float(v) for v in act[1]] if act else []
+        b = conv.inputs[2] if len(conv.inputs) > 2 else ""
+        fused = Node("FusedConv", [conv.inputs[0], conv.inputs[1], b, z], [out], attrs,
+                     conv.name, FUSED_DOMAIN)
+        g.nodes[g.nodes.index(conv)] = fused
+        removed.update(id(n) for n in chain)
+    if not removed:
+        return g
+    g.nodes = [n for n in g.nodes if id(n) not in removed]
+    g.opsets = dict(g.opsets)
+    g.opsets[FUSED_DOMAIN] = 1
+    return g
+
+
 def _fresh(names, base: str) -> str:
     name, i = base, 1
     while name in names:
@@ -212,9 +303,10 @@ def _fresh(names, base: str) -> str:
     return name
 
 
-def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bool = True
-             ) -> Graph:
-    """Run the inference passes: identities, constant folding, Conv+BN folding, DCE."""
+def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bool = True,
+             fuse: bool = True) -> Graph:
+    """Run the inference passes: identities, constant folding, Conv+BN folding, Conv+Add+
+    activation fusion, DCE."""
     g = graph
     if identities:
         g = remove_identities(g)
@@ -222,4 +314,6 @@ def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bo
         g = fold_constants(g)
     if bn:
         g = fold_batchnorm(g)
+    if fuse:
+        g = fuse_conv_activation(g)
     return eliminate_dead_code(g)

@@ -93,8 +93,11 @@ def cast_to(x, to: int, *, saturate: int = 1, round_mode: str = "up", op: str = 
         return x
     xp = xp_of(x)
     if xp is not np and (_ml_kind(dst) or _ml_kind(src)):  # pragma: no cover - GPU only
-        raise UnsupportedOperatorError(
-            op, reason=f"{dst} has no device (cupy) dtype; cast on the host instead")
+        err = UnsupportedOperatorError(
+            op, reason=f"{dst if _ml_kind(dst) else src} has no device (cupy) dtype; "
+                       f"cast on the host instead")
+        err.host_dtype = True  # a device plan re-runs the node on the host
+        raise err
     if to in _FLOAT8_MAX:
         return _to_float8(x, dst, _FLOAT8_MAX[to], saturate)
     if to == _E8M0:

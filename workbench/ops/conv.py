@@ -24,6 +24,7 @@ import numpy as np  # host-side checks only
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import quiet
 from workbench.ops.parallel import (
     blas_controller,
     parallel_add,
@@ -226,6 +227,63 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     b = None if B is None else B.astype(x.dtype, copy=False)
     y = conv_core(x, w, b, int(group), st, dl, pb, pe, extra, out)
     return y if y.dtype == X.dtype else y.astype(X.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# FusedConv (internal: made by the inference pass workbench.graph.passes.fuse_conv_activation)
+# --------------------------------------------------------------------------------------------
+
+#: the domain of the engine's internal fused ops (never written to exported files)
+FUSED_DOMAIN = "com.workbench"
+
+
+def apply_activation(y, activation, alpha=0.0, beta=0.0):
+    """``activation`` (Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, Tanh or "") applied to the
+    float array ``y`` in place; returns ``y``."""
+    xp = xp_of(y)
+    if not activation:
+        return y
+    if activation == "Relu":
+        xp.maximum(y, 0, out=y)
+    elif activation == "LeakyRelu":
+        xp.multiply(y, y.dtype.type(alpha), out=y, where=y < 0)
+    elif activation == "Clip":
+        xp.clip(y, y.dtype.type(alpha), y.dtype.type(beta), out=y)
+    elif activation == "Sigmoid":
+        with quiet():
+            xp.negative(y, out=y)
+            xp.exp(y, out=y)
+            y += 1
+            xp.reciprocal(y, out=y)
+    elif activation == "HardSigmoid":
+        y *= y.dtype.type(alpha)
+        y += y.dtype.type(beta)
+        xp.clip(y, 0, 1, out=y)
+    elif activation == "Tanh":
+        xp.tanh(y, out=y)
+    else:
+        raise InputError(f"FusedConv: unknown activation {activation!r}")
+    return y
+
+
+@kernel("FusedConv", since=1, domain=FUSED_DOMAIN)
+def fused_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
+               auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+               strides=None):
+    """Conv, then ``+ Z`` (a residual, optional), then ``activation`` with its
+    ``activation_params`` (alpha[, beta]; Clip: min, max) -- one node for Conv -> Add -> Relu
+    and the like, so that the epilogue runs in the output's single pass."""
+    y = conv(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
+             kernel_shape=kernel_shape, pads=pads, strides=strides)
+    if not y.flags.writeable:
+        y = y.copy()
+    if Z is not None:
+        if np.broadcast_shapes(tuple(y.shape), tuple(Z.shape)) == tuple(y.shape):
+            y += Z.astype(y.dtype, copy=False)
+        else:  # Z is the larger operand (Add broadcasts both ways)
+            y = (y + Z).astype(y.dtype, copy=False)
+    p = [float(v) for v in (activation_params or ())] + [0.0, 0.0]
+    return apply_activation(y, activation, p[0], p[1])
 
 
 @kernel("ConvInteger", since=10)

@@ -122,6 +122,13 @@ def mod(a, b, *, fmod=0):
     with quiet():
         if fmod:
             return ensure_array(xp.fmod(a, b))
+        if xp is not np and a.dtype.kind == "f":
+            # cupy's float mod computes a - floor(a/b)*b, which is NaN for an infinite
+            # divisor; build the floored modulo from fmod as numpy does (inf divisor: a, or
+            # b when the signs differ; a zero result takes the sign of b)
+            r = xp.fmod(a, b)
+            r = xp.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+            return xp.where(r == 0, xp.copysign(r, b), r).astype(a.dtype, copy=False)
         return ensure_array(xp.mod(a, b))
 
 

@@ -25,6 +25,10 @@ def _matmul(op, a, b):
         raise ShapeError(f"{op}: inner dimensions differ: A {tuple(a.shape)} has {ka} columns, "
                          f"B {tuple(b.shape)} has {kb} rows")
     try:
+        if a.ndim >= 3 and b.ndim == 2 and a.flags.c_contiguous:
+            # (..., M, K) @ (K, N): one GEMM over every row, not a batch of small ones
+            y = parallel_matmul(xp, a.reshape(-1, ka), b)
+            return y.reshape(tuple(a.shape[:-1]) + (b.shape[1],))
         if a.ndim >= 2 and b.ndim >= 2:
             return parallel_matmul(xp, a, b)
         return xp.matmul(a, b)

@@ -75,11 +75,14 @@ def constant(*, value=None, sparse_value=None, value_float=None, value_floats=No
     return np.asarray(arr)
 
 
-@kernel("ConstantOfShape", since=9)
-def constant_of_shape(input, *, value=None):
+@kernel("ConstantOfShape", since=9, wants_ctx=True)
+def constant_of_shape(input, *, value=None, ctx=None):
     """A tensor of shape ``input`` filled with the one-element ``value`` (float32 0 by
-    default)."""
-    xp = xp_of(input)
+    default). The shape is read on the host; the tensor is built where the executor runs
+    (``ctx.extra["xp"]``: on the GPU even when the shape is a host value), else beside its
+    input."""
+    xp = ctx.extra.get("xp") if ctx is not None and ctx.extra.get("xp") is not None else \
+        xp_of(input)
     shape = _shape_of("ConstantOfShape", input)
     if value is None:
         return xp.zeros(shape, dtype=np.float32)

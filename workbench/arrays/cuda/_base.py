@@ -121,6 +121,14 @@ def grid(total: int, threads: int = THREADS) -> tuple:
     return (blocks,), (threads,)
 
 
+def grid2d(rows: int, cols: int, threads: int = THREADS) -> tuple:
+    """A 2-D grid for kernels whose y walks ``rows`` (grid-stride) and x walks ``cols``:
+    row decomposition once per block, 32-bit index math per element."""
+    gx = max(1, min((int(cols) + threads - 1) // threads, 1024))
+    gy = max(1, min(int(rows), 65535))
+    return (gx, gy), (threads,)
+
+
 def row_threads(cols: int) -> int:
     """Threads per block for one-block-per-row kernels: a multiple of 32 in [32, 1024]."""
     t = 32

@@ -62,6 +62,86 @@ extern "C" __global__ void col2im_2d(const T* __restrict__ cols, T* __restrict__
     }
 }
 
+// x: (N, C, H, W) -> K-major cols: (C, KH, KW, N, OH, OW), i.e. a (C*KH*KW, N*OH*OW) matrix:
+// one GEMM W (M, K) @ cols covers every image (no batched small GEMMs). 2-D grid: y walks
+// the rows (c, kh, kw, n), x the output pixels; all index math in 32-bit ints.
+extern "C" __global__ void im2col_2d_k(const T* __restrict__ x, T* __restrict__ cols,
+        int N, int C, int H, int W, int KH, int KW, int OH, int OW,
+        int ph, int pw, int sh, int sw, int dh, int dw) {
+    int L = OH * OW;
+    int rows = C * KH * KW * N;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        int n = r % N; int t = r / N;
+        int kw = t % KW; t /= KW;
+        int kh = t % KH; int c = t / KH;
+        const T* xc = x + ((long long)n * C + c) * H * W;
+        T* out = cols + (long long)r * L;
+        for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < L; p += blockDim.x * gridDim.x) {
+            int oh = p / OW; int ow = p - oh * OW;
+            int ih = oh * sh - ph + kh * dh;
+            int iw = ow * sw - pw + kw * dw;
+            out[p] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? xc[ih * W + iw] : st(0.f);
+        }
+    }
+}
+
+// K-major cols (C, KH, KW, N, OH, OW) -> img (N, C, H, W): the adjoint of im2col_2d_k.
+// 2-D grid: y walks the (n, c) planes, x the pixels; one thread per pixel, no atomics.
+extern "C" __global__ void col2im_2d_k(const T* __restrict__ cols, T* __restrict__ img,
+        int N, int C, int H, int W, int KH, int KW, int OH, int OW,
+        int ph, int pw, int sh, int sw, int dh, int dw) {
+    int L = OH * OW;
+    int HW = H * W;
+    for (int r = blockIdx.y; r < N * C; r += gridDim.y) {
+        int c = r % C; int n = r / C;
+        for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < HW; p += blockDim.x * gridDim.x) {
+            int h = p / W; int w = p - h * W;
+            float acc = 0.f;
+            for (int kh = 0; kh < KH; ++kh) {
+                int hs = h + ph - kh * dh;
+                if (hs < 0 || hs % sh != 0) continue;
+                int oh = hs / sh;
+                if (oh >= OH) continue;
+                for (int kw = 0; kw < KW; ++kw) {
+                    int ws = w + pw - kw * dw;
+                    if (ws < 0 || ws % sw != 0) continue;
+                    int ow = ws / sw;
+                    if (ow >= OW) continue;
+                    long long row = ((long long)(c * KH + kh) * KW + kw) * N + n;
+                    acc += ld(cols[row * L + oh * OW + ow]);
+                }
+            }
+            img[(long long)r * HW + p] = st(acc);
+        }
+    }
+}
+
+// y (N, M, L) = act(g + b[m] + z): g is the GEMM result, (M, N, L) when transposed (the
+// K-major layout) else (N, M, L) (may alias y). act: 0 none, 1 Relu, 2 LeakyRelu(alpha),
+// 3 Clip(alpha, beta), 4 Sigmoid, 5 HardSigmoid(alpha, beta), 6 Tanh.
+// 2-D grid: y walks the (n, m) rows, x the positions.
+extern "C" __global__ void conv_epilogue(const T* g, const T* __restrict__ b,
+        const T* __restrict__ z, T* y, int N, int M, int L, int transposed, int has_b,
+        int has_z, int act, float alpha, float beta) {
+    for (int r = blockIdx.y; r < N * M; r += gridDim.y) {
+        int m = r % M; int n = r / M;
+        long long dst = (long long)r * L;
+        long long src = transposed ? ((long long)m * N + n) * L : dst;
+        float bias = has_b ? ld(b[m]) : 0.f;
+        for (int l = blockIdx.x * blockDim.x + threadIdx.x; l < L; l += blockDim.x * gridDim.x) {
+            float v = ld(g[src + l]) + bias;
+            if (has_z) v += ld(z[dst + l]);
+            if (act == 1) v = fmaxf(v, 0.f);
+            else if (act == 2) v = v >= 0.f ? v : v * alpha;
+            else if (act == 3) v = fminf(fmaxf(v, alpha), beta);
+            else if (act == 4) v = 1.f / (1.f + expf(-v));
+            else if (act == 5) v = fminf(fmaxf(v * alpha + beta, 0.f), 1.f);
+            else if (act == 6) v = tanhf(v);
+            y[dst + l] = st(v);
+        }
+    }
+}
+
 // depthwise: group == C, W: (M, 1, KH, KW) with M = C * mult; output channel m reads c = m / mult
 extern "C" __global__ void depthwise_conv2d(const T* __restrict__ x, const T* __restrict__ w,
         const T* __restrict__ b, T* __restrict__ y,
@@ -162,8 +242,88 @@ def im2col(x, KH, KW, OH, OW, pb, st, dl):
 
 
 # ----------------------------------------------------------------------------- forward
-def conv2d(x, w, b=None, *, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1):
-    """2-D convolution on cupy arrays (float32/float16): y = W * x + b, NCHW."""
+#: activations the convolution epilogue applies (FusedConv): name -> code in conv_epilogue
+ACTIVATIONS = {"": 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5,
+               "Tanh": 6}
+
+
+def epilogue(g, y, b=None, z=None, *, transposed=False, activation="", alpha=0.0, beta=0.0):
+    """``y = act(g + b + z)`` in one pass; ``g`` is (M, N, L) when ``transposed`` (the K-major
+    GEMM result) else y's own layout (N, M, L) (``g`` may be ``y``: in place)."""
+    N, M = y.shape[0], y.shape[1]
+    L = y.size // max(1, N * M)
+    fn = _base.function(FAMILY, SOURCE, "conv_epilogue", y.dtype)
+    total = y.size
+    if not total:
+        return y
+    cp = cupy_module()
+    bb = cp.ascontiguousarray(b.astype(y.dtype, copy=False)) if b is not None else y
+    zz = cp.ascontiguousarray(z.astype(y.dtype, copy=False)) if z is not None else y
+    gr, blk = _base.grid2d(N * M, L)
+    fn(gr, blk, (g, bb, zz, y, np.int32(N), np.int32(M), np.int32(L), np.int32(bool(transposed)),
+                 np.int32(b is not None), np.int32(z is not None),
+                 np.int32(ACTIVATIONS[activation]), np.float32(alpha), np.float32(beta)))
+    return y
+
+
+def _launch_im2col_k(x, cols, N, C, H, W, KH, KW, OH, OW, pb, st, dl):
+    fn = _base.function(FAMILY, SOURCE, "im2col_2d_k", x.dtype)
+    g, b = _base.grid2d(C * KH * KW * N, OH * OW)
+    fn(g, b, (x, cols, np.int32(N), np.int32(C), np.int32(H), np.int32(W), np.int32(KH),
+              np.int32(KW), np.int32(OH), np.int32(OW), np.int32(pb[0]), np.int32(pb[1]),
+              np.int32(st[0]), np.int32(st[1]), np.int32(dl[0]), np.int32(dl[1])))
+
+
+def im2col_k(x, KH, KW, OH, OW, pb, st, dl):
+    """(N, C, H, W) -> K-major columns (C*KH*KW, N*OH*OW) (zero padding); a 1x1/stride-1
+    unpadded convolution needs no gather (x itself, images moved behind channels)."""
+    cp = cupy_module()
+    x = cp.ascontiguousarray(x)
+    N, C, H, W = x.shape
+    if KH == KW == 1 and list(st) == [1, 1] and list(pb) == [0, 0] and (OH, OW) == (H, W):
+        if N == 1:
+            return x.reshape(C, H * W)
+        return cp.ascontiguousarray(x.reshape(N, C, H * W).transpose(1, 0, 2)).reshape(
+            C, N * H * W)
+    cols = cp.empty((C * KH * KW, N * OH * OW), dtype=x.dtype)
+    if cols.size:
+        _launch_im2col_k(x, cols, N, C, H, W, KH, KW, OH, OW, pb, st, dl)
+    return cols
+
+
+def col2im_k(cols, N, C, H, W, KH, KW, OH, OW, pb, st, dl):
+    """Sum K-major columns (C*KH*KW, N*OH*OW) back into an (N, C, H, W) image."""
+    cp = cupy_module()
+    cols = cp.ascontiguousarray(cols)
+    img = cp.empty((N, C, H, W), dtype=cols.dtype)
+    fn = _base.function(FAMILY, SOURCE, "col2im_2d_k", cols.dtype)
+    if img.size:
+        g, b = _base.grid2d(N * C, H * W)
+        fn(g, b, (cols, img, np.int32(N), np.int32(C), np.int32(H), np.int32(W), np.int32(KH),
+                  np.int32(KW), np.int32(OH), np.int32(OW), np.int32(pb[0]), np.int32(pb[1]),
+                  np.int32(st[0]), np.int32(st[1]), np.int32(dl[0]), np.int32(dl[1])))
+    return img
+
+
+def _to_mnl(dy):
+    """(N, M, OH, OW) -> (M, N*OH*OW), the K-major layout of an output gradient."""
+    cp = cupy_module()
+    N, M = dy.shape[0], dy.shape[1]
+    d = cp.ascontiguousarray(dy).reshape(N, M, -1)
+    if N == 1:
+        return d.reshape(M, -1)
+    return cp.ascontiguousarray(d.transpose(1, 0, 2)).reshape(M, -1)
+
+
+def conv2d(x, w, b=None, *, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1,
+           z=None, activation="", alpha=0.0, beta=0.0):
+    """2-D convolution on cupy arrays (float32/float16): y = act(W * x + b + z), NCHW.
+
+    ``z`` (a residual of y's shape) and ``activation`` (a name of :data:`ACTIVATIONS`, with
+    ``alpha``/``beta``) are the FusedConv epilogue, applied in the same pass as the bias.
+    Ungrouped convolutions run as one GEMM ``W (M, K) @ cols (K, N*OH*OW)`` over every image
+    (K-major im2col), whose epilogue writes the NCHW output; grouped ones as one
+    strided-batched GEMM over images x groups; depthwise ones with a direct kernel."""
     cp = cupy_module()
     x = cp.ascontiguousarray(x)
     w = cp.ascontiguousarray(w)
@@ -176,11 +336,31 @@ def conv2d(x, w, b=None, *, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1),
     OW = (W + pb[1] + pe[1] - ((KW - 1) * dl[1] + 1)) // st[1] + 1
     if N * M * max(OH, 0) * max(OW, 0) == 0:
         return cp.empty((N, M, max(OH, 0), max(OW, 0)), dtype=x.dtype)
+    if z is not None and tuple(z.shape) != (N, M, OH, OW):
+        y = conv2d(x, w, b, strides=strides, pads=pads, dilations=dilations, group=group)
+        y += z
+        return epilogue(y, y, activation=activation, alpha=alpha, beta=beta) \
+            if activation else y
     G = int(group)
+    fused = z is not None or bool(activation)
     if G == C and Cg == 1 and M % C == 0 and G > 1:
-        return _depthwise(x, w, b, cp.empty((N, M, OH, OW), dtype=x.dtype), pb, st, dl)
+        y = _depthwise(x, w, b, cp.empty((N, M, OH, OW), dtype=x.dtype), pb, st, dl)
+        return epilogue(y, y, None, z, activation=activation, alpha=alpha, beta=beta) \
+            if fused else y
     K = Cg * KH * KW
     L = OH * OW
+    if G == 1:
+        y = cp.empty((N, M, OH, OW), dtype=x.dtype)
+        w2 = w.reshape(M, K)
+        per_image = max(1, K * L * x.itemsize)
+        chunk = max(1, min(N, COLS_BUDGET_BYTES // per_image))
+        for n0 in range(0, N, chunk):
+            n1 = min(N, n0 + chunk)
+            cols = im2col_k(x[n0:n1], KH, KW, OH, OW, pb, st, dl)   # (K, n*L)
+            g = cp.matmul(w2, cols)                                  # (M, n*L)
+            epilogue(g, y[n0:n1], b, None if z is None else z[n0:n1],
+                     transposed=n1 - n0 > 1, activation=activation, alpha=alpha, beta=beta)
+        return y
     w2 = w.reshape(G, M // G, K)
     pointwise = KH == KW == 1 and st == [1, 1] and pb == pe == [0, 0]
     per_image = C * KH * KW * L * x.itemsize
@@ -200,8 +380,8 @@ def conv2d(x, w, b=None, *, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1),
             y = cp.matmul(w2, c).reshape(N, M, OH, OW)
         else:
             yv[n0:n1] = cp.matmul(w2, c)
-    if b is not None:
-        y += b.astype(y.dtype, copy=False).reshape(1, M, 1, 1)
+    if b is not None or fused:
+        epilogue(y, y, b, z, activation=activation, alpha=alpha, beta=beta)
     return y
 
 
@@ -223,7 +403,7 @@ def _depthwise(x, w, b, y, pb, st, dl):
 # ----------------------------------------------------------------------------- backward
 def conv2d_backward_data(dy, w, x_shape, *, strides=(1, 1), pads=(0, 0, 0, 0),
                          dilations=(1, 1), group=1):
-    """dL/dx of :func:`conv2d`: col2im(W^T @ dy) per group."""
+    """dL/dx of :func:`conv2d`: col2im(W^T @ dy) per group (one GEMM when ungrouped)."""
     cp = cupy_module()
     N, C, H, W = x_shape
     M, Cg, KH, KW = w.shape
@@ -231,6 +411,10 @@ def conv2d_backward_data(dy, w, x_shape, *, strides=(1, 1), pads=(0, 0, 0, 0),
     _, _, OH, OW = dy.shape
     L = OH * OW
     K = Cg * KH * KW
+    if G == 1:
+        dcols = cp.matmul(cp.ascontiguousarray(w).reshape(M, K).T, _to_mnl(dy))  # (K, N*L)
+        return col2im_k(dcols, N, C, H, W, KH, KW, OH, OW, [int(pads[0]), int(pads[1])],
+                        list(strides), list(dilations))
     wt = cp.ascontiguousarray(w).reshape(G, M // G, K).transpose(0, 2, 1)     # (G, K, M/G)
     d = cp.ascontiguousarray(dy).reshape(N, G, M // G, L)
     cols = cp.matmul(wt, d)                                                   # (N, G, K, L)
@@ -240,7 +424,8 @@ def conv2d_backward_data(dy, w, x_shape, *, strides=(1, 1), pads=(0, 0, 0, 0),
 
 def conv2d_backward_weight(dy, x, w_shape, *, strides=(1, 1), pads=(0, 0, 0, 0),
                            dilations=(1, 1), group=1):
-    """dL/dW of :func:`conv2d`: sum over images of dy @ cols^T, per group."""
+    """dL/dW of :func:`conv2d`: sum over images of dy @ cols^T, per group (one GEMM over
+    every image when ungrouped)."""
     cp = cupy_module()
     N, C, H, W = x.shape
     M, Cg, KH, KW = w_shape
@@ -248,6 +433,10 @@ def conv2d_backward_weight(dy, x, w_shape, *, strides=(1, 1), pads=(0, 0, 0, 0),
     _, _, OH, OW = dy.shape
     L = OH * OW
     K = Cg * KH * KW
+    if G == 1:
+        cols = im2col_k(x, KH, KW, OH, OW, [int(pads[0]), int(pads[1])], list(strides),
+                        list(dilations))                                     # (K, N*L)
+        return cp.matmul(_to_mnl(dy), cols.T).reshape(M, Cg, KH, KW)
     cols = im2col(x, KH, KW, OH, OW, [int(pads[0]), int(pads[1])], list(strides),
                   list(dilations)).reshape(N, G, K, L)
     d = cp.ascontiguousarray(dy).reshape(N, G, M // G, L)

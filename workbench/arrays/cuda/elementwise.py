@@ -29,6 +29,30 @@ KERNELS = {
 
 _COMPILED: dict = {}
 
+# fused optimizer steps (one kernel per parameter instead of 4-6): float math, T storage
+SGD_STEP = ("T g, float32 lr, float32 mom, float32 damp, float32 wd, int32 nesterov, "
+            "int32 first, int32 use_mom", "T w, T buf",
+            "float gv = (float)g + wd * (float)w;"
+            "if (use_mom) {"
+            "  float b = first ? gv : (float)buf * mom + gv * (1.f - damp);"
+            "  buf = (T)b;"
+            "  gv = nesterov ? gv + b * mom : b;"
+            "}"
+            "w = (T)((float)w - lr * gv);")
+
+
+def sgd_step(w, g, buf, *, lr, momentum, dampening, weight_decay, nesterov, first):
+    """SGD (momentum, dampening, Nesterov, L2 weight decay) on cupy arrays in one kernel:
+    updates ``w`` and the momentum buffer ``buf`` (None without momentum) in place."""
+    k = _COMPILED.get("sgd_step")
+    if k is None:
+        cp = cupy_module()
+        k = _COMPILED["sgd_step"] = cp.ElementwiseKernel(*SGD_STEP, "wb_sgd_step")
+    use = buf is not None and momentum != 0
+    k(g, np.float32(lr), np.float32(momentum), np.float32(dampening if not first else 0.0),
+      np.float32(weight_decay), np.int32(bool(nesterov)), np.int32(bool(first)),
+      np.int32(use), w, buf if use else w)
+
 
 def _kernel(name):
     k = _COMPILED.get(name)
@@ -87,9 +111,10 @@ class FusedElementwise:
         self.n_inputs = n_inputs
         self.body = body
         self.name = name
-        self.in_params = ", ".join(f"X{k} x{k}" for k in range(n_inputs))
-        self.out_params = "X0 y"
-        self.operation = f"float v = (float)x0; {body} y = (X0)v;"
+        # cupy's type placeholders are single capital letters: input k has type A, B, C, ...
+        self.in_params = ", ".join(f"{_placeholder(k)} x{k}" for k in range(n_inputs))
+        self.out_params = "A y"
+        self.operation = f"float v = (float)x0; {body} y = (A)v;"
         self._k = None
 
     def __call__(self, *inputs):
@@ -104,7 +129,13 @@ class FusedElementwise:
     def check_source(self, dtype="float32") -> str:
         """A plain CUDA kernel with the same operation (all inputs ``dtype``) for nvcc."""
         ins = ", ".join(f"T x{k}" for k in range(self.n_inputs))
-        return check_source(ins, "T y", self.operation.replace("(X0)", "(T)"), dtype, self.name)
+        return check_source(ins, "T y", self.operation.replace("(A)", "(T)"), dtype, self.name)
+
+
+def _placeholder(k: int) -> str:
+    if not 0 <= k < 26:
+        raise ValueError(f"fuse_elementwise: at most 26 inputs, got input index {k}")
+    return chr(ord("A") + k)
 
 
 def fuse_elementwise(chain, name: str | None = None) -> FusedElementwise:

@@ -12,38 +12,80 @@ from workbench.arrays.cuda import _base
 FAMILY = "norm"
 
 SOURCE = _base.REDUCE + r"""
-// y = x * a[c] + b[c] (a, b float32 per channel), optionally ReLU; x is (N, C, S) contiguous
+// y = x * a[c] + b[c] (a, b float32 per channel), optionally ReLU; x is (N, C, S) contiguous.
+// 2-D grid: y walks the (n, c) planes, x the positions (32-bit index math per element)
 extern "C" __global__ void bn_apply(const T* __restrict__ x, const float* __restrict__ a,
-        const float* __restrict__ b, T* __restrict__ y, int C, long long S, int relu,
-        long long total) {
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)blockDim.x * gridDim.x) {
-        int c = (int)((idx / S) % C);
-        float v = ld(x[idx]) * a[c] + b[c];
-        if (relu) v = fmaxf(v, 0.f);
-        y[idx] = st(v);
+        const float* __restrict__ b, T* __restrict__ y, int N, int C, int S, int relu) {
+    for (int r = blockIdx.y; r < N * C; r += gridDim.y) {
+        int c = r % C;
+        float ac = a[c], bc = b[c];
+        long long base = (long long)r * S;
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < S; i += blockDim.x * gridDim.x) {
+            float v = ld(x[base + i]) * ac + bc;
+            if (relu) v = fmaxf(v, 0.f);
+            y[base + i] = st(v);
+        }
     }
 }
 
 // per-channel mean and biased variance of x (N, C, S): one block per channel
 extern "C" __global__ void bn_stats(const T* __restrict__ x, float* __restrict__ mean,
-        float* __restrict__ var, int N, int C, long long S) {
+        float* __restrict__ var, int N, int C, int S) {
     int c = blockIdx.x;
     long long count = (long long)N * S;
     float s = 0.f;
-    for (long long j = threadIdx.x; j < count; j += blockDim.x) {
-        long long n = j / S, i = j % S;
-        s += ld(x[(n * C + c) * S + i]);
+    for (int n = 0; n < N; ++n) {
+        const T* xc = x + ((long long)n * C + c) * S;
+        for (int i = threadIdx.x; i < S; i += blockDim.x) s += ld(xc[i]);
     }
     float m = block_sum(s) / (float)(count > 0 ? count : 1);
     float q = 0.f;
-    for (long long j = threadIdx.x; j < count; j += blockDim.x) {
-        long long n = j / S, i = j % S;
-        float d = ld(x[(n * C + c) * S + i]) - m;
-        q += d * d;
+    for (int n = 0; n < N; ++n) {
+        const T* xc = x + ((long long)n * C + c) * S;
+        for (int i = threadIdx.x; i < S; i += blockDim.x) {
+            float d = ld(xc[i]) - m;
+            q += d * d;
+        }
     }
     float v = block_sum(q) / (float)(count > 0 ? count : 1);
     if (threadIdx.x == 0) { mean[c] = m; var[c] = v; }
+}
+
+// training BatchNorm backward, reductions: per channel sum(g) and sum(g * xhat),
+// xhat = (x - mean[c]) * inv[c]; one block per channel
+extern "C" __global__ void bn_bwd_reduce(const T* __restrict__ g, const T* __restrict__ x,
+        const float* __restrict__ mean, const float* __restrict__ inv,
+        float* __restrict__ sum_g, float* __restrict__ sum_gx, int N, int C, int S) {
+    int c = blockIdx.x;
+    float mc = mean[c], ic = inv[c];
+    float sg = 0.f, sgx = 0.f;
+    for (int n = 0; n < N; ++n) {
+        long long base = ((long long)n * C + c) * S;
+        for (int i = threadIdx.x; i < S; i += blockDim.x) {
+            float gv = ld(g[base + i]);
+            sg += gv;
+            sgx += gv * (ld(x[base + i]) - mc) * ic;
+        }
+    }
+    sg = block_sum(sg);
+    sgx = block_sum(sgx);
+    if (threadIdx.x == 0) { sum_g[c] = sg; sum_gx[c] = sgx; }
+}
+
+// dx = scale[c] * inv[c] / m * (m * g - sum_g[c] - xhat * sum_gx[c]); 2-D grid like bn_apply
+extern "C" __global__ void bn_bwd_dx(const T* __restrict__ g, const T* __restrict__ x,
+        const float* __restrict__ mean, const float* __restrict__ inv,
+        const float* __restrict__ scale, const float* __restrict__ sum_g,
+        const float* __restrict__ sum_gx, T* __restrict__ dx, int N, int C, int S, float m) {
+    for (int r = blockIdx.y; r < N * C; r += gridDim.y) {
+        int c = r % C;
+        float mc = mean[c], ic = inv[c], k = scale[c] * ic / m, sg = sum_g[c], sgx = sum_gx[c];
+        long long base = (long long)r * S;
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < S; i += blockDim.x * gridDim.x) {
+            float xh = (ld(x[base + i]) - mc) * ic;
+            dx[base + i] = st(k * (m * ld(g[base + i]) - sg - xh * sgx));
+        }
+    }
 }
 
 // LayerNormalization of x (rows, cols) over cols; gamma/beta have cols elements
@@ -76,15 +118,15 @@ def batchnorm_apply(x, a, b, *, relu=False):
     """y = x * a[c] + b[c] over channel axis 1 (a, b: per-channel float32), ReLU if asked."""
     cp = cupy_module()
     x = cp.ascontiguousarray(x)
-    C = x.shape[1]
+    N, C = x.shape[0], x.shape[1]
     S = int(np.prod(x.shape[2:], dtype=np.int64))
     y = cp.empty_like(x)
     if x.size:
         fn = _base.function(FAMILY, SOURCE, "bn_apply", x.dtype)
-        g, blk = _base.grid(x.size)
+        g, blk = _base.grid2d(N * C, S)
         fn(g, blk, (x, cp.ascontiguousarray(a, dtype=np.float32),
-                    cp.ascontiguousarray(b, dtype=np.float32), y, np.int32(C), np.int64(S),
-                    np.int32(bool(relu)), np.int64(x.size)))
+                    cp.ascontiguousarray(b, dtype=np.float32), y, np.int32(N), np.int32(C),
+                    np.int32(S), np.int32(bool(relu))))
     return y
 
 
@@ -108,8 +150,38 @@ def batchnorm_stats(x):
     if C and N * S:
         fn = _base.function(FAMILY, SOURCE, "bn_stats", x.dtype)
         t = _base.row_threads(N * S)
-        fn((C,), (t,), (x, mean, var, np.int32(N), np.int32(C), np.int64(S)))
+        fn((C,), (t,), (x, mean, var, np.int32(N), np.int32(C), np.int32(S)))
     return mean, var
+
+
+def batchnorm_backward(g, x, mean, inv, scale, *, need_dx=True):
+    """Training BatchNorm backward over channel axis 1: (dx or None, sum(g * xhat), sum(g))
+    per channel (= dL/dscale, dL/dbias), with the batch ``mean`` and ``inv`` = 1/std
+    (float32, shape (C,)) of the forward pass."""
+    cp = cupy_module()
+    x = cp.ascontiguousarray(x)
+    g = cp.ascontiguousarray(g, dtype=x.dtype)
+    N, C = x.shape[0], x.shape[1]
+    S = int(np.prod(x.shape[2:], dtype=np.int64))
+    f = np.float32
+    mean = cp.ascontiguousarray(mean, dtype=f).reshape(-1)
+    inv = cp.ascontiguousarray(inv, dtype=f).reshape(-1)
+    sum_g = cp.zeros((C,), dtype=f)
+    sum_gx = cp.zeros((C,), dtype=f)
+    if C and N * S:
+        fn = _base.function(FAMILY, SOURCE, "bn_bwd_reduce", x.dtype)
+        fn((C,), (_base.row_threads(N * S),),
+           (g, x, mean, inv, sum_g, sum_gx, np.int32(N), np.int32(C), np.int32(S)))
+    dx = None
+    if need_dx:
+        dx = cp.empty_like(x)
+        if x.size:
+            fn = _base.function(FAMILY, SOURCE, "bn_bwd_dx", x.dtype)
+            gr, blk = _base.grid2d(N * C, S)
+            fn(gr, blk, (g, x, mean, inv, cp.ascontiguousarray(scale, dtype=f).reshape(-1),
+                         sum_g, sum_gx, dx, np.int32(N), np.int32(C), np.int32(S),
+                         f(N * S)))
+    return dx, sum_gx, sum_g
 
 
 def batchnorm_training(x, scale, bias, eps, *, relu=False):

@@ -49,6 +49,33 @@ def conv_cuda(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kerne
                         dilations=_ints(dilations, 2, 1), group=int(group))
 
 
+@kernel("FusedConv", since=1, domain="com.workbench", xp=CUPY)
+def fused_conv_cuda(X, W, B=None, Z=None, *, activation="", activation_params=(),
+                    auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+                    strides=None):
+    """Conv with the residual add and the activation in the GEMM's epilogue pass."""
+    kw = dict(auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
+              pads=pads, strides=strides)
+    act = activation.decode() if isinstance(activation, bytes) else (activation or "")
+    ok = (X.ndim == 4 and W.ndim == 4 and _base.supported(X, W) and
+          (B is None or _base.supported(X, B)) and (Z is None or _base.supported(X, Z)) and
+          int(group) >= 1 and X.shape[1] == W.shape[1] * int(group) and
+          W.shape[0] % int(group) == 0 and act in _conv.ACTIVATIONS and
+          (kernel_shape is None or list(kernel_shape) == list(W.shape[2:])) and
+          (B is None or tuple(B.shape) == (W.shape[0],)))
+    geo = _conv.conv_geometry(X.shape[2:], W.shape[2:], _ints(strides, 2, 1),
+                              _ints(dilations, 2, 1), pads, _attr_str(auto_pad)) if ok else None
+    if geo is None or min(geo[2]) < 1 or (
+            Z is not None and tuple(Z.shape) != (X.shape[0], W.shape[0], *geo[2])):
+        return portable("FusedConv", 1, "com.workbench")(
+            X, W, B, Z, activation=act, activation_params=activation_params, **kw)
+    pb, pe, _ = geo
+    p = [float(v) for v in (activation_params or ())] + [0.0, 0.0]
+    return _conv.conv2d(X, W, B, strides=_ints(strides, 2, 1), pads=pb + pe,
+                        dilations=_ints(dilations, 2, 1), group=int(group), z=Z,
+                        activation=act, alpha=p[0], beta=p[1])
+
+
 @kernel("ConvTranspose", since=11, xp=CUPY)
 def conv_transpose_cuda(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
                         kernel_shape=None, output_padding=None, output_shape=None, pads=None,
