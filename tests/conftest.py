@@ -91,3 +91,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.gpu)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Close the widgets the tests made while the interpreter is still whole (ipywidgets'
+    ``Widget.__del__`` otherwise complains at exit)."""
+    import sys  # noqa: PLC0415
+    w = sys.modules.get("ipywidgets")
+    if w is not None:
+        try:
+            w.Widget.close_all()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
