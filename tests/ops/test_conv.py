@@ -403,3 +403,43 @@ def test_conv_paths_same_result_with_any_thread_count(monkeypatch, threads):
         y = run("Conv", x, w, b, group=g, pads=[ws[2] // 2] * 4)
         ref = naive_conv(x, w, b, [1, 1], [ws[2] // 2] * 4, [1, 1], g)
         np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-3)
+
+
+# --------------------------------------------------------------------------------------------
+# FusedConv: the epilogue applied piece by piece (in the GEMM/depthwise workers) must equal
+# Conv, then Add, then the activation
+_FUSED_CASES = [
+    dict(x=(2, 3, 9, 8), w=(4, 3, 3, 3), pads=[1, 1, 1, 1]),                 # small, 1 call
+    dict(x=(8, 16, 40, 40), w=(48, 16, 1, 1)),                                # batch split
+    dict(x=(1, 32, 64, 64), w=(64, 32, 3, 3), pads=[1, 1, 1, 1]),             # column split
+    dict(x=(4, 8, 12, 12), w=(8, 4, 3, 3), group=2, pads=[1, 1, 1, 1]),       # groups
+    dict(x=(6, 24, 10, 10), w=(12, 24, 1, 1)),                                # merged (small)
+    dict(x=(3, 16, 30, 30), w=(16, 1, 3, 3), group=16, pads=[1, 1, 1, 1]),    # depthwise
+    dict(x=(2, 12, 33, 31), w=(12, 1, 3, 3), group=12, strides=[2, 2]),      # depthwise s2
+    dict(x=(2, 4, 5, 6, 7), w=(6, 4, 3, 3, 3), pads=[1] * 6),                 # 3-D
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("act,params", [("Relu", []), ("Clip", [0.0, 6.0]),
+                                        ("LeakyRelu", [0.1]), ("", [])])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("c", _FUSED_CASES, ids=[str(i) for i in range(len(_FUSED_CASES))])
+def test_fused_conv_equals_conv_add_activation(c, residual, act, params, dtype):
+    from workbench.ops.conv import apply_activation, conv, fused_conv
+    if not act and not residual:
+        pytest.skip("nothing fused")
+    r = np.random.default_rng(11)
+    X = r.standard_normal(c["x"]).astype(dtype)
+    W = (r.standard_normal(c["w"]) * 0.3).astype(dtype)
+    B = r.standard_normal(c["w"][0]).astype(dtype)
+    kw = dict(group=c.get("group", 1), pads=c.get("pads"), strides=c.get("strides"))
+    y = conv(X, W, B, **kw).astype(np.float32)
+    Z = r.standard_normal(y.shape).astype(dtype) if residual else None
+    if Z is not None:
+        y = y + Z.astype(np.float32)
+    want = apply_activation(y, act, *(params + [0.0, 0.0])[:2])
+    got = fused_conv(X, W, B, Z, activation=act, activation_params=params, **kw)
+    assert got.dtype == np.dtype(dtype) and got.shape == want.shape
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=tol, atol=tol * 10)

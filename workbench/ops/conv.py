@@ -54,8 +54,34 @@ from workbench.ops.windows import (
 _MERGE_BELOW = 256  # output positions per image under which one GEMM spans the whole batch
 
 
-def conv_core(x, w, b, group, strides, dilations, pb, pe, extra, out_shape):
-    """Y = conv(x, w) + b for arrays in compute dtype; geometry already resolved."""
+class Epilogue:
+    """What follows the products of a convolution, applied piece by piece in the worker that
+    computed the piece (in cache): ``+ bias`` (per output channel), ``+ z`` (a residual of the
+    output's shape), then an activation (see :func:`apply_activation`)."""
+
+    def __init__(self, bias=None, z=None, activation="", alpha=0.0, beta=0.0):
+        self.bias, self.z = bias, z
+        self.activation, self.alpha, self.beta = activation, alpha, beta
+
+    def __call__(self, y, rows=slice(None), cols=slice(None), chans=slice(None)):
+        """Apply to ``y`` = the output's images ``rows``, channels ``chans`` and flattened
+        positions ``cols``, viewed as (n, m, positions)."""
+        if self.bias is not None:
+            y += self.bias.reshape(-1)[chans].reshape(1, -1, 1)
+        if self.z is not None:
+            zz = self.z.reshape(self.z.shape[0], self.z.shape[1], -1)[rows, chans, cols]
+            y += zz.astype(y.dtype, copy=False)
+        if self.activation:
+            apply_activation(y, self.activation, self.alpha, self.beta)
+
+
+def conv_core(x, w, b, group, strides, dilations, pb, pe, extra, out_shape, epi=None):
+    """Y = conv(x, w) + b for arrays in compute dtype; geometry already resolved.
+
+    ``epi`` (an :class:`Epilogue`, whose bias is then ``b``) adds the residual and applies the
+    activation as well, on each piece of the output as soon as it is computed."""
+    if epi is not None and not (epi.z is not None or epi.activation):
+        epi = None
     xp = xp_of(x, w)
     N, C = x.shape[:2]
     M = w.shape[0]
@@ -70,7 +96,7 @@ def conv_core(x, w, b, group, strides, dilations, pb, pe, extra, out_shape):
         return y + b.reshape((1, M) + (1,) * nd) if b is not None and y.size else y
 
     if group == C and group == M and w.shape[1] == 1 and K > 1:
-        return _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape)
+        return _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape, epi)
 
     pe_all = [e + x_ for e, x_ in zip(pe, extra)]
     if K == 1:
@@ -106,8 +132,21 @@ def conv_core(x, w, b, group, strides, dilations, pb, pe, extra, out_shape):
         y = parallel_matmul(xp, wm, cols)  # (group, Mg, N*OUT)
         y = y.reshape(M, N, OUT).transpose(1, 0, 2)
         out = xp.empty((N, M, OUT), dtype=dtype)
-        parallel_add(xp, out, y, bias)
+        post = None
+        if epi is not None:
+            def post(piece, n0, n1):
+                Epilogue(None, epi.z, epi.activation, epi.alpha, epi.beta)(
+                    piece, slice(n0, n1))
+        parallel_add(xp, out, y, bias, post)
         return out.reshape((N, M) + tuple(out_shape))
+    if epi is not None:  # bias, residual and activation on each GEMM piece, in its worker
+        full_epi = Epilogue(b, epi.z, epi.activation, epi.alpha, epi.beta)
+
+        def after(piece, rows, cols_):
+            for g in range(group):   # piece is (n, group, Mg, positions): views per group
+                full_epi(piece[:, g], rows, cols_, slice(g * Mg, (g + 1) * Mg))
+        y = parallel_matmul(xp, wm, cols, epilogue=after).reshape(N, M, OUT)
+        return y.reshape((N, M) + tuple(out_shape))
     y = parallel_matmul(xp, wm, cols).reshape(N, M, OUT)  # (N, group, Mg, OUT)
     if bias is not None:
         parallel_add(xp, y, y, bias)
@@ -118,7 +157,7 @@ _DW_CALL = 1 << 17  # depthwise: multiply-adds per BLAS call, below OpenBLAS' th
 _DW_BLOCK = 1 << 16  # depthwise: outputs per block (enough work per Python call to thread)
 
 
-def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape):
+def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape, epi=None):
     """Depthwise conv (group == C == M).
 
     Per block of channels, images and output rows, the kernel taps (contiguous slices of the
@@ -144,7 +183,11 @@ def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape):
         for t in range(1, K):
             acc += views[t] * wt[:, t].reshape(1, C, 1)
         y = wide.valid(acc)
-        return xp.ascontiguousarray(y + bias if bias is not None else y)
+        y = xp.ascontiguousarray(y + bias if bias is not None else y)
+        if epi is not None:
+            Epilogue(None, epi.z, epi.activation, epi.alpha, epi.beta)(
+                y.reshape(N, C, -1))
+        return y
     budget = max(rowlen, _DW_CALL // K)  # columns of one (1, K) @ (K, n) product
     if N * L <= budget:
         nb, rb = N, rows
@@ -176,6 +219,20 @@ def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape):
                 xp.copyto(dst, valid)
             else:
                 xp.add(valid, bias[:, c0:c1], out=dst)
+            if epi is not None:
+                post(dst, n0, n1, c0, c1, r0, r1)
+
+    post = None
+    if epi is not None:
+        zr = None if epi.z is None else epi.z.reshape((N, C) + tuple(out_shape))
+        tail = (slice(None),) * (nd - 1)
+
+        def post(dst, n0, n1, c0, c1, r0, r1):
+            if zr is not None:
+                dst += zr[(slice(n0, n1), slice(c0, c1), slice(r0, r1)) + tail].astype(
+                    dst.dtype, copy=False)
+            if epi.activation:
+                apply_activation(dst, epi.activation, epi.alpha, epi.beta)
     with single_threaded_blas(blas_controller()):
         run_blocks(xp, jobs, work, 2 * K * C * N * L)
     return y
@@ -213,8 +270,9 @@ def _kernel_from(op, W, kernel_shape, first_spatial=2):
 
 @kernel("Conv", since=1)
 def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
-         pads=None, strides=None):
-    """ONNX Conv (1-D/2-D/3-D...): im2col + matmul, with 1x1 and depthwise fast paths."""
+         pads=None, strides=None, epi=None):
+    """ONNX Conv (1-D/2-D/3-D...): im2col + matmul, with 1x1 and depthwise fast paths.
+    ``epi`` (internal, FusedConv): an :class:`Epilogue` for the residual and activation."""
     _check_conv_inputs("Conv", X, W, B, int(group))
     nd = X.ndim - 2
     ks = _kernel_from("Conv", W, kernel_shape)
@@ -225,7 +283,7 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     if w.dtype != x.dtype:
         w = w.astype(x.dtype)
     b = None if B is None else B.astype(x.dtype, copy=False)
-    y = conv_core(x, w, b, int(group), st, dl, pb, pe, extra, out)
+    y = conv_core(x, w, b, int(group), st, dl, pb, pe, extra, out, epi)
     return y if y.dtype == X.dtype else y.astype(X.dtype)
 
 
@@ -273,17 +331,27 @@ def fused_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
     """Conv, then ``+ Z`` (a residual, optional), then ``activation`` with its
     ``activation_params`` (alpha[, beta]; Clip: min, max) -- one node for Conv -> Add -> Relu
     and the like, so that the epilogue runs in the output's single pass."""
-    y = conv(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
-             kernel_shape=kernel_shape, pads=pads, strides=strides)
-    if not y.flags.writeable:
-        y = y.copy()
-    if Z is not None:
-        if np.broadcast_shapes(tuple(y.shape), tuple(Z.shape)) == tuple(y.shape):
-            y += Z.astype(y.dtype, copy=False)
-        else:  # Z is the larger operand (Add broadcasts both ways)
-            y = (y + Z).astype(y.dtype, copy=False)
     p = [float(v) for v in (activation_params or ())] + [0.0, 0.0]
+    kw = dict(auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
+              pads=pads, strides=strides)
+    if Z is None or tuple(Z.shape) == _conv_out_shape(X, W, **kw):
+        # the epilogue runs on each piece of the output in the worker that computed it
+        return conv(X, W, B, epi=Epilogue(None, Z, activation, p[0], p[1]), **kw)
+    y = conv(X, W, B, **kw)   # Z broadcasts: add it afterwards
+    if np.broadcast_shapes(tuple(y.shape), tuple(Z.shape)) == tuple(y.shape):
+        y += Z.astype(y.dtype, copy=False)
+    else:  # Z is the larger operand (Add broadcasts both ways)
+        y = (y + Z).astype(y.dtype, copy=False)
     return apply_activation(y, activation, p[0], p[1])
+
+
+def _conv_out_shape(X, W, *, auto_pad, dilations, group, kernel_shape, pads, strides):
+    nd = X.ndim - 2
+    ks = _kernel_from("Conv", W, kernel_shape)
+    st = spatial_ints("Conv", "strides", strides, nd, 1)
+    dl = spatial_ints("Conv", "dilations", dilations, nd, 1)
+    out = window_geometry("Conv", X.shape[2:], ks, st, dl, pads, auto_pad)[2]
+    return (X.shape[0], W.shape[0], *out)
 
 
 @kernel("ConvInteger", since=10)

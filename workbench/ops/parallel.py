@@ -59,14 +59,17 @@ def parallel_copy(xp, dst, src, axis):
     run_blocks(xp, [(i, min(n, i + step)) for i in range(0, n, step)], work, dst.size)
 
 
-def parallel_add(xp, out, a, b):
-    """``out = a + b`` (or a copy of ``a`` when ``b`` is None), split over images (axis 0)."""
+def parallel_add(xp, out, a, b, post=None):
+    """``out = a + b`` (or a copy of ``a`` when ``b`` is None), split over images (axis 0);
+    ``post(out[n0:n1], n0, n1)`` then runs on each piece in the same worker (in cache)."""
     def work(chunk):
         for n0, n1 in chunk:
             if b is None:
                 xp.copyto(out[n0:n1], a[n0:n1])
             else:
                 xp.add(a[n0:n1], b, out=out[n0:n1])
+            if post is not None:
+                post(out[n0:n1], n0, n1)
     n = out.shape[0]
     run_blocks(xp, [(i, i + 1) for i in range(n)] if xp is np else [(0, n)], work, out.size)
 
@@ -209,14 +212,19 @@ class single_threaded_blas:
 _PARALLEL_GEMM_MIN = 1 << 22  # multiply-adds under which a product stays one BLAS call
 
 
-def parallel_matmul(xp, a, b, out=None):
+def parallel_matmul(xp, a, b, out=None, epilogue=None):
     """``matmul(a, b)`` with the work split over the worker threads (numpy).
 
     The split is over the leading batch axis of the result when it has at least as many
     entries as there are threads (whole-image GEMMs), else over the result's columns. Each
     piece is one single-threaded BLAS call. Elsewhere (cupy, one thread, small products,
     no BLAS controller) this is plain ``matmul``.
+
+    ``epilogue(piece, rows, cols)`` runs right after each piece's product, in the same worker
+    while the piece is still in cache: ``piece`` is ``out[rows, ..., cols]`` (``rows`` a
+    slice of the leading axis, ``cols`` of the last one).
     """
+    full = slice(None)
     nw = n_workers()
     ctl = blas_controller() if xp is np and nw > 1 else None
     if out is None:
@@ -224,7 +232,10 @@ def parallel_matmul(xp, a, b, out=None):
         out = xp.empty(shape, dtype=np.result_type(a.dtype, b.dtype))
     macs = int(math.prod(out.shape)) * int(a.shape[-1])
     if ctl is None or a.ndim < 2 or b.ndim < 2 or macs < _PARALLEL_GEMM_MIN or out.size == 0:
-        return xp.matmul(a, b, out=out)
+        xp.matmul(a, b, out=out)
+        if epilogue is not None:
+            epilogue(out, full, full)
+        return out
     nd = out.ndim
     if nd > 2 and out.shape[0] >= nw:
         def part(op, i0, i1):
@@ -233,11 +244,15 @@ def parallel_matmul(xp, a, b, out=None):
         def work(chunk):
             for i0, i1 in chunk:
                 xp.matmul(part(a, i0, i1), part(b, i0, i1), out=out[i0:i1])
+                if epilogue is not None:
+                    epilogue(out[i0:i1], slice(i0, i1), full)
         n = out.shape[0]
     else:
         def work(chunk):
             for i0, i1 in chunk:
                 xp.matmul(a, b[..., i0:i1], out=out[..., i0:i1])
+                if epilogue is not None:
+                    epilogue(out[..., i0:i1], full, slice(i0, i1))
         n = out.shape[-1]
     step = 1 if nd > 2 and out.shape[0] >= nw else max(64, -(-n // (2 * nw)))
     jobs = [(i, min(n, i + step)) for i in range(0, n, step)]
