@@ -210,7 +210,8 @@ def cmd_demo(args) -> int:
     images, labels = sample["images"], sample["labels"]
     rep = backend.prepare(path)
     print(f"\noptimised plan: {len(rep.plan.steps)} steps (from {len(loaded.graph.nodes)} nodes"
-          f" after constant folding, BatchNorm folding and Identity/Dropout removal)")
+          f" after constant folding, BatchNorm folding, Identity/Dropout removal and "
+          f"Conv+activation fusion)")
     t, (logits,) = _time(lambda: rep.run([images]), 20)
     pred = logits.argmax(1)
     acc = float((pred == labels).mean())

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.ops._common import ints  # noqa: F401 - re-exported for the rules
 from workbench.ops.registry import _norm_domain
 
 _RULES: dict[tuple[str, str], Callable] = {}
@@ -116,14 +117,3 @@ def cuda_family(xp, family: str, *arrays):
         return importlib.import_module(f"workbench.arrays.cuda.{family}")
     except Exception:  # pragma: no cover - depends on the machine
         return None
-
-
-def ints(values) -> list[int]:
-    """Host list of Python ints from an int tensor, list, scalar or None."""
-    if values is None:
-        return []
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    if isinstance(values, (int, float)):
-        return [int(values)]
-    return [int(v) for v in values]
