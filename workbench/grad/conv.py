@@ -88,6 +88,11 @@ def conv_weight_grad(xp, x, gy, w_shape, group, k, s, d, pb, pe):
     out_sp = gy.shape[2:]
     nsp = len(out_sp)
     cg, mg = c // group, m // group
+    if cg == 1 and mg == 1 and xp.__name__ == "numpy" and int(math.prod(k)) > 1:
+        # depthwise on the CPU: cache-blocked batched products, threaded (ops.conv)
+        from workbench.ops.conv import depthwise_weight_grad  # noqa: PLC0415
+        return depthwise_weight_grad(x, gy, list(k), list(s), list(d), list(pb),
+                                     list(pe)).reshape(tuple(w_shape))
     xpad = _padded(xp, x, pb, pe, out_sp, k, s, d)
     if cg == 1:  # depthwise: one element-wise product per kernel position
         gyr = gy.reshape((n, group, mg) + tuple(out_sp))
@@ -123,6 +128,11 @@ def conv_input_grad(xp, gy, w, x_shape, group, k, s, d, pb, pe):
             and all(v == 1 for v in s):  # 1x1, stride 1: a plain GEMM, no scatter
         wt = w.reshape(group, mg, cg).transpose(0, 2, 1)
         return (wt @ gy.reshape(n, group, mg, -1)).reshape(tuple(x_shape))
+    if cg == 1 and mg == 1 and xp.__name__ == "numpy" and kp > 1:
+        # depthwise on the CPU: a depthwise correlation of the spread output gradient with
+        # the flipped kernel, on the forward's blocked, threaded kernel (ops.conv)
+        from workbench.ops.conv import depthwise_input_grad  # noqa: PLC0415
+        return depthwise_input_grad(gy, w, x_shape, list(k), list(s), list(d), list(pb))
     pad_sp = []
     for i in range(nsp):
         need = (out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1

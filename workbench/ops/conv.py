@@ -157,6 +157,93 @@ _DW_CALL = 1 << 17  # depthwise: multiply-adds per BLAS call, below OpenBLAS' th
 _DW_BLOCK = 1 << 16  # depthwise: outputs per block (enough work per Python call to thread)
 
 
+def _dw_jobs(N, C, rows, rowlen, L, K):
+    """Blocks (c0, c1, n0, n1, r0, r1) of channels, images and output rows for the depthwise
+    loops, sized so that one block's im2col stays in cache and each BLAS call stays small;
+    returns (images per block, rows per block, channels per block, jobs)."""
+    budget = max(rowlen, _DW_CALL // K)  # columns of one (1, K) @ (K, n) product
+    if N * L <= budget:
+        nb, rb = N, rows
+    elif L <= budget:
+        nb, rb = budget // L, rows
+    else:
+        nb, rb = 1, budget // rowlen
+    G = max(1, _DW_BLOCK // (nb * rb * rowlen))  # channels per block
+    jobs = [(c0, min(C, c0 + G), n0, min(N, n0 + nb), r0, min(rows, r0 + rb))
+            for c0 in range(0, C, G) for n0 in range(0, N, nb) for r0 in range(0, rows, rb)]
+    return nb, rb, G, jobs
+
+
+def depthwise_weight_grad(x, gy, ksh, strides, dilations, pb, pe):
+    """dL/dW, shape (C, 1, *k), of a depthwise convolution (group == C == M) on numpy arrays.
+
+    The adjoint of :func:`_depthwise` in W: the same cache-sized blocks of kernel taps (a
+    :class:`WideTaps` im2col block) times the matching block of the output gradient laid out
+    "wide" (zeros in the junk columns), as batched ``(K, n) @ (n, 1)`` products spread over
+    the threads; the per-block partial sums are added at the end."""
+    N, C = (int(v) for v in x.shape[:2])
+    out_shape = [int(v) for v in gy.shape[2:]]
+    nd = len(ksh)
+    K = int(math.prod(ksh))
+    dt = x.dtype
+    pe_fit = []
+    for a in range(nd):  # the windows of every output must fit
+        need = (out_shape[a] - 1) * strides[a] + (ksh[a] - 1) * dilations[a] + 1
+        pe_fit.append(max(int(pe[a]), need - int(x.shape[2 + a]) - int(pb[a])))
+    wide = WideTaps(x, pb, pe_fit, 0, ksh, strides, dilations, out_shape)
+    views = wide.views()
+    L, rowlen, rows = wide.L, wide.rowlen, out_shape[0]
+    gw = np.zeros((N, C, L), dtype=dt)
+    wide.valid(gw)[...] = gy.reshape((N, C, rows) + tuple(out_shape[1:]))
+    nb, rb, G, jobs = _dw_jobs(N, C, rows, rowlen, L, K)
+    partial = {}
+
+    def work(chunk):
+        seg = rb * rowlen
+        cols = np.empty((G, K, nb, seg), dtype=dt)
+        for job in chunk:
+            c0, c1, n0, n1, r0, r1 = job
+            g, m, n = c1 - c0, n1 - n0, (r1 - r0) * rowlen
+            cb = cols[:g, :, :m, :n]
+            lo = r0 * rowlen
+            for t, v in enumerate(views):
+                np.copyto(cb[:, t], v[n0:n1, c0:c1, lo:lo + n].swapaxes(0, 1))
+            gb = np.ascontiguousarray(gw[n0:n1, c0:c1, lo:lo + n].swapaxes(0, 1))
+            partial[job] = np.matmul(cb.reshape(g, K, m * n), gb.reshape(g, m * n, 1))
+    with single_threaded_blas(blas_controller()):
+        run_blocks(np, jobs, work, 2 * K * C * N * L)
+    dw = np.zeros((C, K), dtype=dt)
+    for (c0, c1, *_), r in partial.items():
+        dw[c0:c1] += r[:, :, 0]
+    return dw.reshape((C, 1) + tuple(ksh))
+
+
+def depthwise_input_grad(gy, w, x_shape, ksh, strides, dilations, pb):
+    """dL/dx of a depthwise convolution (group == C == M) on numpy arrays: the output gradient,
+    spread on the input grid (``o * stride``) and padded by ``(k - 1) * d - pb``, correlated
+    with the flipped kernel by :func:`_depthwise` (stride 1): ``dx[i] = sum_t gy[o] w[t]``
+    over ``o * s - pb + t * d == i``."""
+    N, C = (int(v) for v in x_shape[:2])
+    X = [int(v) for v in x_shape[2:]]
+    O = [int(v) for v in gy.shape[2:]]
+    nd = len(X)
+    size = [X[a] + (ksh[a] - 1) * dilations[a] for a in range(nd)]
+    gpad = np.zeros((N, C) + tuple(size), dtype=gy.dtype)
+    dst, src = [], []
+    for a in range(nd):
+        s_, off = int(strides[a]), (ksh[a] - 1) * dilations[a] - int(pb[a])
+        o_lo = max(0, -(-(-off) // s_))                  # first o with off + o*s >= 0
+        o_hi = min(O[a], (size[a] - 1 - off) // s_ + 1)  # one past the last that fits
+        if o_hi <= o_lo:
+            return np.zeros(tuple(x_shape), dtype=gy.dtype)
+        dst.append(slice(off + o_lo * s_, off + (o_hi - 1) * s_ + 1, s_))
+        src.append(slice(o_lo, o_hi))
+    gpad[(slice(None), slice(None)) + tuple(dst)] = gy[(slice(None), slice(None)) + tuple(src)]
+    wflip = np.ascontiguousarray(w[(slice(None), slice(None)) + (slice(None, None, -1),) * nd])
+    return _depthwise(gpad, wflip, None, [1] * nd, list(dilations), [0] * nd, [0] * nd,
+                      [0] * nd, X)
+
+
 def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape, epi=None):
     """Depthwise conv (group == C == M).
 
@@ -188,16 +275,7 @@ def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape, epi=None):
             Epilogue(None, epi.z, epi.activation, epi.alpha, epi.beta)(
                 y.reshape(N, C, -1))
         return y
-    budget = max(rowlen, _DW_CALL // K)  # columns of one (1, K) @ (K, n) product
-    if N * L <= budget:
-        nb, rb = N, rows
-    elif L <= budget:
-        nb, rb = budget // L, rows
-    else:
-        nb, rb = 1, budget // rowlen
-    G = max(1, _DW_BLOCK // (nb * rb * rowlen))  # channels per block
-    jobs = [(c0, min(C, c0 + G), n0, min(N, n0 + nb), r0, min(rows, r0 + rb))
-            for c0 in range(0, C, G) for n0 in range(0, N, nb) for r0 in range(0, rows, rb)]
+    nb, rb, G, jobs = _dw_jobs(N, C, rows, rowlen, L, K)
     w3 = w.reshape(C, 1, K)
     y = xp.empty((N, C) + tuple(out_shape), dtype=dt)
 
