@@ -35,9 +35,10 @@ def test_run_node_and_run_model():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     (c,) = backend.run_node(node, [a, a])
     np.testing.assert_array_equal(c, a + a)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3]),
-                                        helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 3])],
-                          [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2, 3])])
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph([node], "g", [vi("a", TensorProto.FLOAT, [2, 3]),
+                                        vi("b", TensorProto.FLOAT, [2, 3])],
+                          [vi("c", TensorProto.FLOAT, [2, 3])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     out = backend.run_model(m, {"a": a, "b": a})
     np.testing.assert_array_equal(out[0], 2 * a)

@@ -155,7 +155,8 @@ def cmd_run(args) -> int:
         a = np.asarray(o) if not isinstance(o, list) else o
         if isinstance(a, np.ndarray):
             flat = a.reshape(-1)[:6]
-            print(f"  {name}: {a.dtype} {list(a.shape)} first values {np.array2string(flat, precision=4)}")
+            first = np.array2string(flat, precision=4)
+            print(f"  {name}: {a.dtype} {list(a.shape)} first values {first}")
         else:
             print(f"  {name}: sequence of {len(a)}")
     if args.save:

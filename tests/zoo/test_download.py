@@ -13,9 +13,9 @@ import threading
 
 import pytest
 
+from workbench.cli import default_model_path
 from workbench.errors import ChecksumError, DownloadError
 from workbench.zoo.download import download, sha256_of
-from workbench.cli import default_model_path
 
 REAL = open(default_model_path(), "rb").read()
 SHA = hashlib.sha256(REAL).hexdigest()

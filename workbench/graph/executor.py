@@ -541,7 +541,8 @@ def _check_input(info, v) -> None:
             want = np_dtype_of_onnx(info.dtype)
         except TypeError:
             want = None
-        if want is not None and v.dtype != want and not (want == object and v.dtype.kind in "OU"):
+        if want is not None and v.dtype != want and not (want.kind == "O"
+                                                         and v.dtype.kind in "OU"):
             raise InputError(f"input {info.name!r} expects dtype {dtype_name(info.dtype)} "
                              f"({want}), got {v.dtype}; convert it with .astype({want.name!r})")
     if info.shape is not None:

@@ -82,8 +82,7 @@ def check_versions(m: onnx.ModelProto, path: str | None = None) -> None:
 
 
 def _iter_tensors(g: onnx.GraphProto):
-    for t in g.initializer:
-        yield t
+    yield from g.initializer
     for st in g.sparse_initializer:
         yield st.values
         yield st.indices

@@ -232,7 +232,7 @@ def depthwise_input_grad(gy, w, x_shape, ksh, strides, dilations, pb):
     dst, src = [], []
     for a in range(nd):
         s_, off = int(strides[a]), (ksh[a] - 1) * dilations[a] - int(pb[a])
-        o_lo = max(0, -(-(-off) // s_))                  # first o with off + o*s >= 0
+        o_lo = max(0, -(off // s_))                      # first o with off + o*s >= 0
         o_hi = min(O[a], (size[a] - 1 - off) // s_ + 1)  # one past the last that fits
         if o_hi <= o_lo:
             return np.zeros(tuple(x_shape), dtype=gy.dtype)

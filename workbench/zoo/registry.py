@@ -59,7 +59,8 @@ _GPT2_BPE = {"vocab.json": (_HF + "gpt2/resolve/main/vocab.json", None),
              "merges.txt": (_HF + "gpt2/resolve/main/merges.txt", None)}
 _ROBERTA_BPE = {"vocab.json": (_HF + "roberta-base/resolve/main/vocab.json", None),
                 "merges.txt": (_HF + "roberta-base/resolve/main/merges.txt", None)}
-_APACHE_ZOO = "Apache-2.0 (ONNX Model Zoo; see the model's README in onnx/models for upstream terms)"
+_APACHE_ZOO = ("Apache-2.0 (ONNX Model Zoo; see the model's README in onnx/models for upstream "
+               "terms)")
 
 REGISTRY: dict[str, ZooEntry] = {e.name: e for e in [
     ZooEntry("mobilenetv2", "MobileNet v2 (1.0)", "image-classification",
@@ -120,7 +121,8 @@ REGISTRY: dict[str, ZooEntry] = {e.name: e for e in [
               IOSpec("segment_ids:0", "int64", ("N", 256)),
               IOSpec("input_mask:0", "int64", ("N", 256)),
               IOSpec("input_ids:0", "int64", ("N", 256))),
-             (IOSpec("unstack:1", "float32", ("N", 256)), IOSpec("unstack:0", "float32", ("N", 256)),
+             (IOSpec("unstack:1", "float32", ("N", 256)),
+              IOSpec("unstack:0", "float32", ("N", 256)),
               IOSpec("unique_ids:0", "int64", ("N",))),
              "Apache-2.0 (Google BERT)", "TensorFlow -> ONNX (tf2onnx)",
              "Devlin et al., arXiv:1810.04805", aliases=("bert", "bert-squad", "bertsquad-10"),
