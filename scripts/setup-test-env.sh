@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs, from the repo's own files:
-#   the package with its test and lab extras, PyTorch CPU (test oracle for real models and
-#   gradients), and Debian's Chromium for the real-browser widget tests.
+#   the package with its test and lab extras (and its JupyterLab extension), PyTorch CPU (test
+#   oracle for real models and gradients), and Debian's Chromium for the real-browser tests.
 # Safe to run again. Used by the README's test command and by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,21 @@ PY=${PYTHON:-python3}
 
 $PY -m pip install --quiet --upgrade pip
 $PY -m pip install --quiet -e ".[test,lab]"
+# The JupyterLab extension (ONNX Graph viewer for .onnx files). A wheel installs it through
+# setuptools data-files; an editable install does not install data-files, so do the same here:
+# the server-extension config into <prefix>/etc/jupyter (`jupyter server extension enable`
+# refuses extensions that are not in a config yet), and the prebuilt front-end (committed in
+# workbench/labextension; no node needed) linked into <prefix>/share/jupyter/labextensions --
+# what `jupyter labextension develop --overwrite .` does, without depending on which
+# jupyter-builder is first on PATH (JupyterLab 4.6 runs that command through it).
+PREFIX=$($PY -c "import sys; print(sys.prefix)")
+mkdir -p "$PREFIX/etc/jupyter/jupyter_server_config.d" \
+  "$PREFIX/share/jupyter/labextensions/@onnx-workbench"
+cp jupyter-config/jupyter_server_config.d/onnx_workbench.json \
+  "$PREFIX/etc/jupyter/jupyter_server_config.d/onnx_workbench.json"
+LABEXT_DEST="$PREFIX/share/jupyter/labextensions/@onnx-workbench/jupyterlab-onnx"
+rm -rf "$LABEXT_DEST"
+ln -s "$PWD/workbench/labextension" "$LABEXT_DEST"
 # PyTorch CPU: 'torch==2.13.0' resolves to a local CPU wheel on the project's machines.
 if ! $PY -c "import torch" 2>/dev/null; then
   $PY -m pip install --quiet "torch==2.13.0" || echo "warning: torch not installed; torch-based tests will skip"

@@ -67,6 +67,17 @@ def netron(model, **kwargs):
     return _netron(model, **kwargs)
 
 
+def _jupyter_server_extension_points():
+    """The jupyter_server extension (``jupyter server extension enable workbench``): the
+    ``ONNX Graph`` viewer's API, in :mod:`workbench.labext`."""
+    return [{"module": "workbench.labext"}]
+
+
+def _jupyter_labextension_paths():
+    """The prebuilt JupyterLab extension (``jupyter labextension develop --overwrite .``)."""
+    return [{"src": "labextension", "dest": "@onnx-workbench/jupyterlab-onnx"}]
+
+
 def __getattr__(name: str):
     if name in _SUBMODULES:
         return importlib.import_module(f"workbench.{name}")

@@ -15,60 +15,13 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-import numpy as np
-
 from workbench.widgets._base import TextRepr, esm, import_widgets
-from workbench.widgets._model import Source, as_source, dtype_str, fmt_shape
-from workbench.widgets.layout import layout_graph, op_category, op_colors
+from workbench.widgets._model import Source, as_source
+from workbench.widgets.graph_data import graph_payload, node_details
+
+__all__ = ["GraphView", "node_details"]
 
 anywidget, ipywidgets, traitlets = import_widgets()
-
-
-def _attr_repr(v, limit: int = 80) -> str:
-    if isinstance(v, np.ndarray):
-        if v.size <= 8:
-            return f"tensor {v.dtype}{list(v.shape)} = {np.array2string(v.ravel(), separator=', ')}"
-        return f"tensor {v.dtype}{list(v.shape)}"
-    if hasattr(v, "nodes") and hasattr(v, "initializers"):
-        return f"graph ({len(v.nodes)} nodes)"
-    if isinstance(v, bytes):
-        v = v[:limit]
-    s = repr(v)
-    return s if len(s) <= limit else s[: limit - 1] + "…"
-
-
-def node_details(graph, name: str) -> dict:
-    """What the details panel shows for a node (or a graph input/output value) ``name``."""
-    node = graph.node_by_name(name)
-    if node is None:
-        vi = graph.value(name)
-        if vi is None:
-            return {"name": name, "missing": True}
-        kind = "Input" if any(v.name == name for v in graph.inputs) else "Output"
-        return {"name": name, "op": kind, "attrs": {}, "params": 0,
-                "inputs": [], "outputs": [{"name": name, "shape": fmt_shape(vi.shape),
-                                           "dtype": dtype_str(vi.dtype), "param": False}]}
-
-    def value(v: str) -> dict:
-        if not v:
-            return {"name": "", "shape": "", "dtype": "", "param": False, "omitted": True}
-        if v in graph.initializers:
-            a = graph.initializers[v]
-            return {"name": v, "shape": fmt_shape(a.shape), "dtype": str(a.dtype),
-                    "param": True, "count": int(np.prod(a.shape, dtype=np.int64))}
-        vi = graph.value(v)
-        return {"name": v, "shape": fmt_shape(vi.shape if vi else None),
-                "dtype": dtype_str(vi.dtype if vi else None), "param": False}
-
-    ins = [value(v) for v in node.inputs]
-    return {
-        "name": node.name, "op": node.op_type, "domain": node.domain or "ai.onnx",
-        "category": op_category(node.op_type),
-        "attrs": {k: _attr_repr(v) for k, v in sorted(node.attrs.items())},
-        "inputs": ins, "outputs": [value(v) for v in node.outputs],
-        "params": int(sum(i.get("count", 0) for i in ins)),
-        "doc": (node.doc_string or "")[:300],
-    }
 
 
 class GraphView(TextRepr, anywidget.AnyWidget):
@@ -100,12 +53,8 @@ class GraphView(TextRepr, anywidget.AnyWidget):
         self.source: Source = src
         self.graph = src.graph
         t0 = time.perf_counter()
-        data = layout_graph(src.graph)
+        data = graph_payload(src.graph)
         self.layout_seconds = time.perf_counter() - t0
-        counts = Counter(op for op, k in zip(data["op"], data["kind"]) if k == 0)
-        data["colors"] = op_colors(data["op"])
-        data["op_counts"] = dict(counts.most_common())
-        data["params"] = src.graph.num_parameters()
         super().__init__(graph_data=data, height=height,
                          title=title if title is not None else src.name, **kwargs)
 

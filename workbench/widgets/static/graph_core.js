@@ -1,5 +1,7 @@
 // ONNX Workbench - shared graph drawing core (canvas). Concatenated in front of graph_view.js
-// by the Python side; no imports, no network.
+// by the Python side; no imports, no network. The JupyterLab extension bundles both files too
+// (extensions/jupyterlab-onnx/scripts/gen-core.mjs): after editing them, run
+// scripts/build-labextension.sh and commit workbench/labextension/.
 
 const WB_STYLE_ID = "wb-widgets-style";
 const WB_CSS = `

@@ -1,0 +1,276 @@
+"""The JupyterLab extension's server side (workbench/labext.py) and its packaging.
+
+A real ``jupyter server`` is started on 127.0.0.1 with a token and the extension enabled in a
+private config folder; ``GET /workbench/api/graph`` is checked on a good model, a 2,500-node
+model, bad files, paths escaping the root, and without credentials. The packaging tests check
+that the committed prebuilt front-end (workbench/labextension) is built from the current
+graph_core.js / graph_view.js and is shipped by the wheel's data-files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.helpers import jupyter
+
+pytest.importorskip("jupyter_server", reason="jupyter_server is not installed (the lab extra)")
+
+ROOT = Path(__file__).resolve().parents[1]
+LABEXT = ROOT / "workbench" / "labextension"
+STATIC = ROOT / "workbench" / "widgets" / "static"
+DEFAULT_MODEL = ROOT / "workbench" / "data" / "default_model.onnx"
+API = "workbench/api/graph"
+sys.path.insert(0, str(ROOT / "tests" / "widgets"))
+import synth  # noqa: E402
+
+
+def _mystery_model() -> onnx.ModelProto:
+    """Relu -> an operator the engine has no kernel for (custom domain) -> Relu."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="r1"),
+             helper.make_node("Mystery", ["a"], ["b"], name="m1", domain="com.example"),
+             helper.make_node("Relu", ["b"], ["y"], name="r2")]
+    g = helper.make_graph(nodes, "mystery",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                               helper.make_opsetid("com.example", 1)])
+
+
+def _unsorted_model() -> onnx.ModelProto:
+    """Nodes out of topological order: onnx.checker rejects it, the viewer still draws it."""
+    nodes = [helper.make_node("Relu", ["a"], ["y"], name="r2"),
+             helper.make_node("Relu", ["x"], ["a"], name="r1")]
+    g = helper.make_graph(nodes, "unsorted",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("labext")
+    root = base / "root"
+    (root / "models").mkdir(parents=True)
+    shutil.copy(DEFAULT_MODEL, root / "models" / "digits.onnx")
+    good = DEFAULT_MODEL.read_bytes()
+    (root / "truncated.onnx").write_bytes(good[: len(good) // 3])
+    (root / "garbage.onnx").write_bytes(b"this is not a protobuf \xff\xfe" * 10)
+    (root / "empty.onnx").write_bytes(b"")
+    (root / "a folder.onnx").mkdir()
+    onnx.save(synth.transformer_like(blocks=100), str(root / "big.onnx"))
+    onnx.save(_mystery_model(), str(root / "mystery.onnx"))
+    onnx.save(_unsorted_model(), str(root / "unsorted.onnx"))
+    outside = base / "outside.onnx"
+    shutil.copy(DEFAULT_MODEL, outside)
+    try:
+        (root / "link-out.onnx").symlink_to(outside)
+    except OSError:
+        pass
+    try:
+        srv = jupyter.start(base / "srv", root, lab=False,
+                            server_config={"ServerApp": {"jpserver_extensions":
+                                                         {"workbench": True}}})
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    yield srv
+    srv.stop()
+
+
+def test_good_model(server):
+    status, d = server.get(API, {"path": "models/digits.onnx"})
+    assert status == 200, d
+    assert d["source"] == "onnx-workbench" and d["path"] == "models/digits.onnx"
+    s = d["summary"]
+    assert s["file"] == "digits.onnx"
+    assert s["producer"].startswith("onnx-workbench") and s["ir_version"] == 7
+    assert s["opsets"] == [{"domain": "ai.onnx", "version": 13}]
+    assert s["inputs"] == [{"name": "image", "dtype": "float", "shape": "[batch, 1, 8, 8]"}]
+    assert s["outputs"] == [{"name": "logits", "dtype": "float", "shape": "[batch, 10]"}]
+    assert s["nodes"] == s["nodes_total"] == 10 and s["parameters"] == 14378
+    assert s["missing"] == [] and s["checker"] is None
+    g = d["graph"]
+    n = len(g["name"])
+    assert n == 12 and g["kind"].count(1) == 1 and g["kind"].count(2) == 1   # + input, output
+    for key in ("op", "kind", "x", "y", "w"):
+        assert len(g[key]) == n, key
+    assert len(g["edges"]) == len(g["edge_points"]) > 0
+    assert all(0 <= a < n and 0 <= b < n for a, b in g["edges"])
+    assert g["width"] > 0 and g["height"] > 0 and g["colors"]["Conv"].startswith("#")
+    assert sum(g["op_counts"].values()) == 10 and g["params"] == 14378
+    # details for every node drawn, the same as GraphView's
+    from workbench.graph.load import load
+    from workbench.widgets.graph_data import node_details
+    graph = load(str(DEFAULT_MODEL), check=False).graph
+    assert set(d["details"]) == set(g["name"])
+    for name in g["name"]:
+        assert d["details"][name] == json.loads(json.dumps(node_details(graph, name))), name
+    conv = d["details"]["/0/Conv"]
+    assert conv["op"] == "Conv" and conv["params"] > 0 and conv["inputs"][1]["param"]
+    assert d["details"]["image"]["op"] == "Input"
+
+
+def test_large_model(server):
+    t0 = time.perf_counter()
+    status, d = server.get(API, {"path": "big.onnx"})
+    dt = time.perf_counter() - t0
+    assert status == 200, d
+    assert d["summary"]["nodes"] >= 2500
+    assert len(d["graph"]["name"]) == d["summary"]["nodes"] + 2
+    assert len(d["details"]) >= 2500
+    print(f"\n{d['summary']['nodes']}-node model: answered in {dt:.2f} s "
+          f"({len(json.dumps(d)) / 1e6:.1f} MB of JSON; timing {d['timing']})")
+    assert dt < 60
+
+
+def test_missing_kernels_are_listed(server):
+    status, d = server.get(API, {"path": "mystery.onnx"})
+    assert status == 200, d
+    assert d["summary"]["missing"] == [{"op": "com.example::Mystery", "count": 1}]
+    assert d["details"]["m1"]["domain"] == "com.example"
+
+
+def test_checker_failure_is_shown_not_fatal(server):
+    status, d = server.get(API, {"path": "unsorted.onnx"})
+    assert status == 200, d
+    assert "topologically sorted" in d["summary"]["checker"]
+    assert d["graph"]["name"] == ["x", "r2", "r1", "y"]
+
+
+@pytest.mark.parametrize("name, words", [
+    ("truncated.onnx", "not a valid ONNX model"),
+    ("garbage.onnx", "not a valid ONNX model"),
+    ("empty.onnx", "empty"),
+])
+def test_bad_files(server, name, words):
+    status, d = server.get(API, {"path": name})
+    assert 400 <= status < 500, (status, d)
+    assert d["source"] == "onnx-workbench"
+    assert d["error"].startswith(f"{name}: ") and words in d["error"], d["error"]
+    assert str(server.root) not in d["error"]          # the server's own folders stay private
+
+
+def test_not_found_and_folder(server):
+    status, d = server.get(API, {"path": "models/nope.onnx"})
+    assert status == 404 and d["error"] == "models/nope.onnx: file not found"
+    status, d = server.get(API, {"path": "a folder.onnx"})
+    assert status == 400 and "is a folder" in d["error"]
+    status, d = server.get(API, {})
+    assert status == 400 and "'path' query argument is required" in d["error"]
+
+
+@pytest.mark.parametrize("path", ["../outside.onnx", "models/../../outside.onnx",
+                                  "link-out.onnx"])
+def test_paths_outside_root_are_refused(server, path):
+    if path == "link-out.onnx" and not (server.root / path).is_symlink():
+        pytest.skip("symlinks are not available here")
+    status, d = server.get(API, {"path": path})
+    assert status == 403, (status, d)
+    assert "outside the server's root" in d["error"] and "graph" not in d
+
+
+def test_unauthenticated_is_refused(server):
+    assert server.get(API, {"path": "models/digits.onnx"}, token=None)[0] == 403
+    status, d = server.get(API, {"path": "models/digits.onnx"}, token="wrong")
+    assert status == 403 and "graph" not in (d if isinstance(d, dict) else {})
+
+
+def test_resolve_path(tmp_path):
+    from workbench.labext import GraphRequestError, resolve_path
+    root = tmp_path / "r"
+    (root / "a").mkdir(parents=True)
+    assert resolve_path(str(root), "a/m.onnx") == os.path.realpath(root / "a" / "m.onnx")
+    assert resolve_path(str(root), "/a/m.onnx") == os.path.realpath(root / "a" / "m.onnx")
+    for bad in ("../x.onnx", "a/../../x.onnx", "a/../..", ".."):
+        with pytest.raises(GraphRequestError) as e:
+            resolve_path(str(root), bad)
+        assert e.value.status == 403
+
+
+# ----------------------------------------------------------------------------- packaging
+def test_extension_points():
+    import workbench
+    assert workbench._jupyter_server_extension_points() == [{"module": "workbench.labext"}]
+    import workbench.labext as labext
+    assert callable(labext._load_jupyter_server_extension)
+    (paths,) = workbench._jupyter_labextension_paths()
+    assert paths == {"src": "labextension", "dest": "@onnx-workbench/jupyterlab-onnx"}
+    pkg = json.loads((Path(workbench.__file__).parent / paths["src"] / "package.json")
+                     .read_text())
+    assert pkg["name"] == paths["dest"]
+    assert (LABEXT / pkg["jupyterlab"]["_build"]["load"]).is_file()
+    src = json.loads((ROOT / "extensions" / "jupyterlab-onnx" / "package.json").read_text())
+    assert src["name"] == pkg["name"] and src["version"] == pkg["version"]
+    cfg = json.loads((ROOT / "jupyter-config" / "jupyter_server_config.d" /
+                      "onnx_workbench.json").read_text())
+    assert cfg == {"ServerApp": {"jpserver_extensions": {"workbench": True}}}
+
+
+def test_prebuilt_extension_is_up_to_date():
+    """The committed build embeds the sha256 of graph_core.js + graph_view.js it was built
+    from (scripts/gen-core.mjs): editing the drawing code needs a rebuild."""
+    digest = hashlib.sha256()
+    for f in ("graph_core.js", "graph_view.js"):
+        digest.update((STATIC / f).read_bytes())
+    bundles = [p.read_text(errors="replace") for p in (LABEXT / "static").glob("*.js")]
+    assert any(digest.hexdigest() in b for b in bundles), (
+        "workbench/labextension was built from other versions of workbench/widgets/static/"
+        "graph_core.js or graph_view.js: rebuild it with scripts/build-labextension.sh "
+        "(needs node and npm) and commit workbench/labextension")
+
+
+def test_wheel_data_files_ship_the_extension():
+    """Every file of the prebuilt extension is matched by a data-files entry that installs it
+    into share/jupyter/labextensions/<name>/ (the place JupyterLab looks), and the server
+    config goes to etc/jupyter/jupyter_server_config.d."""
+    import glob
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    data_files = cfg["tool"]["setuptools"]["data-files"]
+    dest = "share/jupyter/labextensions/@onnx-workbench/jupyterlab-onnx"
+    shipped = {}
+    for target, patterns in data_files.items():
+        for pat in patterns:
+            for f in glob.glob(str(ROOT / pat)):
+                shipped[Path(f).resolve()] = target
+    for f in LABEXT.rglob("*"):
+        if f.is_file():
+            rel = f.relative_to(LABEXT).parent.as_posix()
+            want = dest if rel == "." else f"{dest}/{rel}"
+            assert shipped.get(f.resolve()) == want, f
+    conf = (ROOT / "jupyter-config/jupyter_server_config.d/onnx_workbench.json").resolve()
+    assert shipped[conf] == "etc/jupyter/jupyter_server_config.d"
+
+
+def _jupyter(*args) -> str:
+    r = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                       timeout=120)
+    return r.stdout + r.stderr
+
+
+def test_installed_and_enabled():
+    """After scripts/setup-test-env.sh (editable install) or a wheel install, JupyterLab lists
+    the front-end as enabled and OK, and the server extension as enabled."""
+    pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (the lab extra)")
+    how = "run scripts/setup-test-env.sh (or pip install the wheel)"
+    out = _jupyter("jupyterlab.labextensions", "list")
+    line = next((ln for ln in out.splitlines() if "@onnx-workbench/jupyterlab-onnx" in ln), "")
+    assert line, f"the ONNX Graph front-end is not installed: {how}\n{out}"
+    assert "enabled" in line and "OK" in line, line
+    out = _jupyter("jupyter_server", "extension", "list")
+    lines = [ln for ln in out.splitlines() if ln.strip().startswith("workbench ")]
+    assert any("enabled" in ln for ln in lines), f"server extension not enabled: {how}\n{out}"
+    assert any("OK" in ln for ln in lines), out
