@@ -102,8 +102,12 @@ def pytest_sessionfinish(session, exitstatus):
     if w is not None:
         # (no kernel here: a test's fake comm may already be gone, so closing can fail;
         # then the comm is dropped, which is all ``__del__`` would do)
-        for obj in gc.get_objects():
-            if isinstance(obj, w.Widget) and getattr(obj, "comm", None) is not None:
+        import warnings  # noqa: PLC0415
+        with warnings.catch_warnings():  # isinstance() on every object wakes deprecations
+            warnings.simplefilter("ignore")
+            widgets = [o for o in gc.get_objects() if isinstance(o, w.Widget)]
+        for obj in widgets:
+            if getattr(obj, "comm", None) is not None:
                 try:
                     obj.close()
                 except Exception:  # noqa: BLE001 - best effort at exit
