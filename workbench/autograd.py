@@ -201,18 +201,22 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
     default device when None."""
     ts = _tensors_of(inputs)
     dev = None
+    first = None
     arrays = []
     any_grad = False
-    for t in ts:
+    for k, t in enumerate(ts):
         if t is None:
             arrays.append(None)
             continue
         if dev is None:
-            dev = t.device
+            dev, first = t.device, k
         elif t.device is not dev and t.device != dev:
+            def who(i, tt):
+                return f"input {i}" + (f" ({tt.name!r})" if tt.name else "")
             raise DeviceError(
                 f"{op_type}{f' (node {name!r})' if name else ''}: inputs live on different "
-                f"devices ({dev} and {t.device}); move them with Tensor.to_device(dev)")
+                f"devices: {who(first, ts[first])} on {dev}, {who(k, t)} on {t.device}; "
+                f"move them to one device with Tensor.to_device(dev)")
         arrays.append(t.data)
         if t.requires_grad:
             any_grad = True

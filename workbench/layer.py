@@ -186,7 +186,10 @@ class Layer:
         devs = {t.device for t in inputs if isinstance(t, Tensor)}
         if len(devs) > 1:
             from workbench.errors import DeviceError
-            raise DeviceError(f"{type(self).__name__}: inputs live on different devices {devs}")
+            where = ", ".join(f"input {i}{f' ({t.name!r})' if t.name else ''} on {t.device}"
+                              for i, t in enumerate(inputs) if isinstance(t, Tensor))
+            raise DeviceError(f"{type(self).__name__}: inputs live on different devices "
+                              f"({where}); move them to one device with Tensor.to_device")
 
     def __repr__(self) -> str:
         subs = ", ".join(f"{n}={type(s).__name__}" for n, s in self._layers.items())

@@ -95,7 +95,9 @@ def test_device_mismatch_is_reported(monkeypatch):
     a = tensor.from_numpy(np.ones(2))
     b = tensor.from_numpy(np.ones(2))
     b.device = fake  # pretend; the check happens before any kernel runs
-    with pytest.raises(DeviceError, match="different devices"):
+    b.name = "bias"
+    with pytest.raises(DeviceError, match=r"different devices: input 0 on CPU, input 1 "
+                                          r"\('bias'\) on CUDA:3"):
         autograd.add(a, b)
 
 
