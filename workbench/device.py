@@ -76,9 +76,11 @@ class Device:
             return cp.asnumpy(a)
         return a
 
-    def move_plan(self, plan):
-        """Put a plan's constant arrays (initializers) on this device."""
-        plan._template = [self.put(v) if is_array(v) else v for v in plan._template]
+    def move_plan(self, plan, keep=frozenset()):
+        """Put a plan's constant arrays (initializers) on this device, except the slots in
+        ``keep`` (values the plan reads on the host)."""
+        plan._template = [self.put(v) if is_array(v) and i not in keep else v
+                          for i, v in enumerate(plan._template)]
         return plan
 
     def _note_peak(self, nbytes: int) -> None:

@@ -12,23 +12,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import jupyter
+
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
-ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = jupyter.CHROMIUM
+ROOT = jupyter.ROOT
 ARTIFACTS = ROOT / "test-artifacts"
-CHROME_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run",
-               "--disable-quic"]
 
 
 def _requirements():
@@ -37,12 +31,6 @@ def _requirements():
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
     pytest.importorskip("anywidget", reason="anywidget is not installed")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cell(src: str) -> dict:
@@ -111,53 +99,20 @@ def lab(tmp_path_factory):
     base = tmp_path_factory.mktemp("lab")
     root = base / "root"
     root.mkdir()
-    settings = base / "settings"
-    for rel, content in {
-        "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
-        "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
-            {"fetchNews": "false", "checkForUpdates": False},
-    }.items():
-        p = settings / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(content))
     cells = [_cell(c.replace("{tests!r}", repr(str(ROOT / "tests" / "widgets")))) for c in CELLS]
     cells[0]["source"] = "import json\n" + cells[0]["source"]
     nb = {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                       "language": "python"}}}
     (root / "widgets.ipynb").write_text(json.dumps(nb))
-    port, token = _free_port(), "wbtest" + os.urandom(8).hex()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["JUPYTERLAB_SETTINGS_DIR"] = str(settings)
-    env["JUPYTER_RUNTIME_DIR"] = str(base / "runtime")
-    env["JUPYTER_CONFIG_DIR"] = str(base / "config")
-    env["IPYTHONDIR"] = str(base / "ipython")
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
-           f"--port={port}", "--allow-root", f"--ServerApp.token={token}",
-           f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
-           "--LabApp.news_url=", "--ServerApp.port_retries=0",
-           "--LabApp.expose_app_in_browser=True"]
-    log = open(base / "lab.log", "w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2):
-                break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail("JupyterLab did not start:\n" + (base / "lab.log").read_text()[-3000:])
-            time.sleep(0.5)
-    yield {"url": url, "token": token, "root": root, "proc": proc, "log": base / "lab.log"}
-    proc.terminate()
     try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+        srv = jupyter.start(base, root, lab=True, lab_settings={
+            "@jupyterlab/notebook-extension/tracker.jupyterlab-settings":
+                {"windowingMode": "none"}})
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    yield {"url": srv.url, "token": srv.token, "root": root, "proc": srv.proc, "log": srv.log}
+    srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +120,8 @@ def page(lab):
     from playwright.sync_api import sync_playwright
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROME_ARGS)
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                     args=jupyter.CHROME_ARGS)
         ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
         pg = ctx.new_page()
         pg.errors = []

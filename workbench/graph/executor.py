@@ -314,12 +314,8 @@ class Plan:
         self._in_slots = [slots[v.name] for v in graph.inputs]
         self._out_slots = [slots[n] for n in self.output_names]
         self._outer_slots = [(name, slots[name]) for name in outer]
-        if on_cuda and move_initializers:
-            host_slots = {slots[v] for v in self.host_values if v in slots}
-            keep = [self._template[i] for i in host_slots]
-            device.move_plan(self)
-            for i, v in zip(host_slots, keep):   # shape constants stay on the host
-                self._template[i] = v
+        if on_cuda and move_initializers:   # shape constants stay on the host
+            device.move_plan(self, keep={slots[v] for v in self.host_values if v in slots})
 
     def _plan_host_values(self) -> None:
         """Device plans: find the values to keep on the host.
@@ -658,9 +654,25 @@ def _run_device_step(step: Step, args: list, kw: dict, xp):
 
 
 def _to_device(v, xp):
-    if type(v) is np.ndarray and device_dtype_ok(v.dtype):
+    """A host array (or a sequence of them) of a GPU dtype moved to the device; others as is."""
+    if isinstance(v, list):
+        return [_to_device(x, xp) for x in v]
+    if isinstance(v, (np.ndarray, np.generic)) and device_dtype_ok(v.dtype):
         return xp.asarray(v)
     return v
+
+
+def _host_kw(kw):
+    """Keyword arguments for running a step on the host: a ``ctx`` that names the device's
+    array module loses it (input-less kernels then build numpy arrays)."""
+    ctx = kw.get("ctx") if isinstance(kw, dict) else None
+    if ctx is None or ctx.extra.get("xp") is None:
+        return kw
+    import dataclasses  # noqa: PLC0415
+    kw = dict(kw)
+    kw["ctx"] = dataclasses.replace(ctx, extra={k: v for k, v in ctx.extra.items()
+                                                if k != "xp"})
+    return kw
 
 
 def _run_host_op(step: Step, args: list, kw: dict):
@@ -673,13 +685,7 @@ def _run_host_op(step: Step, args: list, kw: dict):
     else:
         args = [to_numpy(a) if a is not None and not isinstance(a, (np.ndarray, list)) else a
                 for a in args]
-    ctx = kw.get("ctx") if isinstance(kw, dict) else None
-    if ctx is not None and ctx.extra.get("xp") is not None:
-        import dataclasses  # noqa: PLC0415
-        kw = dict(kw)
-        kw["ctx"] = dataclasses.replace(ctx, extra={k: v for k, v in ctx.extra.items()
-                                                    if k != "xp"})
-    r = step.fn(*args, **kw)
+    r = step.fn(*args, **_host_kw(kw))
     if type(r) is tuple:
         return tuple(np.asarray(v) if isinstance(v, np.generic) else v for v in r)
     return np.asarray(r) if isinstance(r, np.generic) else r
@@ -691,24 +697,10 @@ def _run_on_host(step: Step, args: list, kw: dict, xp):
             return [down(x) for x in a]
         return a if a is None or isinstance(a, (np.ndarray, np.generic)) else to_numpy(a)
 
-    def up(a):
-        if isinstance(a, list):
-            return [up(x) for x in a]
-        if isinstance(a, (np.ndarray, np.generic)) and device_dtype_ok(a.dtype):
-            return xp.asarray(a)
-        return a
-
-    hkw = kw
-    ctx = kw.get("ctx") if isinstance(kw, dict) else None
-    if ctx is not None and ctx.extra.get("xp") is not None:
-        import dataclasses  # noqa: PLC0415
-        hkw = dict(kw)
-        hkw["ctx"] = dataclasses.replace(ctx, extra={k: v for k, v in ctx.extra.items()
-                                                     if k != "xp"})
-    r = step.fn(*[down(a) for a in args], **hkw)
+    r = step.fn(*[down(a) for a in args], **_host_kw(kw))
     if type(r) is tuple:
-        return tuple(up(v) for v in r)
-    return up(r)
+        return tuple(_to_device(v, xp) for v in r)
+    return _to_device(r, xp)
 
 
 # cupy's out-of-memory exception types (filled lazily; tests may add their own)

@@ -133,10 +133,11 @@ def conv_core(x, w, b, group, strides, dilations, pb, pe, extra, out_shape, epi=
         y = y.reshape(M, N, OUT).transpose(1, 0, 2)
         out = xp.empty((N, M, OUT), dtype=dtype)
         post = None
-        if epi is not None:
+        if epi is not None:  # the bias is added by parallel_add
+            rest = Epilogue(None, epi.z, epi.activation, epi.alpha, epi.beta)
+
             def post(piece, n0, n1):
-                Epilogue(None, epi.z, epi.activation, epi.alpha, epi.beta)(
-                    piece, slice(n0, n1))
+                rest(piece, slice(n0, n1))
         parallel_add(xp, out, y, bias, post)
         return out.reshape((N, M) + tuple(out_shape))
     if epi is not None:  # bias, residual and activation on each GEMM piece, in its worker
@@ -271,9 +272,8 @@ def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape, epi=None):
             acc += views[t] * wt[:, t].reshape(1, C, 1)
         y = wide.valid(acc)
         y = xp.ascontiguousarray(y + bias if bias is not None else y)
-        if epi is not None:
-            Epilogue(None, epi.z, epi.activation, epi.alpha, epi.beta)(
-                y.reshape(N, C, -1))
+        if epi is not None:  # the bias is already in
+            Epilogue(None, epi.z, epi.activation, epi.alpha, epi.beta)(y.reshape(N, C, -1))
         return y
     nb, rb, G, jobs = _dw_jobs(N, C, rows, rowlen, L, K)
     w3 = w.reshape(C, 1, K)
@@ -297,20 +297,12 @@ def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape, epi=None):
                 xp.copyto(dst, valid)
             else:
                 xp.add(valid, bias[:, c0:c1], out=dst)
-            if epi is not None:
-                post(dst, n0, n1, c0, c1, r0, r1)
+            if rest is not None:  # whole output rows: (images, channels, positions) view
+                rest(dst.reshape(m, g, -1), slice(n0, n1), slice(r0 * per_row, r1 * per_row),
+                     slice(c0, c1))
 
-    post = None
-    if epi is not None:
-        zr = None if epi.z is None else epi.z.reshape((N, C) + tuple(out_shape))
-        tail = (slice(None),) * (nd - 1)
-
-        def post(dst, n0, n1, c0, c1, r0, r1):
-            if zr is not None:
-                dst += zr[(slice(n0, n1), slice(c0, c1), slice(r0, r1)) + tail].astype(
-                    dst.dtype, copy=False)
-            if epi.activation:
-                apply_activation(dst, epi.activation, epi.alpha, epi.beta)
+    rest = None if epi is None else Epilogue(None, epi.z, epi.activation, epi.alpha, epi.beta)
+    per_row = int(math.prod(out_shape[1:]))
     with single_threaded_blas(blas_controller()):
         run_blocks(xp, jobs, work, 2 * K * C * N * L)
     return y
@@ -361,7 +353,17 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     if w.dtype != x.dtype:
         w = w.astype(x.dtype)
     b = None if B is None else B.astype(x.dtype, copy=False)
-    y = conv_core(x, w, b, int(group), st, dl, pb, pe, extra, out, epi)
+    if epi is not None and epi.z is not None and \
+            tuple(epi.z.shape) != (X.shape[0], W.shape[0], *out):
+        # a residual that broadcasts: added (and the activation applied) afterwards
+        y = conv_core(x, w, b, int(group), st, dl, pb, pe, extra, out)
+        if np.broadcast_shapes(tuple(y.shape), tuple(epi.z.shape)) == tuple(y.shape):
+            y += epi.z.astype(y.dtype, copy=False)
+        else:  # Z is the larger operand (Add broadcasts both ways)
+            y = (y + epi.z).astype(y.dtype, copy=False)
+        y = apply_activation(y, epi.activation, epi.alpha, epi.beta)
+    else:
+        y = conv_core(x, w, b, int(group), st, dl, pb, pe, extra, out, epi)
     return y if y.dtype == X.dtype else y.astype(X.dtype)
 
 
@@ -415,26 +417,10 @@ def fused_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
     ``activation_params`` (alpha[, beta]; Clip: min, max) -- one node for Conv -> Add -> Relu
     and the like, so that the epilogue runs in the output's single pass."""
     p = [float(v) for v in (activation_params or ())] + [0.0, 0.0]
-    kw = dict(auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
-              pads=pads, strides=strides)
-    if Z is None or tuple(Z.shape) == _conv_out_shape(X, W, **kw):
-        # the epilogue runs on each piece of the output in the worker that computed it
-        return conv(X, W, B, epi=Epilogue(None, Z, activation, p[0], p[1]), **kw)
-    y = conv(X, W, B, **kw)   # Z broadcasts: add it afterwards
-    if np.broadcast_shapes(tuple(y.shape), tuple(Z.shape)) == tuple(y.shape):
-        y += Z.astype(y.dtype, copy=False)
-    else:  # Z is the larger operand (Add broadcasts both ways)
-        y = (y + Z).astype(y.dtype, copy=False)
-    return apply_activation(y, activation, p[0], p[1])
-
-
-def _conv_out_shape(X, W, *, auto_pad, dilations, group, kernel_shape, pads, strides):
-    nd = X.ndim - 2
-    ks = _kernel_from("Conv", W, kernel_shape)
-    st = spatial_ints("Conv", "strides", strides, nd, 1)
-    dl = spatial_ints("Conv", "dilations", dilations, nd, 1)
-    out = window_geometry("Conv", X.shape[2:], ks, st, dl, pads, auto_pad)[2]
-    return (X.shape[0], W.shape[0], *out)
+    # the epilogue runs on each piece of the output in the worker that computed it
+    return conv(X, W, B, epi=Epilogue(None, Z, activation, p[0], p[1]),
+                auto_pad=auto_pad, dilations=dilations, group=group,
+                kernel_shape=kernel_shape, pads=pads, strides=strides)
 
 
 @kernel("ConvInteger", since=10)
