@@ -80,3 +80,9 @@ class ChecksumError(DownloadError):
 
 class DeviceError(WorkbenchError):
     """The device asked for is not available or tensors live on different devices."""
+
+
+class ResourceError(WorkbenchError, MemoryError):
+    """An operation would exceed a resource limit (the memory budget for one value, the
+    iteration ceiling of Loop/Scan, the time allowed for shape inference); refused before the
+    resource is used. ``workbench.limits`` says how to raise the limits."""

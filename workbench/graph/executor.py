@@ -35,6 +35,7 @@ from workbench.errors import (
     InputError,
     KernelError,
     ModelLoadError,
+    ResourceError,
     ShapeError,
     UnsupportedOperatorError,
     WorkbenchError,
@@ -488,6 +489,11 @@ class Plan:
                 raise
             if _is_oom(e):
                 raise _oom_error(e, self.device, step) from e
+            if isinstance(e, MemoryError):
+                raise ResourceError(
+                    f"node {step.node.name!r} ({step.node.op_type}): out of memory ({e}); "
+                    f"inputs: {_describe_args(step, env, args)}. The model asks for more memory "
+                    f"than this machine has") from e
             raise KernelError(
                 f"node {step.node.name!r} ({step.node.op_type}, opset "
                 f"{self.graph.opsets.get(step.node.domain or '', '?')}) failed: "

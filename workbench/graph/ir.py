@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
+from workbench.graph.external import sparse_to_dense, tensor_to_array
+
 
 @dataclass
 class ValueInfo:
@@ -82,8 +84,11 @@ class Node:
         return out
 
 
-def attr_to_python(a: onnx.AttributeProto, opsets: dict, base_dir: str | None = None):
+def attr_to_python(a: onnx.AttributeProto, opsets: dict, where: str = ""):
+    """Python value of an attribute; tensors go through the checked conversion (external
+    data must have been resolved by the loader: ``workbench.graph.external``)."""
     t = a.type
+    where = f"{where} attribute {a.name!r}".strip()
     if t == AttributeProto.FLOAT:
         return float(a.f)
     if t == AttributeProto.INT:
@@ -94,11 +99,11 @@ def attr_to_python(a: onnx.AttributeProto, opsets: dict, base_dir: str | None = 
         except UnicodeDecodeError:
             return a.s
     if t == AttributeProto.TENSOR:
-        return numpy_helper.to_array(a.t, base_dir or "")
+        return tensor_to_array(a.t, where)
     if t == AttributeProto.GRAPH:
         return Graph.from_proto(a.g, opsets)
     if t == AttributeProto.SPARSE_TENSOR:
-        return _sparse_to_dense(a.sparse_tensor)
+        return sparse_to_dense(a.sparse_tensor, where)
     if t == AttributeProto.FLOATS:
         return [float(x) for x in a.floats]
     if t == AttributeProto.INTS:
@@ -106,7 +111,9 @@ def attr_to_python(a: onnx.AttributeProto, opsets: dict, base_dir: str | None = 
     if t == AttributeProto.STRINGS:
         return [s.decode("utf-8") for s in a.strings]
     if t == AttributeProto.TENSORS:
-        return [numpy_helper.to_array(x) for x in a.tensors]
+        return [tensor_to_array(x, f"{where}[{k}]") for k, x in enumerate(a.tensors)]
+    if t == AttributeProto.SPARSE_TENSORS:
+        return [sparse_to_dense(x, f"{where}[{k}]") for k, x in enumerate(a.sparse_tensors)]
     if t == AttributeProto.GRAPHS:
         return [Graph.from_proto(g, opsets) for g in a.graphs]
     if t == AttributeProto.TYPE_PROTO:
@@ -114,18 +121,6 @@ def attr_to_python(a: onnx.AttributeProto, opsets: dict, base_dir: str | None = 
     if t == AttributeProto.TYPE_PROTOS:
         return list(a.type_protos)
     return helper.get_attribute_value(a)
-
-
-def _sparse_to_dense(sp: onnx.SparseTensorProto) -> np.ndarray:
-    values = numpy_helper.to_array(sp.values)
-    indices = numpy_helper.to_array(sp.indices).astype(np.int64)
-    dims = tuple(sp.dims)
-    dense = np.zeros(dims, dtype=values.dtype)
-    if indices.ndim == 1:
-        dense.reshape(-1)[indices] = values
-    else:
-        dense[tuple(indices.T)] = values
-    return dense
 
 
 def python_to_attr(name: str, value) -> onnx.AttributeProto:
@@ -157,12 +152,15 @@ class Graph:
 
     # ------------------------------------------------------------------ conversion
     @classmethod
-    def from_proto(cls, g: onnx.GraphProto, opsets: dict, base_dir: str | None = None) -> Graph:
+    def from_proto(cls, g: onnx.GraphProto, opsets: dict) -> Graph:
+        """Graph IR of a GraphProto whose external data is already resolved (the loader does
+        that through ``workbench.graph.external``; anything still external is refused)."""
         inits = {}
         for t in g.initializer:
-            inits[t.name] = numpy_helper.to_array(t, base_dir or "")
+            inits[t.name] = tensor_to_array(t, f"graph {g.name!r}: initializer {t.name!r}")
         for st in g.sparse_initializer:
-            inits[st.values.name] = _sparse_to_dense(st)
+            inits[st.values.name] = sparse_to_dense(
+                st, f"graph {g.name!r}: sparse initializer {st.values.name!r}")
         inputs = [ValueInfo.from_proto(v) for v in g.input if v.name not in inits]
         outputs = [ValueInfo.from_proto(v) for v in g.output]
         vinfo = {v.name: ValueInfo.from_proto(v) for v in g.value_info}
@@ -171,7 +169,8 @@ class Graph:
                 vinfo[v.name] = ValueInfo.from_proto(v)
         nodes = []
         for i, n in enumerate(g.node):
-            attrs = {a.name: attr_to_python(a, opsets, base_dir) for a in n.attribute}
+            label = f"node {n.name or n.op_type + '_' + str(i)!r} ({n.op_type})"
+            attrs = {a.name: attr_to_python(a, opsets, label) for a in n.attribute}
             nodes.append(Node(n.op_type, list(n.input), list(n.output), attrs,
                               n.name or f"{n.op_type}_{i}", n.domain, n.doc_string))
         return cls(g.name, nodes, inputs, outputs, inits, vinfo, dict(opsets), g.doc_string)

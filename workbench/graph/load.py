@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import onnx
-import onnx.checker
 import onnx.defs
-import onnx.shape_inference
 from google.protobuf.message import DecodeError
 
-from workbench.errors import ModelLoadError
+from workbench.errors import ModelLoadError, WorkbenchError
+from workbench.graph import isolated
+from workbench.graph.external import has_external_data, resolve_external_data
 from workbench.graph.ir import Graph
 
 
@@ -81,64 +81,6 @@ def check_versions(m: onnx.ModelProto, path: str | None = None) -> None:
             raise ModelLoadError(f"invalid ai.onnx opset version {imp.version}", path=path)
 
 
-def _iter_tensors(g: onnx.GraphProto):
-    yield from g.initializer
-    for st in g.sparse_initializer:
-        yield st.values
-        yield st.indices
-    for n in g.node:
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.TENSOR:
-                yield a.t
-            elif a.type == onnx.AttributeProto.TENSORS:
-                yield from a.tensors
-            elif a.type == onnx.AttributeProto.GRAPH:
-                yield from _iter_tensors(a.g)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for sg in a.graphs:
-                    yield from _iter_tensors(sg)
-
-
-def load_external_data(m: onnx.ModelProto, base_dir: str | None, path: str | None) -> None:
-    """Read external tensor data, refusing any location outside ``base_dir``."""
-    ext = [t for t in _iter_tensors(m.graph)
-           if t.data_location == onnx.TensorProto.EXTERNAL]
-    if not ext:
-        return
-    if base_dir is None:
-        raise ModelLoadError(
-            f"{len(ext)} tensor(s) (e.g. {ext[0].name!r}) keep their data in external files, "
-            f"but the model was given as bytes/proto: load it from its path so the data can be "
-            f"found", path=path)
-    root = os.path.realpath(base_dir)
-    for t in ext:
-        info = {e.key: e.value for e in t.external_data}
-        loc = info.get("location")
-        if not loc:
-            raise ModelLoadError(f"tensor {t.name!r} is external but has no location", path=path)
-        full = os.path.realpath(os.path.join(root, loc))
-        if os.path.isabs(loc) or os.path.commonpath([root, full]) != root:
-            raise ModelLoadError(
-                f"tensor {t.name!r}: external data location {loc!r} points outside the model's "
-                f"folder {root!r}; refusing to read it (locations must be relative paths inside "
-                f"the folder)", path=path)
-        if not os.path.isfile(full):
-            raise ModelLoadError(
-                f"tensor {t.name!r}: external data file {loc!r} not found in {root!r}", path=path)
-        offset = int(info.get("offset", 0) or 0)
-        length = info.get("length")
-        with open(full, "rb") as f:
-            f.seek(offset)
-            data = f.read(int(length)) if length else f.read()
-        if length and len(data) != int(length):
-            raise ModelLoadError(
-                f"tensor {t.name!r}: external file {loc!r} is truncated (wanted {length} bytes "
-                f"at offset {offset}, got {len(data)})", path=path)
-        t.raw_data = data
-        del t.external_data[:]
-        t.data_location = onnx.TensorProto.DEFAULT
-
-
 def set_input_shapes(m: onnx.ModelProto, shapes: dict | None = None,
                      batch_size: int | None = None) -> None:
     """Override input shapes (whole shapes by name, or just the first dim of every input)."""
@@ -173,14 +115,50 @@ def set_input_shapes(m: onnx.ModelProto, shapes: dict | None = None,
         del m.graph.value_info[:]
 
 
-def infer_shapes(m: onnx.ModelProto, path: str | None = None) -> onnx.ModelProto:
+def check_attributes(m: onnx.ModelProto, path: str | None = None) -> None:
+    """Refuse attribute values no valid model has, before any C++ code sees them.
+
+    Axis-like attributes (``axis``, ``axes``, ``*_axis``) must be small: ONNX ranks are far
+    below 2**16, and huge values have crashed onnx's shape inference.
+    """
+    def walk(g: onnx.GraphProto, where: str):
+        for i, n in enumerate(g.node):
+            for a in n.attribute:
+                name = a.name.lower()
+                if name == "axis" or name.endswith("_axis") or name == "axes":
+                    vals = [a.i] if a.type == onnx.AttributeProto.INT else list(a.ints)
+                    bad = [v for v in vals if abs(v) > _MAX_AXIS]
+                    if bad:
+                        raise ModelLoadError(
+                            f"{where}node {n.name or n.op_type + '_' + str(i)!r} "
+                            f"({n.op_type}): attribute {a.name}={bad[0]} is not a valid axis "
+                            f"(|axis| must be below the tensor's rank)", path=path)
+                if a.type == onnx.AttributeProto.GRAPH:
+                    walk(a.g, f"{where}node {n.name or n.op_type!r} subgraph {a.name!r}: ")
+                for sg in a.graphs:
+                    walk(sg, f"{where}node {n.name or n.op_type!r} subgraph {a.name!r}: ")
+    walk(m.graph, "")
+
+
+_MAX_AXIS = 1 << 16
+
+
+def check_and_infer(m: onnx.ModelProto, *, check: bool, infer: bool,
+                    path: str | None = None) -> onnx.ModelProto:
+    """onnx.checker (a refusal is a ModelLoadError) and shape inference (a failure there is a
+    warning), both in a helper process so that a crash in onnx's C++ code cannot take this
+    process down (``workbench.graph.isolated``)."""
     try:
-        return onnx.shape_inference.infer_shapes(m, check_type=False, strict_mode=False,
-                                                 data_prop=True)
-    except Exception as e:  # shape inference is a help, not a requirement
+        inferred = isolated.check_and_infer(m, check=check, infer=infer, path=path)
+    except isolated.CheckFailed as e:
+        msg = str(e).strip().splitlines()
+        raise ModelLoadError("the model fails onnx.checker: " + " | ".join(msg[:6]),
+                             path=path) from None
+    except isolated.InferenceFailed as e:
         warnings.warn(f"{path or 'model'}: ONNX shape inference failed ({e}); intermediate "
                       f"shapes will be unknown until the model runs", stacklevel=3)
         return m
+    return inferred if inferred is not None else m
 
 
 def load(src: Any, *, check: bool = True, shape_inference: bool = True,
@@ -200,31 +178,29 @@ def load(src: Any, *, check: bool = True, shape_inference: bool = True,
     m = _read_proto(src, path)
     check_versions(m, path)
     needs_copy = isinstance(src, onnx.ModelProto) and (
-        input_shapes or batch_size is not None
-        or any(t.data_location == onnx.TensorProto.EXTERNAL for t in _iter_tensors(m.graph)))
+        input_shapes or batch_size is not None or has_external_data(m))
     if needs_copy:
         m2 = onnx.ModelProto()
         m2.CopyFrom(m)
         m = m2
-    load_external_data(m, base_dir, path)
-    if check:
-        try:
-            onnx.checker.check_model(m)
-        except onnx.checker.ValidationError as e:
-            msg = str(e).strip().splitlines()
-            raise ModelLoadError("the model fails onnx.checker: " + " | ".join(msg[:6]),
-                                 path=path) from None
-        except ValueError as e:  # e.g. models over 2 GB
-            warnings.warn(f"{path or 'model'}: onnx.checker skipped: {e}", stacklevel=2)
+    resolve_external_data(m, base_dir, path)
+    check_attributes(m, path)
     if input_shapes or batch_size is not None:
         set_input_shapes(m, input_shapes, batch_size)
-    if shape_inference:
-        m = infer_shapes(m, path)
+    if check or shape_inference:
+        if check and not shape_inference:
+            check_and_infer(m, check=True, infer=False, path=path)
+        else:
+            m = check_and_infer(m, check=check, infer=True, path=path)
     opsets = {(o.domain or ""): int(o.version) for o in m.opset_import}
     if "ai.onnx" in opsets:
         opsets.setdefault("", opsets.pop("ai.onnx"))
     try:
-        graph = Graph.from_proto(m.graph, opsets, base_dir)
+        graph = Graph.from_proto(m.graph, opsets)
+    except WorkbenchError as e:
+        if isinstance(e, ModelLoadError) and e.path is None and path:
+            raise ModelLoadError(str(e), path=path) from None
+        raise
     except Exception as e:
         raise ModelLoadError(f"could not read the graph: {type(e).__name__}: {e}",
                              path=path) from e

@@ -22,7 +22,9 @@ import warnings
 
 import numpy as np
 
+from workbench.errors import ModelLoadError, WorkbenchError
 from workbench.graph.ir import Graph, Node
+from workbench.limits import temporary_budget
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                     "Multinomial", "Bernoulli", "Dropout"}
@@ -127,7 +129,8 @@ def fold_constants(graph: Graph) -> Graph:
                 if entry.wants_ctx:
                     attrs["ctx"] = NodeContext(n.name, n.op_type, opset, len(n.outputs),
                                                tuple(n.outputs), False, None)
-                with np.errstate(all="ignore"), warnings.catch_warnings():
+                with np.errstate(all="ignore"), warnings.catch_warnings(), \
+                        temporary_budget(MAX_FOLDED_BYTES):
                     warnings.simplefilter("ignore")
                     r = entry.fn(*[consts[i] if i else None for i in n.inputs], **attrs)
                 folded = r if type(r) is tuple else (r,)
@@ -182,15 +185,24 @@ def fold_batchnorm(graph: Graph) -> Graph:
                                           and conv.inputs[2] not in inits):
             continue
         w = inits[conv.inputs[1]]
-        if w.dtype.kind != "f":
+        if w.dtype.kind != "f" or w.ndim < 3:
             continue
-        scale, bias, mean, var = (np.asarray(inits[p], dtype=np.float64) for p in params)
+        # validate before computing: every BN parameter (and the Conv bias) must be one value
+        # per output channel; anything else is left to the BatchNormalization kernel, which
+        # reports it naming the node
+        c_out = w.shape[0]
+        arrays = [np.asarray(inits[p]) for p in params]
+        has_bias = len(conv.inputs) > 2 and bool(conv.inputs[2])
+        if has_bias:
+            arrays.append(np.asarray(inits[conv.inputs[2]]))
+        if any(a.shape != (c_out,) or a.dtype.kind != "f" for a in arrays):
+            continue
+        scale, bias, mean, var = (a.astype(np.float64) for a in arrays[:4])
         eps = float(bn.attrs.get("epsilon", 1e-5))
-        s = scale / np.sqrt(var + eps)
-        b0 = np.asarray(inits[conv.inputs[2]], np.float64) if len(conv.inputs) > 2 \
-            and conv.inputs[2] else np.zeros(w.shape[0])
-        if s.shape != (w.shape[0],):
+        if not (np.all(np.isfinite(var)) and np.all(var + eps > 0)):
             continue
+        s = scale / np.sqrt(var + eps)
+        b0 = arrays[4].astype(np.float64) if has_bias else np.zeros(c_out)
         new_w = (w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
         new_b = ((b0 - mean) * s + bias).astype(w.dtype)
         wname = _fresh(inits, conv.inputs[1] + "_bnfolded")
@@ -308,12 +320,18 @@ def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bo
     """Run the inference passes: identities, constant folding, Conv+BN folding, Conv+Add+
     activation fusion, DCE."""
     g = graph
-    if identities:
-        g = remove_identities(g)
-    if fold:
-        g = fold_constants(g)
-    if bn:
-        g = fold_batchnorm(g)
-    if fuse:
-        g = fuse_conv_activation(g)
-    return eliminate_dead_code(g)
+    steps = [(identities, remove_identities), (fold, fold_constants), (bn, fold_batchnorm),
+             (fuse, fuse_conv_activation), (True, eliminate_dead_code)]
+    for enabled, fn in steps:
+        if not enabled:
+            continue
+        try:
+            g = fn(g)
+        except WorkbenchError:
+            raise
+        except Exception as e:  # a pass must never surface a raw numpy/Python error
+            raise ModelLoadError(
+                f"the inference pass {fn.__name__} failed on graph {graph.name!r}: "
+                f"{type(e).__name__}: {e}; the model is probably malformed (prepare with "
+                f"optimize=False to run it as written)") from e
+    return g

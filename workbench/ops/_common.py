@@ -16,6 +16,10 @@ from __future__ import annotations
 import numpy as np  # dtype constants, np.errstate and np.generic only
 
 from workbench.errors import ShapeError
+from workbench.limits import check_alloc
+
+# outputs up to this many bytes are never checked against the memory budget (fast path)
+_UNCHECKED_BYTES = 1 << 24
 
 # ----------------------------------------------------------------------------------------------
 # host-side arguments
@@ -29,6 +33,46 @@ def _host_list(values, cast) -> list:
     if isinstance(values, (int, float)):
         return [cast(values)]
     return [cast(v) for v in values]
+
+
+def check_broadcast(op: str, *arrays) -> None:
+    """Refuse (ResourceError) a broadcast whose result would exceed the memory budget, before
+    numpy allocates it (``[N, 1] * [1, N]`` is N**2 elements). Cheap when shapes are equal."""
+    shapes = [a.shape for a in arrays if a is not None and hasattr(a, "shape")]
+    if len(shapes) < 2:
+        return
+    first = shapes[0]
+    if all(s == first for s in shapes[1:]):
+        return
+    nd = max(len(s) for s in shapes)
+    size = 1
+    out = []
+    for i in range(1, nd + 1):
+        d = 1
+        for s in shapes:
+            if len(s) >= i and s[-i] != 1:
+                d = s[-i]
+        out.append(d)
+        size *= d
+    itemsize = max(getattr(getattr(arrays[0], "dtype", None), "itemsize", 8), 1)
+    if size * itemsize > _UNCHECKED_BYTES:
+        check_alloc(out[::-1], itemsize=itemsize, what=f"{op}: the broadcast output")
+
+
+def check_matmul(op: str, a_shape, b_shape, itemsize: int = 4) -> None:
+    """Refuse a (batched) matrix product whose output would exceed the memory budget."""
+    if len(a_shape) < 1 or len(b_shape) < 1:
+        return
+    m = a_shape[-2] if len(a_shape) >= 2 else 1
+    n = b_shape[-1] if len(b_shape) >= 2 else 1
+    batch = 1
+    ba, bb = tuple(a_shape[:-2]), tuple(b_shape[:-2])
+    for i in range(1, max(len(ba), len(bb)) + 1):
+        da = ba[-i] if len(ba) >= i else 1
+        db = bb[-i] if len(bb) >= i else 1
+        batch *= max(da, db)
+    if batch * m * n * itemsize > _UNCHECKED_BYTES:
+        check_alloc((batch, m, n), itemsize=itemsize, what=f"{op}: the output")
 
 
 def ints(values) -> list[int]:

@@ -13,6 +13,7 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.limits import check_alloc, check_iterations
 from workbench.ops.registry import kernel
 
 
@@ -61,7 +62,12 @@ def loop(M, cond, *v_initial, body, ctx):
     n_scan = ctx.n_outputs - n_carried
     scans: list[list] = [[] for _ in range(max(n_scan, 0))]
     i = 0
+    scan_bytes = 0
+    what = f"Loop (trip count {'unbounded' if max_trip is None else max_trip})"
     while keep_going and (max_trip is None or i < max_trip):
+        # a Python-level loop: Jupyter's stop button (KeyboardInterrupt) lands between
+        # iterations and leaves the process usable
+        check_iterations(i, what=what)
         res = body(xp.asarray(i, dtype=np.int64), xp.asarray(keep_going), *carried)
         if len(res) < 1 + n_carried:
             raise InputError(f"Loop: body returned {len(res)} values; it must return the "
@@ -73,6 +79,9 @@ def loop(M, cond, *v_initial, body, ctx):
             scans.extend([] for _ in range(len(elems) - len(scans)))
         for k, e in enumerate(elems):
             scans[k].append(e)
+            scan_bytes += int(getattr(e, "nbytes", 0))
+        if elems:
+            check_alloc((scan_bytes,), itemsize=1, what="Loop: the scan outputs so far")
         i += 1
     outs = carried
     for k, elems in enumerate(scans):
@@ -122,6 +131,8 @@ def scan(*initial_state_and_scan_inputs, body, num_scan_inputs, scan_input_axes=
         raise ShapeError(f"Scan: scan inputs have different lengths along their scan axes: "
                          f"{[tuple(s.shape) for s in scan_ins]} with axes {in_axes}")
     steps = lengths.pop() if lengths else 0
+    if steps:
+        check_iterations(steps - 1, what=f"Scan ({steps} steps)")
     k = ctx.n_outputs - n
     elems: list[list] = [[] for _ in range(k)]
     for t in range(steps):

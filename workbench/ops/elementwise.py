@@ -14,13 +14,17 @@ import numpy as np  # dtype constants only
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
-from workbench.ops._common import compute_dtype, ensure_array, is_float, quiet
+from workbench.ops._common import check_broadcast, compute_dtype, ensure_array, is_float, quiet
 from workbench.ops.registry import kernel
 
 
 def legacy_broadcast(op: str, a, b, broadcast, axis):
-    """Opset < 7 binary ops: with ``broadcast=1`` B is aligned to A starting at ``axis``."""
-    if not broadcast or b.ndim == 0 or a.shape == b.shape:
+    """Opset < 7 binary ops: with ``broadcast=1`` B is aligned to A starting at ``axis``.
+    Also where every binary op refuses a broadcast output over the memory budget."""
+    if a.shape == b.shape:
+        return b
+    if not broadcast or b.ndim == 0:
+        check_broadcast(op, a, b)
         return b
     if axis is None:
         axis = a.ndim - b.ndim
@@ -365,6 +369,7 @@ def _variadic(op: str, ufunc_name: str, inputs, accumulate=False):
     if len(inputs) == 1:
         return inputs[0]
     xp = xp_of(*inputs)
+    check_broadcast(op, *inputs)
     ufunc = getattr(xp, ufunc_name)
     dtype = inputs[0].dtype
     wide = compute_dtype(dtype) if accumulate and len(inputs) > 2 else dtype

@@ -12,6 +12,7 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.limits import check_alloc
 from workbench.ops._common import norm_axis, prod, stable_argsort
 from workbench.ops.registry import kernel
 
@@ -288,7 +289,10 @@ def one_hot(indices, depth, values, *, axis=-1):
     d = xp.asarray(depth).reshape(-1)
     if d.shape[0] != 1:
         raise ShapeError(f"OneHot: depth must hold one value, got shape {tuple(depth.shape)}")
-    depth_v = int(float(d[0]))
+    depth_f = float(d[0])
+    if not np.isfinite(depth_f):
+        raise ShapeError(f"OneHot: depth must be finite, got {depth_f}")
+    depth_v = int(depth_f)
     if depth_v < 1:
         raise ShapeError(f"OneHot: depth must be >= 1, got {depth_v}")
     vals = xp.asarray(values).reshape(-1)
@@ -305,6 +309,9 @@ def one_hot(indices, depth, values, *, axis=-1):
         ind = xp.trunc(ind)
     ind = ind.astype(np.int64)
     ind = xp.where(ind < 0, ind + depth_v, ind)
+    out_shape = list(indices.shape)
+    out_shape.insert(ax, depth_v)
+    check_alloc(out_shape, vals.dtype, what="OneHot: the output")
     ind = xp.expand_dims(ind, ax)
     shape = [1] * (r + 1)
     shape[ax] = depth_v

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import check_matmul
 from workbench.ops.parallel import parallel_matmul
 from workbench.ops.registry import kernel
 from workbench.ops.windows import compute_dtype
@@ -24,6 +25,7 @@ def _matmul(op, a, b):
     if ka != kb:
         raise ShapeError(f"{op}: inner dimensions differ: A {tuple(a.shape)} has {ka} columns, "
                          f"B {tuple(b.shape)} has {kb} rows")
+    check_matmul(op, a.shape, b.shape, max(a.dtype.itemsize, 4))
     try:
         if a.ndim >= 3 and b.ndim == 2 and a.flags.c_contiguous:
             # (..., M, K) @ (K, N): one GEMM over every row, not a batch of small ones
@@ -61,6 +63,7 @@ def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0):
     if a.shape[1] != b.shape[0]:
         raise ShapeError(f"{op}: A' {tuple(a.shape)} and B' {tuple(b.shape)} (after transA="
                          f"{transA}, transB={transB}) have different inner dimensions")
+    check_matmul(op, a.shape, b.shape, 8)
     y = parallel_matmul(xp, a.astype(cd, copy=False), b.astype(cd, copy=False))
     integer = cd.kind in "iu"
     if alpha != 1.0:

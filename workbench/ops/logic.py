@@ -6,7 +6,7 @@ The opset-1 forms of the binary ops also accept the legacy ``broadcast``/``axis`
 from __future__ import annotations
 
 from workbench.arrays import xp_of
-from workbench.ops._common import ensure_array
+from workbench.ops._common import check_broadcast, ensure_array
 from workbench.ops.elementwise import legacy_broadcast
 from workbench.ops.registry import kernel
 
@@ -67,6 +67,7 @@ def not_(x):
 @kernel("Where", since=9)
 def where(condition, x, y):
     """x where condition is true, else y; the three inputs broadcast together."""
+    check_broadcast("Where", x, y, condition)
     xp = xp_of(condition, x, y)
     if condition.dtype != bool:
         condition = condition.astype(bool)

@@ -30,6 +30,7 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.limits import check_alloc
 from workbench.ops._common import floats, ints, norm_axis
 from workbench.ops.registry import kernel
 
@@ -183,6 +184,7 @@ def _resize(x, out_shape, scales, *, mode, coord_mode, nearest_mode, cubic_coeff
             exclude_outside=0, extrapolation_value=0.0, antialias=0, roi=None):
     """Resample ``x`` to ``out_shape``; ``scales``/``roi`` are per-axis lists over all axes."""
     xp = xp_of(x)
+    check_alloc(out_shape, x.dtype, what="Resize: the output")
     mode = _MODE_ALIASES.get(mode, mode)
     if mode not in ("nearest", "linear", "cubic"):
         raise InputError(f"Resize: mode {mode!r} is not supported "
@@ -227,7 +229,12 @@ def _norm_axes(axes, rank, op):
 
 def _floor_size(in_len, scale):
     # float32 product as in the reference runtimes (10 * 0.7f == 7, not 6.999...)
-    return int(math.floor(float(np.float32(in_len) * np.float32(scale))))
+    with np.errstate(over="ignore"):
+        v = float(np.float32(in_len) * np.float32(scale))
+    if not math.isfinite(v):
+        raise InputError(f"Resize: scale {scale} gives a non-finite output size for an axis of "
+                         f"length {in_len}")
+    return int(math.floor(v))
 
 
 # --------------------------------------------------------------------------------------------

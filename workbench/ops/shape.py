@@ -12,6 +12,7 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.limits import check_alloc
 from workbench.ops._common import ints, norm_axis, prod
 from workbench.ops.registry import kernel
 
@@ -180,6 +181,10 @@ def _split(input, sizes, axis, n_outputs, num_outputs=None):
     ax = norm_axis(int(axis), input.ndim, "Split")
     dim = input.shape[ax]
     if sizes:
+        if len(sizes) != n_outputs:
+            raise ShapeError(f"Split: {len(sizes)} split sizes {sizes[:8]}"
+                             f"{'...' if len(sizes) > 8 else ''} for a node with {n_outputs} "
+                             f"output(s); there must be one size per output")
         if any(s < 0 for s in sizes) or sum(sizes) != dim:
             raise ShapeError(f"Split: split sizes {sizes} must be >= 0 and add up to {dim}, the "
                              f"size of axis {ax} of the input shape {tuple(input.shape)}")
@@ -187,6 +192,9 @@ def _split(input, sizes, axis, n_outputs, num_outputs=None):
         n = int(num_outputs) if num_outputs else n_outputs
         if n <= 0:
             raise ShapeError(f"Split: cannot split into {n} outputs")
+        if num_outputs and n != n_outputs:
+            raise ShapeError(f"Split: num_outputs={n} but the node has {n_outputs} output(s); "
+                             f"they must be equal")
         chunk = -(-dim // n)
         sizes = [max(min(chunk, dim - i * chunk), 0) for i in range(n)]
     out = []
@@ -294,6 +302,8 @@ def _pad(data, pads, mode, value, axes=None):
         after = [max(e, 0) for e in after]
     if not any(before) and not any(after):
         return data
+    check_alloc([d + b + e for d, b, e in zip(data.shape, before, after)], data.dtype,
+                what="Pad: the output")
     if mode == "constant":
         shape = tuple(d + b + e for d, b, e in zip(data.shape, before, after))
         out = xp.empty(shape, dtype=data.dtype)
@@ -360,6 +370,8 @@ def expand(input, shape):
                          f"{tuple(shape)}") from None
     if tuple(out_shape) == tuple(input.shape):
         return input
+    # a broadcast view costs nothing here, but every consumer materialises it
+    check_alloc(out_shape, input.dtype, what="Expand: the output")
     return xp.broadcast_to(input, out_shape)
 
 
@@ -369,6 +381,9 @@ def tile_v1(input, tiles, axis):
     xp = xp_of(input)
     reps = [1] * input.ndim
     reps[norm_axis(ints(axis)[0], input.ndim, "Tile")] = ints(tiles)[0]
+    if any(x < 0 for x in reps):
+        raise ShapeError(f"Tile: tiles must be >= 0, got {ints(tiles)}")
+    check_alloc([d * r for d, r in zip(input.shape, reps)], input.dtype, what="Tile: the output")
     return xp.tile(input, reps)
 
 
@@ -380,6 +395,7 @@ def tile(input, repeats):
     if len(reps) != input.ndim or any(x < 0 for x in reps):
         raise ShapeError(f"Tile: repeats {reps} must have one value >= 0 per axis of the input "
                          f"shape {tuple(input.shape)}")
+    check_alloc([d * r for d, r in zip(input.shape, reps)], input.dtype, what="Tile: the output")
     return xp.tile(input, reps)
 
 

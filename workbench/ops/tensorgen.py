@@ -14,6 +14,7 @@ import numpy as np
 
 from workbench.arrays import np_dtype_of_onnx, xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.limits import check_alloc
 from workbench.ops._common import ints, scalar_of
 from workbench.ops.registry import kernel
 
@@ -84,6 +85,8 @@ def constant_of_shape(input, *, value=None, ctx=None):
     xp = ctx.extra.get("xp") if ctx is not None and ctx.extra.get("xp") is not None else \
         xp_of(input)
     shape = _shape_of("ConstantOfShape", input)
+    check_alloc(shape, np.float32 if value is None else np.asarray(value).dtype,
+                what="ConstantOfShape: the output")
     if value is None:
         return xp.zeros(shape, dtype=np.float32)
     val = np.asarray(value)
@@ -114,11 +117,18 @@ def range_(start, limit, delta, *, stash_type=1):
         if d == 0:
             raise InputError("Range: delta cannot be 0")
         n = max(-((s - lim) // d), 0)  # exact ceil((lim - s) / d) for ints
+        check_alloc((n,), np.int64, what=f"Range({s}, {lim}, {d}): the output")
         return (xp.arange(n, dtype=np.int64) * d + s).astype(dtype)
     s, lim, d = float(s), float(lim), float(d)
     if d == 0:
         raise InputError("Range: delta cannot be 0")
-    n = max(int(np.ceil((lim - s) / d)), 0)
+    if not all(np.isfinite((s, lim, d))):
+        raise InputError(f"Range: start {s}, limit {lim} and delta {d} must be finite")
+    n_f = np.ceil((lim - s) / d)
+    if not np.isfinite(n_f):
+        raise InputError(f"Range({s}, {lim}, {d}): the number of elements is not finite")
+    n = max(int(n_f), 0)
+    check_alloc((n,), np.float64, what=f"Range({s}, {lim}, {d}): the output")
     if dtype.name in ("float16", "bfloat16") and not stash_type:
         i = xp.arange(n).astype(dtype)
         return i * xp.asarray(d).astype(dtype) + xp.asarray(s).astype(dtype)
@@ -154,12 +164,14 @@ def _generator(xp, seed, ctx):
 
 
 def _normal(xp, shape, dtype, mean, scale, seed, ctx):
+    check_alloc(shape, np.float64, what="the random output")
     rng = _generator(xp, seed, ctx)
     out = rng.standard_normal(shape, dtype=np.float64) * float(scale) + float(mean)
     return out.astype(dtype)
 
 
 def _uniform(xp, shape, dtype, low, high, seed, ctx):
+    check_alloc(shape, np.float64, what="the random output")
     rng = _generator(xp, seed, ctx)
     out = rng.random(shape, dtype=np.float64) * (float(high) - float(low)) + float(low)
     return out.astype(dtype)
@@ -205,6 +217,9 @@ def multinomial(input, *, dtype=6, sample_size=1, seed=None, ctx=None):
     if out_dt not in (np.dtype(np.int32), np.dtype(np.int64)):
         raise InputError(f"Multinomial: dtype must be int32 or int64, got {out_dt}")
     batch, classes = input.shape
+    if int(sample_size) < 0:
+        raise InputError(f"Multinomial: sample_size must be >= 0, got {sample_size}")
+    check_alloc((batch, int(sample_size)), np.float64, what="Multinomial: the samples")
     logits = input.astype(np.float64)
     logits = logits - logits.max(axis=1, keepdims=True)
     p = xp.exp(logits)

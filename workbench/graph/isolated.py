@@ -1,0 +1,336 @@
+"""ONNX's C++ checker and shape inference, run in a helper process.
+
+``onnx.checker`` and ``onnx.shape_inference`` are C++ code; on some malformed models they
+crash the process (e.g. a SIGSEGV was seen on LayerNormalization with ``axis=2**31``). In a
+notebook that kills the kernel and the user's unsaved state. So the loader runs them in a small,
+long-lived helper process that imports only ``onnx``: a crash, a hang or a memory blow-up
+there becomes a :class:`~workbench.errors.ModelLoadError` here, and the helper is restarted on
+the next request.
+
+What is sent is a *skeleton* of the model: large initializers are replaced by graph inputs of
+the same type and shape (what the checker and shape inference need of them), so the round trip
+costs little even for big models. Small integer initializers stay, for data propagation
+(Reshape targets, Slice bounds...).
+
+Measured on this project's machines: the helper starts once per process (~0.2 s, importing
+onnx); a request costs the serialisation of the skeleton (under a millisecond for the light
+models, ~15 ms for the GPT-2-like export). ``WORKBENCH_SHAPE_INFERENCE=inprocess`` runs them in
+this process instead (no isolation), e.g. where subprocesses are not allowed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import onnx
+
+from workbench.errors import ModelLoadError
+from workbench.limits import shape_inference_timeout
+
+# initializers up to this many bytes stay in the skeleton (data propagation reads them)
+KEEP_INITIALIZER_BYTES = 4096
+# the helper's address-space limit (bytes); it only ever holds a skeleton
+HELPER_MEMORY_LIMIT = 4 * 2**30
+
+_WORKER_SOURCE = r"""
+import os, struct, sys, traceback
+try:
+    import resource
+    lim = int(os.environ.get("WORKBENCH_HELPER_AS", "0"))
+    if lim:
+        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+except Exception:
+    pass
+import onnx, onnx.checker, onnx.shape_inference
+rd = os.fdopen(0, "rb", buffering=0)
+wr = os.fdopen(1, "wb", buffering=0)
+def read_exact(n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = rd.read(n - len(buf))
+        if not chunk:
+            sys.exit(0)
+        buf += chunk
+    return bytes(buf)
+def reply(status, payload):
+    wr.write(struct.pack("<BQ", status, len(payload)) + payload)
+wr.write(b"R")
+while True:
+    flags, n = struct.unpack("<BQ", read_exact(9))
+    data = read_exact(n)
+    try:
+        m = onnx.ModelProto()
+        m.ParseFromString(data)
+        if flags & 1:
+            try:
+                onnx.checker.check_model(m)
+            except onnx.checker.ValidationError as e:
+                reply(2, str(e).encode("utf-8", "replace"))
+                continue
+        if flags & 2:
+            try:
+                m = onnx.shape_inference.infer_shapes(m, check_type=False, strict_mode=False,
+                                                      data_prop=True)
+            except Exception as e:
+                reply(3, (type(e).__name__ + ": " + str(e)).encode("utf-8", "replace"))
+                continue
+            reply(0, m.SerializeToString())
+        else:
+            reply(0, b"")
+    except MemoryError:
+        reply(4, b"out of memory")
+    except Exception as e:
+        reply(1, (type(e).__name__ + ": " + str(e)).encode("utf-8", "replace"))
+"""
+
+
+class CheckFailed(Exception):
+    """onnx.checker refused the model (message: the checker's text)."""
+
+
+class InferenceFailed(Exception):
+    """onnx shape inference raised (message: its text)."""
+
+
+class _Helper:
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+
+    def close(self):
+        """Let the helper exit (end of its input) and reap it."""
+        p, self.proc = self.proc, None
+        if p is None or self.pid != os.getpid():
+            return
+        try:
+            p.stdin.close()
+            p.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - best effort at exit
+            p.kill()
+            p.wait()
+        finally:
+            if p.stdout is not None:
+                p.stdout.close()
+
+    def _start(self):
+        env = dict(os.environ)
+        env["WORKBENCH_HELPER_AS"] = str(HELPER_MEMORY_LIMIT)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", _WORKER_SOURCE], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, close_fds=True)
+        # -I (isolated mode) keeps the user's cwd and PYTHONPATH out of the helper's imports,
+        # but onnx must still be found: it is in this interpreter's site-packages
+        ready = self._read(1, time.monotonic() + 60)
+        if ready != b"R":
+            self.kill()
+            raise OSError("the shape-inference helper did not start")
+
+    def kill(self):
+        p, self.proc = self.proc, None
+        if p is not None:
+            try:
+                p.kill()
+                p.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+            for f in (p.stdin, p.stdout):
+                try:
+                    if f is not None:
+                        f.close()
+                except OSError:
+                    pass
+
+    def _read(self, n: int, deadline: float) -> bytes | None:
+        fd = self.proc.stdout.fileno()
+        buf = bytearray()
+        while len(buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            r, _, _ = select.select([fd], [], [], min(left, 1.0))
+            if not r:
+                continue
+            chunk = os.read(fd, min(n - len(buf), 1 << 20))
+            if not chunk:
+                return None
+            buf += chunk
+        return bytes(buf)
+
+    def request(self, flags: int, data: bytes, timeout: float) -> tuple[int, bytes]:
+        with self.lock:
+            if self.pid != os.getpid():   # a forked child: the pipes belong to the parent
+                self.proc, self.pid = None, os.getpid()
+            if self.proc is None or self.proc.poll() is not None:
+                self._start()
+            deadline = time.monotonic() + timeout
+            try:
+                self.proc.stdin.write(struct.pack("<BQ", flags, len(data)))
+                self.proc.stdin.write(data)
+                self.proc.stdin.flush()
+                head = self._read(9, deadline)
+                if head is not None:
+                    status, n = struct.unpack("<BQ", head)
+                    payload = self._read(n, deadline)
+                    if payload is not None:
+                        return status, payload
+            except TimeoutError:
+                self.kill()
+                raise
+            except (BrokenPipeError, OSError):
+                pass
+            # the helper died
+            p = self.proc
+            code = None
+            try:
+                code = p.wait(timeout=10)
+            except Exception:  # noqa: BLE001
+                pass
+            self.kill()
+            raise ChildProcessError(code)
+
+
+_helper = _Helper()
+atexit.register(_helper.close)
+
+
+def _mode() -> str:
+    return os.environ.get("WORKBENCH_SHAPE_INFERENCE", "isolated").strip().lower()
+
+
+def skeleton(m: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``m`` whose large initializers are graph inputs of the same type and shape."""
+    sk = onnx.ModelProto()
+    g = m.graph
+    keep, move = [], []
+    for t in g.initializer:
+        size = len(t.raw_data) + 8 * (len(t.float_data) + len(t.int64_data) + len(t.int32_data)
+                                      + len(t.double_data) + len(t.uint64_data))
+        size += sum(len(s) for s in t.string_data)
+        (move if size > KEEP_INITIALIZER_BYTES else keep).append(t)
+    if not move:
+        sk.CopyFrom(m)
+        return sk
+    # copy everything but the initializers, then add back the small ones
+    saved = list(g.initializer)
+    try:
+        del g.initializer[:]
+        sk.CopyFrom(m)
+    finally:
+        g.initializer.extend(saved)
+    sk.graph.initializer.extend(keep)
+    declared = {i.name for i in sk.graph.input}
+    for t in move:
+        if t.name in declared:
+            continue
+        vi = sk.graph.input.add()
+        vi.name = t.name
+        tt = vi.type.tensor_type
+        tt.elem_type = t.data_type
+        tt.shape.SetInParent()
+        for d in t.dims:
+            tt.shape.dim.add().dim_value = d
+    return sk
+
+
+def _signal_name(code) -> str:
+    if code is None:
+        return "it stopped for an unknown reason"
+    if code < 0:
+        try:
+            return f"it was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"it was killed by signal {-code}"
+    return f"it exited with status {code}"
+
+
+def check_and_infer(m: onnx.ModelProto, *, check: bool, infer: bool,
+                    path: str | None = None) -> onnx.ModelProto | None:
+    """Run onnx.checker (``check``) and shape inference (``infer``) on ``m``.
+
+    Returns the model with inferred value_info merged (None when ``infer`` is False).
+    Raises CheckFailed (checker refusal), InferenceFailed (inference raised), or
+    ModelLoadError when the C++ code crashed, hung or ran out of memory.
+    """
+    if not check and not infer:
+        return None
+    if _mode() == "inprocess":
+        return _in_process(m, check, infer)
+    sk = skeleton(m)
+    try:
+        data = sk.SerializeToString()
+    except ValueError as e:  # e.g. > 2 GB even without the big initializers
+        raise ModelLoadError(f"the model cannot be serialised for checking: {e}",
+                             path=path) from None
+    timeout = shape_inference_timeout()
+    try:
+        status, payload = _helper.request((1 if check else 0) | (2 if infer else 0), data,
+                                          timeout)
+    except TimeoutError:
+        raise ModelLoadError(
+            f"onnx's checker/shape inference did not finish in {timeout:g} s on this model and "
+            f"was stopped (raise WORKBENCH_SHAPE_INFERENCE_TIMEOUT if the model is really that "
+            f"big)", path=path) from None
+    except ChildProcessError as e:
+        raise ModelLoadError(
+            f"onnx's C++ checker/shape inference crashed on this model ({_signal_name(e.args[0])}"
+            f"): the model is malformed in a way onnx does not catch. It ran in a helper "
+            f"process, so this session is unharmed", path=path) from None
+    except OSError as e:
+        # no subprocesses here: fall back to running in this process
+        import warnings  # noqa: PLC0415
+        warnings.warn(f"shape-inference helper unavailable ({e}); running onnx's checker and "
+                      f"shape inference in this process", stacklevel=3)
+        return _in_process(m, check, infer)
+    text = payload.decode("utf-8", "replace")
+    if status == 2:
+        raise CheckFailed(text)
+    if status == 3:
+        raise InferenceFailed(text)
+    if status == 4:
+        raise ModelLoadError("onnx's checker/shape inference ran out of memory on this model "
+                             "(in a helper process; this session is unharmed)", path=path)
+    if status != 0:
+        raise InferenceFailed(text)
+    if not infer:
+        return None
+    inferred = onnx.ModelProto()
+    inferred.ParseFromString(payload)
+    return _merge(m, inferred)
+
+
+def _merge(m: onnx.ModelProto, inferred: onnx.ModelProto) -> onnx.ModelProto:
+    """``m`` with the inferred graph (value_info, outputs, subgraphs) but its own initializers
+    and inputs."""
+    out = onnx.ModelProto()
+    g = inferred.graph
+    del g.initializer[:]
+    del g.input[:]
+    out.CopyFrom(inferred)
+    out.graph.input.extend(m.graph.input)
+    out.graph.initializer.extend(m.graph.initializer)
+    return out
+
+
+def _in_process(m, check, infer):
+    if check:
+        try:
+            onnx.checker.check_model(m)
+        except onnx.checker.ValidationError as e:
+            raise CheckFailed(str(e)) from None
+    if not infer:
+        return None
+    try:
+        return onnx.shape_inference.infer_shapes(m, check_type=False, strict_mode=False,
+                                                 data_prop=True)
+    except Exception as e:  # noqa: BLE001
+        raise InferenceFailed(f"{type(e).__name__}: {e}") from None
