@@ -15,6 +15,7 @@ import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
 from workbench import device as _device
+from workbench.errors import ModelLoadError, WorkbenchError
 from workbench.graph import passes as _passes
 from workbench.graph.executor import Plan
 from workbench.graph.load import load
@@ -48,14 +49,25 @@ def _dev(device) -> _device.Device:
     return _device.get_device(device)
 
 
-def prepare(model, device: str = "CPU", *, optimize: bool = True, **kwargs) -> WorkbenchRep:
-    """Load, validate and plan ``model`` (path, bytes or ModelProto) for ``device``."""
+def prepare(model, device: str = "CPU", *, optimize: bool = True,
+            base_dir: str | None = None, **kwargs) -> WorkbenchRep:
+    """Load, validate and plan ``model`` (path, bytes or ModelProto) for ``device``.
+
+    ``base_dir``: the folder holding external data files of a model given as bytes or a
+    ModelProto (a path's own folder is used otherwise; data never comes from elsewhere).
+    """
     dev = _dev(device)
-    loaded = load(model, check=kwargs.pop("check", True))
+    loaded = load(model, check=kwargs.pop("check", True), base_dir=base_dir)
     graph = loaded.graph
     if optimize:
         graph = _passes.optimize(graph)
-    plan = Plan(graph, device=dev)   # kernels for the device's array module, weights on it
+    try:
+        plan = Plan(graph, device=dev)   # kernels for the device's array module, weights on it
+    except WorkbenchError:
+        raise
+    except Exception as e:  # never a raw error from planning a malformed graph
+        raise ModelLoadError(f"could not plan the graph: {type(e).__name__}: {e}",
+                             path=loaded.path) from e
     return WorkbenchRep(loaded, plan, dev)
 
 

@@ -15,6 +15,7 @@ import collections
 import os
 import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -255,6 +256,8 @@ def cmd_conformance(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="workbench", description="ONNX Workbench command line")
+    p.add_argument("--debug", action="store_true",
+                   help="print the full traceback of an error (also WORKBENCH_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
     a = sub.add_parser("info", help="describe a model")
     a.add_argument("model")
@@ -285,11 +288,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get("WORKBENCH_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)
     except WorkbenchError as e:
-        print(f"workbench {args.command}: error: {e}", file=sys.stderr)
+        if debug:
+            traceback.print_exc()
+        print(f"workbench {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"workbench {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug of ours: still one line, the traceback on request
+        if debug:
+            traceback.print_exc()
+        print(f"workbench {args.command}: internal error: {type(e).__name__}: {_one_line(e)} "
+              f"(this is a bug in ONNX Workbench; run with --debug for the traceback and "
+              f"please report it)", file=sys.stderr)
+        return 3
+
+
+def _one_line(e: BaseException) -> str:
+    return " | ".join(line.strip() for line in str(e).splitlines() if line.strip())
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from workbench.grad import gradient, unbroadcast
+from workbench.ops._common import stable_sigmoid
 
 
 def _g(grads_out):
@@ -66,7 +67,7 @@ def tanh_grad(ctx, grads_out, inputs, outputs, **attrs):
 
 
 def _sigmoid(xp, x):
-    return 1 / (1 + xp.exp(-x))
+    return stable_sigmoid(xp, x)
 
 
 @gradient("Softplus")

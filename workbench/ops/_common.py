@@ -75,6 +75,14 @@ def check_matmul(op: str, a_shape, b_shape, itemsize: int = 4) -> None:
         check_alloc((batch, m, n), itemsize=itemsize, what=f"{op}: the output")
 
 
+def stable_sigmoid(xp, x):
+    """1 / (1 + exp(-x)) from exp(-|x|): never overflows, no warnings, exact limits; a new
+    array of x's (floating) dtype."""
+    e = xp.exp(-xp.abs(x))
+    r = 1 / (1 + e)
+    return xp.where(x >= 0, r, e * r)
+
+
 def ints(values) -> list[int]:
     """A host list of Python ints from an int tensor, a list or a scalar (None -> [])."""
     return _host_list(values, int)

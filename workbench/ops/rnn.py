@@ -12,7 +12,7 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
-from workbench.ops._common import work_dtype
+from workbench.ops._common import stable_sigmoid, work_dtype
 from workbench.ops.registry import kernel
 
 # name -> (takes alpha, takes beta, default alpha, default beta)
@@ -34,7 +34,7 @@ def _activation(op: str, name: str, alpha, beta, xp):
     if key == "tanh":
         return xp.tanh
     if key == "sigmoid":
-        return lambda x: 1 / (1 + xp.exp(-x))
+        return lambda x: stable_sigmoid(xp, x)
     if key == "softsign":
         return lambda x: x / (1 + xp.abs(x))
     if key == "softplus":
@@ -50,7 +50,7 @@ def _activation(op: str, name: str, alpha, beta, xp):
     if key == "hardsigmoid":
         return lambda x: xp.clip(alpha * x + beta, 0, 1)
     if key == "elu":
-        return lambda x: xp.where(x >= 0, x, alpha * (xp.exp(x) - 1))
+        return lambda x: xp.where(x >= 0, x, alpha * xp.expm1(xp.minimum(x, 0)))
     raise InputError(f"{op}: unknown activation {name!r}; supported: Relu, Tanh, Sigmoid, "
                      f"Affine, LeakyRelu, ThresholdedRelu, ScaledTanh, HardSigmoid, Elu, "
                      f"Softsign, Softplus")
