@@ -86,3 +86,7 @@ class ResourceError(WorkbenchError, MemoryError):
     """An operation would exceed a resource limit (the memory budget for one value, the
     iteration ceiling of Loop/Scan, the time allowed for shape inference); refused before the
     resource is used. ``workbench.limits`` says how to raise the limits."""
+
+
+class OverwriteError(ExportError, FileExistsError):
+    """A save would replace an existing file and ``overwrite=True`` was not given."""

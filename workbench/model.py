@@ -41,7 +41,7 @@ from collections import OrderedDict
 import numpy as np
 
 from workbench import autograd
-from workbench.errors import InputError, WorkbenchError
+from workbench.errors import InputError, OverwriteError, WorkbenchError
 from workbench.layer import Layer
 from workbench.tensor import Tensor, as_tensor
 
@@ -191,7 +191,7 @@ class Model(Layer):
         """Write parameters, buffers and ``aux_states`` ({name: array/Tensor}) to an .npz."""
         fpath = os.fspath(fpath)
         if os.path.exists(fpath) and not overwrite:
-            raise FileExistsError(f"{fpath} already exists; pass overwrite=True to replace it")
+            raise OverwriteError(f"{fpath} already exists; pass overwrite=True to replace it")
         arrays = OrderedDict((k, t.numpy()) for k, t in self.get_states().items())
         for k, v in (aux_states or {}).items():
             arrays[_AUX + k] = v.numpy() if isinstance(v, Tensor) else np.asarray(v)
@@ -265,7 +265,7 @@ class Model(Layer):
         from workbench.graph.export import save_atomic
         path = os.fspath(path)
         if os.path.exists(path) and not overwrite:
-            raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
+            raise OverwriteError(f"{path} already exists; pass overwrite=True to replace it")
         return save_atomic(self.to_onnx(inputs, **kwargs), path, overwrite=overwrite)
 
     def cut(self, last_layers, inputs=None):

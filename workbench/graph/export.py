@@ -32,7 +32,7 @@ from onnx import helper, numpy_helper
 
 from workbench.arrays import to_numpy
 from workbench.arrays.dtypes import onnx_dtype_of_np
-from workbench.errors import ExportError
+from workbench.errors import ExportError, OverwriteError
 
 
 class _Names:
@@ -316,16 +316,24 @@ def save_atomic(proto: onnx.ModelProto, path, *, overwrite: bool = False) -> str
     file is replaced only with ``overwrite=True``."""
     path = os.fspath(path)
     if os.path.exists(path) and not overwrite:
-        raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
+        raise OverwriteError(f"{path} already exists; pass overwrite=True to replace it")
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                               dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                   dir=folder)
+    except OSError as e:
+        raise ExportError(f"cannot write {path}: {e.strerror or e}") from e
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(proto.SerializeToString())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise ExportError(f"cannot write {path}: {e.strerror or e}") from e
+        if isinstance(e, ValueError):   # protobuf refuses messages over 2 GB
+            raise ExportError(f"cannot write {path}: {e} (models over 2 GB need external "
+                              f"data: onnx.save_model(..., save_as_external_data=True))") from e
         raise
     return path
