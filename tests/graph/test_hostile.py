@@ -606,3 +606,14 @@ def test_onnx_model_with_external_data_saved_by_onnx_round_trips(tmp_path):
     x = np.ones((1, 64), np.float32)
     (y,) = backend.prepare(str(p)).run([x])
     np.testing.assert_allclose(y, x @ w, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_special_files_are_not_read_as_models(tmp_path, kind):
+    if kind == "device":
+        path = "/dev/zero"          # would be read forever
+    else:
+        path = str(tmp_path / "pipe.onnx")
+        os.mkfifo(path)             # would block forever
+    with pytest.raises(ModelLoadError, match="not a regular file"):
+        load(path)

@@ -9,6 +9,7 @@ warning, not an error). Input shapes can be overridden (``tensor.PlaceHolder`` b
 from __future__ import annotations
 
 import os
+import stat
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,10 @@ from workbench.errors import ModelLoadError, WorkbenchError
 from workbench.graph import isolated
 from workbench.graph.external import has_external_data, resolve_external_data
 from workbench.graph.ir import Graph
+
+
+# protobuf's hard limit on one serialised message
+MAX_PROTO_BYTES = 2**31 - 1
 
 
 @dataclass
@@ -44,8 +49,17 @@ def _read_proto(src, path: str | None) -> onnx.ModelProto:
             raise ModelLoadError("file not found", path=path)
         if os.path.isdir(path):
             raise ModelLoadError("is a folder, not an .onnx file", path=path)
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelLoadError("is not a regular file (a device, FIFO or socket); refusing to "
+                                 "read it as a model", path=path)
+        if st.st_size > MAX_PROTO_BYTES:
+            raise ModelLoadError(
+                f"the file has {st.st_size:,} bytes, more than the 2 GiB a protobuf ONNX file can "
+                f"hold; models this big keep their weights in external data files next to the "
+                f".onnx file", path=path)
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_PROTO_BYTES + 1)
     if not data:
         raise ModelLoadError("the file is empty (0 bytes), not an ONNX model", path=path)
     m = onnx.ModelProto()
