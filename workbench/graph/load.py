@@ -130,14 +130,32 @@ def set_input_shapes(m: onnx.ModelProto, shapes: dict | None = None,
 
 
 def check_attributes(m: onnx.ModelProto, path: str | None = None) -> None:
-    """Refuse attribute values no valid model has, before any C++ code sees them.
+    """Refuse attribute values no valid model has, and names that are not text, before any
+    C++ code sees them.
 
     Axis-like attributes (``axis``, ``axes``, ``*_axis``) must be small: ONNX ranks are far
     below 2**16, and huge values have crashed onnx's shape inference.
     """
+    def text(v, what):
+        # protobuf hands back undecodable string fields as bytes
+        if not isinstance(v, str):
+            raise ModelLoadError(f"{where_now[0]}{what} {v[:40]!r} is not valid UTF-8 text; the "
+                                 f"file is corrupt", path=path)
+
+    where_now = [""]
+
     def walk(g: onnx.GraphProto, where: str):
+        where_now[0] = where
+        text(g.name, "graph name")
+        for v in (*g.input, *g.output, *g.value_info, *g.initializer):
+            text(v.name, "value name")
         for i, n in enumerate(g.node):
+            for field in ("name", "op_type", "domain"):
+                text(getattr(n, field), f"node #{i} {field}")
+            for v in (*n.input, *n.output):
+                text(v, f"node {n.name or n.op_type!r} input/output name")
             for a in n.attribute:
+                text(a.name, f"node {n.name or n.op_type!r} attribute name")
                 name = a.name.lower()
                 if name == "axis" or name.endswith("_axis") or name == "axes":
                     vals = [a.i] if a.type == onnx.AttributeProto.INT else list(a.ints)
@@ -151,7 +169,10 @@ def check_attributes(m: onnx.ModelProto, path: str | None = None) -> None:
                     walk(a.g, f"{where}node {n.name or n.op_type!r} subgraph {a.name!r}: ")
                 for sg in a.graphs:
                     walk(sg, f"{where}node {n.name or n.op_type!r} subgraph {a.name!r}: ")
+                where_now[0] = where
     walk(m.graph, "")
+    for o in m.opset_import:
+        text(o.domain, "opset domain")
 
 
 _MAX_AXIS = 1 << 16
