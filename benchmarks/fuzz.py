@@ -51,7 +51,7 @@ def _table(rows: list[str], counts: dict, classes: list[str], title: str) -> str
 
 def _group_key(res: dict) -> tuple:
     return (res["cls"], res.get("error_type", ""), res.get("frame", "") or
-            str(res.get("message", ""))[:60])
+            str(res.get("message", ""))[:30])
 
 
 def report(cases, ours, ort, seconds: float, out=sys.stdout):
@@ -84,7 +84,8 @@ def report(cases, ours, ort, seconds: float, out=sys.stdout):
         print(f"\nour failures, grouped ({sum(len(v) for v in groups.values())}):", file=out)
         for (gen, cls, et, where), items in sorted(groups.items(), key=lambda kv: -len(kv[1])):
             c, r = items[0]
-            print(f"- {len(items):4d} x {gen} {cls} {et} @ {where}\n"
+            why = f" ({r['why']})" if r.get("why") else ""
+            print(f"- {len(items):4d} x {gen} {cls} {et}{why} @ {where}\n"
                   f"         e.g. {c.key}: {c.note[:110]}\n"
                   f"         {str(r.get('message', ''))[:200]!r}", file=out)
     if ort:

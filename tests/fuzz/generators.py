@@ -23,7 +23,8 @@ Generators (the table of ``benchmarks/fuzz.py`` groups by these names):
                  edges, cycles, duplicated/removed/reordered nodes, unknown ops and domains
 ``mut_meta``     bad opset imports, IR versions, recursive or broken model-local functions
 ``mut_rawdata``  tensors whose data does not match their dims and dtype
-``mut_bytes``    truncated, byte-flipped, spliced or random files
+``mut_bytes``    truncated, byte-flipped, spliced or random files; names made invalid UTF-8
+``mut_mix``      two to four of the mutations above at once, half with ``check=False``
 ``mut_inputs``   valid models run with hostile inputs: extreme values (shape-like int inputs
                  too), changed shapes/dtypes, big-endian, non-contiguous, read-only, not arrays,
                  missing or unknown inputs
@@ -93,7 +94,11 @@ class Case:
 
 
 # =========================================================================== small helpers
-def vi(name, shape, dt=TensorProto.FLOAT):
+def vi(name, shape, dt=TensorProto.FLOAT, rank: int = 1):
+    """A tensor ValueInfo; ``shape=None``: ``rank`` symbolic dims (onnx's checker wants a shape
+    on graph inputs and outputs; a wrong rank is kept as declared and does not matter here)."""
+    if shape is None:
+        shape = [f"{name}_{i}" for i in range(rank)]
     return helper.make_tensor_value_info(name, dt, shape)
 
 
@@ -328,7 +333,7 @@ def _zoo_misc():
              arr(np.array([2], np.int64), "en"), arr(np.array([1], np.int64), "ax"),
              arr(np.array([1, 1, 2, 2], np.float32), "scales"),
              arr(np.array([0, 1, 0, 1], np.int64), "pads")]
-    m = mk(nodes, [vi("x", [1, 2, 3])], [vi("y", None)], inits)
+    m = mk(nodes, [vi("x", [1, 2, 3])], [vi("y", None, rank=3)], inits)
     return m, [("x", np.arange(6, dtype=np.float32).reshape(1, 2, 3))]
 
 
@@ -783,7 +788,7 @@ def mutate_rawdata(m, rng, inputs) -> str:
     # make data-carrying initializers of the given inputs (the node tests have few weights)
     if inputs and rng.random() < 0.6:
         name, value = rng.choice(inputs)
-        if value.dtype != object:
+        if isinstance(value, np.ndarray) and value.dtype != object and value.dtype.isnative:
             keep = [v for v in g.input if v.name != name]
             del g.input[:]
             g.input.extend(keep)
@@ -840,6 +845,44 @@ def mutate_rawdata(m, rng, inputs) -> str:
                                  else [TensorProto.INT4, TensorProto.UINT4])
         note = "packed 4-bit tensor claiming 2**31+ elements"
     return f"tensor {t.name!r}: {note}"
+
+
+def _model_strings(m: onnx.ModelProto) -> list[str]:
+    """Names and other strings a model holds (to corrupt in place in the serialized bytes)."""
+    out = {m.producer_name, m.domain}
+    out.update(o.domain for o in m.opset_import)
+    for g in iter_graphs(m):
+        out.add(g.name)
+        for v in list(g.input) + list(g.output) + list(g.value_info):
+            out.add(v.name)
+            if v.type.HasField("tensor_type"):
+                out.update(d.dim_param for d in v.type.tensor_type.shape.dim)
+        for n in g.node:
+            out.update([n.name, n.op_type, n.domain, *n.input, *n.output])
+            out.update(a.name for a in n.attribute)
+            out.update(a.s.decode("latin-1") for a in n.attribute if a.type == AttributeProto.STRING)
+    for t in iter_tensors(m):
+        out.add(t.name)
+    for f in m.functions:
+        out.update([f.name, f.domain])
+    return sorted(x for x in out if x and len(x) >= 1)
+
+
+def corrupt_utf8(data: bytes, m: onnx.ModelProto, rng) -> tuple[bytes, str]:
+    """Replace one byte of a name with a byte that makes it invalid UTF-8 (same length, so the
+    protobuf structure stays valid and the file parses)."""
+    names = _model_strings(m)
+    rng.shuffle(names)
+    for name in names:
+        enc = name.encode("utf-8", "surrogatepass")
+        i = data.find(enc)
+        if i < 0:
+            continue
+        j = i + rng.randrange(len(enc))
+        b = bytearray(data)
+        b[j] = rng.choice([0xff, 0x80, 0xc0, 0xfe, 0xed])
+        return bytes(b), f"invalid UTF-8 in {name[:40]!r}"
+    return data, "no string to corrupt"
 
 
 def mutate_bytes(data: bytes, rng) -> tuple[bytes, str]:
@@ -996,8 +1039,44 @@ def gen_mut_rawdata(seed: int) -> Case:
 def gen_mut_bytes(seed: int) -> Case:
     rng = random.Random(f"mut_bytes:{seed}")
     label, m, inputs = pick_source(rng, node_share=0.6)
-    data, note = mutate_bytes(m.SerializeToString(), rng)
+    if rng.random() < 0.3:
+        data, note = corrupt_utf8(m.SerializeToString(), m, rng)
+    else:
+        data, note = mutate_bytes(m.SerializeToString(), rng)
     return Case("mut_bytes", seed, data, inputs=inputs, note=f"{label}: {note}")
+
+
+def gen_mut_mix(seed: int) -> Case:
+    """Several mutations at once (attributes, graph, metadata, tensor data, inputs)."""
+    rng = random.Random(f"mut_mix:{seed}")
+    label, m, inputs = pick_source(rng)
+    notes = []
+    for _ in range(rng.randint(2, 4)):
+        k = rng.random()
+        try:
+            if k < 0.35:
+                notes.append(mutate_attr(m, rng))
+            elif k < 0.65:
+                notes.append(mutate_graph(m, rng))
+            elif k < 0.75:
+                notes.append(mutate_meta(m, rng))
+            elif k < 0.85:
+                notes.append(mutate_rawdata(m, rng, inputs))
+            elif inputs:
+                i = rng.randrange(len(inputs))
+                inputs = list(inputs)
+                name, a = inputs[i]
+                if not isinstance(a, np.ndarray):
+                    continue
+                b, what = _extreme_array(rng, a)
+                inputs[i] = (name, b)
+                notes.append(f"input {name}: {what}")
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            # an earlier mutation left something the next cannot work on: skip it
+            notes.append(f"(mutation skipped: {type(e).__name__})")
+    feed = "path_nocheck" if rng.random() < 0.5 else "path"
+    return Case("mut_mix", seed, m.SerializeToString(), inputs=inputs, feed=feed,
+                note=f"{label}: {'; '.join(notes)}" + (" (check=False)" if feed != "path" else ""))
 
 
 # --------------------------------------------------------------------------- external data
@@ -1324,13 +1403,15 @@ def _r_constant_of_shape(rng):
     shape = [_huge(rng)] if rng.random() < 0.5 else [2**20, 2**20, rng.choice([1, 2**10])]
     if rng.random() < 0.2:
         shape = [-1, 5]
-    return mk([helper.make_node("ConstantOfShape", ["s"], ["y"])], [], [vi("y", None)],
+    return mk([helper.make_node("ConstantOfShape", ["s"], ["y"])], [],
+              [vi("y", None, rank=len(shape))],
               [arr(np.array(shape, np.int64), "s")]), f"ConstantOfShape {shape}"
 
 
 def _r_expand(rng):
     shape = rng.choice([[2**22, 2**22], [_huge(rng)], [2**15, 2**15, 2**14], [1, -5]])
-    return mk([helper.make_node("Expand", ["x", "s"], ["y"])], [vi("x", [1])], [vi("y", None)],
+    return mk([helper.make_node("Expand", ["x", "s"], ["y"])], [vi("x", [1])],
+              [vi("y", None, rank=len(shape))],
               [arr(np.array(shape, np.int64), "s")]), f"Expand to {shape}"
 
 
@@ -1348,7 +1429,8 @@ def _r_range(rng):
     dt = np.float32 if is_f else np.int64
     inits = [arr(np.array(start, dt), "a"), arr(np.array(limit, dt), "b"),
              arr(np.array(delta, dt), "d")]
-    return (mk([helper.make_node("Range", ["a", "b", "d"], ["y"])], [], [vi("y", None)], inits),
+    out = vi("y", None, TensorProto.FLOAT if is_f else TensorProto.INT64)
+    return (mk([helper.make_node("Range", ["a", "b", "d"], ["y"])], [], [out], inits),
             f"Range({start}, {limit}, {delta})")
 
 
@@ -1363,11 +1445,11 @@ def _r_resize(rng):
     if rng.random() < 0.5:
         sizes = [1, 1, _huge(rng), rng.choice([1, 2**20])]
         return (mk([helper.make_node("Resize", ["x", "", "", "sz"], ["y"])],
-                   [vi("x", [1, 1, 2, 2])], [vi("y", None)],
+                   [vi("x", [1, 1, 2, 2])], [vi("y", None, rank=4)],
                    [arr(np.array(sizes, np.int64), "sz")]), f"Resize sizes {sizes}")
     sc = rng.choice([1e9, 1e30, float("inf"), float("nan"), -1.0, 0.0])
     return (mk([helper.make_node("Resize", ["x", "", "sc"], ["y"])], [vi("x", [1, 1, 2, 2])],
-               [vi("y", None)], [arr(np.array([1, 1, sc, sc], np.float32), "sc")]),
+               [vi("y", None, rank=4)], [arr(np.array([1, 1, sc, sc], np.float32), "sc")]),
             f"Resize scales {sc}")
 
 
@@ -1375,7 +1457,7 @@ def _r_onehot(rng):
     depth = rng.choice([2**40, 2**31, 10**12, -1, 0])
     return (mk([helper.make_node("OneHot", ["i", "d", "v"], ["y"])], [vi("i", [3],
                                                                           TensorProto.INT64)],
-               [vi("y", None)], [arr(np.array(depth, np.int64), "d"),
+               [vi("y", None, rank=2)], [arr(np.array(depth, np.int64), "d"),
                                  arr(np.array([0, 1], np.float32), "v")]), f"OneHot depth {depth}")
 
 
@@ -1430,7 +1512,7 @@ def _r_loop_scan_outputs(rng):
         [vi("cond_out", [], TensorProto.BOOL), vi("v_out", [1]), vi("big", None)],
         [arr(np.array([rng.choice([2**16, 2**20])], np.int64), "s")])
     m = mk([helper.make_node("Loop", ["m", "", "x"], ["y", "all"], body=body)], [vi("x", [1])],
-           [vi("y", [1]), vi("all", None)], [arr(np.array(2**40, np.int64), "m")])
+           [vi("y", [1]), vi("all", None, rank=2)], [arr(np.array(2**40, np.int64), "m")])
     return m, "Loop 2**40 iterations, each emitting a 1M scan output"
 
 
@@ -1444,7 +1526,7 @@ def _r_scan_axes(rng):
                        {"scan_input_directions": [2**62]}])
     m = mk([helper.make_node("Scan", ["s0", "xs"], ["y", "ys"], body=body,
                              **({"num_scan_inputs": 1} | attr))],
-           [vi("s0", [2]), vi("xs", [3, 2])], [vi("y", [2]), vi("ys", None)])
+           [vi("s0", [2]), vi("xs", [3, 2])], [vi("y", [2]), vi("ys", None, rank=2)])
     return m, f"Scan {attr}"
 
 
@@ -1510,20 +1592,20 @@ def _r_attr_extreme(rng):
     else:
         node = helper.make_node(op, names, ["y"])
         desc = f"{op} with extreme int inputs"
-    m = mk([node], inputs, [vi("y", None)], inits, opset=18)
+    m = mk([node], inputs, [vi("y", None, rank=4)], inits, opset=18)
     return m, desc
 
 
 def _r_reshape(rng):
     shape = rng.choice([[2**31, 2**31], [-1, -1], [0, 2**62], [-2**62], [2**62, 0]])
     return (mk([helper.make_node("Reshape", ["x", "s"], ["y"])], [vi("x", [4])],
-               [vi("y", None)], [arr(np.array(shape, np.int64), "s")]), f"Reshape to {shape}")
+               [vi("y", None, rank=len(shape))], [arr(np.array(shape, np.int64), "s")]), f"Reshape to {shape}")
 
 
 def _r_matmul_declared(rng):
     d = _huge(rng)
     return (mk([helper.make_node("MatMul", ["x", "w"], ["y"])], [vi("x", [2, d])],
-               [vi("y", None)], [arr(np.ones((4, 4), np.float32), "w")]),
+               [vi("y", None, rank=2)], [arr(np.ones((4, 4), np.float32), "w")]),
             f"MatMul with declared dim {d}")
 
 
@@ -1531,6 +1613,95 @@ def _r_random_normal(rng):
     shape = [_huge(rng)]
     return (mk([helper.make_node(rng.choice(["RandomNormal", "RandomUniform"]), [], ["y"],
                                  shape=shape)], [], [vi("y", None)]), f"Random* shape {shape}")
+
+
+def _r_broadcast_bomb(rng):
+    """Small inputs whose result is huge: broadcasting, outer products, padding, strides."""
+    k = rng.choice([2**15, 2**16, 2**17])
+    kind = rng.choice(["Add", "Mul", "Where", "Equal", "Max", "Pow", "BitwiseAnd", "MatMul",
+                       "Einsum", "Conv_pads", "ConvTranspose_strides", "MaxPool_pads",
+                       "Concat_many", "Expand_runtime", "Tile_runtime", "CumSum_big"])
+    x = np.ones((k, 1), np.float32)
+    y = np.ones((1, k), np.float32)
+    if kind in ("Add", "Mul", "Max", "Pow", "Equal"):
+        m = mk([helper.make_node(kind, ["x", "y"], ["z"])], [vi("x", ["a", 1]), vi("y", [1, "b"])],
+               [vi("z", None, rank=2)])
+        return m, [("x", x), ("y", y)], f"{kind} broadcast [{k},1] x [1,{k}]"
+    if kind == "BitwiseAnd":
+        m = mk([helper.make_node(kind, ["x", "y"], ["z"])],
+               [vi("x", ["a", 1], TensorProto.INT32), vi("y", [1, "b"], TensorProto.INT32)],
+               [vi("z", None, TensorProto.INT32, rank=2)], opset=18)
+        return m, [("x", x.astype(np.int32)), ("y", y.astype(np.int32))], f"{kind} broadcast {k}"
+    if kind == "Where":
+        m = mk([helper.make_node("Where", ["c", "x", "y"], ["z"])],
+               [vi("c", [1, 1], TensorProto.BOOL), vi("x", ["a", 1]), vi("y", [1, "b"])],
+               [vi("z", None, rank=2)])
+        return m, [("c", np.ones((1, 1), bool)), ("x", x), ("y", y)], f"Where broadcast {k}"
+    if kind == "MatMul":
+        m = mk([helper.make_node("MatMul", ["x", "y"], ["z"])], [vi("x", ["a", 1]),
+                                                                  vi("y", [1, "b"])],
+               [vi("z", None, rank=2)])
+        return m, [("x", x), ("y", y)], f"MatMul outer product {k}"
+    if kind == "Einsum":
+        m = mk([helper.make_node("Einsum", ["x", "y"], ["z"], equation="i,j->ij")],
+               [vi("x", ["a"]), vi("y", ["b"])], [vi("z", None, rank=2)])
+        return m, [("x", x.ravel()), ("y", y.ravel())], f"Einsum outer product {k}"
+    if kind == "Conv_pads":
+        p = rng.choice([2**15, 2**20])
+        m = mk([helper.make_node("Conv", ["x", "w"], ["z"], pads=[p, p, p, p])],
+               [vi("x", [1, 1, 2, 2])], [vi("z", None, rank=4)],
+               [arr(np.ones((1, 1, 1, 1), np.float32), "w")])
+        return m, [("x", np.ones((1, 1, 2, 2), np.float32))], f"Conv pads {p}"
+    if kind == "ConvTranspose_strides":
+        st = rng.choice([2**15, 2**20])
+        m = mk([helper.make_node("ConvTranspose", ["x", "w"], ["z"], strides=[st, st])],
+               [vi("x", [1, 1, 2, 2])], [vi("z", None, rank=4)],
+               [arr(np.ones((1, 1, 1, 1), np.float32), "w")])
+        return m, [("x", np.ones((1, 1, 2, 2), np.float32))], f"ConvTranspose strides {st}"
+    if kind == "MaxPool_pads":
+        p = rng.choice([2**15, 2**20])
+        m = mk([helper.make_node("MaxPool", ["x"], ["z"], kernel_shape=[1, 1],
+                                 pads=[0, 0, p, p])],
+               [vi("x", [1, 1, 2, 2])], [vi("z", None, rank=4)])
+        return m, [("x", np.ones((1, 1, 2, 2), np.float32))], f"MaxPool pads {p}"
+    if kind == "Concat_many":
+        n = rng.choice([10000, 100000])
+        m = mk([helper.make_node("Concat", ["x"] * n, ["z"], axis=0)], [vi("x", ["a", "b"])],
+               [vi("z", None, rank=2)])
+        return m, [("x", np.ones((64, 1024), np.float32))], f"Concat of {n} inputs"
+    if kind in ("Expand_runtime", "Tile_runtime"):
+        op = kind.split("_")[0]
+        shape = rng.choice([[2**20, 2**20], [2**40], [2**31, 2]])
+        m = mk([helper.make_node(op, ["x", "s"], ["z"])],
+               [vi("x", [1]), vi("s", [len(shape)], TensorProto.INT64)],
+               [vi("z", None, rank=len(shape))])
+        xin = np.ones(1 if op == "Expand" else [1] * 1, np.float32)
+        if op == "Tile":
+            shape = shape[:1]
+            m = mk([helper.make_node(op, ["x", "s"], ["z"])],
+                   [vi("x", [1]), vi("s", [1], TensorProto.INT64)], [vi("z", None)])
+        return m, [("x", xin), ("s", np.array(shape, np.int64))], f"{op} to {shape} (runtime)"
+    m = mk([helper.make_node("CumSum", ["x", "ax"], ["z"])], [vi("x", ["a", 1])],
+           [vi("z", None, rank=2)], [arr(np.array(0, np.int64), "ax")])
+    return m, [("x", x)], "CumSum over a long axis (fine)"
+
+
+def _runtime_shape_inputs(m: onnx.ModelProto):
+    """Move a model's small int64 initializers to graph inputs fed at run time (the guards
+    must hold when the sizes arrive with the inputs, not only from the file)."""
+    g = m.graph
+    moved = []
+    keep = []
+    for t in g.initializer:
+        if t.data_type == TensorProto.INT64 and len(t.dims) <= 1:
+            a = numpy_helper.to_array(t)
+            g.input.append(vi(t.name, list(a.shape), TensorProto.INT64))
+            moved.append((t.name, a))
+        else:
+            keep.append(t)
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    return moved
 
 
 RESOURCE_BUILDERS = [_r_constant_of_shape, _r_expand, _r_tile, _r_range, _r_pad, _r_resize,
@@ -1541,9 +1712,35 @@ RESOURCE_BUILDERS = [_r_constant_of_shape, _r_expand, _r_tile, _r_range, _r_pad,
 
 def gen_resource(seed: int) -> Case:
     rng = random.Random(f"resource:{seed}")
+    if rng.random() < 0.25:
+        m, inputs, note = _r_broadcast_bomb(rng)
+        return Case("resource", seed, m.SerializeToString(), inputs=inputs, note=note)
     build = rng.choice(RESOURCE_BUILDERS)
     m, note = build(rng)
-    return Case("resource", seed, m.SerializeToString(), note=note)
+    inputs = None
+    if rng.random() < 0.35:
+        moved = _runtime_shape_inputs(m)
+        if moved:
+            inputs = moved + [(k, v) for k, v in declared_small_inputs(m).items()
+                              if k not in dict(moved)]
+            note += " (sizes given as inputs at run time)"
+    return Case("resource", seed, m.SerializeToString(), inputs=inputs, note=note)
+
+
+def declared_small_inputs(m: onnx.ModelProto) -> dict:
+    """Ones of the declared float inputs' shapes (symbolic dims: 2)."""
+    out = {}
+    for v in m.graph.input:
+        tt = v.type.tensor_type
+        if tt.elem_type == TensorProto.INT64:
+            continue
+        shape = [d.dim_value if d.HasField("dim_value") else 2 for d in tt.shape.dim]
+        try:
+            dt = helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        except Exception:  # noqa: BLE001
+            dt = np.float32
+        out[v.name] = np.ones(shape, dt)
+    return out
 
 
 GENERATORS = {
@@ -1553,13 +1750,14 @@ GENERATORS = {
     "mut_rawdata": gen_mut_rawdata,
     "mut_bytes": gen_mut_bytes,
     "mut_inputs": gen_mut_inputs,
+    "mut_mix": gen_mut_mix,
     "extdata": gen_extdata,
     "extdata_feed": gen_extdata_feed,
     "resource": gen_resource,
 }
 # share of a sweep per generator
-WEIGHTS = {"mut_attr": 22, "mut_graph": 18, "mut_meta": 7, "mut_rawdata": 9, "mut_bytes": 10,
-           "mut_inputs": 12, "extdata": 8, "extdata_feed": 4, "resource": 10}
+WEIGHTS = {"mut_attr": 20, "mut_graph": 15, "mut_meta": 6, "mut_rawdata": 8, "mut_bytes": 10,
+           "mut_inputs": 10, "mut_mix": 10, "extdata": 7, "extdata_feed": 4, "resource": 10}
 
 
 def make_case(generator: str, seed: int) -> Case:
@@ -1587,8 +1785,8 @@ def ci_sample() -> list[tuple[str, int]]:
     """The fixed CI sample: every external-data combination, plus fixed seeds of the others."""
     out = [("extdata", i) for i in range(len(EXTDATA_COMBOS))]
     out += [("extdata_feed", i) for i in range(len(EXTDATA_FEED_COMBOS))]
-    per = {"mut_attr": 70, "mut_graph": 60, "mut_meta": 25, "mut_rawdata": 30, "mut_bytes": 30,
-           "mut_inputs": 40, "resource": 60}
+    per = {"mut_attr": 350, "mut_graph": 250, "mut_meta": 100, "mut_rawdata": 150,
+           "mut_bytes": 150, "mut_inputs": 150, "mut_mix": 150, "resource": 200}
     for g, k in per.items():
         out += [(g, i) for i in range(k)]
     return out

@@ -46,9 +46,10 @@ def test_fixed_sample_has_no_failures(pool):
     results = pool.run([(c, "ours") for c in cases])
     counts = collections.Counter(r["cls"] for r in results)
     bad = [(c, r) for c, r in zip(cases, results) if r["cls"] in FAILURES]
-    assert not bad, (f"{len(bad)} of {len(cases)} fuzz cases failed ({dict(counts)}); replay "
-                     f"one with benchmarks/fuzz.py --case GENERATOR:SEED\n"
-                     + "\n".join(_describe(c, r) for c, r in bad[:60]))
+    if bad:
+        pytest.fail(f"{len(bad)} of {len(cases)} fuzz cases failed ({dict(counts)}); replay one "
+                    f"with python benchmarks/fuzz.py --case GENERATOR:SEED\n"
+                    + "\n".join(_describe(c, r) for c, r in bad[:60]), pytrace=False)
     # the sample exercises the engine: plenty of models run, the valid external data loads
     assert counts["ok"] >= 50, dict(counts)
     controls = {(c.note.split(" / ")[0]): r["cls"] for c, r in zip(cases, results)
@@ -128,12 +129,12 @@ def test_worker_flags_an_engine_that_reads_outside_the_folder(monkeypatch, tmp_p
 
 
 def test_harness_reports_crash_hang_and_restarts():
-    case = G.make_case("resource", 0)
+    case = G.gen_extdata(G.EXTDATA_COMBOS.index(("initializer", "control")))
     with Pool(workers=1, timeout=3.0) as p:
         res = p.run([(case, "selftest_crash"), (case, "selftest_hang"), (case, "ours")])
     assert res[0]["cls"] == "crash" and "SIGSEGV" in res[0]["message"], res[0]
     assert res[1]["cls"] == "hang", res[1]
-    assert res[2]["cls"] in ("ok", "clean"), res[2]
+    assert res[2]["cls"] == "ok", res[2]     # a fresh worker took over
 
 
 def test_cases_are_reproducible_and_replayable():

@@ -77,13 +77,43 @@ class Sentinel:
         return p
 
     def in_bytes(self, b: bytes, text: bool = False) -> bool:
+        """Whether ``b`` holds a piece of the marker: 8 bytes of it, or 4 in a value of at most
+        64 bytes (a 1-element tensor read from the file; in large random outputs a 4-byte match
+        happens by chance)."""
         if not b:
             return False
-        windows = self.windows8 if text else self.windows4
-        if text:
-            return any(w in b for w in windows)
-        # fast path: every 4-byte window starts with one of the marker's characters
-        return any(w in b for w in windows)
+        if len(b) <= 64 and not text:
+            return any(w in b for w in self.windows4)
+        if len(b) <= 1 << 16:
+            return any(w in b for w in self.windows8)
+        import numpy as np  # noqa: PLC0415
+
+        return self._scan_u8(np.frombuffer(b, np.uint8))
+
+    def _scan_u8(self, flat) -> bool:
+        """8-byte windows in a large uint8 array: a vectorised pre-filter (8 bytes in a row from
+        the marker's alphabet) and an exact search only where it fires."""
+        import numpy as np  # noqa: PLC0415
+
+        lut = getattr(self, "_lut", None)
+        if lut is None:
+            lut = np.zeros(256, bool)
+            lut[list(set(self.marker))] = True
+            self._lut = lut
+        step = 1 << 24
+        for i in range(0, flat.size, step):
+            chunk = flat[i:i + step + 7]
+            if chunk.size < 8:
+                break
+            m = lut[chunk]
+            run = m[:-7].copy()
+            for k in range(1, 8):
+                run &= m[k:chunk.size - 7 + k]
+            if run.any():
+                b = bytes(chunk)
+                if any(w in b for w in self.windows8):
+                    return True
+        return False
 
     def in_value(self, v, depth: int = 0) -> bool:
         import numpy as np  # noqa: PLC0415
@@ -110,8 +140,12 @@ class Sentinel:
                 else:
                     parts.append(repr(x).encode())
             return self.in_bytes(b"\x00".join(parts))
-        if a.size > 1 << 24:
-            return self.in_bytes(a.tobytes()[: 1 << 26])
+        if a.nbytes > 1 << 16:   # large: scan without copying, no casts
+            try:
+                flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+            except (TypeError, ValueError):
+                return False
+            return self._scan_u8(flat)
         if self.in_bytes(a.tobytes()):
             return True
         # a leaked value may have been cast on its way out: cast back to the usual types
@@ -360,6 +394,22 @@ class Runner:
     def _outputs_leak(self, outs) -> bool:
         return any(self.sentinel.in_value(o) for o in outs)
 
+    @staticmethod
+    def _over_budget(outs) -> str | None:
+        """An output larger than the engine's memory budget (it should have been refused)."""
+        try:
+            from workbench import limits  # noqa: PLC0415
+
+            budget = limits.memory_budget()
+        except Exception:  # noqa: BLE001 - no budget in this engine
+            return None
+        for i, o in enumerate(outs):
+            n = getattr(o, "nbytes", 0)
+            if isinstance(n, int) and n > budget:
+                return (f"output {i} of {n} bytes (shape {getattr(o, 'shape', '?')}) passed the "
+                        f"memory budget of {budget} bytes")
+        return None
+
     def _run_ours(self, case, path, model_dir, data, inputs) -> dict:
         import workbench.backend as backend  # noqa: PLC0415
 
@@ -380,6 +430,9 @@ class Runner:
                 res["cls"] = "uncaught"
                 return res
             return self._classify_exc(e, True)
+        over = self._over_budget(outs)
+        if over:
+            return {"cls": "memory", "error_type": "(no error)", "message": over, "exit": True}
         if self._outputs_leak(outs):
             return {"cls": "leak", "where": "output", "exit": False,
                     "message": f"{len(outs)} outputs"}
