@@ -26,7 +26,7 @@ class DistMonitor:
 
     @property
     def samples_per_s(self) -> float | None:
-        if self._t0 is None:
+        if self._t0 is None or self.samples == 0:
             return None
         dt = time.perf_counter() - self._t0
         return self.samples / dt if dt > 0 else None
