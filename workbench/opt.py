@@ -542,9 +542,12 @@ class DistOpt:
             work += acc
         if topk:
             k = min(n, max(0, int(math.ceil(spars * n))))
-            order = (xp.argsort(-xp.abs(work), kind="stable") if xp is np
-                     else xp.argsort(-xp.abs(work)))
-            idx = xp.sort(order[:k])
+            if k == 0:
+                idx = xp.zeros(0, np.int64)
+            elif k == n:
+                idx = xp.arange(n)
+            else:  # the k largest magnitudes (O(n); SINGA sorts them all)
+                idx = xp.sort(xp.argpartition(-xp.abs(work), k - 1)[:k])
         else:
             idx = xp.nonzero(xp.abs(work) >= np.float32(spars))[0]
         idx = idx.astype(np.int32)
