@@ -307,7 +307,7 @@ class MPICommunicator(Communicator):
         self._poll(test, what)
 
     # cupy arrays: NCCL (created lazily, id shared over MPI) or staged through the host
-    def _gpu(self):
+    def _gpu(self, a):
         if self._nccl is None:
             cp = _cupy()
             try:
@@ -319,7 +319,7 @@ class MPICommunicator(Communicator):
                 uid = nccl.get_unique_id() if self.global_rank == 0 else None
                 uid = self.comm.bcast(uid, root=0)
                 self._nccl = NcclCommunicator(uid, self.global_rank, self.world_size,
-                                              device_id=cp.cuda.Device().id,
+                                              device_id=a.device.id,
                                               timeout=self.timeout)
                 self._nccl._peers = self._peers
                 self._nccl.local_rank = self.local_rank
@@ -332,7 +332,7 @@ class MPICommunicator(Communicator):
         if self.world_size == 1:
             return LocalCommunicator.all_reduce(self, a, half=half)
         if _is_cupy(a):
-            g = self._gpu()
+            g = self._gpu(a)
             if g is not None:
                 g.step = self.step
                 r = g.all_reduce(a, half=half)
@@ -361,7 +361,7 @@ class MPICommunicator(Communicator):
     def all_gather(self, a):
         _check_array(a, "all_gather")
         if _is_cupy(a):
-            g = self._gpu()
+            g = self._gpu(a)
             if g is not None:
                 g.step = self.step
                 return g.all_gather(a)
@@ -377,7 +377,7 @@ class MPICommunicator(Communicator):
         if self.world_size == 1:
             return a
         if _is_cupy(a):
-            g = self._gpu()
+            g = self._gpu(a)
             if g is not None:
                 return g.broadcast(a, root)
             h = _cupy().asnumpy(a)
@@ -482,10 +482,15 @@ class NcclCommunicator(Communicator):
             self.stream = cp.cuda.Stream(non_blocking=True)
         self._peers = []
 
-    def _sync_in(self, a):
-        """The communication stream waits for the work queued on the array's stream."""
-        ev = self.cp.cuda.get_current_stream().record()
-        self.stream.wait_event(ev)
+    def _sync_in(self) -> None:
+        """The communication stream waits for the work queued so far on the current stream
+        (the computation of the arrays about to be sent)."""
+        self.stream.wait_event(self.cp.cuda.get_current_stream().record())
+
+    def _sync_out(self) -> None:
+        """Work queued later on the current stream waits for the communication (the host
+        does not: :meth:`wait` blocks, with the deadline)."""
+        self.cp.cuda.get_current_stream().wait_event(self.stream.record())
 
     def all_reduce(self, a, *, half: bool = False):
         _check_array(a, "all_reduce")
@@ -494,22 +499,22 @@ class NcclCommunicator(Communicator):
                                  "array (use the MPI engine for CPU training)")
         nccl = self.nccl
         with self.cp.cuda.Device(self.device_id):
-            self._sync_in(a)
-            buf = a.astype(self.cp.float16) if half else a
+            buf = a.astype(self.cp.float16) if half else a   # on the current stream
+            self._sync_in()
             self._count(buf)
-            with self.stream:
-                self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size,
-                                    _nccl_dtype(nccl, buf.dtype), nccl.NCCL_SUM,
-                                    self.stream.ptr)
-                if half:
+            self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size,
+                                _nccl_dtype(nccl, buf.dtype), nccl.NCCL_SUM, self.stream.ptr)
+            if half:
+                with self.stream:
                     a[...] = buf.astype(a.dtype)
+            self._sync_out()
         return a
 
     def all_gather(self, a):
         _check_array(a, "all_gather")
         with self.cp.cuda.Device(self.device_id):
-            self._sync_in(a)
             out = self.cp.empty((self.world_size, *a.shape), a.dtype)
+            self._sync_in()
             self._count(a)
             self.comm.allGather(a.data.ptr, out.data.ptr, a.size,
                                 _nccl_dtype(self.nccl, a.dtype), self.stream.ptr)
@@ -519,7 +524,7 @@ class NcclCommunicator(Communicator):
     def broadcast(self, a, root: int = 0):
         _check_array(a, "broadcast")
         with self.cp.cuda.Device(self.device_id):
-            self._sync_in(a)
+            self._sync_in()
             if self.global_rank == root:
                 self._count(a)
             self.comm.broadcast(a.data.ptr, a.data.ptr, a.size,
