@@ -408,7 +408,14 @@ def main(argv=None):
     ap.add_argument("--spars", type=float, default=0.1)
     ap.add_argument("--timeout", type=float, default=None)
     ap.add_argument("--out", default=".")
+    ap.add_argument("--log", default=None,
+                    help="write each rank's stderr to LOG/rank<r>.err as well (MPICH's mpiexec "
+                         "may stop forwarding the survivors' output when a rank was killed)")
     a = ap.parse_args(argv)
+    if a.log:
+        rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
+        fd = os.open(os.path.join(a.log, f"rank{rank}.err"), os.O_WRONLY | os.O_CREAT, 0o644)
+        os.dup2(fd, 2)
     globals()["case_" + a.case](a)
 
 

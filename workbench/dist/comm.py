@@ -117,6 +117,7 @@ class Communicator:
         self.n_calls = 0
         self.step = 0           # set by DistOpt, quoted in errors
         self._peers: list = []  # (host, pid) of each rank, for liveness checks
+        self.peer_failed = False  # set when the launcher signals a failed rank (MPICH)
 
     # ------------------------------------------------------------------ interface
     def all_reduce(self, a, *, half: bool = False):
@@ -160,6 +161,10 @@ class Communicator:
         if dead:
             why = (f"rank(s) {dead} of this machine died (process gone) while rank "
                    f"{self.global_rank} waited {waited:.1f} s in {what}")
+        elif self.peer_failed:
+            dead = ["?"]
+            why = (f"the MPI launcher reported that another rank's process failed while rank "
+                   f"{self.global_rank} waited {waited:.1f} s in {what}")
         else:
             why = (f"rank {self.global_rank} waited {waited:.1f} s (the timeout) in {what}: "
                    f"another rank failed, stopped taking part (e.g. it ran fewer steps: "
@@ -179,15 +184,15 @@ class Communicator:
             return
         t0 = time.monotonic()
         nap = 2e-5
-        next_check = t0 + 0.5
+        next_check = t0 + 0.05
         while not done():
             time.sleep(nap)
             nap = min(nap * 1.5, 2e-3)
             now = time.monotonic()
-            if now >= next_check:
-                next_check = now + 0.5
+            if now >= next_check or self.peer_failed:
+                next_check = now + 0.1
                 dead = self._dead_peers()
-                if dead or now - t0 > self.timeout:
+                if dead or self.peer_failed or now - t0 > self.timeout:
                     self._fail(what, now - t0, dead)
 
 
@@ -289,6 +294,28 @@ class MPICommunicator(Communicator):
         self.nccl_fallback_reason = None
         if abort_on_error and self.world_size > 1:
             _install_abort_hook(self.comm)
+        if self.world_size > 1:
+            self._watch_launcher()
+
+    def _watch_launcher(self) -> None:
+        """MPICH's hydra tells the surviving ranks that a rank's process failed with SIGUSR1
+        (when it does not kill them all: ``mpiexec -disable-auto-cleanup``); SIGUSR1's default
+        action would end this process without a word. Turn it into a DistributedError at the
+        collective that waits."""
+        import signal  # noqa: PLC0415
+        import threading  # noqa: PLC0415
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL:
+                return
+
+            def on_usr1(signum, frame):
+                self.peer_failed = True
+
+            signal.signal(signal.SIGUSR1, on_usr1)
+        except (ValueError, OSError, AttributeError):  # not on this platform / thread
+            pass
 
     def _wait(self, req, what: str) -> None:
         def test():
