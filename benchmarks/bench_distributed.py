@@ -39,7 +39,7 @@ OPTIONS = ("plain", "half", "partialUpdate", "sparseTopK", "sparseThreshold")
 
 
 def worker(a) -> None:
-    from workbench import autograd, device, opt, tensor
+    from workbench import device, opt, tensor
     sys.path.insert(0, str(ROOT / "examples" / "singa_cnn"))
     from model import cnn  # SINGA's model file, ported
 

@@ -353,7 +353,7 @@ def case_transfer(a):
 def case_bn_checkpoint(a):
     """BatchNorm statistics stay local (SINGA) until sync_buffers; files only on rank 0."""
     d = opt.DistOpt(opt.SGD(lr=0.05))
-    n, r, b = d.world_size, d.global_rank, a.batch
+    r, b = d.global_rank, a.batch
     rng = np.random.default_rng(r)         # different data on each rank
     m = build(BNNet, b, d, seed=61 + r)
     for _ in range(a.steps):

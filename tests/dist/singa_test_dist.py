@@ -23,6 +23,7 @@
 # create_cuda_gpu_on). The expected values are SINGA's: each rank's gradient of ones summed
 # over the ranks and divided by the world size is 1, so one SGD step takes 10 to 9.9.
 #
+# ruff: noqa: I001  (SINGA's import order, kept)
 import unittest
 import numpy as np
 from workbench import tensor

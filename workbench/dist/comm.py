@@ -336,7 +336,6 @@ class MPICommunicator(Communicator):
     # cupy arrays: NCCL (created lazily, id shared over MPI) or staged through the host
     def _gpu(self, a):
         if self._nccl is None:
-            cp = _cupy()
             try:
                 from cupy.cuda import nccl  # noqa: PLC0415, F401
                 ok = nccl.available if hasattr(nccl, "available") else True
