@@ -371,7 +371,7 @@ class MPICommunicator(Communicator):
             a.set(h)
             return a
         MPI = self.MPI  # noqa: N806
-        if half:
+        if half or a.dtype == np.float16:  # MPI has no float16: our op on 16-bit words
             buf = a.astype(np.float16)
             self._count(buf)
             req = self.comm.Iallreduce(MPI.IN_PLACE, [buf.view(np.uint16), MPI.UINT16_T],
