@@ -202,3 +202,15 @@ def test_get_communicator_outside_mpi_is_local():
     if os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_SIZE"):
         pytest.skip("running under mpiexec")
     assert isinstance(get_communicator(), LocalCommunicator)
+
+
+def test_a_launcher_without_mpi4py_is_an_error(monkeypatch):
+    import workbench.dist.comm as comm
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    monkeypatch.setattr(comm, "mpi4py_available", lambda: False)
+    with pytest.raises(WorkbenchError, match="mpi4py is not installed"):
+        opt.DistOpt(opt.SGD())
+    monkeypatch.setenv("PMI_SIZE", "1")
+    with pytest.warns(RuntimeWarning, match="mpi4py is not installed"):
+        assert opt.DistOpt(opt.SGD()).world_size == 1

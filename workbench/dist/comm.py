@@ -60,6 +60,15 @@ def launched_by_mpi() -> bool:
     return any(k in os.environ for k in _MPI_ENV)
 
 
+def _launcher_size() -> int | None:
+    """The number of processes the MPI launcher says it started (None if it does not say)."""
+    for k in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE"):
+        v = os.environ.get(k, "")
+        if v.isdigit():
+            return int(v)
+    return None
+
+
 def mpi4py_available() -> bool:
     try:
         import mpi4py  # noqa: F401, PLC0415
@@ -632,6 +641,12 @@ def get_communicator(nccl_id=None, local_rank=None, world_size=None,
                 _WORLD.timeout = float(timeout)
         return _WORLD
     if launched_by_mpi() and not mpi4py_available():
+        n = _launcher_size()
+        if n is not None and n > 1:
+            raise WorkbenchError(
+                f"started by an MPI launcher with {n} processes but mpi4py is not installed: "
+                f"each process would train alone on its data; pip install "
+                f"'onnx-workbench[dist]' (mpi4py and the mpich wheel)")
         import warnings  # noqa: PLC0415
         warnings.warn("started by an MPI launcher but mpi4py is not installed: every process "
                       "trains alone (world size 1); pip install 'onnx-workbench[dist]'",
