@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs, from the repo's own files:
-#   the package with its test, lab and dist extras (dist: mpi4py, the MPICH wheel's mpiexec and
-#   ipyparallel, for the 2-process data-parallel tests) (and its JupyterLab extension), PyTorch CPU (test
-#   oracle for real models and gradients), and Debian's Chromium for the real-browser tests.
+#   the package with its test, lab and dist extras (and its JupyterLab extension), PyTorch CPU
+#   (test oracle for real models and gradients), and Debian's Chromium for the real-browser tests.
+#   dist: mpi4py, the MPICH wheel's mpiexec and ipyparallel, for the 2-process DistOpt tests.
 # Safe to run again. Used by the README's test command and by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
