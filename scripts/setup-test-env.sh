@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs, from the repo's own files:
-#   the package with its test and lab extras (and its JupyterLab extension), PyTorch CPU (test
-#   oracle for real models and gradients), and Debian's Chromium for the real-browser tests.
+#   the package with its test, lab and dist extras (and its JupyterLab extension), PyTorch CPU
+#   (test oracle for real models and gradients), and Debian's Chromium for the real-browser tests.
+#   dist: mpi4py, the MPICH wheel's mpiexec and ipyparallel, for the 2-process DistOpt tests.
 # Safe to run again. Used by the README's test command and by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
 $PY -m pip install --quiet --upgrade pip
-$PY -m pip install --quiet -e ".[test,lab]"
+$PY -m pip install --quiet -e ".[test,lab,dist]"
 # The JupyterLab extension (ONNX Graph viewer for .onnx files). A wheel installs it through
 # setuptools data-files; an editable install does not install data-files, so do the same here:
 # the server-extension config into <prefix>/etc/jupyter (`jupyter server extension enable`

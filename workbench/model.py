@@ -63,6 +63,17 @@ class Model(Layer):
     # ------------------------------------------------------------------ SINGA API
     def set_optimizer(self, optimizer) -> None:
         self.optimizer = optimizer
+        if self._placeholders is not None:  # already compiled: a DistOpt syncs the ranks now
+            self._optimizer_sees_model()
+
+    def _optimizer_sees_model(self) -> None:
+        hook = getattr(self.optimizer, "_on_model", None)  # opt.DistOpt: broadcast rank 0's
+        if callable(hook):
+            hook(self)
+
+    def _writes_files(self) -> bool:
+        """False on the ranks other than 0 of a data-parallel job (opt.DistOpt)."""
+        return bool(getattr(self.optimizer, "writes_checkpoints", True))
 
     def forward(self, *inputs):
         raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
@@ -112,6 +123,7 @@ class Model(Layer):
         object.__setattr__(self, "inference_only", not is_train)
         self.sequential = sequential
         self._set_graph_mode(use_graph)
+        self._optimizer_sees_model()
 
     def _prepare_inputs(self, inputs) -> None:
         """Hook for subclasses (SONNXModel re-plans for the placeholders' batch size)."""
@@ -188,8 +200,12 @@ class Model(Layer):
     # ------------------------------------------------------------------ states on disk
     def save_states(self, fpath, aux_states: dict | None = None, *,
                     overwrite: bool = False) -> str:
-        """Write parameters, buffers and ``aux_states`` ({name: array/Tensor}) to an .npz."""
+        """Write parameters, buffers and ``aux_states`` ({name: array/Tensor}) to an .npz.
+        In a data-parallel job (``opt.DistOpt``) only rank 0 writes; the others return the
+        path without writing."""
         fpath = os.fspath(fpath)
+        if not self._writes_files():
+            return fpath
         if os.path.exists(fpath) and not overwrite:
             raise OverwriteError(f"{fpath} already exists; pass overwrite=True to replace it")
         arrays = OrderedDict((k, t.numpy()) for k, t in self.get_states().items())
@@ -261,9 +277,12 @@ class Model(Layer):
 
     def export(self, path, inputs=None, *, overwrite: bool = False, **kwargs) -> str:
         """Write the model to ``path`` as ONNX (atomically; never over an existing file
-        unless ``overwrite=True``). See :meth:`to_onnx` for the arguments."""
+        unless ``overwrite=True``). See :meth:`to_onnx` for the arguments. In a data-parallel
+        job (``opt.DistOpt``) only rank 0 writes; the others return the path."""
         from workbench.graph.export import save_atomic
         path = os.fspath(path)
+        if not self._writes_files():
+            return path
         if os.path.exists(path) and not overwrite:
             raise OverwriteError(f"{path} already exists; pass overwrite=True to replace it")
         return save_atomic(self.to_onnx(inputs, **kwargs), path, overwrite=overwrite)

@@ -20,9 +20,10 @@ Frozen parameters (``requires_grad=False``) are not reached. Updates are in plac
   unscaled in float32 and applied to float32 master copies, which are rounded back into the
   parameters. A step whose gradients overflow is skipped and the scale is halved; after
   ``growth_interval`` good steps it doubles.
-* ``backward_and_partial_update`` / ``backward_and_sparse_update`` belong to SINGA's
-  distributed optimizer (DistOpt: partial parameter all-reduce, top-K / threshold gradient
-  sparsification); they raise :class:`DistributedOnlyError`.
+* ``DistOpt(opt)`` wraps any of them for data-parallel training across processes (SINGA's
+  ``opt.DistOpt``: MPI on CPUs, NCCL on GPUs; see docs/distributed.md). Its
+  ``backward_and_partial_update`` / ``backward_and_sparse_update`` exist only there: on a
+  plain optimizer they raise :class:`DistributedOnlyError`.
 """
 
 from __future__ import annotations
@@ -193,15 +194,16 @@ class Optimizer:
 
     def backward_and_partial_update(self, loss, threshold: int = 2097152):
         raise DistributedOnlyError(
-            "backward_and_partial_update is SINGA's DistOpt partial all-reduce for multi-GPU "
-            "training; this engine trains in one process: use backward_and_update(loss)")
+            "backward_and_partial_update is SINGA's DistOpt partial all-reduce for data-"
+            "parallel training: wrap the optimizer, opt.DistOpt(opt), or use "
+            "backward_and_update(loss)")
 
     def backward_and_sparse_update(self, loss, threshold=None, spars=0.05, topK=False,  # noqa: N803
                                    corr=True):
         raise DistributedOnlyError(
             "backward_and_sparse_update is SINGA's DistOpt gradient sparsification (top-K / "
-            "threshold) for multi-GPU all-reduce; this engine trains in one process: use "
-            "backward_and_update(loss)")
+            "threshold) for data-parallel all-reduce: wrap the optimizer, opt.DistOpt(opt), or "
+            "use backward_and_update(loss)")
 
     # ------------------------------------------------------------------ checkpoints
     def get_states(self, params: dict | None = None) -> dict:
@@ -354,3 +356,451 @@ class AdaGrad(Optimizer):
             acc = st["acc"] = g * 0
         acc += g * g
         w -= g / (acc ** 0.5 + t(self.epsilon)) * t(lr)
+
+
+# --------------------------------------------------------------------------- distributed
+def _arr(t):
+    """The array of a Tensor (or the array itself): collectives work on it in place."""
+    from workbench.tensor import Tensor  # noqa: PLC0415
+    return t.data if isinstance(t, Tensor) else t
+
+
+class DistOpt:
+    """Data-parallel training across processes (SINGA's ``opt.DistOpt``).
+
+    ``DistOpt(opt=SGD(), nccl_id=None, local_rank=None, world_size=None, buffSize=4194304)``
+    wraps any optimizer of this module. Every process (rank) runs the same script on its own
+    share of the data (:func:`workbench.dist.partition`); after each backward pass the
+    gradients are summed over the ranks (all-reduce) and divided by the world size, so N
+    processes with batch b take the same steps as one process with batch N*b.
+
+    * Started by ``mpiexec -n N python train.py`` (or ``srun``, or ipyparallel's MPI engines):
+      MPI through mpi4py for CPU arrays, NCCL (id shared over MPI) for GPU arrays.
+    * ``nccl_id=NcclIdHolder(), local_rank=i, world_size=n``: SINGA's multiprocess style on
+      one machine's GPUs (``workbench.dist.spawn``), NCCL only.
+    * Neither: world size 1, every collective a no-op (the script runs unchanged alone).
+
+    Attributes ``world_size``, ``local_rank`` (rank on this machine, the GPU to use),
+    ``global_rank``, ``communicator`` (a :class:`workbench.dist.Communicator`) and
+    ``bytes_communicated`` (payload bytes this rank handed to collectives so far). Other
+    attributes (``lr``, ``step_counter``, ``get_states``...) are the wrapped optimizer's.
+
+    Beyond SINGA: parameters (and buffers) are broadcast from rank 0 when a model is compiled
+    with this optimizer (or given it after compiling) and, as a fallback, at the first step if
+    the ranks' parameters differ; ranks whose parameter lists differ get a clear error at the
+    first step; BatchNorm running statistics stay local to each rank (as in SINGA) unless
+    :meth:`sync_buffers` averages them; ``Model.save_states`` / ``Model.export`` write only on
+    rank 0; a collective that waits longer than ``timeout`` seconds (default 300,
+    ``WORKBENCH_DIST_TIMEOUT``) or whose peer died raises ``DistributedError``.
+    """
+
+    def __init__(self, opt=None, nccl_id=None, local_rank=None, world_size=None,
+                 buffSize=4194304, *, timeout: float | None = None,  # noqa: N803
+                 communicator=None):
+        from workbench.dist import get_communicator  # noqa: PLC0415
+        if opt is None:
+            opt = SGD()
+        if isinstance(opt, DistOpt):
+            raise WorkbenchError("DistOpt: the optimizer is already a DistOpt")
+        if not isinstance(opt, Optimizer):
+            raise WorkbenchError(f"DistOpt wraps a workbench optimizer (opt.SGD, opt.Adam, "
+                                 f"...), got {type(opt).__name__}")
+        self.opt = opt
+        self.communicator = communicator if communicator is not None else get_communicator(
+            nccl_id, local_rank, world_size, timeout)
+        if timeout is not None:
+            self.communicator.timeout = float(timeout)
+        self.world_size = int(self.communicator.world_size)
+        self.local_rank = int(self.communicator.local_rank)
+        self.global_rank = int(self.communicator.global_rank)
+        self.buffSize = int(buffSize)
+        self._staged: list = []
+        self._staged_size = 0
+        self._checked = False
+        self._synced = False
+
+    def __getattr__(self, name):
+        if name == "opt" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.opt, name)
+
+    def __repr__(self) -> str:
+        return (f"DistOpt({type(self.opt).__name__}, backend={self.communicator.backend}, "
+                f"world_size={self.world_size}, global_rank={self.global_rank}, "
+                f"local_rank={self.local_rank})")
+
+    @property
+    def bytes_communicated(self) -> int:
+        return int(self.communicator.bytes_sent)
+
+    @property
+    def writes_checkpoints(self) -> bool:
+        """Only rank 0 writes checkpoints and ONNX files (``Model.save_states``/``export``)."""
+        return self.global_rank == 0
+
+    def __call__(self, loss):
+        self.backward_and_update(loss)
+
+    # ------------------------------------------------------------------ SINGA's collectives
+    def update(self, param, grad):
+        """Apply the wrapped optimizer's update with ``grad`` (already summed over the ranks)
+        divided by the world size (in place, as SINGA does)."""
+        g = _arr(grad)
+        if self.world_size > 1:
+            g /= g.dtype.type(self.world_size)
+        self.opt.update(param, g)
+
+    def all_reduce(self, tensor):
+        """Sum ``tensor`` (a Tensor or its ``.data`` array) over the ranks, in place."""
+        self.communicator.all_reduce(_arr(tensor))
+
+    def all_reduce_half(self, tensor):
+        """Sum ``tensor`` over the ranks in place, float16 on the wire."""
+        self.communicator.all_reduce(_arr(tensor), half=True)
+
+    def fused_all_reduce(self, tensor, send=True):
+        """All-reduce a list of tensors through one buffer: ``send=False`` copies them into
+        the buffer; ``send=True`` reduces the buffer and copies the sums back into ``tensor``
+        (which must be the tensors buffered since the last send, in order; if nothing was
+        buffered, ``tensor`` itself is buffered and reduced)."""
+        self._fused(tensor, send, half=False)
+
+    def fused_all_reduce_half(self, tensor, send=True):
+        """:meth:`fused_all_reduce` with float16 on the wire."""
+        self._fused(tensor, send, half=True)
+
+    def _fused(self, tensors, send: bool, half: bool) -> None:
+        arrays = [_arr(t) for t in (tensors if isinstance(tensors, (list, tuple))
+                                    else [tensors])]
+        if not send or not self._staged:
+            for a in arrays:
+                self._staged_size += int(a.size)
+                if self._staged_size > self.buffSize:
+                    n = self._staged_size
+                    self._staged, self._staged_size = [], 0
+                    raise WorkbenchError(
+                        f"fused all-reduce: {n} values buffered, more than buffSize="
+                        f"{self.buffSize}; raise DistOpt(buffSize=...) or lower the fusion "
+                        f"threshold")
+                self._staged.append(a.ravel().copy())
+            if not send:
+                return
+        xp = self._xp(arrays[0])
+        staged, self._staged, self._staged_size = self._staged, [], 0
+        if sum(int(a.size) for a in arrays) != sum(int(s.size) for s in staged):
+            raise WorkbenchError(
+                f"fused all-reduce: send=True got {len(arrays)} tensor(s) of "
+                f"{sum(int(a.size) for a in arrays)} values but {len(staged)} tensor(s) of "
+                f"{sum(int(s.size) for s in staged)} values were buffered with send=False")
+        buf = xp.concatenate(staged) if len(staged) > 1 else staged[0]
+        self.communicator.all_reduce(buf, half=half)
+        off = 0
+        for a in arrays:
+            a[...] = buf[off:off + a.size].reshape(a.shape)
+            off += a.size
+
+    @staticmethod
+    def _xp(a):
+        from workbench.arrays import xp_of  # noqa: PLC0415
+        return xp_of(a)
+
+    def sparsification(self, tensor, accumulation, spars, topK):  # noqa: N803
+        """All-reduce ``tensor`` sending only its significant elements: those with
+        ``|g| >= spars`` (``topK=False``) or the ``ceil(spars * size)`` largest in magnitude
+        (``topK=True``). With ``accumulation`` (a float32 Tensor/array of the same size) the
+        previous steps' unsent remainder is added first and this step's remainder is kept
+        there (local residual accumulation)."""
+        a = _arr(tensor)
+        flat = a.reshape(-1)
+        acc = None if accumulation is None else _arr(accumulation).reshape(-1)
+        out = self._sparse_all_reduce(flat, acc, float(spars), bool(topK))
+        a[...] = out.reshape(a.shape)
+
+    def fused_sparsification(self, tensor, accumulation, spars, topK):  # noqa: N803
+        """:meth:`sparsification` of a list of tensors fused into one buffer."""
+        arrays = [_arr(t) for t in tensor]
+        xp = self._xp(arrays[0])
+        buf = xp.concatenate([a.reshape(-1) for a in arrays])
+        acc = None if accumulation is None else _arr(accumulation).reshape(-1)
+        out = self._sparse_all_reduce(buf, acc, float(spars), bool(topK))
+        off = 0
+        for a in arrays:
+            a[...] = out[off:off + a.size].reshape(a.shape)
+            off += a.size
+
+    def _sparse_all_reduce(self, g, acc, spars: float, topk: bool):
+        xp = self._xp(g)
+        if g.dtype != np.float32:
+            raise WorkbenchError(f"sparsification supports float32 gradients (as SINGA's), "
+                                 f"got {g.dtype}")
+        n = int(g.size)
+        work = g.astype(np.float32, copy=True)
+        if acc is not None:
+            if int(acc.size) != n:
+                raise WorkbenchError(f"sparsification: the accumulation has {acc.size} "
+                                     f"values, the gradient {n}")
+            work += acc
+        if topk:
+            k = min(n, max(0, int(math.ceil(spars * n))))
+            if k == 0:
+                idx = xp.zeros(0, np.int64)
+            elif k == n:
+                idx = xp.arange(n)
+            else:  # the k largest magnitudes (O(n); SINGA sorts them all)
+                idx = xp.sort(xp.argpartition(-xp.abs(work), k - 1)[:k])
+        else:
+            idx = xp.nonzero(xp.abs(work) >= np.float32(spars))[0]
+        idx = idx.astype(np.int32)
+        vals = work[idx]
+        if acc is not None:  # the residual: what this rank did not send
+            acc[...] = work
+            acc[idx] = 0
+        comm = self.communicator
+        counts = comm.all_gather(xp.asarray([idx.size], dtype=np.int64))
+        counts = [int(c) for c in (counts.get() if xp is not np else counts)[:, 0]]
+        m = max(counts)
+        payload = xp.zeros(2 * m, np.float32)
+        payload[:idx.size] = idx.view(np.float32)
+        payload[m:m + idx.size] = vals
+        everyone = comm.all_gather(payload)
+        dense = xp.zeros(n, np.float32)
+        for r, c in enumerate(counts):
+            ii = everyone[r, :c].view(np.int32)
+            dense[ii] += everyone[r, m:m + c]
+        return dense
+
+    def wait(self):
+        """Wait for the collectives in flight (GPU streams) to finish."""
+        self.communicator.wait()
+
+    # ------------------------------------------------------------------ steps
+    def _begin(self, loss) -> list:
+        """Backward pass; gradients made contiguous, writable and unshared (they are reduced
+        in place); the first step checks that the ranks agree on the parameters."""
+        pairs = self.opt._params_of(loss)
+        self.communicator.step = self.opt.step_counter
+        seen = set()
+        for _, g in pairs:
+            a = g.data
+            key = id(a.base if a.base is not None else a)
+            if key in seen or not a.flags.c_contiguous or not a.flags.writeable:
+                a = a.copy()
+                g.data = a
+            seen.add(id(a.base if a.base is not None else a))
+        if not self._checked and self.world_size > 1:
+            self._first_step_check([p for p, _ in pairs])
+        return pairs
+
+    def _first_step_check(self, params) -> None:
+        import zlib  # noqa: PLC0415
+        xp = self._xp(params[0].data)
+        sig = repr([(tuple(p.shape), str(p.dtype)) for p in params])
+        values = 0
+        for p in params:
+            h = p.data.get() if xp is not np else p.data
+            values = zlib.crc32(np.ascontiguousarray(h).tobytes(), values)
+        mine = xp.asarray([zlib.crc32(sig.encode()), values], dtype=np.int64)
+        everyone = self.communicator.all_gather(mine)
+        everyone = everyone.get() if xp is not np else everyone
+        self._checked = True
+        if len(set(everyone[:, 0].tolist())) > 1:
+            raise WorkbenchError(
+                f"DistOpt: the ranks' models differ (rank {self.global_rank} has "
+                f"{len(params)} trainable parameters {sig[:200]}...); every rank must build "
+                f"the same model and freeze the same layers")
+        if len(set(everyone[:, 1].tolist())) > 1 and not self._synced:
+            import warnings  # noqa: PLC0415
+            for p in params:
+                self.communicator.broadcast(p.data, 0)
+            if self.global_rank == 0:
+                warnings.warn(
+                    "DistOpt: the ranks began with different parameters; rank 0's were "
+                    "broadcast at the first step (whose gradients were computed with each "
+                    "rank's own values). Compile the model after set_optimizer(DistOpt(...)) "
+                    "or call dist_opt.broadcast_model(model) before training.",
+                    RuntimeWarning, stacklevel=4)
+        self._synced = True
+
+    def backward_and_update(self, loss, threshold=2097152):
+        """Backward pass, all-reduce of the gradients (tensors of at most ``threshold``
+        elements fused into buffers of about ``threshold`` elements, larger ones reduced
+        alone), then the update with the averaged gradients."""
+        pairs = self._begin(loss)
+        plist, glist, acc = [], [], 0
+        for p, g in pairs:
+            if g.size() > threshold:
+                self.all_reduce(g.data)
+            else:
+                glist.append(g.data)
+                self.fused_all_reduce([g.data], send=False)
+                acc += g.size()
+                if acc > threshold:
+                    self.fused_all_reduce(glist)
+                    acc, glist = 0, []
+            plist.append((p, g))
+        if glist:
+            self.fused_all_reduce(glist)
+        self.wait()
+        for p, g in plist:
+            self.update(p, g)
+        self.opt.step()
+
+    def backward_and_update_half(self, loss, threshold=2097152, clipping=False,
+                                 clip_Value=100):  # noqa: N803
+        """:meth:`backward_and_update` with float16 on the wire (float32 parameters only, as
+        in SINGA); ``clipping`` clips every gradient to ``[-clip_Value, clip_Value]`` before
+        it is sent."""
+        pairs = self._begin(loss)
+        plist, glist, acc = [], [], 0
+        for p, g in pairs:
+            if p.dtype != np.float32:
+                raise WorkbenchError(
+                    f"backward_and_update_half sends float32 gradients as float16 (SINGA's "
+                    f"DistOpt); parameter {p.name or ''} is {p.dtype}. For a float16 model "
+                    f"use backward_and_update (its float16 gradients are reduced as they are)")
+            if clipping:
+                xp = self._xp(g.data)
+                xp.clip(g.data, -clip_Value, clip_Value, out=g.data)
+            if g.size() > threshold:
+                self.all_reduce_half(g.data)
+            else:
+                glist.append(g.data)
+                self.fused_all_reduce_half([g.data], send=False)
+                acc += g.size()
+                if acc > threshold:
+                    self.fused_all_reduce_half(glist)
+                    acc, glist = 0, []
+            plist.append((p, g))
+        if glist:
+            self.fused_all_reduce_half(glist)
+        self.wait()
+        for p, g in plist:
+            self.update(p, g)
+        self.opt.step()
+
+    def backward_and_partial_update(self, loss, threshold=2097152):
+        """Every rank updates its parameters with its own gradient, then one partition of the
+        parameters is averaged over the ranks (round robin: partition ``self.partial`` this
+        step; tensors above ``threshold`` elements are a partition alone, smaller ones are
+        grouped until a group exceeds ``threshold``). A whole cycle averages every
+        parameter once."""
+        if not hasattr(self, "partial"):
+            self.partial = 0
+        self.partial += 1
+        pairs = self._begin(loss)
+        k, acc = 0, 0
+        plist, tenlist, reduced = [], [], []
+        for p, g in pairs:
+            self.opt.update(p, g)
+            if p.size() > threshold:
+                k += 1
+                if k == self.partial:
+                    self.all_reduce(p.data)
+                    reduced.append(p)
+            else:
+                plist.append(p.data)
+                tenlist.append(p)
+                acc += p.size()
+                if acc > threshold:
+                    k += 1
+                    if k == self.partial:
+                        self.fused_all_reduce(plist, send=False)
+                        self.fused_all_reduce(plist)
+                        reduced = tenlist
+                    acc, plist, tenlist = 0, [], []
+        if plist:
+            k += 1
+            if k == self.partial:
+                self.fused_all_reduce(plist, send=False)
+                self.fused_all_reduce(plist)
+                reduced = tenlist
+        self.wait()
+        for r in reduced:  # the all-reduced parameters are averaged (in place)
+            r.data /= r.data.dtype.type(self.world_size)
+        if k == self.partial:  # a cycle is complete
+            self.partial = 0
+        self.opt.step()
+
+    def backward_and_sparse_update(self, loss, threshold=2097152, spars=0.05, topK=False,  # noqa: N803
+                                   corr=True):
+        """All-reduce of sparsified gradients (see :meth:`sparsification`), fused as in
+        :meth:`backward_and_update`; with ``corr`` each fused group keeps a local residual
+        (``self.gradAccumulation[k]``) that is added to the next step's gradient."""
+        from workbench.tensor import Tensor  # noqa: PLC0415
+        if not hasattr(self, "gradAccumulation"):
+            self.gradAccumulation = []
+        self.sparsInit = getattr(self, "sparsInit", False)
+        pairs = self._begin(loss)
+
+        def accumulation(k, size, p):
+            if not corr:
+                return None
+            if k == len(self.gradAccumulation):
+                self.gradAccumulation.append(Tensor((size,), p.device, np.float32))
+            a = self.gradAccumulation[k]
+            if a.size() != size:
+                raise WorkbenchError(
+                    f"backward_and_sparse_update: gradient group {k} has {size} values but "
+                    f"its accumulation {a.size()}; the set of trained parameters changed "
+                    f"(reset with del dist_opt.gradAccumulation)")
+            return a
+
+        plist, glist, acc, k = [], [], 0, -1
+        p = None
+        for p, g in pairs:
+            if g.size() > threshold:
+                k += 1
+                self.sparsification(g.data, accumulation(k, g.size(), p), spars, topK)
+            else:
+                glist.append(g.data)
+                acc += g.size()
+                if acc > threshold:
+                    k += 1
+                    self.fused_sparsification(glist, accumulation(k, acc, p), spars, topK)
+                    acc, glist = 0, []
+            plist.append((p, g))
+        if glist:
+            k += 1
+            self.fused_sparsification(glist, accumulation(k, acc, p), spars, topK)
+        self.wait()
+        for p, g in plist:
+            self.update(p, g)
+        self.sparsInit = True
+        self.opt.step()
+
+    # ------------------------------------------------------------------ beyond SINGA
+    def broadcast_model(self, model, root: int = 0) -> None:
+        """Overwrite every parameter and buffer of ``model`` with rank ``root``'s, so the
+        ranks begin equal (done by ``Model.compile`` / ``set_optimizer`` with a DistOpt)."""
+        states = model.get_states()
+        for name in sorted(states):
+            t = states[name]
+            if not t.data.flags.c_contiguous or not t.data.flags.writeable:
+                t.data = t.data.copy()
+            self.communicator.broadcast(t.data, root)
+        self._synced = True
+
+    def sync_buffers(self, model) -> None:
+        """Average the buffers (BatchNorm running mean/var; not the parameters) over the
+        ranks, e.g. before evaluating or saving: during training each rank's BatchNorm keeps
+        statistics of its own batches (SINGA's behaviour)."""
+        states = model.get_states()
+        for name in sorted(states):
+            t = states[name]
+            if t.stores_grad or t.dtype.kind != "f":
+                continue
+            if not t.data.flags.c_contiguous or not t.data.flags.writeable:
+                t.data = t.data.copy()
+            self.communicator.all_reduce(t.data)
+            t.data /= t.data.dtype.type(self.world_size)
+
+    def _on_model(self, model) -> None:
+        """Called by ``Model.compile`` / ``Model.set_optimizer``: rank 0's weights everywhere."""
+        if self.world_size > 1:
+            self.broadcast_model(model)
+
+    def all_reduce_mean(self, value) -> np.ndarray:
+        """The mean over the ranks of a number or host array (losses, accuracies)."""
+        a = np.array(value, dtype=np.float64, copy=True).reshape(-1)
+        self.communicator.all_reduce(a)
+        return (a / self.world_size).reshape(np.shape(value))
