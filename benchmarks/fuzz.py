@@ -76,6 +76,12 @@ def report(cases, ours, ort, seconds: float, out=sys.stdout):
             if any(pairs.get((k, o)) for o in ORT_CLASSES):
                 print(f"| {k} | " + " | ".join(str(pairs.get((k, o), 0)) for o in ORT_CLASSES)
                       + " |", file=out)
+    slow = sorted(((r.get("seconds") or 0, c, r) for c, r in zip(cases, ours)
+                   if r["cls"] != "hang" and (r.get("seconds") or 0) > 5), key=lambda t: -t[0])
+    if slow:
+        print(f"\nslowest of ours (over 5 s, {len(slow)}):", file=out)
+        for sec, c, r in slow[:8]:
+            print(f"- {sec:6.1f} s {c.key} [{r['cls']}] {c.note[:100]}", file=out)
     groups = collections.defaultdict(list)
     for c, r in zip(cases, ours):
         if r["cls"] in FAILURES:

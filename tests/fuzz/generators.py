@@ -30,7 +30,8 @@ Generators (the table of ``benchmarks/fuzz.py`` groups by these names):
                  missing or unknown inputs
 ``extdata``      every external-data attack on every tensor carrier (model given by path);
                  enumerated: seed ``i`` is combination ``i % len(EXTDATA_COMBOS)``
-``extdata_feed`` external data in a model given as bytes (without and with ``base_dir``) or
+``extdata_feed`` external data in a model given as bytes or a ModelProto (without
+                 ``base_dir``), as bytes with ``base_dir``, or
                  by path with the checker off (``check=False``); enumerated
 ``resource``     shapes, counts and attributes that ask for huge memory or endless loops, or
                  that have crashed onnx's C++ shape inference
@@ -61,7 +62,8 @@ class Case:
     seed: int
     model: bytes                       # the model file's bytes
     files: list = field(default_factory=list)   # [(relpath, kind, data)], see place_files
-    feed: str = "path"   # "path" | "bytes" | "bytes_base_dir" | "path_nocheck" (check=False)
+    # "path" | "bytes" | "proto" (a ModelProto) | "bytes_base_dir" | "path_nocheck" (check=False)
+    feed: str = "path"
     inputs: list | None = None         # [(name, ndarray)] or None: made from declared types
     substitute: bool = False           # replace @TOKENS@ in external-data strings
     note: str = ""
@@ -198,7 +200,7 @@ def node_cases() -> list:
     global _NODE_CASES
     if _NODE_CASES is not None:
         return _NODE_CASES
-    path = _cache_dir() / f"fuzz-node-cases-onnx{onnx.__version__}.pkl"
+    path = _cache_dir() / f"fuzz-node-cases-v2-onnx{onnx.__version__}.pkl"
     try:
         with open(path, "rb") as f:
             _NODE_CASES = pickle.load(f)  # noqa: S301 - written by this function
@@ -218,8 +220,15 @@ def node_cases() -> list:
         if c.data_sets:
             ins = c.data_sets[0][0]
             names = [v.name for v in c.model.graph.input]
-            if (len(ins) == len(names) and all(isinstance(x, np.ndarray) for x in ins)
-                    and sum(x.nbytes for x in ins) <= 1 << 20):
+
+            def ok(x):   # arrays, sequences of arrays (sequence ops), None (empty optionals)
+                return (x is None or isinstance(x, np.ndarray)
+                        or (isinstance(x, list) and all(isinstance(y, np.ndarray) for y in x)))
+
+            def size(x):
+                return sum(size(y) for y in x) if isinstance(x, list) else getattr(x, "nbytes", 0)
+
+            if len(ins) == len(names) and all(ok(x) for x in ins) and size(list(ins)) <= 1 << 20:
                 inputs = list(zip(names, ins))
         out.append((c.name, c.model.SerializeToString(), inputs))
     try:
@@ -1016,6 +1025,25 @@ def gen_mut_inputs(seed: int) -> Case:
                 b, what = _extreme_array(rng, a)
                 inputs[i] = (name, b)
                 notes.append(f"{name}: {what}")
+            elif isinstance(a, list) and all(isinstance(x, np.ndarray) for x in a):
+                # a sequence input
+                k = rng.random()
+                if k < 0.25:
+                    inputs[i] = (name, [])
+                    notes.append(f"{name}: empty sequence")
+                elif k < 0.5 and a:
+                    inputs[i] = (name, a + [a[0].astype(np.float64 if a[0].dtype != np.float64
+                                                        else np.int64)])
+                    notes.append(f"{name}: sequence of mixed dtypes")
+                elif k < 0.75 and a:
+                    inputs[i] = (name, a + [np.zeros([3] * (a[0].ndim + 1), a[0].dtype)])
+                    notes.append(f"{name}: sequence of mixed ranks")
+                else:
+                    inputs[i] = (name, rng.choice([None, np.zeros(2, np.float32)]))
+                    notes.append(f"{name}: not a sequence")
+            elif a is None:
+                inputs[i] = (name, np.zeros(rng.choice([0, 2]), np.float32))
+                notes.append(f"{name}: an array for an empty optional")
     return Case("mut_inputs", seed, m.SerializeToString(), inputs=inputs,
                 note=f"{label}: {'; '.join(notes) or 'as given'}")
 
@@ -1365,11 +1393,11 @@ CARRIERS = {
 }
 
 EXTDATA_COMBOS = [(c, a) for a in EXT_ATTACKS for c in CARRIERS]
-# other ways in: bytes without base_dir (every external reference refused), bytes with
-# base_dir (the same confinement as a path), a path with the checker off (check=False)
+# other ways in: bytes or a ModelProto without base_dir (every external reference refused),
+# bytes with base_dir (the same confinement as a path), a path with the checker off
 EXT_FEED_ATTACKS = ["control", "cwd_name", "parent", "abs_cwd", "symlink_parent", "fifo",
                     "nul_location", "length_2_33"]
-EXTDATA_FEED_COMBOS = [(c, a, f) for f in ("bytes", "bytes_base_dir", "path_nocheck")
+EXTDATA_FEED_COMBOS = [(c, a, f) for f in ("bytes", "proto", "bytes_base_dir", "path_nocheck")
                        for a in EXT_FEED_ATTACKS for c in CARRIERS]
 
 

@@ -420,6 +420,12 @@ class Runner:
                 rep = backend.prepare(path, check=False)
             elif case.feed == "bytes":
                 rep = backend.prepare(data)
+            elif case.feed == "proto":
+                import onnx  # noqa: PLC0415
+
+                proto = onnx.ModelProto()
+                proto.ParseFromString(data)
+                rep = backend.prepare(proto)
             else:
                 rep = backend.prepare(data, base_dir=model_dir)
             outs = rep.run(inputs)
@@ -450,7 +456,7 @@ class Runner:
             so.intra_op_num_threads = 1
             so.inter_op_num_threads = 1
             so.log_severity_level = 4
-            src = data if case.feed == "bytes" else path
+            src = data if case.feed in ("bytes", "proto") else path
             sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
             names = [i.name for i in sess.get_inputs()]
             feeds = {k: v for k, v in inputs.items() if k in names}
