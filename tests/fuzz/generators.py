@@ -596,6 +596,33 @@ def _graph_mutations(m, g, rng):
         t.name = t.name + "_renamed"
         return f"initializer {t.name}: renamed"
 
+    def init_replace():
+        """A valid tensor of another shape or dtype in place of an initializer (the data is
+        consistent, so it gets past the loader into the passes and kernels)."""
+        if not g.initializer:
+            return None
+        t = rng.choice(list(g.initializer))
+        try:
+            a = numpy_helper.to_array(t)
+        except Exception:  # noqa: BLE001
+            return None
+        shape = list(a.shape)
+        k = rng.random()
+        if k < 0.3 and shape:
+            shape[rng.randrange(len(shape))] = rng.choice([0, 1, 2, 3, 5])
+        elif k < 0.5:
+            shape.append(rng.choice([1, 2]))
+        elif k < 0.7 and shape:
+            shape.pop(rng.randrange(len(shape)))
+        dt = a.dtype if rng.random() < 0.6 else np.dtype(rng.choice(
+            [np.float32, np.float64, np.int64, np.int32, np.float16, np.bool_, np.uint8]))
+        n = int(np.prod(shape)) if shape else 1
+        if n > 1 << 16:
+            return None
+        b = (np.arange(n) % 5 - 2).astype(dt).reshape(shape)
+        t.CopyFrom(numpy_helper.from_array(b, t.name))
+        return f"initializer {t.name}: valid {dt} {shape} (was {a.dtype} {list(a.shape)})"
+
     def remove_io():
         lst = g.input if (rng.random() < 0.5 and g.input) else g.output
         if not lst:
@@ -714,7 +741,7 @@ def _graph_mutations(m, g, rng):
         g.value_info.append(v)
         return f"value_info {v.name} bogus"
 
-    return [input_type, input_nontensor, init_change, remove_io, dup_io, rename_io, dangling,
+    return [input_type, input_nontensor, init_change, init_replace, init_replace, remove_io, dup_io, rename_io, dangling,
             cycle, dup_node, remove_node, reorder, op_swap, domain_swap, io_count,
             output_from_input, bogus_value_info]
 
@@ -1293,6 +1320,15 @@ def _c_unknown_tensors_attr(ent, attack):
     return mk([n], [vi("x", [N_EXT])], [vi("y", [N_EXT])])
 
 
+def _c_unknown_sparse_attr(ent, attack):
+    # a SPARSE_TENSOR attribute on a node that has no such attribute
+    n = helper.make_node("Identity", ["x"], ["y"])
+    a = AttributeProto(name="extra", type=AttributeProto.SPARSE_TENSOR)
+    a.sparse_tensor.CopyFrom(_sparse(_carrier_tensor(ent, attack=attack)))
+    n.attribute.append(a)
+    return mk([n], [vi("x", [N_EXT])], [vi("y", [N_EXT])])
+
+
 def _c_if_body(ent, attack):
     then = helper.make_graph([helper.make_node("Constant", [], ["a"],
                                                value=_carrier_tensor(ent, attack=attack))],
@@ -1383,6 +1419,7 @@ CARRIERS = {
     "constant_sparse_value": _c_constant_sparse_value,
     "constant_of_shape_value": _c_constant_of_shape,
     "other_node_tensors_attr": _c_unknown_tensors_attr,
+    "other_node_sparse_attr": _c_unknown_sparse_attr,
     "if_body": _c_if_body,
     "loop_body": _c_loop_body,
     "scan_body": _c_scan_body,

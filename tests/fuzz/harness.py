@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import pickle
 import select
+import shutil
 import signal
 import struct
 import subprocess
@@ -49,6 +50,7 @@ class _Worker:
             stderr=None if os.environ.get("WBFUZZ_VERBOSE") else subprocess.DEVNULL,
             start_new_session=True)
         self.ready = False
+        self.dirs: list[str] = []   # the worker's temporary folders, removed after a kill
         self.job = None          # (index, case, mode)
         self.deadline = time.monotonic() + STARTUP_TIMEOUT
         self.started = time.monotonic()
@@ -86,7 +88,15 @@ class _Worker:
             return None
         return pickle.loads(data)  # noqa: S301 - our own worker
 
-    def kill(self):
+    def kill(self, grace: float = 0.0):
+        """End the worker: after ``grace`` seconds for a worker that exits by itself, its whole
+        process group (the engine's helper process too) is killed; its folders removed."""
+        if grace:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=grace)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -100,6 +110,8 @@ class _Worker:
                 f.close()
             except OSError:
                 pass
+        for d in self.dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
     def exit_status(self) -> int | None:
         try:
@@ -144,16 +156,17 @@ class Pool:
                 pass
         for w in self.workers:
             try:
-                w.proc.wait(timeout=5)
+                w.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                w.kill()
+                pass
+            w.kill()
         self.workers = []
 
     def _start(self) -> _Worker:
         return _Worker(self.env, self.ort)
 
-    def _replace(self, w: _Worker):
-        w.kill()
+    def _replace(self, w: _Worker, grace: float = 0.0):
+        w.kill(grace)
         self.restarts += 1
         nw = self._start()
         self.workers[self.workers.index(w)] = nw
@@ -208,12 +221,13 @@ class Pool:
                         continue
                     if msg.get("ready"):
                         w.ready = True
+                        w.dirs = list(msg.get("dirs", []))
                         self.failed_starts = 0
                         continue
                     exit_after = msg.pop("exit", False)
                     finish(w, msg)
                     if exit_after:
-                        self._replace(w)
+                        self._replace(w, grace=5.0)
                 elif now >= w.deadline:
                     if w.job is not None:
                         finish(w, {"cls": "hang",

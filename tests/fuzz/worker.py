@@ -490,7 +490,8 @@ def main():
     _limit_memory()
     runner = Runner()
     try:
-        _write_msg(out, {"ready": True, "pid": os.getpid()})
+        _write_msg(out, {"ready": True, "pid": os.getpid(),
+                         "dirs": [runner.root, runner.tmpdir]})
         while True:
             req = _read_msg(inp)
             if req is None:
