@@ -105,7 +105,8 @@ def vi(name, shape, dt=TensorProto.FLOAT, rank: int = 1):
 
 
 def mk(nodes, inputs, outputs, inits=(), opset=OPSET, sparse=(), name="g"):
-    g = helper.make_graph(nodes, name, inputs, outputs, list(inits), sparse_initializer=list(sparse))
+    g = helper.make_graph(nodes, name, inputs, outputs, list(inits),
+                          sparse_initializer=list(sparse))
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)],
                           producer_name="wbfuzz")
     m.ir_version = 8
@@ -741,7 +742,8 @@ def _graph_mutations(m, g, rng):
         g.value_info.append(v)
         return f"value_info {v.name} bogus"
 
-    return [input_type, input_nontensor, init_change, init_replace, init_replace, remove_io, dup_io, rename_io, dangling,
+    return [input_type, input_nontensor, init_change, init_replace, init_replace, remove_io,
+            dup_io, rename_io, dangling,
             cycle, dup_node, remove_node, reorder, op_swap, domain_swap, io_count,
             output_from_input, bogus_value_info]
 
@@ -896,7 +898,8 @@ def _model_strings(m: onnx.ModelProto) -> list[str]:
         for n in g.node:
             out.update([n.name, n.op_type, n.domain, *n.input, *n.output])
             out.update(a.name for a in n.attribute)
-            out.update(a.s.decode("latin-1") for a in n.attribute if a.type == AttributeProto.STRING)
+            out.update(a.s.decode("latin-1") for a in n.attribute
+                       if a.type == AttributeProto.STRING)
     for t in iter_tensors(m):
         out.add(t.name)
     for f in m.functions:
@@ -1643,7 +1646,6 @@ def _r_attr_extreme(rng):
     if n_in == 0:
         names = []
         inputs = []
-    kwargs = {}
     if attr is not None:
         schema = _schema_attrs(helper.make_node(op, [], []), 18)
         typ = schema.get(attr, AttributeProto.INT)
@@ -1663,8 +1665,9 @@ def _r_attr_extreme(rng):
 
 def _r_reshape(rng):
     shape = rng.choice([[2**31, 2**31], [-1, -1], [0, 2**62], [-2**62], [2**62, 0]])
-    return (mk([helper.make_node("Reshape", ["x", "s"], ["y"])], [vi("x", [4])],
-               [vi("y", None, rank=len(shape))], [arr(np.array(shape, np.int64), "s")]), f"Reshape to {shape}")
+    m = mk([helper.make_node("Reshape", ["x", "s"], ["y"])], [vi("x", [4])],
+           [vi("y", None, rank=len(shape))], [arr(np.array(shape, np.int64), "s")])
+    return m, f"Reshape to {shape}"
 
 
 def _r_matmul_declared(rng):

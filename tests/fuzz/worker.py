@@ -249,7 +249,7 @@ def declared_inputs(model_bytes: bytes, seed: int):
                 shape.append(d.dim_value)
             else:
                 shape.append(2)
-        if dt == object:
+        if dt.kind == "O":
             a = np.array(["a"] * int(np.prod(shape, dtype=np.int64)), dtype=object).reshape(shape)
         elif dt.kind == "b":
             a = rng.random(shape) < 0.5
@@ -271,8 +271,10 @@ def _innermost(tb) -> str:
         return ""
     f = frames[-1]
     # the innermost frame in the engine, when there is one, says more than numpy's
+    engine = (os.path.join(_ROOT, "workbench") + os.sep, os.sep + "site-packages" + os.sep
+              + "workbench" + os.sep)
     for fr in reversed(frames):
-        if "workbench" in fr.filename.replace("\\", "/"):
+        if fr.filename.startswith(engine[0]) or engine[1] in fr.filename:
             f = fr
             break
     fn = f.filename
@@ -504,6 +506,10 @@ def main():
             except MemoryError as e:
                 res = {"cls": "memory", "error_type": type(e).__name__, "message": str(e)[:500],
                        "frame": _innermost(e.__traceback__), "exit": True}
+            except Exception as e:  # noqa: BLE001 - the fuzzer's own failure (setting up a case)
+                res = {"cls": "uncaught", "error_type": f"FUZZER {type(e).__name__}",
+                       "message": str(e)[:500], "frame": _innermost(e.__traceback__),
+                       "exit": False}
             _write_msg(out, res)
             if res.get("exit"):
                 break
