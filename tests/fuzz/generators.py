@@ -1772,10 +1772,61 @@ def _runtime_shape_inputs(m: onnx.ModelProto):
     return moved
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _ld(field: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _r_deep_nesting(rng):
+    """If inside If inside If ... (recursive walkers, protobuf's recursion limit). Encoded by
+    hand: the protobuf library refuses to build messages nested past its own limit."""
+    depth = rng.choice([10, 30, 40, 100, 1000])
+    leaf = helper.make_graph([helper.make_node("Identity", ["x"], ["o"])], "leaf", [],
+                             [vi("o", [2])]).SerializeToString()
+    out_vi = vi("o", [2]).SerializeToString()
+    g = leaf
+    for _ in range(depth):
+        then_a = _ld(1, b"then_branch") + _ld(6, g) + _varint(20 << 3) + _varint(5)
+        else_a = _ld(1, b"else_branch") + _ld(6, leaf) + _varint(20 << 3) + _varint(5)
+        node = _ld(1, b"c") + _ld(2, b"o") + _ld(4, b"If") + _ld(5, then_a) + _ld(5, else_a)
+        g = _ld(1, node) + _ld(2, b"level") + _ld(12, out_vi)
+    shell = mk([], [vi("x", [2])], [vi("y", [2])], [arr(np.array(True), "c")])
+    top_then = _ld(1, b"then_branch") + _ld(6, g) + _varint(20 << 3) + _varint(5)
+    top_else = _ld(1, b"else_branch") + _ld(6, leaf) + _varint(20 << 3) + _varint(5)
+    top = _ld(1, b"c") + _ld(2, b"y") + _ld(4, b"If") + _ld(5, top_then) + _ld(5, top_else)
+    data = shell.SerializeToString() + _ld(7, _ld(1, top))   # merged into the graph field
+    return data, f"If nested {depth + 1} deep"
+
+
+def _r_long_chain(rng):
+    """Many nodes: a long chain, or a wide fan-out into one Sum."""
+    n = rng.choice([2000, 10000, 50000])
+    if rng.random() < 0.5:
+        nodes = [helper.make_node("Identity", [f"v{i}" if i else "x"], [f"v{i + 1}"])
+                 for i in range(n)]
+        nodes.append(helper.make_node("Identity", [f"v{n}"], ["y"]))
+        return mk(nodes, [vi("x", [2])], [vi("y", [2])]), f"chain of {n} Identity nodes"
+    nodes = [helper.make_node("Neg", ["x"], [f"v{i}"]) for i in range(n)]
+    nodes.append(helper.make_node("Sum", [f"v{i}" for i in range(n)], ["y"]))
+    return mk(nodes, [vi("x", [2])], [vi("y", [2])]), f"Sum of {n} inputs"
+
+
 RESOURCE_BUILDERS = [_r_constant_of_shape, _r_expand, _r_tile, _r_range, _r_pad, _r_resize,
                      _r_onehot, _r_split, _r_slice, _r_loop, _r_loop_scan_outputs, _r_scan_axes,
                      _r_attr_extreme, _r_attr_extreme, _r_attr_extreme, _r_reshape,
-                     _r_matmul_declared, _r_random_normal]
+                     _r_matmul_declared, _r_random_normal, _r_deep_nesting, _r_long_chain]
 
 
 def gen_resource(seed: int) -> Case:
@@ -1785,6 +1836,8 @@ def gen_resource(seed: int) -> Case:
         return Case("resource", seed, m.SerializeToString(), inputs=inputs, note=note)
     build = rng.choice(RESOURCE_BUILDERS)
     m, note = build(rng)
+    if isinstance(m, bytes):   # hand-encoded
+        return Case("resource", seed, m, note=note)
     inputs = None
     if rng.random() < 0.35:
         moved = _runtime_shape_inputs(m)
