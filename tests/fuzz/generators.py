@@ -31,7 +31,7 @@ Generators (the table of ``benchmarks/fuzz.py`` groups by these names):
 ``extdata``      every external-data attack on every tensor carrier (model given by path);
                  enumerated: seed ``i`` is combination ``i % len(EXTDATA_COMBOS)``
 ``extdata_feed`` external data in a model given as bytes or a ModelProto (without
-                 ``base_dir``), as bytes with ``base_dir``, or
+                 ``base_dir``), as bytes with ``base_dir``, through a symlinked folder, or
                  by path with the checker off (``check=False``); enumerated
 ``resource``     shapes, counts and attributes that ask for huge memory or endless loops, or
                  that have crashed onnx's C++ shape inference
@@ -63,6 +63,7 @@ class Case:
     model: bytes                       # the model file's bytes
     files: list = field(default_factory=list)   # [(relpath, kind, data)], see place_files
     # "path" | "bytes" | "proto" (a ModelProto) | "bytes_base_dir" | "path_nocheck" (check=False)
+    # | "path_via_link" (the model's folder reached through a symlink)
     feed: str = "path"
     inputs: list | None = None         # [(name, ndarray)] or None: made from declared types
     substitute: bool = False           # replace @TOKENS@ in external-data strings
@@ -1434,10 +1435,12 @@ CARRIERS = {
 
 EXTDATA_COMBOS = [(c, a) for a in EXT_ATTACKS for c in CARRIERS]
 # other ways in: bytes or a ModelProto without base_dir (every external reference refused),
-# bytes with base_dir (the same confinement as a path), a path with the checker off
+# bytes with base_dir (the same confinement as a path), a path with the checker off, a path
+# through a symlinked folder (valid data must still load)
 EXT_FEED_ATTACKS = ["control", "cwd_name", "parent", "abs_cwd", "symlink_parent", "fifo",
                     "nul_location", "length_2_33"]
-EXTDATA_FEED_COMBOS = [(c, a, f) for f in ("bytes", "proto", "bytes_base_dir", "path_nocheck")
+EXTDATA_FEED_COMBOS = [(c, a, f) for f in ("bytes", "proto", "bytes_base_dir", "path_nocheck",
+                                           "path_via_link")
                        for a in EXT_FEED_ATTACKS for c in CARRIERS]
 
 

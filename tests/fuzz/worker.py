@@ -344,6 +344,10 @@ class Runner:
         with open(path, "wb") as f:
             f.write(data)
         place_files(model_dir, case.files, mapping)
+        if case.feed == "path_via_link":   # the folder reached through a symlink
+            alias = os.path.join(parent, "alias")
+            os.symlink(model_dir, alias)
+            path = os.path.join(alias, "model.onnx")
         if case.inputs is not None:
             inputs = {k: v for k, v in case.inputs}
         else:
@@ -416,7 +420,7 @@ class Runner:
         import workbench.backend as backend  # noqa: PLC0415
 
         try:
-            if case.feed == "path":
+            if case.feed in ("path", "path_via_link"):
                 rep = backend.prepare(path)
             elif case.feed == "path_nocheck":
                 rep = backend.prepare(path, check=False)
