@@ -1813,6 +1813,30 @@ def _r_deep_nesting(rng):
     return data, f"If nested {depth + 1} deep"
 
 
+def _r_strings(rng):
+    """String ops with hostile patterns and sizes (catastrophic backtracking, huge splits)."""
+    k = rng.random()
+    x = np.array(["a" * rng.choice([28, 40, 5000]) + "!"], dtype=object)
+    if k < 0.5:
+        pat = rng.choice(["(a+)+$", "(a|aa)+$", "(a*)*b", "((a+)+)+c", "(", "[z-a]", "\\"])
+        m = mk([helper.make_node("RegexFullMatch", ["x"], ["y"], pattern=pat)],
+               [vi("x", [1], TensorProto.STRING)], [vi("y", [1], TensorProto.BOOL)], opset=20)
+        return m, [("x", x)], f"RegexFullMatch pattern {pat!r} on {len(x[0])} chars"
+    if k < 0.75:
+        maxsplit = rng.choice([2**62, -1, 0, 2**31])
+        m = mk([helper.make_node("StringSplit", ["x"], ["y", "n"], maxsplit=maxsplit,
+                                 delimiter=rng.choice(["", "a", "aa"]))],
+               [vi("x", [1], TensorProto.STRING)],
+               [vi("y", None, TensorProto.STRING, rank=2), vi("n", [1], TensorProto.INT64)],
+               opset=20)
+        return m, [("x", x)], f"StringSplit maxsplit={maxsplit}"
+    n = rng.choice([10, 10**5])
+    m = mk([helper.make_node("StringNormalizer", ["x"], ["y"], stopwords=["a" * 3] * n,
+                             case_change_action=rng.choice(["UPPER", "NONE", "bogus"]))],
+           [vi("x", [1], TensorProto.STRING)], [vi("y", None, TensorProto.STRING)], opset=20)
+    return m, [("x", x)], f"StringNormalizer with {n} stopwords"
+
+
 def _r_long_chain(rng):
     """Many nodes: a long chain, or a wide fan-out into one Sum."""
     n = rng.choice([2000, 10000, 50000])
@@ -1835,7 +1859,7 @@ RESOURCE_BUILDERS = [_r_constant_of_shape, _r_expand, _r_tile, _r_range, _r_pad,
 def gen_resource(seed: int) -> Case:
     rng = random.Random(f"resource:{seed}")
     if rng.random() < 0.25:
-        m, inputs, note = _r_broadcast_bomb(rng)
+        m, inputs, note = (_r_strings if rng.random() < 0.2 else _r_broadcast_bomb)(rng)
         return Case("resource", seed, m.SerializeToString(), inputs=inputs, note=note)
     build = rng.choice(RESOURCE_BUILDERS)
     m, note = build(rng)
