@@ -1,0 +1,500 @@
+"""ai.onnx.ml tree ensembles: TreeEnsembleRegressor and TreeEnsembleClassifier (opsets 1 and
+3; opset 3 adds the double-precision ``*_as_tensor`` attributes; their deprecated opset-5
+schemas are served by the opset-3 kernels), and TreeEnsemble (opset 5).
+
+All three are translated into one array-based node table (:class:`Forest`): every node of
+every tree is a row (feature, threshold, mode, true child, false child, missing-value track),
+leaves point to themselves, and each leaf owns a slice of (target, weight) pairs. Evaluation is
+vectorised over all (row, tree) pairs at once: each step gathers the current node of every
+unfinished pair, compares, moves to a child and drops the pairs that reached a leaf, so the
+number of Python-level steps is the depth of the deepest tree, whatever the number of rows,
+trees or nodes. Rows are processed in chunks so the working set stays in cache. Aggregation is
+a ``bincount`` over (row, target) (SUM, AVERAGE) or a ``ufunc.at`` (MIN, MAX).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from workbench.errors import InputError, ShapeError
+from workbench.ops.ml_common import (
+    apply_post_transform,
+    binary_label_and_scores,
+    features_2d,
+    labels_of,
+    like_input,
+    pt_name,
+)
+from workbench.ops.registry import kernel
+
+ML = "ai.onnx.ml"
+
+LEQ, LT, GTE, GT, EQ, NEQ, MEMBER, LEAF = range(8)
+_MODE_CODES = {"BRANCH_LEQ": LEQ, "BRANCH_LT": LT, "BRANCH_GTE": GTE, "BRANCH_GT": GT,
+               "BRANCH_EQ": EQ, "BRANCH_NEQ": NEQ, "BRANCH_MEMBER": MEMBER, "LEAF": LEAF}
+#: (row, tree) pairs evaluated together: big enough to amortise numpy's per-call cost, small
+#: enough to stay in the CPU caches
+_CHUNK_PAIRS = 1 << 17
+
+
+@dataclass
+class Forest:
+    feature: np.ndarray          # int64 [G]
+    threshold: np.ndarray        # float64 [G]
+    mode: np.ndarray             # int8 [G]
+    true_next: np.ndarray        # int64 [G] (leaves: themselves)
+    false_next: np.ndarray       # int64 [G]
+    track_true: np.ndarray | None  # bool [G] or None when no node tracks missing values
+    roots: np.ndarray            # int64 [T]
+    leaf_start: np.ndarray       # int64 [G]: first (target, weight) pair of a leaf
+    leaf_count: np.ndarray       # int64 [G]: number of pairs of a leaf (0 for branches)
+    targets: np.ndarray          # int64 [P]
+    weights: np.ndarray          # float64 [P]
+    members: dict = field(default_factory=dict)  # node -> sorted member values
+    n_outputs: int = 1
+
+    @property
+    def is_leaf(self) -> np.ndarray:
+        return self.mode == LEAF
+
+    def validate(self, op: str, n_features: int) -> None:
+        branch = self.mode != LEAF
+        if branch.any():
+            fmax = int(self.feature[branch].max())
+            fmin = int(self.feature[branch].min())
+            if fmin < 0 or fmax >= n_features:
+                raise ShapeError(f"{op}: a node reads feature {fmax if fmax >= n_features else fmin}"
+                                 f" but X has {n_features} features")
+        if self.targets.size and (int(self.targets.min()) < 0
+                                  or int(self.targets.max()) >= self.n_outputs):
+            raise InputError(f"{op}: a leaf writes to target/class "
+                             f"{int(self.targets.max())}, outside [0, {self.n_outputs})")
+
+    # ---------------------------------------------------------------- evaluation
+    def leaves(self, x: np.ndarray, op: str) -> np.ndarray:
+        """The leaf every row reaches in every tree: an int64 [N, T] matrix."""
+        n, t = x.shape[0], self.roots.size
+        out = np.empty((n, t), dtype=np.int64)
+        if n == 0 or t == 0:
+            return out
+        step = max(1, _CHUNK_PAIRS // t)
+        for r0 in range(0, n, step):
+            out[r0:r0 + step] = self._leaves_chunk(x[r0:r0 + step], op)
+        return out
+
+    def _leaves_chunk(self, x: np.ndarray, op: str) -> np.ndarray:
+        n, f = x.shape
+        t = self.roots.size
+        cur = np.tile(self.roots, n)                       # pair p = row * t + tree
+        xflat = x.reshape(-1)
+        row_base = np.repeat(np.arange(n, dtype=np.int64) * f, t)
+        is_leaf = self.is_leaf
+        active = np.flatnonzero(~is_leaf[cur])
+        modes = np.unique(self.mode[~is_leaf])
+        single = int(modes[0]) if modes.size == 1 else None
+        feature, threshold, mode = self.feature, self.threshold, self.mode
+        tnext, fnext, track = self.true_next, self.false_next, self.track_true
+        limit = self.mode.size + 1
+        steps = 0
+        while active.size:
+            steps += 1
+            if steps > limit:
+                raise InputError(f"{op}: a tree has a cycle (no leaf reached after {limit} "
+                                 f"steps)")
+            nd = cur[active]
+            v = xflat[row_base[active] + feature[nd]]
+            th = threshold[nd]
+            if single is not None:
+                go = _compare(single, v, th)
+            else:
+                m = mode[nd]
+                go = np.zeros(nd.size, dtype=bool)
+                for code in modes:
+                    sel = m == code
+                    if sel.any():
+                        go[sel] = _compare(int(code), v[sel], th[sel])
+            if self.members:
+                self._member_branches(nd, v, go)
+            if track is not None:
+                go |= np.isnan(v) & track[nd]
+            nxt = np.where(go, tnext[nd], fnext[nd])
+            cur[active] = nxt
+            active = active[~is_leaf[nxt]]
+        return cur.reshape(n, t)
+
+    def _member_branches(self, nd, v, go) -> None:
+        for node, values in self.members.items():
+            sel = nd == node
+            if sel.any():
+                go[sel] = np.isin(v[sel], values)
+
+    def aggregate(self, leaves: np.ndarray, how: str):
+        """(scores [N, n_outputs] float64, hit [N, n_outputs] bool): the leaves' weights
+        combined per (row, target) by SUM, AVERAGE, MIN or MAX; ``hit`` says which (row,
+        target) received any weight."""
+        n, t = leaves.shape
+        k = self.n_outputs
+        flat = leaves.reshape(-1)
+        cnt = self.leaf_count[flat]
+        start = self.leaf_start[flat]
+        rows = np.repeat(np.arange(n, dtype=np.int64), t)
+        if cnt.size and (cnt == cnt[0]).all():
+            c = int(cnt[0])
+            idx = (start[:, None] + np.arange(c)).reshape(-1)
+            rows = np.repeat(rows, c)
+        else:
+            total = int(cnt.sum())
+            offs = np.repeat(np.cumsum(cnt) - cnt, cnt)
+            idx = np.repeat(start, cnt) + (np.arange(total) - offs)
+            rows = np.repeat(rows, cnt)
+        key = rows * k + self.targets[idx]
+        w = self.weights[idx]
+        hits = np.bincount(key, minlength=n * k).reshape(n, k) > 0
+        if how in ("SUM", "AVERAGE"):
+            s = np.bincount(key, weights=w, minlength=n * k).reshape(n, k)
+            if how == "AVERAGE":
+                s = s / max(t, 1)
+            return s, hits
+        fill = np.inf if how == "MIN" else -np.inf
+        s = np.full(n * k, fill)
+        (np.minimum if how == "MIN" else np.maximum).at(s, key, w)
+        s = s.reshape(n, k)
+        s[~hits] = 0.0
+        return s, hits
+
+
+def _compare(code: int, v, th):
+    if code == LEQ:
+        return v <= th
+    if code == LT:
+        return v < th
+    if code == GTE:
+        return v >= th
+    if code == GT:
+        return v > th
+    if code == EQ:
+        return v == th
+    if code == NEQ:
+        return v != th
+    return np.zeros(v.shape, dtype=bool)  # MEMBER: decided by _member_branches
+
+
+# --------------------------------------------------------------------------- opsets 1 / 3
+
+
+def _double_or(op, name, values, tensor):
+    """An attribute given as floats or (opset 3) as a double tensor ``name_as_tensor``."""
+    if tensor is not None:
+        if values is not None and len(values):
+            raise InputError(f"{op}: {name} and {name}_as_tensor are both set; use one")
+        return np.asarray(tensor, dtype=np.float64).reshape(-1)
+    if values is None:
+        return None
+    return np.asarray(values, dtype=np.float32).astype(np.float64).reshape(-1)
+
+
+def _ints(values):
+    return np.asarray(values if values is not None else [], dtype=np.int64).reshape(-1)
+
+
+def forest_from_v3(op: str, *, treeids, nodeids, featureids, modes, values, truenodeids,
+                   falsenodeids, missing_tracks, w_treeids, w_nodeids, w_ids, w_weights,
+                   n_outputs: int) -> Forest:
+    """The node table of the opset-1/3 attribute layout: nodes named (tree id, node id),
+    children named by node id within the tree, leaf weights named by (tree id, node id)."""
+    tree = _ints(treeids)
+    node = _ints(nodeids)
+    g = tree.size
+    for name, arr in (("nodes_nodeids", node), ("nodes_featureids", _ints(featureids)),
+                      ("nodes_modes", np.asarray(modes or [], dtype=object)),
+                      ("nodes_truenodeids", _ints(truenodeids)),
+                      ("nodes_falsenodeids", _ints(falsenodeids))):
+        if arr.size != g:
+            raise InputError(f"{op}: {name} has {arr.size} entries, nodes_treeids has {g}")
+    if g == 0:
+        raise InputError(f"{op}: the ensemble has no nodes")
+    try:
+        mode = np.array([_MODE_CODES[m.decode() if isinstance(m, bytes) else m]
+                         for m in modes], dtype=np.int8)
+    except KeyError as e:
+        raise InputError(f"{op}: unknown node mode {e.args[0]!r}; expected one of "
+                         f"{sorted(_MODE_CODES)}") from None
+    thr = values if values is not None else np.zeros(g)
+    if thr.size != g:
+        raise InputError(f"{op}: nodes_values has {thr.size} entries for {g} nodes")
+    span = int(max(node.max(), _ints(truenodeids).max(), _ints(falsenodeids).max(), 0)) + 1
+    keys = tree * span + node
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    if np.any(sorted_keys[1:] == sorted_keys[:-1]):
+        dup = int(np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])[0])
+        k = int(sorted_keys[dup])
+        raise InputError(f"{op}: node (tree {k // span}, id {k % span}) is defined twice")
+
+    def find(tids, nids, what, must=True):
+        q = tids * span + nids
+        pos = np.clip(np.searchsorted(sorted_keys, q), 0, g - 1)
+        found = sorted_keys[pos] == q
+        if must and not found.all():
+            i = int(np.flatnonzero(~found)[0])
+            raise InputError(f"{op}: {what} refers to node (tree {int(tids[i])}, id "
+                             f"{int(nids[i])}), which does not exist")
+        return order[pos], found
+
+    branch = mode != LEAF
+    idx = np.arange(g, dtype=np.int64)
+    tnext, fnext = idx.copy(), idx.copy()
+    if branch.any():
+        tnext[branch], _ = find(tree[branch], _ints(truenodeids)[branch], "a true branch")
+        fnext[branch], _ = find(tree[branch], _ints(falsenodeids)[branch], "a false branch")
+    # roots: per tree, the first node (in attribute order) that no branch points to
+    child = np.zeros(g, dtype=bool)
+    child[tnext[branch]] = True
+    child[fnext[branch]] = True
+    tree_ids, first = np.unique(tree, return_index=True)
+    roots = []
+    for tid in tree_ids:
+        cand = np.flatnonzero((tree == tid) & ~child)
+        if cand.size == 0:
+            raise InputError(f"{op}: tree {int(tid)} has no root (every node is a child)")
+        roots.append(int(cand[0]))
+    roots = np.asarray(roots, dtype=np.int64)
+    track = None
+    if missing_tracks is not None and len(missing_tracks):
+        tr = np.asarray(missing_tracks, dtype=bool).reshape(-1)
+        if tr.size != g:
+            raise InputError(f"{op}: nodes_missing_value_tracks_true has {tr.size} entries "
+                             f"for {g} nodes")
+        track = tr if tr.any() else None
+    # leaf weights
+    wt, wn, wi = _ints(w_treeids), _ints(w_nodeids), _ints(w_ids)
+    ww = w_weights if w_weights is not None else np.zeros(0)
+    if not (wt.size == wn.size == wi.size == ww.size):
+        raise InputError(f"{op}: the leaf weight attributes have different lengths "
+                         f"({wt.size}, {wn.size}, {wi.size}, {ww.size})")
+    wg, _ = find(wt, wn, "a leaf weight")
+    if wg.size and (mode[wg] != LEAF).any():
+        i = int(np.flatnonzero(mode[wg] != LEAF)[0])
+        raise InputError(f"{op}: a weight is attached to node (tree {int(wt[i])}, id "
+                         f"{int(wn[i])}), which is not a LEAF")
+    worder = np.argsort(wg, kind="stable")
+    cnt = np.bincount(wg, minlength=g).astype(np.int64)
+    start = np.cumsum(cnt) - cnt
+    forest = Forest(np.where(branch, _ints(featureids), 0), thr.astype(np.float64), mode,
+                    tnext, fnext, track, roots, start, cnt, wi[worder], ww[worder],
+                    n_outputs=n_outputs)
+    return forest
+
+
+def _x_for_trees(op, X):
+    x = features_2d(op, X)
+    return np.ascontiguousarray(x)
+
+
+_AGGREGATES = ("SUM", "AVERAGE", "MIN", "MAX")
+
+
+@kernel("TreeEnsembleRegressor", since=1, domain=ML)
+@kernel("TreeEnsembleRegressor", since=3, domain=ML)
+def tree_ensemble_regressor(X, *, aggregate_function="SUM", base_values=None,
+                            base_values_as_tensor=None, n_targets=None,
+                            nodes_falsenodeids=None, nodes_featureids=None,
+                            nodes_hitrates=None, nodes_hitrates_as_tensor=None,
+                            nodes_missing_value_tracks_true=None, nodes_modes=None,
+                            nodes_nodeids=None, nodes_treeids=None, nodes_truenodeids=None,
+                            nodes_values=None, nodes_values_as_tensor=None,
+                            post_transform="NONE", target_ids=None, target_nodeids=None,
+                            target_treeids=None, target_weights=None,
+                            target_weights_as_tensor=None):
+    """Sum (or average, min, max) of the leaf weights each row reaches per target, plus
+    base_values, post-transformed. [N, n_targets] float32."""
+    op = "TreeEnsembleRegressor"
+    x = _x_for_trees(op, X)
+    agg = aggregate_function.decode() if isinstance(aggregate_function, bytes) else \
+        str(aggregate_function)
+    if agg not in _AGGREGATES:
+        raise InputError(f"{op}: aggregate_function {agg!r} must be one of {_AGGREGATES}")
+    tids = _ints(target_ids)
+    k = int(n_targets) if n_targets is not None else (int(tids.max()) + 1 if tids.size else 1)
+    forest = forest_from_v3(
+        op, treeids=nodes_treeids, nodeids=nodes_nodeids, featureids=nodes_featureids,
+        modes=nodes_modes, values=_double_or(op, "nodes_values", nodes_values,
+                                             nodes_values_as_tensor),
+        truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
+        missing_tracks=nodes_missing_value_tracks_true, w_treeids=target_treeids,
+        w_nodeids=target_nodeids, w_ids=tids,
+        w_weights=_double_or(op, "target_weights", target_weights, target_weights_as_tensor),
+        n_outputs=k)
+    forest.validate(op, x.shape[1])
+    scores, _ = forest.aggregate(forest.leaves(x, op), agg)
+    base = _double_or(op, "base_values", base_values, base_values_as_tensor)
+    if base is not None and base.size:
+        if base.size != k:
+            raise InputError(f"{op}: {base.size} base_values for {k} targets")
+        scores = scores + base
+    pt = pt_name(op, post_transform)
+    if pt != "NONE":
+        scores = apply_post_transform(scores, pt)
+    return like_input(scores.astype(np.float32), X)
+
+
+@kernel("TreeEnsembleClassifier", since=1, domain=ML)
+@kernel("TreeEnsembleClassifier", since=3, domain=ML)
+def tree_ensemble_classifier(X, *, base_values=None, base_values_as_tensor=None,
+                             class_ids=None, class_nodeids=None, class_treeids=None,
+                             class_weights=None, class_weights_as_tensor=None,
+                             classlabels_int64s=None, classlabels_strings=None,
+                             nodes_falsenodeids=None, nodes_featureids=None,
+                             nodes_hitrates=None, nodes_hitrates_as_tensor=None,
+                             nodes_missing_value_tracks_true=None, nodes_modes=None,
+                             nodes_nodeids=None, nodes_treeids=None, nodes_truenodeids=None,
+                             nodes_values=None, nodes_values_as_tensor=None,
+                             post_transform="NONE"):
+    """Per-class sums of the leaf weights each row reaches (plus base_values); the label is
+    the best class. A two-class model whose leaves all vote for one class stores one score:
+    the label is labels[1] where it exceeds 0.5 (all weights positive: probabilities) or 0
+    (margins), and the two score columns are built as onnxruntime does."""
+    op = "TreeEnsembleClassifier"
+    x = _x_for_trees(op, X)
+    labels, _ = labels_of(op, classlabels_int64s, classlabels_strings)
+    k = len(labels)
+    cids = _ints(class_ids)
+    weights = _double_or(op, "class_weights", class_weights, class_weights_as_tensor)
+    forest = forest_from_v3(
+        op, treeids=nodes_treeids, nodeids=nodes_nodeids, featureids=nodes_featureids,
+        modes=nodes_modes, values=_double_or(op, "nodes_values", nodes_values,
+                                             nodes_values_as_tensor),
+        truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
+        missing_tracks=nodes_missing_value_tracks_true, w_treeids=class_treeids,
+        w_nodeids=class_nodeids, w_ids=cids, w_weights=weights, n_outputs=k)
+    forest.validate(op, x.shape[1])
+    scores, hits = forest.aggregate(forest.leaves(x, op), "SUM")
+    base = _double_or(op, "base_values", base_values, base_values_as_tensor)
+    base = base if base is not None and base.size else None
+    pt = pt_name(op, post_transform)
+    used = np.unique(cids)
+    if k == 2 and used.size == 1:
+        s = scores[:, int(used[0])]
+        if base is not None:
+            s = s + (base[int(used[0])] if base.size == 2 else base[0])
+        positive = weights is None or bool((weights >= 0).all())
+        y, z = binary_label_and_scores(s, pt, labels, 0.5 if positive else 0.0, positive)
+        y = np.asarray(y, dtype=labels.dtype)
+        return like_input(y, X), like_input(z.astype(np.float32), X)
+    if base is not None:
+        if base.size != k:
+            raise InputError(f"{op}: {base.size} base_values for {k} classes")
+        scores = scores + base
+    # classes that no reached leaf votes for are not candidates for the label
+    masked = np.where(hits | (base is not None), scores, -np.inf)
+    idx = np.argmax(masked, axis=1)
+    y = labels[idx]
+    z = apply_post_transform(scores, pt) if pt != "NONE" else scores
+    return like_input(y, X), like_input(z.astype(np.float32), X)
+
+
+# --------------------------------------------------------------------------- opset 5
+
+
+def forest_from_v5(op: str, x_dtype, *, leaf_targetids, leaf_weights, membership_values,
+                   n_targets, nodes_falseleafs, nodes_falsenodeids, nodes_featureids,
+                   nodes_missing_value_tracks_true, nodes_modes, nodes_splits,
+                   nodes_trueleafs, nodes_truenodeids, tree_roots) -> Forest:
+    """The node table of TreeEnsemble's layout: branch nodes 0..n-1, then the leaves n..n+L-1
+    (children are node or leaf indices, told apart by the *_leafs flags)."""
+    required = dict(leaf_targetids=leaf_targetids, leaf_weights=leaf_weights,
+                    n_targets=n_targets, nodes_falseleafs=nodes_falseleafs,
+                    nodes_falsenodeids=nodes_falsenodeids, nodes_featureids=nodes_featureids,
+                    nodes_modes=nodes_modes, nodes_splits=nodes_splits,
+                    nodes_trueleafs=nodes_trueleafs, nodes_truenodeids=nodes_truenodeids,
+                    tree_roots=tree_roots)
+    missing = [k for k, v in required.items() if v is None]
+    if missing:
+        raise InputError(f"{op}: required attributes missing: {missing}")
+    feat = _ints(nodes_featureids)
+    nb = feat.size
+    modes = np.asarray(nodes_modes).reshape(-1).astype(np.int64)
+    splits = np.asarray(nodes_splits).reshape(-1).astype(x_dtype).astype(np.float64)
+    t_ids, f_ids = _ints(nodes_truenodeids), _ints(nodes_falsenodeids)
+    t_leaf = np.asarray(nodes_trueleafs, dtype=bool).reshape(-1)
+    f_leaf = np.asarray(nodes_falseleafs, dtype=bool).reshape(-1)
+    for name, arr in (("nodes_modes", modes), ("nodes_splits", splits),
+                      ("nodes_truenodeids", t_ids), ("nodes_falsenodeids", f_ids),
+                      ("nodes_trueleafs", t_leaf), ("nodes_falseleafs", f_leaf)):
+        if arr.size != nb:
+            raise InputError(f"{op}: {name} has {arr.size} entries, nodes_featureids has "
+                             f"{nb}")
+    if ((modes < 0) | (modes > MEMBER)).any():
+        raise InputError(f"{op}: node modes must be 0..6, got {sorted(set(modes.tolist()))}")
+    l_t = _ints(leaf_targetids)
+    l_w = np.asarray(leaf_weights).reshape(-1).astype(x_dtype).astype(np.float64)
+    nl = l_t.size
+    if l_w.size != nl:
+        raise InputError(f"{op}: leaf_weights has {l_w.size} entries, leaf_targetids {nl}")
+    for name, ids, leaf in (("true", t_ids, t_leaf), ("false", f_ids, f_leaf)):
+        lim = np.where(leaf, nl, nb)
+        if ((ids < 0) | (ids >= lim)).any():
+            raise InputError(f"{op}: a nodes_{name}nodeids entry is out of range")
+    g = nb + nl
+    mode = np.concatenate([modes.astype(np.int8), np.full(nl, LEAF, np.int8)])
+    idx = np.arange(g, dtype=np.int64)
+    tnext = idx.copy()
+    fnext = idx.copy()
+    tnext[:nb] = np.where(t_leaf, nb + t_ids, t_ids)
+    fnext[:nb] = np.where(f_leaf, nb + f_ids, f_ids)
+    track = None
+    if nodes_missing_value_tracks_true is not None:
+        tr = np.asarray(nodes_missing_value_tracks_true, dtype=bool).reshape(-1)
+        if tr.any():
+            track = np.concatenate([tr, np.zeros(nl, bool)])
+    members = {}
+    if (modes == MEMBER).any():
+        if membership_values is None:
+            raise InputError(f"{op}: BRANCH_MEMBER nodes need membership_values")
+        mv = np.asarray(membership_values).reshape(-1).astype(x_dtype).astype(np.float64)
+        sets = [s[~np.isnan(s)] for s in np.split(mv, np.flatnonzero(np.isnan(mv)))]
+        for j, node in enumerate(np.flatnonzero(modes == MEMBER)):
+            members[int(node)] = np.sort(sets[j]) if j < len(sets) else np.empty(0)
+    roots = _ints(tree_roots)
+    if roots.size and ((roots < 0) | (roots >= nb)).any():
+        raise InputError(f"{op}: tree_roots must index nodes (0..{nb - 1})")
+    cnt = np.concatenate([np.zeros(nb, np.int64), np.ones(nl, np.int64)])
+    start = np.concatenate([np.zeros(nb, np.int64), np.arange(nl, dtype=np.int64)])
+    return Forest(np.concatenate([feat, np.zeros(nl, np.int64)]),
+                  np.concatenate([splits, np.zeros(nl)]), mode, tnext, fnext, track, roots,
+                  start, cnt, l_t, l_w, members, n_outputs=int(n_targets))
+
+
+@kernel("TreeEnsemble", since=5, domain=ML)
+def tree_ensemble(X, *, aggregate_function=1, leaf_targetids=None, leaf_weights=None,
+                  membership_values=None, n_targets=None, nodes_falseleafs=None,
+                  nodes_falsenodeids=None, nodes_featureids=None, nodes_hitrates=None,
+                  nodes_missing_value_tracks_true=None, nodes_modes=None, nodes_splits=None,
+                  nodes_trueleafs=None, nodes_truenodeids=None, post_transform=0,
+                  tree_roots=None):
+    """Every tree for the whole batch at once, the reached leaves aggregated per target
+    (0 AVERAGE, 1 SUM, 2 MIN, 3 MAX) and post-transformed (0 NONE, 1 SOFTMAX, 2 LOGISTIC,
+    3 SOFTMAX_ZERO, 4 PROBIT); the output has X's dtype."""
+    op = "TreeEnsemble"
+    if X.ndim != 2:
+        raise ShapeError(f"{op}: X must be 2-D [batch, features], got {tuple(X.shape)}")
+    agg = int(aggregate_function)
+    if not 0 <= agg <= 3:
+        raise InputError(f"{op}: aggregate_function {agg} must be 0 (AVERAGE), 1 (SUM), "
+                         f"2 (MIN) or 3 (MAX)")
+    forest = forest_from_v5(
+        op, X.dtype, leaf_targetids=leaf_targetids, leaf_weights=leaf_weights,
+        membership_values=membership_values, n_targets=n_targets,
+        nodes_falseleafs=nodes_falseleafs, nodes_falsenodeids=nodes_falsenodeids,
+        nodes_featureids=nodes_featureids,
+        nodes_missing_value_tracks_true=nodes_missing_value_tracks_true,
+        nodes_modes=nodes_modes, nodes_splits=nodes_splits, nodes_trueleafs=nodes_trueleafs,
+        nodes_truenodeids=nodes_truenodeids, tree_roots=tree_roots)
+    x = _x_for_trees(op, X)
+    forest.validate(op, x.shape[1])
+    how = ("AVERAGE", "SUM", "MIN", "MAX")[agg]
+    scores, _ = forest.aggregate(forest.leaves(x, op), how)
+    scores = apply_post_transform(scores, pt_name(op, int(post_transform)))
+    return like_input(scores.astype(X.dtype), X)
