@@ -285,11 +285,11 @@ def svm_classifier(X, *, classlabels_ints=None, classlabels_strings=None, coeffi
             v = np.clip(_sigmoid_prob(dec[:, p], pa[p], pb[p]), 1e-7, 1 - 1e-7)
             rr[:, i, j] = v
             rr[:, j, i] = 1 - v
-        if k == 2:
-            probs = np.stack([rr[:, 0, 1], rr[:, 1, 0]], axis=1)
-        else:
-            probs = _pairwise_coupling(rr)
-        y = argmax_labels(probs, labels)
+        # coupled for two classes too (as onnxruntime does: libsvm itself takes the pairwise
+        # probability directly there; the two differ by the iteration's tolerance)
+        probs = _pairwise_coupling(rr)
+        # the label comes from the votes, as scikit-learn's predict and onnxruntime do
+        y = labels[np.argmax(votes, axis=1)]
         if pt == "PROBIT":
             probs = probit(probs)
         elif pt != "NONE":
