@@ -349,3 +349,151 @@ def test_sklearn_zoo(name):
 
 def test_zoo_is_big_enough():
     assert len(ZOO) >= 30
+
+
+# ------------------------------------------------------------------ text and mixed columns
+
+DOCS = np.array(["the cat sat on the mat", "The dog ate my homework!", "cats and dogs",
+                 "a mat for the cat", "dogs chase cats", "my cat, my mat"])
+
+
+def _runnable_locale(onx):
+    """onnxruntime's StringNormalizer builds a C++ locale (en_US.UTF-8 by default) and fails
+    where it is not installed (minimal containers); lower-casing ASCII text is the same in
+    C.UTF-8, so the model given to both engines names that one there."""
+    import locale
+    try:
+        old = locale.setlocale(locale.LC_CTYPE)
+        locale.setlocale(locale.LC_CTYPE, "en_US.UTF-8")
+        locale.setlocale(locale.LC_CTYPE, old)
+        return onx
+    except locale.Error:
+        pass
+    from onnx import helper
+    for node in onx.graph.node:
+        if node.op_type == "StringNormalizer":
+            kept = [a for a in node.attribute if a.name != "locale"]
+            del node.attribute[:]
+            node.attribute.extend(kept + [helper.make_attribute("locale", "C.UTF-8")])
+    return onx
+
+
+def _text_case(est, ngrams=(1, 1)):
+    from skl2onnx.common.data_types import StringTensorType as S
+    est.set_params(ngram_range=ngrams)
+    est.fit(DOCS)
+    onx = to_onnx(est, initial_types=[("X", S([None, 1]))],
+                  target_opset={"": 17, "ai.onnx.ml": 3})
+    onx = _runnable_locale(onx)
+    feeds = {"X": DOCS.reshape(-1, 1)}
+    return onx, feeds, dict(values=est.transform(DOCS).toarray())
+
+
+def _text_cases():
+    from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
+    return {
+        "CountVectorizer": lambda: _text_case(CountVectorizer()),
+        "TfidfVectorizer-bigrams": lambda: _text_case(TfidfVectorizer(), (1, 2)),
+    }
+
+
+def _column_transformer():
+    from sklearn.compose import ColumnTransformer
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+    rng = np.random.default_rng(3)
+    n = len(DOCS) * 5
+    num = rng.normal(size=(n, 2)).astype(np.float32)
+    cat = rng.choice(["red", "green", "blue"], size=(n, 1)).astype(object)
+    text = np.tile(DOCS, 5).reshape(-1, 1).astype(object)
+    y = (num[:, 0] + (cat[:, 0] == "red") > 0.3).astype(np.int64)
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"a": num[:, 0], "b": num[:, 1], "color": cat[:, 0],
+                       "text": text[:, 0]})
+    pre = ColumnTransformer([("num", StandardScaler(), ["a", "b"]),
+                             ("cat", OneHotEncoder(handle_unknown="ignore"), ["color"]),
+                             ("txt", TfidfVectorizer(), "text")])
+    pipe = Pipeline([("pre", pre), ("clf", LogisticRegression())]).fit(df, y)
+    from skl2onnx.common.data_types import FloatTensorType as F
+    from skl2onnx.common.data_types import StringTensorType as S
+    onx = to_onnx(pipe, initial_types=[("a", F([None, 1])), ("b", F([None, 1])),
+                                       ("color", S([None, 1])), ("text", S([None, 1]))],
+                  target_opset={"": 17, "ai.onnx.ml": 3})
+    onx = _runnable_locale(onx)
+    feeds = {"a": num[:, :1], "b": num[:, 1:], "color": cat, "text": text}
+    return onx, feeds, dict(labels=pipe.predict(df), proba=pipe.predict_proba(df))
+
+
+ZOO.update(_text_cases())
+ZOO["ColumnTransformer-numeric-categorical-text"] = _column_transformer
+
+
+# ------------------------------------------------------------------ LightGBM and XGBoost
+
+
+def _boosters():
+    out = {}
+
+    def lgbm(kind, classes):
+        def build():
+            lgb = pytest.importorskip("lightgbm")
+            pytest.importorskip("onnxmltools")
+            from onnxmltools import convert_lightgbm
+            from onnxmltools.convert.common.data_types import FloatTensorType as F
+            if kind == "clf":
+                X, y = _data(classes=classes, seed=5)
+                est = lgb.LGBMClassifier(n_estimators=20, num_leaves=8, verbose=-1).fit(X, y)
+                expect = dict(labels=est.predict(X), proba=est.predict_proba(X))
+            else:
+                X, y = _reg(seed=5)
+                est = lgb.LGBMRegressor(n_estimators=20, num_leaves=8, verbose=-1).fit(X, y)
+                expect = dict(values=est.predict(X))
+            onx = convert_lightgbm(est, initial_types=[("X", F([None, X.shape[1]]))],
+                                   target_opset=15, zipmap=False)
+            return onx, {"X": X}, expect
+        return build
+
+    def xgb(kind, classes):
+        def build():
+            xg = pytest.importorskip("xgboost")
+            pytest.importorskip("onnxmltools")
+            from onnxmltools import convert_xgboost
+            from onnxmltools.convert.common.data_types import FloatTensorType as F
+            if kind == "clf":
+                X, y = _data(classes=classes, seed=6)
+                est = xg.XGBClassifier(n_estimators=15, max_depth=3).fit(X, y)
+                expect = dict(labels=est.predict(X), proba=est.predict_proba(X))
+            else:
+                X, y = _reg(seed=6)
+                est = xg.XGBRegressor(n_estimators=15, max_depth=3).fit(X, y)
+                expect = dict(values=est.predict(X))
+            onx = convert_xgboost(est, initial_types=[("X", F([None, X.shape[1]]))],
+                                  target_opset=15)
+            return onx, {"X": X}, expect
+        return build
+
+    out["LGBMClassifier-binary"] = lgbm("clf", 2)
+    out["LGBMClassifier-multi"] = lgbm("clf", 3)
+    out["LGBMRegressor"] = lgbm("reg", 0)
+    out["XGBClassifier-binary"] = xgb("clf", 2)
+    out["XGBClassifier-multi"] = xgb("clf", 3)
+    out["XGBRegressor"] = xgb("reg", 0)
+    return out
+
+
+BOOSTERS = _boosters()
+
+
+@pytest.mark.parametrize("name", sorted(set(ZOO) - set(_zoo())))
+def test_sklearn_zoo_text_and_columns(name):
+    onx, feeds, expect = ZOO[name]()
+    check(onx, feeds, **expect)
+
+
+@pytest.mark.parametrize("name", sorted(BOOSTERS))
+def test_boosters_through_onnxmltools(name):
+    onx, feeds, expect = BOOSTERS[name]()
+    check(onx, feeds, **expect)
