@@ -73,56 +73,88 @@ class Forest:
                              f"{int(self.targets.max())}, outside [0, {self.n_outputs})")
 
     # ---------------------------------------------------------------- evaluation
+    def _prepare(self) -> None:
+        """Evaluation tables, built once: children interleaved (``child[2 * node + go]``),
+        int32 indices, float32 thresholds where they are exact in float32."""
+        if getattr(self, "_child", None) is not None:
+            return
+        g = self.mode.size
+        child = np.empty(2 * g, dtype=np.int32)
+        child[0::2] = self.false_next
+        child[1::2] = self.true_next
+        self._child = child
+        self._feat = self.feature.astype(np.int32)
+        t32 = self.threshold.astype(np.float32)
+        same = (t32.astype(np.float64) == self.threshold) | np.isnan(self.threshold)
+        self._thr32 = t32 if same.all() else None
+        self._leaf = self.mode == LEAF
+        self._modes = np.unique(self.mode[~self._leaf])
+
     def leaves(self, x: np.ndarray, op: str) -> np.ndarray:
-        """The leaf every row reaches in every tree: an int64 [N, T] matrix."""
+        """The leaf every row reaches in every tree: an int32 [N, T] matrix."""
+        self._prepare()
         n, t = x.shape[0], self.roots.size
-        out = np.empty((n, t), dtype=np.int64)
+        out = np.empty((n, t), dtype=np.int32)
         if n == 0 or t == 0:
             return out
+        if x.dtype == np.float32 and self._thr32 is not None:
+            thr = self._thr32
+        else:
+            x, thr = x.astype(np.float64, copy=False), self.threshold
+        x = np.ascontiguousarray(x)
         step = max(1, _CHUNK_PAIRS // t)
         for r0 in range(0, n, step):
-            out[r0:r0 + step] = self._leaves_chunk(x[r0:r0 + step], op)
+            out[r0:r0 + step] = self._leaves_chunk(x[r0:r0 + step], thr, op)
         return out
 
-    def _leaves_chunk(self, x: np.ndarray, op: str) -> np.ndarray:
+    def _leaves_chunk(self, x: np.ndarray, thr: np.ndarray, op: str) -> np.ndarray:
         n, f = x.shape
         t = self.roots.size
-        cur = np.tile(self.roots, n)                       # pair p = row * t + tree
+        res = np.tile(self.roots.astype(np.int32), n)      # pair p = row * t + tree
         xflat = x.reshape(-1)
-        row_base = np.repeat(np.arange(n, dtype=np.int64) * f, t)
-        is_leaf = self.is_leaf
-        active = np.flatnonzero(~is_leaf[cur])
-        modes = np.unique(self.mode[~is_leaf])
+        leaf, child, feat = self._leaf, self._child, self._feat
+        modes = self._modes
         single = int(modes[0]) if modes.size == 1 else None
-        feature, threshold, mode = self.feature, self.threshold, self.mode
-        tnext, fnext, track = self.true_next, self.false_next, self.track_true
-        limit = self.mode.size + 1
+        track = self.track_true
+        pidx = np.flatnonzero(~leaf[res]).astype(np.int32)
+        cur = res[pidx]
+        rb = (pidx // t).astype(np.int32) * f if n * f < 2 ** 31 else (pidx // t) * f
+        limit = self.mode.size + 8
         steps = 0
-        while active.size:
-            steps += 1
+        while cur.size:
+            # a few steps on every unfinished pair (leaves loop onto themselves), then drop
+            # the pairs that reached a leaf
+            for _ in range(4):
+                steps += 1
+                v = xflat[rb + feat[cur]]
+                th = thr[cur]
+                if single is not None and not self.members:
+                    go = _compare(single, v, th)
+                else:
+                    go = self._go_mixed(cur, v, th)
+                if track is not None:
+                    go |= np.isnan(v) & track[cur]
+                cur = child[2 * cur + go]
+            done = leaf[cur]
+            if done.any():
+                res[pidx[done]] = cur[done]
+                keep = ~done
+                pidx, cur, rb = pidx[keep], cur[keep], rb[keep]
             if steps > limit:
                 raise InputError(f"{op}: a tree has a cycle (no leaf reached after {limit} "
                                  f"steps)")
-            nd = cur[active]
-            v = xflat[row_base[active] + feature[nd]]
-            th = threshold[nd]
-            if single is not None:
-                go = _compare(single, v, th)
-            else:
-                m = mode[nd]
-                go = np.zeros(nd.size, dtype=bool)
-                for code in modes:
-                    sel = m == code
-                    if sel.any():
-                        go[sel] = _compare(int(code), v[sel], th[sel])
-            if self.members:
-                self._member_branches(nd, v, go)
-            if track is not None:
-                go |= np.isnan(v) & track[nd]
-            nxt = np.where(go, tnext[nd], fnext[nd])
-            cur[active] = nxt
-            active = active[~is_leaf[nxt]]
-        return cur.reshape(n, t)
+        return res.reshape(n, t)
+
+    def _go_mixed(self, nd, v, th):
+        m = self.mode[nd]
+        go = np.zeros(nd.size, dtype=bool)
+        for code in self._modes:
+            sel = m == code
+            if sel.any():
+                go[sel] = _compare(int(code), v[sel], th[sel])
+        if self.members:
+            self._member_branches(nd, v, go)
+        return go
 
     def _member_branches(self, nd, v, go) -> None:
         for node, values in self.members.items():
@@ -289,15 +321,30 @@ def forest_from_v3(op: str, *, treeids, nodeids, featureids, modes, values, true
 
 
 def _x_for_trees(op, X):
-    x = features_2d(op, X)
-    return np.ascontiguousarray(x)
+    """X as [N, F]; float32 stays float32 (compared with float32 thresholds: the same
+    decisions as in float64, half the memory traffic)."""
+    from workbench.ops.ml_common import host
+    x = host(X)
+    if x.dtype == np.float32 and x.ndim == 2:
+        return np.ascontiguousarray(x)
+    return features_2d(op, X)
 
 
 _AGGREGATES = ("SUM", "AVERAGE", "MIN", "MAX")
 
 
-@kernel("TreeEnsembleRegressor", since=1, domain=ML)
-@kernel("TreeEnsembleRegressor", since=3, domain=ML)
+def _cached(ctx, build, key="forest"):
+    """The node's Forest, built on its first run and kept in the node's context."""
+    if ctx is None:
+        return build()
+    forest = ctx.extra.get(key)
+    if forest is None:
+        forest = ctx.extra[key] = build()
+    return forest
+
+
+@kernel("TreeEnsembleRegressor", since=1, domain=ML, wants_ctx=True)
+@kernel("TreeEnsembleRegressor", since=3, domain=ML, wants_ctx=True)
 def tree_ensemble_regressor(X, *, aggregate_function="SUM", base_values=None,
                             base_values_as_tensor=None, n_targets=None,
                             nodes_falsenodeids=None, nodes_featureids=None,
@@ -307,7 +354,7 @@ def tree_ensemble_regressor(X, *, aggregate_function="SUM", base_values=None,
                             nodes_values=None, nodes_values_as_tensor=None,
                             post_transform="NONE", target_ids=None, target_nodeids=None,
                             target_treeids=None, target_weights=None,
-                            target_weights_as_tensor=None):
+                            target_weights_as_tensor=None, ctx=None):
     """Sum (or average, min, max) of the leaf weights each row reaches per target, plus
     base_values, post-transformed. [N, n_targets] float32."""
     op = "TreeEnsembleRegressor"
@@ -318,7 +365,7 @@ def tree_ensemble_regressor(X, *, aggregate_function="SUM", base_values=None,
         raise InputError(f"{op}: aggregate_function {agg!r} must be one of {_AGGREGATES}")
     tids = _ints(target_ids)
     k = int(n_targets) if n_targets is not None else (int(tids.max()) + 1 if tids.size else 1)
-    forest = forest_from_v3(
+    forest = _cached(ctx, lambda: forest_from_v3(
         op, treeids=nodes_treeids, nodeids=nodes_nodeids, featureids=nodes_featureids,
         modes=nodes_modes, values=_double_or(op, "nodes_values", nodes_values,
                                              nodes_values_as_tensor),
@@ -326,7 +373,7 @@ def tree_ensemble_regressor(X, *, aggregate_function="SUM", base_values=None,
         missing_tracks=nodes_missing_value_tracks_true, w_treeids=target_treeids,
         w_nodeids=target_nodeids, w_ids=tids,
         w_weights=_double_or(op, "target_weights", target_weights, target_weights_as_tensor),
-        n_outputs=k)
+        n_outputs=k))
     forest.validate(op, x.shape[1])
     scores, _ = forest.aggregate(forest.leaves(x, op), agg)
     base = _double_or(op, "base_values", base_values, base_values_as_tensor)
@@ -340,8 +387,8 @@ def tree_ensemble_regressor(X, *, aggregate_function="SUM", base_values=None,
     return like_input(scores.astype(np.float32), X)
 
 
-@kernel("TreeEnsembleClassifier", since=1, domain=ML)
-@kernel("TreeEnsembleClassifier", since=3, domain=ML)
+@kernel("TreeEnsembleClassifier", since=1, domain=ML, wants_ctx=True)
+@kernel("TreeEnsembleClassifier", since=3, domain=ML, wants_ctx=True)
 def tree_ensemble_classifier(X, *, base_values=None, base_values_as_tensor=None,
                              class_ids=None, class_nodeids=None, class_treeids=None,
                              class_weights=None, class_weights_as_tensor=None,
@@ -351,7 +398,7 @@ def tree_ensemble_classifier(X, *, base_values=None, base_values_as_tensor=None,
                              nodes_missing_value_tracks_true=None, nodes_modes=None,
                              nodes_nodeids=None, nodes_treeids=None, nodes_truenodeids=None,
                              nodes_values=None, nodes_values_as_tensor=None,
-                             post_transform="NONE"):
+                             post_transform="NONE", ctx=None):
     """Per-class sums of the leaf weights each row reaches (plus base_values); the label is
     the best class. A two-class model whose leaves all vote for one class stores one score:
     the label is labels[1] where it exceeds 0.5 (all weights positive: probabilities) or 0
@@ -362,13 +409,13 @@ def tree_ensemble_classifier(X, *, base_values=None, base_values_as_tensor=None,
     k = len(labels)
     cids = _ints(class_ids)
     weights = _double_or(op, "class_weights", class_weights, class_weights_as_tensor)
-    forest = forest_from_v3(
+    forest = _cached(ctx, lambda: forest_from_v3(
         op, treeids=nodes_treeids, nodeids=nodes_nodeids, featureids=nodes_featureids,
         modes=nodes_modes, values=_double_or(op, "nodes_values", nodes_values,
                                              nodes_values_as_tensor),
         truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
         missing_tracks=nodes_missing_value_tracks_true, w_treeids=class_treeids,
-        w_nodeids=class_nodeids, w_ids=cids, w_weights=weights, n_outputs=k)
+        w_nodeids=class_nodeids, w_ids=cids, w_weights=weights, n_outputs=k))
     forest.validate(op, x.shape[1])
     scores, hits = forest.aggregate(forest.leaves(x, op), "SUM")
     base = _double_or(op, "base_values", base_values, base_values_as_tensor)
@@ -467,13 +514,13 @@ def forest_from_v5(op: str, x_dtype, *, leaf_targetids, leaf_weights, membership
                   start, cnt, l_t, l_w, members, n_outputs=int(n_targets))
 
 
-@kernel("TreeEnsemble", since=5, domain=ML)
+@kernel("TreeEnsemble", since=5, domain=ML, wants_ctx=True)
 def tree_ensemble(X, *, aggregate_function=1, leaf_targetids=None, leaf_weights=None,
                   membership_values=None, n_targets=None, nodes_falseleafs=None,
                   nodes_falsenodeids=None, nodes_featureids=None, nodes_hitrates=None,
                   nodes_missing_value_tracks_true=None, nodes_modes=None, nodes_splits=None,
                   nodes_trueleafs=None, nodes_truenodeids=None, post_transform=0,
-                  tree_roots=None):
+                  tree_roots=None, ctx=None):
     """Every tree for the whole batch at once, the reached leaves aggregated per target
     (0 AVERAGE, 1 SUM, 2 MIN, 3 MAX) and post-transformed (0 NONE, 1 SOFTMAX, 2 LOGISTIC,
     3 SOFTMAX_ZERO, 4 PROBIT); the output has X's dtype."""
@@ -484,14 +531,14 @@ def tree_ensemble(X, *, aggregate_function=1, leaf_targetids=None, leaf_weights=
     if not 0 <= agg <= 3:
         raise InputError(f"{op}: aggregate_function {agg} must be 0 (AVERAGE), 1 (SUM), "
                          f"2 (MIN) or 3 (MAX)")
-    forest = forest_from_v5(
+    forest = _cached(ctx, lambda: forest_from_v5(
         op, X.dtype, leaf_targetids=leaf_targetids, leaf_weights=leaf_weights,
         membership_values=membership_values, n_targets=n_targets,
         nodes_falseleafs=nodes_falseleafs, nodes_falsenodeids=nodes_falsenodeids,
         nodes_featureids=nodes_featureids,
         nodes_missing_value_tracks_true=nodes_missing_value_tracks_true,
         nodes_modes=nodes_modes, nodes_splits=nodes_splits, nodes_trueleafs=nodes_trueleafs,
-        nodes_truenodeids=nodes_truenodeids, tree_roots=tree_roots)
+        nodes_truenodeids=nodes_truenodeids, tree_roots=tree_roots), f"forest-{X.dtype}")
     x = _x_for_trees(op, X)
     forest.validate(op, x.shape[1])
     how = ("AVERAGE", "SUM", "MIN", "MAX")[agg]
