@@ -89,8 +89,8 @@ def linear_classifier(X, *, classlabels_ints=None, classlabels_strings=None, coe
     if c == 1:
         s = scores[:, 0]
         if len(labels) == 2:
-            if pt in ("LOGISTIC", "NONE"):
-                p = logistic(s) if pt == "LOGISTIC" else s
+            if pt != "PROBIT":  # onnxruntime: [1 - p, p]; the softmaxes of one column
+                p = logistic(s) if pt == "LOGISTIC" else s  # leave it as it is
                 y = np.where(s > 0, labels[1], labels[0])
                 z = np.stack([1 - p, p], axis=1)
             else:

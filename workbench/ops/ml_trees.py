@@ -422,23 +422,57 @@ def tree_ensemble_classifier(X, *, base_values=None, base_values_as_tensor=None,
     base = base if base is not None and base.size else None
     pt = pt_name(op, post_transform)
     used = np.unique(cids)
-    if k == 2 and used.size == 1:
-        s = scores[:, int(used[0])]
-        if base is not None:
-            s = s + (base[int(used[0])] if base.size == 2 else base[0])
-        positive = weights is None or bool((weights >= 0).all())
-        y, z = binary_label_and_scores(s, pt, labels, 0.5 if positive else 0.0, positive)
-        y = np.asarray(y, dtype=labels.dtype)
-        return like_input(y, X), like_input(z.astype(np.float32), X)
+    if k == 2:
+        return _binary_trees(X, scores, used, base, weights, pt, labels)
     if base is not None:
         if base.size != k:
             raise InputError(f"{op}: {base.size} base_values for {k} classes")
         scores = scores + base
     # classes that no reached leaf votes for are not candidates for the label
     masked = np.where(hits | (base is not None), scores, -np.inf)
-    idx = np.argmax(masked, axis=1)
-    y = labels[idx]
+    y = labels[np.argmax(masked, axis=1)]
     z = apply_post_transform(scores, pt) if pt != "NONE" else scores
+    return like_input(y, X), like_input(z.astype(np.float32), X)
+
+
+def _binary_trees(X, scores, used, base, weights, pt, labels):
+    """Two classes, onnxruntime's conventions (what converters target):
+
+    - two base values and class 1 scored: the scores become ``[-(b1 + s0), b1 + s0]``;
+    - only class 0 scored (gradient boosting): one score ``s0 (+ base)`` turned into two
+      columns by :func:`binary_label_and_scores`;
+    - the label is ``labels[1]`` where the positive score (class 1's, else class 0's)
+      exceeds 0.5 (every leaf on one class, all weights positive: probabilities) or 0.
+    """
+    has0, has1 = 0 in used, 1 in used
+    s0, s1 = scores[:, 0].copy(), scores[:, 1].copy()
+    one_column = False
+    if base is not None and base.size == 2:
+        if has1:
+            s1 = base[1] + s0
+            s0 = -s1
+        else:
+            s1 = s1 + base[1]
+            s0 = s0 + base[0]
+    elif base is not None and base.size == 1:
+        s0 = s0 + base[0]
+        one_column = not has1
+    elif base is not None:
+        raise InputError(f"TreeEnsembleClassifier: {base.size} base_values for 2 classes")
+    else:
+        one_column = not has1
+    positive = weights is None or bool((weights >= 0).all())
+    single = used.size == 1
+    pos = s1 if has1 else (s0 if has0 else np.zeros_like(s0))
+    thr = 0.5 if single and positive else 0.0
+    if one_column:
+        y, z = binary_label_and_scores(s0, pt, labels, thr, single and positive)
+        if not single:
+            y = np.where(pos > 0, labels[1], labels[0])
+    else:
+        y = np.where(pos > thr, labels[1], labels[0])
+        z = apply_post_transform(np.stack([s0, s1], axis=1), pt)
+    y = np.asarray(y, dtype=labels.dtype)
     return like_input(y, X), like_input(z.astype(np.float32), X)
 
 
