@@ -34,8 +34,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import onnxruntime as ort
-    from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
     from skl2onnx import to_onnx
+    from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
 
     import workbench.backend as backend
 
@@ -73,9 +73,10 @@ def main(argv=None) -> int:
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
             else:
                 np.testing.assert_array_equal(a, b)
-        t_wb = best_of(lambda: rep.run({"X": Xt}), args.repeat)
-        t_1 = best_of(lambda: s1.run(None, {"X": Xt}), args.repeat)
-        t_d = best_of(lambda: sd.run(None, {"X": Xt}), args.repeat)
+        feeds = {"X": Xt}
+        t_wb = best_of(lambda r=rep, f=feeds: r.run(f), args.repeat)
+        t_1 = best_of(lambda s=s1, f=feeds: s.run(None, f), args.repeat)
+        t_d = best_of(lambda s=sd, f=feeds: s.run(None, f), args.repeat)
         print(f"{name:24s} {nodes:8d} {t_wb:12.3f} {t_1:15.3f} {t_wb / t_1:7.2f} "
               f"{t_d:14.3f} {t_wb / t_d:7.2f}")
     return 0

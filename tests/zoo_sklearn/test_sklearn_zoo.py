@@ -22,9 +22,7 @@ ort = pytest.importorskip("onnxruntime")
 from skl2onnx import to_onnx  # noqa: E402
 from skl2onnx.common.data_types import (  # noqa: E402
     DictionaryType,
-    DoubleTensorType,
     FloatTensorType,
-    Int64TensorType,
     StringTensorType,
 )
 
@@ -241,7 +239,8 @@ def _zoo():
                                                   positive=True)
     z["BernoulliNB"] = lambda: _classifier_case(naive_bayes.BernoulliNB(), zipmap=False)
     z["MLPClassifier"] = lambda: _classifier_case(
-        neural_network.MLPClassifier(hidden_layer_sizes=(16,), max_iter=300, random_state=0), zipmap=False)
+        neural_network.MLPClassifier(hidden_layer_sizes=(16,), max_iter=300, random_state=0),
+        zipmap=False)
     z["MLPRegressor"] = lambda: _regressor_case(
         neural_network.MLPRegressor(hidden_layer_sizes=(16,), max_iter=300, random_state=0))
 

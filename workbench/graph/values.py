@@ -28,7 +28,8 @@ def type_str(tp) -> str:
     """``map(string, float)``-style text of a TypeProto."""
     kind = tp.WhichOneof("value") if tp is not None else None
     if kind == "tensor_type":
-        return f"tensor({onnx.helper.tensor_dtype_to_string(tp.tensor_type.elem_type)[12:].lower()})"
+        elem = onnx.helper.tensor_dtype_to_string(tp.tensor_type.elem_type)[12:].lower()
+        return f"tensor({elem})"
     if kind == "map_type":
         key = onnx.helper.tensor_dtype_to_string(tp.map_type.key_type)[12:].lower()
         return f"map({key}, {type_str(tp.map_type.value_type)})"

@@ -65,8 +65,9 @@ class Forest:
             fmax = int(self.feature[branch].max())
             fmin = int(self.feature[branch].min())
             if fmin < 0 or fmax >= n_features:
-                raise ShapeError(f"{op}: a node reads feature {fmax if fmax >= n_features else fmin}"
-                                 f" but X has {n_features} features")
+                bad = fmax if fmax >= n_features else fmin
+                raise ShapeError(f"{op}: a node reads feature {bad} but X has {n_features} "
+                                 f"features")
         if self.targets.size and (int(self.targets.min()) < 0
                                   or int(self.targets.max()) >= self.n_outputs):
             raise InputError(f"{op}: a leaf writes to target/class "
