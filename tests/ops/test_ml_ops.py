@@ -111,6 +111,30 @@ def test_svm_classifier_vs_onnxruntime(kernel, k, proba):
     assert_same(ours, ref, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("post", ["NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO"])
+def test_svm_classifier_binary_scores_vs_onnxruntime(post):
+    m = model("SVMClassifier", [T("X", TensorProto.FLOAT, [None, 4])],
+              [T("Y", TensorProto.INT64, [None]), T("Z", TensorProto.FLOAT, [None, None])],
+              kernel_type="RBF", kernel_params=[0.3, 0.0, 0.0], vectors_per_class=[2, 3],
+              support_vectors=RNG.normal(size=20).tolist(),
+              coefficients=RNG.normal(size=5).tolist(), rho=[0.2], classlabels_ints=[4, 7],
+              post_transform=post)
+    assert_same(*both(m, {"X": X4}))
+
+
+@pytest.mark.parametrize("kernel", ["LINEAR", "RBF"])
+@pytest.mark.parametrize("post", ["NONE", "LOGISTIC", "SOFTMAX"])
+def test_svm_classifier_linear_mode_vs_onnxruntime(kernel, post):
+    """No vectors_per_class: one weight row per class, x . w + rho[0] (onnxruntime ignores
+    kernel_type there)."""
+    m = model("SVMClassifier", [T("X", TensorProto.FLOAT, [None, 4])],
+              [T("Y", TensorProto.INT64, [None]), T("Z", TensorProto.FLOAT, [None, None])],
+              kernel_type=kernel, kernel_params=[0.3, 0.1, 2.0],
+              coefficients=RNG.normal(size=12).tolist(), rho=RNG.normal(size=3).tolist(),
+              classlabels_ints=[0, 1, 2], post_transform=post)
+    assert_same(*both(m, {"X": X4}))
+
+
 @pytest.mark.parametrize("kernel", ["LINEAR", "RBF"])
 @pytest.mark.parametrize("one_class", [0, 1])
 def test_svm_regressor_vs_onnxruntime(kernel, one_class):

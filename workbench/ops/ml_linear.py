@@ -237,14 +237,15 @@ def svm_classifier(X, *, classlabels_ints=None, classlabels_strings=None, coeffi
     pa = _floats(op, "prob_a", prob_a, required=False)
     pb = _floats(op, "prob_b", prob_b, required=False)
     k = len(labels)
-    if not vpc:  # one score per class: coefficients are [classes, features]
+    if not vpc:
+        # no support vectors: a linear SVM, one weight row per class; onnxruntime computes
+        # x . w_c + rho[0] whatever kernel_type says (a linear model has no kernel)
         f = x.shape[1]
         if coef.size % max(f, 1):
             raise ShapeError(f"{op}: {coef.size} coefficients are not rows of X's {f} "
                              f"features")
         w = coef.reshape(-1, f)
-        scores = _gram(x, w, kt, gamma, coef0, degree)
-        scores = scores + (r[: w.shape[0]] if r.size >= w.shape[0] else r[0])
+        scores = x @ w.T + r[0]
         if w.shape[0] == 1 and k == 2:
             y, z = binary_label_and_scores(scores[:, 0], pt, labels, 0.0, False)
             return like_input(np.asarray(y, dtype=labels.dtype), X), \
@@ -300,10 +301,15 @@ def svm_classifier(X, *, classlabels_ints=None, classlabels_strings=None, coeffi
         s = dec[:, 0]
         # libsvm's sign: a positive decision votes for the first class
         y = np.where(s > 0, labels[0], labels[1]).astype(labels.dtype)
-        z = np.stack([-s, s], axis=1) if pt != "LOGISTIC" else \
-            np.stack([logistic(-s), logistic(s)], axis=1)
-        if pt == "PROBIT":
-            z = probit(z)
+        # the two score columns as onnxruntime writes them
+        if pt == "LOGISTIC":
+            z = np.stack([logistic(-s), logistic(s)], axis=1)
+        elif pt in ("SOFTMAX", "SOFTMAX_ZERO"):
+            z = np.stack([1 - s, s], axis=1)
+        elif pt == "PROBIT":
+            z = np.stack([probit(s), np.zeros_like(s)], axis=1)
+        else:
+            z = np.stack([-s, s], axis=1)
         return like_input(y, X), like_input(z.astype(np.float32), X)
     z = apply_post_transform(dec, pt) if pt != "NONE" else dec
     return like_input(y, X), like_input(z.astype(np.float32), X)
