@@ -194,6 +194,9 @@ def _zoo():
         svm.SVC(probability=True, random_state=0), zipmap=False)
     z["SVC-rbf-binary-proba-strings"] = lambda: _classifier_case(
         svm.SVC(probability=True, random_state=0), classes=2, strings=True)
+    z["SVC-rbf-binary-strings"] = lambda: _classifier_case(svm.SVC(), classes=2,
+                                                           strings=True, proba=False,
+                                                           zipmap=False)
     z["SVC-linear-multi"] = lambda: _classifier_case(svm.SVC(kernel="linear"), proba=False,
                                                      zipmap=False)
     z["SVC-poly-binary"] = lambda: _classifier_case(svm.SVC(kernel="poly", degree=2),
@@ -273,6 +276,18 @@ def _zoo():
         return build
     z["SimpleImputer-mean"] = imputer("mean")
     z["SimpleImputer-median"] = imputer("median")
+    z["SimpleImputer-most_frequent"] = imputer("most_frequent")
+
+    z["PolynomialFeatures"] = lambda: _transformer_case(preprocessing.PolynomialFeatures(2))
+    z["KBinsDiscretizer-onehot-dense"] = lambda: _transformer_case(
+        preprocessing.KBinsDiscretizer(4, encode="onehot-dense", strategy="uniform"))
+    z["PowerTransformer"] = lambda: _transformer_case(preprocessing.PowerTransformer(),
+                                                      X=np.abs(_data()[0]) + 0.5)
+    # double pipelines (1e-9)
+    z["Pipeline-double-scaler-ridge"] = lambda: _regressor_case(
+        __import__("sklearn.pipeline").pipeline.make_pipeline(
+            preprocessing.StandardScaler(), linear_model.Ridge(alpha=0.3)), double=True)
+    z["PCA-double"] = lambda: _transformer_case(decomposition.PCA(3), double=True)
 
     def onehot_strings():
         X = np.array([["red", "s"], ["blue", "m"], ["green", "l"], ["red", "m"]] * 5,
