@@ -400,3 +400,41 @@ def test_every_ml_operator_version_has_a_kernel():
         if s.domain == ML and not has_kernel(s.name, ML, s.since_version):
             missing.append((s.name, s.since_version))
     assert not missing
+
+
+@pytest.mark.parametrize("agg", [0, 1, 2, 3])
+@pytest.mark.parametrize("post", [0, 1, 2, 3])
+def test_tree_ensemble_opset5_vs_onnxruntime(agg, post):
+    """TreeEnsemble (ai.onnx.ml 5): every branch mode including set membership, NaN tracks,
+    two trees, two targets."""
+    # tree 0: node0 x0 <= 0.2 ? node1 : node2 ; node1 x1 in {1, 3} ? leaf0 : leaf1 ;
+    #         node2 x2 != 0.5 ? leaf2 : leaf3 ; tree 1: node3 x3 > -0.1 ? leaf4 : node4 ;
+    #         node4 x0 == 1 ? leaf5 : leaf6
+    attrs = dict(
+        tree_roots=[0, 3], nodes_featureids=[0, 1, 2, 3, 0],
+        nodes_modes=helper.make_tensor("m", TensorProto.UINT8, [5], [0, 6, 5, 3, 4]),
+        nodes_splits=helper.make_tensor("s", TensorProto.FLOAT, [5], [0.2, 0, 0.5, -0.1, 1]),
+        nodes_truenodeids=[1, 0, 2, 4, 5], nodes_trueleafs=[0, 1, 1, 1, 1],
+        nodes_falsenodeids=[2, 1, 3, 4, 6], nodes_falseleafs=[0, 1, 1, 0, 1],
+        nodes_missing_value_tracks_true=[1, 0, 0, 1, 0],
+        membership_values=helper.make_tensor("mv", TensorProto.FLOAT, [3],
+                                             [1.0, 3.0, float("nan")]),
+        leaf_targetids=[0, 1, 0, 1, 0, 1, 1],
+        leaf_weights=helper.make_tensor("w", TensorProto.FLOAT, [7],
+                                        RNG.normal(size=7).tolist()),
+        n_targets=2, aggregate_function=agg, post_transform=post)
+    m = model("TreeEnsemble", [T("X", TensorProto.FLOAT, [None, 4])],
+              [T("Y", TensorProto.FLOAT, [None, 2])], ml_opset=5, **attrs)
+    x = np.round(RNG.normal(size=(40, 4)) * 2, 0).astype(np.float32)
+    x[::7, 0] = np.nan
+    x[::5, 3] = np.nan
+    x[::3, 2] = 0.5
+    ours = backend.prepare(m).run({"X": x})
+    # onnxruntime (1.2x-1.32) reads post_transform 1 as LOGISTIC and 2 as SOFTMAX (its own
+    # enum), the schema says 1 = SOFTMAX, 2 = LOGISTIC: the workbench follows the schema, so
+    # onnxruntime is given the other code for the same transform
+    attrs["post_transform"] = {1: 2, 2: 1}.get(post, post)
+    m_ort = model("TreeEnsemble", [T("X", TensorProto.FLOAT, [None, 4])],
+                  [T("Y", TensorProto.FLOAT, [None, 2])], ml_opset=5, **attrs)
+    sess = ort.InferenceSession(m_ort.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert_same(list(ours), sess.run(None, {"X": x}))
