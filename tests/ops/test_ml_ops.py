@@ -438,3 +438,21 @@ def test_tree_ensemble_opset5_vs_onnxruntime(agg, post):
                   [T("Y", TensorProto.FLOAT, [None, 2])], ml_opset=5, **attrs)
     sess = ort.InferenceSession(m_ort.SerializeToString(), providers=["CPUExecutionProvider"])
     assert_same(list(ours), sess.run(None, {"X": x}))
+
+
+@pytest.mark.parametrize("agg", ["SUM", "AVERAGE", "MIN", "MAX"])
+def test_tree_aggregation_without_dense_tables(agg, monkeypatch):
+    """Large ensembles (nodes x targets above Forest.DENSE_MAX) aggregate with a bincount /
+    ufunc.at over (row, target) instead of dense leaf tables: same results."""
+    from workbench.ops import ml_trees
+    w = RNG.normal(size=2 * len(LEAVES))
+    attrs = dict(TREE_NODES, n_targets=2, aggregate_function=agg, target_weights=w.tolist(),
+                 target_treeids=[t for t, _ in LEAVES] * 2,
+                 target_nodeids=[n for _, n in LEAVES] * 2,
+                 target_ids=[0] * len(LEAVES) + [1] * len(LEAVES))
+    m = model("TreeEnsembleRegressor", [T("X", TensorProto.FLOAT, [None, 4])],
+              [T("Y", TensorProto.FLOAT, [None, 2])], **attrs)
+    dense = backend.prepare(m).run({"X": X4})[0]
+    monkeypatch.setattr(ml_trees.Forest, "DENSE_MAX", 0)
+    sparse = backend.prepare(m).run({"X": X4})[0]
+    np.testing.assert_array_equal(dense, sparse)

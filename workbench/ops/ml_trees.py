@@ -163,6 +163,55 @@ class Forest:
             if sel.any():
                 go[sel] = np.isin(v[sel], values)
 
+    #: dense leaf-value tables up to this many entries (nodes x outputs)
+    DENSE_MAX = 1 << 24
+
+    def _dense(self):
+        """(values [G, k] float64, has [G, k] bool): every node's weight per output (zero and
+        False for branches), or None when too large; built once."""
+        if getattr(self, "_dense_tables", False) is not False:
+            return self._dense_tables
+        g, k = self.mode.size, self.n_outputs
+        tables = None
+        if g * k <= self.DENSE_MAX:
+            owner = np.repeat(np.arange(g), self.leaf_count)
+            pos = np.repeat(self.leaf_start, self.leaf_count) + _ranks(self.leaf_count)
+            vals = np.zeros((g, k))
+            has = np.zeros((g, k), dtype=bool)
+            np.add.at(vals, (owner, self.targets[pos]), self.weights[pos])
+            has[owner, self.targets[pos]] = True
+            tables = (vals, has)
+        self._dense_tables = tables
+        return tables
+
+    def evaluate(self, x: np.ndarray, how: str, op: str):
+        """(scores [N, k] float64, hit [N, k] bool) for every row: the leaves reached in every
+        tree, aggregated per target, chunk by chunk (the leaf matrix of a chunk stays in
+        cache)."""
+        dense = self._dense()
+        if dense is None:
+            return self.aggregate(self.leaves(x, op), how)
+        vals, has = dense
+        n, t = x.shape[0], self.roots.size
+        k = self.n_outputs
+        scores = np.zeros((n, k))
+        hits = np.zeros((n, k), dtype=bool)
+        step = max(1, _CHUNK_PAIRS // max(t, 1))
+        for r0 in range(0, n, step):
+            leaves = self.leaves(x[r0:r0 + step], op)
+            h = has[leaves]                                  # [rows, trees, k]
+            hits[r0:r0 + step] = h.any(axis=1)
+            if how in ("SUM", "AVERAGE"):
+                scores[r0:r0 + step] = vals[leaves].sum(axis=1)
+            else:
+                fill = np.inf if how == "MIN" else -np.inf
+                v = np.where(h, vals[leaves], fill)
+                v = v.min(axis=1) if how == "MIN" else v.max(axis=1)
+                scores[r0:r0 + step] = np.where(np.isfinite(v), v, 0.0)
+        if how == "AVERAGE":
+            scores /= max(t, 1)
+        return scores, hits
+
     def aggregate(self, leaves: np.ndarray, how: str):
         """(scores [N, n_outputs] float64, hit [N, n_outputs] bool): the leaves' weights
         combined per (row, target) by SUM, AVERAGE, MIN or MAX; ``hit`` says which (row,
@@ -196,6 +245,12 @@ class Forest:
         s = s.reshape(n, k)
         s[~hits] = 0.0
         return s, hits
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """0, 1, ..., c-1 for every count c, concatenated."""
+    total = int(counts.sum())
+    return np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def _compare(code: int, v, th):
@@ -376,7 +431,7 @@ def tree_ensemble_regressor(X, *, aggregate_function="SUM", base_values=None,
         w_weights=_double_or(op, "target_weights", target_weights, target_weights_as_tensor),
         n_outputs=k))
     forest.validate(op, x.shape[1])
-    scores, _ = forest.aggregate(forest.leaves(x, op), agg)
+    scores, _ = forest.evaluate(x, agg, op)
     base = _double_or(op, "base_values", base_values, base_values_as_tensor)
     if base is not None and base.size:
         if base.size != k:
@@ -418,7 +473,7 @@ def tree_ensemble_classifier(X, *, base_values=None, base_values_as_tensor=None,
         missing_tracks=nodes_missing_value_tracks_true, w_treeids=class_treeids,
         w_nodeids=class_nodeids, w_ids=cids, w_weights=weights, n_outputs=k))
     forest.validate(op, x.shape[1])
-    scores, hits = forest.aggregate(forest.leaves(x, op), "SUM")
+    scores, hits = forest.evaluate(x, "SUM", op)
     base = _double_or(op, "base_values", base_values, base_values_as_tensor)
     base = base if base is not None and base.size else None
     pt = pt_name(op, post_transform)
@@ -577,6 +632,6 @@ def tree_ensemble(X, *, aggregate_function=1, leaf_targetids=None, leaf_weights=
     x = _x_for_trees(op, X)
     forest.validate(op, x.shape[1])
     how = ("AVERAGE", "SUM", "MIN", "MAX")[agg]
-    scores, _ = forest.aggregate(forest.leaves(x, op), how)
+    scores, _ = forest.evaluate(x, how, op)
     scores = apply_post_transform(scores, pt_name(op, int(post_transform)))
     return like_input(scores.astype(X.dtype), X)
