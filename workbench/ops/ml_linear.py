@@ -27,6 +27,17 @@ from workbench.ops.registry import kernel
 ML = "ai.onnx.ml"
 
 
+def _memo(ctx, key, build):
+    """A value derived from the node's attributes, computed on the node's first run and kept
+    in its context (attribute lists of big models are not re-converted on every run)."""
+    if ctx is None:
+        return build()
+    cache = ctx.extra.setdefault("ml_memo", {})
+    if key not in cache:
+        cache[key] = build()
+    return cache[key]
+
+
 def _floats(op, name, values, required=True):
     if values is None or (not isinstance(values, np.ndarray) and len(values) == 0):
         if required:
@@ -38,13 +49,13 @@ def _floats(op, name, values, required=True):
 # --------------------------------------------------------------------------- linear models
 
 
-@kernel("LinearRegressor", since=1, domain=ML)
+@kernel("LinearRegressor", since=1, domain=ML, wants_ctx=True)
 def linear_regressor(X, *, coefficients=None, intercepts=None, post_transform="NONE",
-                     targets=1):
+                     targets=1, ctx=None):
     """Y = X . coefficients^T + intercepts, one column per target, then the post-transform."""
     op = "LinearRegressor"
     x = features_2d(op, X)
-    coef = _floats(op, "coefficients", coefficients)
+    coef = _memo(ctx, "coef", lambda: _floats(op, "coefficients", coefficients))
     t = int(targets)
     if t < 1 or coef.size % t:
         raise InputError(f"{op}: {coef.size} coefficients do not split into {t} targets")
@@ -64,15 +75,16 @@ def linear_regressor(X, *, coefficients=None, intercepts=None, post_transform="N
     return like_input(y.astype(np.float32), X)
 
 
-@kernel("LinearClassifier", since=1, domain=ML)
+@kernel("LinearClassifier", since=1, domain=ML, wants_ctx=True)
 def linear_classifier(X, *, classlabels_ints=None, classlabels_strings=None, coefficients=None,
-                      intercepts=None, multi_class=0, post_transform="NONE"):
+                      intercepts=None, multi_class=0, post_transform="NONE", ctx=None):
     """Scores X . coefficients^T + intercepts per class; the label is the best class (or, with
     one score column, labels[1] where the score is positive); Z post-transformed."""
     op = "LinearClassifier"
     x = features_2d(op, X)
-    coef = _floats(op, "coefficients", coefficients)
-    labels, _ = labels_of(op, classlabels_ints, classlabels_strings)
+    coef = _memo(ctx, "coef", lambda: _floats(op, "coefficients", coefficients))
+    labels, _ = _memo(ctx, "labels",
+                      lambda: labels_of(op, classlabels_ints, classlabels_strings))
     f = x.shape[1]
     if f == 0 or coef.size % f:
         raise ShapeError(f"{op}: {coef.size} coefficients do not split into rows of X's "
@@ -137,6 +149,12 @@ def _gram(x: np.ndarray, sv: np.ndarray, kt: str, gamma: float, coef0: float, de
     return np.tanh(gamma * dot + coef0)
 
 
+def _same_features(op, x, sv):
+    if x.shape[1] != sv.shape[1]:
+        raise ShapeError(f"{op}: X has {x.shape[1]} features, the support vectors "
+                         f"{sv.shape[1]}")
+
+
 def _support_vectors(op, support_vectors, n_sv, f):
     sv = _floats(op, "support_vectors", support_vectors)
     if n_sv == 0 or sv.size != n_sv * f:
@@ -145,21 +163,22 @@ def _support_vectors(op, support_vectors, n_sv, f):
     return sv.reshape(n_sv, f)
 
 
-@kernel("SVMRegressor", since=1, domain=ML)
+@kernel("SVMRegressor", since=1, domain=ML, wants_ctx=True)
 def svm_regressor(X, *, coefficients=None, kernel_params=None, kernel_type="LINEAR",
                   n_supports=0, one_class=0, post_transform="NONE", rho=None,
-                  support_vectors=None):
+                  support_vectors=None, ctx=None):
     """y = sum_s coefficients[s] K(x, sv_s) + rho (or the linear form without support
     vectors); one_class gives +1 / -1 by the sign."""
     op = "SVMRegressor"
     x = features_2d(op, X)
     kt, gamma, coef0, degree = _kernel_params(op, kernel_type, kernel_params)
-    coef = _floats(op, "coefficients", coefficients)
+    coef = _memo(ctx, "coef", lambda: _floats(op, "coefficients", coefficients))
     r = _floats(op, "rho", rho, required=False)
     r0 = float(r[0]) if r is not None and r.size else 0.0
     ns = int(n_supports)
     if ns > 0:
-        sv = _support_vectors(op, support_vectors, ns, x.shape[1])
+        sv = _memo(ctx, "sv", lambda: _support_vectors(op, support_vectors, ns, x.shape[1]))
+        _same_features(op, x, sv)
         if coef.size != ns:
             raise InputError(f"{op}: {coef.size} coefficients for {ns} support vectors")
         y = _gram(x, sv, kt, gamma, coef0, degree) @ coef + r0
@@ -216,19 +235,20 @@ def _pairwise_coupling(r: np.ndarray) -> np.ndarray:
     return p
 
 
-@kernel("SVMClassifier", since=1, domain=ML)
+@kernel("SVMClassifier", since=1, domain=ML, wants_ctx=True)
 def svm_classifier(X, *, classlabels_ints=None, classlabels_strings=None, coefficients=None,
                    kernel_params=None, kernel_type="LINEAR", post_transform="NONE",
                    prob_a=None, prob_b=None, rho=None, support_vectors=None,
-                   vectors_per_class=None):
+                   vectors_per_class=None, ctx=None):
     """One-vs-one SVC (support vectors grouped per class, libsvm's layout: votes decide the
     label; prob_a/prob_b give Platt-scaled pairwise probabilities coupled into class
     probabilities) or, without vectors_per_class, one linear/kernel score per class."""
     op = "SVMClassifier"
     x = features_2d(op, X)
     kt, gamma, coef0, degree = _kernel_params(op, kernel_type, kernel_params)
-    labels, _ = labels_of(op, classlabels_ints, classlabels_strings)
-    coef = _floats(op, "coefficients", coefficients)
+    labels, _ = _memo(ctx, "labels",
+                      lambda: labels_of(op, classlabels_ints, classlabels_strings))
+    coef = _memo(ctx, "coef", lambda: _floats(op, "coefficients", coefficients))
     r = _floats(op, "rho", rho, required=False)
     r = np.zeros(1) if r is None else r
     pt = pt_name(op, post_transform)
@@ -257,7 +277,8 @@ def svm_classifier(X, *, classlabels_ints=None, classlabels_strings=None, coeffi
     if len(vpc) != k:
         raise InputError(f"{op}: vectors_per_class has {len(vpc)} entries for {k} classes")
     n_sv = sum(vpc)
-    sv = _support_vectors(op, support_vectors, n_sv, x.shape[1])
+    sv = _memo(ctx, "sv", lambda: _support_vectors(op, support_vectors, n_sv, x.shape[1]))
+    _same_features(op, x, sv)
     if coef.size != (k - 1) * n_sv:
         raise InputError(f"{op}: {coef.size} coefficients, expected (classes - 1) x support "
                          f"vectors = {(k - 1) * n_sv}")
@@ -266,11 +287,15 @@ def svm_classifier(X, *, classlabels_ints=None, classlabels_strings=None, coeffi
     pairs = [(i, j) for i in range(k) for j in range(i + 1, k)]
     if r.size < len(pairs):
         raise InputError(f"{op}: {r.size} rho values for {len(pairs)} class pairs")
-    wmat = np.zeros((n_sv, len(pairs)))
-    for p, (i, j) in enumerate(pairs):
-        si, sj = slice(starts[i], starts[i + 1]), slice(starts[j], starts[j + 1])
-        wmat[si, p] = c[j - 1, si]
-        wmat[sj, p] = c[i, sj]
+    def pair_weights():
+        w = np.zeros((n_sv, len(pairs)))
+        for p, (i, j) in enumerate(pairs):
+            si, sj = slice(starts[i], starts[i + 1]), slice(starts[j], starts[j + 1])
+            w[si, p] = c[j - 1, si]
+            w[sj, p] = c[i, sj]
+        return w
+
+    wmat = _memo(ctx, "wmat", pair_weights)
     dec = _gram(x, sv, kt, gamma, coef0, degree) @ wmat + r[: len(pairs)]
     votes = np.zeros((n, k), dtype=np.int64)
     for p, (i, j) in enumerate(pairs):
