@@ -184,10 +184,11 @@ class Forest:
         self._dense_tables = tables
         return tables
 
-    def evaluate(self, x: np.ndarray, how: str, op: str):
-        """(scores [N, k] float64, hit [N, k] bool) for every row: the leaves reached in every
-        tree, aggregated per target, chunk by chunk (the leaf matrix of a chunk stays in
-        cache)."""
+    def evaluate(self, x: np.ndarray, how: str, op: str, need_hits: bool = False):
+        """(scores [N, k] float64, hit [N, k] bool or None) for every row: the leaves reached
+        in every tree, aggregated per target, chunk by chunk (the leaf matrix of a chunk stays
+        in cache). ``hit`` (which targets received a weight) only with ``need_hits``."""
+        self._prepare()
         dense = self._dense()
         if dense is None:
             return self.aggregate(self.leaves(x, op), how)
@@ -195,12 +196,22 @@ class Forest:
         n, t = x.shape[0], self.roots.size
         k = self.n_outputs
         scores = np.zeros((n, k))
-        hits = np.zeros((n, k), dtype=bool)
+        leaf_has = has[self._leaf]
+        # every leaf writes the same targets (the usual case): hits are the same for all rows
+        uniform = leaf_has.shape[0] > 0 and bool((leaf_has == leaf_has[0]).all())
+        if uniform and how in ("SUM", "AVERAGE"):
+            hits = np.broadcast_to(leaf_has[0] if t else np.zeros(k, bool), (n, k)) \
+                if need_hits else None
+            need_hits = False
+        else:
+            hits = np.zeros((n, k), dtype=bool)
+            need_hits = True
         step = max(1, _CHUNK_PAIRS // max(t, 1))
         for r0 in range(0, n, step):
             leaves = self.leaves(x[r0:r0 + step], op)
-            h = has[leaves]                                  # [rows, trees, k]
-            hits[r0:r0 + step] = h.any(axis=1)
+            if need_hits:
+                h = has[leaves]                              # [rows, trees, k]
+                hits[r0:r0 + step] = h.any(axis=1)
             if how in ("SUM", "AVERAGE"):
                 scores[r0:r0 + step] = vals[leaves].sum(axis=1)
             else:
@@ -473,7 +484,7 @@ def tree_ensemble_classifier(X, *, base_values=None, base_values_as_tensor=None,
         missing_tracks=nodes_missing_value_tracks_true, w_treeids=class_treeids,
         w_nodeids=class_nodeids, w_ids=cids, w_weights=weights, n_outputs=k))
     forest.validate(op, x.shape[1])
-    scores, hits = forest.evaluate(x, "SUM", op)
+    scores, hits = forest.evaluate(x, "SUM", op, need_hits=True)
     base = _double_or(op, "base_values", base_values, base_values_as_tensor)
     base = base if base is not None and base.size else None
     pt = pt_name(op, post_transform)
