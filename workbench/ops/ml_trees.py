@@ -166,7 +166,7 @@ class Forest:
                 go[sel] = np.isin(v[sel], values)
 
     #: dense leaf-value tables up to this many entries (nodes x outputs)
-    DENSE_MAX = 1 << 24
+    DENSE_MAX = 1 << 22    # 32 MiB of float64 values
 
     def _dense(self):
         """(values [G, k] float64, has [G, k] bool): every node's weight per output (zero and
