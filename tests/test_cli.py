@@ -70,3 +70,25 @@ def test_demo(capsys):
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
     assert "accuracy" in out and "digits" in out
+
+
+def test_info_and_compare_with_a_zipmap_model(tmp_path, capsys):
+    """A scikit-learn classifier (LinearClassifier + ZipMap): info names the sequence-of-maps
+    output's type, and --compare onnxruntime compares the dicts' values."""
+    pytest.importorskip("onnxruntime")
+    skl2onnx = pytest.importorskip("skl2onnx")
+    from sklearn.linear_model import LogisticRegression
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 3)).astype(np.float32)
+    clf = LogisticRegression().fit(X, (X[:, 0] > 0).astype(int))
+    onx = skl2onnx.to_onnx(clf, X[:1], target_opset={"": 17, "ai.onnx.ml": 3})
+    p = tmp_path / "lr.onnx"
+    p.write_bytes(onx.SerializeToString())
+    np.save(tmp_path / "x.npy", X[:4])
+    assert main(["info", str(p)]) == 0
+    assert "seq(map(int64, tensor(float)))" in capsys.readouterr().out
+    assert main(["run", str(p), "--input", f"X={tmp_path / 'x.npy'}", "--compare",
+                 "onnxruntime", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "output_label: identical" in out
+    assert "output_probability: max abs difference" in out

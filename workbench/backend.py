@@ -33,6 +33,8 @@ class WorkbenchRep(BackendRep):
     def run(self, inputs: Any, **kwargs) -> tuple:
         if isinstance(inputs, np.ndarray) or not isinstance(inputs, (list, tuple, dict)):
             inputs = [inputs]
+        elif isinstance(inputs, dict) and self._is_one_map(inputs):
+            inputs = [inputs]   # the value of a model's single map input, not feeds by name
         host = self.plan.host_inputs  # shape-like inputs a device plan reads on the host
         if isinstance(inputs, dict):
             feeds = {k: v if k in host else self.device.put(v) for k, v in inputs.items()}
@@ -43,6 +45,15 @@ class WorkbenchRep(BackendRep):
         outs = self.plan.run(feeds)
         outs = [self.device.get(o) for o in outs]
         return namedtupledict("Outputs", self.output_names)(*outs)
+
+    def _is_one_map(self, inputs: dict) -> bool:
+        """A dict given to a model whose one input is a map (DictVectorizer, CastMap) is that
+        map unless its keys are the input's name."""
+        infos = self.plan.input_infos
+        if len(infos) != 1 or infos[0].name in inputs:
+            return False
+        tp = infos[0].type_proto
+        return tp is not None and tp.HasField("map_type")
 
 
 def _dev(device) -> _device.Device:

@@ -33,7 +33,8 @@ def _dtype_str(info) -> str:
     if info.dtype:
         return dtype_name(info.dtype)
     if info.type_proto is not None and not info.is_tensor:
-        return str(info.type_proto.WhichOneof("value")).replace("_type", "")
+        from workbench.graph.values import type_str  # seq(map(string, tensor(float))), ...
+        return type_str(info.type_proto)
     return "?"
 
 
@@ -178,7 +179,7 @@ def cmd_run(args) -> int:
               f"workbench/onnxruntime time ratio {t / t2:.2f}")
         worst = 0.0
         for name, o, r in zip(rep.output_names, outs, ref):
-            o, r = np.asarray(o), np.asarray(r)
+            o, r = _comparable(o), _comparable(r)
             if o.dtype.kind in "fc":
                 diff = float(np.max(np.abs(o.astype(np.float64) - r))) if o.size else 0.0
                 scale = float(np.max(np.abs(r))) if r.size else 0.0
@@ -193,6 +194,16 @@ def cmd_run(args) -> int:
             print("warning: outputs differ from onnxruntime by more than 1e-3 (normalised)")
             return 1
     return 0
+
+
+def _comparable(v) -> np.ndarray:
+    """An output as an array: a sequence of maps (ZipMap) becomes its keys row and values."""
+    if isinstance(v, list) and v and isinstance(v[0], dict):
+        keys = list(v[0])
+        if all(list(d) == keys for d in v):
+            return np.array([[d[k] for k in keys] for d in v], dtype=np.float64)
+        return np.array([repr(d) for d in v], dtype=object)
+    return np.asarray(v)
 
 
 def default_model_path() -> str:

@@ -53,8 +53,8 @@ class Device:
         touch them on the host (see ``workbench.graph.executor``)."""
         if isinstance(a, list):
             return [self.put(x) for x in a]
-        if a is None:
-            return None
+        if a is None or isinstance(a, dict):  # maps (ai.onnx.ml) are host Python values
+            return a
         if self.is_cuda:
             cp = cupy_module()
             if isinstance(a, (np.ndarray, np.generic)) and not device_dtype_ok(a.dtype):

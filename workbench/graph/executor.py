@@ -41,6 +41,7 @@ from workbench.errors import (
     WorkbenchError,
 )
 from workbench.graph.ir import Graph, Node
+from workbench.graph.values import check_feed
 from workbench.ops.registry import NodeContext, attribute_defaults, lookup
 
 
@@ -406,6 +407,7 @@ class Plan:
                     f"the model takes {len(infos)} input(s) {[v.name for v in infos]}, "
                     f"got {len(values)}")
         if self.check_inputs:
+            values = [check_feed(info, v) for info, v in zip(infos, values)]  # maps, strings
             for info, v in zip(infos, values):
                 _check_input(info, v)
         if self.device is not None:
