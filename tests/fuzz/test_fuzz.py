@@ -131,13 +131,16 @@ def test_worker_flags_an_engine_that_reads_outside_the_folder(monkeypatch, tmp_p
     assert res["cls"] == "leak", res
 
 
-def test_harness_reports_crash_hang_and_restarts():
+def test_harness_reports_crash_hang_memory_and_restarts():
     case = G.gen_extdata(G.EXTDATA_COMBOS.index(("initializer", "control")))
     with Pool(workers=1, timeout=3.0) as p:
-        res = p.run([(case, "selftest_crash"), (case, "selftest_hang"), (case, "ours")])
+        res = p.run([(case, "selftest_crash"), (case, "selftest_hang"),
+                     (case, "selftest_memory"), (case, "ours")])
+        assert p.restarts == 3
     assert res[0]["cls"] == "crash" and "SIGSEGV" in res[0]["message"], res[0]
     assert res[1]["cls"] == "hang", res[1]
-    assert res[2]["cls"] == "ok", res[2]     # a fresh worker took over
+    assert res[2]["cls"] == "memory", res[2]
+    assert res[3]["cls"] == "ok", res[3]     # a fresh worker took over
 
 
 def test_cases_are_reproducible_and_replayable():

@@ -359,6 +359,10 @@ class Runner:
             os.kill(os.getpid(), 11)
         if mode == "selftest_hang":      # ... or never answer
             time.sleep(3600)
+        if mode == "selftest_memory":    # ... or run into the address-space limit
+            import numpy as np  # noqa: PLC0415
+
+            np.ones(1 << 40, np.uint8)
         parent, model_dir, path, data, inputs = self.setup(case)
         t0 = time.perf_counter()
         try:
