@@ -21,8 +21,8 @@ from google.protobuf.message import DecodeError
 from workbench.errors import ModelLoadError, WorkbenchError
 from workbench.graph import isolated
 from workbench.graph.external import has_external_data, resolve_external_data
+from workbench.graph.functions import inline_functions
 from workbench.graph.ir import Graph
-
 
 # protobuf's hard limit on one serialised message
 MAX_PROTO_BYTES = 2**31 - 1
@@ -178,6 +178,43 @@ def check_attributes(m: onnx.ModelProto, path: str | None = None) -> None:
 _MAX_AXIS = 1 << 16
 
 
+def check_function_calls(m: onnx.ModelProto, path: str | None = None) -> None:
+    """Model-local functions must not call themselves, directly or through others (onnx's
+    inliner would recurse without end); refused before any C++ code sees them."""
+    funcs = {(f.domain, f.name): f for f in m.functions}
+
+    def callees(nodes):
+        out = set()
+        for n in nodes:
+            if (n.domain, n.op_type) in funcs:
+                out.add((n.domain, n.op_type))
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    out |= callees(a.g.node)
+                for g in a.graphs:
+                    out |= callees(g.node)
+        return out
+
+    calls = {k: callees(f.node) for k, f in funcs.items()}
+    state: dict = {}
+
+    def visit(k, chain):
+        if state.get(k) == 1:
+            cyc = chain[chain.index(k):] + [k]
+            raise ModelLoadError("model-local functions call themselves: "
+                                 + " -> ".join(f"{d}::{n}" for d, n in cyc)
+                                 + "; recursive functions are not allowed", path=path)
+        if state.get(k) == 2:
+            return
+        state[k] = 1
+        for c in sorted(calls[k]):
+            visit(c, chain + [k])
+        state[k] = 2
+
+    for k in sorted(funcs):
+        visit(k, [])
+
+
 def check_and_infer(m: onnx.ModelProto, *, check: bool, infer: bool,
                     path: str | None = None) -> onnx.ModelProto:
     """onnx.checker (a refusal is a ModelLoadError) and shape inference (a failure there is a
@@ -213,7 +250,8 @@ def load(src: Any, *, check: bool = True, shape_inference: bool = True,
     m = _read_proto(src, path)
     check_versions(m, path)
     needs_copy = isinstance(src, onnx.ModelProto) and (
-        input_shapes or batch_size is not None or has_external_data(m))
+        input_shapes or batch_size is not None or len(m.functions) > 0
+        or has_external_data(m))
     if needs_copy:
         m2 = onnx.ModelProto()
         m2.CopyFrom(m)
@@ -222,6 +260,9 @@ def load(src: Any, *, check: bool = True, shape_inference: bool = True,
     check_attributes(m, path)
     if input_shapes or batch_size is not None:
         set_input_shapes(m, input_shapes, batch_size)
+    if m.functions:
+        check_function_calls(m, path)
+        inline_functions(m, path)
     if check or shape_inference:
         if check and not shape_inference:
             check_and_infer(m, check=True, infer=False, path=path)
