@@ -17,8 +17,9 @@ and symlink targets may contain these tokens, replaced by the worker:
 
 Generators (the table of ``benchmarks/fuzz.py`` groups by these names):
 
-``mut_attr``     attribute extremes on node test models and on our small models (the
-                 mutation generators give a third of their cases with ``check=False``)
+``mut_attr``     attribute extremes on node test models, scikit-learn models converted by
+                 skl2onnx (ai.onnx.ml operators) and our small models (the mutation
+                 generators give a third of their cases with ``check=False``)
 ``mut_graph``    dtype/rank/dim changes, removed/duplicated/renamed inputs and outputs, dangling
                  edges, cycles, duplicated/removed/reordered nodes, unknown ops and domains
 ``mut_meta``     bad opset imports, IR versions, recursive or broken model-local functions
@@ -352,14 +353,102 @@ ZOO = {"mlp": _zoo_mlp, "cnn": _zoo_cnn, "if": _zoo_if, "loop": _zoo_loop, "scan
        "attn": _zoo_attn, "misc": _zoo_misc}
 
 
+_SKL_CASES: list | None = None
+
+
+def skl_cases() -> list:
+    """[(name, model bytes, inputs)]: small scikit-learn models converted with skl2onnx (the
+    ai.onnx.ml operators: trees, linear models, SVMs, ZipMap...), cached like
+    :func:`node_cases`; empty where scikit-learn or skl2onnx is not installed."""
+    global _SKL_CASES
+    if _SKL_CASES is not None:
+        return _SKL_CASES
+    try:
+        import skl2onnx  # noqa: PLC0415
+        import sklearn  # noqa: PLC0415
+    except ImportError:
+        _SKL_CASES = []
+        return _SKL_CASES
+    path = _cache_dir() / (f"fuzz-skl-cases-skl{sklearn.__version__}-skl2onnx"
+                           f"{skl2onnx.__version__}-onnx{onnx.__version__}.pkl")
+    try:
+        with open(path, "rb") as f:
+            _SKL_CASES = pickle.load(f)  # noqa: S301 - written by this function
+        return _SKL_CASES
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ValueError):
+        pass
+    from sklearn.cluster import KMeans  # noqa: PLC0415
+    from sklearn.decomposition import PCA  # noqa: PLC0415
+    from sklearn.ensemble import GradientBoostingRegressor, RandomForestClassifier  # noqa: PLC0415
+    from sklearn.linear_model import LinearRegression, LogisticRegression  # noqa: PLC0415
+    from sklearn.naive_bayes import GaussianNB  # noqa: PLC0415
+    from sklearn.neighbors import KNeighborsClassifier  # noqa: PLC0415
+    from sklearn.pipeline import make_pipeline  # noqa: PLC0415
+    from sklearn.preprocessing import StandardScaler  # noqa: PLC0415
+    from sklearn.svm import SVC  # noqa: PLC0415
+    from sklearn.tree import DecisionTreeClassifier  # noqa: PLC0415
+
+    def fitted():
+        rng = np.random.default_rng(0)
+        X = rng.normal(size=(60, 4)).astype(np.float32)
+        y = (X[:, 0] + X[:, 1] > 0).astype(np.int64) + (X[:, 2] > 1)
+        yr = X @ np.array([1.0, -2.0, 0.5, 3.0]) + 1.0
+        models = {
+            "tree": DecisionTreeClassifier(max_depth=4, random_state=0).fit(X, y),
+            "forest": RandomForestClassifier(n_estimators=3, max_depth=3,
+                                             random_state=0).fit(X, y),
+            "gbr": GradientBoostingRegressor(n_estimators=5, max_depth=2,
+                                             random_state=0).fit(X, yr),
+            "logreg": make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y),
+            "linreg": LinearRegression().fit(X, yr),
+            "svc": SVC(probability=True, random_state=0).fit(X, y),
+            "nb": GaussianNB().fit(X, y),
+            "knn": KNeighborsClassifier(n_neighbors=3).fit(X, y),
+            "kmeans": KMeans(n_clusters=3, n_init=1, random_state=0).fit(X),
+            "pca": PCA(n_components=2).fit(X),
+        }
+        return X, models
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        X, models = fitted()
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, est in models.items():
+            try:
+                onx = skl2onnx.to_onnx(est, X[:1], target_opset={"": OPSET, "ai.onnx.ml": 3})
+            except Exception:  # noqa: BLE001 - a converter that does not take this estimator
+                continue
+            feed = [(onx.graph.input[0].name, X[:3].copy())]
+            out.append((name, onx.SerializeToString(), feed))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    _SKL_CASES = out
+    return out
+
+
 def pick_source(rng: random.Random, node_share: float = 0.7):
-    """(label, ModelProto, inputs or None) from the node tests or our own small models."""
+    """(label, ModelProto, inputs or None) from the node tests, scikit-learn models converted
+    by skl2onnx, or our own small models."""
     if rng.random() < node_share:
         cases = node_cases()
         name, data, inputs = cases[rng.randrange(len(cases))]
         m = onnx.ModelProto()
         m.ParseFromString(data)
         return f"node:{name}", m, inputs
+    skl = skl_cases()
+    if skl and rng.random() < 0.4:
+        name, data, inputs = skl[rng.randrange(len(skl))]
+        m = onnx.ModelProto()
+        m.ParseFromString(data)
+        return f"skl:{name}", m, list(inputs)
     name = rng.choice(sorted(ZOO))
     m, inputs = ZOO[name]()
     return f"zoo:{name}", m, inputs
