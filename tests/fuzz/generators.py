@@ -1422,6 +1422,18 @@ def _c_unknown_sparse_attr(ent, attack):
     return mk([n], [vi("x", [N_EXT])], [vi("y", [N_EXT])])
 
 
+def _c_label_encoder(ent, attack):
+    # ai.onnx.ml LabelEncoder: keys_tensor inline, values_tensor external (a real op's TENSOR
+    # attribute); the inputs 0..6 map to the values
+    n = helper.make_node("LabelEncoder", ["k"], ["y"], domain="ai.onnx.ml",
+                         keys_tensor=arr(np.arange(N_EXT, dtype=np.int64), "keys"),
+                         values_tensor=_carrier_tensor(ent, name="values", attack=attack),
+                         default_tensor=arr(np.array([-1.0], np.float32), "default"))
+    m = mk([n], [vi("k", [N_EXT], TensorProto.INT64)], [vi("y", [N_EXT])])
+    m.opset_import.add(domain="ai.onnx.ml", version=4)
+    return m
+
+
 def _c_if_body(ent, attack):
     then = helper.make_graph([helper.make_node("Constant", [], ["a"],
                                                value=_carrier_tensor(ent, attack=attack))],
@@ -1513,6 +1525,7 @@ CARRIERS = {
     "constant_of_shape_value": _c_constant_of_shape,
     "other_node_tensors_attr": _c_unknown_tensors_attr,
     "other_node_sparse_attr": _c_unknown_sparse_attr,
+    "label_encoder_values": _c_label_encoder,
     "if_body": _c_if_body,
     "loop_body": _c_loop_body,
     "scan_body": _c_scan_body,
@@ -1539,7 +1552,10 @@ def _ext_case(gen, seed, carrier, attack, feed) -> Case:
     inputs = []
     for v in m.graph.input:
         shape = [d.dim_value for d in v.type.tensor_type.shape.dim]
-        inputs.append((v.name, np.zeros(shape, np.float32)))
+        if v.type.tensor_type.elem_type == TensorProto.INT64:
+            inputs.append((v.name, np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)))
+        else:
+            inputs.append((v.name, np.zeros(shape, np.float32)))
     return Case(gen, seed, m.SerializeToString(), files=files, feed=feed, inputs=inputs,
                 substitute=True, note=f"{carrier} / {attack}: {what} ({feed})")
 

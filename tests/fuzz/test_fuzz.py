@@ -24,7 +24,7 @@ from tests.fuzz.worker import Runner, Sentinel
 # attacks are refused by the confinement, not because nothing external ever loads)
 MUST_LOAD = ["initializer", "initializer_add", "sparse_initializer", "constant_value",
              "constant_sparse_value", "constant_of_shape_value", "if_body", "loop_body",
-             "scan_body", "nested_if_loop"]
+             "scan_body", "nested_if_loop", "label_encoder_values"]
 
 
 @pytest.fixture(scope="module")
