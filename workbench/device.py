@@ -11,6 +11,26 @@ import numpy as np
 from workbench.arrays import cupy_module, device_dtype_ok, is_array
 from workbench.errors import DeviceError
 
+#: the host generator of parameter initialisers and ``Tensor.gaussian/uniform/bernoulli``
+_host_rng = np.random.default_rng()
+
+
+def host_rng() -> np.random.Generator:
+    """The host random generator (seed it with :func:`seed_host` or ``Device.SetRandSeed``)."""
+    return _host_rng
+
+
+def seed_host(seed) -> None:
+    """Reseed the host generator (``tensor.seed``)."""
+    global _host_rng
+    _host_rng = np.random.default_rng(seed)
+
+
+def set_host_rng(rng: np.random.Generator) -> None:
+    """Install a generator (saved with :func:`host_rng`) as the host generator."""
+    global _host_rng
+    _host_rng = rng
+
 
 class Device:
     """A place where arrays live and kernels run."""

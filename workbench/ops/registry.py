@@ -131,11 +131,6 @@ def unregister(op_type: str, *, domain: str = "", since: int | None = None, xp=N
         table[key] = [e for e in table[key] if e.since != since]
 
 
-def _ensure_loaded() -> None:
-    # importing the op families fills the registry
-    import workbench.ops  # noqa: F401
-
-
 def _ensure_overrides(xname: str) -> None:
     if xname in _overrides_loaded:
         return
@@ -187,7 +182,6 @@ def overrides(xp) -> dict[tuple[str, str], list[int]]:
 
 def _lookup(op_type: str, domain: str = "", opset: int | None = None,
             node_name: str | None = None) -> KernelEntry:
-    _ensure_loaded()
     dom = _norm_domain(domain)
     entries = _REGISTRY.get((dom, op_type))
     if not entries:
@@ -211,7 +205,6 @@ def has_kernel(op_type: str, domain: str = "", opset: int | None = None) -> bool
 
 def registered_ops() -> dict[tuple[str, str], list[int]]:
     """{(domain, op_type): [since versions]} for every registered kernel."""
-    _ensure_loaded()
     return {k: [e.since for e in v] for k, v in sorted(_REGISTRY.items()) if v}
 
 
@@ -241,17 +234,3 @@ def attribute_defaults(op_type: str, domain: str, opset: int) -> dict[str, Any]:
                 val = [v.decode("utf-8") for v in val]
             out[name] = val
     return out
-
-
-def max_opset(domain: str = "") -> int:
-    """Newest opset the installed onnx package defines for a domain."""
-    dom = _norm_domain(domain)
-    return onnx.defs.onnx_opset_version() if dom == "" else _max_domain_opset(dom)
-
-
-def _max_domain_opset(domain: str) -> int:
-    best = 0
-    for s in onnx.defs.get_all_schemas_with_history():
-        if s.domain == domain and s.since_version > best:
-            best = s.since_version
-    return best

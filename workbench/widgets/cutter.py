@@ -118,15 +118,6 @@ def cut_graph(graph: Graph, last_layers=-1, *, head_classes: int | None = None,
     return CutModel(g, outputs, last_layers, frozen, head)
 
 
-def _sonnx_available() -> bool:
-    try:
-        import workbench.model  # noqa: F401
-        import workbench.sonnx  # noqa: F401
-    except ImportError:
-        return False
-    return hasattr(workbench.model.Model, "cut")
-
-
 def with_head(base, classes: int, freeze: bool = False):
     """``base`` (a workbench Model returning Tensors) followed by Flatten + ``layer.Linear``
     with ``classes`` outputs; ``freeze`` freezes the base's imported weights."""
@@ -310,10 +301,7 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
     def model(self):
         """The resulting model: ``Model.cut(last_layers)`` (a new ``sonnx.SONNXModel`` with
         a copy of the weights), followed by a new ``layer.Linear(head_classes)`` head when one
-        is asked for (imported weights frozen when ``freeze``). Where the training stack is
-        not available, a graph-level :class:`CutModel` (see :meth:`cut_graph`)."""
-        if not _sonnx_available():
-            return self.cut_graph()
+        is asked for (imported weights frozen when ``freeze``)."""
         base = self._full_model().cut(self.last_layers)
         if self.head_classes:
             return with_head(base, self.head_classes, self.freeze)

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 
 from workbench import autograd, layer, tensor
+from workbench import device as _device
 from workbench.tensor import Tensor
 
 SEED = 0
@@ -656,11 +657,11 @@ def build(name: str, seed: int = SEED) -> onnx.ModelProto:
 
     key = (get(name).name, seed)
     if key not in _cache:
-        saved = tensor._host_rng          # building must not disturb the caller's stream
+        saved = _device.host_rng()        # building must not disturb the caller's stream
         try:
             _cache[key] = BUILDERS[key[0]](seed).SerializeToString()
         finally:
-            tensor._host_rng = saved
+            _device.set_host_rng(saved)
     m = onnx.ModelProto()
     m.ParseFromString(_cache[key])
     return m
