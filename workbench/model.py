@@ -54,6 +54,7 @@ from workbench.graph.executor import (
 from workbench.graph.ir import ValueInfo
 from workbench.graph.load import load
 from workbench.layer import Layer
+from workbench.ops.registry import facts
 from workbench.tensor import Tensor, as_tensor
 
 _AUX = "__aux__/"
@@ -374,17 +375,6 @@ class _Replay:
 
 
 # --------------------------------------------------------------------------- imported graphs
-# input slots that hold settings, not weights: a float initializer used only there is a
-# constant (Dropout's ratio, Clip's bounds, Pad's value, Resize's scales...)
-_CONSTANT_SLOTS = {
-    "Dropout": (1, 2), "Clip": (1, 2), "Pad": (1, 2, 3), "Resize": (1, 2, 3),
-    "Upsample": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2), "Expand": (1,),
-    "Reshape": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "OneHot": (1, 2),
-    "BatchNormalization": (3, 4), "SoftmaxCrossEntropyLoss": (1, 2),
-    "NegativeLogLikelihoodLoss": (1, 2),
-}
-
-
 def _is_float(a) -> bool:
     return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
 
@@ -420,9 +410,11 @@ class SONNXModel(Model):
         self._tplans: dict = {}
         stats, trainable = set(), set()
         for n in self.onnx_graph.nodes:
-            if n.op_type == "BatchNormalization":
-                stats.update(i for i in n.inputs[3:5] if i)
-            fixed = _CONSTANT_SLOTS.get(n.op_type, ())
+            # an op's registered ``state_inputs`` hold running statistics (buffers) and its
+            # ``settings`` inputs settings (Dropout's ratio, Clip's bounds...), not weights
+            f = facts(n.op_type, n.domain)
+            stats.update(i for k, i in enumerate(n.inputs) if i and k in f.state_inputs)
+            fixed = f.settings + f.state_inputs
             trainable.update(i for k, i in enumerate(n.inputs) if i and k not in fixed)
             for sg in n.subgraphs:
                 trainable.update(sg.free_variables())

@@ -40,7 +40,7 @@ from workbench.errors import (
     WorkbenchError,
 )
 from workbench.graph.ir import Graph, Node
-from workbench.ops.registry import NodeContext, attribute_defaults, lookup
+from workbench.ops.registry import NodeContext, attribute_defaults, facts, lookup
 
 
 # --------------------------------------------------------------------------- ordering
@@ -322,8 +322,9 @@ class Plan:
 
         Shape logic runs on the host, from the shapes the host already knows: the outputs of
         Shape/Size, small integer constants and graph inputs read only as shapes (the
-        ``shape`` of Reshape, the ``axes`` of Unsqueeze, ...), and the cheap integer ops
-        computed from them (Gather, Concat, Unsqueeze, Add, ...) stay numpy arrays, so that a
+        ``shape`` of Reshape, the ``axes`` of Unsqueeze, ...: the ops' registered
+        ``host_inputs``), and the cheap integer ops computed from them (registered
+        ``host_compute``: Gather, Concat, Unsqueeze, Add, ...) stay numpy arrays, so that a
         Reshape with a dynamic target reads it without a device-to-host copy. A host value
         that a device kernel needs as data is uploaded when it is used."""
         graph = self.graph
@@ -356,12 +357,13 @@ class Plan:
             host = set(cand)
             host_nodes = set()
             for n in nodes:
-                if n.op_type in ("Shape", "Size") and not n.domain:
+                f = facts(n.op_type, n.domain)
+                if f.shape_only:
                     host.update(o for o in n.outputs if o)
                     host_nodes.add(id(n))
                 elif n.outputs and n.outputs[0] in const_nodes and n.outputs[0] in cand:
                     host_nodes.add(id(n))
-                elif (n.op_type in _HOST_OPS and not n.domain and not n.subgraphs
+                elif (f.host_compute and not n.subgraphs
                       and any(n.inputs) and all(i in host for i in n.inputs if i)):
                     host.update(o for o in n.outputs if o)
                     host_nodes.add(id(n))
@@ -369,7 +371,7 @@ class Plan:
             bad = set()
             for name in cand:
                 for n, k in consumers.get(name, ()):
-                    if id(n) not in host_nodes and k not in _HOST_READ.get(n.op_type, ()):
+                    if id(n) not in host_nodes and k not in facts(n.op_type, n.domain).host_inputs:
                         bad.add(name)
                         break
             if not bad:
@@ -381,8 +383,7 @@ class Plan:
             n = st.node
             if id(n) in host_nodes:
                 st.host_op = True
-            if not n.domain:
-                st.host_read = frozenset(_HOST_READ.get(n.op_type, ()))
+            st.host_read = frozenset(facts(n.op_type, n.domain).host_inputs)
 
     # ------------------------------------------------------------------ running
     def _feeds_to_slots(self, feeds) -> list:
@@ -600,24 +601,6 @@ def _is_dtype_refusal(e: BaseException) -> bool:
         "Unsupported dtype" in text or "Unsupported type" in text or "has no device" in text)
 
 
-#: ops that, when every input is a host value, run on the host in device plans (integer shape
-#: arithmetic on a few elements: cheaper on numpy than a kernel launch, and no sync later)
-_HOST_OPS = frozenset({
-    "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Add", "Sub", "Mul", "Div",
-    "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Where", "Not", "And", "Or",
-    "Neg", "Abs", "Min", "Max", "Identity", "Mod", "Floor", "Ceil", "ReduceProd", "ReduceSum",
-    "ReduceMax", "ReduceMin", "Reshape", "Range", "Sign", "Flatten",
-})  # not Expand/Tile/ConstantOfShape: small inputs, but outputs as large as the data
-#: input positions that kernels read on the host as Python ints (shape-like inputs)
-_HOST_READ = {
-    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 3),
-    "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "ConstantOfShape": (0,),
-    "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,),
-    "ReduceProd": (1,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,),
-    "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,), "TopK": (1,), "OneHot": (1,),
-    "Resize": (1, 2, 3), "Upsample": (1,), "CumSum": (1,), "Trilu": (1,), "Range": (0, 1, 2),
-    "Dropout": (1, 2), "CenterCropPad": (1,), "Col2Im": (1, 2), "MaxUnpool": (2,),
-}
 #: integer constants up to this many elements may stay on the host
 _HOST_CONST_MAX = 64
 _INT_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})  # TensorProto (u)int8..64
@@ -677,7 +660,7 @@ def _host_kw(kw):
 
 def _run_host_op(step: Step, args: list, kw: dict):
     """A shape computation on host values: numpy in, numpy out."""
-    if step.node.op_type in ("Shape", "Size"):
+    if facts(step.node.op_type, step.node.domain).shape_only:
         # only the metadata is read: a zero-stride host view of the device array's shape
         d = args[0]
         if d is not None and not isinstance(d, (np.ndarray, list)):

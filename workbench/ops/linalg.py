@@ -37,7 +37,7 @@ def _matmul(op, a, b):
                          f"over their batch dimensions ({e})") from None
 
 
-@kernel("MatMul", since=1)
+@kernel("MatMul", since=1, category="layer")
 def matmul(A, B):
     """numpy.matmul semantics (N-D batch broadcasting, 1-D operands promoted and squeezed)."""
     cda, cdb = compute_dtype(A.dtype), compute_dtype(B.dtype)
@@ -46,7 +46,7 @@ def matmul(A, B):
     return _matmul("MatMul", A, B)
 
 
-@kernel("Gemm", since=1)
+@kernel("Gemm", since=1, category="layer")
 def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0):
     """Y = alpha * A' @ B' + beta * C with C unidirectionally broadcast to (M, N)."""
     op = "Gemm"
@@ -95,7 +95,7 @@ def _zero_point_rows(op, zp, a):
                      f"{tuple(a.shape)} (scalar, one per row, or A's rank with last dim 1)")
 
 
-@kernel("MatMulInteger", since=10)
+@kernel("MatMulInteger", since=10, category="layer")
 def matmul_integer(A, B, a_zero_point=None, b_zero_point=None):
     """(A - a_zp) @ (B - b_zp) with exact integer accumulation, int32 output."""
     op = "MatMulInteger"
@@ -187,7 +187,7 @@ def normalize_einsum(equation, shapes):
     return f"{','.join(terms)}->{rhs}"
 
 
-@kernel("Einsum", since=12)
+@kernel("Einsum", since=12, category="layer")
 def einsum(*Inputs, equation=None):
     """Einstein summation (explicit and implicit forms, '...' broadcasting) on ``einsum``."""
     if not Inputs:

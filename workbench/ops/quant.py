@@ -243,7 +243,7 @@ def _row_col(p, per_row: bool, ndim: int):
     return p
 
 
-@kernel("QLinearMatMul", since=10)
+@kernel("QLinearMatMul", since=10, category="layer")
 def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
     """y = saturate(round((a - a_zp) @ (b - b_zp) * a_scale * b_scale / y_scale) + y_zp).
 
@@ -320,7 +320,7 @@ def _conv_exact(x, w, group, strides, dilations, pads):
     return out.reshape((n, m) + out_sp)
 
 
-@kernel("QLinearConv", since=10)
+@kernel("QLinearConv", since=10, category="layer")
 def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point,
                  B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                  pads=None, strides=None):
