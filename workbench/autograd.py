@@ -56,7 +56,13 @@ from workbench.errors import (
     ShapeError,
     WorkbenchError,
 )
-from workbench.ops.registry import NodeContext, _norm_domain, attribute_defaults, lookup
+from workbench.ops.registry import (
+    NodeContext,
+    _norm_domain,
+    attribute_defaults,
+    facts,
+    lookup,
+)
 
 #: opset of the nodes that layers and the functions below record (ai.onnx domain)
 DEFAULT_OPSET = 17
@@ -638,6 +644,79 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
         for i, st in state_updates.items():
             st.data = r[i]
     return outs
+
+
+# --------------------------------------------------------------------------- the Tensor runner
+class TapeRunner:
+    """Runs the steps of a ``graph.executor.Plan`` on Tensors (``plan.execute(xs,
+    runner=TapeRunner(device, training))``): every node through :func:`run_op`, so the tape
+    records it. In training mode an op's registered training form (``@kernel(...,
+    train=True)``: BatchNormalization with batch statistics, Dropout with a mask) replaces its
+    kernel, and the outputs its ``state_outputs`` name are written back into the stateful
+    inputs (running statistics held by buffers). A recorded tape replayed in graph mode uses
+    the same runner with each step's call given by :meth:`preset`.
+    """
+
+    def __init__(self, device=None, training: bool = False):
+        self.device = device
+        self.training = training
+        self._calls: dict[int, tuple] = {}
+
+    def preset(self, step, *, kw: dict, wants_ctx: bool, n_outputs: int, fn: Callable,
+               training: bool, state_updates: dict | None, out_names=None) -> None:
+        """Give ``step`` a fixed call (a replayed tape node)."""
+        self._calls[id(step)] = (kw, wants_ctx, n_outputs, fn, (), training, state_updates,
+                                 out_names)
+
+    def _prepare(self, step) -> tuple:
+        n = step.node
+        kw = dict(step.attrs)
+        wants_ctx = kw.pop("ctx", None) is not None
+        n_out = 1
+        for i, o in enumerate(n.outputs):
+            if o:
+                n_out = i + 1
+        fn, state = step.fn, ()
+        if self.training:
+            form = _grad.train_form(n.op_type, n.domain, step.opset)
+            if form is not None:
+                fn, wants_ctx = form.fn, form.wants_ctx
+                state = facts(n.op_type, n.domain).state_outputs
+                for o, _ in state:
+                    n_out = builtins.max(n_out, o + 1)
+        call = (kw, wants_ctx, n_out, fn, state, self.training, None, tuple(n.outputs))
+        self._calls[id(step)] = call
+        return call
+
+    def __call__(self, step, args: list, kw: dict) -> tuple:
+        call = self._calls.get(id(step))
+        if call is None:
+            call = self._prepare(step)
+        kw0, wants_ctx, n_out, fn, state, training, ups, out_names = call
+        if kw is not step.attrs:  # subgraph bodies bound for this run
+            kw = {k: v for k, v in kw.items() if k != "ctx"}
+        else:
+            kw = kw0
+        if state:
+            ups = {}
+            for o, i in state:
+                t = args[i] if i < len(args) else None
+                if t is not None and t.creator is None and not t.stores_grad:
+                    ups[o] = t
+            ups = ups or None
+        n = step.node
+        return tuple(run_op(n.op_type, n.domain, step.opset, fn, wants_ctx, kw, n.attrs, args,
+                            n_out, n.name, out_names, training, ups, device=self.device))
+
+    def bind(self, plan, scope: dict) -> Callable:
+        """A subgraph body over arrays (control flow is run, not differentiated)."""
+        arrays = {k: (v.data if isinstance(v, Tensor) else v) for k, v in scope.items()}
+
+        def body(*inputs):
+            return plan.run_positional(inputs, arrays)
+
+        body.plan = plan
+        return body
 
 
 # --------------------------------------------------------------------------- walking the tape

@@ -46,12 +46,13 @@ from workbench import device as _device
 from workbench.errors import InputError, ShapeError, WorkbenchError
 from workbench.graph.executor import (
     Plan,
+    Step,
     layer_nodes,
     needed_nodes,
     resolve_cut,
     topological_order,
 )
-from workbench.graph.ir import ValueInfo
+from workbench.graph.ir import Node, ValueInfo
 from workbench.graph.load import load
 from workbench.layer import Layer
 from workbench.ops.registry import facts
@@ -303,7 +304,8 @@ class _NotReplayable(Exception):
 
 
 class _Replay:
-    """A forward's tape as a static list of kernel calls, re-run on new inputs."""
+    """A forward's tape as a static schedule of kernel calls (a ``Plan`` of steps over integer
+    slots), re-run on new inputs by the executor's run loop with the Tensor runner."""
 
     def __init__(self, inputs, out):
         self.structure = out
@@ -311,64 +313,63 @@ class _Replay:
             out, (list, tuple)) else None
         if outs is None or not all(isinstance(t, Tensor) for t in outs):
             raise _NotReplayable
-        src = {}
+        slots: dict = {}             # source key -> slot
+        constants: dict = {}         # slot -> leaf Tensor
         stop = set()
         for k, t in enumerate(inputs):
+            key = ("n", id(t.creator), t._index) if t.creator is not None else ("l", id(t))
+            slots.setdefault(key, k)
             if t.creator is not None:
-                src[("n", id(t.creator), t._index)] = ("in", k)
                 stop.add((id(t.creator), t._index))
-            else:
-                src[("l", id(t))] = ("in", k)
+        n_in = len(inputs)
+
+        n_slots = [n_in]
+
+        def slot_of(key, leaf=None) -> int:
+            s = slots.get(key)
+            if s is None:
+                s = slots[key] = n_slots[0]
+                n_slots[0] += 1
+                if leaf is not None:
+                    constants[s] = leaf
+            return s
+
         nodes = autograd.tape_order(outs, stop)
-        index = {id(n): j for j, n in enumerate(nodes)}
+        runner = autograd.TapeRunner()
         steps = []
         for n in nodes:
-            sources = []
+            ins = []
             for p in n.parents:
                 if p is None:
-                    sources.append(None)
+                    ins.append(-1)
                 elif type(p) is tuple:
-                    key = ("n", id(p[0]), p[1])
-                    sources.append(src.get(key) or ("node", index[id(p[0])], p[1]))
+                    ins.append(slot_of(("n", id(p[0]), p[1])))
                 else:
                     if getattr(p, "_untraced", False):
                         raise _NotReplayable
-                    sources.append(src.get(("l", id(p))) or ("leaf", p))
-            # keep what the kernel call needs, not the node (it holds saved arrays)
-            spec = (n.op_type, n.domain, n.opset, n.fn, n.wants_ctx, n.kw, n.attrs,
-                    n.n_outputs, n.name, n.out_names, n.training, n.state_updates)
-            steps.append((spec, sources))
-        self.steps = steps
-        self.outs = []
+                    ins.append(slot_of(("l", id(p)), p))
+            outs_ = tuple(slot_of(("n", id(n), i)) for i in range(n.n_outputs))
+            # keep what the kernel call needs, not the tape node (it holds saved arrays)
+            node = Node(n.op_type, [], list(n.out_names or ()), n.attrs, n.name, n.domain)
+            step = Step(n.fn, tuple(ins), outs_, n.kw, (), node, opset=n.opset)
+            runner.preset(step, kw=n.kw, wants_ctx=n.wants_ctx, n_outputs=n.n_outputs, fn=n.fn,
+                          training=n.training, state_updates=n.state_updates,
+                          out_names=n.out_names)
+            steps.append(step)
+        out_slots = []
         for t in outs:
             if t.creator is not None:
-                key = ("n", id(t.creator), t._index)
-                self.outs.append(src.get(key) or ("node", index[id(t.creator)], t._index))
+                out_slots.append(slot_of(("n", id(t.creator), t._index)))
             else:
-                self.outs.append(src.get(("l", id(t))) or ("leaf", t))
+                out_slots.append(slot_of(("l", id(t)), t))
+        self.plan = Plan.of_steps(steps, n_slots=n_slots[0],
+                                  inputs=range(n_in), outputs=out_slots, constants=constants)
+        self.runner = runner
         self.single = isinstance(out, Tensor)
         self.kind = type(out)
 
     def run(self, inputs):
-        results = []
-
-        def get(s):
-            if s is None:
-                return None
-            if s[0] == "in":
-                return inputs[s[1]]
-            if s[0] == "node":
-                return results[s[1]][s[2]]
-            return s[1]
-
-        run_op = autograd.run_op
-        for spec, sources in self.steps:
-            (op_type, domain, opset, fn, wants_ctx, kw, attrs, n_out, name, out_names,
-             training, state_updates) = spec
-            results.append(run_op(op_type, domain, opset, fn, wants_ctx, kw, attrs,
-                                  [get(s) for s in sources], n_out, name, out_names, training,
-                                  state_updates))
-        outs = [get(s) for s in self.outs]
+        outs = self.plan.execute(inputs, runner=self.runner)
         if self.single:
             return outs[0]
         return self.kind(outs) if self.kind in (list, tuple) else outs
@@ -377,24 +378,6 @@ class _Replay:
 # --------------------------------------------------------------------------- imported graphs
 def _is_float(a) -> bool:
     return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
-
-
-class _TensorPlan:
-    """A Plan's steps prepared for running on Tensors."""
-
-    def __init__(self, plan: Plan):
-        self.plan = plan
-        self.steps = []
-        for st in plan.steps:
-            n = st.node
-            opset = plan.graph.opsets.get(n.domain or "", plan.graph.opsets.get("ai.onnx"))
-            kw = dict(st.attrs)
-            wants_ctx = kw.pop("ctx", None) is not None
-            n_out = 0
-            for i, o in enumerate(n.outputs):
-                if o:
-                    n_out = i + 1
-            self.steps.append((st, n, opset, kw, wants_ctx, max(n_out, 1)))
 
 
 class SONNXModel(Model):
@@ -574,15 +557,16 @@ class SONNXModel(Model):
             cache[key] = (self.onnx_graph, outs)
         return cache[key][1]
 
-    def _tplan(self, outputs: tuple) -> _TensorPlan:
+    def _tplan(self, outputs: tuple) -> tuple:
+        """(Plan, TapeRunner) for these outputs in the current mode."""
         key = (outputs, self.training)
         tp = self._tplans.get(key)
         if tp is None:
             # kernels looked up for the model's device (the CUDA overrides on a GPU); the
             # weights are this model's Tensors, so the plan's own copies stay where they are
-            tp = _TensorPlan(Plan(self.onnx_graph, outputs=list(outputs), training=self.training,
-                                  check_inputs=False, device=self._dev,
-                                  move_initializers=False))
+            plan = Plan(self.onnx_graph, outputs=list(outputs), training=self.training,
+                        check_inputs=False, device=self._dev, move_initializers=False)
+            tp = (plan, autograd.TapeRunner(self._dev, self.training))
             self._tplans[key] = tp
         return tp
 
@@ -608,60 +592,9 @@ class SONNXModel(Model):
                 return self._run(tp, xs)
         return self._run(tp, xs)
 
-    def _run(self, tp: _TensorPlan, xs: list) -> list:
-        plan = tp.plan
-        env = [None] * len(plan.slots)
-        slots = plan.slots
-        for name, t in self._weights.items():
-            s = slots.get(name)
-            if s is not None:
-                env[s] = t
-        for s, t in zip(plan._in_slots, xs):
-            env[s] = t
-        training = self.training
-        run_op = autograd.run_op
-        for st, n, opset, kw, wants_ctx, n_out in tp.steps:
-            args = [env[i] if i >= 0 else None for i in st.ins]
-            if training and n.op_type in ("BatchNormalization", "Dropout") and not n.domain:
-                outs = self._train_form(n, args, kw)
-            else:
-                if st.subplans:
-                    kw = dict(kw)
-                    for aname, sub, free in st.subplans:
-                        kw[aname] = _bind_tensors(sub, {f: env[s] for f, s in free})
-                outs = run_op(n.op_type, n.domain, opset, st.fn, wants_ctx, kw, n.attrs, args,
-                              n_out, n.name, n.outputs, training, device=self._dev)
-            for s, v in zip(st.outs, outs):
-                if s >= 0:
-                    env[s] = v
-            for s in st.free:
-                env[s] = None
-        return [env[s] for s in plan._out_slots]
-
-    def _train_form(self, n, args, kw) -> list:
-        """Training-mode BatchNormalization / Dropout of an imported node."""
-        if n.op_type == "Dropout":
-            ratio = kw.get("ratio", 0.5)
-            if len(args) > 1 and args[1] is not None:
-                ratio = float(args[1].numpy())
-            y = autograd.dropout(args[0], ratio, training=True)
-            y.name = n.outputs[0]
-            return [y]
-        x, scale, bias, mean, var = args[:5]
-        ups = {}
-        if mean.creator is None and not mean.stores_grad:
-            ups[1] = mean
-        if var.creator is None and not var.stores_grad:
-            ups[2] = var
-        attrs = {"epsilon": float(kw.get("epsilon", 1e-5)),
-                 "momentum": float(kw.get("momentum", 0.9)), "training_mode": 1}
-        from workbench.grad.norm import batchnorm_train
-        spatial = kw.get("spatial", 1)
-        fn = batchnorm_train if spatial == 1 else _bn_spatial0
-        y = autograd.apply("BatchNormalization", [x, scale, bias, mean, var], attrs, opset=15,
-                           n_outputs=3, fn=fn, training=True, state_updates=ups or None,
-                           name=n.name, out_names=[n.outputs[0], "", ""])[0]
-        return [y]
+    def _run(self, tp: tuple, xs: list) -> list:
+        plan, runner = tp
+        return plan.execute(xs, runner=runner, values=self._weights)
 
     # ------------------------------------------------------------------ cut
     def cut(self, last_layers, inputs=None) -> SONNXModel:
@@ -712,19 +645,3 @@ class SONNXModel(Model):
         outs = _prepare(tmp, optimize=False, check=False).run(feeds)
         for vi, o in zip(proto.graph.output, outs):
             vi.type.tensor_type.elem_type = onnx_dtype_of_np(np.asarray(o).dtype)
-
-
-def _bn_spatial0(x, scale, bias, mean, var, **kw):
-    from workbench.grad.norm import batchnorm_train
-    return batchnorm_train(x, scale, bias, mean, var, spatial=0, **kw)
-
-
-def _bind_tensors(plan: Plan, scope: dict):
-    """A subgraph body over arrays (control flow is run, not differentiated)."""
-    arrays = {k: (v.data if isinstance(v, Tensor) else v) for k, v in scope.items()}
-
-    def body(*inputs):
-        return plan.run_positional(inputs, arrays)
-
-    body.plan = plan
-    return body

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.ops import registry as _registry
 from workbench.ops._common import ints  # noqa: F401 - re-exported for the rules
 from workbench.ops.registry import _norm_domain
 
@@ -69,6 +70,14 @@ def rule_for(op_type: str, domain: str = "") -> Callable | None:
     """The gradient rule of ``op_type`` or None."""
     _ensure_loaded()
     return _RULES.get((_norm_domain(domain), op_type))
+
+
+def train_form(op_type: str, domain: str = "", opset: int | None = None):
+    """The registered training-mode kernel entry of ``op_type`` (BatchNormalization's batch
+    statistics, Dropout's mask: registered ``@kernel(..., train=True)`` beside their gradient
+    rules), or None when the op runs the same in training."""
+    _ensure_loaded()
+    return _registry.train_form(op_type, domain, opset)
 
 
 def registered_rules() -> list[tuple[str, str]]:

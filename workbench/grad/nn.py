@@ -11,6 +11,7 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.grad import gradient
+from workbench.ops.registry import kernel
 
 _host = np.random.default_rng()
 _seed: list = [None]
@@ -29,8 +30,9 @@ def _ratio(ratio, attrs_ratio=0.5) -> float:
     return float(ratio)
 
 
+@kernel("Dropout", since=1, train=True)
 def dropout_train(data, ratio=None, training_mode=None, *, seed=None, **attrs):
-    """Training-mode Dropout: (output, bool mask)."""
+    """Training-mode Dropout (the op's registered training form): (output, bool mask)."""
     xp = xp_of(data)
     r = _ratio(ratio, attrs.get("ratio", 0.5))
     if r <= 0.0:

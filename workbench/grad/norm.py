@@ -15,6 +15,7 @@ import numpy as np  # dtype constants only
 
 from workbench.arrays import xp_of
 from workbench.grad import cuda_family, gradient, unbroadcast
+from workbench.ops.registry import kernel
 
 
 def _bn_axes_shape(x, param, spatial=1):
@@ -31,10 +32,12 @@ def _acc(x):
     return x.astype("float32") if x.dtype.name in ("float16", "bfloat16") else x
 
 
+@kernel("BatchNormalization", since=1, train=True, state_outputs={1: 3, 2: 4})
 def batchnorm_train(x, scale, bias, input_mean, input_var, *, epsilon=1e-5, momentum=0.9,
                     training_mode=1, spatial=1, **unused):
-    """BatchNormalization in training mode: (Y, running_mean, running_var), followed by the
-    batch mean and 1/std (kept for the gradient rule; not node outputs)."""
+    """BatchNormalization in training mode (the op's registered training form): (Y,
+    running_mean, running_var), followed by the batch mean and 1/std (kept for the gradient
+    rule; not node outputs). Outputs 1 and 2 are written back into inputs 3 and 4."""
     axes, bshape = _bn_axes_shape(x, scale, spatial)
     cu = cuda_family(xp_of(x), "norm", x) if spatial and x.ndim >= 2 and \
         tuple(scale.shape) == (x.shape[1],) else None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -173,6 +173,7 @@ class Step:
     host: bool = False       # device plans: this node runs on the host (host-only dtypes)
     host_op: bool = False    # device plans: a shape computation on host values (numpy)
     host_read: frozenset = frozenset()  # device plans: input positions read on the host
+    opset: int = 0           # the opset of the node's domain
 
 
 class Plan:
@@ -289,7 +290,7 @@ class Plan:
                 entry.fn,
                 tuple(slots[i] if i else -1 for i in n.inputs),
                 tuple(slots[o] if o else -1 for o in n.outputs),
-                attrs, tuple(frees[si]), n, tuple(subplans)))
+                attrs, tuple(frees[si]), n, tuple(subplans), opset=opset))
         if errors:
             if len(errors) == 1:
                 raise errors[0]
@@ -420,44 +421,86 @@ class Plan:
         ``hook(node, outputs)`` is called after every node with the tuple of its outputs.
         Returns the outputs (a list, in ``output_names`` order).
         """
-        values = self._feeds_to_slots(feeds)
-        env = self._template.copy()
-        for s, v in zip(self._in_slots, values):
-            env[s] = v
-        if outer is not None:
-            for name, s in self._outer_slots:
-                env[s] = outer[name]
-        if self.device is not None and self.device.is_cuda:
-            with self.device.xp.cuda.Device(self.device.index):
-                return self._execute(env, hook)
-        return self._execute(env, hook)
+        return self.execute(self._feeds_to_slots(feeds), outer=outer, hook=hook)
 
     def run_positional(self, values: Sequence, outer: dict | None = None) -> list:
         """Run with inputs in order and no checks (subgraph bodies)."""
+        env = self._env(values, None, outer)
+        return self._execute(env, None, None)
+
+    def execute(self, inputs: Sequence, *, runner: StepRunner | None = None,
+                values: dict | None = None, outer: dict | None = None,
+                hook: Callable | None = None) -> list:
+        """Run the schedule on ``inputs`` (in input order, not checked): the one run loop.
+
+        ``runner`` decides how a step runs: None runs the kernels on arrays (on the plan's
+        device); a :class:`StepRunner` (``autograd.TapeRunner``: Tensors recording the tape)
+        is called as ``runner(step, args, kw)`` and binds subgraph bodies with
+        ``runner.bind(plan, scope)``. ``values`` ({name: value}) replaces initializers (a
+        trainable model's parameters); ``outer`` gives the outer-scope values of a subgraph.
+        """
+        env = self._env(inputs, values, outer)
+        if self.device is not None and self.device.is_cuda:
+            with self.device.xp.cuda.Device(self.device.index):
+                return self._execute(env, hook, runner)
+        return self._execute(env, hook, runner)
+
+    def _env(self, inputs: Sequence, values: dict | None, outer: dict | None) -> list:
         env = self._template.copy()
-        for s, v in zip(self._in_slots, values):
+        if values:
+            slots = self.slots
+            for name, v in values.items():
+                s = slots.get(name)
+                if s is not None:
+                    env[s] = v
+        for s, v in zip(self._in_slots, inputs):
             env[s] = v
         if outer:
             for name, s in self._outer_slots:
                 env[s] = outer[name]
-        return self._execute(env, None)
+        return env
 
-    def _execute(self, env: list, hook) -> list:
+    @classmethod
+    def of_steps(cls, steps: Sequence[Step], *, n_slots: int, inputs: Sequence[int],
+                 outputs: Sequence[int], constants: dict[int, Any]) -> Plan:
+        """A schedule made elsewhere (a recorded tape replayed by ``model.Model`` in graph
+        mode): ``steps`` over ``n_slots`` integer slots, the input and output slots, and the
+        constant values of some slots. Run it with :meth:`execute` and a runner."""
+        plan = cls.__new__(cls)
+        plan.graph = None
+        plan.device = None
+        plan._on_cuda = False
+        plan.track_memory = False
+        plan.last_peak_bytes = None
+        plan.steps = list(steps)
+        plan.slots = {}
+        plan._template = [None] * n_slots
+        for s, v in constants.items():
+            plan._template[s] = v
+        plan._in_slots = list(inputs)
+        plan._out_slots = list(outputs)
+        plan._outer_slots = []
+        return plan
+
+    def _execute(self, env: list, hook, runner=None) -> list:
         step = None
         mem = _pool_sampler(self.device) if self.track_memory else None
         peak = mem() if mem is not None else 0
         try:
             on_cuda = self._on_cuda
             dxp = self.device.xp if on_cuda else None
+            bind = _bind if runner is None else runner.bind
             for step in self.steps:
                 args = [env[i] if i >= 0 else None for i in step.ins]
                 if step.subplans:
                     kw = dict(step.attrs)
                     for name, sub, free in step.subplans:
-                        kw[name] = _bind(sub, {f: env[s] for f, s in free})
+                        kw[name] = bind(sub, {f: env[s] for f, s in free})
                 else:
                     kw = step.attrs
-                if on_cuda:
+                if runner is not None:
+                    r = runner(step, args, kw)
+                elif on_cuda:
                     r = _run_device_step(step, args, kw, dxp)
                 else:
                     r = step.fn(*args, **kw)
@@ -491,7 +534,7 @@ class Plan:
                 raise _oom_error(e, self.device, step) from e
             raise KernelError(
                 f"node {step.node.name!r} ({step.node.op_type}, opset "
-                f"{self.graph.opsets.get(step.node.domain or '', '?')}) failed: "
+                f"{step.opset or '?'}) failed: "
                 f"{type(e).__name__}: {e}; inputs: {_describe_args(step, env, args)}",
                 node_name=step.node.name, op_type=step.node.op_type) from e
         if mem is not None:
@@ -505,6 +548,16 @@ class Plan:
                 v = np.asarray(v)
             out.append(v)
         return out
+
+
+class StepRunner(Protocol):
+    """How :meth:`Plan.execute` runs a step on values other than plain arrays."""
+
+    def __call__(self, step: Step, args: list, kw: dict):
+        """The step's output (a tuple for several outputs)."""
+
+    def bind(self, plan: Plan, scope: dict) -> Callable:
+        """A subgraph body ``body(*inputs) -> list`` with ``scope``'s outer values bound."""
 
 
 def _bind(plan: Plan, scope: dict) -> Callable:
