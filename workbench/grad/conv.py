@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 
+from workbench.arrays.geometry import window_geometry
 from workbench.grad import cuda_family, gradient
 
 
@@ -25,22 +26,10 @@ def _as_strided(xp, a, shape, strides):
     return xp.lib.stride_tricks.as_strided(a, shape=shape, strides=strides)
 
 
-def conv_pads(in_sp, out_sp, k, s, d, auto_pad, pads):
-    """(pads_begin, pads_end) of a Conv from its attributes and actual shapes."""
-    n = len(in_sp)
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pb, pe = [], []
-        for i in range(n):
-            total = max(0, (out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - in_sp[i])
-            small, big = total // 2, total - total // 2
-            if auto_pad == "SAME_UPPER":
-                pb.append(small), pe.append(big)
-            else:
-                pb.append(big), pe.append(small)
-        return pb, pe
-    if auto_pad == "VALID" or not pads:
-        return [0] * n, [0] * n
-    return list(pads[:n]), list(pads[n:])
+def conv_pads(in_sp, k, s, d, auto_pad, pads):
+    """(pads_begin, pads_end) of a Conv or pool from its attributes (``arrays.geometry``)."""
+    pb, pe, _, _ = window_geometry("Conv", in_sp, k, s, d, pads, auto_pad)
+    return pb, pe
 
 
 def _geometry(x, w, y, attrs):
@@ -48,7 +37,7 @@ def _geometry(x, w, y, attrs):
     k = list(attrs.get("kernel_shape") or w.shape[2:])
     s = list(attrs.get("strides") or [1] * nsp)
     d = list(attrs.get("dilations") or [1] * nsp)
-    pb, pe = conv_pads(x.shape[2:], y.shape[2:], k, s, d, attrs.get("auto_pad", "NOTSET"),
+    pb, pe = conv_pads(x.shape[2:], k, s, d, attrs.get("auto_pad", "NOTSET"),
                        attrs.get("pads"))
     return k, s, d, pb, pe
 

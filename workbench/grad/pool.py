@@ -20,7 +20,7 @@ def _pool_geometry(x, y, attrs):
     k = list(attrs["kernel_shape"])
     s = list(attrs.get("strides") or [1] * nsp)
     d = list(attrs.get("dilations") or [1] * nsp)
-    pb, pe = conv_pads(x.shape[2:], y.shape[2:], k, s, d, attrs.get("auto_pad", "NOTSET"),
+    pb, pe = conv_pads(x.shape[2:], k, s, d, attrs.get("auto_pad", "NOTSET"),
                        attrs.get("pads"))
     return k, s, d, pb, pe
 

@@ -23,6 +23,7 @@ import math
 import numpy as np  # host-side checks only
 
 from workbench.arrays import xp_of
+from workbench.arrays.geometry import norm_auto_pad, window_geometry
 from workbench.errors import InputError, ShapeError
 from workbench.ops._common import quiet
 from workbench.ops.parallel import (
@@ -38,13 +39,11 @@ from workbench.ops.registry import kernel
 from workbench.ops.windows import (
     WideTaps,
     compute_dtype,
-    norm_auto_pad,
     pad_spatial,
     sliding_windows,
     spatial_ints,
     tap_view,
     to_compute,
-    window_geometry,
 )
 
 # --------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import math
 import numpy as np  # dtype constants only
 
 from workbench.arrays import xp_of
+from workbench.arrays.geometry import window_geometry
 from workbench.errors import InputError, ShapeError
 from workbench.ops.parallel import blocks, run_blocks
 from workbench.ops.registry import kernel
@@ -26,7 +27,6 @@ from workbench.ops.windows import (
     spatial_ints,
     tap_view,
     to_compute,
-    window_geometry,
 )
 
 

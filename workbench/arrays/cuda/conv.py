@@ -12,6 +12,8 @@ import numpy as np
 
 from workbench.arrays import cupy_module
 from workbench.arrays.cuda import _base
+from workbench.arrays.geometry import window_geometry
+from workbench.errors import WorkbenchError
 
 FAMILY = "conv"
 
@@ -176,28 +178,13 @@ COLS_BUDGET_BYTES = 512 << 20
 
 # ----------------------------------------------------------------------------- geometry
 def conv_geometry(in_hw, ks, strides, dilations, pads, auto_pad):
-    """(pads_begin, pads_end, out_hw) of a 2-D convolution; None for an unknown auto_pad."""
-    ap = auto_pad.decode() if isinstance(auto_pad, bytes) else (auto_pad or "NOTSET")
-    pb, pe, out = [], [], []
-    for a, (n, k, s, d) in enumerate(zip(in_hw, ks, strides, dilations)):
-        ek = (k - 1) * d + 1
-        if ap in ("SAME_UPPER", "SAME_LOWER"):
-            o = -(-n // s)
-            total = max(0, (o - 1) * s + ek - n)
-            small = total // 2
-            b, e = (small, total - small) if ap == "SAME_UPPER" else (total - small, small)
-        elif ap == "VALID":
-            b = e = 0
-            o = (n - ek) // s + 1
-        elif ap == "NOTSET":
-            p = list(pads) if pads is not None else [0] * (2 * len(in_hw))
-            b, e = int(p[a]), int(p[a + len(in_hw)])
-            o = (n + b + e - ek) // s + 1
-        else:
-            return None
-        pb.append(b)
-        pe.append(e)
-        out.append(o)
+    """(pads_begin, pads_end, out_hw) of a 2-D convolution (``arrays.geometry``); None when
+    the portable kernel must handle it (an unknown auto_pad, a kernel larger than the input:
+    it raises the error)."""
+    try:
+        pb, pe, out, _ = window_geometry("Conv", in_hw, ks, strides, dilations, pads, auto_pad)
+    except WorkbenchError:
+        return None
     return pb, pe, out
 
 
