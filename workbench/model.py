@@ -35,7 +35,6 @@ atomic rename and refuses to overwrite an existing file unless ``overwrite=True`
 from __future__ import annotations
 
 import os
-import tempfile
 from collections import OrderedDict
 
 import numpy as np
@@ -44,14 +43,8 @@ import onnx
 from workbench import autograd
 from workbench import device as _device
 from workbench.errors import InputError, ShapeError, WorkbenchError
-from workbench.graph.executor import (
-    Plan,
-    Step,
-    layer_nodes,
-    needed_nodes,
-    resolve_cut,
-    topological_order,
-)
+from workbench.files import write_atomic
+from workbench.graph.executor import Plan, Step, cut, layer_nodes, resolve_cut
 from workbench.graph.ir import Node, ValueInfo
 from workbench.graph.load import load
 from workbench.layer import Layer
@@ -212,18 +205,7 @@ class Model(Layer):
             if a.dtype == object:
                 raise WorkbenchError(f"save_states: {k!r} is an object array; only numeric "
                                      f"arrays are saved (no pickle)")
-        folder = os.path.dirname(os.path.abspath(fpath))
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(fpath)}.", suffix=".tmp",
-                                   dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, fpath)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return fpath
+        return write_atomic(fpath, lambda f: np.savez(f, **arrays), overwrite=overwrite)
 
     def load_states(self, fpath) -> dict:
         """Read an .npz written by ``save_states``; returns the aux states ({name: array})."""
@@ -600,18 +582,10 @@ class SONNXModel(Model):
     def cut(self, last_layers, inputs=None) -> SONNXModel:
         """A NEW SONNXModel holding only the nodes the outputs at ``last_layers`` need, with
         a copy of the current weights (appended layers are not part of it)."""
-        outs = resolve_cut(self.onnx_graph, last_layers)
-        g = self.onnx_graph.copy()
-        g.nodes = needed_nodes(topological_order(g), outs)
-        used = {i for nd in g.nodes for i in nd.inputs if i}
-        for nd in g.nodes:
-            for sg in nd.subgraphs:
-                used |= sg.free_variables()
-        used |= set(outs)
-        g.initializers = {k: np.array(self._weights[k].numpy(), copy=True)
-                          for k in self.onnx_graph.initializers if k in used}
-        g.inputs = [v for v in g.inputs if v.name in used]
-        g.outputs = [self._value_info(nm) for nm in outs]
+        g = cut(self.onnx_graph, last_layers, name=self.onnx_graph.name,
+                initializers={k: np.array(t.numpy(), copy=True)
+                              for k, t in self._weights.items()})
+        g.outputs = [self._value_info(v.name) for v in g.outputs]
         proto = onnx.ModelProto()
         proto.CopyFrom(self._proto)
         proto.graph.CopyFrom(g.to_proto())

@@ -39,7 +39,7 @@ from workbench.errors import (
     UnsupportedOperatorError,
     WorkbenchError,
 )
-from workbench.graph.ir import Graph, Node
+from workbench.graph.ir import Graph, Node, ValueInfo
 from workbench.ops.registry import NodeContext, attribute_defaults, facts, lookup
 
 
@@ -158,6 +158,31 @@ def resolve_cut(graph: Graph, last_layers) -> list[str]:
                          f"graph {graph.name!r}{hint}")
     raise InputError(f"last_layers must be a negative int or a node/value name, "
                      f"got {type(last_layers).__name__}")
+
+
+def cut(graph: Graph, last_layers, *, initializers: dict | None = None,
+        prune_inputs: bool = True, name: str | None = None) -> Graph:
+    """The graph cut at ``last_layers`` (the one place for cutting: ``SONNXModel.cut``,
+    ``Model.cut`` and the cutter widget use it): a new Graph of the nodes (copied) that the
+    outputs of :func:`resolve_cut` need, the initializers they read (values taken from
+    ``initializers`` when given, e.g. a trained model's current weights), the graph inputs they
+    read (all of them with ``prune_inputs=False``) and those outputs."""
+    outputs = resolve_cut(graph, last_layers)
+    keep = needed_nodes(topological_order(graph), outputs)
+    used = {i for n in keep for i in n.inputs if i} | set(outputs)
+    for n in keep:
+        for sg in n.subgraphs:
+            used |= sg.free_variables()
+    values = graph.initializers if initializers is None else initializers
+    return Graph(
+        name=f"{graph.name}_cut" if name is None else name,
+        nodes=[Node(n.op_type, list(n.inputs), list(n.outputs), dict(n.attrs), n.name,
+                    n.domain, n.doc_string) for n in keep],
+        inputs=[v for v in graph.inputs if not prune_inputs or v.name in used],
+        outputs=[graph.value(o) or ValueInfo(o) for o in outputs],
+        initializers={k: values[k] for k in graph.initializers if k in used},
+        value_info={k: v for k, v in graph.value_info.items() if k in used},
+        opsets=dict(graph.opsets), doc_string=graph.doc_string)
 
 
 # --------------------------------------------------------------------------- plan
