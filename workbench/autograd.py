@@ -678,7 +678,8 @@ class TapeRunner:
                 n_out = i + 1
         fn, state = step.fn, ()
         if self.training:
-            form = _grad.train_form(n.op_type, n.domain, step.opset)
+            xp = "cupy" if self.device is not None and self.device.is_cuda else None
+            form = _grad.train_form(n.op_type, n.domain, step.opset, xp=xp)
             if form is not None:
                 fn, wants_ctx = form.fn, form.wants_ctx
                 state = facts(n.op_type, n.domain).state_outputs
@@ -829,7 +830,8 @@ def backward(y: Tensor, dy=None, *, retain_graph: bool = False) -> list:
 
 
 def _run_rule(node: TapeNode, gouts: list) -> tuple:
-    rule = _grad.rule_for(node.op_type, node.domain)
+    xp = xp_of(*[a for a in node.saved_in if a is not None])
+    rule = _grad.rule_for(node.op_type, node.domain, xp=xp)   # the device's override first
     if rule is None:
         dom = node.domain or "ai.onnx"
         raise GradientError(
@@ -837,7 +839,6 @@ def _run_rule(node: TapeNode, gouts: list) -> tuple:
             f"rule, but a gradient flows through it to a trainable parameter; freeze the "
             f"parameters before it (Tensor.requires_grad = False / model.freeze()), cut the "
             f"model before it, or add a rule with @workbench.grad.gradient({node.op_type!r})")
-    xp = xp_of(*[a for a in node.saved_in if a is not None])
     ctx = _grad.GradContext(node.op_type, node.opset, node.needs_input_grad, xp, node.name,
                             node.n_outputs)
     kw = node.kw
@@ -1128,13 +1129,17 @@ def layer_norm(x, scale, bias=None, axis: int = -1, epsilon: float = 1e-5):
 
 def dropout(x, ratio: float = 0.5, training: bool = True):
     """Inverted dropout; identity outside training (a Dropout node either way)."""
-    from workbench.grad.nn import dropout_train
     r = as_tensor(np.asarray(ratio, dtype=x.dtype), like=x)
     if not training or ratio == 0.0:
         return apply("Dropout", [x, r], opset=_OPSET13)
     mode = as_tensor(np.asarray(True), like=x)
     return apply("Dropout", [x, r, mode], n_outputs=2, opset=_OPSET13,
-                 fn=dropout_train, training=True)[0]
+                 fn=_train_fn("Dropout", _OPSET13, x), training=True)[0]
+
+
+def _train_fn(op_type: str, opset: int, x: Tensor) -> Callable:
+    """The registered training form of ``op_type`` for ``x``'s device."""
+    return _grad.train_form(op_type, "", opset, xp="cupy" if x.device.is_cuda else None).fn
 
 
 def batch_norm(x, scale, bias, running_mean, running_var, *, momentum: float = 0.9,
@@ -1146,10 +1151,9 @@ def batch_norm(x, scale, bias, running_mean, running_var, *, momentum: float = 0
     if not training:
         return apply("BatchNormalization", [x, scale, bias, running_mean, running_var], attrs,
                      opset=15)
-    from workbench.grad.norm import batchnorm_train
     attrs["training_mode"] = 1
     return apply("BatchNormalization", [x, scale, bias, running_mean, running_var], attrs,
-                 opset=15, n_outputs=3, fn=batchnorm_train, training=True,
+                 opset=15, n_outputs=3, fn=_train_fn("BatchNormalization", 15, x), training=True,
                  state_updates={1: running_mean, 2: running_var})[0]
 
 

@@ -17,7 +17,7 @@ import itertools
 import math
 
 from workbench.arrays.geometry import window_geometry
-from workbench.grad import cuda_family, gradient
+from workbench.grad import gradient
 
 
 def _as_strided(xp, a, shape, strides):
@@ -159,18 +159,16 @@ def conv_grad(ctx, grads_out, inputs, outputs, *, group=1, **attrs):
     g = grads_out[0]
     k, s, d, pb, pe = _geometry(x, w, outputs[0], attrs)
     need = ctx.needs_input_grad
-    cu = cuda_family(xp, "conv", x, w, g) if x.ndim == 4 else None
-    if cu is not None:  # GPU: im2col/col2im kernels + cuBLAS
-        geo = {"strides": s, "pads": pb + pe, "dilations": d, "group": group}
-        gx = cu.conv2d_backward_data(g, w, x.shape, **geo) if need[0] else None
-        gw = cu.conv2d_backward_weight(g, x, w.shape, **geo) if need[1] else None
-    else:
-        gx = conv_input_grad(xp, g, w, x.shape, group, k, s, d, pb, pe) if need[0] else None
-        gw = conv_weight_grad(xp, x, g, w.shape, group, k, s, d, pb, pe) if need[1] else None
-    gb = None
+    gx = conv_input_grad(xp, g, w, x.shape, group, k, s, d, pb, pe) if need[0] else None
+    gw = conv_weight_grad(xp, x, g, w.shape, group, k, s, d, pb, pe) if need[1] else None
+    return gx, gw, conv_bias_grad(g, b, need)
+
+
+def conv_bias_grad(g, b, need):
+    """dL/dB of a convolution: the output gradient summed over all but the channel axis."""
     if b is not None and len(need) > 2 and need[2]:
-        gb = g.sum(axis=(0,) + tuple(range(2, g.ndim)))
-    return gx, gw, gb
+        return g.sum(axis=(0,) + tuple(range(2, g.ndim)))
+    return None
 
 
 def conv_transpose_pads(x, w, y, attrs):

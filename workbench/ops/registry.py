@@ -103,6 +103,8 @@ _NO_FACTS = OpFacts()
 _FACTS: dict[tuple[str, str], OpFacts] = {}
 # (domain, op_type) -> sorted training-form entries
 _TRAIN: dict[tuple[str, str], list[KernelEntry]] = {}
+# array-module name -> (domain, op_type) -> sorted training-form overrides
+_TRAIN_OVERRIDES: dict[str, dict[tuple[str, str], list[KernelEntry]]] = {}
 
 
 @dataclass
@@ -202,9 +204,10 @@ def register(op_type: str, fn: Callable, *, since: int = 1, domain: str = "",
     key = (_norm_domain(domain), op_type)
     describe(op_type, domain=domain, **facts)
     xname = _xp_name(xp)
-    if train and xname is not None:
-        raise ValueError(f"{op_type}: a training form is portable (no xp=)")
-    table = _TRAIN if train else _REGISTRY if xname is None else _OVERRIDES.setdefault(xname, {})
+    if train:
+        table = _TRAIN if xname is None else _TRAIN_OVERRIDES.setdefault(xname, {})
+    else:
+        table = _REGISTRY if xname is None else _OVERRIDES.setdefault(xname, {})
     entries = table.setdefault(key, [])
     entries[:] = [e for e in entries if e.since != since]
     entries.append(KernelEntry(op_type, key[0], int(since), fn, wants_ctx))
@@ -218,7 +221,10 @@ def unregister(op_type: str, *, domain: str = "", since: int | None = None, xp=N
     last portable kernel)."""
     key = (_norm_domain(domain), op_type)
     xname = _xp_name(xp)
-    table = _TRAIN if train else _REGISTRY if xname is None else _OVERRIDES.get(xname, {})
+    if train:
+        table = _TRAIN if xname is None else _TRAIN_OVERRIDES.get(xname, {})
+    else:
+        table = _REGISTRY if xname is None else _OVERRIDES.get(xname, {})
     if since is None:
         table.pop(key, None)
         if table is _REGISTRY:
@@ -261,17 +267,26 @@ def lookup(op_type: str, domain: str = "", opset: int | None = None,
     return entry
 
 
-def train_form(op_type: str, domain: str = "", opset: int | None = None) -> KernelEntry | None:
+def train_form(op_type: str, domain: str = "", opset: int | None = None,
+               xp=None) -> KernelEntry | None:
     """The training-mode form of ``op_type`` at ``opset`` (registered ``train=True``), or None
-    when the op behaves the same in training and inference."""
-    entries = _TRAIN.get((_norm_domain(domain), op_type))
-    if not entries:
-        return None
-    best = None
-    for e in entries:
-        if opset is None or e.since <= opset:
-            best = e
-    return best
+    when the op behaves the same in training and inference. With ``xp`` an override
+    registered for that array module (``train=True, xp="cupy"``) is preferred."""
+    key = (_norm_domain(domain), op_type)
+
+    def newest(entries):
+        best = None
+        for e in entries or ():
+            if opset is None or e.since <= opset:
+                best = e
+        return best
+
+    xname = _xp_name(xp)
+    if xname is not None:
+        over = newest(_TRAIN_OVERRIDES.get(xname, {}).get(key))
+        if over is not None:
+            return over
+    return newest(_TRAIN.get(key))
 
 
 def portable(op_type: str, since: int | None = None, domain: str = "") -> Callable:
