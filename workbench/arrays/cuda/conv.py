@@ -37,33 +37,6 @@ extern "C" __global__ void im2col_2d(const T* __restrict__ x, T* __restrict__ co
     }
 }
 
-// cols: (N, C, KH, KW, OH, OW) -> img: (N, C, H, W), summing every column entry that reads
-// a pixel (the adjoint of im2col_2d). One thread per pixel: deterministic, no atomics.
-extern "C" __global__ void col2im_2d(const T* __restrict__ cols, T* __restrict__ img,
-        int C, int H, int W, int KH, int KW, int OH, int OW,
-        int ph, int pw, int sh, int sw, int dh, int dw, long long total) {
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)blockDim.x * gridDim.x) {
-        int w = (int)(idx % W); long long t = idx / W;
-        int h = (int)(t % H); long long nc = t / H;
-        float acc = 0.f;
-        for (int kh = 0; kh < KH; ++kh) {
-            int hs = h + ph - kh * dh;
-            if (hs < 0 || hs % sh != 0) continue;
-            int oh = hs / sh;
-            if (oh >= OH) continue;
-            for (int kw = 0; kw < KW; ++kw) {
-                int ws = w + pw - kw * dw;
-                if (ws < 0 || ws % sw != 0) continue;
-                int ow = ws / sw;
-                if (ow >= OW) continue;
-                acc += ld(cols[(((nc * KH + kh) * KW + kw) * OH + oh) * (long long)OW + ow]);
-            }
-        }
-        img[idx] = st(acc);
-    }
-}
-
 // x: (N, C, H, W) -> K-major cols: (C, KH, KW, N, OH, OW), i.e. a (C*KH*KW, N*OH*OW) matrix:
 // one GEMM W (M, K) @ cols covers every image (no batched small GEMMs). 2-D grid: y walks
 // the rows (c, kh, kw, n), x the output pixels; all index math in 32-bit ints.
@@ -87,11 +60,12 @@ extern "C" __global__ void im2col_2d_k(const T* __restrict__ x, T* __restrict__ 
     }
 }
 
-// K-major cols (C, KH, KW, N, OH, OW) -> img (N, C, H, W): the adjoint of im2col_2d_k.
-// 2-D grid: y walks the (n, c) planes, x the pixels; one thread per pixel, no atomics.
-extern "C" __global__ void col2im_2d_k(const T* __restrict__ cols, T* __restrict__ img,
+// cols -> img (N, C, H, W), summing every column entry that reads a pixel: the adjoint of
+// im2col_2d_k (kmajor: cols (C, KH, KW, N, OH, OW)) and of im2col_2d (cols (N, C, KH, KW, OH,
+// OW)). 2-D grid: y walks the (n, c) planes, x the pixels; one thread per pixel, no atomics.
+extern "C" __global__ void col2im_2d(const T* __restrict__ cols, T* __restrict__ img,
         int N, int C, int H, int W, int KH, int KW, int OH, int OW,
-        int ph, int pw, int sh, int sw, int dh, int dw) {
+        int ph, int pw, int sh, int sw, int dh, int dw, int kmajor) {
     int L = OH * OW;
     int HW = H * W;
     for (int r = blockIdx.y; r < N * C; r += gridDim.y) {
@@ -109,7 +83,8 @@ extern "C" __global__ void col2im_2d_k(const T* __restrict__ cols, T* __restrict
                     if (ws < 0 || ws % sw != 0) continue;
                     int ow = ws / sw;
                     if (ow >= OW) continue;
-                    long long row = ((long long)(c * KH + kh) * KW + kw) * N + n;
+                    long long row = kmajor ? ((long long)(c * KH + kh) * KW + kw) * N + n
+                                           : (((long long)n * C + c) * KH + kh) * KW + kw;
                     acc += ld(cols[row * L + oh * OW + ow]);
                 }
             }
@@ -201,19 +176,19 @@ def _launch_im2col(x, cols, C, H, W, KH, KW, OH, OW, pb, st, dl):
               np.int32(st[1]), np.int32(dl[0]), np.int32(dl[1]), np.int64(total)))
 
 
-def col2im(cols, N, C, H, W, KH, KW, OH, OW, pb, st, dl):
-    """Sum (N, C*KH*KW, OH*OW) columns back into an (N, C, H, W) image (im2col's adjoint)."""
+def col2im(cols, N, C, H, W, KH, KW, OH, OW, pb, st, dl, *, kmajor=False):
+    """Sum columns back into an (N, C, H, W) image (im2col's adjoint): ``cols`` is
+    (N, C*KH*KW, OH*OW), or K-major (C*KH*KW, N*OH*OW) with ``kmajor``."""
     cp = cupy_module()
     cols = cp.ascontiguousarray(cols)
     img = cp.empty((N, C, H, W), dtype=cols.dtype)
     fn = _base.function(FAMILY, SOURCE, "col2im_2d", cols.dtype)
-    total = img.size
-    if total:
-        g, b = _base.grid(total)
-        fn(g, b, (cols, img, np.int32(C), np.int32(H), np.int32(W), np.int32(KH),
+    if img.size:
+        g, b = _base.grid2d(N * C, H * W)
+        fn(g, b, (cols, img, np.int32(N), np.int32(C), np.int32(H), np.int32(W), np.int32(KH),
                   np.int32(KW), np.int32(OH), np.int32(OW), np.int32(pb[0]), np.int32(pb[1]),
                   np.int32(st[0]), np.int32(st[1]), np.int32(dl[0]), np.int32(dl[1]),
-                  np.int64(total)))
+                  np.int32(bool(kmajor))))
     return img
 
 
@@ -276,20 +251,6 @@ def im2col_k(x, KH, KW, OH, OW, pb, st, dl):
     if cols.size:
         _launch_im2col_k(x, cols, N, C, H, W, KH, KW, OH, OW, pb, st, dl)
     return cols
-
-
-def col2im_k(cols, N, C, H, W, KH, KW, OH, OW, pb, st, dl):
-    """Sum K-major columns (C*KH*KW, N*OH*OW) back into an (N, C, H, W) image."""
-    cp = cupy_module()
-    cols = cp.ascontiguousarray(cols)
-    img = cp.empty((N, C, H, W), dtype=cols.dtype)
-    fn = _base.function(FAMILY, SOURCE, "col2im_2d_k", cols.dtype)
-    if img.size:
-        g, b = _base.grid2d(N * C, H * W)
-        fn(g, b, (cols, img, np.int32(N), np.int32(C), np.int32(H), np.int32(W), np.int32(KH),
-                  np.int32(KW), np.int32(OH), np.int32(OW), np.int32(pb[0]), np.int32(pb[1]),
-                  np.int32(st[0]), np.int32(st[1]), np.int32(dl[0]), np.int32(dl[1])))
-    return img
 
 
 def _to_mnl(dy):
@@ -400,8 +361,8 @@ def conv2d_backward_data(dy, w, x_shape, *, strides=(1, 1), pads=(0, 0, 0, 0),
     K = Cg * KH * KW
     if G == 1:
         dcols = cp.matmul(cp.ascontiguousarray(w).reshape(M, K).T, _to_mnl(dy))  # (K, N*L)
-        return col2im_k(dcols, N, C, H, W, KH, KW, OH, OW, [int(pads[0]), int(pads[1])],
-                        list(strides), list(dilations))
+        return col2im(dcols, N, C, H, W, KH, KW, OH, OW, [int(pads[0]), int(pads[1])],
+                      list(strides), list(dilations), kmajor=True)
     wt = cp.ascontiguousarray(w).reshape(G, M // G, K).transpose(0, 2, 1)     # (G, K, M/G)
     d = cp.ascontiguousarray(dy).reshape(N, G, M // G, L)
     cols = cp.matmul(wt, d)                                                   # (N, G, K, L)
