@@ -17,7 +17,7 @@ from workbench.errors import WorkbenchError
 
 FAMILY = "conv"
 
-SOURCE = r"""
+SOURCE = _base.WINDOW_OF + r"""
 // x: (N, C, H, W) -> cols: (N, C, KH, KW, OH, OW); zero outside the image (padding)
 extern "C" __global__ void im2col_2d(const T* __restrict__ x, T* __restrict__ cols,
         int C, int H, int W, int KH, int KW, int OH, int OW,
@@ -74,15 +74,11 @@ extern "C" __global__ void col2im_2d(const T* __restrict__ cols, T* __restrict__
             int h = p / W; int w = p - h * W;
             float acc = 0.f;
             for (int kh = 0; kh < KH; ++kh) {
-                int hs = h + ph - kh * dh;
-                if (hs < 0 || hs % sh != 0) continue;
-                int oh = hs / sh;
-                if (oh >= OH) continue;
+                int oh = window_of(h, ph, kh, dh, sh, OH);
+                if (oh < 0) continue;
                 for (int kw = 0; kw < KW; ++kw) {
-                    int ws = w + pw - kw * dw;
-                    if (ws < 0 || ws % sw != 0) continue;
-                    int ow = ws / sw;
-                    if (ow >= OW) continue;
+                    int ow = window_of(w, pw, kw, dw, sw, OW);
+                    if (ow < 0) continue;
                     long long row = kmajor ? ((long long)(c * KH + kh) * KW + kw) * N + n
                                            : (((long long)n * C + c) * KH + kh) * KW + kw;
                     acc += ld(cols[row * L + oh * OW + ow]);

@@ -19,7 +19,7 @@ from workbench.errors import WorkbenchError
 
 FAMILY = "pool"
 
-SOURCE = r"""
+SOURCE = _base.WINDOW_OF + r"""
 // one thread per output element; argmax (flat ih*W+iw inside the plane) when want_idx
 extern "C" __global__ void maxpool2d_fwd(const T* __restrict__ x, T* __restrict__ y,
         int* __restrict__ argmax, int H, int W, int OH, int OW, int KH, int KW,
@@ -59,15 +59,11 @@ extern "C" __global__ void maxpool2d_bwd(const T* __restrict__ dy, const int* __
         const int* ap = argmax + p * (long long)OH * OW;
         float acc = 0.f;
         for (int kh = 0; kh < KH; ++kh) {
-            int hs = h + ph - kh * dh;
-            if (hs < 0 || hs % sh != 0) continue;
-            int oh = hs / sh;
-            if (oh >= OH) continue;
+            int oh = window_of(h, ph, kh, dh, sh, OH);
+            if (oh < 0) continue;
             for (int kw = 0; kw < KW; ++kw) {
-                int ws = w + pw - kw * dw;
-                if (ws < 0 || ws % sw != 0) continue;
-                int ow = ws / sw;
-                if (ow >= OW) continue;
+                int ow = window_of(w, pw, kw, dw, sw, OW);
+                if (ow < 0) continue;
                 if (ap[oh * OW + ow] == me) acc += ld(dyp[oh * OW + ow]);
             }
         }
@@ -116,16 +112,12 @@ extern "C" __global__ void avgpool2d_bwd(const T* __restrict__ dy, T* __restrict
         const T* dyp = dy + p * (long long)OH * OW;
         float acc = 0.f;
         for (int kh = 0; kh < KH; ++kh) {
-            int hs = h + ph - kh * dh;
-            if (hs < 0 || hs % sh != 0) continue;
-            int oh = hs / sh;
-            if (oh >= OH) continue;
+            int oh = window_of(h, ph, kh, dh, sh, OH);
+            if (oh < 0) continue;
             int ch = taps(oh, sh, ph, KH, dh, H, peh, include_pad);
             for (int kw = 0; kw < KW; ++kw) {
-                int ws = w + pw - kw * dw;
-                if (ws < 0 || ws % sw != 0) continue;
-                int ow = ws / sw;
-                if (ow >= OW) continue;
+                int ow = window_of(w, pw, kw, dw, sw, OW);
+                if (ow < 0) continue;
                 int cnt = ch * taps(ow, sw, pw, KW, dw, W, pew, include_pad);
                 acc += ld(dyp[oh * OW + ow]) / (float)(cnt > 0 ? cnt : 1);
             }
