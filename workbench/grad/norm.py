@@ -15,6 +15,7 @@ import numpy as np  # dtype constants only
 
 from workbench.arrays import xp_of
 from workbench.grad import gradient, unbroadcast
+from workbench.ops._common import widen_half
 from workbench.ops.registry import kernel
 
 
@@ -28,10 +29,6 @@ def _bn_axes_shape(x, param, spatial=1):
     return axes, (1, x.shape[1]) + (1,) * (x.ndim - 2)
 
 
-def _acc(x):
-    return x.astype("float32") if x.dtype.name in ("float16", "bfloat16") else x
-
-
 @kernel("BatchNormalization", since=1, train=True, state_outputs={1: 3, 2: 4})
 def batchnorm_train(x, scale, bias, input_mean, input_var, *, epsilon=1e-5, momentum=0.9,
                     training_mode=1, spatial=1, **unused):
@@ -39,12 +36,13 @@ def batchnorm_train(x, scale, bias, input_mean, input_var, *, epsilon=1e-5, mome
     running_mean, running_var), followed by the batch mean and 1/std (kept for the gradient
     rule; not node outputs). Outputs 1 and 2 are written back into inputs 3 and 4."""
     axes, bshape = _bn_axes_shape(x, scale, spatial)
-    xa = _acc(x)
+    xa = widen_half(x)
     mean = xa.mean(axis=axes)
     xc = xa - mean.reshape(bshape)
     var = (xc * xc).mean(axis=axes)
     inv = 1.0 / ((var + epsilon) ** 0.5)
-    y = xc * (inv.reshape(bshape) * _acc(scale).reshape(bshape)) + _acc(bias).reshape(bshape)
+    y = (xc * (inv.reshape(bshape) * widen_half(scale).reshape(bshape))
+         + widen_half(bias).reshape(bshape))
     m = x.dtype.type(momentum) if x.dtype.kind == "f" else momentum
     run_mean = (input_mean * m + mean.astype(input_mean.dtype) * (1 - m)).astype(
         input_mean.dtype)

@@ -25,7 +25,7 @@ import numpy as np  # host-side checks only
 from workbench.arrays import xp_of
 from workbench.arrays.geometry import norm_auto_pad, window_geometry
 from workbench.errors import InputError, ShapeError
-from workbench.ops._common import quiet
+from workbench.ops._common import compute_dtype, quiet, to_compute
 from workbench.ops.parallel import (
     blas_controller,
     parallel_add,
@@ -38,12 +38,10 @@ from workbench.ops.parallel import (
 from workbench.ops.registry import kernel
 from workbench.ops.windows import (
     WideTaps,
-    compute_dtype,
     pad_spatial,
     sliding_windows,
     spatial_ints,
     tap_view,
-    to_compute,
 )
 
 # --------------------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import compute_dtype
 from workbench.ops.parallel import parallel_matmul
 from workbench.ops.registry import kernel
-from workbench.ops.windows import compute_dtype
 
 
 def _matmul(op, a, b):

@@ -12,9 +12,9 @@ import numpy as np  # dtype constants only
 
 from workbench.arrays import np_dtype_of_onnx, xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import compute_dtype, to_compute
 from workbench.ops.parallel import run_blocks
 from workbench.ops.registry import kernel
-from workbench.ops.windows import compute_dtype, to_compute
 
 
 def _axis(op, axis, ndim, name="axis"):

@@ -19,14 +19,13 @@ import numpy as np  # dtype constants only
 from workbench.arrays import xp_of
 from workbench.arrays.geometry import window_geometry
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import compute_dtype, to_compute
 from workbench.ops.parallel import blocks, run_blocks
 from workbench.ops.registry import kernel
 from workbench.ops.windows import (
-    compute_dtype,
     pad_spatial,
     spatial_ints,
     tap_view,
-    to_compute,
 )
 
 

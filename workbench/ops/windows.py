@@ -3,9 +3,9 @@
 Geometry (pads, auto_pad, ceil mode, output size) is ``workbench.arrays.geometry`` (shared with
 the CUDA kernels, the gradients and the layers); here: padding
 (:func:`pad_spatial`), strided window views (:func:`sliding_windows`, :func:`tap_view`, via
-``numpy``/``cupy`` ``lib.stride_tricks``), the compute dtype rule (float16/bfloat16 run in
-float32), and :class:`WideTaps`, which lays an input out so that every kernel tap is a
-contiguous slice.
+``numpy``/``cupy`` ``lib.stride_tricks``), and :class:`WideTaps`, which lays an input out so
+that every kernel tap is a contiguous slice. The compute dtype of half floats is
+``ops._common.compute_dtype`` (the one half-precision policy).
 """
 
 from __future__ import annotations
@@ -26,20 +26,6 @@ from workbench.ops.parallel import run_blocks, scratch
 def stride_tricks(xp):
     """``numpy.lib.stride_tricks`` or ``cupy.lib.stride_tricks``, matching the array module."""
     return xp.lib.stride_tricks
-
-
-def compute_dtype(dtype):
-    """The dtype arithmetic runs in: float32 for the narrow floats, the dtype itself otherwise."""
-    dt = np.dtype(dtype)
-    if (dt.kind == "f" and dt.itemsize < 4) or dt.name == "bfloat16":
-        return np.dtype(np.float32)
-    return dt
-
-
-def to_compute(x):
-    """``x`` in its compute dtype (float16/bfloat16 -> float32; other dtypes unchanged)."""
-    cd = compute_dtype(x.dtype)
-    return x if x.dtype == cd else x.astype(cd)
 
 
 def spatial_ints(op, name, value, n, default):
