@@ -70,7 +70,6 @@ DEFAULT_OPSET = 17
 _grad_enabled = contextvars.ContextVar("workbench_grad_enabled", default=True)
 _recording = contextvars.ContextVar("workbench_recording", default=True)
 _node_ids = itertools.count()
-_rng = np.random.default_rng()
 _OPSET13 = DEFAULT_OPSET if DEFAULT_OPSET >= 13 else 13
 
 
@@ -449,15 +448,9 @@ def is_grad_enabled() -> bool:
 
 
 def manual_seed(seed: int) -> None:
-    """Seed the generator used by Dropout in training mode (and kernels asking for ``rng``)."""
-    global _rng
-    _rng = np.random.default_rng(seed)
-    from workbench.grad import nn as _nn
-    _nn.seed(seed)
-
-
-def rng():
-    return _rng
+    """Seed the random source of every device in use (``Device.SetRandSeed``): Dropout masks
+    in training, random ops without a ``seed`` attribute, initialisers."""
+    _device.seed_all(seed)
 
 
 # --------------------------------------------------------------------------- the tape
@@ -574,7 +567,7 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
     try:
         if wants_ctx:
             ctx = NodeContext(name or op_type, op_type, opset, n_outputs,
-                              tuple(out_names or ()), training, _rng,
+                              tuple(out_names or ()), training, dev.rng,
                               extra={"xp": dev.xp} if dev.is_cuda else {})
             r = fn(*arrays, **kw, ctx=ctx)
         else:

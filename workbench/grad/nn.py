@@ -10,18 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.arrays import xp_of
+from workbench.device import host_rng
 from workbench.grad import gradient
 from workbench.ops.registry import kernel
-
-_host = np.random.default_rng()
-_seed: list = [None]
-
-
-def seed(s: int) -> None:
-    """Seed the dropout masks (numpy, and cupy's generator when arrays live on a GPU)."""
-    global _host
-    _host = np.random.default_rng(s)
-    _seed[0] = s
 
 
 def _ratio(ratio, attrs_ratio=0.5) -> float:
@@ -40,8 +31,8 @@ def dropout_train(data, ratio=None, training_mode=None, *, seed=None, **attrs):
     if r >= 1.0:
         return xp.zeros_like(data), xp.zeros(data.shape, dtype=bool)
     if xp is np:
-        mask = _host.random(data.shape, dtype=np.float32) >= r
-    else:  # pragma: no cover - GPU
+        mask = host_rng().random(data.shape, dtype=np.float32) >= r
+    else:  # pragma: no cover - GPU: cupy's generator, seeded by Device.SetRandSeed
         mask = xp.random.random(data.shape, dtype=xp.float32) >= r
     scale = data.dtype.type(1.0 / (1.0 - r))
     return data * mask * scale, mask

@@ -30,6 +30,7 @@ import numpy as np
 
 from workbench.arrays import device_dtype_ok, is_array, to_numpy
 from workbench.arrays.dtypes import dtype_name, np_dtype_of_onnx
+from workbench.device import host_rng as _host_rng
 from workbench.errors import (
     DeviceError,
     InputError,
@@ -227,7 +228,10 @@ class Plan:
         self.check_inputs = check_inputs
         self.output_names = list(outputs) if outputs is not None else \
             [v.name for v in graph.outputs]
-        self._rng = np.random.default_rng(seed)
+        # random ops without a seed attribute draw from the device's random source (seedable
+        # with Device.SetRandSeed); a Plan built with ``seed=`` has its own generator
+        self._rng = np.random.default_rng(seed) if seed is not None else \
+            (device.rng if device is not None else _host_rng())
         order = topological_order(graph, outer=outer)
         self.nodes = needed_nodes(order, self.output_names)
         self.input_infos = list(graph.inputs)

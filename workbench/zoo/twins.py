@@ -657,11 +657,11 @@ def build(name: str, seed: int = SEED) -> onnx.ModelProto:
 
     key = (get(name).name, seed)
     if key not in _cache:
-        saved = _device.host_rng()        # building must not disturb the caller's stream
-        try:
+        saved = _device.host_rng().bit_generator.state  # building must not disturb the
+        try:                                              # caller's stream
             _cache[key] = BUILDERS[key[0]](seed).SerializeToString()
         finally:
-            _device.set_host_rng(saved)
+            _device.host_rng().bit_generator.state = saved
     m = onnx.ModelProto()
     m.ParseFromString(_cache[key])
     return m
