@@ -1,4 +1,6 @@
-"""``Model`` (SINGA-compatible): forward, train_one_batch, compile, train/eval, states, export.
+"""``Model`` (SINGA-compatible): forward, train_one_batch, compile, train/eval, states, export;
+and ``SONNXModel``, an imported ONNX graph as a trainable Model (``sonnx.SONNXModel``; it lives
+here because ``Model.cut`` returns one, so neither module imports the other).
 
 >>> import numpy as np
 >>> from workbench import layer, model, tensor, opt, autograd
