@@ -327,9 +327,14 @@ class Conv2d(Layer):
             self._create(x, _float_dtype(x))
 
     def _pads(self, x):
-        pb, pe, _, _ = window_geometry("Conv2d", x.shape[2:], self.kernel_size, self.stride,
-                                       self.dilation, list(self.padding), self.pad_mode)
-        return pb + pe
+        key = (tuple(x.shape[2:]), self.kernel_size, self.stride, self.dilation,
+               tuple(self.padding), self.pad_mode)
+        cached = self.__dict__.get("_pads_for")
+        if cached is None or cached[0] != key:
+            pb, pe, _, _ = window_geometry("Conv2d", x.shape[2:], self.kernel_size, self.stride,
+                                           self.dilation, list(self.padding), self.pad_mode)
+            cached = self.__dict__["_pads_for"] = (key, pb + pe)
+        return list(cached[1])
 
     def forward(self, x):
         if x.ndim() != 4 or x.shape[1] != self.in_channels:
