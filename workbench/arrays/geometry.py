@@ -7,6 +7,8 @@ kernels (``arrays/cuda``), the gradient rules and the layers.
 
 from __future__ import annotations
 
+import functools
+
 from workbench.errors import InputError, ShapeError
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -27,10 +29,22 @@ def window_geometry(op, in_shape, kernel_shape, strides, dilations, pads, auto_p
                     ceil_mode=False):
     """Padding and output size of a sliding-window op (Conv, pools) per spatial axis.
 
-    Returns ``(pads_begin, pads_end, out_shape, extra_end)``: ``extra_end`` is the padding
-    needed past ``pads_end`` so that the last (ceil mode) window fits; values there are not
-    part of the op's padding (they never count as input or as explicit padding).
+    Returns ``(pads_begin, pads_end, out_shape, extra_end)`` (new lists): ``extra_end`` is the
+    padding needed past ``pads_end`` so that the last (ceil mode) window fits; values there
+    are not part of the op's padding (they never count as input or as explicit padding).
+    Computed once per distinct geometry (kernels and gradient rules ask for the same ones on
+    every step).
     """
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    key = (op, tuple(int(v) for v in in_shape), tuple(int(v) for v in kernel_shape),
+           tuple(int(v) for v in strides), tuple(int(v) for v in dilations),
+           None if pads is None else tuple(int(v) for v in pads), auto_pad, bool(ceil_mode))
+    return [list(v) for v in _window_geometry(*key)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _window_geometry(op, in_shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
     n = len(in_shape)
     ap = norm_auto_pad(op, auto_pad)
     for name, vals in (("strides", strides), ("dilations", dilations),
@@ -72,4 +86,4 @@ def window_geometry(op, in_shape, kernel_shape, strides, dilations, pads, auto_p
             out.append(o)
     extra = [max(0, (o - 1) * s + k - (i + b + e_))
              for o, s, k, i, b, e_ in zip(out, strides, eff, in_shape, pb, pe)]
-    return pb, pe, out, extra
+    return tuple(pb), tuple(pe), tuple(out), tuple(extra)
