@@ -35,6 +35,7 @@ accumulated - by each backward), frees the saved arrays, and returns the list of
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import contextvars
 import itertools
@@ -43,8 +44,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from workbench import device as _device
 from workbench import grad as _grad
-from workbench.arrays import is_array, xp_of
+from workbench.arrays import cupy_module, is_array, xp_of
+from workbench.arrays import to_numpy as _arr_to_numpy
 from workbench.errors import (
     DeviceError,
     GradientError,
@@ -53,8 +56,13 @@ from workbench.errors import (
     ShapeError,
     WorkbenchError,
 )
-from workbench.ops.registry import NodeContext, _norm_domain, attribute_defaults, lookup
-from workbench.tensor import Tensor, as_tensor
+from workbench.ops.registry import (
+    NodeContext,
+    _norm_domain,
+    attribute_defaults,
+    facts,
+    lookup,
+)
 
 #: opset of the nodes that layers and the functions below record (ai.onnx domain)
 DEFAULT_OPSET = 17
@@ -62,8 +70,345 @@ DEFAULT_OPSET = 17
 _grad_enabled = contextvars.ContextVar("workbench_grad_enabled", default=True)
 _recording = contextvars.ContextVar("workbench_recording", default=True)
 _node_ids = itertools.count()
-_rng = np.random.default_rng()
 _OPSET13 = DEFAULT_OPSET if DEFAULT_OPSET >= 13 else 13
+
+
+# --------------------------------------------------------------------------- Tensor
+def _device_of_array(a):
+    cp = cupy_module()
+    if cp is not None and isinstance(a, cp.ndarray):
+        return _device.Device("CUDA", a.device.id)
+    return _device.create_cpu()
+
+
+class Tensor:
+    """An n-d array on a device, with autograd bookkeeping.
+
+    ``Tensor(shape=None, device=None, dtype=None, data=None, requires_grad=False,
+    stores_grad=False, creator=None, name=None)`` - SINGA's positional order. With ``data``
+    (numpy/cupy array, list or scalar) the Tensor wraps a copy on ``device`` keeping the
+    array's dtype (lists/scalars take ``dtype``, float32 by default); otherwise it is filled
+    with zeros of ``shape`` and ``dtype``.
+    """
+
+    __array_priority__ = 1000  # numpy_array + Tensor -> Tensor.__radd__
+
+    def __init__(self, shape=None, device=None, dtype=None, data=None, requires_grad=False,
+                 stores_grad=False, creator=None, name=None):
+        if data is not None:
+            if isinstance(data, Tensor):
+                data = data.data
+            if not is_array(data):
+                data = np.asarray(data, dtype=np.dtype(dtype) if dtype is not None else None)
+                if dtype is None and data.dtype == np.float64:
+                    data = data.astype(np.float32)
+            elif dtype is not None and data.dtype != np.dtype(dtype):
+                data = data.astype(np.dtype(dtype))
+            if shape is not None and tuple(shape) != tuple(data.shape):
+                if int(np.prod(shape)) != data.size:
+                    raise InputError(f"Tensor: data of shape {list(data.shape)} does not fit "
+                                     f"shape {list(shape)}")
+                data = data.reshape(tuple(shape))
+            dev = device if device is not None else _device_of_array(data)
+            src = data
+            data = dev.put(data)
+            if data is src:  # never alias the caller's array
+                data = data.copy()
+        else:
+            dev = device if device is not None else _device.get_default_device()
+            shape = () if shape is None else tuple(int(d) for d in shape)
+            data = dev.xp.zeros(shape, dtype=np.dtype(dtype) if dtype is not None else np.float32)
+        self.data = data
+        self.device = dev
+        self.requires_grad = bool(requires_grad)
+        self.stores_grad = bool(stores_grad)
+        self.creator = creator
+        self._index = 0
+        self.grad = None
+        self.name = name
+
+    @classmethod
+    def _make(cls, data, device, requires_grad, creator, index, name):
+        """Wrap an array without copying or checking (used by apply)."""
+        t = cls.__new__(cls)
+        t.data = data
+        t.device = device
+        t.requires_grad = requires_grad
+        t.stores_grad = False
+        t.creator = creator
+        t._index = index
+        t.grad = None
+        t.name = name
+        return t
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    def size(self) -> int:
+        return int(self.data.size)
+
+    def memsize(self) -> int:
+        return int(self.data.nbytes)
+
+    def is_empty(self) -> bool:
+        return self.size() == 0
+
+    def is_leaf(self) -> bool:
+        return self.creator is None
+
+    def __len__(self) -> int:
+        return self.shape[0] if self.shape else 0
+
+    def __repr__(self) -> str:
+        extra = ", requires_grad=True" if self.requires_grad else ""
+        name = f", name={self.name!r}" if self.name else ""
+        return (f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, device={self.device}"
+                f"{extra}{name})")
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    # ------------------------------------------------------------------ conversion
+    def numpy(self) -> np.ndarray:
+        """A numpy copy on the host (a view for CPU tensors)."""
+        return _arr_to_numpy(self.data)
+
+    def item(self):
+        return self.numpy().item()
+
+    def to_device(self, device) -> Tensor:
+        """Move this Tensor's data to ``device`` in place (SINGA semantics); returns self."""
+        device = _device.get_device(device)
+        if device != self.device:
+            self.data = device.put(self.data)
+            self.device = device
+        return self
+
+    def to_host(self) -> Tensor:
+        return self.to_device(_device.create_cpu())
+
+    def clone(self) -> Tensor:
+        """A new leaf Tensor with a copy of the data (no tape link)."""
+        t = Tensor._make(self.data.copy(), self.device, self.requires_grad, None, 0, self.name)
+        t.stores_grad = self.stores_grad
+        return t
+
+    copy = clone
+
+    def detach(self) -> Tensor:
+        """A leaf sharing the data, cut from the tape."""
+        return Tensor._make(self.data, self.device, False, None, 0, self.name)
+
+    def copy_from_numpy(self, arr, offset: int = 0) -> None:
+        arr = np.asarray(arr)
+        if arr.size != self.size():
+            raise InputError(f"copy_from_numpy: {arr.size} values for a tensor of "
+                             f"{self.size()} elements")
+        self.data = self.device.put(arr.astype(self.dtype, copy=False).reshape(self.shape))
+
+    def copy_data(self, t: Tensor) -> None:
+        self.copy_from_numpy(t.numpy())
+
+    def set_value(self, x) -> Tensor:
+        xp = self.device.xp
+        self.data = xp.full(self.shape, x, dtype=self.dtype)
+        return self
+
+    def gaussian(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
+        a = _device.host_rng().normal(mean, std, size=self.shape).astype(self.dtype)
+        self.data = self.device.put(a)
+        return self
+
+    def uniform(self, low: float = 0.0, high: float = 1.0) -> Tensor:
+        a = _device.host_rng().uniform(low, high, size=self.shape).astype(self.dtype)
+        self.data = self.device.put(a)
+        return self
+
+    def bernoulli(self, p: float) -> Tensor:
+        a = (_device.host_rng().random(self.shape) < p).astype(self.dtype)
+        self.data = self.device.put(a)
+        return self
+
+    def as_type(self, dtype) -> Tensor:
+        return cast(self, dtype)
+
+    astype = as_type
+
+    # ------------------------------------------------------------------ shape ops
+    def reshape(self, shape) -> Tensor:
+        if isinstance(shape, int):
+            shape = (shape,)
+        return reshape(self, shape)
+
+    def transpose(self, axes=None) -> Tensor:
+        return transpose(self, axes)
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802
+        return self.transpose()
+
+    def flatten(self, axis: int = 1) -> Tensor:
+        return flatten(self, axis)
+
+    def sum(self, axis=None, keepdims: bool = False) -> Tensor:
+        return reduce_sum(self, axis, int(keepdims))
+
+    def mean(self, axis=None, keepdims: bool = False) -> Tensor:
+        return reduce_mean(self, axis, int(keepdims))
+
+    def l1(self) -> float:
+        return float(builtins.abs(self.numpy()).mean())
+
+    def l2(self) -> float:
+        a = self.numpy().astype(np.float64)
+        return float(np.sqrt((a * a).sum()) / builtins.max(a.size, 1))
+
+    def __getitem__(self, key) -> Tensor:
+        """Basic indexing (ints, slices with steps, ``None``, ``...``) as Slice/Squeeze/
+        Unsqueeze nodes."""
+        if not isinstance(key, tuple):
+            key = (key,)
+        if any(k is Ellipsis for k in key):
+            i = key.index(Ellipsis)
+            fill = self.ndim() - (len(key) - 1 - len([k for k in key if k is None]))
+            key = key[:i] + (builtins.slice(None),) * fill + key[i + 1:]
+        starts, ends, axes, steps, drop, newaxes = [], [], [], [], [], []
+        dim = 0
+        out_dim = 0
+        for k in key:
+            if k is None:
+                newaxes.append(out_dim)
+                out_dim += 1
+                continue
+            if isinstance(k, (int, np.integer)):
+                n = self.shape[dim]
+                k = int(k)
+                if not -n <= k < n:
+                    raise IndexError(f"index {k} is out of range for axis {dim} of size {n}")
+                k %= n
+                starts.append(k), ends.append(k + 1), axes.append(dim), steps.append(1)
+                drop.append(dim)
+            elif isinstance(k, builtins.slice):
+                if k != builtins.slice(None):
+                    st = 1 if k.step is None else int(k.step)
+                    big = np.iinfo(np.int64).max
+                    s = (0 if st > 0 else -1) if k.start is None else int(k.start)
+                    e = (big if st > 0 else -big) if k.stop is None else int(k.stop)
+                    starts.append(s), ends.append(e), axes.append(dim), steps.append(st)
+                out_dim += 1
+            else:
+                raise InputError(f"Tensor indexing supports ints, slices, None and ..., got "
+                                 f"{type(k).__name__}")
+            dim += 1
+        out = self
+        if axes:
+            out = slice(out, starts, ends, axes, steps)
+        if drop:
+            out = squeeze(out, drop)
+        if newaxes:
+            out = unsqueeze(out, newaxes)
+        return out
+
+    # ------------------------------------------------------------------ arithmetic
+    def _bin(self, op, other, reverse=False):
+        other = other if isinstance(other, Tensor) else as_tensor(other, like=self)
+        a, b = (other, self) if reverse else (self, other)
+        return apply(op, [a, b])
+
+    def __add__(self, o):
+        return self._bin("Add", o)
+
+    def __radd__(self, o):
+        return self._bin("Add", o, True)
+
+    def __sub__(self, o):
+        return self._bin("Sub", o)
+
+    def __rsub__(self, o):
+        return self._bin("Sub", o, True)
+
+    def __mul__(self, o):
+        return self._bin("Mul", o)
+
+    def __rmul__(self, o):
+        return self._bin("Mul", o, True)
+
+    def __truediv__(self, o):
+        return self._bin("Div", o)
+
+    def __rtruediv__(self, o):
+        return self._bin("Div", o, True)
+
+    def __pow__(self, o):
+        return self._bin("Pow", o)
+
+    def __rpow__(self, o):
+        return self._bin("Pow", o, True)
+
+    def __matmul__(self, o):
+        return self._bin("MatMul", o)
+
+    def __rmatmul__(self, o):
+        return self._bin("MatMul", o, True)
+
+    def __neg__(self):
+        return negative(self)
+
+    def __abs__(self):
+        return abs(self)
+
+    def __lt__(self, o):
+        return self._bin("Less", o)
+
+    def __le__(self, o):
+        return self._bin("LessOrEqual", o)
+
+    def __gt__(self, o):
+        return self._bin("Greater", o)
+
+    def __ge__(self, o):
+        return self._bin("GreaterOrEqual", o)
+
+    __hash__ = object.__hash__
+
+
+class PlaceHolder(Tensor):
+    """A Tensor of zeros that stands for a model input (``model.compile``, ``to_onnx``)."""
+
+    def __init__(self, shape, device=None, dtype=np.float32, name=None):
+        super().__init__(shape, device, dtype, name=name)
+
+
+def as_tensor(x, like: Tensor | None = None) -> Tensor:
+    """``x`` as a Tensor: Tensors pass through; arrays and scalars become constant leaves on
+    ``like``'s device (a Python float takes ``like``'s float dtype, a Python int stays int64
+    unless ``like`` is a float tensor)."""
+    if isinstance(x, Tensor):
+        return x
+    dev = like.device if like is not None else None
+    if is_array(x):
+        arr = x
+    elif isinstance(x, (bool, np.bool_)):
+        arr = np.asarray(x)
+    elif isinstance(x, (int, float, np.number)) and like is not None:
+        arr = np.asarray(x, dtype=like.dtype)
+    elif isinstance(x, float):
+        arr = np.asarray(x, dtype=np.float32)
+    else:
+        arr = np.asarray(x)
+    if dev is None:
+        dev = _device_of_array(arr)
+    return Tensor._make(dev.put(arr), dev, False, None, 0, None)
 
 
 # --------------------------------------------------------------------------- modes
@@ -103,15 +448,9 @@ def is_grad_enabled() -> bool:
 
 
 def manual_seed(seed: int) -> None:
-    """Seed the generator used by Dropout in training mode (and kernels asking for ``rng``)."""
-    global _rng
-    _rng = np.random.default_rng(seed)
-    from workbench.grad import nn as _nn
-    _nn.seed(seed)
-
-
-def rng():
-    return _rng
+    """Seed the random source of every device in use (``Device.SetRandSeed``): Dropout masks
+    in training, random ops without a ``seed`` attribute, initialisers."""
+    _device.seed_all(seed)
 
 
 # --------------------------------------------------------------------------- the tape
@@ -228,7 +567,7 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
     try:
         if wants_ctx:
             ctx = NodeContext(name or op_type, op_type, opset, n_outputs,
-                              tuple(out_names or ()), training, _rng,
+                              tuple(out_names or ()), training, dev.rng,
                               extra={"xp": dev.xp} if dev.is_cuda else {})
             r = fn(*arrays, **kw, ctx=ctx)
         else:
@@ -298,6 +637,80 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
         for i, st in state_updates.items():
             st.data = r[i]
     return outs
+
+
+# --------------------------------------------------------------------------- the Tensor runner
+class TapeRunner:
+    """Runs the steps of a ``graph.executor.Plan`` on Tensors (``plan.execute(xs,
+    runner=TapeRunner(device, training))``): every node through :func:`run_op`, so the tape
+    records it. In training mode an op's registered training form (``@kernel(...,
+    train=True)``: BatchNormalization with batch statistics, Dropout with a mask) replaces its
+    kernel, and the outputs its ``state_outputs`` name are written back into the stateful
+    inputs (running statistics held by buffers). A recorded tape replayed in graph mode uses
+    the same runner with each step's call given by :meth:`preset`.
+    """
+
+    def __init__(self, device=None, training: bool = False):
+        self.device = device
+        self.training = training
+        self._calls: dict[int, tuple] = {}
+
+    def preset(self, step, *, kw: dict, wants_ctx: bool, n_outputs: int, fn: Callable,
+               training: bool, state_updates: dict | None, out_names=None) -> None:
+        """Give ``step`` a fixed call (a replayed tape node)."""
+        self._calls[id(step)] = (kw, wants_ctx, n_outputs, fn, (), training, state_updates,
+                                 out_names)
+
+    def _prepare(self, step) -> tuple:
+        n = step.node
+        kw = dict(step.attrs)
+        wants_ctx = kw.pop("ctx", None) is not None
+        n_out = 1
+        for i, o in enumerate(n.outputs):
+            if o:
+                n_out = i + 1
+        fn, state = step.fn, ()
+        if self.training:
+            xp = "cupy" if self.device is not None and self.device.is_cuda else None
+            form = _grad.train_form(n.op_type, n.domain, step.opset, xp=xp)
+            if form is not None:
+                fn, wants_ctx = form.fn, form.wants_ctx
+                state = facts(n.op_type, n.domain).state_outputs
+                for o, _ in state:
+                    n_out = builtins.max(n_out, o + 1)
+        call = (kw, wants_ctx, n_out, fn, state, self.training, None, tuple(n.outputs))
+        self._calls[id(step)] = call
+        return call
+
+    def __call__(self, step, args: list, kw: dict) -> tuple:
+        call = self._calls.get(id(step))
+        if call is None:
+            call = self._prepare(step)
+        kw0, wants_ctx, n_out, fn, state, training, ups, out_names = call
+        if kw is not step.attrs:  # subgraph bodies bound for this run
+            kw = {k: v for k, v in kw.items() if k != "ctx"}
+        else:
+            kw = kw0
+        if state:
+            ups = {}
+            for o, i in state:
+                t = args[i] if i < len(args) else None
+                if t is not None and t.creator is None and not t.stores_grad:
+                    ups[o] = t
+            ups = ups or None
+        n = step.node
+        return tuple(run_op(n.op_type, n.domain, step.opset, fn, wants_ctx, kw, n.attrs, args,
+                            n_out, n.name, out_names, training, ups, device=self.device))
+
+    def bind(self, plan, scope: dict) -> Callable:
+        """A subgraph body over arrays (control flow is run, not differentiated)."""
+        arrays = {k: (v.data if isinstance(v, Tensor) else v) for k, v in scope.items()}
+
+        def body(*inputs):
+            return plan.run_positional(inputs, arrays)
+
+        body.plan = plan
+        return body
 
 
 # --------------------------------------------------------------------------- walking the tape
@@ -410,7 +823,8 @@ def backward(y: Tensor, dy=None, *, retain_graph: bool = False) -> list:
 
 
 def _run_rule(node: TapeNode, gouts: list) -> tuple:
-    rule = _grad.rule_for(node.op_type, node.domain)
+    xp = xp_of(*[a for a in node.saved_in if a is not None])
+    rule = _grad.rule_for(node.op_type, node.domain, xp=xp)   # the device's override first
     if rule is None:
         dom = node.domain or "ai.onnx"
         raise GradientError(
@@ -418,7 +832,6 @@ def _run_rule(node: TapeNode, gouts: list) -> tuple:
             f"rule, but a gradient flows through it to a trainable parameter; freeze the "
             f"parameters before it (Tensor.requires_grad = False / model.freeze()), cut the "
             f"model before it, or add a rule with @workbench.grad.gradient({node.op_type!r})")
-    xp = xp_of(*[a for a in node.saved_in if a is not None])
     ctx = _grad.GradContext(node.op_type, node.opset, node.needs_input_grad, xp, node.name,
                             node.n_outputs)
     kw = node.kw
@@ -709,13 +1122,17 @@ def layer_norm(x, scale, bias=None, axis: int = -1, epsilon: float = 1e-5):
 
 def dropout(x, ratio: float = 0.5, training: bool = True):
     """Inverted dropout; identity outside training (a Dropout node either way)."""
-    from workbench.grad.nn import dropout_train
     r = as_tensor(np.asarray(ratio, dtype=x.dtype), like=x)
     if not training or ratio == 0.0:
         return apply("Dropout", [x, r], opset=_OPSET13)
     mode = as_tensor(np.asarray(True), like=x)
     return apply("Dropout", [x, r, mode], n_outputs=2, opset=_OPSET13,
-                 fn=dropout_train, training=True)[0]
+                 fn=_train_fn("Dropout", _OPSET13, x), training=True)[0]
+
+
+def _train_fn(op_type: str, opset: int, x: Tensor) -> Callable:
+    """The registered training form of ``op_type`` for ``x``'s device."""
+    return _grad.train_form(op_type, "", opset, xp="cupy" if x.device.is_cuda else None).fn
 
 
 def batch_norm(x, scale, bias, running_mean, running_var, *, momentum: float = 0.9,
@@ -727,10 +1144,9 @@ def batch_norm(x, scale, bias, running_mean, running_var, *, momentum: float = 0
     if not training:
         return apply("BatchNormalization", [x, scale, bias, running_mean, running_var], attrs,
                      opset=15)
-    from workbench.grad.norm import batchnorm_train
     attrs["training_mode"] = 1
     return apply("BatchNormalization", [x, scale, bias, running_mean, running_var], attrs,
-                 opset=15, n_outputs=3, fn=batchnorm_train, training=True,
+                 opset=15, n_outputs=3, fn=_train_fn("BatchNormalization", 15, x), training=True,
                  state_updates={1: running_mean, 2: running_var})[0]
 
 
@@ -799,10 +1215,9 @@ def cross_entropy(y, t):
     n, c = y.shape
     kind, t = _labels(t, n, c, "cross_entropy", like=y)
     if kind == "index":
-        from workbench.tensor import from_numpy
         onehot = np.zeros((n, c), dtype=y.dtype)
         onehot[np.arange(n), np.asarray(t.numpy())] = 1
-        t = from_numpy(onehot).to_device(y.device)
+        t = Tensor(device=y.device, data=onehot)
     return negative(reduce_sum(log(y) * t)) * (1.0 / n)
 
 

@@ -11,6 +11,32 @@ import numpy as np
 from workbench.arrays import cupy_module, device_dtype_ok, is_array
 from workbench.errors import DeviceError
 
+#: each device's random source: (kind, index) -> numpy Generator. Reseeding replaces a
+#: generator's state in place, so plans and contexts holding it see the new seed.
+_GENERATORS: dict[tuple[str, int], np.random.Generator] = {}
+
+
+def _reseed(gen: np.random.Generator, seed) -> None:
+    gen.bit_generator.state = np.random.default_rng(seed).bit_generator.state
+
+
+def host_rng() -> np.random.Generator:
+    """The CPU's random source: parameter initialisers, ``Tensor.gaussian/uniform/bernoulli``,
+    Dropout masks, random ops without a ``seed`` attribute (``create_cpu().rng``)."""
+    return _CPU.rng
+
+
+def seed_host(seed) -> None:
+    """Reseed the CPU's random source (``tensor.seed``, ``create_cpu().SetRandSeed``)."""
+    _CPU.SetRandSeed(seed)
+
+
+def seed_all(seed) -> None:
+    """Reseed the random source of the CPU and of every GPU in use (``autograd.manual_seed``)."""
+    _CPU.SetRandSeed(seed)
+    for dev in _CUDA.values():
+        dev.SetRandSeed(seed)
+
 
 class Device:
     """A place where arrays live and kernels run."""
@@ -44,6 +70,26 @@ class Device:
     # SINGA names
     def id_(self) -> int:  # pragma: no cover - trivial alias
         return self.id
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """This device's random source (one per device): Dropout masks in training, the random
+        ops (Random*, Bernoulli, Multinomial) without a ``seed`` attribute, and, on the CPU,
+        parameter initialisers. Seed it with :meth:`SetRandSeed`."""
+        key = (self.kind, self.index)
+        gen = _GENERATORS.get(key)
+        if gen is None:
+            gen = _GENERATORS[key] = np.random.default_rng()
+        return gen
+
+    def SetRandSeed(self, seed: int) -> None:  # noqa: N802 - SINGA's name
+        """Reseed this device's random source (SINGA's ``Device.SetRandSeed``); on a GPU also
+        cupy's generator, which draws the device-side Dropout masks."""
+        _reseed(self.rng, seed)
+        if self.is_cuda:
+            cp = cupy_module()
+            with cp.cuda.Device(self.index):
+                cp.random.seed(seed)
 
     def put(self, a):
         """Move an array (or a list of arrays, for sequence values) onto this device.

@@ -28,6 +28,7 @@ from collections import OrderedDict
 import numpy as np
 
 from workbench import autograd
+from workbench.arrays.geometry import window_geometry
 from workbench.errors import InputError, ShapeError
 from workbench.tensor import Tensor, host_rng
 
@@ -326,20 +327,14 @@ class Conv2d(Layer):
             self._create(x, _float_dtype(x))
 
     def _pads(self, x):
-        if self.pad_mode in ("NOTSET", ""):
-            return list(self.padding)
-        if self.pad_mode == "VALID":
-            return [0, 0, 0, 0]
-        pb, pe = [], []
-        for i in range(2):
-            n, s, k, d = x.shape[2 + i], self.stride[i], self.kernel_size[i], self.dilation[i]
-            out = -(-n // s)
-            total = max(0, (out - 1) * s + (k - 1) * d + 1 - n)
-            lo, hi = total // 2, total - total // 2
-            if self.pad_mode == "SAME_LOWER":
-                lo, hi = hi, lo
-            pb.append(lo), pe.append(hi)
-        return pb + pe
+        key = (tuple(x.shape[2:]), self.kernel_size, self.stride, self.dilation,
+               tuple(self.padding), self.pad_mode)
+        cached = self.__dict__.get("_pads_for")
+        if cached is None or cached[0] != key:
+            pb, pe, _, _ = window_geometry("Conv2d", x.shape[2:], self.kernel_size, self.stride,
+                                           self.dilation, list(self.padding), self.pad_mode)
+            cached = self.__dict__["_pads_for"] = (key, pb + pe)
+        return list(cached[1])
 
     def forward(self, x):
         if x.ndim() != 4 or x.shape[1] != self.in_channels:

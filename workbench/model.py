@@ -1,4 +1,6 @@
-"""``Model`` (SINGA-compatible): forward, train_one_batch, compile, train/eval, states, export.
+"""``Model`` (SINGA-compatible): forward, train_one_batch, compile, train/eval, states, export;
+and ``SONNXModel``, an imported ONNX graph as a trainable Model (``sonnx.SONNXModel``; it lives
+here because ``Model.cut`` returns one, so neither module imports the other).
 
 >>> import numpy as np
 >>> from workbench import layer, model, tensor, opt, autograd
@@ -35,14 +37,20 @@ atomic rename and refuses to overwrite an existing file unless ``overwrite=True`
 from __future__ import annotations
 
 import os
-import tempfile
 from collections import OrderedDict
 
 import numpy as np
+import onnx
 
 from workbench import autograd
-from workbench.errors import InputError, OverwriteError, WorkbenchError
+from workbench import device as _device
+from workbench.errors import InputError, OverwriteError, ShapeError, WorkbenchError
+from workbench.files import write_atomic
+from workbench.graph.executor import Plan, Step, cut, layer_nodes, resolve_cut
+from workbench.graph.ir import Node, ValueInfo
+from workbench.graph.load import load
 from workbench.layer import Layer
+from workbench.ops.registry import facts
 from workbench.tensor import Tensor, as_tensor
 
 _AUX = "__aux__/"
@@ -215,18 +223,7 @@ class Model(Layer):
             if a.dtype == object:
                 raise WorkbenchError(f"save_states: {k!r} is an object array; only numeric "
                                      f"arrays are saved (no pickle)")
-        folder = os.path.dirname(os.path.abspath(fpath))
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(fpath)}.", suffix=".tmp",
-                                   dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, fpath)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return fpath
+        return write_atomic(fpath, lambda f: np.savez(f, **arrays), overwrite=overwrite)
 
     def load_states(self, fpath) -> dict:
         """Read an .npz written by ``save_states``; returns the aux states ({name: array})."""
@@ -291,7 +288,6 @@ class Model(Layer):
         """A NEW model (``sonnx.SONNXModel``) computing only what the outputs at
         ``last_layers`` (-1, -k or a node/value name, see ``sonnx``) need, with a copy of the
         current weights."""
-        from workbench.sonnx import SONNXModel
         return SONNXModel(self.to_onnx(inputs)).cut(last_layers)
 
     def summary(self) -> str:
@@ -311,7 +307,8 @@ class _NotReplayable(Exception):
 
 
 class _Replay:
-    """A forward's tape as a static list of kernel calls, re-run on new inputs."""
+    """A forward's tape as a static schedule of kernel calls (a ``Plan`` of steps over integer
+    slots), re-run on new inputs by the executor's run loop with the Tensor runner."""
 
     def __init__(self, inputs, out):
         self.structure = out
@@ -319,64 +316,327 @@ class _Replay:
             out, (list, tuple)) else None
         if outs is None or not all(isinstance(t, Tensor) for t in outs):
             raise _NotReplayable
-        src = {}
+        slots: dict = {}             # source key -> slot
+        constants: dict = {}         # slot -> leaf Tensor
         stop = set()
         for k, t in enumerate(inputs):
+            key = ("n", id(t.creator), t._index) if t.creator is not None else ("l", id(t))
+            slots.setdefault(key, k)
             if t.creator is not None:
-                src[("n", id(t.creator), t._index)] = ("in", k)
                 stop.add((id(t.creator), t._index))
-            else:
-                src[("l", id(t))] = ("in", k)
+        n_in = len(inputs)
+
+        n_slots = [n_in]
+
+        def slot_of(key, leaf=None) -> int:
+            s = slots.get(key)
+            if s is None:
+                s = slots[key] = n_slots[0]
+                n_slots[0] += 1
+                if leaf is not None:
+                    constants[s] = leaf
+            return s
+
         nodes = autograd.tape_order(outs, stop)
-        index = {id(n): j for j, n in enumerate(nodes)}
+        runner = autograd.TapeRunner()
         steps = []
         for n in nodes:
-            sources = []
+            ins = []
             for p in n.parents:
                 if p is None:
-                    sources.append(None)
+                    ins.append(-1)
                 elif type(p) is tuple:
-                    key = ("n", id(p[0]), p[1])
-                    sources.append(src.get(key) or ("node", index[id(p[0])], p[1]))
+                    ins.append(slot_of(("n", id(p[0]), p[1])))
                 else:
                     if getattr(p, "_untraced", False):
                         raise _NotReplayable
-                    sources.append(src.get(("l", id(p))) or ("leaf", p))
-            # keep what the kernel call needs, not the node (it holds saved arrays)
-            spec = (n.op_type, n.domain, n.opset, n.fn, n.wants_ctx, n.kw, n.attrs,
-                    n.n_outputs, n.name, n.out_names, n.training, n.state_updates)
-            steps.append((spec, sources))
-        self.steps = steps
-        self.outs = []
+                    ins.append(slot_of(("l", id(p)), p))
+            outs_ = tuple(slot_of(("n", id(n), i)) for i in range(n.n_outputs))
+            # keep what the kernel call needs, not the tape node (it holds saved arrays)
+            node = Node(n.op_type, [], list(n.out_names or ()), n.attrs, n.name, n.domain)
+            step = Step(n.fn, tuple(ins), outs_, n.kw, (), node, opset=n.opset)
+            runner.preset(step, kw=n.kw, wants_ctx=n.wants_ctx, n_outputs=n.n_outputs, fn=n.fn,
+                          training=n.training, state_updates=n.state_updates,
+                          out_names=n.out_names)
+            steps.append(step)
+        out_slots = []
         for t in outs:
             if t.creator is not None:
-                key = ("n", id(t.creator), t._index)
-                self.outs.append(src.get(key) or ("node", index[id(t.creator)], t._index))
+                out_slots.append(slot_of(("n", id(t.creator), t._index)))
             else:
-                self.outs.append(src.get(("l", id(t))) or ("leaf", t))
+                out_slots.append(slot_of(("l", id(t)), t))
+        self.plan = Plan.of_steps(steps, n_slots=n_slots[0],
+                                  inputs=range(n_in), outputs=out_slots, constants=constants)
+        self.runner = runner
         self.single = isinstance(out, Tensor)
         self.kind = type(out)
 
     def run(self, inputs):
-        results = []
-
-        def get(s):
-            if s is None:
-                return None
-            if s[0] == "in":
-                return inputs[s[1]]
-            if s[0] == "node":
-                return results[s[1]][s[2]]
-            return s[1]
-
-        run_op = autograd.run_op
-        for spec, sources in self.steps:
-            (op_type, domain, opset, fn, wants_ctx, kw, attrs, n_out, name, out_names,
-             training, state_updates) = spec
-            results.append(run_op(op_type, domain, opset, fn, wants_ctx, kw, attrs,
-                                  [get(s) for s in sources], n_out, name, out_names, training,
-                                  state_updates))
-        outs = [get(s) for s in self.outs]
+        outs = self.plan.execute(inputs, runner=self.runner)
         if self.single:
             return outs[0]
         return self.kind(outs) if self.kind in (list, tuple) else outs
+
+
+# --------------------------------------------------------------------------- imported graphs
+def _is_float(a) -> bool:
+    return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
+
+
+class SONNXModel(Model):
+    """An ONNX model as a trainable ``model.Model`` (SINGA's ``sonnx.SONNXModel``)."""
+
+    def __init__(self, onnx_model, device=None):
+        super().__init__()
+        self._dev = _device.get_device(device)
+        loaded = load(onnx_model)
+        self._proto = loaded.proto
+        self.onnx_graph = loaded.graph
+        self._weights: OrderedDict[str, Tensor] = OrderedDict()
+        self._tplans: dict = {}
+        stats, trainable = set(), set()
+        for n in self.onnx_graph.nodes:
+            # an op's registered ``state_inputs`` hold running statistics (buffers) and its
+            # ``settings`` inputs settings (Dropout's ratio, Clip's bounds...), not weights
+            f = facts(n.op_type, n.domain)
+            stats.update(i for k, i in enumerate(n.inputs) if i and k in f.state_inputs)
+            fixed = f.settings + f.state_inputs
+            trainable.update(i for k, i in enumerate(n.inputs) if i and k not in fixed)
+            for sg in n.subgraphs:
+                trainable.update(sg.free_variables())
+        for name, arr in self.onnx_graph.initializers.items():
+            a = np.array(arr, copy=True)
+            if _is_float(a) and name not in stats and name in trainable:
+                t = Tensor(device=self._dev, data=a, requires_grad=True, stores_grad=True,
+                           name=name)
+                self._params[name] = t
+            elif name in stats:
+                t = Tensor(device=self._dev, data=a, name=name)
+                self._buffers[name] = t
+            else:
+                t = Tensor(device=self._dev, data=a, name=name)
+            self._weights[name] = t
+        self._share_initializers()
+
+    def _share_initializers(self) -> None:
+        # the graph's initializer arrays are not used by the Tensor runner: share ours
+        for k in list(self.onnx_graph.initializers):
+            self.onnx_graph.initializers[k] = self._weights[k].data
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def input_names(self) -> list:
+        return [v.name for v in self.onnx_graph.inputs]
+
+    @property
+    def output_names(self) -> list:
+        return [v.name for v in self.onnx_graph.outputs]
+
+    def layer_names(self) -> list:
+        """Node names in the order ``last_layers`` counts them (-1 is the last)."""
+        return [n.name for n in layer_nodes(self.onnx_graph)]
+
+    def imported_params(self) -> OrderedDict[str, Tensor]:
+        """The parameters that came from the ONNX file (not appended layers)."""
+        return OrderedDict((k, t) for k, t in self._params.items())
+
+    def freeze_imported(self) -> SONNXModel:
+        """Freeze the imported weights (transfer learning that trains only appended layers)."""
+        for t in self._params.values():
+            t.requires_grad = False
+        return self
+
+    def unfreeze_imported(self) -> SONNXModel:
+        for t in self._params.values():
+            t.requires_grad = True
+        return self
+
+    def run(self, *inputs, last_layers=-1, aux_output=()) -> list:
+        """Numpy in, numpy out: the outputs (at ``last_layers``) without recording gradients."""
+        xs = [x if isinstance(x, Tensor) else Tensor(device=self._dev, data=np.asarray(x))
+              for x in inputs]
+        was = self.training
+        self.eval()
+        try:
+            with autograd.no_grad():
+                outs = SONNXModel.forward(self, *xs, last_layers=last_layers,
+                                          aux_output=aux_output)
+        finally:
+            super().train(was)
+        return [o.numpy() for o in outs]
+
+    def _example_inputs(self, inputs):
+        if inputs is None and self._placeholders is None:
+            from workbench.arrays.dtypes import np_dtype_of_onnx
+            from workbench.tensor import PlaceHolder
+            return [PlaceHolder(tuple(d if isinstance(d, int) else 1 for d in (v.shape or ())),
+                                device=self._dev, dtype=np_dtype_of_onnx(v.dtype or 1),
+                                name=v.name) for v in self.onnx_graph.inputs]
+        return super()._example_inputs(inputs)
+
+    def _export_defaults(self, inputs, outputs, kwargs) -> None:
+        """Keep the file's input names and its symbolic (dynamic) dimensions."""
+        names = self.input_names
+        if "input_names" not in kwargs and len(inputs) == len(names):
+            kwargs["input_names"] = names
+        if "dynamic_axes" in kwargs:
+            return
+        declared = {}
+        inits = {t.name for t in self._proto.graph.initializer}
+        for vi in list(self._proto.graph.input) + list(self._proto.graph.output):
+            if vi.name in inits or not vi.type.HasField("tensor_type"):
+                continue
+            dims = {i: d.dim_param for i, d in enumerate(vi.type.tensor_type.shape.dim)
+                    if d.dim_param}
+            if dims:
+                declared[vi.name] = dims
+        in_names = kwargs.get("input_names") or []
+        out_names = list(kwargs.get("output_names") or []) + [
+            t.name for t in outputs[len(kwargs.get("output_names") or []):]]
+        dyn = {k: v for k, v in declared.items() if k in in_names or k in out_names}
+        if dyn:
+            kwargs["dynamic_axes"] = dyn
+
+    def to_device(self, device) -> SONNXModel:
+        """Move every imported weight (constants too) and appended layers to ``device``."""
+        device = _device.get_device(device)
+        for t in self._weights.values():
+            t.to_device(device)
+        super().to_device(device)
+        self._dev = device
+        self._share_initializers()
+        return self
+
+    def _prepare_inputs(self, inputs) -> None:
+        """Re-load with the placeholders' shapes (SINGA: the batch size of the PlaceHolder)."""
+        infos = self.onnx_graph.inputs
+        if len(inputs) != len(infos):
+            raise InputError(f"compile: the model takes {len(infos)} input(s) "
+                             f"{[v.name for v in infos]}, got {len(inputs)} placeholder(s)")
+        changed = {}
+        for info, t in zip(infos, inputs):
+            self._check_input(info, t, where="compile")
+            if info.shape is None or tuple(info.shape) != tuple(t.shape):
+                changed[info.name] = tuple(t.shape)
+        if changed:
+            loaded = load(self._proto, input_shapes=changed)
+            loaded.graph.initializers = {k: self._weights[k].data
+                                         for k in loaded.graph.initializers}
+            self.onnx_graph = loaded.graph
+            self._tplans = {}
+        dev = inputs[0].device if inputs else None
+        if dev is not None and dev != self._dev:
+            self.to_device(dev)
+
+    def _check_input(self, info, t, where="forward") -> None:
+        """dtype and rank always; fixed non-batch dimensions in forward (compile re-declares
+        the input shapes from its placeholders)."""
+        if info.dtype:
+            from workbench.arrays.dtypes import np_dtype_of_onnx
+            want = np_dtype_of_onnx(info.dtype)
+            if t.dtype != want and not (t.dtype.kind == want.kind == "f"):
+                raise InputError(f"{where}: input {info.name!r} expects dtype {want}, got "
+                                 f"{t.dtype}; convert it with .astype({want.name!r})")
+        if info.shape is not None:
+            if len(info.shape) != t.ndim():
+                raise ShapeError(f"{where}: input {info.name!r} expects rank "
+                                 f"{len(info.shape)} (shape {list(info.shape)}), got shape "
+                                 f"{list(t.shape)}")
+            for d, (want, got) in enumerate(zip(info.shape, t.shape)):
+                if where == "forward" and d > 0 and isinstance(want, int) and want != got:
+                    raise ShapeError(f"{where}: input {info.name!r} expects shape "
+                                     f"{list(info.shape)}, got {list(t.shape)} (dimension {d} "
+                                     f"differs)")
+
+    def _outputs_for(self, last_layers, aux_output) -> tuple:
+        try:
+            key = (last_layers, tuple(aux_output))
+            hash(key)
+        except TypeError:
+            return tuple(resolve_cut(self.onnx_graph, last_layers) + list(aux_output))
+        cache = self.__dict__.setdefault("_cut_cache", {})
+        if key not in cache or cache[key][0] is not self.onnx_graph:
+            outs = tuple(resolve_cut(self.onnx_graph, last_layers) + list(aux_output))
+            cache[key] = (self.onnx_graph, outs)
+        return cache[key][1]
+
+    def _tplan(self, outputs: tuple) -> tuple:
+        """(Plan, TapeRunner) for these outputs in the current mode."""
+        key = (outputs, self.training)
+        tp = self._tplans.get(key)
+        if tp is None:
+            # kernels looked up for the model's device (the CUDA overrides on a GPU); the
+            # weights are this model's Tensors, so the plan's own copies stay where they are
+            plan = Plan(self.onnx_graph, outputs=list(outputs), training=self.training,
+                        check_inputs=False, device=self._dev, move_initializers=False)
+            tp = (plan, autograd.TapeRunner(self._dev, self.training))
+            self._tplans[key] = tp
+        return tp
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, *x, last_layers=-1, aux_output=()):
+        """Run the graph on Tensors (or arrays); returns the list of output Tensors (the
+        outputs at ``last_layers``, then the ``aux_output`` values)."""
+        tp = self._tplan(self._outputs_for(last_layers, aux_output))
+        infos = self.onnx_graph.inputs
+        if len(x) != len(infos):
+            raise InputError(f"the model takes {len(infos)} input(s) "
+                             f"{[v.name for v in infos]}, got {len(x)}")
+        xs = []
+        for info, a in zip(infos, x):
+            t = a if isinstance(a, Tensor) else Tensor(device=self._dev, data=np.asarray(a))
+            if t.device != self._dev:
+                raise InputError(f"input {info.name!r} lives on {t.device} but the model on "
+                                 f"{self._dev}; move it with Tensor.to_device")
+            self._check_input(info, t)
+            xs.append(t)
+        if self.inference_only:
+            with autograd.no_grad():
+                return self._run(tp, xs)
+        return self._run(tp, xs)
+
+    def _run(self, tp: tuple, xs: list) -> list:
+        plan, runner = tp
+        return plan.execute(xs, runner=runner, values=self._weights)
+
+    # ------------------------------------------------------------------ cut
+    def cut(self, last_layers, inputs=None) -> SONNXModel:
+        """A NEW SONNXModel holding only the nodes the outputs at ``last_layers`` need, with
+        a copy of the current weights (appended layers are not part of it)."""
+        g = cut(self.onnx_graph, last_layers, name=self.onnx_graph.name,
+                initializers={k: np.array(t.numpy(), copy=True)
+                              for k, t in self._weights.items()})
+        g.outputs = [self._value_info(v.name) for v in g.outputs]
+        proto = onnx.ModelProto()
+        proto.CopyFrom(self._proto)
+        proto.graph.CopyFrom(g.to_proto())
+        for vi in list(proto.graph.output):
+            if not vi.type.tensor_type.elem_type:
+                self._type_outputs(proto)
+                break
+        return SONNXModel(proto, device=self._dev)
+
+    def _value_info(self, name: str) -> ValueInfo:
+        v = self.onnx_graph.value(name)
+        if v is not None and v.dtype:
+            return ValueInfo(name, v.dtype, v.shape)
+        return ValueInfo(name, None, None)
+
+    def _type_outputs(self, proto) -> None:
+        """Give untyped graph outputs an element type (run the cut graph once)."""
+        from workbench.arrays.dtypes import np_dtype_of_onnx, onnx_dtype_of_np
+        from workbench.backend import prepare as _prepare
+        del proto.graph.value_info[:]
+        tmp = onnx.ModelProto()
+        tmp.CopyFrom(proto)
+        for vi in tmp.graph.output:
+            vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+        feeds = []
+        for v in self.onnx_graph.inputs:
+            if v.name not in {i.name for i in proto.graph.input}:
+                continue
+            shape = [d if isinstance(d, int) else 1 for d in (v.shape or ())]
+            feeds.append(np.zeros(shape, dtype=np_dtype_of_onnx(v.dtype or 1)))
+        outs = _prepare(tmp, optimize=False, check=False).run(feeds)
+        for vi, o in zip(proto.graph.output, outs):
+            vi.type.tensor_type.elem_type = onnx_dtype_of_np(np.asarray(o).dtype)

@@ -1,13 +1,12 @@
-"""The gradient rules' GPU fast paths (``workbench.grad.cuda_family``: CUDA kernels for Conv,
-MaxPool/AveragePool and SoftmaxCrossEntropyLoss) against the portable path, in float32.
+"""The gradient rules' GPU fast paths (overrides registered for cupy in
+``workbench/arrays/cuda/grads.py``: CUDA kernels for Conv, MaxPool/AveragePool,
+SoftmaxCrossEntropyLoss and training BatchNormalization) against the portable rules, float32.
 
 Without a GPU the CUDA C is emulated on the CPU (``tests/gpu/emulation.py``: compiled with g++,
 numpy stand-in for cupy), which checks argument order, geometry and index math; on a machine
 with cupy and a GPU, ``tests/gpu`` runs the rules on the device."""
 
 from __future__ import annotations
-
-import importlib
 
 import numpy as np
 import pytest
@@ -51,18 +50,19 @@ def test_gpu_fast_path_matches_portable_rule(case, monkeypatch):
 
     emulation.install(monkeypatch)
     import workbench.grad as wg
-    used = []
+    assert wg.rule_for(case.op, xp=np) is wg.portable_rule(case.op)  # numpy: the portable rule
+    fast_rule = wg.rule_for(case.op, xp="cupy")
+    assert fast_rule is not wg.portable_rule(case.op)
 
-    def always_cuda(xp, family, *arrays):
-        used.append(family)
-        return importlib.import_module(f"workbench.arrays.cuda.{family}")
+    def no_fallback(op, domain=""):
+        raise AssertionError(f"the CUDA override of {op} fell back to the portable rule")
 
-    for mod in ("conv", "pool", "loss"):
-        monkeypatch.setattr(importlib.import_module(f"workbench.grad.{mod}"), "cuda_family",
-                            always_cuda)
-    assert wg.cuda_family(np, "conv") is None  # numpy never picks the CUDA path by itself
+    monkeypatch.setattr("workbench.arrays.cuda.grads.portable_rule", no_fallback)
+    # the tape's rule lookup sees numpy arrays: ask for the cupy override instead
+    real_rule_for = wg.rule_for
+    monkeypatch.setattr(wg, "rule_for", lambda op, domain="", xp=None: real_rule_for(
+        op, domain, xp="cupy"))
     fast, _ = _grads(case, weights)
-    assert used, "the CUDA path was not taken"
     for i in case.wrt:
         np.testing.assert_allclose(fast[i], portable[i], rtol=2e-5, atol=2e-5,
                                    err_msg=f"input {i}")
@@ -85,21 +85,26 @@ def test_gpu_batchnorm_training_matches_portable(shape, monkeypatch):
     ctx = GradContext("BatchNormalization", 15, (True, True, True, False, False), np)
     kw = dict(epsilon=1e-3, momentum=0.8)
 
-    def run():
-        outs = gnorm.batchnorm_train(x, s, b, m, v, **kw)
-        grads = gnorm.batch_norm_grad(ctx, [g, None, None], [x, s, b, m, v], list(outs),
-                                      epsilon=1e-3, training_mode=1)
+    def run(train, rule):
+        outs = train(x, s, b, m, v, **kw)
+        grads = rule(ctx, [g, None, None], [x, s, b, m, v], list(outs), epsilon=1e-3,
+                     training_mode=1)
         return outs, grads
-    want_outs, want_grads = run()
+    want_outs, want_grads = run(gnorm.batchnorm_train, gnorm.batch_norm_grad)
     emulation.install(monkeypatch)
-    used = []
+    from workbench import grad as wg
+    from workbench.arrays.cuda import grads as cuda_grads
+    from workbench.ops import registry
 
-    def always_cuda(xp, family, *arrays):
-        used.append(family)
-        return importlib.import_module(f"workbench.arrays.cuda.{family}")
-    monkeypatch.setattr(gnorm, "cuda_family", always_cuda)
-    got_outs, got_grads = run()
-    assert used.count("norm") == 2, "the CUDA path was not taken"
+    def no_fallback(*args, **kw):
+        raise AssertionError("the CUDA override fell back to the portable path")
+
+    assert registry.train_form("BatchNormalization", "", 15, xp="cupy").fn is \
+        cuda_grads.batchnorm_train_cuda
+    assert wg.rule_for("BatchNormalization", xp="cupy") is cuda_grads.batch_norm_grad_cuda
+    monkeypatch.setattr(cuda_grads, "batchnorm_train", no_fallback)
+    monkeypatch.setattr(cuda_grads, "portable_rule", no_fallback)
+    got_outs, got_grads = run(cuda_grads.batchnorm_train_cuda, cuda_grads.batch_norm_grad_cuda)
     for k, (a, w) in enumerate(zip(got_outs[:3], want_outs[:3])):
         np.testing.assert_allclose(a, w, rtol=2e-5, atol=2e-5, err_msg=f"output {k}")
     for k in range(3):

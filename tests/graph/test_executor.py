@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from workbench.errors import InputError
-from workbench.graph.executor import Plan, layer_nodes, resolve_cut
+from workbench.graph.executor import Plan, cut, layer_nodes, resolve_cut
 from workbench.graph.load import load
 
 from .models import conv_bn, mlp
@@ -60,6 +60,25 @@ def test_cut_by_int_and_name():
     assert [n.name for n in plan.nodes] == ["fc1", "bias1", "relu1"]
     (r,) = plan.run([np.ones((1, 4), np.float32)])
     assert r.shape == (1, 8) and (r >= 0).all()
+
+
+def test_cut_graph_keeps_what_the_outputs_need():
+    g = load(mlp()).graph
+    c = cut(g, "relu1")
+    assert [n.name for n in c.nodes] == ["fc1", "bias1", "relu1"]
+    assert sorted(c.initializers) == ["b1", "w1"] and [v.name for v in c.outputs] == ["r"]
+    assert [v.name for v in c.inputs] == ["x"] and c.name == f"{g.name}_cut"
+    # nodes are copies; initializer values can come from elsewhere (trained weights)
+    c.nodes[0].attrs["x"] = 1
+    assert "x" not in g.nodes[0].attrs
+    w1 = np.zeros((4, 8), np.float32)
+    c2 = cut(g, -3, initializers={"w1": w1, "b1": g.initializers["b1"], "w2": None})
+    assert c2.initializers["w1"] is w1 and "w2" not in c2.initializers
+    (r,) = Plan(c2).run([np.ones((2, 4), np.float32)])
+    np.testing.assert_allclose(r, np.maximum(np.broadcast_to(g.initializers["b1"], (2, 8)), 0))
+    # the whole graph, cut at -1, computes the same outputs
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(Plan(cut(g, -1)).run([x])[0], Plan(g).run([x])[0])
 
 
 def test_cut_ignores_constant_nodes():

@@ -100,8 +100,8 @@ def test_recursive_functions_are_refused(check):
 
 def test_scikit_learn_knn_imputer_uses_functions():
     pytest.importorskip("skl2onnx")
-    from sklearn.impute import KNNImputer
     from skl2onnx import to_onnx
+    from sklearn.impute import KNNImputer
 
     rng = np.random.default_rng(0)
     X = rng.standard_normal((30, 4)).astype(np.float32)

@@ -22,6 +22,15 @@ A rule receives the forward node's arrays and returns the gradients of its input
 
 Rules never import numpy for array work; they use ``ctx.xp`` (or ``xp_of``) so that they run on
 cupy as well. Ops composed of primitives need no rule: the tape records the primitives.
+
+Device-specific fast paths are *overrides* registered for an array module, as kernels are::
+
+    @gradient("Conv", xp="cupy")          # workbench/arrays/cuda/grads.py
+    def conv_grad_cuda(ctx, grads_out, inputs, outputs, **attrs): ...
+
+``rule_for(op, domain, xp=cupy)`` (what ``autograd.backward`` asks for arrays on a GPU) returns
+the override, else the portable rule; an override falls back to ``portable_rule(op)`` for the
+cases its CUDA kernels do not handle (``cuda_dtypes``: they store float32 or float16 only).
 """
 
 from __future__ import annotations
@@ -31,29 +40,47 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.ops import registry as _registry
 from workbench.ops._common import ints  # noqa: F401 - re-exported for the rules
 from workbench.ops.registry import _norm_domain
 
 _RULES: dict[tuple[str, str], Callable] = {}
+# array-module name ("cupy") -> (domain, op_type) -> rule
+_OVERRIDES: dict[str, dict[tuple[str, str], Callable]] = {}
+# modules that register the gradient overrides (and training forms) of an array module
+_OVERRIDE_MODULES = {"cupy": "workbench.arrays.cuda.grads"}
+_overrides_loaded: set = set()
 
 _FAMILIES = ("elementwise", "activation", "linalg", "conv", "pool", "norm", "shape", "reduce",
              "loss", "nn")
 _loaded = False
 
 
-def gradient(op_type: str, *, domain: str = ""):
+def gradient(op_type: str, *, domain: str = "", xp=None):
     """Register the decorated function as the gradient rule of ``op_type``.
 
-    Stack decorators to register one function for several ops.
+    Stack decorators to register one function for several ops. ``xp="cupy"`` registers a
+    device-specific override (see the module docstring).
     """
 
     def deco(fn: Callable) -> Callable:
         if fn.__name__ in ("_", "<lambda>"):
             raise ValueError(f"gradient rule for {op_type} must be a named function")
-        _RULES[(_norm_domain(domain), op_type)] = fn
+        xname = _registry._xp_name(xp)
+        table = _RULES if xname is None else _OVERRIDES.setdefault(xname, {})
+        table[(_norm_domain(domain), op_type)] = fn
         return fn
 
     return deco
+
+
+def _ensure_overrides(xname: str) -> None:
+    if xname in _overrides_loaded:
+        return
+    _overrides_loaded.add(xname)
+    mod = _OVERRIDE_MODULES.get(xname)
+    if mod:
+        importlib.import_module(mod)
 
 
 def _ensure_loaded() -> None:
@@ -65,10 +92,36 @@ def _ensure_loaded() -> None:
         importlib.import_module(f"workbench.grad.{name}")
 
 
-def rule_for(op_type: str, domain: str = "") -> Callable | None:
-    """The gradient rule of ``op_type`` or None."""
+def rule_for(op_type: str, domain: str = "", xp=None) -> Callable | None:
+    """The gradient rule of ``op_type`` or None; with ``xp`` (an array module or its name) the
+    override registered for that module when there is one."""
     _ensure_loaded()
-    return _RULES.get((_norm_domain(domain), op_type))
+    key = (_norm_domain(domain), op_type)
+    xname = _registry._xp_name(xp)
+    if xname is not None:
+        _ensure_overrides(xname)
+        rule = _OVERRIDES.get(xname, {}).get(key)
+        if rule is not None:
+            return rule
+    return _RULES.get(key)
+
+
+def portable_rule(op_type: str, domain: str = "") -> Callable:
+    """The portable rule of ``op_type`` (what an override falls back to)."""
+    _ensure_loaded()
+    return _RULES[(_norm_domain(domain), op_type)]
+
+
+def train_form(op_type: str, domain: str = "", opset: int | None = None, xp=None):
+    """The registered training-mode kernel entry of ``op_type`` (BatchNormalization's batch
+    statistics, Dropout's mask: registered ``@kernel(..., train=True)`` beside their gradient
+    rules; with ``xp`` the override for that array module first), or None when the op runs
+    the same in training."""
+    _ensure_loaded()
+    xname = _registry._xp_name(xp)
+    if xname is not None:
+        _ensure_overrides(xname)
+    return _registry.train_form(op_type, domain, opset, xp=xname)
 
 
 def registered_rules() -> list[tuple[str, str]]:
@@ -103,17 +156,7 @@ def unbroadcast(g, shape):
     return g.reshape(shape)
 
 
-def cuda_family(xp, family: str, *arrays):
-    """``workbench.arrays.cuda.<family>`` when ``xp`` is cupy (the GPU fast paths), else None.
-
-    Rules use it to pick a CUDA kernel by array module, never by a device flag. The CUDA
-    kernels store float32 or float16: when any of ``arrays`` has another dtype (float64 for
-    gradient checks, bfloat16, ints) the rule takes its portable path."""
-    if getattr(xp, "__name__", "") != "cupy":
-        return None
-    if any(a is not None and a.dtype.name not in ("float32", "float16") for a in arrays):
-        return None
-    try:
-        return importlib.import_module(f"workbench.arrays.cuda.{family}")
-    except Exception:  # pragma: no cover - depends on the machine
-        return None
+def cuda_dtypes(*arrays) -> bool:
+    """True when every array is float32 or float16, the dtypes the CUDA kernels store (float64
+    for gradient checks, bfloat16 and ints take the portable path)."""
+    return all(a is None or a.dtype.name in ("float32", "float16") for a in arrays)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import itertools
 import math
 
-from workbench.grad import cuda_family, gradient
+from workbench.arrays.geometry import window_geometry
+from workbench.grad import gradient
 
 
 def _as_strided(xp, a, shape, strides):
@@ -25,22 +26,10 @@ def _as_strided(xp, a, shape, strides):
     return xp.lib.stride_tricks.as_strided(a, shape=shape, strides=strides)
 
 
-def conv_pads(in_sp, out_sp, k, s, d, auto_pad, pads):
-    """(pads_begin, pads_end) of a Conv from its attributes and actual shapes."""
-    n = len(in_sp)
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pb, pe = [], []
-        for i in range(n):
-            total = max(0, (out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - in_sp[i])
-            small, big = total // 2, total - total // 2
-            if auto_pad == "SAME_UPPER":
-                pb.append(small), pe.append(big)
-            else:
-                pb.append(big), pe.append(small)
-        return pb, pe
-    if auto_pad == "VALID" or not pads:
-        return [0] * n, [0] * n
-    return list(pads[:n]), list(pads[n:])
+def conv_pads(in_sp, k, s, d, auto_pad, pads):
+    """(pads_begin, pads_end) of a Conv or pool from its attributes (``arrays.geometry``)."""
+    pb, pe, _, _ = window_geometry("Conv", in_sp, k, s, d, pads, auto_pad)
+    return pb, pe
 
 
 def _geometry(x, w, y, attrs):
@@ -48,7 +37,7 @@ def _geometry(x, w, y, attrs):
     k = list(attrs.get("kernel_shape") or w.shape[2:])
     s = list(attrs.get("strides") or [1] * nsp)
     d = list(attrs.get("dilations") or [1] * nsp)
-    pb, pe = conv_pads(x.shape[2:], y.shape[2:], k, s, d, attrs.get("auto_pad", "NOTSET"),
+    pb, pe = conv_pads(x.shape[2:], k, s, d, attrs.get("auto_pad", "NOTSET"),
                        attrs.get("pads"))
     return k, s, d, pb, pe
 
@@ -170,18 +159,16 @@ def conv_grad(ctx, grads_out, inputs, outputs, *, group=1, **attrs):
     g = grads_out[0]
     k, s, d, pb, pe = _geometry(x, w, outputs[0], attrs)
     need = ctx.needs_input_grad
-    cu = cuda_family(xp, "conv", x, w, g) if x.ndim == 4 else None
-    if cu is not None:  # GPU: im2col/col2im kernels + cuBLAS
-        geo = {"strides": s, "pads": pb + pe, "dilations": d, "group": group}
-        gx = cu.conv2d_backward_data(g, w, x.shape, **geo) if need[0] else None
-        gw = cu.conv2d_backward_weight(g, x, w.shape, **geo) if need[1] else None
-    else:
-        gx = conv_input_grad(xp, g, w, x.shape, group, k, s, d, pb, pe) if need[0] else None
-        gw = conv_weight_grad(xp, x, g, w.shape, group, k, s, d, pb, pe) if need[1] else None
-    gb = None
+    gx = conv_input_grad(xp, g, w, x.shape, group, k, s, d, pb, pe) if need[0] else None
+    gw = conv_weight_grad(xp, x, g, w.shape, group, k, s, d, pb, pe) if need[1] else None
+    return gx, gw, conv_bias_grad(g, b, need)
+
+
+def conv_bias_grad(g, b, need):
+    """dL/dB of a convolution: the output gradient summed over all but the channel axis."""
     if b is not None and len(need) > 2 and need[2]:
-        gb = g.sum(axis=(0,) + tuple(range(2, g.ndim)))
-    return gx, gw, gb
+        return g.sum(axis=(0,) + tuple(range(2, g.ndim)))
+    return None
 
 
 def conv_transpose_pads(x, w, y, attrs):

@@ -10,17 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.arrays import xp_of
+from workbench.device import host_rng
 from workbench.grad import gradient
-
-_host = np.random.default_rng()
-_seed: list = [None]
-
-
-def seed(s: int) -> None:
-    """Seed the dropout masks (numpy, and cupy's generator when arrays live on a GPU)."""
-    global _host
-    _host = np.random.default_rng(s)
-    _seed[0] = s
+from workbench.ops.registry import kernel
 
 
 def _ratio(ratio, attrs_ratio=0.5) -> float:
@@ -29,8 +21,9 @@ def _ratio(ratio, attrs_ratio=0.5) -> float:
     return float(ratio)
 
 
+@kernel("Dropout", since=1, train=True)
 def dropout_train(data, ratio=None, training_mode=None, *, seed=None, **attrs):
-    """Training-mode Dropout: (output, bool mask)."""
+    """Training-mode Dropout (the op's registered training form): (output, bool mask)."""
     xp = xp_of(data)
     r = _ratio(ratio, attrs.get("ratio", 0.5))
     if r <= 0.0:
@@ -38,8 +31,8 @@ def dropout_train(data, ratio=None, training_mode=None, *, seed=None, **attrs):
     if r >= 1.0:
         return xp.zeros_like(data), xp.zeros(data.shape, dtype=bool)
     if xp is np:
-        mask = _host.random(data.shape, dtype=np.float32) >= r
-    else:  # pragma: no cover - GPU
+        mask = host_rng().random(data.shape, dtype=np.float32) >= r
+    else:  # pragma: no cover - GPU: cupy's generator, seeded by Device.SetRandSeed
         mask = xp.random.random(data.shape, dtype=xp.float32) >= r
     scale = data.dtype.type(1.0 / (1.0 - r))
     return data * mask * scale, mask

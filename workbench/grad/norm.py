@@ -14,7 +14,9 @@ import math
 import numpy as np  # dtype constants only
 
 from workbench.arrays import xp_of
-from workbench.grad import cuda_family, gradient, unbroadcast
+from workbench.grad import gradient, unbroadcast
+from workbench.ops._common import widen_half
+from workbench.ops.registry import kernel
 
 
 def _bn_axes_shape(x, param, spatial=1):
@@ -27,33 +29,20 @@ def _bn_axes_shape(x, param, spatial=1):
     return axes, (1, x.shape[1]) + (1,) * (x.ndim - 2)
 
 
-def _acc(x):
-    return x.astype("float32") if x.dtype.name in ("float16", "bfloat16") else x
-
-
+@kernel("BatchNormalization", since=1, train=True, state_outputs={1: 3, 2: 4})
 def batchnorm_train(x, scale, bias, input_mean, input_var, *, epsilon=1e-5, momentum=0.9,
                     training_mode=1, spatial=1, **unused):
-    """BatchNormalization in training mode: (Y, running_mean, running_var), followed by the
-    batch mean and 1/std (kept for the gradient rule; not node outputs)."""
+    """BatchNormalization in training mode (the op's registered training form): (Y,
+    running_mean, running_var), followed by the batch mean and 1/std (kept for the gradient
+    rule; not node outputs). Outputs 1 and 2 are written back into inputs 3 and 4."""
     axes, bshape = _bn_axes_shape(x, scale, spatial)
-    cu = cuda_family(xp_of(x), "norm", x) if spatial and x.ndim >= 2 and \
-        tuple(scale.shape) == (x.shape[1],) else None
-    if cu is not None:  # GPU: one statistics kernel + one apply kernel
-        y, mean, var = cu.batchnorm_training(x, scale, bias, float(epsilon))
-        inv = 1.0 / cu.cupy_module().sqrt(var + np.float32(epsilon))
-        m = np.float32(momentum)
-        run_mean = (input_mean * m + mean.astype(input_mean.dtype) * (1 - m)).astype(
-            input_mean.dtype)
-        run_var = (input_var * m + var.astype(input_var.dtype) * (1 - m)).astype(
-            input_var.dtype)
-        return (y, run_mean.reshape(input_mean.shape), run_var.reshape(input_var.shape),
-                mean, inv)
-    xa = _acc(x)
+    xa = widen_half(x)
     mean = xa.mean(axis=axes)
     xc = xa - mean.reshape(bshape)
     var = (xc * xc).mean(axis=axes)
     inv = 1.0 / ((var + epsilon) ** 0.5)
-    y = xc * (inv.reshape(bshape) * _acc(scale).reshape(bshape)) + _acc(bias).reshape(bshape)
+    y = (xc * (inv.reshape(bshape) * widen_half(scale).reshape(bshape))
+         + widen_half(bias).reshape(bshape))
     m = x.dtype.type(momentum) if x.dtype.kind == "f" else momentum
     run_mean = (input_mean * m + mean.astype(input_mean.dtype) * (1 - m)).astype(
         input_mean.dtype)
@@ -108,13 +97,6 @@ def batch_norm_grad(ctx, grads_out, inputs, outputs, *, epsilon=1e-5, training_m
         else:
             bm = x.mean(axis=axes).reshape(bshape)
             inv = 1.0 / (x.var(axis=axes).reshape(bshape) + epsilon) ** 0.5
-        cu = cuda_family(ctx.xp, "norm", x, g) if len(bshape) >= 2 and \
-            bshape[1] == x.shape[1] and all(d == 1 for i, d in enumerate(bshape) if i != 1) \
-            else None
-        if cu is not None:  # GPU: one reduction kernel + one elementwise kernel
-            gx, sgx, sg = cu.batchnorm_backward(g, x, bm, inv, scale, need_dx=need[0])
-            return (gx, sgx.astype(scale.dtype).reshape(scale.shape) if need[1] else None,
-                    sg.astype(bias.dtype).reshape(bias.shape) if need[2] else None, None, None)
         if ctx.xp.__name__ == "numpy" and x.dtype.kind == "f" and len(axes) == x.ndim - 1 \
                 and axes[0] == 0 and x.ndim >= 2:
             return _bn_train_grad_cpu(x, g, bm, inv, sc, scale, bias, need)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from workbench.grad import cuda_family, gradient
+from workbench.grad import gradient
 from workbench.grad.conv import _as_strided, _ksl, conv_pads
 
 
@@ -20,7 +20,7 @@ def _pool_geometry(x, y, attrs):
     k = list(attrs["kernel_shape"])
     s = list(attrs.get("strides") or [1] * nsp)
     d = list(attrs.get("dilations") or [1] * nsp)
-    pb, pe = conv_pads(x.shape[2:], y.shape[2:], k, s, d, attrs.get("auto_pad", "NOTSET"),
+    pb, pe = conv_pads(x.shape[2:], k, s, d, attrs.get("auto_pad", "NOTSET"),
                        attrs.get("pads"))
     return k, s, d, pb, pe
 
@@ -44,10 +44,6 @@ def max_pool_grad(ctx, grads_out, inputs, outputs, **attrs):
         return (None,)
     k, s, d, pb, pe = _pool_geometry(x, outputs[0], attrs)
     sp, out_sp = x.shape[2:], g.shape[2:]
-    cu = cuda_family(xp, "pool", x) if x.ndim == 4 else None
-    if cu is not None:  # GPU: argmax from the forward kernel, gather backward
-        _, arg = cu.maxpool2d(x, k, s, pb, d, tuple(out_sp), return_argmax=True)
-        return (cu.maxpool2d_backward(g, arg, x.shape, k, s, pb, d),)
     nsp = len(sp)
     ext = _extent(sp, out_sp, k, s, d, pb, pe)
     if x.dtype.kind == "f":
@@ -76,10 +72,6 @@ def average_pool_grad(ctx, grads_out, inputs, outputs, *, count_include_pad=0, *
     g = grads_out[0]
     k, s, d, pb, pe = _pool_geometry(x, outputs[0], attrs)
     sp, out_sp = x.shape[2:], g.shape[2:]
-    cu = cuda_family(xp, "pool", x) if x.ndim == 4 else None
-    if cu is not None:
-        return (cu.avgpool2d_backward(g, x.shape, k, s, pb, pe, d,
-                                      count_include_pad=bool(count_include_pad)),)
     ext = _extent(sp, out_sp, k, s, d, pb, pe)
     # which padded positions the forward counts: the input, plus the pads when asked
     valid = xp.zeros(tuple(ext), dtype=g.dtype)

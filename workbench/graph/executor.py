@@ -24,12 +24,13 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from workbench.arrays import device_dtype_ok, is_array, to_numpy
 from workbench.arrays.dtypes import dtype_name, np_dtype_of_onnx
+from workbench.device import host_rng as _host_rng
 from workbench.errors import (
     DeviceError,
     InputError,
@@ -40,9 +41,9 @@ from workbench.errors import (
     UnsupportedOperatorError,
     WorkbenchError,
 )
-from workbench.graph.ir import Graph, Node
+from workbench.graph.ir import Graph, Node, ValueInfo
 from workbench.graph.values import check_feed
-from workbench.ops.registry import NodeContext, attribute_defaults, lookup
+from workbench.ops.registry import NodeContext, attribute_defaults, facts, lookup
 
 
 # --------------------------------------------------------------------------- ordering
@@ -162,6 +163,31 @@ def resolve_cut(graph: Graph, last_layers) -> list[str]:
                      f"got {type(last_layers).__name__}")
 
 
+def cut(graph: Graph, last_layers, *, initializers: dict | None = None,
+        prune_inputs: bool = True, name: str | None = None) -> Graph:
+    """The graph cut at ``last_layers`` (the one place for cutting: ``SONNXModel.cut``,
+    ``Model.cut`` and the cutter widget use it): a new Graph of the nodes (copied) that the
+    outputs of :func:`resolve_cut` need, the initializers they read (values taken from
+    ``initializers`` when given, e.g. a trained model's current weights), the graph inputs they
+    read (all of them with ``prune_inputs=False``) and those outputs."""
+    outputs = resolve_cut(graph, last_layers)
+    keep = needed_nodes(topological_order(graph), outputs)
+    used = {i for n in keep for i in n.inputs if i} | set(outputs)
+    for n in keep:
+        for sg in n.subgraphs:
+            used |= sg.free_variables()
+    values = graph.initializers if initializers is None else initializers
+    return Graph(
+        name=f"{graph.name}_cut" if name is None else name,
+        nodes=[Node(n.op_type, list(n.inputs), list(n.outputs), dict(n.attrs), n.name,
+                    n.domain, n.doc_string) for n in keep],
+        inputs=[v for v in graph.inputs if not prune_inputs or v.name in used],
+        outputs=[graph.value(o) or ValueInfo(o) for o in outputs],
+        initializers={k: values[k] for k in graph.initializers if k in used},
+        value_info={k: v for k, v in graph.value_info.items() if k in used},
+        opsets=dict(graph.opsets), doc_string=graph.doc_string)
+
+
 # --------------------------------------------------------------------------- plan
 @dataclass
 class Step:
@@ -175,6 +201,7 @@ class Step:
     host: bool = False       # device plans: this node runs on the host (host-only dtypes)
     host_op: bool = False    # device plans: a shape computation on host values (numpy)
     host_read: frozenset = frozenset()  # device plans: input positions read on the host
+    opset: int = 0           # the opset of the node's domain
 
 
 class Plan:
@@ -203,7 +230,10 @@ class Plan:
         self.check_inputs = check_inputs
         self.output_names = list(outputs) if outputs is not None else \
             [v.name for v in graph.outputs]
-        self._rng = np.random.default_rng(seed)
+        # random ops without a seed attribute draw from the device's random source (seedable
+        # with Device.SetRandSeed); a Plan built with ``seed=`` has its own generator
+        self._rng = np.random.default_rng(seed) if seed is not None else \
+            (device.rng if device is not None else _host_rng())
         order = topological_order(graph, outer=outer)
         self.nodes = needed_nodes(order, self.output_names)
         self.input_infos = list(graph.inputs)
@@ -291,7 +321,7 @@ class Plan:
                 entry.fn,
                 tuple(slots[i] if i else -1 for i in n.inputs),
                 tuple(slots[o] if o else -1 for o in n.outputs),
-                attrs, tuple(frees[si]), n, tuple(subplans)))
+                attrs, tuple(frees[si]), n, tuple(subplans), opset=opset))
         if errors:
             if len(errors) == 1:
                 raise errors[0]
@@ -324,8 +354,9 @@ class Plan:
 
         Shape logic runs on the host, from the shapes the host already knows: the outputs of
         Shape/Size, small integer constants and graph inputs read only as shapes (the
-        ``shape`` of Reshape, the ``axes`` of Unsqueeze, ...), and the cheap integer ops
-        computed from them (Gather, Concat, Unsqueeze, Add, ...) stay numpy arrays, so that a
+        ``shape`` of Reshape, the ``axes`` of Unsqueeze, ...: the ops' registered
+        ``host_inputs``), and the cheap integer ops computed from them (registered
+        ``host_compute``: Gather, Concat, Unsqueeze, Add, ...) stay numpy arrays, so that a
         Reshape with a dynamic target reads it without a device-to-host copy. A host value
         that a device kernel needs as data is uploaded when it is used."""
         graph = self.graph
@@ -358,12 +389,13 @@ class Plan:
             host = set(cand)
             host_nodes = set()
             for n in nodes:
-                if n.op_type in ("Shape", "Size") and not n.domain:
+                f = facts(n.op_type, n.domain)
+                if f.shape_only:
                     host.update(o for o in n.outputs if o)
                     host_nodes.add(id(n))
                 elif n.outputs and n.outputs[0] in const_nodes and n.outputs[0] in cand:
                     host_nodes.add(id(n))
-                elif (n.op_type in _HOST_OPS and not n.domain and not n.subgraphs
+                elif (f.host_compute and not n.subgraphs
                       and any(n.inputs) and all(i in host for i in n.inputs if i)):
                     host.update(o for o in n.outputs if o)
                     host_nodes.add(id(n))
@@ -371,7 +403,7 @@ class Plan:
             bad = set()
             for name in cand:
                 for n, k in consumers.get(name, ()):
-                    if id(n) not in host_nodes and k not in _HOST_READ.get(n.op_type, ()):
+                    if id(n) not in host_nodes and k not in facts(n.op_type, n.domain).host_inputs:
                         bad.add(name)
                         break
             if not bad:
@@ -383,8 +415,7 @@ class Plan:
             n = st.node
             if id(n) in host_nodes:
                 st.host_op = True
-            if not n.domain:
-                st.host_read = frozenset(_HOST_READ.get(n.op_type, ()))
+            st.host_read = frozenset(facts(n.op_type, n.domain).host_inputs)
 
     # ------------------------------------------------------------------ running
     def _feeds_to_slots(self, feeds) -> list:
@@ -422,44 +453,86 @@ class Plan:
         ``hook(node, outputs)`` is called after every node with the tuple of its outputs.
         Returns the outputs (a list, in ``output_names`` order).
         """
-        values = self._feeds_to_slots(feeds)
-        env = self._template.copy()
-        for s, v in zip(self._in_slots, values):
-            env[s] = v
-        if outer is not None:
-            for name, s in self._outer_slots:
-                env[s] = outer[name]
-        if self.device is not None and self.device.is_cuda:
-            with self.device.xp.cuda.Device(self.device.index):
-                return self._execute(env, hook)
-        return self._execute(env, hook)
+        return self.execute(self._feeds_to_slots(feeds), outer=outer, hook=hook)
 
     def run_positional(self, values: Sequence, outer: dict | None = None) -> list:
         """Run with inputs in order and no checks (subgraph bodies)."""
+        env = self._env(values, None, outer)
+        return self._execute(env, None, None)
+
+    def execute(self, inputs: Sequence, *, runner: StepRunner | None = None,
+                values: dict | None = None, outer: dict | None = None,
+                hook: Callable | None = None) -> list:
+        """Run the schedule on ``inputs`` (in input order, not checked): the one run loop.
+
+        ``runner`` decides how a step runs: None runs the kernels on arrays (on the plan's
+        device); a :class:`StepRunner` (``autograd.TapeRunner``: Tensors recording the tape)
+        is called as ``runner(step, args, kw)`` and binds subgraph bodies with
+        ``runner.bind(plan, scope)``. ``values`` ({name: value}) replaces initializers (a
+        trainable model's parameters); ``outer`` gives the outer-scope values of a subgraph.
+        """
+        env = self._env(inputs, values, outer)
+        if self.device is not None and self.device.is_cuda:
+            with self.device.xp.cuda.Device(self.device.index):
+                return self._execute(env, hook, runner)
+        return self._execute(env, hook, runner)
+
+    def _env(self, inputs: Sequence, values: dict | None, outer: dict | None) -> list:
         env = self._template.copy()
-        for s, v in zip(self._in_slots, values):
+        if values:
+            slots = self.slots
+            for name, v in values.items():
+                s = slots.get(name)
+                if s is not None:
+                    env[s] = v
+        for s, v in zip(self._in_slots, inputs):
             env[s] = v
         if outer:
             for name, s in self._outer_slots:
                 env[s] = outer[name]
-        return self._execute(env, None)
+        return env
 
-    def _execute(self, env: list, hook) -> list:
+    @classmethod
+    def of_steps(cls, steps: Sequence[Step], *, n_slots: int, inputs: Sequence[int],
+                 outputs: Sequence[int], constants: dict[int, Any]) -> Plan:
+        """A schedule made elsewhere (a recorded tape replayed by ``model.Model`` in graph
+        mode): ``steps`` over ``n_slots`` integer slots, the input and output slots, and the
+        constant values of some slots. Run it with :meth:`execute` and a runner."""
+        plan = cls.__new__(cls)
+        plan.graph = None
+        plan.device = None
+        plan._on_cuda = False
+        plan.track_memory = False
+        plan.last_peak_bytes = None
+        plan.steps = list(steps)
+        plan.slots = {}
+        plan._template = [None] * n_slots
+        for s, v in constants.items():
+            plan._template[s] = v
+        plan._in_slots = list(inputs)
+        plan._out_slots = list(outputs)
+        plan._outer_slots = []
+        return plan
+
+    def _execute(self, env: list, hook, runner=None) -> list:
         step = None
         mem = _pool_sampler(self.device) if self.track_memory else None
         peak = mem() if mem is not None else 0
         try:
             on_cuda = self._on_cuda
             dxp = self.device.xp if on_cuda else None
+            bind = _bind if runner is None else runner.bind
             for step in self.steps:
                 args = [env[i] if i >= 0 else None for i in step.ins]
                 if step.subplans:
                     kw = dict(step.attrs)
                     for name, sub, free in step.subplans:
-                        kw[name] = _bind(sub, {f: env[s] for f, s in free})
+                        kw[name] = bind(sub, {f: env[s] for f, s in free})
                 else:
                     kw = step.attrs
-                if on_cuda:
+                if runner is not None:
+                    r = runner(step, args, kw)
+                elif on_cuda:
                     r = _run_device_step(step, args, kw, dxp)
                 else:
                     r = step.fn(*args, **kw)
@@ -498,7 +571,7 @@ class Plan:
                     f"than this machine has") from e
             raise KernelError(
                 f"node {step.node.name!r} ({step.node.op_type}, opset "
-                f"{self.graph.opsets.get(step.node.domain or '', '?')}) failed: "
+                f"{step.opset or '?'}) failed: "
                 f"{type(e).__name__}: {e}; inputs: {_describe_args(step, env, args)}",
                 node_name=step.node.name, op_type=step.node.op_type) from e
         if mem is not None:
@@ -512,6 +585,16 @@ class Plan:
                 v = np.asarray(v)
             out.append(v)
         return out
+
+
+class StepRunner(Protocol):
+    """How :meth:`Plan.execute` runs a step on values other than plain arrays."""
+
+    def __call__(self, step: Step, args: list, kw: dict):
+        """The step's output (a tuple for several outputs)."""
+
+    def bind(self, plan: Plan, scope: dict) -> Callable:
+        """A subgraph body ``body(*inputs) -> list`` with ``scope``'s outer values bound."""
 
 
 def _bind(plan: Plan, scope: dict) -> Callable:
@@ -608,24 +691,6 @@ def _is_dtype_refusal(e: BaseException) -> bool:
         "Unsupported dtype" in text or "Unsupported type" in text or "has no device" in text)
 
 
-#: ops that, when every input is a host value, run on the host in device plans (integer shape
-#: arithmetic on a few elements: cheaper on numpy than a kernel launch, and no sync later)
-_HOST_OPS = frozenset({
-    "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Add", "Sub", "Mul", "Div",
-    "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Where", "Not", "And", "Or",
-    "Neg", "Abs", "Min", "Max", "Identity", "Mod", "Floor", "Ceil", "ReduceProd", "ReduceSum",
-    "ReduceMax", "ReduceMin", "Reshape", "Range", "Sign", "Flatten",
-})  # not Expand/Tile/ConstantOfShape: small inputs, but outputs as large as the data
-#: input positions that kernels read on the host as Python ints (shape-like inputs)
-_HOST_READ = {
-    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 3),
-    "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "ConstantOfShape": (0,),
-    "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,),
-    "ReduceProd": (1,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,),
-    "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,), "TopK": (1,), "OneHot": (1,),
-    "Resize": (1, 2, 3), "Upsample": (1,), "CumSum": (1,), "Trilu": (1,), "Range": (0, 1, 2),
-    "Dropout": (1, 2), "CenterCropPad": (1,), "Col2Im": (1, 2), "MaxUnpool": (2,),
-}
 #: integer constants up to this many elements may stay on the host
 _HOST_CONST_MAX = 64
 _INT_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})  # TensorProto (u)int8..64
@@ -685,7 +750,7 @@ def _host_kw(kw):
 
 def _run_host_op(step: Step, args: list, kw: dict):
     """A shape computation on host values: numpy in, numpy out."""
-    if step.node.op_type in ("Shape", "Size"):
+    if facts(step.node.op_type, step.node.domain).shape_only:
         # only the metadata is read: a zero-stride host view of the device array's shape
         d = args[0]
         if d is not None and not isinstance(d, (np.ndarray, list)):

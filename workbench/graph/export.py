@@ -18,8 +18,6 @@ The result passes ``onnx.checker``; what ONNX cannot express raises :class:`Expo
 
 from __future__ import annotations
 
-import os
-import tempfile
 import warnings
 from collections.abc import Sequence
 
@@ -32,7 +30,8 @@ from onnx import helper, numpy_helper
 
 from workbench.arrays import to_numpy
 from workbench.arrays.dtypes import onnx_dtype_of_np
-from workbench.errors import ExportError, OverwriteError
+from workbench.errors import ExportError
+from workbench.files import write_atomic
 
 
 class _Names:
@@ -314,26 +313,5 @@ def _convert(proto, n, target: int, value_name: dict, initializers: list) -> lis
 def save_atomic(proto: onnx.ModelProto, path, *, overwrite: bool = False) -> str:
     """Write ``proto`` to ``path`` through a temporary file and an atomic rename; an existing
     file is replaced only with ``overwrite=True``."""
-    path = os.fspath(path)
-    if os.path.exists(path) and not overwrite:
-        raise OverwriteError(f"{path} already exists; pass overwrite=True to replace it")
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                                   dir=folder)
-    except OSError as e:
-        raise ExportError(f"cannot write {path}: {e.strerror or e}") from e
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(proto.SerializeToString())
-        os.replace(tmp, path)
-    except BaseException as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise ExportError(f"cannot write {path}: {e.strerror or e}") from e
-        if isinstance(e, ValueError):   # protobuf refuses messages over 2 GB
-            raise ExportError(f"cannot write {path}: {e} (models over 2 GB need external "
-                              f"data: onnx.save_model(..., save_as_external_data=True))") from e
-        raise
-    return path
+    return write_atomic(path, lambda f: f.write(proto.SerializeToString()),
+                        overwrite=overwrite)

@@ -25,9 +25,9 @@ import numpy as np
 from workbench.errors import ModelLoadError, WorkbenchError
 from workbench.graph.ir import Graph, Node
 from workbench.limits import temporary_budget
+from workbench.ops.conv import EPILOGUE_ACTIVATIONS, FUSED_DOMAIN
+from workbench.ops.registry import facts
 
-NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                    "Multinomial", "Bernoulli", "Dropout"}
 MAX_FOLDED_BYTES = 64 << 20
 
 
@@ -107,7 +107,7 @@ def fold_constants(graph: Graph) -> Graph:
     keep = []
     for n in g.nodes:
         folded = None
-        if n.subgraphs or n.op_type in NONDETERMINISTIC or n.domain not in ("", "ai.onnx"):
+        if n.subgraphs or facts(n.op_type, n.domain).random or n.domain not in ("", "ai.onnx"):
             keep.append(n)
             continue
         if n.op_type == "Shape" and inputs_static and n.inputs[0] not in consts:
@@ -220,8 +220,6 @@ def fold_batchnorm(graph: Graph) -> Graph:
     return eliminate_dead_code(g)
 
 
-_FUSABLE_ACTS = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "Tanh"}
-FUSED_DOMAIN = "com.workbench"
 
 
 def _activation_params(node: Node, inits: dict, opset: int):
@@ -283,7 +281,7 @@ def fuse_conv_activation(graph: Graph) -> Graph:
                 z, out = other, nxt.outputs[0]
                 chain.append(nxt)
                 nxt = only_consumer(out)
-        if nxt is not None and nxt.op_type in _FUSABLE_ACTS and not nxt.domain \
+        if nxt is not None and nxt.op_type in EPILOGUE_ACTIVATIONS and not nxt.domain \
                 and len(nxt.outputs) == 1 and id(nxt) not in removed:
             act = _activation_params(nxt, inits, opset)
             if act is not None:

@@ -11,7 +11,7 @@ _FAMILIES = (
     "conv", "pool", "norm", "linalg", "reduce",
     "shape", "indexing", "tensorgen", "loss",
     "controlflow", "sequence", "quant", "resize", "rnn", "signal", "misc", "nlp",
-    "attention", "training", "ml", "ml_linear", "ml_trees", "contrib_tokenizer",
+    "attention", "training", "ml", "ml_linear", "ml_trees", "contrib_tokenizer", "contrib",
 )
 
 for _name in _FAMILIES:

@@ -150,12 +150,18 @@ def is_float(dtype) -> bool:
 
 
 def compute_dtype(dtype):
-    """The dtype to compute a float op in: float32 for float16/bfloat16 (and the narrower ml_dtypes
-    floats), else the dtype itself."""
+    """The half-precision policy, in one place: the dtype to compute a float op in is float32
+    for float16/bfloat16 (and the narrower ml_dtypes floats), else the dtype itself."""
     dtype = np.dtype(dtype)
     if dtype.itemsize < 4 and is_float(dtype):
         return np.dtype(np.float32)
     return dtype
+
+
+def to_compute(x):
+    """``x`` in its compute dtype (:func:`compute_dtype`; other dtypes unchanged)."""
+    cd = compute_dtype(x.dtype)
+    return x if x.dtype == cd else x.astype(cd)
 
 
 def widen_half(x):

@@ -47,7 +47,7 @@ def _sigmoid_inplace(xp, t):
 # Relu family
 
 
-@kernel("Relu", since=6)
+@kernel("Relu", since=6, category="activation")
 def relu(x):
     xp = xp_of(x)
     if xp is np and x.dtype.kind == "f" and x.itemsize >= 4:
@@ -57,7 +57,7 @@ def relu(x):
     return ensure_array(xp.maximum(x, xp.zeros((), dtype=x.dtype)), xp)
 
 
-@kernel("LeakyRelu", since=6)
+@kernel("LeakyRelu", since=6, category="activation")
 def leaky_relu(x, *, alpha=0.01):
     xp = xp_of(x)
     t = _fresh(xp, x)
@@ -70,7 +70,7 @@ def leaky_relu(x, *, alpha=0.01):
     return _down(ensure_array(t, xp), x.dtype)
 
 
-@kernel("PRelu", since=6)
+@kernel("PRelu", since=6, category="activation")
 def prelu(x, slope):
     """x where x >= 0 else slope * x; slope broadcasts to x (unidirectional)."""
     xp = xp_of(x, slope)
@@ -86,14 +86,14 @@ def prelu(x, slope):
     return ensure_array(xp.where(x < 0, x * slope, x), xp)
 
 
-@kernel("ThresholdedRelu", since=10)
+@kernel("ThresholdedRelu", since=10, category="activation")
 def thresholded_relu(x, *, alpha=1.0):
     xp = xp_of(x)
     xc = _up(x)
     return _down(ensure_array(xp.where(xc > alpha, xc, xp.zeros((), xc.dtype)), xp), x.dtype)
 
 
-@kernel("Elu", since=6)
+@kernel("Elu", since=6, category="activation")
 def elu(x, *, alpha=1.0):
     xp = xp_of(x)
     xc = _up(x)
@@ -104,7 +104,7 @@ def elu(x, *, alpha=1.0):
     return _down(ensure_array(xp.where(xc > 0, xc, t), xp), x.dtype)
 
 
-@kernel("Selu", since=6)
+@kernel("Selu", since=6, category="activation")
 def selu(x, *, alpha=1.6732632423543772, gamma=1.0507009873554805):
     xp = xp_of(x)
     xc = _up(x)
@@ -117,7 +117,7 @@ def selu(x, *, alpha=1.6732632423543772, gamma=1.0507009873554805):
     return _down(ensure_array(t, xp), x.dtype)
 
 
-@kernel("Celu", since=12)
+@kernel("Celu", since=12, category="activation")
 def celu(x, *, alpha=1.0):
     """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
     xp = xp_of(x)
@@ -144,13 +144,13 @@ def shrink(x, *, bias=0.0, lambd=0.5):
 # sigmoid family
 
 
-@kernel("Sigmoid", since=6)
+@kernel("Sigmoid", since=6, category="activation")
 def sigmoid(x):
     xp = xp_of(x)
     return _down(ensure_array(_sigmoid_inplace(xp, _fresh(xp, x)), xp), x.dtype)
 
 
-@kernel("HardSigmoid", since=6)
+@kernel("HardSigmoid", since=6, category="activation")
 def hard_sigmoid(x, *, alpha=0.2, beta=0.5):
     """max(0, min(1, alpha * x + beta))."""
     xp = xp_of(x)
@@ -161,7 +161,7 @@ def hard_sigmoid(x, *, alpha=0.2, beta=0.5):
     return _down(ensure_array(t, xp), x.dtype)
 
 
-@kernel("HardSwish", since=14)
+@kernel("HardSwish", since=14, category="activation")
 def hard_swish(x):
     """x * max(0, min(1, x / 6 + 1 / 2))."""
     xp = xp_of(x)
@@ -173,7 +173,7 @@ def hard_swish(x):
     return _down(ensure_array(t, xp), x.dtype)
 
 
-@kernel("Tanh", since=6)
+@kernel("Tanh", since=6, category="activation")
 def tanh(x):
     return ensure_array(xp_of(x).tanh(x))
 
@@ -189,13 +189,13 @@ def _softplus(xp, xc):
     return ensure_array(t, xp)
 
 
-@kernel("Softplus", since=1)
+@kernel("Softplus", since=1, category="activation")
 def softplus(x):
     xp = xp_of(x)
     return _down(_softplus(xp, _up(x)), x.dtype)
 
 
-@kernel("Softsign", since=1)
+@kernel("Softsign", since=1, category="activation")
 def softsign(x):
     """x / (1 + |x|)."""
     xp = xp_of(x)
@@ -206,7 +206,7 @@ def softsign(x):
     return _down(ensure_array(t, xp), x.dtype)
 
 
-@kernel("Mish", since=18)
+@kernel("Mish", since=18, category="activation")
 def mish(x):
     """x * tanh(softplus(x))."""
     xp = xp_of(x)
@@ -218,7 +218,7 @@ def mish(x):
     return _down(ensure_array(t, xp), x.dtype)
 
 
-@kernel("Gelu", since=20)
+@kernel("Gelu", since=20, category="activation")
 def gelu(x, *, approximate="none"):
     """0.5 x (1 + erf(x / sqrt 2)), or the tanh approximation with ``approximate='tanh'``."""
     xp = xp_of(x)
@@ -249,7 +249,7 @@ def _swish(xp, x, alpha):
     return t
 
 
-@kernel("Swish", since=24)
+@kernel("Swish", since=24, category="activation")
 def swish(x, *, alpha=1.0):
     """x * sigmoid(alpha * x)."""
     xp = xp_of(x)
@@ -313,7 +313,7 @@ def _apply(op, fn, x, axis, coerce_2d):
     return fn(xp, x.reshape(rows, cols), 1).reshape(x.shape)
 
 
-@kernel("Softmax", since=1)
+@kernel("Softmax", since=1, category="activation")
 def softmax_1(x, *, axis=1):
     """Softmax-1..12: the input is coerced to 2-D at ``axis`` (trailing dims normalized)."""
     return _apply("Softmax", lambda xp, v, a: _softmax(xp, v, a, False), x, axis, True)
@@ -324,7 +324,7 @@ def softmax(x, *, axis=-1):
     return _apply("Softmax", lambda xp, v, a: _softmax(xp, v, a, False), x, axis, False)
 
 
-@kernel("LogSoftmax", since=1)
+@kernel("LogSoftmax", since=1, category="activation")
 def log_softmax_1(x, *, axis=1):
     """LogSoftmax-1..12: coerced to 2-D at ``axis`` like Softmax-1."""
     return _apply("LogSoftmax", lambda xp, v, a: _softmax(xp, v, a, True), x, axis, True)
@@ -335,7 +335,7 @@ def log_softmax(x, *, axis=-1):
     return _apply("LogSoftmax", lambda xp, v, a: _softmax(xp, v, a, True), x, axis, False)
 
 
-@kernel("Hardmax", since=1)
+@kernel("Hardmax", since=1, category="activation")
 def hardmax_1(x, *, axis=1):
     """Hardmax-1..12: coerced to 2-D at ``axis`` (one 1 per flattened row)."""
     return _apply("Hardmax", _hardmax, x, axis, True)

@@ -89,7 +89,7 @@ def _mask_bias(xp, attn_mask, total_len, wdt):
     return bias
 
 
-@kernel("Attention", since=23, wants_ctx=True)
+@kernel("Attention", since=23, wants_ctx=True, category="layer")
 def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None,
               *, is_causal, qk_matmul_output_mode, softcap, kv_num_heads=None, q_num_heads=None,
               scale=None, softmax_precision=None, left_window_size=-1, right_window_size=-1,

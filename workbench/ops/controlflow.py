@@ -41,14 +41,14 @@ def _stack(op: str, what: str, elems, axis: int = 0):
                          f"scan outputs are stacked and need one shape") from None
 
 
-@kernel("If", since=1)
+@kernel("If", since=1, category="control")
 def if_(cond, *, then_branch, else_branch):
     """Run one branch (one kernel for every If version: later ones only widen the types)."""
     branch = then_branch if _scalar_bool("If", "cond", cond) else else_branch
     return _outputs(branch())
 
 
-@kernel("Loop", since=1, wants_ctx=True)
+@kernel("Loop", since=1, wants_ctx=True, category="control")
 def loop(M, cond, *v_initial, body, ctx):
     """``for i in range(M) while cond``: M and cond may be omitted (None). The condition the
     body returns is always honoured (as onnxruntime does), also when the cond input was
@@ -110,7 +110,7 @@ def _norm_axes(op: str, attr: str, axes, ranks) -> list[int]:
     return out
 
 
-@kernel("Scan", since=9, wants_ctx=True)
+@kernel("Scan", since=9, wants_ctx=True, category="control")
 def scan(*initial_state_and_scan_inputs, body, num_scan_inputs, scan_input_axes=None,
          scan_input_directions=None, scan_output_axes=None, scan_output_directions=None,
          ctx):

@@ -23,8 +23,9 @@ import math
 import numpy as np  # host-side checks only
 
 from workbench.arrays import xp_of
+from workbench.arrays.geometry import norm_auto_pad, window_geometry
 from workbench.errors import InputError, ShapeError
-from workbench.ops._common import quiet
+from workbench.ops._common import compute_dtype, quiet, to_compute
 from workbench.ops.parallel import (
     blas_controller,
     parallel_add,
@@ -37,14 +38,10 @@ from workbench.ops.parallel import (
 from workbench.ops.registry import kernel
 from workbench.ops.windows import (
     WideTaps,
-    compute_dtype,
-    norm_auto_pad,
     pad_spatial,
     sliding_windows,
     spatial_ints,
     tap_view,
-    to_compute,
-    window_geometry,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -338,7 +335,7 @@ def _kernel_from(op, W, kernel_shape, first_spatial=2):
 # Conv
 # --------------------------------------------------------------------------------------------
 
-@kernel("Conv", since=1)
+@kernel("Conv", since=1, category="layer")
 def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
          pads=None, strides=None, epi=None):
     """ONNX Conv (1-D/2-D/3-D...): im2col + matmul, with 1x1 and depthwise fast paths.
@@ -373,6 +370,8 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
 
 #: the domain of the engine's internal fused ops (never written to exported files)
 FUSED_DOMAIN = "com.workbench"
+#: the activations FusedConv applies in its epilogue (what fuse_conv_activation may fuse)
+EPILOGUE_ACTIVATIONS = frozenset(("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "Tanh"))
 
 
 def apply_activation(y, activation, alpha=0.0, beta=0.0):
@@ -423,7 +422,7 @@ def fused_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
                 kernel_shape=kernel_shape, pads=pads, strides=strides)
 
 
-@kernel("ConvInteger", since=10)
+@kernel("ConvInteger", since=10, category="layer")
 def conv_integer(x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET",
                  dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """ONNX ConvInteger: (x - x_zp) conv (w - w_zp) accumulated exactly, int32 output."""
@@ -549,7 +548,7 @@ def _conv_transpose(X, W, B, auto_pad, dilations, group, kernel_shape, output_pa
     return y if y.dtype == X.dtype else y.astype(X.dtype)
 
 
-@kernel("ConvTranspose", since=1)
+@kernel("ConvTranspose", since=1, category="layer")
 def conv_transpose_1(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
                      kernel_shape=None, output_padding=None, output_shape=None, pads=None,
                      strides=None):
@@ -567,7 +566,7 @@ def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
                            output_shape, pads, strides, upper_puts_extra_at_end=True)
 
 
-@kernel("Col2Im", since=18)
+@kernel("Col2Im", since=18, host_inputs=(1, 2))
 def col2im(input, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
     """ONNX Col2Im: sum column blocks (N, C*prod(block), L) back into (N, C, *image_shape)."""
     op = "Col2Im"
@@ -680,7 +679,7 @@ def _deform_conv(X, W, offset, B, mask, dilations, group, kernel_shape, offset_g
     return y if y.dtype == X.dtype else y.astype(X.dtype)
 
 
-@kernel("DeformConv", since=19)
+@kernel("DeformConv", since=19, category="layer")
 def deform_conv(X, W, offset, B=None, mask=None, *, dilations=None, group=1,
                 kernel_shape=None, offset_group=1, pads=None, strides=None):
     """ONNX DeformConv (N-D): bilinear (multilinear) sampling at offset taps, then a matmul."""

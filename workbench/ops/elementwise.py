@@ -40,25 +40,25 @@ def legacy_broadcast(op: str, a, b, broadcast, axis):
 # binary arithmetic
 
 
-@kernel("Add", since=6)
+@kernel("Add", since=6, category="math", host_compute=True)
 def add(a, b, *, broadcast=0, axis=None):
     b = legacy_broadcast("Add", a, b, broadcast, axis)
     return ensure_array(xp_of(a, b).add(a, b))
 
 
-@kernel("Sub", since=6)
+@kernel("Sub", since=6, category="math", host_compute=True)
 def sub(a, b, *, broadcast=0, axis=None):
     b = legacy_broadcast("Sub", a, b, broadcast, axis)
     return ensure_array(xp_of(a, b).subtract(a, b))
 
 
-@kernel("Mul", since=6)
+@kernel("Mul", since=6, category="math", host_compute=True)
 def mul(a, b, *, broadcast=0, axis=None):
     b = legacy_broadcast("Mul", a, b, broadcast, axis)
     return ensure_array(xp_of(a, b).multiply(a, b))
 
 
-@kernel("Div", since=6)
+@kernel("Div", since=6, category="math", host_compute=True)
 def div(a, b, *, broadcast=0, axis=None):
     """Float division, or integer division truncating toward zero (C semantics)."""
     b = legacy_broadcast("Div", a, b, broadcast, axis)
@@ -84,7 +84,7 @@ def div(a, b, *, broadcast=0, axis=None):
         return r
 
 
-@kernel("Pow", since=6)
+@kernel("Pow", since=6, category="math")
 def pow_(x, y, *, broadcast=0, axis=None):
     """x ** y with the output type of ``x``; the exponent may have another numeric type."""
     y = legacy_broadcast("Pow", x, y, broadcast, axis)
@@ -119,7 +119,7 @@ def _int_pow(xp, x, y):
     return ensure_array(xp.power(x, y)).astype(x.dtype, copy=False)
 
 
-@kernel("Mod", since=10)
+@kernel("Mod", since=10, category="math", host_compute=True)
 def mod(a, b, *, fmod=0):
     """fmod=0: result has the sign of B (floor); fmod=1: sign of A (C fmod)."""
     xp = xp_of(a, b)
@@ -140,35 +140,35 @@ def mod(a, b, *, fmod=0):
 # unary math
 
 
-@kernel("Neg", since=6)
+@kernel("Neg", since=6, category="math", host_compute=True)
 def neg(x):
     return ensure_array(xp_of(x).negative(x))
 
 
-@kernel("Abs", since=6)
+@kernel("Abs", since=6, category="math", host_compute=True)
 def abs_(x):
     return ensure_array(xp_of(x).absolute(x))
 
 
-@kernel("Sqrt", since=6)
+@kernel("Sqrt", since=6, category="math")
 def sqrt(x):
     with quiet():
         return ensure_array(xp_of(x).sqrt(x))
 
 
-@kernel("Exp", since=6)
+@kernel("Exp", since=6, category="math")
 def exp(x):
     with quiet():
         return ensure_array(xp_of(x).exp(x))
 
 
-@kernel("Log", since=6)
+@kernel("Log", since=6, category="math")
 def log(x):
     with quiet():
         return ensure_array(xp_of(x).log(x))
 
 
-@kernel("Reciprocal", since=6)
+@kernel("Reciprocal", since=6, category="math")
 def reciprocal(x):
     if not is_float(x.dtype):  # numpy's integer reciprocal would silently give 0s
         raise InputError(f"Reciprocal: input dtype {x.dtype} is not supported "
@@ -177,38 +177,38 @@ def reciprocal(x):
         return ensure_array(xp_of(x).reciprocal(x))
 
 
-@kernel("Floor", since=6)
+@kernel("Floor", since=6, category="math", host_compute=True)
 def floor(x):
     return ensure_array(xp_of(x).floor(x))
 
 
-@kernel("Ceil", since=6)
+@kernel("Ceil", since=6, category="math", host_compute=True)
 def ceil(x):
     return ensure_array(xp_of(x).ceil(x))
 
 
-@kernel("Round", since=11)
+@kernel("Round", since=11, category="math")
 def round_(x):
     """Round half to even; integral values, +-0, NaN and infinities are returned unchanged."""
     return ensure_array(xp_of(x).rint(x))
 
 
-@kernel("Sign", since=9)
+@kernel("Sign", since=9, category="math", host_compute=True)
 def sign(x):
     return ensure_array(xp_of(x).sign(x))
 
 
-@kernel("Sin", since=7)
+@kernel("Sin", since=7, category="math")
 def sin(x):
     return ensure_array(xp_of(x).sin(x))
 
 
-@kernel("Cos", since=7)
+@kernel("Cos", since=7, category="math")
 def cos(x):
     return ensure_array(xp_of(x).cos(x))
 
 
-@kernel("Tan", since=7)
+@kernel("Tan", since=7, category="math")
 def tan(x):
     return ensure_array(xp_of(x).tan(x))
 
@@ -333,19 +333,19 @@ def erf_array(x):
     return ensure_array(r, xp).astype(x.dtype, copy=False)
 
 
-@kernel("Erf", since=9)
+@kernel("Erf", since=9, category="math")
 def erf(x):
     if not is_float(x.dtype):  # Erf-9 also allows integer types
         return erf_array(x.astype(np.float64)).astype(x.dtype)
     return erf_array(x)
 
 
-@kernel("IsNaN", since=9)
+@kernel("IsNaN", since=9, category="math")
 def isnan(x):
     return ensure_array(xp_of(x).isnan(x))
 
 
-@kernel("IsInf", since=10)
+@kernel("IsInf", since=10, category="math")
 def isinf(x, *, detect_negative=1, detect_positive=1):
     xp = xp_of(x)
     if detect_negative and detect_positive:
@@ -383,14 +383,14 @@ def _variadic(op: str, ufunc_name: str, inputs, accumulate=False):
     return r
 
 
-@kernel("Sum", since=6)
+@kernel("Sum", since=6, category="math")
 def sum_(*inputs):
     if len(inputs) > 2:
         return _variadic("Sum", "add", inputs, accumulate=True).astype(inputs[0].dtype, copy=False)
     return _variadic("Sum", "add", inputs)
 
 
-@kernel("Mean", since=6)
+@kernel("Mean", since=6, category="math")
 def mean(*inputs):
     if len(inputs) == 1:
         return inputs[0]
@@ -403,12 +403,12 @@ def mean(*inputs):
     return r.astype(inputs[0].dtype, copy=False)
 
 
-@kernel("Max", since=6)
+@kernel("Max", since=6, category="math", host_compute=True)
 def max_(*inputs):
     return _variadic("Max", "maximum", inputs)
 
 
-@kernel("Min", since=6)
+@kernel("Min", since=6, category="math", host_compute=True)
 def min_(*inputs):
     return _variadic("Min", "minimum", inputs)
 
@@ -417,7 +417,7 @@ def min_(*inputs):
 # bitwise
 
 
-@kernel("BitShift", since=11)
+@kernel("BitShift", since=11, category="math")
 def bitshift(x, y, *, direction):
     """Shifts that are negative or >= the bit width give 0 (or -1 right-shifting a negative)."""
     xp = xp_of(x, y)
@@ -479,7 +479,7 @@ def _attr_bound(xp, x, value):
         return xp.asarray(np.asarray(value, dtype=np.float64).astype(x.dtype))
 
 
-@kernel("Clip", since=6)
+@kernel("Clip", since=6, category="activation", settings=(1, 2))
 def clip_6(x, *, min=-3.4028234663852886e38, max=3.4028234663852886e38):  # noqa: A002
     """Clip-6..10: the bounds are float attributes (float types only)."""
     xp = xp_of(x)
@@ -499,7 +499,7 @@ def clip(x, lo=None, hi=None):
     return _clip(xp, x, lo, hi)
 
 
-@kernel("Identity", since=1)
+@kernel("Identity", since=1, category="shape", host_compute=True)
 def identity(x):
     """Returns its input: a tensor, a sequence (list) or an optional value."""
     if isinstance(x, list):

@@ -47,7 +47,7 @@ def _along_axis_index(xp, idx, axis):
 
 # Gather family -----------------------------------------------------------------------------------
 
-@kernel("Gather", since=1)
+@kernel("Gather", since=1, category="shape", host_compute=True)
 def gather(data, indices, *, axis=0):
     """Take the slices ``indices`` along ``axis``; the index dims replace that axis."""
     xp = xp_of(data)
@@ -58,7 +58,7 @@ def gather(data, indices, *, axis=0):
     return xp.take(data, idx, axis=ax)
 
 
-@kernel("GatherElements", since=11)
+@kernel("GatherElements", since=11, category="shape")
 def gather_elements(data, indices, *, axis=0):
     """``out[i][j][k] = data[indices[i][j][k]][j][k]`` (axis=0); output has the indices shape."""
     xp = xp_of(data)
@@ -103,7 +103,7 @@ def _gather_nd(data, indices, batch_dims):
     return out.reshape(batch_shape + mid_shape + tail_shape)
 
 
-@kernel("GatherND", since=11)
+@kernel("GatherND", since=11, category="shape")
 def gather_nd(data, indices, *, batch_dims=0):
     """Gather slices of ``data`` addressed by the index tuples in the last dim of ``indices``
     (``batch_dims`` leading dims shared, from opset 12)."""
@@ -176,20 +176,20 @@ def _scatter_elements(op, data, indices, updates, axis, reduction):
     return out
 
 
-@kernel("Scatter", since=9)
+@kernel("Scatter", since=9, category="shape")
 def scatter(data, indices, updates, *, axis=0):
     """Scatter-9..10 (deprecated): the same as ScatterElements without reduction."""
     return _scatter_elements("Scatter", data, indices, updates, axis, "none")
 
 
-@kernel("ScatterElements", since=11)
+@kernel("ScatterElements", since=11, category="shape")
 def scatter_elements(data, indices, updates, *, axis=0, reduction="none"):
     """A copy of ``data`` with ``updates`` written (or reduced, from 16) at ``indices`` along
     ``axis``."""
     return _scatter_elements("ScatterElements", data, indices, updates, axis, reduction)
 
 
-@kernel("ScatterND", since=11)
+@kernel("ScatterND", since=11, category="shape")
 def scatter_nd(data, indices, updates, *, reduction="none"):
     """A copy of ``data`` with slices replaced (or reduced, from 16) at the index tuples in the
     last dim of ``indices``."""
@@ -251,7 +251,7 @@ def tensor_scatter(past_cache, update, write_indices=None, *, axis=-2, mode="lin
 
 # Selection ---------------------------------------------------------------------------------------
 
-@kernel("Compress", since=9)
+@kernel("Compress", since=9, category="shape")
 def compress(input, condition, *, axis=None):
     """Keep the slices along ``axis`` (or elements of the flattened input) where ``condition``
     is true; a shorter condition drops the remaining slices."""
@@ -271,7 +271,7 @@ def compress(input, condition, *, axis=None):
     return xp.take(data, keep, axis=ax)
 
 
-@kernel("NonZero", since=9)
+@kernel("NonZero", since=9, category="shape")
 def non_zero(x):
     """Indices of the non-zero elements, shape (rank, count), row-major order."""
     xp = xp_of(x)
@@ -281,7 +281,7 @@ def non_zero(x):
     return xp.stack([i.astype(np.int64, copy=False) for i in nz])
 
 
-@kernel("OneHot", since=9)
+@kernel("OneHot", since=9, category="shape", host_inputs=(1,), settings=(1, 2))
 def one_hot(indices, depth, values, *, axis=-1):
     """One-hot encode ``indices`` along a new ``axis`` of size ``depth``; ``values`` is
     [off, on]; indices outside [-depth, depth) give all-off rows."""

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
-from workbench.ops._common import check_matmul
+from workbench.ops._common import check_matmul, compute_dtype
 from workbench.ops.parallel import parallel_matmul
 from workbench.ops.registry import kernel
-from workbench.ops.windows import compute_dtype
 
 
 def _matmul(op, a, b):
@@ -39,7 +38,7 @@ def _matmul(op, a, b):
                          f"over their batch dimensions ({e})") from None
 
 
-@kernel("MatMul", since=1)
+@kernel("MatMul", since=1, category="layer")
 def matmul(A, B):
     """numpy.matmul semantics (N-D batch broadcasting, 1-D operands promoted and squeezed)."""
     cda, cdb = compute_dtype(A.dtype), compute_dtype(B.dtype)
@@ -48,7 +47,7 @@ def matmul(A, B):
     return _matmul("MatMul", A, B)
 
 
-@kernel("Gemm", since=1)
+@kernel("Gemm", since=1, category="layer")
 def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0):
     """Y = alpha * A' @ B' + beta * C with C unidirectionally broadcast to (M, N)."""
     op = "Gemm"
@@ -98,7 +97,7 @@ def _zero_point_rows(op, zp, a):
                      f"{tuple(a.shape)} (scalar, one per row, or A's rank with last dim 1)")
 
 
-@kernel("MatMulInteger", since=10)
+@kernel("MatMulInteger", since=10, category="layer")
 def matmul_integer(A, B, a_zero_point=None, b_zero_point=None):
     """(A - a_zp) @ (B - b_zp) with exact integer accumulation, int32 output."""
     op = "MatMulInteger"
@@ -190,7 +189,7 @@ def normalize_einsum(equation, shapes):
     return f"{','.join(terms)}->{rhs}"
 
 
-@kernel("Einsum", since=12)
+@kernel("Einsum", since=12, category="layer")
 def einsum(*Inputs, equation=None):
     """Einstein summation (explicit and implicit forms, '...' broadcasting) on ``einsum``."""
     if not Inputs:

@@ -69,7 +69,7 @@ def _log_softmax(x, axis=1):
     return z - xp.log(xp.exp(z).sum(axis=axis, keepdims=True))
 
 
-@kernel("NegativeLogLikelihoodLoss", since=12)
+@kernel("NegativeLogLikelihoodLoss", since=12, settings=(1, 2))
 def negative_log_likelihood_loss(input, target, weight=None, *, reduction="mean",
                                  ignore_index=None):
     """``-input[n, target[n, ...], ...] * weight[target]``, then reduced."""
@@ -79,7 +79,7 @@ def negative_log_likelihood_loss(input, target, weight=None, *, reduction="mean"
     return xp.asarray(out).astype(input.dtype, copy=False)
 
 
-@kernel("SoftmaxCrossEntropyLoss", since=12, wants_ctx=True)
+@kernel("SoftmaxCrossEntropyLoss", since=12, wants_ctx=True, settings=(1, 2))
 def softmax_cross_entropy_loss(scores, labels, weights=None, *, reduction="mean",
                                ignore_index=None, ctx):
     """NegativeLogLikelihoodLoss of log_softmax(scores, axis=1); the optional second output is

@@ -12,9 +12,9 @@ import numpy as np  # dtype constants only
 
 from workbench.arrays import np_dtype_of_onnx, xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import compute_dtype, to_compute
 from workbench.ops.parallel import run_blocks
 from workbench.ops.registry import kernel
-from workbench.ops.windows import compute_dtype, to_compute
 
 
 def _axis(op, axis, ndim, name="axis"):
@@ -84,7 +84,8 @@ def _batch_norm(X, scale, B, mean, var, epsilon, momentum, training, spatial, n_
     return tuple(outs[:max(1, n_outputs)]) if n_outputs > 1 else y
 
 
-@kernel("BatchNormalization", since=1, wants_ctx=True)
+@kernel("BatchNormalization", since=1, wants_ctx=True,
+        category="normalization", state_inputs=(3, 4))
 @kernel("BatchNormalization", since=6, wants_ctx=True)
 def batch_norm_6(X, scale, B, mean, var, *, consumed_inputs=None, epsilon=1e-5, is_test=0,
                  momentum=0.9, spatial=1, ctx=None):
@@ -136,7 +137,7 @@ def _moments(x, axes):
     return mean, d, var
 
 
-@kernel("InstanceNormalization", since=1)
+@kernel("InstanceNormalization", since=1, category="normalization")
 def instance_norm(input, scale, B, *, consumed_inputs=None, epsilon=1e-5):
     """Per (instance, channel) normalization over the spatial axes, then scale and shift."""
     op = "InstanceNormalization"
@@ -167,7 +168,7 @@ def _stash_dtype(op, stash_type, x_dtype):
     return compute_dtype(st) if st.name == "bfloat16" else st, st
 
 
-@kernel("LayerNormalization", since=17, wants_ctx=True)
+@kernel("LayerNormalization", since=17, wants_ctx=True, category="normalization")
 def layer_norm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, ctx=None):
     """Normalize over axes [axis, rank); outputs Y and optionally Mean and InvStdDev."""
     op = "LayerNormalization"
@@ -223,7 +224,7 @@ def _group_norm(X, scale, bias, epsilon, num_groups, per_channel, cd=None):
     return y.reshape(X.shape).astype(X.dtype, copy=False)
 
 
-@kernel("GroupNormalization", since=18)
+@kernel("GroupNormalization", since=18, category="normalization")
 def group_norm_18(X, scale, bias, *, epsilon=1e-5, num_groups=None):
     """GroupNormalization-18: scale and bias have one value per *group*."""
     return _group_norm(X, scale, bias, epsilon, num_groups, per_channel=False)
@@ -236,7 +237,7 @@ def group_norm(X, scale, bias, *, epsilon=1e-5, num_groups=None, stash_type=1):
     return _group_norm(X, scale, bias, epsilon, num_groups, per_channel=True, cd=cd)
 
 
-@kernel("RMSNormalization", since=23)
+@kernel("RMSNormalization", since=23, category="normalization")
 def rms_norm(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
     """X / sqrt(mean(X^2 over [axis, rank)) + epsilon) * scale (output has scale's type)."""
     op = "RMSNormalization"
@@ -258,7 +259,7 @@ def rms_norm(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
 # LRN, LpNormalization, MeanVarianceNormalization
 # --------------------------------------------------------------------------------------------
 
-@kernel("LRN", since=1)
+@kernel("LRN", since=1, category="normalization")
 def lrn(X, *, alpha=1e-4, beta=0.75, bias=1.0, size=None):
     """Local response normalization across channels (window [c - (size-1)//2, ...])."""
     op = "LRN"
@@ -284,7 +285,7 @@ def lrn(X, *, alpha=1e-4, beta=0.75, bias=1.0, size=None):
     return (x / denom).astype(X.dtype, copy=False)
 
 
-@kernel("LpNormalization", since=1)
+@kernel("LpNormalization", since=1, category="normalization")
 def lp_normalization(input, *, axis=-1, p=2):
     """input / ||input||_p along axis (p in {1, 2}); zero vectors stay zero."""
     op = "LpNormalization"
@@ -305,7 +306,7 @@ def lp_normalization(input, *, axis=-1, p=2):
     return y.astype(input.dtype, copy=False)
 
 
-@kernel("MeanVarianceNormalization", since=9)
+@kernel("MeanVarianceNormalization", since=9, category="normalization")
 def mean_variance_normalization(X, *, axes=(0, 2, 3)):
     """(X - E[X]) / (sqrt(Var[X]) + 1e-9) over ``axes``."""
     op = "MeanVarianceNormalization"

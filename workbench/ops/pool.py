@@ -17,16 +17,15 @@ import math
 import numpy as np  # dtype constants only
 
 from workbench.arrays import xp_of
+from workbench.arrays.geometry import window_geometry
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import compute_dtype, to_compute
 from workbench.ops.parallel import blocks, run_blocks
 from workbench.ops.registry import kernel
 from workbench.ops.windows import (
-    compute_dtype,
     pad_spatial,
     spatial_ints,
     tap_view,
-    to_compute,
-    window_geometry,
 )
 
 
@@ -130,7 +129,7 @@ def _axis_counts(op, S, pb, pe, ks, st, dl, out, include_pad):
 # MaxPool
 # --------------------------------------------------------------------------------------------
 
-@kernel("MaxPool", since=1, wants_ctx=True)
+@kernel("MaxPool", since=1, wants_ctx=True, category="pooling")
 def max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None,
              pads=None, storage_order=0, strides=None, ctx=None):
     """ONNX MaxPool (all versions): max over each window; optional Indices (opset 8+)."""
@@ -177,7 +176,7 @@ def _max_pool_with_indices(x, ks, st, dl, pb, pe_all, out, storage_order):
     return y, idx
 
 
-@kernel("GlobalMaxPool", since=1)
+@kernel("GlobalMaxPool", since=1, category="pooling")
 def global_max_pool(X):
     """Max over all spatial axes, kept as size-1 axes."""
     if X.ndim < 3:
@@ -191,7 +190,7 @@ def global_max_pool(X):
 # AveragePool, LpPool
 # --------------------------------------------------------------------------------------------
 
-@kernel("AveragePool", since=1)
+@kernel("AveragePool", since=1, category="pooling")
 def average_pool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
                  kernel_shape=None, pads=None, strides=None):
     """ONNX AveragePool (all versions): window sums divided by the counted taps."""
@@ -229,7 +228,7 @@ def _lp_pool(X, p, ks, st, dl, pb, pe, extra, out):
     return y.astype(X.dtype, copy=False)
 
 
-@kernel("LpPool", since=1)
+@kernel("LpPool", since=1, category="pooling")
 def lp_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, p=2,
             pads=None, strides=None):
     """ONNX LpPool (all versions; p is a float at opset 1): (sum |x|^p)^(1/p) per window."""
@@ -238,7 +237,7 @@ def lp_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=N
     return _lp_pool(X, p, ks, st, dl, pb, pe, extra, out)
 
 
-@kernel("GlobalAveragePool", since=1)
+@kernel("GlobalAveragePool", since=1, category="pooling")
 def global_average_pool(X):
     """Mean over all spatial axes, kept as size-1 axes."""
     if X.ndim < 3:
@@ -249,7 +248,7 @@ def global_average_pool(X):
     return X.mean(axis=axes, keepdims=True, dtype=cd).astype(X.dtype, copy=False)
 
 
-@kernel("GlobalLpPool", since=1)
+@kernel("GlobalLpPool", since=1, category="pooling")
 def global_lp_pool(X, *, p=2):
     """(sum |x|^p)^(1/p) over all spatial axes, kept as size-1 axes."""
     xp = xp_of(X)
@@ -269,7 +268,7 @@ def global_lp_pool(X, *, p=2):
 # MaxUnpool
 # --------------------------------------------------------------------------------------------
 
-@kernel("MaxUnpool", since=9)
+@kernel("MaxUnpool", since=9, category="pooling", host_inputs=(2,))
 def max_unpool(X, I, output_shape=None, *, kernel_shape=None, pads=None, strides=None):
     """Scatter X into zeros at the flat indices I (as produced by MaxPool's Indices)."""
     op = "MaxUnpool"
@@ -317,7 +316,7 @@ def _round_half_away(v):
     return math.floor(v + 0.5) if v >= 0 else -math.floor(-v + 0.5)
 
 
-@kernel("MaxRoiPool", since=1)
+@kernel("MaxRoiPool", since=1, category="pooling")
 def max_roi_pool(X, rois, *, pooled_shape=None, spatial_scale=1.0):
     """ROI max pooling (Fast R-CNN): max over integer-rounded bins of each ROI."""
     op = "MaxRoiPool"
@@ -435,7 +434,7 @@ def _interp_matrix(xp, lo, hi, wl, wh, size):
     return m.sum(axis=1)
 
 
-@kernel("RoiAlign", since=10)
+@kernel("RoiAlign", since=10, category="pooling")
 def roi_align_10(X, rois, batch_indices, *, mode="avg", output_height=1, output_width=1,
                  sampling_ratio=0, spatial_scale=1.0):
     """RoiAlign-10: no half-pixel shift, ROI sizes at least 1 (output_half_pixel)."""

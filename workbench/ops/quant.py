@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from workbench.arrays import np_dtype_of_onnx, xp_of
+from workbench.arrays.geometry import window_geometry
 from workbench.errors import InputError, ShapeError
 from workbench.ops.registry import kernel
 
@@ -243,7 +244,7 @@ def _row_col(p, per_row: bool, ndim: int):
     return p
 
 
-@kernel("QLinearMatMul", since=10)
+@kernel("QLinearMatMul", since=10, category="layer")
 def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
     """y = saturate(round((a - a_zp) @ (b - b_zp) * a_scale * b_scale / y_scale) + y_zp).
 
@@ -265,25 +266,8 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, 
 
 
 def _conv_pads(op, in_sp, ks, strides, dilations, pads, auto_pad):
-    nd = len(ks)
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pads_b, pads_e = [], []
-        for i in range(nd):
-            out = -(-in_sp[i] // strides[i])
-            total = max(0, (out - 1) * strides[i] + dilations[i] * (ks[i] - 1) + 1 - in_sp[i])
-            small, big = total // 2, total - total // 2
-            pads_b.append(small if auto_pad == "SAME_UPPER" else big)
-            pads_e.append(big if auto_pad == "SAME_UPPER" else small)
-        return pads_b + pads_e
-    if auto_pad == "VALID":
-        return [0] * (2 * nd)
-    if auto_pad not in ("NOTSET", "", None):
-        raise InputError(f"{op}: auto_pad {auto_pad!r} is not one of NOTSET, SAME_UPPER, "
-                         f"SAME_LOWER, VALID")
-    pads = list(pads) if pads else [0] * (2 * nd)
-    if len(pads) != 2 * nd:
-        raise ShapeError(f"{op}: pads has {len(pads)} values, expected {2 * nd}")
-    return pads
+    pb, pe, _, _ = window_geometry(op, in_sp, ks, strides, dilations, pads, auto_pad)
+    return pb + pe
 
 
 def _conv_exact(x, w, group, strides, dilations, pads):
@@ -320,7 +304,7 @@ def _conv_exact(x, w, group, strides, dilations, pads):
     return out.reshape((n, m) + out_sp)
 
 
-@kernel("QLinearConv", since=10)
+@kernel("QLinearConv", since=10, category="layer")
 def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point,
                  B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                  pads=None, strides=None):

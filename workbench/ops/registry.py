@@ -27,6 +27,29 @@ Device-specific fast paths are *overrides* registered for an array module::
 one exists for the same behaviour (its ``since`` is not older than the portable kernel's it
 would replace), else the portable kernel. An override has the portable kernel's signature and
 falls back to it (``portable(op_type, since)``) for attribute combinations it does not handle.
+
+Facts about an op that the engine needs besides its kernel are given in the same decorator and
+queried with :func:`facts` / :func:`category` (no tables of op names elsewhere)::
+
+    @kernel("Reshape", since=14, host_inputs=(1,), host_compute=True, category="shape")
+
+- ``category``: the family the graph viewer colours it by ("layer", "activation", "shape"...).
+- ``host_inputs``: input positions a kernel reads on the host as Python ints (shape-like
+  inputs); a device plan keeps such values in numpy and never uploads them for that use.
+- ``host_compute``: cheap integer shape arithmetic that a device plan runs on the host when
+  every input is a host value (cheaper than a kernel launch, and no device-to-host sync).
+- ``settings``: input positions that hold settings rather than weights (Dropout's ratio,
+  Clip's bounds...): an imported float initializer used only there is not a parameter.
+- ``random``: the output depends on a random draw (never constant-folded).
+- ``shape_only``: reads only the shape of its input (Shape, Size): a device plan computes it
+  on the host from the array's metadata.
+- ``state_inputs``: input positions that hold running statistics (buffers, not parameters).
+- ``train``: the training-mode form of the op (a kernel registered with ``train=True``), run
+  by the Tensor runner for imported graphs in training mode, with ``state_outputs``
+  ``{output: input}`` naming the outputs written back into stateful inputs.
+
+``describe(op_type, domain=..., category=...)`` declares facts of an op the engine shows but
+does not run (contrib ops in the viewer).
 """
 
 from __future__ import annotations
@@ -61,6 +84,29 @@ class KernelEntry:
     wants_ctx: bool = False
 
 
+@dataclass(frozen=True)
+class OpFacts:
+    """What the engine knows about an op besides its kernels (see the module docstring)."""
+
+    category: str = "other"
+    host_inputs: tuple = ()
+    host_compute: bool = False
+    settings: tuple = ()
+    random: bool = False
+    state_inputs: tuple = ()
+    state_outputs: tuple = ()      # ((output index, input index), ...) of the training form
+    shape_only: bool = False       # reads only its input's shape (Shape, Size)
+
+
+_NO_FACTS = OpFacts()
+# (domain, op_type) -> facts
+_FACTS: dict[tuple[str, str], OpFacts] = {}
+# (domain, op_type) -> sorted training-form entries
+_TRAIN: dict[tuple[str, str], list[KernelEntry]] = {}
+# array-module name -> (domain, op_type) -> sorted training-form overrides
+_TRAIN_OVERRIDES: dict[str, dict[tuple[str, str], list[KernelEntry]]] = {}
+
+
 @dataclass
 class NodeContext:
     """What a kernel may know about the node it runs (only when registered ``wants_ctx``)."""
@@ -92,28 +138,76 @@ def _xp_name(xp) -> str | None:
 
 
 def kernel(op_type: str, since: int = 1, *, domain: str = "", wants_ctx: bool = False,
-           xp=None):
+           xp=None, train: bool = False, **facts):
     """Register the decorated function as the kernel of ``op_type`` from opset ``since``.
 
     Stack several decorators to register one function for several ops or versions.
-    ``xp="cupy"`` registers a device-specific override instead of the portable kernel.
+    ``xp="cupy"`` registers a device-specific override instead of the portable kernel;
+    ``train=True`` the training-mode form. Keyword ``facts`` (``category``, ``host_inputs``,
+    ``host_compute``, ``settings``, ``random``, ``state_inputs``, ``state_outputs``,
+    ``shape_only``) describe the
+    op (see the module docstring).
     """
 
     def deco(fn: Callable) -> Callable:
         if fn.__name__ in ("_", "<lambda>"):
             raise ValueError(f"kernel for {op_type} must be a named function")
-        register(op_type, fn, since=since, domain=domain, wants_ctx=wants_ctx, xp=xp)
+        register(op_type, fn, since=since, domain=domain, wants_ctx=wants_ctx, xp=xp,
+                 train=train, **facts)
         return fn
 
     return deco
 
 
+def describe(op_type: str, *, domain: str = "", **facts) -> None:
+    """Record facts about ``op_type`` (merged with those given before; an op registered by
+    several decorators may give each fact once)."""
+    key = (_norm_domain(domain), op_type)
+    unknown = set(facts) - set(OpFacts.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"unknown op facts for {op_type}: {sorted(unknown)}")
+    if not facts:
+        return
+    for k in ("host_inputs", "settings", "state_inputs"):
+        if k in facts:
+            facts[k] = tuple(int(i) for i in facts[k])
+    if "state_outputs" in facts:
+        so = facts["state_outputs"]
+        facts["state_outputs"] = tuple(sorted((int(o), int(i)) for o, i in
+                                              (so.items() if isinstance(so, dict) else so)))
+    import dataclasses  # noqa: PLC0415
+    _FACTS[key] = dataclasses.replace(_FACTS.get(key, _NO_FACTS), **facts)
+
+
+def facts(op_type: str, domain: str = "") -> OpFacts:
+    """The facts registered for ``op_type`` (defaults for an op nobody described)."""
+    return _FACTS.get((_norm_domain(domain), op_type), _NO_FACTS)
+
+
+def category(op_type: str, domain: str | None = None) -> str:
+    """The viewer category of ``op_type`` ("other" when unknown). With ``domain=None`` the
+    op type is looked up in any domain (the standard domain first)."""
+    if domain is not None:
+        return facts(op_type, domain).category
+    f = _FACTS.get(("", op_type))
+    if f is not None:
+        return f.category
+    for (_, op), f in _FACTS.items():
+        if op == op_type:
+            return f.category
+    return _NO_FACTS.category
+
+
 def register(op_type: str, fn: Callable, *, since: int = 1, domain: str = "",
-             wants_ctx: bool = False, xp=None) -> None:
+             wants_ctx: bool = False, xp=None, train: bool = False, **facts) -> None:
     """Register ``fn`` as a kernel (the non-decorator form, for custom operators)."""
     key = (_norm_domain(domain), op_type)
+    describe(op_type, domain=domain, **facts)
     xname = _xp_name(xp)
-    table = _REGISTRY if xname is None else _OVERRIDES.setdefault(xname, {})
+    if train:
+        table = _TRAIN if xname is None else _TRAIN_OVERRIDES.setdefault(xname, {})
+    else:
+        table = _REGISTRY if xname is None else _OVERRIDES.setdefault(xname, {})
     entries = table.setdefault(key, [])
     entries[:] = [e for e in entries if e.since != since]
     entries.append(KernelEntry(op_type, key[0], int(since), fn, wants_ctx))
@@ -121,19 +215,22 @@ def register(op_type: str, fn: Callable, *, since: int = 1, domain: str = "",
     attribute_defaults.cache_clear()
 
 
-def unregister(op_type: str, *, domain: str = "", since: int | None = None, xp=None) -> None:
+def unregister(op_type: str, *, domain: str = "", since: int | None = None, xp=None,
+               train: bool = False) -> None:
+    """Remove a registration (all versions when ``since`` is None; the op's facts go with its
+    last portable kernel)."""
     key = (_norm_domain(domain), op_type)
     xname = _xp_name(xp)
-    table = _REGISTRY if xname is None else _OVERRIDES.get(xname, {})
+    if train:
+        table = _TRAIN if xname is None else _TRAIN_OVERRIDES.get(xname, {})
+    else:
+        table = _REGISTRY if xname is None else _OVERRIDES.get(xname, {})
     if since is None:
         table.pop(key, None)
+        if table is _REGISTRY:
+            _FACTS.pop(key, None)
     elif key in table:
         table[key] = [e for e in table[key] if e.since != since]
-
-
-def _ensure_loaded() -> None:
-    # importing the op families fills the registry
-    import workbench.ops  # noqa: F401
 
 
 def _ensure_overrides(xname: str) -> None:
@@ -170,6 +267,28 @@ def lookup(op_type: str, domain: str = "", opset: int | None = None,
     return entry
 
 
+def train_form(op_type: str, domain: str = "", opset: int | None = None,
+               xp=None) -> KernelEntry | None:
+    """The training-mode form of ``op_type`` at ``opset`` (registered ``train=True``), or None
+    when the op behaves the same in training and inference. With ``xp`` an override
+    registered for that array module (``train=True, xp="cupy"``) is preferred."""
+    key = (_norm_domain(domain), op_type)
+
+    def newest(entries):
+        best = None
+        for e in entries or ():
+            if opset is None or e.since <= opset:
+                best = e
+        return best
+
+    xname = _xp_name(xp)
+    if xname is not None:
+        over = newest(_TRAIN_OVERRIDES.get(xname, {}).get(key))
+        if over is not None:
+            return over
+    return newest(_TRAIN.get(key))
+
+
 def portable(op_type: str, since: int | None = None, domain: str = "") -> Callable:
     """The portable (array-module agnostic) kernel function of ``op_type`` at opset ``since``
     (what an override falls back to)."""
@@ -187,7 +306,6 @@ def overrides(xp) -> dict[tuple[str, str], list[int]]:
 
 def _lookup(op_type: str, domain: str = "", opset: int | None = None,
             node_name: str | None = None) -> KernelEntry:
-    _ensure_loaded()
     dom = _norm_domain(domain)
     entries = _REGISTRY.get((dom, op_type))
     if not entries:
@@ -211,7 +329,6 @@ def has_kernel(op_type: str, domain: str = "", opset: int | None = None) -> bool
 
 def registered_ops() -> dict[tuple[str, str], list[int]]:
     """{(domain, op_type): [since versions]} for every registered kernel."""
-    _ensure_loaded()
     return {k: [e.since for e in v] for k, v in sorted(_REGISTRY.items()) if v}
 
 
@@ -241,17 +358,3 @@ def attribute_defaults(op_type: str, domain: str, opset: int) -> dict[str, Any]:
                 val = [v.decode("utf-8") for v in val]
             out[name] = val
     return out
-
-
-def max_opset(domain: str = "") -> int:
-    """Newest opset the installed onnx package defines for a domain."""
-    dom = _norm_domain(domain)
-    return onnx.defs.onnx_opset_version() if dom == "" else _max_domain_opset(dom)
-
-
-def _max_domain_opset(domain: str) -> int:
-    best = 0
-    for s in onnx.defs.get_all_schemas_with_history():
-        if s.domain == domain and s.since_version > best:
-            best = s.since_version
-    return best

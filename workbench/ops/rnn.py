@@ -178,7 +178,7 @@ def _clip(x, clip, xp):
     return x if clip is None else xp.clip(x, -clip, clip)
 
 
-@kernel("RNN", since=7, wants_ctx=True)
+@kernel("RNN", since=7, wants_ctx=True, category="layer")
 @kernel("RNN", since=14, wants_ctx=True)
 def rnn(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
         activation_beta=None, activations=None, clip=None, direction="forward",
@@ -198,7 +198,7 @@ def rnn(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha
                 ctx_outputs=ctx.n_outputs)
 
 
-@kernel("GRU", since=7, wants_ctx=True)
+@kernel("GRU", since=7, wants_ctx=True, category="layer")
 @kernel("GRU", since=14, wants_ctx=True)
 def gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
         activation_beta=None, activations=None, clip=None, direction="forward",
@@ -234,7 +234,7 @@ def gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha
                 with_cell=False, bias_split=bias_split, ctx_outputs=ctx.n_outputs)
 
 
-@kernel("LSTM", since=7, wants_ctx=True)
+@kernel("LSTM", since=7, wants_ctx=True, category="layer")
 @kernel("LSTM", since=14, wants_ctx=True)
 def lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *,
          activation_alpha=None, activation_beta=None, activations=None, clip=None,

@@ -161,7 +161,7 @@ def concat_from_sequence(input_sequence, *, axis=None, new_axis=0):
                          f"{[tuple(a.shape) for a in seq]} on axis {axis}: {e}") from None
 
 
-@kernel("SequenceMap", since=17, wants_ctx=True)
+@kernel("SequenceMap", since=17, wants_ctx=True, category="control")
 def sequence_map(input_sequence, *additional_inputs, body, ctx):
     seq = _as_sequence("SequenceMap", input_sequence)
     n = len(seq)

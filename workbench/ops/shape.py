@@ -54,7 +54,7 @@ def _target_shape(data_shape, shape, allowzero: bool) -> tuple:
     return tuple(out)
 
 
-@kernel("Reshape", since=1)
+@kernel("Reshape", since=1, category="shape", host_inputs=(1,), host_compute=True, settings=(1,))
 def reshape_attr(data, *, shape=None, consumed_inputs=None):
     """Reshape-1..4: the target shape is the ``shape`` attribute."""
     return data.reshape(_target_shape(data.shape, ints(shape), False))
@@ -66,7 +66,7 @@ def reshape(data, shape, *, allowzero=0):
     return data.reshape(_target_shape(data.shape, ints(shape), bool(allowzero)))
 
 
-@kernel("Transpose", since=1)
+@kernel("Transpose", since=1, category="shape")
 def transpose(data, *, perm=None):
     """Permute the axes (reversed when ``perm`` is not given)."""
     xp = xp_of(data)
@@ -80,7 +80,7 @@ def transpose(data, *, perm=None):
     return xp.transpose(data, perm)
 
 
-@kernel("Flatten", since=1)
+@kernel("Flatten", since=1, category="shape", host_compute=True)
 def flatten(input, *, axis=1):
     """2-D view: dims before ``axis`` into the rows, the rest into the columns."""
     r = input.ndim
@@ -105,7 +105,7 @@ def _squeeze(data, axes):
     return data.reshape(tuple(d for i, d in enumerate(data.shape) if i not in norm))
 
 
-@kernel("Squeeze", since=1)
+@kernel("Squeeze", since=1, category="shape", host_inputs=(1,), host_compute=True)
 def squeeze_attr(data, *, axes=None):
     """Squeeze-1..12: remove size-1 axes listed in the ``axes`` attribute (all when absent)."""
     return _squeeze(data, axes)
@@ -130,7 +130,7 @@ def _unsqueeze(data, axes):
     return data.reshape(tuple(shape))
 
 
-@kernel("Unsqueeze", since=1)
+@kernel("Unsqueeze", since=1, category="shape", host_inputs=(1,), host_compute=True)
 def unsqueeze_attr(data, *, axes):
     """Unsqueeze-1..12: insert size-1 axes at the positions in the ``axes`` attribute."""
     return _unsqueeze(data, axes)
@@ -165,7 +165,7 @@ def _concat(inputs, axis):
     return xp.concatenate(inputs, axis=ax)
 
 
-@kernel("Concat", since=1)
+@kernel("Concat", since=1, category="shape", host_compute=True)
 def concat_v1(*inputs, axis=1):
     """Concat-1..3: ``axis`` defaults to 1."""
     return _concat(inputs, axis)
@@ -207,7 +207,7 @@ def _split(input, sizes, axis, n_outputs, num_outputs=None):
     return tuple(out)
 
 
-@kernel("Split", since=1, wants_ctx=True)
+@kernel("Split", since=1, wants_ctx=True, category="shape", host_inputs=(1,))
 def split_v1(input, split_input=None, *, axis=0, split=None, ctx):
     """Split-1: sizes from the optional second input or the ``split`` attribute."""
     sizes = ints(split_input) if split_input is not None else ints(split)
@@ -261,7 +261,8 @@ def _slice(data, starts, ends, axes, steps):
     return data[tuple(index)]
 
 
-@kernel("Slice", since=1)
+@kernel("Slice", since=1,
+        category="shape", host_inputs=(1, 2, 3, 4), host_compute=True, settings=(1, 2, 3, 4))
 def slice_attr(data, *, starts, ends, axes=None):
     """Slice-1..9: ``starts``/``ends``/``axes`` are attributes, step 1."""
     return _slice(data, starts, ends, axes, None)
@@ -340,7 +341,7 @@ def _pad_source_index(xp, mode, d, before, after):
     return xp.where(j >= d, period - j, j)
 
 
-@kernel("Pad", since=1)
+@kernel("Pad", since=1, category="shape", host_inputs=(1, 3), settings=(1, 2, 3))
 def pad_attr(data, *, pads=None, paddings=None, mode="constant", value=0.0):
     """Pad-1..10: ``pads`` (``paddings`` at opset 1) and ``value`` are attributes."""
     return _pad(data, pads if pads is not None else paddings, mode, value)
@@ -355,7 +356,7 @@ def pad(data, pads, constant_value=None, axes=None, *, mode="constant"):
 
 # Expand / Tile -----------------------------------------------------------------------------------
 
-@kernel("Expand", since=8)
+@kernel("Expand", since=8, category="shape", host_inputs=(1,), settings=(1,))
 def expand(input, shape):
     """Broadcast ``input`` with ``shape`` (both directions, as ``input * ones(shape)``).
 
@@ -375,7 +376,7 @@ def expand(input, shape):
     return xp.broadcast_to(input, out_shape)
 
 
-@kernel("Tile", since=1)
+@kernel("Tile", since=1, category="shape", host_inputs=(1,), settings=(1,))
 def tile_v1(input, tiles, axis):
     """Tile-1..5: repeat ``tiles`` times along the single ``axis``."""
     xp = xp_of(input)
@@ -401,7 +402,7 @@ def tile(input, repeats):
 
 # Shape / Size ------------------------------------------------------------------------------------
 
-@kernel("Shape", since=1)
+@kernel("Shape", since=1, category="shape", shape_only=True)
 def shape(data, *, start=0, end=None):
     """The shape as a 1-D int64 tensor; ``start``/``end`` (opset 15) slice it, clamped."""
     xp = xp_of(data)
@@ -412,7 +413,7 @@ def shape(data, *, start=0, end=None):
     return xp.asarray(list(data.shape[s:e]), dtype=np.int64)
 
 
-@kernel("Size", since=1)
+@kernel("Size", since=1, category="shape", shape_only=True)
 def size(data):
     """The number of elements as a 0-D int64 tensor."""
     xp = xp_of(data)
@@ -428,7 +429,7 @@ def _check_4d(op, x, blocksize):
         raise ShapeError(f"{op}: blocksize must be positive, got {blocksize}")
 
 
-@kernel("DepthToSpace", since=1)
+@kernel("DepthToSpace", since=1, category="shape")
 def depth_to_space(input, *, blocksize, mode="DCR"):
     """Move channel blocks into [blocksize, blocksize] spatial blocks (DCR or CRD order)."""
     xp = xp_of(input)
@@ -450,7 +451,7 @@ def depth_to_space(input, *, blocksize, mode="DCR"):
     return tmp.reshape(b, oc, h * bs, w * bs)
 
 
-@kernel("SpaceToDepth", since=1)
+@kernel("SpaceToDepth", since=1, category="shape")
 def space_to_depth(input, *, blocksize, mode="DCR"):
     """Move [blocksize, blocksize] spatial blocks into channels (DCR; CRD from opset 28)."""
     xp = xp_of(input)
@@ -472,7 +473,7 @@ def space_to_depth(input, *, blocksize, mode="DCR"):
 
 # CenterCropPad / Trilu / ReverseSequence ---------------------------------------------------------
 
-@kernel("CenterCropPad", since=18)
+@kernel("CenterCropPad", since=18, host_inputs=(1,))
 def center_crop_pad(input_data, shape, *, axes=None):
     """Crop (window start rounded down) or zero-pad (extra pixel on the right) to ``shape``."""
     xp = xp_of(input_data)
@@ -502,7 +503,7 @@ def center_crop_pad(input_data, shape, *, axes=None):
     return out
 
 
-@kernel("Trilu", since=14)
+@kernel("Trilu", since=14, category="shape", host_inputs=(1,))
 def trilu(input, k=None, *, upper=1):
     """Keep the upper (j - i >= k) or lower (j - i <= k) triangle of the last two axes."""
     xp = xp_of(input)

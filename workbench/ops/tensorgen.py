@@ -76,7 +76,8 @@ def constant(*, value=None, sparse_value=None, value_float=None, value_floats=No
     return np.asarray(arr)
 
 
-@kernel("ConstantOfShape", since=9, wants_ctx=True)
+@kernel("ConstantOfShape", since=9, wants_ctx=True,
+        category="shape", host_inputs=(0,), settings=(0,))
 def constant_of_shape(input, *, value=None, ctx=None):
     """A tensor of shape ``input`` filled with the one-element ``value`` (float32 0 by
     default). The shape is read on the host; the tensor is built where the executor runs
@@ -103,7 +104,8 @@ def constant_of_shape(input, *, value=None, ctx=None):
 
 # Range / EyeLike ---------------------------------------------------------------------------------
 
-@kernel("Range", since=11)
+@kernel("Range", since=11,
+        category="shape", host_inputs=(0, 1, 2), host_compute=True, settings=(0, 1, 2))
 def range_(start, limit, delta, *, stash_type=1):
     """``start + i * delta`` for i in [0, max(ceil((limit - start) / delta), 0)); float16 and
     bfloat16 are computed in float32 unless ``stash_type`` is 0 (opset 27)."""
@@ -177,35 +179,35 @@ def _uniform(xp, shape, dtype, low, high, seed, ctx):
     return out.astype(dtype)
 
 
-@kernel("RandomNormal", since=1, wants_ctx=True)
+@kernel("RandomNormal", since=1, wants_ctx=True, random=True)
 def random_normal(*, shape, dtype=1, mean=0.0, scale=1.0, seed=None, ctx=None):
     """Samples of N(mean, scale^2) with the ``shape`` attribute, in ``dtype``."""
     return _normal(_ctx_xp(ctx), _shape_of("RandomNormal", shape),
                    _dtype("RandomNormal", dtype), mean, scale, seed, ctx)
 
 
-@kernel("RandomUniform", since=1, wants_ctx=True)
+@kernel("RandomUniform", since=1, wants_ctx=True, random=True)
 def random_uniform(*, shape, dtype=1, low=0.0, high=1.0, seed=None, ctx=None):
     """Samples of U[low, high) with the ``shape`` attribute, in ``dtype``."""
     return _uniform(_ctx_xp(ctx), _shape_of("RandomUniform", shape),
                     _dtype("RandomUniform", dtype), low, high, seed, ctx)
 
 
-@kernel("RandomNormalLike", since=1, wants_ctx=True)
+@kernel("RandomNormalLike", since=1, wants_ctx=True, random=True)
 def random_normal_like(input, *, dtype=None, mean=0.0, scale=1.0, seed=None, ctx=None):
     """Samples of N(mean, scale^2) with the input's shape, in ``dtype`` (or the input's)."""
     dt = input.dtype if dtype is None else _dtype("RandomNormalLike", dtype)
     return _normal(xp_of(input), tuple(input.shape), dt, mean, scale, seed, ctx)
 
 
-@kernel("RandomUniformLike", since=1, wants_ctx=True)
+@kernel("RandomUniformLike", since=1, wants_ctx=True, random=True)
 def random_uniform_like(input, *, dtype=None, low=0.0, high=1.0, seed=None, ctx=None):
     """Samples of U[low, high) with the input's shape, in ``dtype`` (or the input's)."""
     dt = input.dtype if dtype is None else _dtype("RandomUniformLike", dtype)
     return _uniform(xp_of(input), tuple(input.shape), dt, low, high, seed, ctx)
 
 
-@kernel("Multinomial", since=7, wants_ctx=True)
+@kernel("Multinomial", since=7, wants_ctx=True, random=True)
 def multinomial(input, *, dtype=6, sample_size=1, seed=None, ctx=None):
     """``sample_size`` class indices per batch row drawn from softmax(input) (unnormalised
     log-probabilities); int32 by default."""
@@ -234,7 +236,7 @@ def multinomial(input, *, dtype=6, sample_size=1, seed=None, ctx=None):
     return xp.clip(idx, 0, classes - 1).astype(out_dt)
 
 
-@kernel("Bernoulli", since=15, wants_ctx=True)
+@kernel("Bernoulli", since=15, wants_ctx=True, random=True)
 def bernoulli(input, *, dtype=None, seed=None, ctx=None):
     """1 with probability ``input``, else 0, in ``dtype`` (or the input's dtype)."""
     xp = xp_of(input)

@@ -1,10 +1,11 @@
 """Sliding-window helpers shared by the conv and pool kernel families (no kernels).
 
-Geometry (:func:`window_geometry`: pads, auto_pad, ceil mode, output size), padding
+Geometry (pads, auto_pad, ceil mode, output size) is ``workbench.arrays.geometry`` (shared with
+the CUDA kernels, the gradients and the layers); here: padding
 (:func:`pad_spatial`), strided window views (:func:`sliding_windows`, :func:`tap_view`, via
-``numpy``/``cupy`` ``lib.stride_tricks``), the compute dtype rule (float16/bfloat16 run in
-float32), and :class:`WideTaps`, which lays an input out so that every kernel tap is a
-contiguous slice.
+``numpy``/``cupy`` ``lib.stride_tricks``), and :class:`WideTaps`, which lays an input out so
+that every kernel tap is a contiguous slice. The compute dtype of half floats is
+``ops._common.compute_dtype`` (the one half-precision policy).
 """
 
 from __future__ import annotations
@@ -15,11 +16,8 @@ import math
 import numpy as np  # dtype constants and host-side shape arithmetic only
 
 from workbench.arrays import xp_of
-from workbench.errors import InputError, ShapeError
+from workbench.errors import ShapeError
 from workbench.ops.parallel import run_blocks, scratch
-
-_AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
-
 
 # --------------------------------------------------------------------------------------------
 # shared window helpers (also used by workbench.ops.pool)
@@ -28,20 +26,6 @@ _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 def stride_tricks(xp):
     """``numpy.lib.stride_tricks`` or ``cupy.lib.stride_tricks``, matching the array module."""
     return xp.lib.stride_tricks
-
-
-def compute_dtype(dtype):
-    """The dtype arithmetic runs in: float32 for the narrow floats, the dtype itself otherwise."""
-    dt = np.dtype(dtype)
-    if (dt.kind == "f" and dt.itemsize < 4) or dt.name == "bfloat16":
-        return np.dtype(np.float32)
-    return dt
-
-
-def to_compute(x):
-    """``x`` in its compute dtype (float16/bfloat16 -> float32; other dtypes unchanged)."""
-    cd = compute_dtype(x.dtype)
-    return x if x.dtype == cd else x.astype(cd)
 
 
 def spatial_ints(op, name, value, n, default):
@@ -53,69 +37,6 @@ def spatial_ints(op, name, value, n, default):
         raise ShapeError(f"{op}: attribute {name}={vals} has {len(vals)} values but the input "
                          f"has {n} spatial axes")
     return vals
-
-
-def norm_auto_pad(op, auto_pad):
-    ap = auto_pad or "NOTSET"
-    if isinstance(ap, bytes):
-        ap = ap.decode()
-    ap = ap.upper()
-    if ap not in _AUTO_PADS:
-        raise InputError(f"{op}: auto_pad={auto_pad!r} is not supported "
-                         f"(supported: {', '.join(_AUTO_PADS)})")
-    return ap
-
-
-def window_geometry(op, in_shape, kernel_shape, strides, dilations, pads, auto_pad,
-                    ceil_mode=False):
-    """Padding and output size of a sliding-window op (Conv, pools) per spatial axis.
-
-    Returns ``(pads_begin, pads_end, out_shape, extra_end)``: ``extra_end`` is the padding
-    needed past ``pads_end`` so that the last (ceil mode) window fits; values there are not
-    part of the op's padding (they never count as input or as explicit padding).
-    """
-    n = len(in_shape)
-    ap = norm_auto_pad(op, auto_pad)
-    for name, vals in (("strides", strides), ("dilations", dilations),
-                       ("kernel_shape", kernel_shape)):
-        if any(v < 1 for v in vals):
-            raise ShapeError(f"{op}: attribute {name}={list(vals)} must be positive")
-    eff = [(k - 1) * d + 1 for k, d in zip(kernel_shape, dilations)]
-    if ap in ("SAME_UPPER", "SAME_LOWER"):
-        out = [-(-i // s) for i, s in zip(in_shape, strides)]
-        total = [max(0, (o - 1) * s + e - i) for o, s, e, i in zip(out, strides, eff, in_shape)]
-        if ap == "SAME_UPPER":
-            pb = [t // 2 for t in total]
-        else:
-            pb = [t - t // 2 for t in total]
-        pe = [t - b for t, b in zip(total, pb)]
-    else:
-        if ap == "VALID":
-            pb, pe = [0] * n, [0] * n
-        else:
-            p = [0] * (2 * n) if pads is None or len(pads) == 0 else [int(v) for v in pads]
-            if len(p) != 2 * n:
-                raise ShapeError(f"{op}: attribute pads={p} needs {2 * n} values "
-                                 f"(begin and end for {n} spatial axes)")
-            pb, pe = p[:n], p[n:]
-        out = []
-        for i, b, e_, k, s in zip(in_shape, pb, pe, eff, strides):
-            span = i + b + e_ - k
-            if span < 0:
-                raise ShapeError(
-                    f"{op}: the kernel (extent {k} with dilation) is larger than the padded "
-                    f"input (size {i} + pads {b}+{e_}) along a spatial axis; input spatial "
-                    f"shape {list(in_shape)}, kernel_shape {list(kernel_shape)}")
-            if ceil_mode:
-                o = -(-span // s) + 1
-                if (o - 1) * s >= i + b:  # the last window would start in the end padding
-                    o -= 1
-            else:
-                o = span // s + 1
-            out.append(o)
-    extra = [max(0, (o - 1) * s + k - (i + b + e_))
-             for o, s, k, i, b, e_ in zip(out, strides, eff, in_shape, pb, pe)]
-    return pb, pe, out, extra
 
 
 def pad_spatial(x, begin, end, value=0):

@@ -19,7 +19,13 @@ import onnx
 from onnx import helper
 
 from workbench.errors import InputError
-from workbench.graph.executor import layer_nodes, needed_nodes, resolve_cut, topological_order
+from workbench.graph.executor import (
+    cut,
+    layer_nodes,
+    needed_nodes,
+    resolve_cut,
+    topological_order,
+)
 from workbench.graph.ir import Graph, Node, ValueInfo
 from workbench.widgets._base import TextRepr, import_widgets
 from workbench.widgets._model import as_source, dtype_str, fmt_shape
@@ -75,21 +81,8 @@ def cut_graph(graph: Graph, last_layers=-1, *, head_classes: int | None = None,
               freeze: bool = False, in_features: int | None = None, seed: int = 0) -> CutModel:
     """Cut ``graph`` at ``last_layers`` (see module docs); optionally add a Linear head
     (Flatten + Gemm with ``head_classes`` outputs) on the first new output."""
-    outputs = resolve_cut(graph, last_layers)
-    keep = needed_nodes(topological_order(graph), outputs)
-    used = {i for n in keep for i in n.inputs if i}
-    for n in keep:
-        for sg in n.subgraphs:
-            used |= sg.free_variables()
-    g = Graph(
-        name=f"{graph.name}_cut",
-        nodes=[Node(n.op_type, list(n.inputs), list(n.outputs), dict(n.attrs), n.name,
-                    n.domain, n.doc_string) for n in keep],
-        inputs=[ValueInfo(v.name, v.dtype, v.shape, v.type_proto) for v in graph.inputs],
-        outputs=[graph.value(o) or ValueInfo(o) for o in outputs],
-        initializers={k: v for k, v in graph.initializers.items() if k in used},
-        value_info={k: v for k, v in graph.value_info.items() if k in used or k in outputs},
-        opsets=dict(graph.opsets), doc_string=graph.doc_string)
+    g = cut(graph, last_layers, prune_inputs=False)
+    outputs = [v.name for v in g.outputs]
     frozen = set(g.initializers) if freeze else set()
     head = None
     if head_classes:
@@ -116,15 +109,6 @@ def cut_graph(graph: Graph, last_layers=-1, *, head_classes: int | None = None,
         outputs = ["head.logits"]
         head = {"in_features": in_features, "classes": head_classes, "source": src}
     return CutModel(g, outputs, last_layers, frozen, head)
-
-
-def _sonnx_available() -> bool:
-    try:
-        import workbench.model  # noqa: F401
-        import workbench.sonnx  # noqa: F401
-    except ImportError:
-        return False
-    return hasattr(workbench.model.Model, "cut")
 
 
 def with_head(base, classes: int, freeze: bool = False):
@@ -310,10 +294,7 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
     def model(self):
         """The resulting model: ``Model.cut(last_layers)`` (a new ``sonnx.SONNXModel`` with
         a copy of the weights), followed by a new ``layer.Linear(head_classes)`` head when one
-        is asked for (imported weights frozen when ``freeze``). Where the training stack is
-        not available, a graph-level :class:`CutModel` (see :meth:`cut_graph`)."""
-        if not _sonnx_available():
-            return self.cut_graph()
+        is asked for (imported weights frozen when ``freeze``)."""
         base = self._full_model().cut(self.last_layers)
         if self.head_classes:
             return with_head(base, self.head_classes, self.freeze)

@@ -16,6 +16,7 @@ import hashlib
 from collections import defaultdict
 
 from workbench.graph.ir import Graph
+from workbench.ops import registry
 
 NODE_H = 28
 LAYER_GAP = 30
@@ -23,36 +24,17 @@ NODE_GAP = 18
 DUMMY_W = 6
 MAX_SPAN = 48          # edges spanning more layers are drawn directly, not routed
 
-_CATEGORIES = {
-    "layer": ("Conv ConvTranspose ConvInteger QLinearConv Gemm MatMul MatMulInteger QLinearMatMul "
-              "Einsum LSTM GRU RNN Attention MultiHeadAttention DeformConv", 215),
-    "activation": ("Relu LeakyRelu PRelu Sigmoid HardSigmoid Tanh Elu Selu Celu Gelu FastGelu "
-                   "Softmax LogSoftmax Softplus Softsign HardSwish Mish Swish ThresholdedRelu "
-                   "Clip Hardmax QuickGelu", 5),
-    "normalization": ("BatchNormalization LayerNormalization InstanceNormalization "
-                      "GroupNormalization LpNormalization MeanVarianceNormalization LRN Dropout "
-                      "SimplifiedLayerNormalization SkipLayerNormalization RMSNormalization", 140),
-    "pooling": ("MaxPool AveragePool GlobalAveragePool GlobalMaxPool LpPool GlobalLpPool "
-                "MaxRoiPool RoiAlign MaxUnpool", 275),
-    "math": ("Add Sub Mul Div Pow Sqrt Exp Log Neg Abs Reciprocal Erf Floor Ceil Round Sign Sin "
-             "Cos Tan Sum Mean Max Min Mod BitShift Where Equal Greater Less GreaterOrEqual "
-             "LessOrEqual Not And Or Xor IsNaN IsInf", 35),
-    "shape": ("Reshape Transpose Flatten Squeeze Unsqueeze Concat Split Slice Gather GatherND "
-              "GatherElements Scatter ScatterND ScatterElements Shape Size Expand Tile Pad Cast "
-              "CastLike Identity DepthToSpace SpaceToDepth Resize Upsample Range NonZero "
-              "ConstantOfShape Compress OneHot Trilu", 200),
-    "reduction": ("ReduceMax ReduceMin ReduceMean ReduceSum ReduceProd ReduceL1 ReduceL2 "
-                  "ReduceLogSum ReduceLogSumExp ReduceSumSquare ArgMax ArgMin TopK CumSum", 55),
-    "control": ("If Loop Scan SequenceMap", 320),
-}
-_OP_CATEGORY = {op: (cat, hue) for cat, (ops, hue) in _CATEGORIES.items() for op in ops.split()}
+#: the hue of each op category (categories are declared where the ops are registered:
+#: ``@kernel(..., category=...)``, queried with ``registry.category``)
+_HUES = {"layer": 215, "activation": 5, "normalization": 140, "pooling": 275, "math": 35,
+         "shape": 200, "reduction": 55, "control": 320}
 _FIXED = {"Input": "#2f3b4c", "Output": "#2f3b4c", "Constant": "#9aa3ad"}
 
 
 def op_category(op: str) -> str:
     if op in ("Input", "Output", "Constant"):
         return op.lower()
-    return _OP_CATEGORY.get(op, ("other", None))[0]
+    return registry.category(op)
 
 
 def op_colors(ops) -> dict:
@@ -63,7 +45,8 @@ def op_colors(ops) -> dict:
         if op in _FIXED:
             out[op] = _FIXED[op]
             continue
-        cat, hue = _OP_CATEGORY.get(op, ("other", None))
+        cat = registry.category(op)
+        hue = _HUES.get(cat)
         if hue is None:
             hue = int(hashlib.md5(op.encode()).hexdigest()[:4], 16) % 360
             light, sat = 0.42, 0.35

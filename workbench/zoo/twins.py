@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 
 from workbench import autograd, layer, tensor
+from workbench import device as _device
 from workbench.tensor import Tensor
 
 SEED = 0
@@ -656,11 +657,11 @@ def build(name: str, seed: int = SEED) -> onnx.ModelProto:
 
     key = (get(name).name, seed)
     if key not in _cache:
-        saved = tensor._host_rng          # building must not disturb the caller's stream
-        try:
+        saved = _device.host_rng().bit_generator.state  # building must not disturb the
+        try:                                              # caller's stream
             _cache[key] = BUILDERS[key[0]](seed).SerializeToString()
         finally:
-            tensor._host_rng = saved
+            _device.host_rng().bit_generator.state = saved
     m = onnx.ModelProto()
     m.ParseFromString(_cache[key])
     return m

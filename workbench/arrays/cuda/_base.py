@@ -36,6 +36,18 @@ __device__ __forceinline__ T st(float v) { return __float2half(v); }
 """,
 }
 
+#: the adjoint walk of a sliding window, shared by col2im and the pooling backward kernels:
+#: the output index whose window reads input position ``i`` through kernel tap ``k`` (begin
+#: pad ``p``, dilation ``d``, stride ``s``, ``O`` outputs), or -1
+WINDOW_OF = r"""
+__device__ __forceinline__ int window_of(int i, int p, int k, int d, int s, int O) {
+    int t = i + p - k * d;
+    if (t < 0 || t % s != 0) return -1;
+    int o = t / s;
+    return o < O ? o : -1;
+}
+"""
+
 #: block-wide reductions (warp shuffles, then one float per warp in shared memory)
 REDUCE = r"""
 __device__ __forceinline__ float warp_sum(float v) {

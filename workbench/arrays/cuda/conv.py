@@ -12,10 +12,12 @@ import numpy as np
 
 from workbench.arrays import cupy_module
 from workbench.arrays.cuda import _base
+from workbench.arrays.geometry import window_geometry
+from workbench.errors import WorkbenchError
 
 FAMILY = "conv"
 
-SOURCE = r"""
+SOURCE = _base.WINDOW_OF + r"""
 // x: (N, C, H, W) -> cols: (N, C, KH, KW, OH, OW); zero outside the image (padding)
 extern "C" __global__ void im2col_2d(const T* __restrict__ x, T* __restrict__ cols,
         int C, int H, int W, int KH, int KW, int OH, int OW,
@@ -32,33 +34,6 @@ extern "C" __global__ void im2col_2d(const T* __restrict__ x, T* __restrict__ co
         T v = st(0.f);
         if (ih >= 0 && ih < H && iw >= 0 && iw < W) v = x[(nc * H + ih) * W + iw];
         cols[idx] = v;
-    }
-}
-
-// cols: (N, C, KH, KW, OH, OW) -> img: (N, C, H, W), summing every column entry that reads
-// a pixel (the adjoint of im2col_2d). One thread per pixel: deterministic, no atomics.
-extern "C" __global__ void col2im_2d(const T* __restrict__ cols, T* __restrict__ img,
-        int C, int H, int W, int KH, int KW, int OH, int OW,
-        int ph, int pw, int sh, int sw, int dh, int dw, long long total) {
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)blockDim.x * gridDim.x) {
-        int w = (int)(idx % W); long long t = idx / W;
-        int h = (int)(t % H); long long nc = t / H;
-        float acc = 0.f;
-        for (int kh = 0; kh < KH; ++kh) {
-            int hs = h + ph - kh * dh;
-            if (hs < 0 || hs % sh != 0) continue;
-            int oh = hs / sh;
-            if (oh >= OH) continue;
-            for (int kw = 0; kw < KW; ++kw) {
-                int ws = w + pw - kw * dw;
-                if (ws < 0 || ws % sw != 0) continue;
-                int ow = ws / sw;
-                if (ow >= OW) continue;
-                acc += ld(cols[(((nc * KH + kh) * KW + kw) * OH + oh) * (long long)OW + ow]);
-            }
-        }
-        img[idx] = st(acc);
     }
 }
 
@@ -85,11 +60,12 @@ extern "C" __global__ void im2col_2d_k(const T* __restrict__ x, T* __restrict__ 
     }
 }
 
-// K-major cols (C, KH, KW, N, OH, OW) -> img (N, C, H, W): the adjoint of im2col_2d_k.
-// 2-D grid: y walks the (n, c) planes, x the pixels; one thread per pixel, no atomics.
-extern "C" __global__ void col2im_2d_k(const T* __restrict__ cols, T* __restrict__ img,
+// cols -> img (N, C, H, W), summing every column entry that reads a pixel: the adjoint of
+// im2col_2d_k (kmajor: cols (C, KH, KW, N, OH, OW)) and of im2col_2d (cols (N, C, KH, KW, OH,
+// OW)). 2-D grid: y walks the (n, c) planes, x the pixels; one thread per pixel, no atomics.
+extern "C" __global__ void col2im_2d(const T* __restrict__ cols, T* __restrict__ img,
         int N, int C, int H, int W, int KH, int KW, int OH, int OW,
-        int ph, int pw, int sh, int sw, int dh, int dw) {
+        int ph, int pw, int sh, int sw, int dh, int dw, int kmajor) {
     int L = OH * OW;
     int HW = H * W;
     for (int r = blockIdx.y; r < N * C; r += gridDim.y) {
@@ -98,16 +74,13 @@ extern "C" __global__ void col2im_2d_k(const T* __restrict__ cols, T* __restrict
             int h = p / W; int w = p - h * W;
             float acc = 0.f;
             for (int kh = 0; kh < KH; ++kh) {
-                int hs = h + ph - kh * dh;
-                if (hs < 0 || hs % sh != 0) continue;
-                int oh = hs / sh;
-                if (oh >= OH) continue;
+                int oh = window_of(h, ph, kh, dh, sh, OH);
+                if (oh < 0) continue;
                 for (int kw = 0; kw < KW; ++kw) {
-                    int ws = w + pw - kw * dw;
-                    if (ws < 0 || ws % sw != 0) continue;
-                    int ow = ws / sw;
-                    if (ow >= OW) continue;
-                    long long row = ((long long)(c * KH + kh) * KW + kw) * N + n;
+                    int ow = window_of(w, pw, kw, dw, sw, OW);
+                    if (ow < 0) continue;
+                    long long row = kmajor ? ((long long)(c * KH + kh) * KW + kw) * N + n
+                                           : (((long long)n * C + c) * KH + kh) * KW + kw;
                     acc += ld(cols[row * L + oh * OW + ow]);
                 }
             }
@@ -176,28 +149,13 @@ COLS_BUDGET_BYTES = 512 << 20
 
 # ----------------------------------------------------------------------------- geometry
 def conv_geometry(in_hw, ks, strides, dilations, pads, auto_pad):
-    """(pads_begin, pads_end, out_hw) of a 2-D convolution; None for an unknown auto_pad."""
-    ap = auto_pad.decode() if isinstance(auto_pad, bytes) else (auto_pad or "NOTSET")
-    pb, pe, out = [], [], []
-    for a, (n, k, s, d) in enumerate(zip(in_hw, ks, strides, dilations)):
-        ek = (k - 1) * d + 1
-        if ap in ("SAME_UPPER", "SAME_LOWER"):
-            o = -(-n // s)
-            total = max(0, (o - 1) * s + ek - n)
-            small = total // 2
-            b, e = (small, total - small) if ap == "SAME_UPPER" else (total - small, small)
-        elif ap == "VALID":
-            b = e = 0
-            o = (n - ek) // s + 1
-        elif ap == "NOTSET":
-            p = list(pads) if pads is not None else [0] * (2 * len(in_hw))
-            b, e = int(p[a]), int(p[a + len(in_hw)])
-            o = (n + b + e - ek) // s + 1
-        else:
-            return None
-        pb.append(b)
-        pe.append(e)
-        out.append(o)
+    """(pads_begin, pads_end, out_hw) of a 2-D convolution (``arrays.geometry``); None when
+    the portable kernel must handle it (an unknown auto_pad, a kernel larger than the input:
+    it raises the error)."""
+    try:
+        pb, pe, out, _ = window_geometry("Conv", in_hw, ks, strides, dilations, pads, auto_pad)
+    except WorkbenchError:
+        return None
     return pb, pe, out
 
 
@@ -214,19 +172,19 @@ def _launch_im2col(x, cols, C, H, W, KH, KW, OH, OW, pb, st, dl):
               np.int32(st[1]), np.int32(dl[0]), np.int32(dl[1]), np.int64(total)))
 
 
-def col2im(cols, N, C, H, W, KH, KW, OH, OW, pb, st, dl):
-    """Sum (N, C*KH*KW, OH*OW) columns back into an (N, C, H, W) image (im2col's adjoint)."""
+def col2im(cols, N, C, H, W, KH, KW, OH, OW, pb, st, dl, *, kmajor=False):
+    """Sum columns back into an (N, C, H, W) image (im2col's adjoint): ``cols`` is
+    (N, C*KH*KW, OH*OW), or K-major (C*KH*KW, N*OH*OW) with ``kmajor``."""
     cp = cupy_module()
     cols = cp.ascontiguousarray(cols)
     img = cp.empty((N, C, H, W), dtype=cols.dtype)
     fn = _base.function(FAMILY, SOURCE, "col2im_2d", cols.dtype)
-    total = img.size
-    if total:
-        g, b = _base.grid(total)
-        fn(g, b, (cols, img, np.int32(C), np.int32(H), np.int32(W), np.int32(KH),
+    if img.size:
+        g, b = _base.grid2d(N * C, H * W)
+        fn(g, b, (cols, img, np.int32(N), np.int32(C), np.int32(H), np.int32(W), np.int32(KH),
                   np.int32(KW), np.int32(OH), np.int32(OW), np.int32(pb[0]), np.int32(pb[1]),
                   np.int32(st[0]), np.int32(st[1]), np.int32(dl[0]), np.int32(dl[1]),
-                  np.int64(total)))
+                  np.int32(bool(kmajor))))
     return img
 
 
@@ -289,20 +247,6 @@ def im2col_k(x, KH, KW, OH, OW, pb, st, dl):
     if cols.size:
         _launch_im2col_k(x, cols, N, C, H, W, KH, KW, OH, OW, pb, st, dl)
     return cols
-
-
-def col2im_k(cols, N, C, H, W, KH, KW, OH, OW, pb, st, dl):
-    """Sum K-major columns (C*KH*KW, N*OH*OW) back into an (N, C, H, W) image."""
-    cp = cupy_module()
-    cols = cp.ascontiguousarray(cols)
-    img = cp.empty((N, C, H, W), dtype=cols.dtype)
-    fn = _base.function(FAMILY, SOURCE, "col2im_2d_k", cols.dtype)
-    if img.size:
-        g, b = _base.grid2d(N * C, H * W)
-        fn(g, b, (cols, img, np.int32(N), np.int32(C), np.int32(H), np.int32(W), np.int32(KH),
-                  np.int32(KW), np.int32(OH), np.int32(OW), np.int32(pb[0]), np.int32(pb[1]),
-                  np.int32(st[0]), np.int32(st[1]), np.int32(dl[0]), np.int32(dl[1])))
-    return img
 
 
 def _to_mnl(dy):
@@ -413,8 +357,8 @@ def conv2d_backward_data(dy, w, x_shape, *, strides=(1, 1), pads=(0, 0, 0, 0),
     K = Cg * KH * KW
     if G == 1:
         dcols = cp.matmul(cp.ascontiguousarray(w).reshape(M, K).T, _to_mnl(dy))  # (K, N*L)
-        return col2im_k(dcols, N, C, H, W, KH, KW, OH, OW, [int(pads[0]), int(pads[1])],
-                        list(strides), list(dilations))
+        return col2im(dcols, N, C, H, W, KH, KW, OH, OW, [int(pads[0]), int(pads[1])],
+                      list(strides), list(dilations), kmajor=True)
     wt = cp.ascontiguousarray(w).reshape(G, M // G, K).transpose(0, 2, 1)     # (G, K, M/G)
     d = cp.ascontiguousarray(dy).reshape(N, G, M // G, L)
     cols = cp.matmul(wt, d)                                                   # (N, G, K, L)

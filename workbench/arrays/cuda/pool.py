@@ -14,10 +14,12 @@ import numpy as np
 
 from workbench.arrays import cupy_module
 from workbench.arrays.cuda import _base
+from workbench.arrays.geometry import window_geometry
+from workbench.errors import WorkbenchError
 
 FAMILY = "pool"
 
-SOURCE = r"""
+SOURCE = _base.WINDOW_OF + r"""
 // one thread per output element; argmax (flat ih*W+iw inside the plane) when want_idx
 extern "C" __global__ void maxpool2d_fwd(const T* __restrict__ x, T* __restrict__ y,
         int* __restrict__ argmax, int H, int W, int OH, int OW, int KH, int KW,
@@ -57,15 +59,11 @@ extern "C" __global__ void maxpool2d_bwd(const T* __restrict__ dy, const int* __
         const int* ap = argmax + p * (long long)OH * OW;
         float acc = 0.f;
         for (int kh = 0; kh < KH; ++kh) {
-            int hs = h + ph - kh * dh;
-            if (hs < 0 || hs % sh != 0) continue;
-            int oh = hs / sh;
-            if (oh >= OH) continue;
+            int oh = window_of(h, ph, kh, dh, sh, OH);
+            if (oh < 0) continue;
             for (int kw = 0; kw < KW; ++kw) {
-                int ws = w + pw - kw * dw;
-                if (ws < 0 || ws % sw != 0) continue;
-                int ow = ws / sw;
-                if (ow >= OW) continue;
+                int ow = window_of(w, pw, kw, dw, sw, OW);
+                if (ow < 0) continue;
                 if (ap[oh * OW + ow] == me) acc += ld(dyp[oh * OW + ow]);
             }
         }
@@ -114,16 +112,12 @@ extern "C" __global__ void avgpool2d_bwd(const T* __restrict__ dy, T* __restrict
         const T* dyp = dy + p * (long long)OH * OW;
         float acc = 0.f;
         for (int kh = 0; kh < KH; ++kh) {
-            int hs = h + ph - kh * dh;
-            if (hs < 0 || hs % sh != 0) continue;
-            int oh = hs / sh;
-            if (oh >= OH) continue;
+            int oh = window_of(h, ph, kh, dh, sh, OH);
+            if (oh < 0) continue;
             int ch = taps(oh, sh, ph, KH, dh, H, peh, include_pad);
             for (int kw = 0; kw < KW; ++kw) {
-                int ws = w + pw - kw * dw;
-                if (ws < 0 || ws % sw != 0) continue;
-                int ow = ws / sw;
-                if (ow >= OW) continue;
+                int ow = window_of(w, pw, kw, dw, sw, OW);
+                if (ow < 0) continue;
                 int cnt = ch * taps(ow, sw, pw, KW, dw, W, pew, include_pad);
                 acc += ld(dyp[oh * OW + ow]) / (float)(cnt > 0 ? cnt : 1);
             }
@@ -135,35 +129,14 @@ extern "C" __global__ void avgpool2d_bwd(const T* __restrict__ dy, T* __restrict
 
 
 def pool_geometry(in_hw, ks, strides, dilations, pads, auto_pad, ceil_mode):
-    """(pads_begin, pads_end, out_hw) of a 2-D pool, ONNX rules (ceil_mode: the last window
-    must start inside the image or its begin padding); None for an unknown auto_pad."""
-    ap = auto_pad.decode() if isinstance(auto_pad, bytes) else (auto_pad or "NOTSET")
-    pb, pe, out = [], [], []
-    for a, (n, k, s, d) in enumerate(zip(in_hw, ks, strides, dilations)):
-        ek = (k - 1) * d + 1
-        if ap in ("SAME_UPPER", "SAME_LOWER"):
-            o = -(-n // s)
-            total = max(0, (o - 1) * s + ek - n)
-            small = total // 2
-            b, e = (small, total - small) if ap == "SAME_UPPER" else (total - small, small)
-        elif ap in ("VALID", "NOTSET"):
-            if ap == "VALID":
-                b = e = 0
-            else:
-                p = list(pads) if pads is not None else [0] * (2 * len(in_hw))
-                b, e = int(p[a]), int(p[a + len(in_hw)])
-            span = n + b + e - ek
-            if ceil_mode:
-                o = -(-span // s) + 1
-                if (o - 1) * s >= n + b:
-                    o -= 1
-            else:
-                o = span // s + 1
-        else:
-            return None
-        pb.append(b)
-        pe.append(e)
-        out.append(o)
+    """(pads_begin, pads_end, out_hw) of a 2-D pool (``arrays.geometry``, ONNX rules: in ceil
+    mode the last window must start inside the image or its begin padding); None when the
+    portable kernel must handle it (it raises the error)."""
+    try:
+        pb, pe, out, _ = window_geometry("Pool", in_hw, ks, strides, dilations, pads, auto_pad,
+                                         ceil_mode=bool(ceil_mode))
+    except WorkbenchError:
+        return None
     return pb, pe, out
 
 

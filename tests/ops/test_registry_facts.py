@@ -1,0 +1,91 @@
+"""Op facts are declared where the op is registered and read back from the registry."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+import workbench
+from workbench.ops import registry
+
+
+def test_facts_given_in_the_decorator():
+    f = registry.facts("Reshape")
+    assert f.category == "shape" and f.host_inputs == (1,) and f.host_compute
+    assert registry.facts("Dropout").random and registry.facts("Dropout").settings == (1, 2)
+    assert registry.facts("BatchNormalization").state_inputs == (3, 4)
+    assert registry.facts("Shape").shape_only and registry.facts("Size").shape_only
+    assert registry.facts("RandomNormal").random
+    assert not registry.facts("Conv").random and registry.category("Conv") == "layer"
+    # an op nobody described has the defaults
+    assert registry.facts("NoSuchOp") == registry.OpFacts()
+    assert registry.category("NoSuchOp") == "other"
+
+
+def test_described_contrib_ops_and_domains():
+    assert registry.category("FastGelu") == "activation"
+    assert registry.category("FastGelu", "com.microsoft") == "activation"
+    assert registry.category("FastGelu", "") == "other"
+    # ai.onnx is the default domain
+    assert registry.facts("Reshape", "ai.onnx") == registry.facts("Reshape")
+
+
+def test_custom_op_registers_its_facts_and_training_form():
+    def my_noise(x):
+        return x
+
+    def my_noise_train(x):
+        return x + 1
+
+    try:
+        registry.register("MyNoise", my_noise, domain="com.example", random=True,
+                          category="math", settings=(1,))
+        registry.register("MyNoise", my_noise_train, domain="com.example", train=True)
+        f = registry.facts("MyNoise", "com.example")
+        assert f.random and f.category == "math" and f.settings == (1,)
+        assert registry.lookup("MyNoise", "com.example", 1).fn is my_noise
+        assert registry.train_form("MyNoise", "com.example", 1).fn is my_noise_train
+        assert registry.train_form("Relu", "", 14) is None
+        with pytest.raises(TypeError, match="unknown op facts"):
+            registry.describe("MyNoise", domain="com.example", colour="red")
+    finally:
+        registry.unregister("MyNoise", domain="com.example")
+        registry.unregister("MyNoise", domain="com.example", train=True)
+    assert registry.train_form("MyNoise", "com.example", 1) is None
+    assert not registry.has_kernel("MyNoise", "com.example")
+
+
+def _op_name_tables(path: pathlib.Path) -> list[str]:
+    """Module-level sets/dicts/tuples whose keys or items are mostly registered op names."""
+    ops = {op for _, op in registry.registered_ops()}
+    found = []
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+            continue
+        value = node.value
+        if isinstance(value, ast.Call) and value.args:    # frozenset({...})
+            value = value.args[0]
+        items = []
+        if isinstance(value, ast.Dict):
+            items = value.keys
+        elif isinstance(value, (ast.Set, ast.Tuple, ast.List)):
+            items = value.elts
+        names = [i.value for i in items if isinstance(i, ast.Constant)
+                 and isinstance(i.value, str)]
+        if len(names) >= 4 and sum(n in ops for n in names) >= 0.75 * len(names):
+            found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_no_op_name_tables_outside_the_ops():
+    root = pathlib.Path(workbench.__file__).parent
+    tables = []
+    for p in sorted(root.rglob("*.py")):
+        rel = p.relative_to(root).as_posix()
+        if rel.startswith(("ops/", "arrays/cuda/", "grad/")):
+            continue   # the ops' own registrations (kernels, overrides, gradient rules)
+        tables += _op_name_tables(p)
+    assert not tables, f"tables of op names outside the ops' registration: {tables}"
