@@ -142,14 +142,11 @@ def main(argv=None) -> int:
     elif args.ci:
         cases = [G.make_case(g, s) for g, s in G.ci_sample()]
     else:
-        plan = G.sweep(args.cases, args.seed)
         if args.generators:
             unknown = set(args.generators) - set(G.GENERATORS)
             if unknown:
                 ap.error(f"unknown generators {sorted(unknown)}; known: {sorted(G.GENERATORS)}")
-            rng_plan = [(g, s) for g, s in G.sweep(args.cases * 20, args.seed)
-                        if g in args.generators]
-            plan = rng_plan[: args.cases]
+        plan = G.sweep(args.cases, args.seed, only=args.generators)
         cases = [G.make_case(g, s) for g, s in plan]
     gen_s = time.monotonic() - t0
     print(f"{len(cases)} cases generated in {gen_s:.1f} s; running with {args.workers} workers"

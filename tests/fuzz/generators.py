@@ -2019,11 +2019,11 @@ def make_case(generator: str, seed: int) -> Case:
         return GENERATORS[generator](seed)
 
 
-def sweep(n: int, seed: int = 0) -> list[tuple[str, int]]:
-    """(generator, seed) for ``n`` cases of a sweep: generators drawn by WEIGHTS, each
-    generator's seeds counting up from ``seed * 1_000_000``."""
+def sweep(n: int, seed: int = 0, only=None) -> list[tuple[str, int]]:
+    """(generator, seed) for ``n`` cases of a sweep: generators (all, or ``only``) drawn by
+    WEIGHTS, each generator's seeds counting up from ``seed * 1_000_000``."""
     rng = random.Random(seed)
-    names = sorted(WEIGHTS)
+    names = sorted(only or WEIGHTS)
     weights = [WEIGHTS[k] for k in names]
     counters = dict.fromkeys(names, 0)
     out = []
