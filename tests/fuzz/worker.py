@@ -16,8 +16,8 @@ extra files.
 
 Classes (ours): ``ok`` ran; ``clean`` a WorkbenchError with one clear message; ``uncaught`` any
 other exception, or a WorkbenchError whose message is empty or holds a traceback; ``memory`` a
-MemoryError that is not a ResourceError (anywhere in the cause chain); ``leak`` the marker in an
-output or an error message. Crash and hang are decided by the harness. onnxruntime: ``ok``,
+MemoryError that is not a ResourceError (anywhere in the cause chain), or an output larger than
+the memory budget; ``leak`` the marker in an output, an error message or a warning. Crash and hang are decided by the harness. onnxruntime: ``ok``,
 ``refused`` (any exception), ``memory``, ``leak``.
 """
 
@@ -366,12 +366,17 @@ class Runner:
         parent, model_dir, path, data, inputs = self.setup(case)
         t0 = time.perf_counter()
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 if mode == "ort":
                     res = self._run_ort(case, path, data, inputs)
                 else:
                     res = self._run_ours(case, path, model_dir, data, inputs)
+            # a warning is a message to the user too
+            text = "\n".join(str(w.message) for w in caught[:1000])
+            if res["cls"] != "leak" and self.sentinel.in_bytes(
+                    text.encode("utf-8", "replace"), text=True):
+                res.update(cls="leak", where="warning", message=text[:2000])
         finally:
             shutil.rmtree(parent, ignore_errors=True)
         res["seconds"] = round(time.perf_counter() - t0, 4)
