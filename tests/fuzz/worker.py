@@ -15,9 +15,10 @@ directory and in a folder under /tmp. Per case: a fresh folder ``case-N`` holdin
 extra files.
 
 Classes (ours): ``ok`` ran; ``clean`` a WorkbenchError with one clear message; ``uncaught`` any
-other exception, or a WorkbenchError whose message is empty or holds a traceback; ``memory`` a
-MemoryError that is not a ResourceError (anywhere in the cause chain), or an output larger than
-the memory budget; ``leak`` the marker in an output, an error message or a warning. Crash and hang are decided by the harness. onnxruntime: ``ok``,
+other exception, or a WorkbenchError whose message is empty, holds a traceback or runs past
+20,000 characters; ``memory`` a MemoryError that is not a ResourceError (anywhere in the cause
+chain), or an output larger than the memory budget; ``leak`` the marker in an output, an error
+message or a warning. Crash and hang are decided by the harness. onnxruntime: ``ok``,
 ``refused`` (any exception), ``memory``, ``leak``.
 """
 
