@@ -176,9 +176,9 @@ def iter_tensors(m: onnx.ModelProto):
             yield from node_tensors(n)
 
 
-def opset_of(m: onnx.ModelProto) -> int:
+def opset_of(m: onnx.ModelProto, domain: str = "") -> int:
     for o in m.opset_import:
-        if o.domain in ("", "ai.onnx"):
+        if o.domain == domain or (domain in ("", "ai.onnx") and o.domain in ("", "ai.onnx")):
             return o.version
     return OPSET
 
@@ -577,7 +577,7 @@ def mutate_attr(m, rng) -> str:
     notes = []
     for _ in range(rng.choice([1, 1, 1, 2, 3])):
         n = rng.choice(nodes)
-        schema = _schema_attrs(n, opset_of(m))
+        schema = _schema_attrs(n, opset_of(m, n.domain))
         names = sorted(set(schema) | {a.name for a in n.attribute})
         if not names:
             names = ["axis", "bogus"]
