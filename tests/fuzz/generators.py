@@ -1791,23 +1791,35 @@ def _r_random_normal(rng):
                                  shape=shape)], [], [vi("y", None)]), f"Random* shape {shape}")
 
 
+_T = TensorProto
+_BINARY_OPS = [("Add", _T.FLOAT), ("Sub", _T.FLOAT), ("Mul", _T.FLOAT), ("Div", _T.FLOAT),
+               ("Pow", _T.FLOAT), ("Max", _T.FLOAT), ("Min", _T.FLOAT), ("Mean", _T.FLOAT),
+               ("Sum", _T.FLOAT), ("Equal", _T.FLOAT), ("Less", _T.FLOAT),
+               ("Greater", _T.FLOAT), ("LessOrEqual", _T.FLOAT), ("GreaterOrEqual", _T.FLOAT),
+               ("And", _T.BOOL), ("Or", _T.BOOL), ("Xor", _T.BOOL), ("BitwiseAnd", _T.INT32),
+               ("BitwiseOr", _T.INT32), ("BitwiseXor", _T.INT32), ("BitShift", _T.UINT32),
+               ("Mod", _T.INT32), ("PRelu", _T.FLOAT)]
+_COMPARISONS = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor"}
+
+
 def _r_broadcast_bomb(rng):
     """Small inputs whose result is huge: broadcasting, outer products, padding, strides."""
     k = rng.choice([2**15, 2**16, 2**17])
-    kind = rng.choice(["Add", "Mul", "Where", "Equal", "Max", "Pow", "BitwiseAnd", "MatMul",
-                       "Einsum", "Conv_pads", "ConvTranspose_strides", "MaxPool_pads",
-                       "Concat_many", "Expand_runtime", "Tile_runtime", "CumSum_big"])
+    kind = rng.choice(["binary", "binary", "binary", "Where", "MatMul", "Einsum", "Conv_pads",
+                       "ConvTranspose_strides", "MaxPool_pads", "Concat_many", "Expand_runtime",
+                       "Tile_runtime", "CumSum_big"])
     x = np.ones((k, 1), np.float32)
     y = np.ones((1, k), np.float32)
-    if kind in ("Add", "Mul", "Max", "Pow", "Equal"):
-        m = mk([helper.make_node(kind, ["x", "y"], ["z"])], [vi("x", ["a", 1]), vi("y", [1, "b"])],
-               [vi("z", None, rank=2)])
-        return m, [("x", x), ("y", y)], f"{kind} broadcast [{k},1] x [1,{k}]"
-    if kind == "BitwiseAnd":
-        m = mk([helper.make_node(kind, ["x", "y"], ["z"])],
-               [vi("x", ["a", 1], TensorProto.INT32), vi("y", [1, "b"], TensorProto.INT32)],
-               [vi("z", None, TensorProto.INT32, rank=2)], opset=18)
-        return m, [("x", x.astype(np.int32)), ("y", y.astype(np.int32))], f"{kind} broadcast {k}"
+    if kind == "binary":   # every broadcasting binary operator
+        op, dt = rng.choice(_BINARY_OPS)
+        npdt = helper.tensor_dtype_to_np_dtype(dt)
+        out_dt = TensorProto.BOOL if op in _COMPARISONS else dt
+        kw = {"direction": "LEFT"} if op == "BitShift" else {}
+        m = mk([helper.make_node(op, ["x", "y"], ["z"], **kw)],
+               [vi("x", ["a", 1], dt), vi("y", [1, "b"], dt)], [vi("z", None, out_dt, rank=2)],
+               opset=18)
+        return (m, [("x", x.astype(npdt)), ("y", y.astype(npdt))],
+                f"{op} broadcast [{k},1] x [1,{k}]")
     if kind == "Where":
         m = mk([helper.make_node("Where", ["c", "x", "y"], ["z"])],
                [vi("c", [1, 1], TensorProto.BOOL), vi("x", ["a", 1]), vi("y", [1, "b"])],
