@@ -152,3 +152,22 @@ def test_tfidf_requires_one_pool_and_known_mode():
             max_gram_length=1)
     with pytest.raises(InputError, match="mode"):
         run("TfIdfVectorizer", x, mode="BM25", **POOL)
+
+
+def test_regex_catastrophic_pattern_is_linear_with_re2_and_refused_without(monkeypatch):
+    """'(a*)*b' backtracks exponentially in Python's re; RE2 (the spec's engine) is linear."""
+    import time
+
+    from workbench.ops import nlp
+
+    x = S("a" * 40, "aab")
+    if nlp._re2 is not None:
+        t0 = time.perf_counter()
+        y = run("RegexFullMatch", x, pattern="(a*)*b")
+        assert y.tolist() == [False, True]
+        assert time.perf_counter() - t0 < 5
+    monkeypatch.setattr(nlp, "_re2", None)
+    with pytest.raises(InputError, match="nests quantifiers"):
+        run("RegexFullMatch", x, pattern="(a*)*b")
+    y = run("RegexFullMatch", S("12", "x"), pattern=r"(\d+)?")
+    assert y.tolist() == [True, False]

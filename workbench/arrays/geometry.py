@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 from workbench.errors import InputError, ShapeError
+from workbench.limits import check_alloc
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -86,4 +87,12 @@ def _window_geometry(op, in_shape, kernel_shape, strides, dilations, pads, auto_
             out.append(o)
     extra = [max(0, (o - 1) * s + k - (i + b + e_))
              for o, s, k, i, b, e_ in zip(out, strides, eff, in_shape, pb, pe)]
+    # a hostile geometry (pads or strides of 2**15 and more) must be refused before any kernel
+    # allocates its padded input, columns or output: check one image's one channel here (the
+    # kernels multiply by batch and channels)
+    padded = [i + b + e_ + x for i, b, e_, x in zip(in_shape, pb, pe, extra)]
+    check_alloc(padded, itemsize=4, what=f"{op}: one channel of the padded input")
+    check_alloc(out, itemsize=4, what=f"{op}: one channel of the output")
+    check_alloc([o * k for o, k in zip(out, kernel_shape)], itemsize=4,
+                what=f"{op}: one channel of the unfolded input (output positions x kernel)")
     return tuple(pb), tuple(pe), tuple(out), tuple(extra)

@@ -50,22 +50,28 @@ for _n, _b in (("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT
 
 
 # --------------------------------------------------------------------------- walking
+def _txt(v) -> str:
+    """A name for messages (protobuf hands back undecodable text as bytes)."""
+    return v if isinstance(v, str) else v.decode("utf-8", "replace")
+
+
 def iter_graph_tensors(g: onnx.GraphProto, where: str = "graph") -> Iterator[tuple]:
     """(TensorProto, where) for every tensor a graph carries, subgraphs included."""
     for t in g.initializer:
-        yield t, f"{where}: initializer {t.name!r}"
+        yield t, f"{where}: initializer {_txt(t.name)!r}"
     for st in g.sparse_initializer:
-        nm = st.values.name
+        nm = _txt(st.values.name)
         yield st.values, f"{where}: sparse initializer {nm!r} (values)"
         yield st.indices, f"{where}: sparse initializer {nm!r} (indices)"
     for i, n in enumerate(g.node):
-        label = f"{where}: node {n.name or n.op_type + '_' + str(i)!r} ({n.op_type})"
+        op = _txt(n.op_type)
+        label = f"{where}: node {_txt(n.name) or op + '_' + str(i)!r} ({op})"
         yield from _iter_node_tensors(n, label)
 
 
 def _iter_node_tensors(n: onnx.NodeProto, label: str) -> Iterator[tuple]:
     for a in n.attribute:
-        at = f"{label} attribute {a.name!r}"
+        at = f"{label} attribute {_txt(a.name)!r}"
         if a.type == AttributeProto.TENSOR or a.HasField("t"):
             yield a.t, at
         for k, t in enumerate(a.tensors):
@@ -92,7 +98,8 @@ def iter_model_tensors(m: onnx.ModelProto) -> Iterator[tuple]:
     for f in m.functions:
         for i, n in enumerate(f.node):
             yield from _iter_node_tensors(
-                n, f"function {f.domain}::{f.name}: node {n.name or n.op_type + '_' + str(i)!r}")
+                n, f"function {_txt(f.domain)}::{_txt(f.name)}: node "
+                   f"{_txt(n.name) or _txt(n.op_type) + '_' + str(i)!r}")
 
 
 def uses_external_data(t: TensorProto) -> bool:

@@ -149,7 +149,13 @@ def check_attributes(m: onnx.ModelProto, path: str | None = None) -> None:
         text(g.name, "graph name")
         for v in (*g.input, *g.output, *g.value_info, *g.initializer):
             text(v.name, "value name")
-        for i, n in enumerate(g.node):
+        for st in g.sparse_initializer:
+            text(st.values.name, "value name")
+        walk_nodes(g.node, where)
+
+    def walk_nodes(nodes, where: str):
+        where_now[0] = where
+        for i, n in enumerate(nodes):
             for field in ("name", "op_type", "domain"):
                 text(getattr(n, field), f"node #{i} {field}")
             for v in (*n.input, *n.output):
@@ -171,6 +177,18 @@ def check_attributes(m: onnx.ModelProto, path: str | None = None) -> None:
                     walk(sg, f"{where}node {n.name or n.op_type!r} subgraph {a.name!r}: ")
                 where_now[0] = where
     walk(m.graph, "")
+    for k, ti in enumerate(m.training_info):
+        walk(ti.initialization, f"training_info[{k}].initialization: ")
+        walk(ti.algorithm, f"training_info[{k}].algorithm: ")
+    for f in m.functions:
+        where_now[0] = ""
+        text(f.domain, "function domain")
+        text(f.name, "function name")
+        for v in (*f.input, *f.output, *f.attribute):
+            text(v, f"function {f.name!r} input/output/attribute name")
+        walk_nodes(f.node, f"function {f.domain}::{f.name}: ")
+        for o in f.opset_import:
+            text(o.domain, "opset domain")
     for o in m.opset_import:
         text(o.domain, "opset domain")
 
@@ -249,6 +267,7 @@ def load(src: Any, *, check: bool = True, shape_inference: bool = True,
                              f"bytes or an onnx.ModelProto")
     m = _read_proto(src, path)
     check_versions(m, path)
+    check_attributes(m, path)
     needs_copy = isinstance(src, onnx.ModelProto) and (
         input_shapes or batch_size is not None or len(m.functions) > 0
         or has_external_data(m))
@@ -257,7 +276,6 @@ def load(src: Any, *, check: bool = True, shape_inference: bool = True,
         m2.CopyFrom(m)
         m = m2
     resolve_external_data(m, base_dir, path)
-    check_attributes(m, path)
     if input_shapes or batch_size is not None:
         set_input_shapes(m, input_shapes, batch_size)
     if m.functions:

@@ -123,6 +123,7 @@ def _int_pow(xp, x, y):
 def mod(a, b, *, fmod=0):
     """fmod=0: result has the sign of B (floor); fmod=1: sign of A (C fmod)."""
     xp = xp_of(a, b)
+    check_broadcast("Mod", a, b)
     with quiet():
         if fmod:
             return ensure_array(xp.fmod(a, b))
@@ -421,6 +422,7 @@ def min_(*inputs):
 def bitshift(x, y, *, direction):
     """Shifts that are negative or >= the bit width give 0 (or -1 right-shifting a negative)."""
     xp = xp_of(x, y)
+    check_broadcast("BitShift", x, y)
     if direction not in ("LEFT", "RIGHT"):
         raise InputError(f"BitShift: direction must be 'LEFT' or 'RIGHT', got {direction!r}")
     shift = xp.left_shift if direction == "LEFT" else xp.right_shift
@@ -440,16 +442,19 @@ def bitshift(x, y, *, direction):
 
 @kernel("BitwiseAnd", since=18)
 def bitwise_and(a, b):
+    check_broadcast("BitwiseAnd", a, b)
     return ensure_array(xp_of(a, b).bitwise_and(a, b))
 
 
 @kernel("BitwiseOr", since=18)
 def bitwise_or(a, b):
+    check_broadcast("BitwiseOr", a, b)
     return ensure_array(xp_of(a, b).bitwise_or(a, b))
 
 
 @kernel("BitwiseXor", since=18)
 def bitwise_xor(a, b):
+    check_broadcast("BitwiseXor", a, b)
     return ensure_array(xp_of(a, b).bitwise_xor(a, b))
 
 

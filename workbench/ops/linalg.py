@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.limits import check_alloc
 from workbench.ops._common import check_matmul, compute_dtype
 from workbench.ops.parallel import parallel_matmul
 from workbench.ops.registry import kernel
@@ -189,6 +190,30 @@ def normalize_einsum(equation, shapes):
     return f"{','.join(terms)}->{rhs}"
 
 
+def _einsum_out_shape(eq: str, shapes) -> list:
+    """Output shape of a normalised (explicit) equation: its letters' sizes, and the broadcast
+    of the operands' '...' dims."""
+    lhs, _, rhs = eq.partition("->")
+    sizes: dict = {}
+    ell: list = []
+    for term, shape in zip(lhs.split(","), shapes):
+        pos = term.find("...")
+        letters = term.replace("...", "")
+        dims = list(shape)
+        if pos >= 0:
+            n_ell = len(dims) - len(letters)
+            e = dims[pos:pos + n_ell]
+            dims = dims[:pos] + dims[pos + n_ell:]
+            if len(e) > len(ell):
+                ell = [1] * (len(e) - len(ell)) + ell
+            for k in range(1, len(e) + 1):
+                ell[-k] = max(ell[-k], e[-k])
+        for c, d in zip(letters, dims):
+            sizes[c] = max(sizes.get(c, 1), int(d))
+    out = [sizes.get(c, 1) for c in rhs.replace("...", "")]
+    return (ell + out) if "..." in rhs else out
+
+
 @kernel("Einsum", since=12, category="layer")
 def einsum(*Inputs, equation=None):
     """Einstein summation (explicit and implicit forms, '...' broadcasting) on ``einsum``."""
@@ -196,6 +221,8 @@ def einsum(*Inputs, equation=None):
         raise InputError("Einsum: at least one input is required")
     xp = xp_of(*Inputs)
     eq = normalize_einsum(equation, [x.shape for x in Inputs])
+    check_alloc(_einsum_out_shape(eq, [x.shape for x in Inputs]), compute_dtype(Inputs[0].dtype),
+                what="Einsum: the output")
     out_dt = Inputs[0].dtype
     cd = compute_dtype(out_dt)
     ops = [x.astype(cd, copy=False) for x in Inputs]

@@ -33,11 +33,13 @@ def greater(a, b, *, broadcast=0, axis=None):
 
 @kernel("LessOrEqual", since=12, category="math", host_compute=True)
 def less_or_equal(a, b):
+    check_broadcast("LessOrEqual", a, b)
     return ensure_array(xp_of(a, b).less_equal(a, b))
 
 
 @kernel("GreaterOrEqual", since=12, category="math", host_compute=True)
 def greater_or_equal(a, b):
+    check_broadcast("GreaterOrEqual", a, b)
     return ensure_array(xp_of(a, b).greater_equal(a, b))
 
 

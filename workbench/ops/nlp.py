@@ -14,7 +14,39 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.limits import check_alloc
 from workbench.ops.registry import kernel
+
+try:  # RE2 itself (the syntax the spec names; matching in linear time): the `re2` extra
+    import re2 as _re2
+except ImportError:  # pragma: no cover - depends on the environment
+    _re2 = None
+
+# a quantified group that itself contains a quantifier: (a*)*, (a+|b)+, (x{2,})*...
+_NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[*+?}](?:[^()\\]|\\.)*\)[*+{]")
+
+
+def _compile_regex(op: str, pattern: str):
+    """A compiled pattern with ``fullmatch``: RE2 when installed; else Python's ``re``, refusing
+    patterns with nested quantifiers (exponential backtracking there: a model could hang the
+    process)."""
+    if _re2 is not None:
+        opts = _re2.Options()
+        opts.log_errors = False
+        try:
+            return _re2.compile(pattern, opts)
+        except Exception as e:  # re2._re2.Error
+            raise InputError(f"{op}: invalid regular expression {pattern!r} (RE2 syntax): "
+                             f"{e}") from None
+    if _NESTED_QUANTIFIER.search(pattern):
+        raise InputError(
+            f"{op}: pattern {pattern!r} nests quantifiers, which Python's re engine may take "
+            f"exponential time on; install RE2 (pip install 'onnx-workbench[re2]', the engine "
+            f"the ONNX spec names, linear time) to run it")
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise InputError(f"{op}: invalid regular expression {pattern!r}: {e}") from None
 
 
 def _strings(op: str, x):
@@ -97,6 +129,7 @@ def string_concat(X, Y):
     except ValueError:
         raise ShapeError(f"{op}: shapes {tuple(a.shape)} and {tuple(b.shape)} do not "
                          f"broadcast") from None
+    check_alloc(shape, itemsize=8, what=f"{op}: the output")
     out = xp.empty(shape, dtype=object)
     out[...] = xp.add(a, b)
     return out
@@ -108,10 +141,7 @@ def regex_full_match(X, *, pattern=None):
     xp = xp_of(X)
     if pattern is None:
         raise InputError(f"{op}: the 'pattern' attribute is required")
-    try:
-        rx = re.compile(pattern)
-    except re.error as e:
-        raise InputError(f"{op}: invalid regular expression {pattern!r}: {e}") from None
+    rx = _compile_regex(op, pattern)
     x = _strings(op, X)
     flat = [rx.fullmatch(_as_str(s)) is not None for s in x.reshape(-1).tolist()]
     return xp.asarray(flat, dtype=bool).reshape(x.shape)

@@ -272,14 +272,15 @@ def lrn(X, *, alpha=1e-4, beta=0.75, bias=1.0, size=None):
     x = to_compute(X)
     dt = x.dtype
     C = x.shape[1]
-    lo = (size - 1) // 2
-    hi = size - 1 - lo
+    # channels further than C - 1 away add nothing: clamp the window (size stays in alpha/size)
+    lo = min((size - 1) // 2, max(C - 1, 0))
+    hi = min(size - 1 - (size - 1) // 2, max(C - 1, 0))
     sq = x * x
     pad = [(0, 0)] * x.ndim
     pad[1] = (lo, hi)
     sqp = xp.pad(sq, pad)
     s = sqp[:, 0:C].copy()
-    for k in range(1, size):
+    for k in range(1, lo + hi + 1):
         s += sqp[:, k:k + C]
     denom = (s * dt.type(alpha / size) + dt.type(bias)) ** dt.type(beta)
     return (x / denom).astype(X.dtype, copy=False)

@@ -162,6 +162,10 @@ def _concat(inputs, axis):
                              f"match outside axis {ax}")
     if len(inputs) == 1:
         return inputs[0]
+    out = list(ref)
+    out[ax] = sum(int(a.shape[ax]) for a in inputs)
+    # inputs may be broadcast views (Expand): the output is the first real allocation
+    check_alloc(out, inputs[0].dtype, what="Concat: the output")
     return xp.concatenate(inputs, axis=ax)
 
 
