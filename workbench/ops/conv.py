@@ -25,6 +25,7 @@ import numpy as np  # host-side checks only
 from workbench.arrays import xp_of
 from workbench.arrays.geometry import norm_auto_pad, window_geometry
 from workbench.errors import InputError, ShapeError
+from workbench.limits import check_alloc
 from workbench.ops._common import compute_dtype, quiet, to_compute
 from workbench.ops.parallel import (
     blas_controller,
@@ -499,6 +500,8 @@ def _conv_transpose(X, W, B, auto_pad, dilations, group, kernel_shape, output_pa
     ins = [int(v) for v in X.shape[2:]]
     eff = [(k - 1) * d + 1 for k, d in zip(ks, dl)]
     natural = [s * (i - 1) + o + e for s, i, o, e in zip(st, ins, op_, eff)]
+    # the full (natural) output is scattered into before cropping: refuse it before that
+    check_alloc([N, M, *natural], compute_dtype(X.dtype), what=f"{op}: the full output")
     if output_shape is not None and len(output_shape):
         osh = [int(v) for v in output_shape][-nd:]
         if len(osh) != nd:
@@ -524,6 +527,7 @@ def _conv_transpose(X, W, B, auto_pad, dilations, group, kernel_shape, output_pa
         osh = [n - b - e for n, b, e in zip(natural, p[:nd], p[nd:])]
         if any(o < 0 for o in osh):
             raise ShapeError(f"{op}: pads={p} are larger than the full output {natural}")
+    check_alloc([N, M, *osh], compute_dtype(X.dtype), what=f"{op}: the output")
 
     x = to_compute(X)
     w = to_compute(W).astype(x.dtype, copy=False)
