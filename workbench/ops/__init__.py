@@ -11,7 +11,7 @@ _FAMILIES = (
     "conv", "pool", "norm", "linalg", "reduce",
     "shape", "indexing", "tensorgen", "loss",
     "controlflow", "sequence", "quant", "resize", "rnn", "signal", "misc", "nlp",
-    "attention", "training", "ml",
+    "attention", "training", "ml", "contrib_quant", "contrib_transformer",
 )
 
 for _name in _FAMILIES:
