@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 
 from workbench.errors import ModelLoadError
 from workbench.graph.ir import Graph
+from workbench.graph.toposort import fix_quirks
 
 
 @dataclass
@@ -28,6 +29,7 @@ class LoadedModel:
     proto: onnx.ModelProto
     graph: Graph
     path: str | None = None
+    notes: list = field(default_factory=list)  # exporter quirks repaired / noticed at load
 
     @property
     def opsets(self) -> dict:
@@ -207,6 +209,7 @@ def load(src: Any, *, check: bool = True, shape_inference: bool = True,
         m2.CopyFrom(m)
         m = m2
     load_external_data(m, base_dir, path)
+    m, notes = fix_quirks(m, path, owned=m is not src)
     if check:
         try:
             onnx.checker.check_model(m)
@@ -228,4 +231,4 @@ def load(src: Any, *, check: bool = True, shape_inference: bool = True,
     except Exception as e:
         raise ModelLoadError(f"could not read the graph: {type(e).__name__}: {e}",
                              path=path) from e
-    return LoadedModel(m, graph, path)
+    return LoadedModel(m, graph, path, notes)
