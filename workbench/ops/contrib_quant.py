@@ -415,7 +415,7 @@ def _unpack_bits(packed, bits, count):
 
 @kernel("MatMulNBits", since=1, domain=MS)
 def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits=4,
-                 block_size, accuracy_level=0):
+                 block_size, accuracy_level=0, weight_prepacked=0):
     """Y = A @ dequant(B)^T + bias, B: uint8 [N, n_blocks, blob] holding ``bits``-bit values
     along K (low bits first), scales [N * n_blocks] (or [N, n_blocks]); zero points packed
     like B (uint8, [N, ceil(n_blocks * bits / 8)]) or of the scales' type; the default zero
@@ -423,6 +423,9 @@ def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
     op = "MatMulNBits"
     xp = xp_of(A)
     K, N, bits, bs = int(K), int(N), int(bits), int(block_size)
+    if weight_prepacked:
+        raise InputError(f"{op}: weight_prepacked=1 (B in onnxruntime's internal packed "
+                         f"layout) is not supported; save the model without prepacking")
     if bs < 16 or bs & (bs - 1):
         raise InputError(f"{op}: block_size {bs} must be a power of 2 and >= 16")
     nb = (K + bs - 1) // bs
@@ -478,3 +481,37 @@ def qattention(input, weight, bias, input_scale, weight_scale, mask_index=None,
                               qkv_hidden_sizes=None, mask_filter_value=mask_filter_value,
                               scale=scale, n_outputs=ctx.n_outputs)
 
+
+
+# ---------------------------------------------------------------------------------- QEmbedLayerNorm
+@kernel("QEmbedLayerNormalization", since=1, domain=MS, wants_ctx=True)
+def qembed_layer_norm(input_ids, segment_ids, word_embedding_quant, position_embedding_quant,
+                      segment_embedding=None, gamma_quant=None, beta_quant=None, mask=None,
+                      word_embedding_scale=None, position_embedding_scale=None,
+                      segment_embedding_scale=None, gamma_scale=None, beta_scale=None,
+                      word_embedding_zero_point=None, position_embedding_zero_point=None,
+                      segment_embedding_zero_point=None, gamma_zero_point=None,
+                      beta_zero_point=None, *, epsilon=1e-12, ctx):
+    """EmbedLayerNormalization with 8-bit tables, gamma and beta (per-tensor scale and zero
+    point each), dequantized to float32; outputs layernorm_out and mask_index_out."""
+    op = "QEmbedLayerNormalization"
+
+    def deq(name, q, s, z):
+        if q is None:
+            return None
+        if s is None:
+            raise InputError(f"{op}: {name} has no scale")
+        return _deq(op, q, s, z, name).astype(np.float32)
+
+    from workbench.ops.contrib_transformer import embed_layer_norm
+    return embed_layer_norm(
+        input_ids, segment_ids,
+        deq("word_embedding", word_embedding_quant, word_embedding_scale,
+            word_embedding_zero_point),
+        deq("position_embedding", position_embedding_quant, position_embedding_scale,
+            position_embedding_zero_point),
+        deq("segment_embedding", segment_embedding, segment_embedding_scale,
+            segment_embedding_zero_point),
+        deq("gamma", gamma_quant, gamma_scale, gamma_zero_point),
+        deq("beta", beta_quant, beta_scale, beta_zero_point), mask, None,
+        epsilon=epsilon, ctx=ctx)
