@@ -7,7 +7,8 @@
   :class:`ModelLoadError` naming the nodes on it.
 * :func:`fix_quirks` - applies the sort to the graph and its subgraphs, turns input dims
   written as ``-1`` or ``0`` ("any size" for Paddle, older tf2onnx, some Caffe converters) into
-  free dims, and describes what it changed or noticed (float16/bfloat16 weights behind float32
+  free dims, reads onnxruntime's ONNX-domain operators (SimplifiedLayerNormalization,
+  LayerNormalization below opset 17) as com.microsoft, and describes what it changed or noticed (float16/bfloat16 weights behind float32
   inputs, opset imports of domains no node uses) as notes for ``workbench info``.
 """
 
@@ -185,6 +186,37 @@ def _observations(m) -> list[str]:
     return notes
 
 
+# ops onnxruntime registers in the ONNX domain although onnx does not define them (there), which
+# its transformer optimizer writes with domain "": read as their com.microsoft equivalents
+_ORT_ONNX_DOMAIN_OPS = ("SimplifiedLayerNormalization", "LayerNormalization")
+
+
+def _onnx_knows(op: str, opset: int) -> bool:
+    try:
+        onnx.defs.get_schema(op, opset, "")
+        return True
+    except Exception:
+        return False
+
+
+def _ort_onnx_domain_nodes(m) -> list:
+    opset = next((imp.version for imp in m.opset_import if imp.domain in ("", "ai.onnx")), 0)
+    return [n for n in m.graph.node if n.domain in ("", "ai.onnx")
+            and n.op_type in _ORT_ONNX_DOMAIN_OPS and not _onnx_knows(n.op_type, opset)]
+
+
+def _move_to_ms(m) -> list[str]:
+    nodes = _ort_onnx_domain_nodes(m)
+    for n in nodes:
+        n.domain = "com.microsoft"
+    if not any(imp.domain == "com.microsoft" for imp in m.opset_import):
+        m.opset_import.add(domain="com.microsoft", version=1)
+    ops = sorted({n.op_type for n in nodes})
+    return [f"{len(nodes)} node(s) of {', '.join(ops)} in the ai.onnx domain, where onnx does "
+            f"not define them at this opset (onnxruntime's own ONNX-domain operators): read as "
+            f"com.microsoft"]
+
+
 def fix_quirks(m: onnx.ModelProto, path: str | None = None, *, owned: bool = True):
     """Repair what the checker would refuse but onnxruntime runs; returns (model, notes).
 
@@ -193,7 +225,8 @@ def fix_quirks(m: onnx.ModelProto, path: str | None = None, *, owned: bool = Tru
     notes = []
     sort = _needs_sort(m.graph)
     dims = _needs_free_dims(m)
-    if (sort or dims) and not owned:
+    ort_ops = bool(_ort_onnx_domain_nodes(m))
+    if (sort or dims or ort_ops) and not owned:
         m2 = onnx.ModelProto()
         m2.CopyFrom(m)
         m = m2
@@ -203,5 +236,7 @@ def fix_quirks(m: onnx.ModelProto, path: str | None = None, *, owned: bool = Tru
                      f"moved; the order is otherwise as written)")
     if dims:
         notes += _free_dims(m)
+    if ort_ops:
+        notes += _move_to_ms(m)
     notes += _observations(m)
     return m, notes

@@ -25,7 +25,7 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
-from workbench.ops.registry import kernel, lookup
+from workbench.ops.registry import kernel, lookup, register
 
 MS = "com.microsoft"
 
@@ -218,12 +218,7 @@ def _skip_ln(op, input, skip, gamma, beta, bias, epsilon, n_outputs, simplified)
         s = s + _up(bias)
     y, mean, inv = _layer_norm(s, gamma, beta, epsilon, simplified)
     dt = input.dtype
-    outs = [y.astype(dt)]
-    if simplified:
-        extra = [mean.astype(np.float32), inv.astype(np.float32), s.astype(dt)]
-    else:
-        extra = [mean.astype(np.float32), inv.astype(np.float32), s.astype(dt)]
-    outs += extra
+    outs = [y.astype(dt), mean.astype(np.float32), inv.astype(np.float32), s.astype(dt)]
     n = max(n_outputs, 1)
     return outs[0] if n == 1 else tuple(outs[:n])
 
@@ -237,23 +232,17 @@ def skip_layer_norm(input, skip, gamma, beta=None, bias=None, *, epsilon=1e-12, 
 
 @kernel("SkipSimplifiedLayerNormalization", since=1, domain=MS, wants_ctx=True)
 def skip_simplified_layer_norm(input, skip, gamma, bias=None, *, epsilon=1e-12, ctx):
-    """Outputs: output, mean (unused by the RMS form: zeros), inv_std_var,
+    """Outputs: output, mean (the RMS form has none: zeros), inv_std_var,
     input_skip_bias_sum."""
-    if ctx.n_outputs >= 2:
-        # the spec lists (output, mean, inv_std_var, sum); onnxruntime's RMS form writes the
-        # inverse standard deviation as its second output
-        y, _, inv, s = _skip_ln("SkipSimplifiedLayerNormalization", input, skip, gamma, None,
-                                bias, epsilon, 4, True)
-        return (y, inv, s)[:ctx.n_outputs] if ctx.n_outputs <= 3 else (y, inv, inv, s)
     return _skip_ln("SkipSimplifiedLayerNormalization", input, skip, gamma, None, bias,
-                    epsilon, 1, True)
+                    epsilon, ctx.n_outputs, True)
 
 
-@kernel("SimplifiedLayerNormalization", since=1, wants_ctx=True)
 @kernel("SimplifiedLayerNormalization", since=1, domain=MS, wants_ctx=True)
 def simplified_layer_norm(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, ctx):
     """RMS normalization over the axes from ``axis``: Y = X / sqrt(mean(X^2) + eps) * scale.
-    Outputs Y and inv_std_var. onnxruntime registers it in the ONNX domain, opset 1."""
+    Outputs Y and inv_std_var. onnxruntime writes it in the ONNX domain, which onnx does not
+    define: the loader reads such nodes as com.microsoft (workbench/graph/toposort.py)."""
     op = "SimplifiedLayerNormalization"
     xp = xp_of(X)
     r = X.ndim
@@ -314,6 +303,16 @@ def embed_layer_norm(input_ids, segment_ids, word_embedding, position_embedding,
     outs = [y.astype(dt), mask_index, emb.astype(dt)]
     n = max(ctx.n_outputs, 1)
     return outs[0] if n == 1 else tuple(outs[:n])
+
+
+def _ms_layer_norm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, ctx):
+    """LayerNormalization as onnxruntime writes it below ONNX opset 17 (its own ONNX-domain
+    contrib op, read as com.microsoft by the loader): the opset-17 semantics."""
+    return lookup("LayerNormalization", "", 17).fn(X, Scale, B, axis=axis, epsilon=epsilon,
+                                                   stash_type=stash_type, ctx=ctx)
+
+
+register("LayerNormalization", _ms_layer_norm, domain=MS, wants_ctx=True)
 
 
 # ---------------------------------------------------------------------------------- attention
