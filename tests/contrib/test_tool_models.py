@@ -3,7 +3,7 @@ run by the workbench and compared with onnxruntime on the same file.
 
 Recipes: quantize_dynamic (uint8 / int8 per-channel), quantize_static (QOperator and QDQ,
 uint8/int8 activations, per-channel weights, a tiny CalibrationDataReader), the transformer
-optimizer (bert, gpt2), float16 conversion (keep_io_types: float16 weights, float32 I/O, nodes
+optimizer (bert with Attention or MultiHeadAttention, gpt2, t5 on an RMSNorm net), float16 conversion (keep_io_types: float16 weights, float32 I/O, nodes
 out of topological order), the 4-bit MatMulNBits quantizer - each also as onnxruntime saves it
 after its own graph optimizations (``optimized_model_filepath``, ORT_ENABLE_EXTENDED), which is
 where DynamicQuantizeMatMul, MatMulIntegerToFloat, FusedConv, FusedMatMul, FusedGemm and Gelu
@@ -62,6 +62,11 @@ RECIPES = {
     "lstm-dynamic": ("lstm", lambda s, d, n: T.quantize_dynamic(s, d)),
     "lstm-static-qop": ("lstm", lambda s, d, n: T.quantize_static(s, d, n)),
     "bert-optimizer": ("bert", lambda s, d, n: T.optimize_transformer(s, d, "bert")),
+    "bert-optimizer-mha": ("bert", lambda s, d, n: T.optimize_transformer(
+        s, d, "bert", use_multi_head_attention=True)),
+    "rmsnet-optimizer-t5": ("rmsnet", lambda s, d, n: T.optimize_transformer(
+        s, d, "t5", num_heads=0, hidden=0)),
+    "rmsnet-dynamic": ("rmsnet", lambda s, d, n: T.quantize_dynamic(s, d)),
     "bert-optimizer-dynamic": ("bert", lambda s, d, n: T.quantize_dynamic(
         T.optimize_transformer(s, d + ".opt.onnx", "bert"), d, extra_options=_NO_TYPE)),
     "bert-optimizer-float16": ("bert", lambda s, d, n: T.to_float16(
@@ -220,14 +225,18 @@ def test_recipes_write_the_contrib_ops_they_claim(workdir):
             for key in T.op_histogram(path):
                 if key.startswith("com.microsoft::"):
                     seen.add(key.split("::")[1])
+                elif key == "ai.onnx::SimplifiedLayerNormalization":
+                    seen.add("SimplifiedLayerNormalization(ai.onnx domain)")
     expected = {
         "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax",
         "QLinearAveragePool", "QLinearConcat", "QGemm", "QLinearWhere", "DynamicQuantizeLSTM",
         "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention",
         "QEmbedLayerNormalization", "Attention", "EmbedLayerNormalization",
         "SkipLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "FusedMatMul", "FusedGemm",
-        "FusedConv", "MatMulNBits",
+        "FusedConv", "MatMulNBits", "MultiHeadAttention", "QuickGelu",
+        "SkipSimplifiedLayerNormalization", "QLinearGlobalAveragePool",
     }
+    expected.add("SimplifiedLayerNormalization(ai.onnx domain)")
     assert expected <= seen, f"not produced by the tools: {sorted(expected - seen)}"
     print("com.microsoft ops in tool-produced models:", sorted(seen))
 

@@ -45,7 +45,7 @@ def tiny_cnn():
             d = c * self.c3(c)
             d = self.pool(d)
             e = torch.cat([d, self.pool(c)], dim=1)
-            g = e.mean(dim=(2, 3), keepdim=True).flatten(1)
+            g = torch.nn.functional.adaptive_avg_pool2d(e, 1).flatten(1)  # GlobalAveragePool
             return torch.softmax(self.fc(g), dim=-1)
 
     torch.manual_seed(0)
@@ -97,11 +97,45 @@ def tiny_lstm():
     return TinyLSTM().eval(), (torch.randn(2, 5, 6),)
 
 
-SOURCES = {"cnn": tiny_cnn, "mlp": tiny_mlp, "lstm": tiny_lstm}
+def tiny_rmsnet():
+    """RMSNorm blocks with residuals and a QuickGELU (x * sigmoid(1.702 x)), the patterns the
+    transformer optimizer fuses into SimplifiedLayerNormalization,
+    SkipSimplifiedLayerNormalization and QuickGelu (T5 / LLaMA / CLIP style)."""
+    torch = _torch()
+    nn = torch.nn
+
+    class RMSNorm(nn.Module):
+        def __init__(self, h):
+            super().__init__()
+            self.weight = nn.Parameter(torch.rand(h) + 0.5)
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+    class TinyRMSNet(nn.Module):
+        onnx_input_names = ("x",)
+        onnx_output_names = ("y",)
+        onnx_dynamic_axes = {"x": {0: "batch"}, "y": {0: "batch"}}
+
+        def __init__(self):
+            super().__init__()
+            self.n1, self.l1 = RMSNorm(32), nn.Linear(32, 32)
+            self.n2, self.l2 = RMSNorm(32), nn.Linear(32, 32)
+
+        def forward(self, x):
+            h = x + self.l1(self.n1(x))
+            h2 = h * torch.sigmoid(1.702 * h)
+            return self.n2(h2 + self.l2(h2))
+
+    torch.manual_seed(0)
+    return TinyRMSNet().eval(), (torch.randn(2, 4, 32),)
+
+
+SOURCES = {"cnn": tiny_cnn, "mlp": tiny_mlp, "lstm": tiny_lstm, "rmsnet": tiny_rmsnet}
 
 
 def export(name: str, folder, opset: int = 17) -> str:
-    """Export tiny model ``name`` (cnn, mlp, lstm, bert, gpt2) to ``folder/name.onnx``."""
+    """Export tiny model ``name`` (cnn, mlp, lstm, rmsnet, bert, gpt2) to ``folder/name.onnx``."""
     from tests.helpers import torch_models as tm
 
     path = os.path.join(os.fspath(folder), f"{name}.onnx")
@@ -121,6 +155,8 @@ def feeds_for(name: str, batch: int = 2, seed: int = 0) -> dict:
         return {"x": rng.standard_normal((batch, 20)).astype(np.float32)}
     if name == "lstm":
         return {"x": rng.standard_normal((batch, 5, 6)).astype(np.float32)}
+    if name == "rmsnet":
+        return {"x": rng.standard_normal((batch, 4, 32)).astype(np.float32)}
     from tests.helpers import torch_models as tm
 
     arrays = tm.example_inputs(name, batch, seq=8, seed=seed)
