@@ -12,8 +12,16 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from tests.contrib._single import TensorProto, compare, f32, q8, run_ort, run_wb, scalar, \
-    single_node  # noqa: E402
+from tests.contrib._single import (
+    TensorProto,
+    compare,
+    f32,
+    q8,
+    run_ort,
+    run_wb,
+    scalar,
+    single_node,  # noqa: E402
+)
 from workbench.errors import WorkbenchError  # noqa: E402
 
 U8, I8 = TensorProto.UINT8, TensorProto.INT8
@@ -198,7 +206,8 @@ def test_matmul_integer_to_float(per_column, bias):
 def test_dynamic_quantize_matmul(bdt, per_column):
     r = _rng(11)
     n = 7
-    zp = np.full(n, 3 if bdt == np.uint8 else 0, bdt) if per_column else np.array(bdt(3 if bdt == np.uint8 else 0))
+    z0 = 3 if bdt == np.uint8 else 0
+    zp = np.full(n, z0, bdt) if per_column else np.array(bdt(z0))
     ins = [("A", f32(r, (2, 4, 9))), ("B", q8(r, (9, n), bdt)),
            ("Bs", (r.random(n) * 0.05 + 0.01).astype(np.float32) if per_column
             else scalar(0.02)), ("Bz", zp), ("bias", f32(r, (n,)))]

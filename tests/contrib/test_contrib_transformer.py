@@ -9,8 +9,14 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from tests.contrib._single import TensorProto, compare, f32, run_ort, run_wb, \
-    single_node  # noqa: E402
+from tests.contrib._single import (
+    TensorProto,
+    compare,
+    f32,
+    run_ort,
+    run_wb,
+    single_node,  # noqa: E402
+)
 from workbench.errors import WorkbenchError  # noqa: E402
 
 F, I32 = TensorProto.FLOAT, TensorProto.INT32

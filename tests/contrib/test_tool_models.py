@@ -3,8 +3,9 @@ run by the workbench and compared with onnxruntime on the same file.
 
 Recipes: quantize_dynamic (uint8 / int8 per-channel), quantize_static (QOperator and QDQ,
 uint8/int8 activations, per-channel weights, a tiny CalibrationDataReader), the transformer
-optimizer (bert with Attention or MultiHeadAttention, gpt2, t5 on an RMSNorm net), float16 conversion (keep_io_types: float16 weights, float32 I/O, nodes
-out of topological order), the 4-bit MatMulNBits quantizer - each also as onnxruntime saves it
+optimizer (bert with Attention or MultiHeadAttention, gpt2, t5 on an RMSNorm net), float16
+conversion (keep_io_types: float16 weights, float32 I/O, nodes out of topological order), the
+4-bit MatMulNBits quantizer - each also as onnxruntime saves it
 after its own graph optimizations (``optimized_model_filepath``, ORT_ENABLE_EXTENDED), which is
 where DynamicQuantizeMatMul, MatMulIntegerToFloat, FusedConv, FusedMatMul, FusedGemm and Gelu
 come from.

@@ -176,7 +176,8 @@ class _Reader:
 
 # ----------------------------------------------------------------------------- the tools
 def quantize_dynamic(src: str, dst: str, *, weight_type="uint8", per_channel=False, **kw) -> str:
-    from onnxruntime.quantization import QuantType, quantize_dynamic as qd
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization import quantize_dynamic as qd
 
     qt = QuantType.QUInt8 if weight_type == "uint8" else QuantType.QInt8
     qd(src, dst, weight_type=qt, per_channel=per_channel, **kw)
@@ -185,7 +186,8 @@ def quantize_dynamic(src: str, dst: str, *, weight_type="uint8", per_channel=Fal
 
 def quantize_static(src: str, dst: str, name: str, *, fmt="QOperator", activation="uint8",
                     weight="int8", per_channel=False, **kw) -> str:
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static as qs
+    from onnxruntime.quantization import QuantFormat, QuantType
+    from onnxruntime.quantization import quantize_static as qs
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     pre = dst + ".pre.onnx"

@@ -8,8 +8,9 @@
 * :func:`fix_quirks` - applies the sort to the graph and its subgraphs, turns input dims
   written as ``-1`` or ``0`` ("any size" for Paddle, older tf2onnx, some Caffe converters) into
   free dims, reads onnxruntime's ONNX-domain operators (SimplifiedLayerNormalization,
-  LayerNormalization below opset 17) as com.microsoft, and describes what it changed or noticed (float16/bfloat16 weights behind float32
-  inputs, opset imports of domains no node uses) as notes for ``workbench info``.
+  LayerNormalization below opset 17) as com.microsoft, and describes what it changed or
+  noticed (float16/bfloat16 weights behind float32 inputs, opset imports of domains no node
+  uses) as notes for ``workbench info``.
 """
 
 from __future__ import annotations
