@@ -317,6 +317,7 @@ def dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, i
     if W.ndim != 3 or R.ndim != 3:
         raise ShapeError(f"{op}: W {tuple(W.shape)} and R {tuple(R.shape)} must be 3-D")
     dirs = W.shape[0]
+    xp = xp_of(X)
     if X.ndim != 3 or X.shape[2] != W.shape[1]:
         raise ShapeError(f"{op}: X {tuple(X.shape)} must be [seq, batch, {W.shape[1]}] for W "
                          f"of shape {tuple(W.shape)}")
@@ -330,7 +331,7 @@ def dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, i
         if s.shape[1] not in (1, 4 * hs):
             raise ShapeError(f"{op}: {name}_scale must have shape [{dirs}] or "
                              f"[{dirs}, {4 * hs}], got {tuple(s.shape)}")
-        z = (np.zeros_like(s) if z is None else z.astype(np.float64).reshape(dirs, -1))
+        z = (xp.zeros_like(s) if z is None else z.astype(np.float64).reshape(dirs, -1))
         return [(mat[d].astype(np.float64) - z[d][None, :], s[d][None, :])
                 for d in range(dirs)]
 
@@ -343,19 +344,18 @@ def dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, i
         return ((q.astype(np.float64) - z) @ centered) * (s * scale)
 
     seq, batch, _ = X.shape
-    xp = xp_of(X)
-    lens = None if sequence_lens is None else np.asarray(sequence_lens).astype(np.int64)
+    lens = None if sequence_lens is None else xp.asarray(sequence_lens).astype(np.int64)
     acts = (activations or ["Sigmoid", "Tanh", "Tanh"] * dirs)
     alphas = list(activation_alpha or [])
     betas = list(activation_beta or [])
     from workbench.ops import rnn as _rnn
     fns = _rnn._activations(op, acts, ["Sigmoid", "Tanh", "Tanh"], dirs, alphas or None,
                             betas or None, xp)
-    bias = (np.zeros((dirs, 8 * hs)) if B is None else B.astype(np.float64))
+    bias = (xp.zeros((dirs, 8 * hs)) if B is None else B.astype(np.float64))
     peep = None if P is None else P.astype(np.float64)
-    Y = np.zeros((seq, dirs, batch, hs), dtype=np.float64)
-    Yh = np.zeros((dirs, batch, hs))
-    Yc = np.zeros((dirs, batch, hs))
+    Y = xp.zeros((seq, dirs, batch, hs), dtype=np.float64)
+    Yh = xp.zeros((dirs, batch, hs))
+    Yc = xp.zeros((dirs, batch, hs))
     reverse_dirs = {"forward": [False], "reverse": [True],
                     "bidirectional": [False, True]}.get(direction)
     if reverse_dirs is None or len(reverse_dirs) != dirs:
@@ -363,15 +363,15 @@ def dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, i
                          f"direction(s)")
 
     def clipped(v):
-        return v if not clip else np.clip(v, -clip, clip)
+        return v if not clip else xp.clip(v, -clip, clip)
 
     for d, rev in enumerate(reverse_dirs):
         f, g, hfn = fns[d]
         gx = qmm(X.reshape(seq * batch, -1), wq[d]).reshape(seq, batch, 4 * hs)
         gx = gx + bias[d, :4 * hs] + bias[d, 4 * hs:]
-        h = (np.zeros((batch, hs)) if initial_h is None
+        h = (xp.zeros((batch, hs)) if initial_h is None
              else initial_h[d].astype(np.float64))
-        c = (np.zeros((batch, hs)) if initial_c is None
+        c = (xp.zeros((batch, hs)) if initial_c is None
              else initial_c[d].astype(np.float64))
         steps = range(seq - 1, -1, -1) if rev else range(seq)
         for t in steps:
@@ -388,9 +388,9 @@ def dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, i
             h_new = f(clipped(go)) * hfn(c_new)
             if lens is not None:
                 alive = (t < lens)[:, None]
-                h_new = np.where(alive, h_new, h)
-                c_new = np.where(alive, c_new, c)
-                Y[t, d] = np.where(alive, h_new, 0.0)
+                h_new = xp.where(alive, h_new, h)
+                c_new = xp.where(alive, c_new, c)
+                Y[t, d] = xp.where(alive, h_new, 0.0)
             else:
                 Y[t, d] = h_new
             h, c = h_new, c_new

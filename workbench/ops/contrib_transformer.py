@@ -25,6 +25,7 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._common import ints
 from workbench.ops.registry import kernel, lookup, register
 
 MS = "com.microsoft"
@@ -639,8 +640,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
     q = _heads(q_, n, "query", op)
     k = _heads(k_, nkv, "key", op)
     v = _heads(v_, nkv, "value", op)
-    total = int(np.asarray(total_sequence_length).reshape(()))
-    lens = np.asarray(seqlens_k).astype(np.int64).reshape(b) + 1  # valid keys per batch
+    total = ints(total_sequence_length)[0]
+    lens = np.array(ints(seqlens_k), dtype=np.int64).reshape(b) + 1  # valid keys per batch
     past_cap = 0 if past_key is None else past_key.shape[2]
     first_prompt = past_key is None or past_cap == 0 or (s == total and s > 1)
     if first_prompt:
