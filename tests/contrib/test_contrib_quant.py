@@ -358,3 +358,22 @@ def test_bad_inputs_name_node_and_shapes():
         ("S", np.ones(8, np.float32))], {"K": 32, "N": 4, "bits": 4, "block_size": 16})
     with pytest.raises(WorkbenchError, match=r"the_MatMulNBits.*K is 32"):
         run_wb(m, feeds, [2])
+
+
+@pytest.mark.parametrize("dt,per_axis", [(np.uint16, False), (np.int16, True),
+                                         (np.int8, True), (np.uint8, False)])
+def test_ms_quantize_dequantize_linear(dt, per_axis):
+    r = _rng(31)
+    x = f32(r, (2, 4, 3), 3.0)
+    scale = (r.random(4) * 0.01 + 0.001).astype(np.float32) if per_axis else scalar(0.002)
+    info = np.iinfo(dt)
+    zp = (np.full(4, (info.max + info.min + 1) // 2 + 3, dt) if per_axis
+          else np.array(dt((info.max + info.min + 1) // 2 + 3)))
+    t = {np.uint16: TensorProto.UINT16, np.int16: TensorProto.INT16, np.int8: I8,
+         np.uint8: U8}[dt]
+    m, feeds = single_node("QuantizeLinear", [("x", x), ("s", scale), ("z", zp)], {"axis": 1},
+                           out_types=[t], const=("s", "z"))
+    q, _ = compare(m, feeds, int_step=1)
+    m, feeds = single_node("DequantizeLinear", [("q", q[0]), ("s", scale), ("z", zp)],
+                           {"axis": 1}, const=("s", "z"))
+    compare(m, feeds, rtol=1e-6, atol=1e-7)

@@ -58,6 +58,8 @@ RECIPES = {
     "mlp-static-qop": ("mlp", lambda s, d, n: T.quantize_static(s, d, n)),
     "mlp-static-qdq-s8": ("mlp", lambda s, d, n: T.quantize_static(
         s, d, n, fmt="QDQ", activation="int8", per_channel=True)),
+    "mlp-static-qdq-u16-contrib": ("mlp", lambda s, d, n: T.quantize_static(
+        s, d, n, fmt="QDQ", activation="uint16", extra_options={"UseQDQContribOps": True})),
     "mlp-float16": ("mlp", lambda s, d, n: T.to_float16(s, d)),
     "mlp-as-is": ("mlp", None),
     "lstm-dynamic": ("lstm", lambda s, d, n: T.quantize_dynamic(s, d)),
@@ -235,7 +237,8 @@ def test_recipes_write_the_contrib_ops_they_claim(workdir):
         "QEmbedLayerNormalization", "Attention", "EmbedLayerNormalization",
         "SkipLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "FusedMatMul", "FusedGemm",
         "FusedConv", "MatMulNBits", "MultiHeadAttention", "QuickGelu",
-        "SkipSimplifiedLayerNormalization", "QLinearGlobalAveragePool",
+        "SkipSimplifiedLayerNormalization", "QLinearGlobalAveragePool", "QuantizeLinear",
+        "DequantizeLinear",
     }
     expected.add("SimplifiedLayerNormalization(ai.onnx domain)")
     assert expected <= seen, f"not produced by the tools: {sorted(expected - seen)}"

@@ -192,7 +192,8 @@ def quantize_static(src: str, dst: str, name: str, *, fmt="QOperator", activatio
 
     pre = dst + ".pre.onnx"
     quant_pre_process(src, pre, skip_symbolic_shape=True)
-    qt = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
+    qt = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8, "uint16": QuantType.QUInt16,
+          "int16": QuantType.QInt16}
     qs(pre, dst, _Reader(name), quant_format=getattr(QuantFormat, fmt),
        activation_type=qt[activation], weight_type=qt[weight], per_channel=per_channel, **kw)
     return dst

@@ -515,3 +515,21 @@ def qembed_layer_norm(input_ids, segment_ids, word_embedding_quant, position_emb
         deq("gamma", gamma_quant, gamma_scale, gamma_zero_point),
         deq("beta", beta_quant, beta_scale, beta_zero_point), mask, None,
         epsilon=epsilon, ctx=ctx)
+
+
+# ---------------------------------------------------------------------------------- Q/DQ
+@kernel("QuantizeLinear", since=1, domain=MS)
+def ms_quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0,
+                       output_dtype=0):
+    """com.microsoft's QuantizeLinear (what the quantizer writes with UseQDQContribOps, e.g.
+    for 16-bit or 4-bit QDQ): the ONNX operator's semantics, per tensor / per axis / blocked."""
+    return lookup("QuantizeLinear", "", 21).fn(x, y_scale, y_zero_point, axis=axis, saturate=1,
+                                               block_size=block_size,
+                                               output_dtype=output_dtype, precision=0)
+
+
+@kernel("DequantizeLinear", since=1, domain=MS)
+def ms_dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0):
+    """com.microsoft's DequantizeLinear: the ONNX operator's semantics."""
+    return lookup("DequantizeLinear", "", 21).fn(x, x_scale, x_zero_point, axis=axis,
+                                                 block_size=block_size, output_dtype=0)
