@@ -28,7 +28,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").rglob("*.ipynb"))  # tutorials/ included
 CHECK_MARK = "# NBVAL_CHECK_OUTPUT"
 ALLOW_EMPTY_TAG = "allow-empty-output"
 

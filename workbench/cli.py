@@ -75,12 +75,40 @@ def describe(loaded, out=None) -> dict:
     for op, c in hist.most_common():
         flag = "   <- no kernel" if op in missing else ""
         print(f"  {op:28s} {c:6d}{flag}", file=out)
+    domains = _domain_support(hist, missing, g.opsets)
+    print("support per domain:", file=out)
+    for dom, d in domains.items():
+        opset = "opset ?" if d["opset"] is None else f"opset {d['opset']}"
+        print(f"  {dom} ({opset}): {len(d['supported'])} op type(s) with kernels, "
+              f"{len(d['missing'])} missing" + (f": {', '.join(d['missing'])}"
+                                               if d["missing"] else ""), file=out)
     if missing:
         print(f"the engine lacks {len(missing)} op type(s): {', '.join(sorted(missing))}",
               file=out)
     else:
         print("the engine has kernels for every op in this model", file=out)
-    return {"histogram": dict(hist), "missing": dict(missing), "parameters": n_params}
+    notes = list(getattr(loaded, "notes", []) or [])
+    if notes:
+        print("load notes:", file=out)
+        for note in notes:
+            print(f"  - {note}", file=out)
+    return {"histogram": dict(hist), "missing": dict(missing), "parameters": n_params,
+            "domains": domains, "notes": notes}
+
+
+def _domain_support(hist, missing, opsets) -> dict:
+    """{domain: {"opset", "supported": [op types], "missing": [op types]}} for the domains
+    the model's nodes use (ai.onnx written as "ai.onnx")."""
+    out: dict = {}
+    for key in hist:
+        dom, op = key.split("::", 1) if "::" in key else ("", key)
+        d = out.setdefault(dom or "ai.onnx", {"opset": opsets.get(dom), "supported": [],
+                                             "missing": []})
+        d["missing" if key in missing else "supported"].append(op)
+    for d in out.values():
+        d["supported"].sort()
+        d["missing"].sort()
+    return dict(sorted(out.items(), key=lambda kv: (kv[0] != "ai.onnx", kv[0])))
 
 
 def _random_inputs(graph, seed: int = 0) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
@@ -23,6 +23,7 @@ from workbench.graph import isolated
 from workbench.graph.external import has_external_data, resolve_external_data
 from workbench.graph.functions import inline_functions
 from workbench.graph.ir import Graph
+from workbench.graph.toposort import fix_quirks
 
 # protobuf's hard limit on one serialised message
 MAX_PROTO_BYTES = 2**31 - 1
@@ -33,6 +34,7 @@ class LoadedModel:
     proto: onnx.ModelProto
     graph: Graph
     path: str | None = None
+    notes: list = field(default_factory=list)  # exporter quirks repaired / noticed at load
 
     @property
     def opsets(self) -> dict:
@@ -276,6 +278,7 @@ def load(src: Any, *, check: bool = True, shape_inference: bool = True,
         m2.CopyFrom(m)
         m = m2
     resolve_external_data(m, base_dir, path)
+    m, notes = fix_quirks(m, path, owned=m is not src)
     if input_shapes or batch_size is not None:
         set_input_shapes(m, input_shapes, batch_size)
     if m.functions:
@@ -298,4 +301,4 @@ def load(src: Any, *, check: bool = True, shape_inference: bool = True,
     except Exception as e:
         raise ModelLoadError(f"could not read the graph: {type(e).__name__}: {e}",
                              path=path) from e
-    return LoadedModel(m, graph, path)
+    return LoadedModel(m, graph, path, notes)

@@ -12,6 +12,7 @@ _FAMILIES = (
     "shape", "indexing", "tensorgen", "loss",
     "controlflow", "sequence", "quant", "resize", "rnn", "signal", "misc", "nlp",
     "attention", "training", "ml", "ml_linear", "ml_trees", "contrib_tokenizer", "contrib",
+    "contrib_quant", "contrib_transformer",
 )
 
 for _name in _FAMILIES:
