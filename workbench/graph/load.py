@@ -158,8 +158,8 @@ def check_attributes(m: onnx.ModelProto, path: str | None = None) -> None:
     def walk_nodes(nodes, where: str):
         where_now[0] = where
         for i, n in enumerate(nodes):
-            for field in ("name", "op_type", "domain"):
-                text(getattr(n, field), f"node #{i} {field}")
+            for fld in ("name", "op_type", "domain"):
+                text(getattr(n, fld), f"node #{i} {fld}")
             for v in (*n.input, *n.output):
                 text(v, f"node {n.name or n.op_type!r} input/output name")
             for a in n.attribute:
