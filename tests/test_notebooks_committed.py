@@ -48,6 +48,11 @@ def _code_cells(nb):
 def _shows_something(source: str) -> bool:
     if CHECK_MARK in source:
         return True
+    lines = source.splitlines()
+    if lines and lines[0].startswith("%%"):     # a cell magic (%%px, %%time): judge its body
+        lines = lines[1:]
+    # line magics and shell escapes become no-ops for the parser
+    source = "\n".join("pass" if ln.lstrip().startswith(("%", "!")) else ln for ln in lines)
     try:
         tree = ast.parse(source)
     except SyntaxError:          # IPython magics: be conservative, require an output
