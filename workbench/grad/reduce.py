@@ -3,16 +3,27 @@ and CumSum."""
 
 from __future__ import annotations
 
+import functools
 import math
+
+import onnx.defs
 
 from workbench.grad import gradient, ints
 
-# opset from which ``axes`` is an input rather than an attribute
-_AXES_INPUT_SINCE = {"ReduceSum": 13}
+
+@functools.lru_cache(maxsize=256)
+def _axes_is_input(op: str, opset: int) -> bool:
+    """Whether ``axes`` is an input (not an attribute) of ``op`` at ``opset``: read from the
+    ONNX schema (ReduceSum from 13, the other reductions from 18)."""
+    try:
+        schema = onnx.defs.get_schema(op, opset, "")
+    except Exception:  # noqa: BLE001 - not an ONNX reduction: the opset-18 rule
+        return opset >= 18
+    return any(i.name == "axes" for i in schema.inputs)
 
 
 def _axes(ctx, op, x, inputs, attrs):
-    if ctx.opset >= _AXES_INPUT_SINCE.get(op, 18):
+    if _axes_is_input(op, ctx.opset):
         axes = ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else []
     else:
         axes = list(attrs.get("axes") or [])
