@@ -6,9 +6,29 @@ name, shapes), and what is supported or how to fix it.
 
 from __future__ import annotations
 
+# a message longer than this is cut in the middle (a hostile model's 100,000-element attribute
+# must not become a megabyte of error text)
+MAX_MESSAGE_CHARS = 2000
+
+
+def shorten(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` cut in the middle to about ``limit`` characters, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    head, tail = text[:limit * 3 // 4], text[-(limit // 4):]
+    return f"{head} ...[{len(text) - len(head) - len(tail):,} characters cut]... {tail}"
+
 
 class WorkbenchError(Exception):
     """Base class of every error the workbench raises on purpose."""
+
+    def __init__(self, *args):
+        if args and isinstance(args[0], str):
+            args = (shorten(args[0]),) + args[1:]
+        super().__init__(*args)
+
+    def __str__(self) -> str:   # also when args were replaced later (a node-name prefix)
+        return shorten(super().__str__(), MAX_MESSAGE_CHARS + 500)
 
 
 class ModelLoadError(WorkbenchError):

@@ -617,3 +617,40 @@ def test_special_files_are_not_read_as_models(tmp_path, kind):
         os.mkfifo(path)             # would block forever
     with pytest.raises(ModelLoadError, match="not a regular file"):
         load(path)
+
+
+def test_tfidf_huge_gram_length_and_skip_count_finish_at_once():
+    node = helper.make_node("TfIdfVectorizer", ["x"], ["y"], mode="TF", min_gram_length=1,
+                            max_gram_length=2**31, max_skip_count=2**62, ngram_counts=[0, 2],
+                            ngram_indexes=[0, 1, 2], pool_int64s=[1, 2, 1, 2])
+    t0 = time.perf_counter()
+    (y,) = _run_one(node, [], [vi("x", [6], TensorProto.INT64)],
+                    [np.array([1, 2, 1, 3, 2, 2], np.int64)], opset=9)
+    assert time.perf_counter() - t0 < 10
+    assert y.tolist() == [2.0, 3.0, 5.0]       # unigrams 1, 2; bigram (1, 2) with any skip
+
+
+def test_reduction_of_an_empty_input_to_a_huge_output_is_refused():
+    node = helper.make_node("ReduceL2", ["x"], ["y"], keepdims=1, axes=[1])
+    m = model([node], [vi("x", [2, 0, 4, 2**31])], [vi("y", None)], opset=17)
+    rep = backend.prepare(m, check=False)
+    big = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (2, 0, 4, 2**31),
+                                          (0, 0, 0, 0))
+    with pytest.raises(ResourceError, match="ReduceL2: the output"):
+        rep.run([big])
+
+
+def test_huge_attribute_lists_do_not_make_huge_messages():
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[0] * 100000)
+    with pytest.raises(WorkbenchError) as info:
+        _run_one(node, [], [vi("x", [1, 1, 4, 4])], [np.ones((1, 1, 4, 4), np.float32)])
+    assert len(str(info.value)) < 3000 and "characters cut" in str(info.value)
+
+
+def test_einsum_equation_with_control_characters_is_refused_before_onnx():
+    node = helper.make_node("Einsum", ["a"], ["y"], equation="\x00", name="e")
+    m = model([node], [vi("a", [2])], [vi("y", [2])], opset=12)
+    t0 = time.perf_counter()
+    with pytest.raises(ModelLoadError, match="'e' \\(Einsum\\): equation"):
+        load(m)
+    assert time.perf_counter() - t0 < 10

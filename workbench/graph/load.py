@@ -173,6 +173,13 @@ def check_attributes(m: onnx.ModelProto, path: str | None = None) -> None:
                             f"{where}node {n.name or n.op_type + '_' + str(i)!r} "
                             f"({n.op_type}): attribute {a.name}={bad[0]} is not a valid axis "
                             f"(|axis| must be below the tensor's rank)", path=path)
+                if n.op_type == "Einsum" and a.name == "equation" and not n.domain:
+                    eq = a.s.decode("utf-8", "replace") if isinstance(a.s, bytes) else a.s
+                    if not _EINSUM_CHARS.issuperset(eq):
+                        raise ModelLoadError(
+                            f"{where}node {n.name or n.op_type!r} (Einsum): equation {eq[:80]!r} "
+                            f"holds characters an einsum equation cannot (letters, ',', '->', "
+                            f"'...' and spaces only)", path=path)
                 if a.type == onnx.AttributeProto.GRAPH:
                     walk(a.g, f"{where}node {n.name or n.op_type!r} subgraph {a.name!r}: ")
                 for sg in a.graphs:
@@ -196,6 +203,7 @@ def check_attributes(m: onnx.ModelProto, path: str | None = None) -> None:
 
 
 _MAX_AXIS = 1 << 16
+_EINSUM_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ,->. ")
 
 
 def check_function_calls(m: onnx.ModelProto, path: str | None = None) -> None:

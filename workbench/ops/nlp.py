@@ -200,13 +200,16 @@ def tfidf_vectorizer(X, *, max_gram_length=None, max_skip_count=None, min_gram_l
     host = data.tolist() if hasattr(data, "tolist") else data
     counts = np.zeros((len(host), len(ngram_indexes)), dtype=np.float32)
     skips = int(max_skip_count or 0)
+    # only the n-gram lengths the pool holds can match (max_gram_length may be anything)
+    lengths = [n for n in sorted(table) if int(min_gram_length) <= n <= int(max_gram_length)]
     for r, row in enumerate(host):
         seq = [conv(v) for v in row]
-        for n in range(max(1, int(min_gram_length)), int(max_gram_length) + 1):
-            grams = table.get(n)
+        for n in lengths:
+            grams = table[n]
             if not grams:
                 continue
-            for skip in range(skips + 1 if n > 1 else 1):
+            # a skip wider than the row matches nothing: clamp it to the row's length
+            for skip in range(min(skips, len(seq)) + 1 if n > 1 else 1):
                 span = (n - 1) * (skip + 1)
                 for s in range(len(seq) - span):
                     pos = grams.get(tuple(seq[s:s + span + 1:skip + 1]))
@@ -216,6 +219,7 @@ def tfidf_vectorizer(X, *, max_gram_length=None, max_skip_count=None, min_gram_l
         counts = np.minimum(counts, 1) * w
     elif mode == "TFIDF":
         counts = counts * w
+    check_alloc((len(host), out_size), np.float32, what=f"{op}: the output")
     out = np.zeros((len(host), out_size), dtype=np.float32)
     np.add.at(out, (slice(None), target), counts)
     res = xp.asarray(out)

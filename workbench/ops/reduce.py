@@ -17,6 +17,7 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.limits import check_alloc
 from workbench.ops._common import ints, norm_axis, prod, stable_argsort, widen_half
 from workbench.ops.registry import kernel
 
@@ -67,6 +68,9 @@ def _reduce(op, data, axes, keepdims, noop_with_empty_axes, how):
     """Shared driver: ``how(xp, x, axes_tuple, keepdims)`` does the reduction proper."""
     xp = xp_of(data)
     ax = _reduce_axes(op, data, axes, noop_with_empty_axes)
+    if data.size == 0:   # an empty input's output may still be huge: [2, 0, 4, 2**31]
+        check_alloc(_reduced_shape(data.shape, ax, bool(keepdims)), np.float64,
+                    what=f"{op}: the output")
     return how(xp, data, ax, bool(keepdims))
 
 
