@@ -46,6 +46,7 @@ from workbench import autograd
 from workbench import device as _device
 from workbench.errors import InputError, OverwriteError, ShapeError, WorkbenchError
 from workbench.files import write_atomic
+from workbench.graph import passes as _passes
 from workbench.graph.executor import Plan, Step, cut, layer_nodes, resolve_cut
 from workbench.graph.ir import Node, ValueInfo
 from workbench.graph.load import load
@@ -452,15 +453,20 @@ class SONNXModel(Model):
         return self
 
     def run(self, *inputs, last_layers=-1, aux_output=()) -> list:
-        """Numpy in, numpy out: the outputs (at ``last_layers``) without recording gradients."""
+        """Numpy in, numpy out: the outputs (at ``last_layers``) without recording gradients.
+
+        Runs the imported graph after the inference passes ``backend.prepare`` runs (constant
+        folding, BatchNorm folding, fusions), on the current weights: the same numbers as
+        ``backend.prepare(model).run`` of the same weights. Appended layers are not run (use
+        ``forward``)."""
         xs = [x if isinstance(x, Tensor) else Tensor(device=self._dev, data=np.asarray(x))
               for x in inputs]
         was = self.training
         self.eval()
         try:
             with autograd.no_grad():
-                outs = SONNXModel.forward(self, *xs, last_layers=last_layers,
-                                          aux_output=aux_output)
+                outs = SONNXModel._forward(self, xs, last_layers, aux_output,
+                                           inference=True)
         finally:
             super().train(was)
         return [o.numpy() for o in outs]
@@ -560,24 +566,46 @@ class SONNXModel(Model):
             cache[key] = (self.onnx_graph, outs)
         return cache[key][1]
 
-    def _tplan(self, outputs: tuple) -> tuple:
-        """(Plan, TapeRunner) for these outputs in the current mode."""
-        key = (outputs, self.training)
+    def _tplan(self, outputs: tuple, inference: bool = False) -> tuple:
+        """(Plan, TapeRunner) for these outputs in the current mode.
+
+        ``inference`` (eval mode, no gradient recorded): the graph after the inference passes
+        that ``backend.prepare`` runs (``passes.optimize``), with this model's parameters and
+        running statistics as variables, so ``model.run`` and ``prepare(...).run`` execute the
+        same nodes with the same kernels and give the same numbers. Training and recorded
+        forwards run the graph as written (every node has its gradient rule)."""
+        key = (outputs, self.training, inference)
         tp = self._tplans.get(key)
         if tp is None:
+            graph = self.onnx_graph
+            if inference:
+                graph = self._inference_graph(outputs)
             # kernels looked up for the model's device (the CUDA overrides on a GPU); the
             # weights are this model's Tensors, so the plan's own copies stay where they are
-            plan = Plan(self.onnx_graph, outputs=list(outputs), training=self.training,
-                        check_inputs=False, device=self._dev, move_initializers=False)
+            plan = Plan(graph, outputs=list(outputs), training=self.training,
+                        check_inputs=False, device=self._dev, move_initializers=inference)
             tp = (plan, autograd.TapeRunner(self._dev, self.training))
             self._tplans[key] = tp
         return tp
 
+    def _inference_graph(self, outputs: tuple):
+        g = self.onnx_graph.copy()
+        g.outputs = [self._value_info(o) for o in outputs]
+        variables = set(self._params) | set(self._buffers)
+        variables &= set(g.initializers)
+        return _passes.optimize(g, variables=variables)
+
     # ------------------------------------------------------------------ forward
     def forward(self, *x, last_layers=-1, aux_output=()):
         """Run the graph on Tensors (or arrays); returns the list of output Tensors (the
-        outputs at ``last_layers``, then the ``aux_output`` values)."""
-        tp = self._tplan(self._outputs_for(last_layers, aux_output))
+        outputs at ``last_layers``, then the ``aux_output`` values).
+
+        The graph runs as written, each node recorded (for gradients, and for ``to_onnx``,
+        which exports what was recorded); :meth:`run` runs the optimized inference graph."""
+        return self._forward(x, last_layers, aux_output)
+
+    def _forward(self, x, last_layers, aux_output, inference: bool = False):
+        tp = self._tplan(self._outputs_for(last_layers, aux_output), inference)
         infos = self.onnx_graph.inputs
         if len(x) != len(infos):
             raise InputError(f"the model takes {len(infos)} input(s) "

@@ -5,7 +5,8 @@
   whose shape is fully static is folded too when every graph input is fully static (so the
   executor's input checks guarantee the shape cannot change).
 - :func:`fold_batchnorm`: ``Conv`` followed by inference-mode ``BatchNormalization`` becomes
-  one ``Conv`` with rescaled weights and bias.
+  one ``Conv`` whose weights and bias are computed by an internal ``FoldBatchNormWeights``
+  node (folded by the next constant-folding pass unless the weights are trainable variables).
 - :func:`remove_identities`: ``Identity`` and inference ``Dropout`` nodes are bypassed.
 - :func:`fuse_conv_activation`: ``Conv`` followed by a residual ``Add`` and/or an activation
   (Relu, LeakyRelu, Clip with constant bounds, Sigmoid, HardSigmoid, Tanh) becomes one internal
@@ -97,17 +98,21 @@ def _static_shape(info):
     return None
 
 
-def fold_constants(graph: Graph) -> Graph:
-    """Evaluate nodes whose inputs are all constants and store their outputs as initializers."""
+def fold_constants(graph: Graph, variables=frozenset()) -> Graph:
+    """Evaluate nodes whose inputs are all constants and store their outputs as initializers.
+
+    Initializers named in ``variables`` (a trainable model's parameters and running
+    statistics) are not constants: nothing computed from them is folded."""
     from workbench.ops.registry import NodeContext, attribute_defaults, lookup
     g = graph.copy()
     outputs = {v.name for v in g.outputs}
     inputs_static = all(_static_shape(v) is not None for v in g.inputs)
-    consts = dict(g.initializers)
+    consts = {k: v for k, v in g.initializers.items() if k not in variables}
     keep = []
     for n in g.nodes:
         folded = None
-        if n.subgraphs or facts(n.op_type, n.domain).random or n.domain not in ("", "ai.onnx"):
+        if n.subgraphs or facts(n.op_type, n.domain).random \
+                or n.domain not in ("", "ai.onnx", FUSED_DOMAIN):
             keep.append(n)
             continue
         if n.op_type == "Shape" and inputs_static and n.inputs[0] not in consts:
@@ -153,73 +158,88 @@ def fold_constants(graph: Graph) -> Graph:
                 keep.append(Node("Constant", [], [name],
                                  {"value": np.asarray(consts[name])}, n.name, ""))
     g.nodes = keep
-    g.initializers = consts
+    g.initializers = {**{k: v for k, v in g.initializers.items() if k in variables}, **consts}
     return eliminate_dead_code(g)
 
 
-def fold_batchnorm(graph: Graph) -> Graph:
-    """Fold inference BatchNormalization into the Conv that feeds it."""
+def fold_batchnorm(graph: Graph, variables=frozenset()) -> Graph:
+    """Fold inference BatchNormalization into the Conv that feeds it.
+
+    The Conv's new weights are the outputs of an internal ``FoldBatchNormWeights`` node (see
+    :mod:`workbench.ops.norm`): :func:`fold_constants` evaluates it once when the weights are
+    constants; when some are ``variables`` (a trainable model's parameters) it stays in the
+    graph and runs on the current weights."""
     g = graph.copy()
     producers = g.producers()
     consumers = g.consumers()
     outputs = {v.name for v in g.outputs}
     inits = g.initializers
     removed = set()
-    mapping = {}
+    taken = set(inits) | {o for n in g.nodes for o in n.outputs}
+    prep = {}                       # id(conv) -> the FoldBatchNormWeights node before it
     for bn in g.nodes:
-        if bn.op_type != "BatchNormalization" or len([o for o in bn.outputs if o]) != 1:
+        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx") \
+                or not bn.outputs or not bn.outputs[0] or any(bn.outputs[1:]):
             continue
         if bn.attrs.get("training_mode", 0) or bn.attrs.get("spatial", 1) != 1 \
                 or bn.attrs.get("is_test", 1) == 0:
             continue
         x = bn.inputs[0]
         conv = producers.get(x)
-        if conv is None or conv.op_type != "Conv" or id(conv) in removed:
+        if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") \
+                or id(conv) in removed or id(conv) in prep:
             continue
         if len(consumers.get(x, [])) != 1 or x in outputs:
             continue
         params = bn.inputs[1:5]
         if len(params) != 4 or not all(p in inits for p in params):
             continue
-        if conv.inputs[1] not in inits or (len(conv.inputs) > 2 and conv.inputs[2]
-                                          and conv.inputs[2] not in inits):
+        has_bias = len(conv.inputs) > 2 and bool(conv.inputs[2])
+        if len(conv.inputs) < 2 or conv.inputs[1] not in inits or (
+                has_bias and conv.inputs[2] not in inits):
             continue
-        w = inits[conv.inputs[1]]
+        w = np.asarray(inits[conv.inputs[1]])
         if w.dtype.kind != "f" or w.ndim < 3:
             continue
-        # validate before computing: every BN parameter (and the Conv bias) must be one value
+        # validate before folding: every BN parameter (and the Conv bias) must be one value
         # per output channel; anything else is left to the BatchNormalization kernel, which
         # reports it naming the node
         c_out = w.shape[0]
         arrays = [np.asarray(inits[p]) for p in params]
-        has_bias = len(conv.inputs) > 2 and bool(conv.inputs[2])
         if has_bias:
             arrays.append(np.asarray(inits[conv.inputs[2]]))
         if any(a.shape != (c_out,) or a.dtype.kind != "f" for a in arrays):
             continue
-        scale, bias, mean, var = (a.astype(np.float64) for a in arrays[:4])
         eps = float(bn.attrs.get("epsilon", 1e-5))
-        if not (np.all(np.isfinite(var)) and np.all(var + eps > 0)):
-            continue
-        s = scale / np.sqrt(var + eps)
-        b0 = arrays[4].astype(np.float64) if has_bias else np.zeros(c_out)
-        new_w = (w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
-        new_b = ((b0 - mean) * s + bias).astype(w.dtype)
-        wname = _fresh(inits, conv.inputs[1] + "_bnfolded")
-        bname = _fresh(inits, (conv.inputs[2] if len(conv.inputs) > 2 and conv.inputs[2]
-                               else conv.name + "_bias") + "_bnfolded")
-        inits[wname] = new_w
-        inits[bname] = new_b
+        if params[3] not in variables:
+            var = arrays[3].astype(np.float64)
+            if not (np.all(np.isfinite(var)) and np.all(var + eps > 0)):
+                continue
+        wname = _fresh(taken, conv.inputs[1] + "_bnfolded")
+        taken.add(wname)
+        bname = _fresh(taken, (conv.inputs[2] if has_bias else conv.name + "_bias")
+                       + "_bnfolded")
+        taken.add(bname)
+        prep[id(conv)] = Node("FoldBatchNormWeights",
+                              [conv.inputs[1], *params, conv.inputs[2] if has_bias else ""],
+                              [wname, bname], {"epsilon": eps}, f"{bn.name}/fold_weights",
+                              FUSED_DOMAIN)
         conv.inputs = [conv.inputs[0], wname, bname]
         conv.outputs = [bn.outputs[0]]
         removed.add(id(bn))
     if not removed:
         return g
-    g.nodes = [n for n in g.nodes if id(n) not in removed]
-    _rename_inputs(g, mapping)
+    nodes = []
+    for n in g.nodes:
+        if id(n) in removed:
+            continue
+        if id(n) in prep:
+            nodes.append(prep[id(n)])
+        nodes.append(n)
+    g.nodes = nodes
+    g.opsets = dict(g.opsets)
+    g.opsets.setdefault(FUSED_DOMAIN, 1)
     return eliminate_dead_code(g)
-
-
 
 
 def _activation_params(node: Node, inits: dict, opset: int):
@@ -314,17 +334,25 @@ def _fresh(names, base: str) -> str:
 
 
 def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bool = True,
-             fuse: bool = True) -> Graph:
+             fuse: bool = True, variables=frozenset()) -> Graph:
     """Run the inference passes: identities, constant folding, Conv+BN folding, Conv+Add+
-    activation fusion, DCE."""
+    activation fusion, DCE.
+
+    The one pipeline behind both ``backend.prepare`` (every initializer a constant) and a
+    trainable model's inference runs (``SONNXModel.run``: its parameters and running
+    statistics are ``variables``, so what is computed from them — the folded BatchNorm
+    weights — runs in the plan on the current values instead of being baked in). Both run the
+    same nodes with the same kernels, so they give the same numbers."""
+    variables = frozenset(variables)
     g = graph
     steps = [(identities, remove_identities), (fold, fold_constants), (bn, fold_batchnorm),
-             (fuse, fuse_conv_activation), (True, eliminate_dead_code)]
+             (fold and bn, fold_constants), (fuse, fuse_conv_activation),
+             (True, eliminate_dead_code)]
     for enabled, fn in steps:
         if not enabled:
             continue
         try:
-            g = fn(g)
+            g = fn(g, variables) if fn in (fold_constants, fold_batchnorm) else fn(g)
         except WorkbenchError:
             raise
         except Exception as e:  # a pass must never surface a raw numpy/Python error

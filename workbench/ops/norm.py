@@ -317,3 +317,30 @@ def mean_variance_normalization(X, *, axes=(0, 2, 3)):
     mean, d, var = _moments(x, ax)
     y = d / (xp.sqrt(var) + x.dtype.type(1e-9))
     return y.astype(X.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Internal: the weights of a Conv with an inference BatchNormalization folded in
+@kernel("FoldBatchNormWeights", since=1, domain="com.workbench", category="normalization")
+def fold_batchnorm_weights(W, scale, B, mean, var, conv_bias=None, *, epsilon=1e-5):
+    """(W', B') of ``Conv(X, W', B') == BatchNormalization(Conv(X, W, conv_bias))`` in
+    inference mode: ``s = scale / sqrt(var + epsilon)``, ``W' = W * s`` (per output channel),
+    ``B' = (conv_bias - mean) * s + B``.
+
+    Written by the ``fold_batchnorm`` pass. ``prepare`` folds it once (its inputs are
+    constants); a trainable model's inference plan runs it on the current weights, so both
+    give the same numbers by construction. The per-channel factors are computed in float64."""
+    op = "FoldBatchNormWeights"
+    xp = xp_of(W)
+    c_out = W.shape[0] if W.ndim else 0
+    for name, a in (("scale", scale), ("B", B), ("mean", mean), ("var", var),
+                    ("conv_bias", conv_bias)):
+        if a is not None and tuple(a.shape) != (c_out,):
+            raise ShapeError(f"{op}: {name} must have shape [{c_out}] (one value per output "
+                             f"channel of W {list(W.shape)}), got {list(a.shape)}")
+    s = scale.astype(np.float64) / xp.sqrt(var.astype(np.float64) + float(epsilon))
+    b0 = conv_bias.astype(np.float64) if conv_bias is not None else 0.0
+    new_b = ((b0 - mean.astype(np.float64)) * s + B.astype(np.float64)).astype(W.dtype)
+    wdt = np.result_type(W.dtype, np.float32)   # half weights scaled in float32
+    new_w = (W.astype(wdt, copy=False) * s.astype(wdt).reshape((-1,) + (1,) * (W.ndim - 1)))
+    return new_w.astype(W.dtype, copy=False), new_b

@@ -1,0 +1,96 @@
+"""``wb.load(m).run`` and ``backend.prepare(m).run`` run the same inference passes: the same
+numbers, bit for bit, also after training has changed the weights and running statistics."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import workbench as wb
+from workbench import autograd, opt
+from workbench import backend
+from workbench.tensor import Tensor
+from tests.test_sonnx_snippets import digits_batch, small_cnn_proto
+
+
+def _with_weights(model, proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with its initializers replaced by ``model``'s current weights."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    weights = model._weights
+    for i, t in enumerate(out.graph.initializer):
+        out.graph.initializer[i].CopyFrom(numpy_helper.from_array(weights[t.name].numpy(),
+                                                                  t.name))
+    return out
+
+
+def _same(a, b) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x, y)
+
+
+def test_run_and_prepare_agree_bit_for_bit():
+    proto = small_cnn_proto()
+    x, _ = digits_batch()
+    _same(wb.load(proto).run(x), backend.prepare(proto).run([x]))
+
+
+def test_the_trainable_model_folds_batchnorm_on_its_current_weights():
+    proto = small_cnn_proto()
+    model = wb.load(proto)
+    model.eval()
+    plan, _ = model._tplan(model._outputs_for(-1, ()), True)
+    ops = [s.node.op_type for s in plan.steps]
+    # the inference passes ran (BatchNorm folded into the Conv, epilogue fused)...
+    assert "BatchNormalization" not in ops and "FusedConv" in ops
+    # ...but the folded weights are computed in the plan from the variables, not baked in
+    assert "FoldBatchNormWeights" in ops
+    rep = backend.prepare(proto)
+    assert "FoldBatchNormWeights" not in [s.node.op_type for s in rep.plan.steps]
+
+
+def test_changed_running_statistics_change_run():
+    proto = small_cnn_proto()
+    x, _ = digits_batch()
+    model = wb.load(proto)
+    before = model.run(x)[0]
+    var = model._weights["bn_var"]
+    var.copy_from_numpy(var.numpy() * 4)
+    after = model.run(x)[0]
+    assert not np.allclose(before, after)
+    _same([after], backend.prepare(_with_weights(model, proto)).run([x]))
+
+
+def test_after_training_run_equals_prepare_of_the_trained_weights():
+    proto = small_cnn_proto()
+    x, y = digits_batch()
+    model = wb.load(proto)
+    model.train()
+    sgd = opt.SGD(lr=0.05, momentum=0.9)
+    onehot = np.eye(10, dtype=np.float32)[y] if y.ndim == 1 else y
+    for _ in range(3):
+        out = model.forward(Tensor(data=x))[0]
+        loss = autograd.softmax_cross_entropy(out, Tensor(data=onehot))
+        sgd.backward_and_update(loss)
+    # the running statistics moved too (training-mode BatchNorm)
+    assert not np.array_equal(model._weights["bn_mean"].numpy(),
+                              numpy_helper.to_array(next(
+                                  t for t in proto.graph.initializer if t.name == "bn_mean")))
+    model.eval()
+    _same(model.run(x), backend.prepare(_with_weights(model, proto)).run([x]))
+    # cut outputs (last_layers) agree too
+    cut = model.run(x, last_layers=-3)[0]
+    assert cut.shape == (x.shape[0], 1000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet18", "mobilenetv2", "bert", "gpt2"])
+def test_exported_models_agree_bit_for_bit(name, torch_exports):
+    from tests.helpers import torch_models
+    proto = torch_exports.proto(name)
+    feeds = torch_models.example_inputs(name, 2)
+    _same(wb.load(proto).run(*feeds), backend.prepare(proto).run(list(feeds)))
