@@ -25,7 +25,7 @@ _EXPORTS = {
     "netron": "workbench.widgets.netron_view",
     "NetronView": "workbench.widgets.netron_view",
     "view_main": "workbench.widgets.netron_view",
-    "layout_graph": "workbench.widgets.layout",
+    "graph_payload": "workbench.widgets.graph_data",
 }
 
 __all__ = sorted(_EXPORTS)

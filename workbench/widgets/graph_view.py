@@ -5,9 +5,13 @@
 >>> gv.selected                        # name of the node clicked last ('' when none)
 >>> gv.observe(lambda ch: print(ch["new"]), names="selected")
 
-The layout is computed in Python (:mod:`workbench.widgets.layout`) and sent once as compact
-JSON; the browser only draws. Node details (attributes, input/output shapes and dtypes,
-parameter counts) are computed in Python when a node is selected and sent in ``details``.
+What is drawn is decided in Python (:mod:`workbench.widgets.graph_data`: constants and shape
+computations folded into the node that uses them, nodes grouped by the scopes in their names,
+big groups split) and sent once as compact JSON. The browser lays out one group at a time
+with dagre in a Web Worker, when the group is opened (double-click; breadcrumbs go back), and
+draws it on a canvas. Node details (attributes, input/output shapes and dtypes, parameter
+counts, what is folded into each input) are computed in Python when a node is selected and
+sent in ``details``.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ class GraphView(TextRepr, anywidget.AnyWidget):
       ``render_ms`` time the browser took for its first full draw (set by the front-end).
     """
 
-    _esm = esm("graph_core.js", "graph_view.js")
+    _esm = esm("graph_core.js", "graph_view.js", embed=(("WB_DAGRE_SRC", "dagre.min.js"),))
 
     graph_data = traitlets.Dict().tag(sync=True)
     title = traitlets.Unicode("").tag(sync=True)
@@ -54,7 +58,7 @@ class GraphView(TextRepr, anywidget.AnyWidget):
         self.graph = src.graph
         t0 = time.perf_counter()
         data = graph_payload(src.graph)
-        self.layout_seconds = time.perf_counter() - t0
+        self.payload_seconds = time.perf_counter() - t0
         super().__init__(graph_data=data, height=height,
                          title=title if title is not None else src.name, **kwargs)
 
