@@ -204,8 +204,10 @@ class _Builder:
         self._root = root
         prod = dict(outer)
         static = set(graph.initializers)
+        # weights: floating-point initializers with more than one value (a scalar is a
+        # constant such as a scale or an epsilon)
         params = {k for k, a in graph.initializers.items()
-                  if np.issubdtype(np.asarray(a).dtype, np.floating)}
+                  if np.issubdtype(np.asarray(a).dtype, np.floating) and np.asarray(a).size > 1}
         shapes = {}
 
         def shape_label(v):
@@ -476,10 +478,11 @@ def _attr_repr(v, limit: int = 80) -> str:
 
 def _array_repr(a) -> str:
     a = np.asarray(a)
+    if a.ndim == 0:
+        return repr(a.item())
     if a.size <= 6:
-        body = np.array2string(a.ravel() if a.ndim > 1 else a, separator=",",
-                               threshold=6).replace("\n", "")
-        return body if a.ndim <= 1 else f"{body}.reshape{tuple(a.shape)}"
+        body = repr(a.ravel().tolist())
+        return body if a.ndim == 1 else f"{body}.reshape{tuple(a.shape)}"
     return f"{a.dtype}{list(a.shape)}"
 
 
