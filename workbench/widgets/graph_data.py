@@ -339,13 +339,21 @@ class _Builder:
         """Split every group with more than SPLIT_AT direct items into consecutive parts."""
         pos = list(range(len(self.name)))          # nodes are in topological order
         todo = list(range(len(self.g_label)))
+        direct = defaultdict(list)
+        for i in range(len(self.name)):
+            if self.host[i] == -1 and self.kind[i] == 0:
+                direct[self.group[i]].append(i)
+        kids_of = defaultdict(list)
+        for c in range(len(self.g_label)):
+            if self.g_kind[c] != "subgraph" and self.g_parent[c] >= 0:
+                kids_of[self.g_parent[c]].append(c)
         while todo:
             g = todo.pop()
-            kid_groups = [c for c in range(len(self.g_label))
-                          if self.g_parent[c] == g and self.g_kind[c] != "subgraph"]
+            kid_groups = [c for c in kids_of[g] if self.g_parent[c] == g]
             # graph inputs and outputs stay where they are (the first screen shows them)
-            members = [i for i in range(len(self.name))
-                       if self.group[i] == g and self.host[i] == -1 and self.kind[i] == 0]
+            members = [i for i in direct[g] if self.group[i] == g]
+            if len(members) + len(kid_groups) <= SPLIT_AT:
+                continue
             # items: direct shown nodes and child groups, with the nodes each one holds
             item_of: dict = {}
             for i in members:
@@ -411,11 +419,14 @@ class _Builder:
                 text = (name_of(chunk[0]) if len(chunk) == 1 else
                         f"{name_of(chunk[0])} … {name_of(chunk[-1])}")
                 pg = self.new_group(f"{p + 1}/{len(bounds) - 1} · {text}", g, "part")
+                kids_of[g].append(pg)
                 for it in chunk:
                     if it[0] == "n":
                         self.group[it[1]] = pg
+                        direct[pg].append(it[1])
                     else:
                         self.g_parent[it[1]] = pg
+                        kids_of[pg].append(it[1])
                 todo.append(pg)
             # hidden (folded) nodes follow their host into its part
             for i in range(len(self.name)):
