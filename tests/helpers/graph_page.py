@@ -27,7 +27,7 @@ window.wbOpen = (payload, details, height, extra) => {
   const host = document.getElementById("host");
   host.textContent = "";
   const model = new WbStubModel(Object.assign({ graph_data: payload, title: "graph", height,
-    selected: "", details: {}, highlight: [], dimmed: [], marked: [], render_ms: -1 }, extra || {}), details);
+    selected: "", details: {}, highlight: [], dimmed: [], marked: [], overlay: {}, render_ms: -1 }, extra || {}), details);
   window.wbModel = model;
   window.wbViewHandle = wbRenderGraphView(model, host, { reportTiming: false });
   return window.wbViewHandle.ready;

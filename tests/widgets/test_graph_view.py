@@ -1,5 +1,7 @@
 import json
 
+import numpy as np
+
 import onnx
 import pytest
 import synth
@@ -108,3 +110,49 @@ def test_2500_node_graph_view():
     print(f"\nGraphView of {len(gv.graph.nodes)} nodes: {dt:.2f} s (drawing data "
           f"{gv.payload_seconds:.2f} s), {size / 1e3:.0f} kB of JSON")
     assert size < 2_000_000
+
+
+def test_profile_colours_nodes_by_time_and_memory(require_runnable, rng):
+    m = synth.cnn()
+    require_runnable(m)
+    gv = GraphView(m)
+    x = rng.standard_normal((2, 1, 8, 8)).astype(np.float32)
+    prof = gv.profile([x], repeat=2)
+    assert set(prof) == {"conv1", "relu1", "pool1", "flatten", "fc"}
+    assert all(p["ms"] >= 0 for p in prof.values())
+    assert prof["conv1"]["bytes"] == 2 * 4 * 8 * 8 * 4          # float32 [2, 4, 8, 8]
+    assert gv.overlay["unit"] == "ms" and set(gv.overlay["values"]) == set(prof)
+    gv.show_profile("memory")
+    assert gv.overlay["unit"] == "kB" and gv.overlay["values"]["conv1"] == 2.0
+    with pytest.raises(ValueError):
+        gv.show_profile("speed")
+    with pytest.raises(RuntimeError):
+        GraphView(m).show_profile()
+
+
+def test_show_differences_rings_the_nodes_that_differ():
+    class FakeInspector:          # the rows a TensorInspector(compare=...) holds
+        rows = [{"node": "fc1", "value": "h1", "diff": 0.0, "diff_ok": True},
+                {"node": "relu1", "value": "h3", "diff": 0.5, "diff_ok": False},
+                {"node": "fc2", "value": "h4", "diff": 0.7, "diff_ok": False}]
+    gv = GraphView(synth.mlp())
+    assert gv.show_differences(FakeInspector()) == ["relu1", "fc2"]
+    assert gv.overlay["values"] == {"fc1": 0.0, "relu1": 0.5, "fc2": 0.7}
+
+    class NoCompare:
+        rows = [{"node": "fc1", "value": "h1"}]
+    with pytest.raises(ValueError, match="compare="):
+        gv.show_differences(NoCompare())
+
+
+def test_show_differences_from_a_real_comparison(require_runnable, rng):
+    pytest.importorskip("onnxruntime")
+    from workbench.widgets import TensorInspector
+    m = synth.cnn()
+    require_runnable(m)
+    x = rng.standard_normal((2, 1, 8, 8)).astype(np.float32)
+    insp = TensorInspector(m, [x], compare="onnxruntime")
+    gv = GraphView(m)
+    assert gv.show_differences(insp) == []              # our kernels agree with onnxruntime
+    assert set(gv.overlay["values"]) == {"conv1", "relu1", "pool1", "flatten", "fc"}
+    assert max(gv.overlay["values"].values()) < 1e-4

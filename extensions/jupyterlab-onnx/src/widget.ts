@@ -215,6 +215,7 @@ export class OnnxGraphPanel extends Widget {
       highlight: [],
       dimmed: [],
       marked: [],
+      overlay: {},
       render_ms: -1
     });
     // registered before the view's own listeners: details are in place when it redraws

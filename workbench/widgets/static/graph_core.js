@@ -413,6 +413,16 @@ function wbGroupOps(graph, g, limit = 3) {
   return [...counts.entries()].sort((a, b) => b[1] - a[1]).slice(0, limit);
 }
 
+// a sequential colour scale (light yellow -> orange -> dark red) for t in [0, 1]; ``mix``
+// blends it with white (group boxes)
+function wbScale(t, mix = 0) {
+  const stops = [[255, 237, 160], [254, 178, 76], [240, 59, 32], [128, 0, 38]];
+  t = Math.max(0, Math.min(1, t)) * (stops.length - 1);
+  const k = Math.min(stops.length - 2, Math.floor(t)), u = t - k;
+  const c = stops[k].map((a, j) => a + (stops[k + 1][j] - a) * u).map((a) => Math.round(a + (255 - a) * mix));
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
 // ------------------------------------------------------------------------------ canvas
 const WB_NODE_H = 28, WB_GROUP_H = 42, WB_STUB_H = 20;
 
@@ -763,7 +773,7 @@ class WbGraphCanvas {
       for (const i of set) {
         const it = lay.lv.itemOf(i);
         if (!it) continue;
-        const m = this.itemMarks.get(it.key) || { dim: 0, mark: 0, hl: 0, sel: 0 };
+        const m = this.itemMarks.get(it.key) || { dim: 0, mark: 0, hl: 0, sel: 0, flag: 0 };
         m[field]++;
         this.itemMarks.set(it.key, m);
       }
@@ -772,6 +782,7 @@ class WbGraphCanvas {
     bump(dimShown, "dim");
     bump(this.marked, "mark");
     bump(this.highlight, "hl");
+    bump(this.flagged || [], "flag");
     if (this.selected >= 0) bump([this.selected], "sel");
     for (const b of lay.items) {
       const it = b.it;
@@ -783,6 +794,25 @@ class WbGraphCanvas {
   }
 
   colorOf(i) { return this.data.colors[this.data.op[i]] || "#667"; }
+
+  // the fill of a node: its op colour, or its overlay value's colour when an overlay is shown
+  fillOf(i) {
+    const ov = this.overlay;
+    if (ov && ov.node) {
+      const v = ov.node.get(i);
+      return v === undefined ? "#c3c9d1" : wbScale(ov.t(v));
+    }
+    return this.colorOf(i);
+  }
+
+  groupFill(g) {
+    const ov = this.overlay;
+    if (ov && ov.group) {
+      const v = ov.group.get(g);
+      if (v !== undefined) return wbScale(ov.tg(v), 0.35);
+    }
+    return "#f7faff";
+  }
 
   draw() {
     const ctx = this.ctx, k = this.k, lay = this.lay;
@@ -869,7 +899,7 @@ class WbGraphCanvas {
       ctx.globalAlpha = dim ? 0.3 : 1;
       if (it.type === "node") {
         const kind = this.data.kind[it.i];
-        ctx.fillStyle = dim ? "#b8bec6" : this.colorOf(it.i);
+        ctx.fillStyle = dim ? "#b8bec6" : this.fillOf(it.i);
         this._roundRect(x0, y0, b.w, b.h, kind === 0 ? 5 : b.h / 2);
         ctx.fill();
         const nf = this.graph.showAll ? 0 : this.graph.nfold[it.i];
@@ -892,7 +922,7 @@ class WbGraphCanvas {
         ctx.fillStyle = dim ? "#eef0f2" : "#eef3fb";
         ctx.strokeStyle = dim ? "#c8cdd3" : "#7f95b8"; ctx.lineWidth = 1.4 / Math.min(1, Math.max(k, 0.2));
         this._roundRect(x0 + 3, y0 + 3, b.w, b.h, 7); ctx.fill(); ctx.stroke();      // a stack
-        ctx.fillStyle = dim ? "#f3f4f6" : "#f7faff";
+        ctx.fillStyle = dim ? "#f3f4f6" : this.groupFill(it.g);
         this._roundRect(x0, y0, b.w, b.h, 7); ctx.fill(); ctx.stroke();
         if (showText) {
           let label = wbItemLabel(this.graph, it);
@@ -932,6 +962,7 @@ class WbGraphCanvas {
       if (!m) continue;
       const inGroup = b.it.type === "group";
       if (m.hl) ring(b, "#f5b700", 3, false);
+      if (m.flag) ring(b, "#b0006e", 3.5, inGroup);
       if (m.mark) ring(b, "#d62d20", 3, inGroup);
       if (m.sel) ring(b, "#1463ff", 3, inGroup);
     }
@@ -975,7 +1006,7 @@ class WbGraphCanvas {
       b.translate(this.miniOff[0], this.miniOff[1]);
       for (const x of lay.items) {
         const it = x.it;
-        b.fillStyle = it.type === "node" ? this.colorOf(it.i) : it.type === "group" ? "#7f95b8" : "#c3c9d1";
+        b.fillStyle = it.type === "node" ? this.fillOf(it.i) : it.type === "group" ? "#7f95b8" : "#c3c9d1";
         const w = Math.max(1.5, x.w * s), h = Math.max(1.5, x.h * s);
         b.fillRect(x.x * s - w / 2, x.y * s - h / 2, w, h);
       }
@@ -990,6 +1021,94 @@ class WbGraphCanvas {
     const [x0, y0] = this.toWorld(0, 0), [x1, y1] = this.toWorld(this.W, this.H);
     m.strokeStyle = "#1463ff"; m.lineWidth = 1.5;
     m.strokeRect(x0 * s, y0 * s, Math.max(2, (x1 - x0) * s), Math.max(2, (y1 - y0) * s));
+  }
+
+  // ---------------------------------------------------------------- export
+  // the current view as a PNG data URL (what is on screen, at the screen's pixel density)
+  toPNG() { this.draw(); return this.canvas.toDataURL("image/png"); }
+
+  // the current view as SVG: the same items, edges, frames and shapes, as vector shapes
+  toSVG() {
+    const lay = this.lay;
+    const [x0, y0] = this.toWorld(0, 0), [x1, y1] = this.toWorld(this.W, this.H);
+    const f = (v) => Math.round(v * 10) / 10;
+    const out = [`<svg xmlns="http://www.w3.org/2000/svg" width="${f(this.W)}" height="${f(this.H)}" viewBox="${f(x0)} ${f(y0)} ${f(x1 - x0)} ${f(y1 - y0)}" font-family="Helvetica, Arial, sans-serif">`,
+      `<rect x="${f(x0)}" y="${f(y0)}" width="${f(x1 - x0)}" height="${f(y1 - y0)}" fill="#ffffff"/>`,
+      `<defs><marker id="wbArrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto"><path d="M0,1 L9,5 L0,9 z" fill="#8795a5"/></marker></defs>`];
+    if (!lay) return out.join("") + "</svg>";
+    const inView = (a, b, c, d) => c >= x0 && a <= x1 && d >= y0 && b <= y1;
+    for (const fr of lay.frames) {
+      if (!inView(fr.x, fr.y, fr.x + fr.w, fr.y + fr.h)) continue;
+      out.push(`<rect x="${f(fr.x)}" y="${f(fr.y)}" width="${f(fr.w)}" height="${f(fr.h)}" rx="8" fill="#f5f8fe" stroke="#c9d3e3"/>`,
+        `<text x="${f(fr.x + 8)}" y="${f(fr.y + 15)}" font-size="11" font-weight="600" fill="#52606d">${wbEsc(this.graph.G.label[fr.g])}</text>`);
+    }
+    for (const { e, pts: p } of lay.edges) {
+      if (p.length < 4) continue;
+      let d = `M${f(p[0])},${f(p[1])}`;
+      for (let i = 2; i < p.length; i += 2) d += ` L${f(p[i])},${f(p[i + 1])}`;
+      out.push(`<path d="${d}" fill="none" stroke="#8795a5" stroke-width="1.1" marker-end="url(#wbArrow)"/>`);
+      if (e.label) {
+        const m = (p.length / 2) >> 1;
+        out.push(`<text x="${f(p[2 * m] + 5)}" y="${f(p[2 * m + 1] + 3)}" font-size="9" fill="#6b7785">${wbEsc(e.n > 1 ? `${e.label} ×${e.n}` : e.label)}</text>`);
+      }
+    }
+    for (const b of lay.items) {
+      const bx = b.x - b.w / 2, by = b.y - b.h / 2;
+      if (!inView(bx, by, bx + b.w, by + b.h)) continue;
+      const it = b.it, label = wbEsc(wbItemLabel(this.graph, it));
+      if (it.type === "node") {
+        const r = this.data.kind[it.i] === 0 ? 5 : b.h / 2;
+        out.push(`<rect x="${f(bx)}" y="${f(by)}" width="${f(b.w)}" height="${f(b.h)}" rx="${r}" fill="${this.fillOf(it.i)}"/>`,
+          `<text x="${f(b.x)}" y="${f(b.y + 4)}" text-anchor="middle" font-size="11" font-weight="600" fill="#ffffff">${label}</text>`);
+        const nf = this.graph.showAll ? 0 : this.graph.nfold[it.i];
+        if (nf) out.push(`<text x="${f(bx + b.w - 4)}" y="${f(by + 10)}" text-anchor="end" font-size="8" fill="#ffffff">+${nf}</text>`);
+      } else if (it.type === "group") {
+        out.push(`<rect x="${f(bx)}" y="${f(by)}" width="${f(b.w)}" height="${f(b.h)}" rx="7" fill="${this.groupFill(it.g)}" stroke="#7f95b8" stroke-width="1.4"/>`,
+          `<text x="${f(b.x)}" y="${f(b.y - 3)}" text-anchor="middle" font-size="11.5" font-weight="600" fill="#1f2933">${label}</text>`,
+          `<text x="${f(b.x)}" y="${f(b.y + 12)}" text-anchor="middle" font-size="10" fill="#52606d">${wbEsc(b.sub || "")}</text>`);
+      } else {
+        out.push(`<rect x="${f(bx)}" y="${f(by)}" width="${f(b.w)}" height="${f(b.h)}" rx="${b.h / 2}" fill="#f1f3f5" stroke="#b8c0ca" stroke-dasharray="3,3"/>`,
+          `<text x="${f(b.x)}" y="${f(b.y + 3.5)}" text-anchor="middle" font-size="10" fill="#52606d">${label}</text>`);
+      }
+    }
+    out.push("</svg>");
+    return out.join("\n");
+  }
+
+  // ---------------------------------------------------------------- overlay
+  // per-node numbers drawn as a colour scale (profiled time / memory, differences from a
+  // reference): {title, unit, values: {node name: number}, flagged: [node names]}
+  setOverlay(ov) {
+    if (!ov || !ov.values || !Object.keys(ov.values).length) {
+      this.overlay = null;
+    } else {
+      const node = new Map(), group = new Map();
+      for (const [nm, v] of Object.entries(ov.values)) {
+        const i = this.index.get(nm);
+        if (i === undefined || !Number.isFinite(v)) continue;
+        node.set(i, (node.get(i) || 0) + v);
+        // a folded node's number counts for the node it is folded into, and for its groups
+        const h = this.graph.host[i] >= 0 ? this.graph.host[i] : i;
+        if (h !== i) node.set(h, (node.get(h) || 0) + v);
+        for (let g = this.graph.group[h]; g >= 0; g = this.graph.G.kind[g] === "subgraph" ? this.graph.group[this.graph.G.owner[g]] : this.graph.G.parent[g]) {
+          group.set(g, (group.get(g) || 0) + v);
+          if (g === 0) break;
+        }
+      }
+      const vals = [...node.values()];
+      const lo = Math.min(...vals), hi = Math.max(...vals);
+      const gvals = [...group.entries()].filter(([g]) => g !== 0).map(([, v]) => v);
+      const ghi = gvals.length ? Math.max(...gvals) : hi;
+      const lin = (a, b) => (v) => (b > a ? (v - a) / (b - a) : 1);
+      this.overlay = { title: ov.title || "", unit: ov.unit || "", node, group, lo, hi, ghi,
+        t: lin(Math.min(lo, 0), hi), tg: lin(0, ghi) };
+      this.overlay.groupT = this.overlay.tg;
+    }
+    this.flagged = new Set();
+    for (const nm of (ov && ov.flagged) || []) { const i = this.index.get(nm); if (i !== undefined) this.flagged.add(i); }
+    this._marksDirty = true;
+    this._miniBase = null;
+    this.draw();
   }
 
   setNames(kind, names) {
@@ -1062,6 +1181,21 @@ function wbGroupHTML(graph, g) {
     h += "</table>";
   }
   return h;
+}
+
+// the colour scale's legend: title, gradient, min and max
+function wbOverlayLegend(gc) {
+  const ov = gc.overlay;
+  if (!ov) return null;
+  const fmt = (v) => (Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 1 ? v.toFixed(2) : v.toPrecision(2));
+  const stops = [0, 0.33, 0.66, 1].map((t) => wbScale(t)).join(", ");
+  return wbEl("div", { class: "wb-overlay-legend" },
+    wbEl("h4", null, ov.title || "overlay"),
+    wbEl("div", { style: `height:10px;border-radius:3px;background:linear-gradient(to right, ${stops})` }),
+    wbEl("div", { style: "display:flex;justify-content:space-between", class: "wb-muted" },
+      wbEl("span", null, `${fmt(Math.min(ov.lo, 0))} ${ov.unit}`), wbEl("span", null, `${fmt(ov.hi)} ${ov.unit} per node`)),
+    wbEl("div", { class: "wb-muted" }, `groups: the sum of their nodes (up to ${fmt(ov.ghi)} ${ov.unit}); grey: no number`),
+    gc.flagged && gc.flagged.size ? wbEl("div", { class: "wb-muted" }, `${gc.flagged.size} node${gc.flagged.size === 1 ? "" : "s"} ringed: outputs differ from the reference`) : null);
 }
 
 function wbLegend(data, onPick) {

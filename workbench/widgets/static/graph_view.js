@@ -15,7 +15,9 @@ function wbRenderGraphView(model, el, opts = {}) {
   const info = wbEl("span", { class: "wb-muted wb-info" },
     `${(data.op_counts ? Object.values(data.op_counts).reduce((a, b) => a + b, 0) : 0).toLocaleString()} nodes` +
     (data.folded ? ` (+${data.folded.toLocaleString()} folded)` : ""));
-  const toolbar = wbEl("div", { class: "wb-toolbar" }, title, info, search, count, all, mapBtn, fit);
+  const svgBtn = wbEl("button", { class: "wb-btn wb-export-svg", title: "save the current view as SVG" }, "SVG");
+  const pngBtn = wbEl("button", { class: "wb-btn wb-export-png", title: "save the current view as PNG" }, "PNG");
+  const toolbar = wbEl("div", { class: "wb-toolbar" }, title, info, search, count, all, mapBtn, fit, svgBtn, pngBtn);
   if (opts.toolbarExtra) toolbar.appendChild(opts.toolbarExtra);
   if (!data.folded) all.style.display = "none";
   const crumbs = wbEl("div", { class: "wb-crumbs" });
@@ -102,6 +104,26 @@ function wbRenderGraphView(model, el, opts = {}) {
     mapBtn.classList.toggle("wb-on", gc.showMini);
     gc.draw();
   });
+  const fileBase = String(model.get("title") || "graph").replace(/\.onnx$/i, "").replace(/[^\w.-]+/g, "_") || "graph";
+  const download = (href, name) => {
+    const a = wbEl("a", { href, download: name, style: "display:none" });
+    root.appendChild(a); a.click(); a.remove();
+  };
+  svgBtn.addEventListener("click", () => {
+    const url = URL.createObjectURL(new Blob([gc.toSVG()], { type: "image/svg+xml" }));
+    download(url, `${fileBase}.svg`);
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+  });
+  pngBtn.addEventListener("click", () => download(gc.toPNG(), `${fileBase}.png`));
+  const overlayBox = wbEl("div", { class: "wb-overlay" });
+  side.appendChild(overlayBox);
+  const onOverlay = () => {
+    gc.setOverlay(model.get("overlay"));
+    overlayBox.textContent = "";
+    const lg = wbOverlayLegend(gc);
+    if (lg) overlayBox.appendChild(lg);
+    root.dataset.overlay = gc.overlay ? gc.overlay.title : "";
+  };
   side.appendChild(legendTitle);
   side.appendChild(wbLegend(data, (op) => {
     search.value = op; runSearch(false);
@@ -126,7 +148,9 @@ function wbRenderGraphView(model, el, opts = {}) {
   model.on("change:highlight", onH);
   model.on("change:dimmed", onD);
   model.on("change:marked", onM);
+  model.on("change:overlay", onOverlay);
   setSelectedLocal(-1, false);
+  if (model.get("overlay")) onOverlay();
   const initSel = model.get("selected");
   // the first level: the whole graph, collapsed, laid out in the worker
   const ready = gc.open(0).then(async () => {
@@ -151,6 +175,7 @@ function wbRenderGraphView(model, el, opts = {}) {
       clearTimeout(lateTimer);
       model.off("change:selected", onSel); model.off("change:details", onDetails);
       model.off("change:highlight", onH); model.off("change:dimmed", onD); model.off("change:marked", onM);
+      model.off("change:overlay", onOverlay);
       gc.destroy();
     },
   };
