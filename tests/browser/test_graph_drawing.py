@@ -73,7 +73,6 @@ def _open(pg, model, height=680):
     data, details = payload_of(load(model, check=False).graph)
     pg.evaluate("([p, d, h]) => wbOpen(p, d, h)", [data, details, height])
     pg.shape_nodes = _shape_computations(model)
-    assert pg.shape_nodes
     return data
 
 
@@ -126,7 +125,7 @@ def test_gpt2_like_export(page):
     from tests.helpers.viewer_models import gpt2_like
     pg = page
     data = _open(pg, gpt2_like())
-    assert data["op"].count("Constant") > 130
+    assert data["op"].count("Constant") > 130 and len(pg.shape_nodes) > 200
     _shot(pg, "gpt2")
     vis = _first_screen_checks(pg, data, "gpt2")
     blocks = sorted(v["label"] for v in vis if v["type"] == "group")
@@ -165,7 +164,8 @@ def test_gpt2_like_export(page):
     assert any(v.get("name") == "/h.3/attn/c_proj/MatMul" for v in _visible(pg))
     _shot(pg, "gpt2-search")
     # a click selects (details from Python's node_details) and does not zoom
-    k0 = pg.evaluate("() => document.querySelector('.wb-graphview').wbView.gc.k")
+    view0 = pg.evaluate("() => { const gc = document.querySelector('.wb-graphview').wbView.gc;"
+                        " return [gc.k, gc.tx, gc.ty]; }")
     x, y = pg.evaluate("""() => { const gc = document.querySelector('.wb-graphview').wbView.gc;
         const b = gc.itemBoxOf(gc.index.get('/h.3/attn/c_proj/MatMul'));
         const r = gc.canvas.getBoundingClientRect();
@@ -173,7 +173,8 @@ def test_gpt2_like_export(page):
     pg.mouse.click(x, y)
     assert _view(pg).get_attribute("data-selected") == "/h.3/attn/c_proj/MatMul"
     assert "INPUTS" in _view(pg).locator(".wb-details").inner_text().upper()
-    assert pg.evaluate("() => document.querySelector('.wb-graphview').wbView.gc.k") == k0
+    assert pg.evaluate("() => { const gc = document.querySelector('.wb-graphview').wbView.gc;"
+                       " return [gc.k, gc.tx, gc.ty]; }") == view0      # no zoom, no jump
     # the minimap can be hidden
     pg.click(".wb-maptoggle")
     assert not _view(pg).locator("canvas.wb-minimap").is_visible()
@@ -185,6 +186,7 @@ def test_densenet_like_export(page):
     from tests.helpers.viewer_models import densenet_like
     pg = page
     data = _open(pg, densenet_like())
+    assert "ConstantOfShape" in data["op"] and pg.shape_nodes
     _shot(pg, "densenet")
     vis = _first_screen_checks(pg, data, "densenet")
     groups = {v["label"] for v in vis if v["type"] == "group"}
@@ -203,7 +205,7 @@ def test_paddle_ocr_style_graph(page):
     from tests.helpers.viewer_models import paddle_ocr_like
     pg = page
     data = _open(pg, paddle_ocr_like())
-    assert data["op"].count("Constant") >= 141
+    assert data["op"].count("Constant") >= 141 and len(pg.shape_nodes) >= 141
     _shot(pg, "paddle")
     vis = _first_screen_checks(pg, data, "paddle")
     parts = [v for v in vis if v["type"] == "group"]
@@ -214,4 +216,71 @@ def test_paddle_ocr_style_graph(page):
     assert not {v["op"] for v in inner if v["type"] == "node"} & NOT_ARCHITECTURE
     assert not [v for v in inner if v["type"] == "node" and v["name"] in pg.shape_nodes]
     _shot(pg, "paddle-part1")
+    assert pg.errors == [], pg.errors
+
+
+def test_overlay_and_export(page, tmp_path):
+    """A profile overlay colours the nodes with a legend; the view saves as SVG and PNG."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests" / "widgets"))
+    import synth
+    pg = page
+    _open(pg, synth.cnn(), height=520)
+    before = pg.evaluate("() => { const gc = document.querySelector('.wb-graphview').wbView.gc;"
+                         " return gc.fillOf(gc.index.get('conv1')); }")
+    pg.evaluate("""() => wbModel.set('overlay', {title: 'time per node', unit: 'ms',
+        values: {conv1: 4.0, relu1: 0.5, pool1: 1.0, flatten: 0.1, fc: 2.0}, flagged: ['fc']})""")
+    legend = _view(pg).locator(".wb-overlay-legend")
+    text = legend.text_content()
+    assert "time per node" in text and "4.00 ms" in text and "1 node ringed" in text, text
+    after = pg.evaluate("() => { const gc = document.querySelector('.wb-graphview').wbView.gc;"
+                        " return [gc.fillOf(gc.index.get('conv1')), gc.fillOf(gc.index.get('flatten'))]; }")
+    assert after[0] != before and after[0] != after[1]      # the slowest node is the darkest
+    _shot(pg, "overlay")
+    with pg.expect_download() as dl:
+        pg.click(".wb-export-svg")
+    svg_path = tmp_path / "view.svg"
+    dl.value.save_as(svg_path)
+    svg = svg_path.read_text()
+    assert svg.startswith("<svg") and "Conv" in svg and "Gemm" in svg and "float32" in svg
+    with pg.expect_download() as dl:
+        pg.click(".wb-export-png")
+    png_path = tmp_path / "view.png"
+    dl.value.save_as(png_path)
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png_path.stat().st_size > 2000
+    pg.evaluate("() => wbModel.set('overlay', {})")
+    assert _view(pg).locator(".wb-overlay-legend").count() == 0
+    assert pg.errors == [], pg.errors
+
+
+def test_subgraphs_open_like_groups(page):
+    """Double-clicking an If node opens its branches; a branch opens like a group."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="then_relu")], "then",
+                               [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="else_neg")], "else",
+                               [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
+             helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then_g,
+                              else_branch=else_g)]
+    g = helper.make_graph(nodes, "ifg", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+                          [numpy_helper.from_array(np.float32(0), "zero")])
+    pg = page
+    _open(pg, helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), height=480)
+    x, y = pg.evaluate("""() => { const gc = document.querySelector('.wb-graphview').wbView.gc;
+        const b = gc.itemBoxOf(gc.index.get('branch')); const r = gc.canvas.getBoundingClientRect();
+        return [r.left + b.x * gc.k + gc.tx, r.top + b.y * gc.k + gc.ty]; }""")
+    pg.mouse.dblclick(x, y)
+    pg.wait_for_function("() => document.querySelector('.wb-graphview').dataset.levelLabel === 'branch'")
+    vis = _visible(pg)
+    assert sorted(v["label"] for v in vis if v["type"] == "group") == [
+        "branch · else_branch", "branch · then_branch"]
+    assert [v["label"] for v in vis if v["type"] == "stub"] == ["from x"]   # read from outside
+    _dblclick_group(pg, "branch · then_branch")
+    vis = _visible(pg)
+    assert {v["label"] for v in vis} >= {"Relu", "from x", "t"}
+    _shot(pg, "subgraph")
     assert pg.errors == [], pg.errors

@@ -1098,7 +1098,7 @@ class WbGraphCanvas {
       const vals = [...node.values()];
       const lo = Math.min(...vals), hi = Math.max(...vals);
       const gvals = [...group.entries()].filter(([g]) => g !== 0).map(([, v]) => v);
-      const ghi = gvals.length ? Math.max(...gvals) : hi;
+      const ghi = gvals.length ? Math.max(...gvals) : 0;
       const lin = (a, b) => (v) => (b > a ? (v - a) / (b - a) : 1);
       this.overlay = { title: ov.title || "", unit: ov.unit || "", node, group, lo, hi, ghi,
         t: lin(Math.min(lo, 0), hi), tg: lin(0, ghi) };
@@ -1194,7 +1194,8 @@ function wbOverlayLegend(gc) {
     wbEl("div", { style: `height:10px;border-radius:3px;background:linear-gradient(to right, ${stops})` }),
     wbEl("div", { style: "display:flex;justify-content:space-between", class: "wb-muted" },
       wbEl("span", null, `${fmt(Math.min(ov.lo, 0))} ${ov.unit}`), wbEl("span", null, `${fmt(ov.hi)} ${ov.unit} per node`)),
-    wbEl("div", { class: "wb-muted" }, `groups: the sum of their nodes (up to ${fmt(ov.ghi)} ${ov.unit}); grey: no number`),
+    ov.ghi ? wbEl("div", { class: "wb-muted" }, `groups: the sum of their nodes (up to ${fmt(ov.ghi)} ${ov.unit})`) : null,
+    wbEl("div", { class: "wb-muted" }, "grey: no number for that node"),
     gc.flagged && gc.flagged.size ? wbEl("div", { class: "wb-muted" }, `${gc.flagged.size} node${gc.flagged.size === 1 ? "" : "s"} ringed: outputs differ from the reference`) : null);
 }
 

@@ -135,6 +135,8 @@ function wbRenderGraphView(model, el, opts = {}) {
   gc.setNames("marked", model.get("marked"));
   const onSel = () => {
     const nm = model.get("selected");
+    // our own click echoed back: already selected, and a click never moves the view
+    if ((nm || "") === (gc.selected >= 0 ? data.name[gc.selected] : "")) { showDetails(gc.selected); return; }
     const i = nm ? gc.index.get(nm) : -1;
     if (i !== undefined && i >= 0) gc.selectedGroup = -1;
     setSelectedLocal(i === undefined ? -1 : i, true);
