@@ -1184,9 +1184,14 @@ function wbGroupHTML(graph, g) {
 }
 
 // the colour scale's legend: title, gradient, min and max
-function wbOverlayLegend(gc) {
+function wbOverlayLegend(gc, spec) {
   const ov = gc.overlay;
-  if (!ov) return null;
+  if (!ov) {
+    if (!gc.flagged || !gc.flagged.size) return null;      // rings only (GraphCompare)
+    return wbEl("div", { class: "wb-overlay-legend" },
+      wbEl("h4", null, (spec && spec.title) || "ringed nodes"),
+      wbEl("div", { class: "wb-muted" }, `${gc.flagged.size} node${gc.flagged.size === 1 ? "" : "s"} ringed`));
+  }
   const fmt = (v) => (Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 1 ? v.toFixed(2) : v.toPrecision(2));
   const stops = [0, 0.33, 0.66, 1].map((t) => wbScale(t)).join(", ");
   return wbEl("div", { class: "wb-overlay-legend" },

@@ -120,9 +120,10 @@ function wbRenderGraphView(model, el, opts = {}) {
   const onOverlay = () => {
     gc.setOverlay(model.get("overlay"));
     overlayBox.textContent = "";
-    const lg = wbOverlayLegend(gc);
+    const lg = wbOverlayLegend(gc, model.get("overlay"));
     if (lg) overlayBox.appendChild(lg);
     root.dataset.overlay = gc.overlay ? gc.overlay.title : "";
+    root.dataset.flagged = String(gc.flagged ? gc.flagged.size : 0);
   };
   side.appendChild(legendTitle);
   side.appendChild(wbLegend(data, (op) => {
