@@ -157,11 +157,12 @@ def test_gpt2_like_export(page):
     search = _view(pg).locator("input.wb-search")
     search.fill("/h.3/attn/c_proj/MatMul")
     search.press("Enter")
-    pg.wait_for_function("() => document.querySelector('.wb-graphview').dataset.levelLabel === 'c_proj'",
+    pg.wait_for_function("() => document.querySelector('.wb-graphview').dataset.levelLabel === 'h.3'",
                          timeout=20_000)
-    assert _view(pg).locator(".wb-crumbs").inner_text().split() == [
-        "graph", "›", "h.3", "›", "attn", "›", "c_proj"]
+    assert _view(pg).locator(".wb-crumbs").inner_text().split() == ["graph", "›", "h.3"]
     assert any(v.get("name") == "/h.3/attn/c_proj/MatMul" for v in _visible(pg))
+    # its path (the edges upstream of it in this group) is highlighted
+    assert pg.evaluate("() => document.querySelector('.wb-graphview').wbView.gc.pathEdges.size") >= 1
     _shot(pg, "gpt2-search")
     # a click selects (details from Python's node_details) and does not zoom
     view0 = pg.evaluate("() => { const gc = document.querySelector('.wb-graphview').wbView.gc;"

@@ -582,12 +582,20 @@ def _walk(graph):
             yield from _walk(sg)
 
 
-def node_details(graph, name: str) -> dict:
+def folded_values(graph) -> set:
+    """The values of ``graph`` (not its subgraphs) that the drawing folds; pass it to
+    :func:`node_details` to answer many selections without recomputing it."""
+    return _static_values(graph)
+
+
+def node_details(graph, name: str, folded: set | None = None) -> dict:
     """What the details panel shows for a node (or a graph input/output value) ``name``;
-    inputs computed from constants and shapes carry ``folded``, the expression they fold."""
+    inputs computed from constants and shapes carry ``folded``, the expression they fold.
+    ``folded``: :func:`folded_values` of ``graph``, when the caller keeps it."""
     for g, node in _walk(graph):
         if node.name == name:
-            return _op_node_details(g, node, _Folds(g), _static_values(g))
+            static = folded if (folded is not None and g is graph) else _static_values(g)
+            return _op_node_details(g, node, _Folds(g), static)
     vi = graph.value(name)
     if vi is None:
         return {"name": name, "missing": True}

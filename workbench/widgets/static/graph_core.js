@@ -175,6 +175,7 @@ class WbLayoutEngine {
 // subgraphs of node i".
 const WB_OPEN_BELOW = 5;        // a level with fewer items opens its biggest group in place
 const WB_MAX_ITEMS = 60;        // ... as long as it keeps at most this many items
+const WB_TINY = 2;              // groups this small are always opened in place (framed)
 
 class WbGraph {
   constructor(data) {
@@ -265,8 +266,8 @@ class WbGraph {
     if (L < -1) {
       for (const g of this.subOf.get(-L - 2) || []) addGroup(g, null);
     } else fill(L, null);
-    // open in place: one-node groups always; the biggest group while the level is small or
-    // that group holds most of it
+    // open in place: groups of one or two nodes; the biggest group while the level is small
+    // or that group holds most of it
     const total = L < -1 ? 0 : this.size(L);
     const open = (it) => {
       items.splice(items.indexOf(it), 1);
@@ -278,7 +279,12 @@ class WbGraph {
     const openSingles = () => {
       for (let again = true; again;) {
         again = false;
-        for (const it of items) if (it.type === "group" && this.size(it.g) === 1) { open(it); again = true; break; }
+        for (const it of items) {
+          if (it.type === "group" && this.G.kind[it.g] !== "subgraph" &&
+              (this.size(it.g) === 1 || (this.size(it.g) <= WB_TINY && items.length + this.size(it.g) <= WB_MAX_ITEMS))) {
+            open(it); again = true; break;
+          }
+        }
       }
     };
     openSingles();
@@ -444,7 +450,7 @@ class WbGraphCanvas {
     this.highlight = new Set();
     this.dimmed = new Set();
     this.marked = new Set();
-    this.path = new Set();           // items on the highlighted path (search)
+    this.pathTo = -1;                // node whose path (its upstream edges) is highlighted
     this.k = 1; this.tx = 0; this.ty = 0;
     this.showMini = true;
     this.canvas = wbEl("canvas", { class: "wb-main" });
@@ -475,7 +481,14 @@ class WbGraphCanvas {
       const extra = this.graph.nfold[it.i] && !this.graph.showAll ? 22 : 0;
       return [Math.max(kind ? 70 : 56, Math.min(220, 7 * label.length + 20 + extra)), WB_NODE_H];
     }
-    if (it.type === "group") return [Math.max(120, Math.min(260, 7.2 * label.length + 30)), WB_GROUP_H];
+    if (it.type === "group") {
+      const ops = wbGroupOps(this.graph, it.g, 2).map(([o, c]) => `${o}×${c}`).join(" ");
+      const n = this.graph.size(it.g);
+      let sub = `${n.toLocaleString()} node${n === 1 ? "" : "s"}${ops ? " · " + ops : ""}`;
+      if (sub.length > 44) sub = sub.slice(0, 43) + "…";
+      it.sub = sub;
+      return [Math.max(120, Math.min(300, Math.max(7.2 * Math.min(label.length, 34) + 30, 6 * sub.length + 20))), WB_GROUP_H];
+    }
     return [Math.max(60, Math.min(200, 6.2 * label.length + 16)), WB_STUB_H];
   }
 
@@ -784,6 +797,23 @@ class WbGraphCanvas {
     bump(this.highlight, "hl");
     bump(this.flagged || [], "flag");
     if (this.selected >= 0) bump([this.selected], "sel");
+    // the path to the searched node: every edge upstream of it in this level
+    this.pathEdges = new Set();
+    const target = this.pathTo >= 0 ? lay.lv.itemOf(this.pathTo) : null;
+    if (target) {
+      const into = new Map();
+      for (const ed of lay.edges) {
+        if (!into.has(ed.e.b.key)) into.set(ed.e.b.key, []);
+        into.get(ed.e.b.key).push(ed);
+      }
+      const seen = new Set([target.key]), todo = [target.key];
+      while (todo.length) {
+        for (const ed of into.get(todo.pop()) || []) {
+          this.pathEdges.add(ed);
+          if (!seen.has(ed.e.a.key)) { seen.add(ed.e.a.key); todo.push(ed.e.a.key); }
+        }
+      }
+    }
     for (const b of lay.items) {
       const it = b.it;
       const m = this.itemMarks.get(it.key);
@@ -846,8 +876,8 @@ class WbGraphCanvas {
       const ma = this.itemMarks.get(ed.e.a.key), mb = this.itemMarks.get(ed.e.b.key);
       ((ma && ma.allDim) || (mb && mb.allDim) ? dimE : normE).push(ed);
     }
-    const drawEdges = (list, colour) => {
-      ctx.strokeStyle = colour; ctx.fillStyle = colour; ctx.lineWidth = Math.max(1 / k, 1.1);
+    const drawEdges = (list, colour, width = 1.1) => {
+      ctx.strokeStyle = colour; ctx.fillStyle = colour; ctx.lineWidth = Math.max(width / Math.min(1, k), width);
       ctx.beginPath();
       for (const { pts: p } of list) {
         ctx.moveTo(p[0], p[1]);
@@ -875,6 +905,9 @@ class WbGraphCanvas {
     };
     drawEdges(dimE, "#dde1e6");
     drawEdges(normE, "#8795a5");
+    if (this.pathEdges && this.pathEdges.size) {
+      drawEdges(normE.filter((ed) => this.pathEdges.has(ed)), "#e0a800", 2.4);
+    }
     // tensor shapes on edges
     if (k >= 0.7) {
       ctx.font = font(9.5, 400); ctx.textAlign = "left"; ctx.textBaseline = "middle"; ctx.fillStyle = "#6b7785";
@@ -929,14 +962,8 @@ class WbGraphCanvas {
           if (label.length > 34) label = label.slice(0, 32) + "…";
           ctx.fillStyle = "#1f2933"; ctx.font = font(11.5);
           ctx.fillText(label, b.x, b.y - 7);
-          if (!b.sub) {
-            const ops = wbGroupOps(this.graph, it.g, 2).map(([o, c]) => `${o}×${c}`).join(" ");
-            const n = this.graph.size(it.g);
-            b.sub = `${n.toLocaleString()} node${n === 1 ? "" : "s"}${ops ? " · " + ops : ""}`;
-            if (b.sub.length > 40) b.sub = b.sub.slice(0, 39) + "…";
-          }
           ctx.fillStyle = "#52606d"; ctx.font = font(10, 400);
-          ctx.fillText(b.sub, b.x, b.y + 9);
+          ctx.fillText(it.sub || "", b.x, b.y + 9);
         }
       } else {
         ctx.fillStyle = "#f1f3f5"; ctx.strokeStyle = "#b8c0ca"; ctx.lineWidth = 1 / Math.min(1, k);
@@ -1065,7 +1092,7 @@ class WbGraphCanvas {
       } else if (it.type === "group") {
         out.push(`<rect x="${f(bx)}" y="${f(by)}" width="${f(b.w)}" height="${f(b.h)}" rx="7" fill="${this.groupFill(it.g)}" stroke="#7f95b8" stroke-width="1.4"/>`,
           `<text x="${f(b.x)}" y="${f(b.y - 3)}" text-anchor="middle" font-size="11.5" font-weight="600" fill="#1f2933">${label}</text>`,
-          `<text x="${f(b.x)}" y="${f(b.y + 12)}" text-anchor="middle" font-size="10" fill="#52606d">${wbEsc(b.sub || "")}</text>`);
+          `<text x="${f(b.x)}" y="${f(b.y + 12)}" text-anchor="middle" font-size="10" fill="#52606d">${wbEsc(it.sub || "")}</text>`);
       } else {
         out.push(`<rect x="${f(bx)}" y="${f(by)}" width="${f(b.w)}" height="${f(b.h)}" rx="${b.h / 2}" fill="#f1f3f5" stroke="#b8c0ca" stroke-dasharray="3,3"/>`,
           `<text x="${f(b.x)}" y="${f(b.y + 3.5)}" text-anchor="middle" font-size="10" fill="#52606d">${label}</text>`);
@@ -1074,6 +1101,9 @@ class WbGraphCanvas {
     out.push("</svg>");
     return out.join("\n");
   }
+
+  // highlight the path to node i (its upstream edges in the level where it is drawn)
+  setPathTo(i) { this.pathTo = i; this._marksDirty = true; }
 
   // ---------------------------------------------------------------- overlay
   // per-node numbers drawn as a colour scale (profiled time / memory, differences from a

@@ -60,6 +60,10 @@ function wbRenderGraphView(model, el, opts = {}) {
     if (opts.onClick) opts.onClick(i, name, it);
   });
   const renderCrumbs = (L) => {
+    if (gc.selectedGroup >= 0 && !(gc.lay && gc.lay.byKey.has("g" + gc.selectedGroup))) {
+      gc.selectedGroup = -1;            // the group selected is not on this level any more
+      showDetails(gc.selected);
+    }
     crumbs.textContent = "";
     const cr = gc.graph.crumbs(L);
     cr.forEach(([lv, label], k) => {
@@ -82,10 +86,11 @@ function wbRenderGraphView(model, el, opts = {}) {
     gc.setNames("highlight", matches.map((i) => data.name[i]));
     count.textContent = q ? `${matches.length} match${matches.length === 1 ? "" : "es"}` : "";
     root.dataset.matches = String(matches.length);
+    if (!matches.length) gc.setPathTo(-1);
     if (matches.length) {
       cursor = (cursor + 1) % matches.length;
       if (matches.length > 1) count.textContent = `${cursor + 1}/${matches.length}`;
-      gc.path = new Set([matches[cursor]]);
+      gc.setPathTo(matches[cursor]);
       await gc.reveal(matches[cursor]);
     } else gc.draw();
   };
