@@ -126,6 +126,7 @@ def test_gpt2_like_export(page):
     pg = page
     data = _open(pg, gpt2_like())
     assert data["op"].count("Constant") > 130 and len(pg.shape_nodes) > 200
+    assert _view(pg).get_attribute("data-layout-worker") == "1"      # dagre ran in a worker
     _shot(pg, "gpt2")
     vis = _first_screen_checks(pg, data, "gpt2")
     blocks = sorted(v["label"] for v in vis if v["type"] == "group")

@@ -222,6 +222,9 @@ def _test(lab, pg):
     big = cells.nth(5).locator(".wb-graphview")
     big.wait_for(timeout=120_000)
     t_big = time.perf_counter() - t_run
+    pg.wait_for_function("el => el.dataset.ready === '1'", arg=big.element_handle(),
+                         timeout=60_000)
+    assert big.get_attribute("data-layout-worker") == "1"     # dagre ran in a Web Worker
     draw_ms = float(big.get_attribute("data-draw-ms"))
     print(f"\n2,500-node GraphView: first draw in the browser {draw_ms:.0f} ms "
           f"(widget visible {t_big:.1f} s after the cells were started; includes kernel "

@@ -234,6 +234,7 @@ def _test(lab, pg):
     assert [v["label"] for v in vis if v["type"] == "node" and v["kind"] == 1] == ["x"]
     assert [v["label"] for v in vis if v["type"] == "node" and v["kind"] == 2] == ["softmax_out"]
     assert all(v["full"] for v in vis) and sum(v["type"] == "group" for v in vis) >= 3
+    assert paddle.locator(".wb-graphview").get_attribute("data-layout-worker") == "1"
     _shot(pg, "onnx-graph-paddle")
     assert pg.errors == [], pg.errors
 

@@ -166,6 +166,7 @@ function wbRenderGraphView(model, el, opts = {}) {
     else { const m = [...gc.marked][0]; if (m !== undefined) await gc.reveal(m); }
     const ms = performance.now() - t0;
     root.dataset.drawMs = ms.toFixed(1);
+    root.dataset.layoutWorker = gc.engine.worker ? "1" : "0";   // 0: laid out on the main thread
     root.dataset.ready = "1";
     if (opts.reportTiming !== false && model.get("render_ms") < 0) {
       model.set("render_ms", ms);
