@@ -32,8 +32,12 @@ def _shape_computations(model) -> set:
     or from integer initializers."""
     import numpy as np
     from onnx import numpy_helper
-    meta = {t.name for t in model.graph.initializer
-            if not np.issubdtype(numpy_helper.to_array(t).dtype, np.floating)}
+
+    meta = {
+        t.name
+        for t in model.graph.initializer
+        if not np.issubdtype(numpy_helper.to_array(t).dtype, np.floating)
+    }
     out = set()
     for n in model.graph.node:
         ins = [x for x in n.input if x]
@@ -52,12 +56,14 @@ def page(tmp_path_factory):
     from playwright.sync_api import sync_playwright
 
     from tests.helpers.graph_page import page_html
+
     html = tmp_path_factory.mktemp("drawing") / "graph.html"
     html.write_text(page_html(), encoding="utf-8")
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=jupyter.CHROMIUM, headless=True,
-                               args=jupyter.CHROME_ARGS)
+        b = pw.chromium.launch(
+            executable_path=jupyter.CHROMIUM, headless=True, args=jupyter.CHROME_ARGS
+        )
         pg = b.new_page(viewport={"width": 1280, "height": 820})
         pg.errors = []
         pg.on("pageerror", lambda e: pg.errors.append(str(e)))
@@ -70,6 +76,7 @@ def page(tmp_path_factory):
 def _open(pg, model, height=680):
     from tests.helpers.graph_page import payload_of
     from workbench.graph.load import load
+
     data, details = payload_of(load(model, check=False).graph)
     pg.evaluate("([p, d, h]) => wbOpen(p, d, h)", [data, details, height])
     pg.shape_nodes = _shape_computations(model)
@@ -111,26 +118,34 @@ def _first_screen_checks(pg, data, name):
 
 
 def _dblclick_group(pg, label):
-    x, y = pg.evaluate("""label => { const gc = document.querySelector('.wb-graphview').wbView.gc;
-        const b = gc.lay.items.find((b) => b.it.type === 'group' && gc.graph.G.label[b.it.g] === label);
+    x, y = pg.evaluate(
+        """label => { const gc = document.querySelector('.wb-graphview').wbView.gc;
+        const b = gc.lay.items.find(
+            (b) => b.it.type === 'group' && gc.graph.G.label[b.it.g] === label);
         const r = gc.canvas.getBoundingClientRect();
-        return [r.left + b.x * gc.k + gc.tx, r.top + b.y * gc.k + gc.ty]; }""", label)
+        return [r.left + b.x * gc.k + gc.tx, r.top + b.y * gc.k + gc.ty]; }""",
+        label,
+    )
     pg.mouse.dblclick(x, y)
-    pg.wait_for_function("l => document.querySelector('.wb-graphview').dataset.levelLabel === l",
-                         arg=label, timeout=20_000)
+    pg.wait_for_function(
+        "l => document.querySelector('.wb-graphview').dataset.levelLabel === l",
+        arg=label,
+        timeout=20_000,
+    )
 
 
 def test_gpt2_like_export(page):
     pytest.importorskip("torch")
     from tests.helpers.viewer_models import gpt2_like
+
     pg = page
     data = _open(pg, gpt2_like())
     assert data["op"].count("Constant") > 130 and len(pg.shape_nodes) > 200
-    assert _view(pg).get_attribute("data-layout-worker") == "1"      # dagre ran in a worker
+    assert _view(pg).get_attribute("data-layout-worker") == "1"  # dagre ran in a worker
     _shot(pg, "gpt2")
     vis = _first_screen_checks(pg, data, "gpt2")
     blocks = sorted(v["label"] for v in vis if v["type"] == "group")
-    assert blocks == ["h.0", "h.1", "h.2", "h.3", "h.4"], blocks          # embeddings -> blocks -> head
+    assert blocks == ["h.0", "h.1", "h.2", "h.3", "h.4"], blocks  # embeddings -> blocks -> head
     labels = {v["label"] for v in vis}
     assert {"wte: Gather", "ln_f: LayerNormalization", "lm_head: MatMul"} <= labels, labels
     # double-click opens a block; its attention is there, still without shape chains
@@ -158,16 +173,21 @@ def test_gpt2_like_export(page):
     search = _view(pg).locator("input.wb-search")
     search.fill("/h.3/attn/c_proj/MatMul")
     search.press("Enter")
-    pg.wait_for_function("() => document.querySelector('.wb-graphview').dataset.levelLabel === 'h.3'",
-                         timeout=20_000)
+    pg.wait_for_function(
+        "() => document.querySelector('.wb-graphview').dataset.levelLabel === 'h.3'", timeout=20_000
+    )
     assert _view(pg).locator(".wb-crumbs").inner_text().split() == ["graph", "›", "h.3"]
     assert any(v.get("name") == "/h.3/attn/c_proj/MatMul" for v in _visible(pg))
     # its path (the edges upstream of it in this group) is highlighted
-    assert pg.evaluate("() => document.querySelector('.wb-graphview').wbView.gc.pathEdges.size") >= 1
+    assert (
+        pg.evaluate("() => document.querySelector('.wb-graphview').wbView.gc.pathEdges.size") >= 1
+    )
     _shot(pg, "gpt2-search")
     # a click selects (details from Python's node_details) and does not zoom
-    view0 = pg.evaluate("() => { const gc = document.querySelector('.wb-graphview').wbView.gc;"
-                        " return [gc.k, gc.tx, gc.ty]; }")
+    view0 = pg.evaluate(
+        "() => { const gc = document.querySelector('.wb-graphview').wbView.gc;"
+        " return [gc.k, gc.tx, gc.ty]; }"
+    )
     x, y = pg.evaluate("""() => { const gc = document.querySelector('.wb-graphview').wbView.gc;
         const b = gc.itemBoxOf(gc.index.get('/h.3/attn/c_proj/MatMul'));
         const r = gc.canvas.getBoundingClientRect();
@@ -175,8 +195,13 @@ def test_gpt2_like_export(page):
     pg.mouse.click(x, y)
     assert _view(pg).get_attribute("data-selected") == "/h.3/attn/c_proj/MatMul"
     assert "INPUTS" in _view(pg).locator(".wb-details").inner_text().upper()
-    assert pg.evaluate("() => { const gc = document.querySelector('.wb-graphview').wbView.gc;"
-                       " return [gc.k, gc.tx, gc.ty]; }") == view0      # no zoom, no jump
+    assert (
+        pg.evaluate(
+            "() => { const gc = document.querySelector('.wb-graphview').wbView.gc;"
+            " return [gc.k, gc.tx, gc.ty]; }"
+        )
+        == view0
+    )  # no zoom, no jump
     # the minimap can be hidden
     pg.click(".wb-maptoggle")
     assert not _view(pg).locator("canvas.wb-minimap").is_visible()
@@ -186,6 +211,7 @@ def test_gpt2_like_export(page):
 def test_densenet_like_export(page):
     pytest.importorskip("torch")
     from tests.helpers.viewer_models import densenet_like
+
     pg = page
     data = _open(pg, densenet_like())
     assert "ConstantOfShape" in data["op"] and pg.shape_nodes
@@ -197,14 +223,16 @@ def test_densenet_like_export(page):
     inner = _visible(pg)
     assert {v["label"] for v in inner if v["type"] == "group"} >= {"denselayer1", "denselayer4"}
     _dblclick_group(pg, "denselayer1")
-    assert {"Conv", "BatchNormalization", "Relu", "Concat"} <= {v["op"] for v in _visible(pg)
-                                                                if v["type"] == "node"}
+    assert {"Conv", "BatchNormalization", "Relu", "Concat"} <= {
+        v["op"] for v in _visible(pg) if v["type"] == "node"
+    }
     _shot(pg, "densenet-denselayer")
     assert pg.errors == [], pg.errors
 
 
 def test_paddle_ocr_style_graph(page):
     from tests.helpers.viewer_models import paddle_ocr_like
+
     pg = page
     data = _open(pg, paddle_ocr_like())
     assert data["op"].count("Constant") >= 141 and len(pg.shape_nodes) >= 141
@@ -224,20 +252,26 @@ def test_paddle_ocr_style_graph(page):
 def test_overlay_and_export(page, tmp_path):
     """A profile overlay colours the nodes with a legend; the view saves as SVG and PNG."""
     import sys
+
     sys.path.insert(0, str(ROOT / "tests" / "widgets"))
     import synth
+
     pg = page
     _open(pg, synth.cnn(), height=520)
-    before = pg.evaluate("() => { const gc = document.querySelector('.wb-graphview').wbView.gc;"
-                         " return gc.fillOf(gc.index.get('conv1')); }")
+    before = pg.evaluate(
+        "() => { const gc = document.querySelector('.wb-graphview').wbView.gc;"
+        " return gc.fillOf(gc.index.get('conv1')); }"
+    )
     pg.evaluate("""() => wbModel.set('overlay', {title: 'time per node', unit: 'ms',
         values: {conv1: 4.0, relu1: 0.5, pool1: 1.0, flatten: 0.1, fc: 2.0}, flagged: ['fc']})""")
     legend = _view(pg).locator(".wb-overlay-legend")
     text = legend.text_content()
     assert "time per node" in text and "4.00 ms" in text and "1 node ringed" in text, text
-    after = pg.evaluate("() => { const gc = document.querySelector('.wb-graphview').wbView.gc;"
-                        " return [gc.fillOf(gc.index.get('conv1')), gc.fillOf(gc.index.get('flatten'))]; }")
-    assert after[0] != before and after[0] != after[1]      # the slowest node is the darkest
+    after = pg.evaluate(
+        "() => { const gc = document.querySelector('.wb-graphview').wbView.gc;"
+        " return [gc.fillOf(gc.index.get('conv1')), gc.fillOf(gc.index.get('flatten'))]; }"
+    )
+    assert after[0] != before and after[0] != after[1]  # the slowest node is the darkest
     _shot(pg, "overlay")
     with pg.expect_download() as dl:
         pg.click(".wb-export-svg")
@@ -259,28 +293,46 @@ def test_subgraphs_open_like_groups(page):
     """Double-clicking an If node opens its branches; a branch opens like a group."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
-    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="then_relu")], "then",
-                               [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])
-    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="else_neg")], "else",
-                               [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])])
-    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
-             helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
-             helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then_g,
-                              else_branch=else_g)]
-    g = helper.make_graph(nodes, "ifg", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
-                          [numpy_helper.from_array(np.float32(0), "zero")])
+
+    then_g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["t"], name="then_relu")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["e"], name="else_neg")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])],
+    )
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+        helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
+        helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then_g, else_branch=else_g),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "ifg",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.float32(0), "zero")],
+    )
     pg = page
     _open(pg, helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), height=480)
     x, y = pg.evaluate("""() => { const gc = document.querySelector('.wb-graphview').wbView.gc;
         const b = gc.itemBoxOf(gc.index.get('branch')); const r = gc.canvas.getBoundingClientRect();
         return [r.left + b.x * gc.k + gc.tx, r.top + b.y * gc.k + gc.ty]; }""")
     pg.mouse.dblclick(x, y)
-    pg.wait_for_function("() => document.querySelector('.wb-graphview').dataset.levelLabel === 'branch'")
+    pg.wait_for_function(
+        "() => document.querySelector('.wb-graphview').dataset.levelLabel === 'branch'"
+    )
     vis = _visible(pg)
     assert sorted(v["label"] for v in vis if v["type"] == "group") == [
-        "branch · else_branch", "branch · then_branch"]
-    assert [v["label"] for v in vis if v["type"] == "stub"] == ["from x"]   # read from outside
+        "branch · else_branch",
+        "branch · then_branch",
+    ]
+    assert [v["label"] for v in vis if v["type"] == "stub"] == ["from x"]  # read from outside
     _dblclick_group(pg, "branch · then_branch")
     vis = _visible(pg)
     assert {v["label"] for v in vis} >= {"Relu", "from x", "t"}

@@ -27,7 +27,8 @@ window.wbOpen = (payload, details, height, extra) => {
   const host = document.getElementById("host");
   host.textContent = "";
   const model = new WbStubModel(Object.assign({ graph_data: payload, title: "graph", height,
-    selected: "", details: {}, highlight: [], dimmed: [], marked: [], overlay: {}, render_ms: -1 }, extra || {}), details);
+    selected: "", details: {}, highlight: [], dimmed: [], marked: [], overlay: {},
+    render_ms: -1 }, extra || {}), details);
   window.wbModel = model;
   window.wbViewHandle = wbRenderGraphView(model, host, { reportTiming: false });
   return window.wbViewHandle.ready;
@@ -39,9 +40,11 @@ window.wbReady = true;
 def page_html() -> str:
     """An HTML page with the GraphView module; call ``wbOpen(payload, details, height)``."""
     src = GraphView._esm.replace("export default {", "const __wbWidget = {")
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>graph</title></head>"
-            "<body style='margin:0;padding:8px'><div id='host'></div>"
-            f"<script type='module'>{src}\n{STUB}</script></body></html>")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>graph</title></head>"
+        "<body style='margin:0;padding:8px'><div id='host'></div>"
+        f"<script type='module'>{src}\n{STUB}</script></body></html>"
+    )
 
 
 def payload_of(graph, details: bool = True):

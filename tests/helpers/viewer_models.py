@@ -22,8 +22,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 
 def gpt2_like(layers: int = 5) -> onnx.ModelProto:
-    from tests.helpers import torch_models as tm
     import torch
+
+    from tests.helpers import torch_models as tm
+
     torch.manual_seed(0)
     model = tm._CLASSES["gpt2"]()(layers=layers).eval()
     example = tuple(torch.from_numpy(a) for a in tm.example_inputs("gpt2", 1))
@@ -35,6 +37,7 @@ def densenet_like(growth: int = 8, blocks=(3, 4, 4), classes: int = 10) -> onnx.
 
     import torch
     from torch import nn
+
     from tests.helpers import torch_models as tm
 
     class DenseLayer(nn.Module):
@@ -75,8 +78,12 @@ def densenet_like(growth: int = 8, blocks=(3, 4, 4), classes: int = 10) -> onnx.
         def __init__(self):
             super().__init__()
             c = 2 * growth
-            layers = [("conv0", nn.Conv2d(3, c, 7, 2, 3, bias=False)), ("norm0", nn.BatchNorm2d(c)),
-                      ("relu0", nn.ReLU()), ("pool0", nn.MaxPool2d(3, 2, 1))]
+            layers = [
+                ("conv0", nn.Conv2d(3, c, 7, 2, 3, bias=False)),
+                ("norm0", nn.BatchNorm2d(c)),
+                ("relu0", nn.ReLU()),
+                ("pool0", nn.MaxPool2d(3, 2, 1)),
+            ]
             for b, n in enumerate(blocks):
                 layers.append((f"denseblock{b + 1}", DenseBlock(n, c)))
                 c += n * growth
@@ -113,8 +120,15 @@ def paddle_ocr_like(stages: int = 4, blocks: int = 3, seed: int = 0) -> onnx.Mod
     def const(arr):
         k = uid("Constant")
         out = f"p2o.Constant.{k}.out"
-        nodes.append(helper.make_node("Constant", [], [out], name=f"p2o.Constant.{k}",
-                                      value=numpy_helper.from_array(np.asarray(arr))))
+        nodes.append(
+            helper.make_node(
+                "Constant",
+                [],
+                [out],
+                name=f"p2o.Constant.{k}",
+                value=numpy_helper.from_array(np.asarray(arr)),
+            )
+        )
         return out
 
     def op(op_type, ins, layer, **attrs):
@@ -126,16 +140,31 @@ def paddle_ocr_like(stages: int = 4, blocks: int = 3, seed: int = 0) -> onnx.Mod
 
     def weight(layer, shape):
         name = f"{layer}_{uid(layer + '.w')}.w_0"
-        inits.append(numpy_helper.from_array(
-            (rng.standard_normal(shape) * 0.1).astype(np.float32), name))
+        inits.append(
+            numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+        )
         return name
 
     def conv_bn(x, cin, cout, k=3, stride=1, act=True):
-        y = op("Conv", [x, weight("conv2d", (cout, cin, k, k))], "conv2d",
-               kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4)
-        y = op("BatchNormalization", [y, weight("batch_norm", (cout,)), weight("batch_norm", (cout,)),
-                                      weight("batch_norm", (cout,)),
-                                      const(np.ones(cout, np.float32))], "batch_norm")
+        y = op(
+            "Conv",
+            [x, weight("conv2d", (cout, cin, k, k))],
+            "conv2d",
+            kernel_shape=[k, k],
+            strides=[stride, stride],
+            pads=[k // 2] * 4,
+        )
+        y = op(
+            "BatchNormalization",
+            [
+                y,
+                weight("batch_norm", (cout,)),
+                weight("batch_norm", (cout,)),
+                weight("batch_norm", (cout,)),
+                const(np.ones(cout, np.float32)),
+            ],
+            "batch_norm",
+        )
         if act:
             # hard-swish as paddle2onnx writes it: x * clip(x + 3, 0, 6) / 6, constants inline
             t = op("Add", [y, const(np.float32(3.0))], "elementwise_add")
@@ -159,8 +188,12 @@ def paddle_ocr_like(stages: int = 4, blocks: int = 3, seed: int = 0) -> onnx.Mod
     shp = op("Shape", [x], "shape")
     n = op("Gather", [shp, const(np.int64(0))], "slice", axis=0)
     n = op("Unsqueeze", [n, const(np.array([0], np.int64))], "unsqueeze2")
-    tgt = op("Concat", [n, const(np.array([-1], np.int64)), const(np.array([c], np.int64))],
-             "concat", axis=0)
+    tgt = op(
+        "Concat",
+        [n, const(np.array([-1], np.int64)), const(np.array([c], np.int64))],
+        "concat",
+        axis=0,
+    )
     t = op("Transpose", [x], "transpose2", perm=[0, 3, 1, 2])
     seq = op("Reshape", [t, tgt], "reshape2")
     h = op("MatMul", [seq, weight("linear", (c, 48))], "linear")
@@ -170,13 +203,16 @@ def paddle_ocr_like(stages: int = 4, blocks: int = 3, seed: int = 0) -> onnx.Mod
     logits = op("Add", [logits, weight("linear", (97,))], "linear")
     prob = op("Softmax", [logits], "softmax", axis=2)
     nodes.append(helper.make_node("Identity", [prob], ["softmax_out"], name="p2o.Identity.0"))
-    g = helper.make_graph(nodes, "paddle_ocr_rec",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                         ["batch", 3, 32, 320])],
-                          [helper.make_tensor_value_info("softmax_out", TensorProto.FLOAT,
-                                                         ["batch", None, 97])], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
-                          producer_name="PaddlePaddle")
+    g = helper.make_graph(
+        nodes,
+        "paddle_ocr_rec",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 32, 320])],
+        [helper.make_tensor_value_info("softmax_out", TensorProto.FLOAT, ["batch", None, 97])],
+        inits,
+    )
+    m = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 13)], producer_name="PaddlePaddle"
+    )
     m.ir_version = 8
     return m
 
@@ -191,12 +227,12 @@ def big_graph(n: int = 20_000, d: int = 8) -> onnx.ModelProto:
     for b in range(blocks):
         p = f"/blocks.{b}"
 
-        def node(op, ins, name, **kw):
+        def node(op, ins, name, p=p, **kw):
             out = f"{p}/{name}_output_0"
             nodes.append(helper.make_node(op, ins, [out], name=f"{p}/{name}", **kw))
             return out
 
-        def const(name, arr):
+        def const(name, arr, node=node):
             return node("Constant", [], name, value=numpy_helper.from_array(np.asarray(arr)))
 
         h = node("LayerNormalization", [x, "ln_s", "ln_b"], "ln_1/LayerNormalization")
@@ -204,20 +240,31 @@ def big_graph(n: int = 20_000, d: int = 8) -> onnx.ModelProto:
         for t in "qkv":
             mm = node("MatMul", [h, "w"], f"attn/{t}/MatMul")
             shp = node("Shape", [h], f"attn/{t}/Shape")
-            g0 = node("Gather", [shp, const(f"attn/{t}/Constant", np.int64(0))], f"attn/{t}/Gather",
-                      axis=0)
-            u0 = node("Unsqueeze", [g0, const(f"attn/{t}/Constant_1", np.array([0], np.int64))],
-                      f"attn/{t}/Unsqueeze")
-            cat = node("Concat", [u0, const(f"attn/{t}/Constant_2", np.array([-1, 2, d // 2],
-                                                                            np.int64))],
-                       f"attn/{t}/Concat", axis=0)
+            g0 = node(
+                "Gather",
+                [shp, const(f"attn/{t}/Constant", np.int64(0))],
+                f"attn/{t}/Gather",
+                axis=0,
+            )
+            u0 = node(
+                "Unsqueeze",
+                [g0, const(f"attn/{t}/Constant_1", np.array([0], np.int64))],
+                f"attn/{t}/Unsqueeze",
+            )
+            cat = node(
+                "Concat",
+                [u0, const(f"attn/{t}/Constant_2", np.array([-1, 2, d // 2], np.int64))],
+                f"attn/{t}/Concat",
+                axis=0,
+            )
             branches.append(node("Reshape", [mm, cat], f"attn/{t}/Reshape"))
         s = node("MatMul", [branches[0], branches[1]], "attn/MatMul")
         s = node("Div", [s, const("attn/Constant_3", np.float32(2.0))], "attn/Div")
         s = node("Softmax", [s], "attn/Softmax", axis=-1)
         o = node("MatMul", [s, branches[2]], "attn/MatMul_1")
-        o = node("Reshape", [o, const("attn/Constant_4", np.array([1, -1, d], np.int64))],
-                 "attn/Reshape")
+        o = node(
+            "Reshape", [o, const("attn/Constant_4", np.array([1, -1, d], np.int64))], "attn/Reshape"
+        )
         x1 = node("Add", [x, o], "Add")
         h = node("MatMul", [x1, "w"], "mlp/fc/MatMul")
         h = node("Relu", [h], "mlp/act/Relu")
@@ -226,10 +273,13 @@ def big_graph(n: int = 20_000, d: int = 8) -> onnx.ModelProto:
     inits.append(numpy_helper.from_array(np.ones(d, np.float32), "ln_s"))
     inits.append(numpy_helper.from_array(np.zeros(d, np.float32), "ln_b"))
     nodes.append(helper.make_node("Identity", [x], ["y"], name="/head/Identity"))
-    g = helper.make_graph(nodes, "big",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, d])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, d])],
-                          inits)
+    g = helper.make_graph(
+        nodes,
+        "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, d])],
+        inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     return m

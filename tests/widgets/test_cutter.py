@@ -49,7 +49,8 @@ def test_slider_counts_layers_without_constants_and_marks_the_folded_graph():
              helper.make_node("Shape", ["r"], ["s"], name="shape_of"),
              helper.make_node("Reshape", ["r", "shape"], ["y0"], name="reshape"),
              helper.make_node("Sigmoid", ["y0"], ["y"], name="sig")]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2])],
+    g = helper.make_graph(nodes, "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
                            helper.make_tensor_value_info("s", TensorProto.INT64, [2])])
     cutter = LayerCutter(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))

@@ -66,10 +66,10 @@ def test_gpt2_export_folds_constants_and_shape_chains(gpt2):
         assert shown_ops[op] == 0, (op, shown_ops)
     # ... the architecture is: embeddings, the attention reshapes, matmuls, norms
     assert shown_ops["MatMul"] == ops["MatMul"] and shown_ops["LayerNormalization"] == 11
-    assert shown_ops["Reshape"] == ops["Reshape"]          # the reshape stays, its shape folds
+    assert shown_ops["Reshape"] == ops["Reshape"]  # the reshape stays, its shape folds
     assert d["folded"] == len(d["name"]) - len(shown) > ops["Constant"]
     # every folded node is folded into a shown node; the badge counts add up
-    for i, h in enumerate(d["host"]):
+    for h in d["host"]:
         assert h == -1 or d["host"][h] == -1 or h == -2
     assert sum(d["nfold"]) == sum(1 for h in d["host"] if h >= 0)
     # the embedding lookups read weights: they stay
@@ -110,7 +110,7 @@ def test_paddle_style_graph_is_split_into_stages():
     # parts are labelled with Paddle's layer names, and hold the shown nodes in order
     assert all(" · " in G["label"][k] for k in parts)
     assert any("conv2d_" in G["label"][k] for k in parts)
-    assert sum(G["size"][k] for k in parts) == len(shown) - 2        # all but x / softmax_out
+    assert sum(G["size"][k] for k in parts) == len(shown) - 2  # all but x / softmax_out
     assert d["group"][d["name"].index("x")] == 0 and d["group"][d["name"].index("softmax_out")] == 0
 
 
@@ -128,17 +128,30 @@ def test_big_flat_graph_is_split_recursively():
 
 
 def test_subgraphs_are_groups_owned_by_their_node():
-    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="then_relu")],
-                               "then", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])
-    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="else_neg")],
-                               "else", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])])
-    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
-             helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
-             helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then_g,
-                              else_branch=else_g)]
-    g = helper.make_graph(nodes, "ifg", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
-                          [numpy_helper.from_array(np.float32(0), "zero")])
+    then_g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["t"], name="then_relu")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["e"], name="else_neg")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])],
+    )
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+        helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
+        helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then_g, else_branch=else_g),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "ifg",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.float32(0), "zero")],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     d = graph_payload(_graph(m))
     G = d["groups"]
@@ -148,22 +161,30 @@ def test_subgraphs_are_groups_owned_by_their_node():
     assert all(G["owner"][k] == owner for k in subs)
     relu = d["name"].index("then_relu")
     assert G["label"][d["group"][relu]] == "branch · then_branch"
-    edges = [tuple(d["edges"][k:k + 2]) for k in range(0, len(d["edges"]), 3)]
-    assert (0, relu) in edges                          # x (outer input) -> then_relu
+    edges = [tuple(d["edges"][k : k + 2]) for k in range(0, len(d["edges"]), 3)]
+    assert (0, relu) in edges  # x (outer input) -> then_relu
     assert all_node_details(_graph(m))["else_neg"]["op"] == "Neg"
 
 
 def test_folding_is_from_structure_not_op_names():
     """A Reshape whose shape input is computed from a Shape is kept; the shape computation is
     folded. A Mul of two initializers (constant arithmetic) folds; a Mul of the input stays."""
-    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
-             helper.make_node("Mul", ["two", "three"], ["six"], name="const_mul"),
-             helper.make_node("Reshape", ["x", "s"], ["r"], name="reshape"),
-             helper.make_node("Mul", ["r", "six"], ["y"], name="scale")]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
-                          [numpy_helper.from_array(np.float32(2), "two"),
-                           numpy_helper.from_array(np.float32(3), "three")])
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Mul", ["two", "three"], ["six"], name="const_mul"),
+        helper.make_node("Reshape", ["x", "s"], ["r"], name="reshape"),
+        helper.make_node("Mul", ["r", "six"], ["y"], name="scale"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [
+            numpy_helper.from_array(np.float32(2), "two"),
+            numpy_helper.from_array(np.float32(3), "three"),
+        ],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     d = graph_payload(_graph(m))
     host = dict(zip(d["name"], d["host"]))

@@ -1,7 +1,6 @@
 import json
 
 import numpy as np
-
 import onnx
 import pytest
 import synth

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import colorsys
 import hashlib
+import heapq
 import math
 import re
 from collections import Counter, defaultdict
@@ -141,7 +142,6 @@ def _order(nodes, available: set) -> list:
     for i, p in enumerate(preds):
         for j in p:
             succs[j].append(i)
-    import heapq
     ready = [i for i in range(len(nodes)) if indeg[i] == 0]
     heapq.heapify(ready)
     out, placed = [], [False] * len(nodes)
@@ -165,7 +165,12 @@ def _order(nodes, available: set) -> list:
 
 # ---------------------------------------------------------------------------- builder
 class _Builder:
+    """Collects the drawing's parallel lists while walking a graph and its subgraphs, then
+    settles the groups (:meth:`finish`): folded nodes join their host's scope, single-child
+    scopes merge, big groups split."""
+
     def __init__(self):
+        self._root = 0
         self.name, self.op, self.kind, self.group = [], [], [], []
         self.host, self.sources, self.root_of, self.first_out = [], set(), [], []
         self.edges: list = []          # (src, dst, label index)
@@ -442,7 +447,7 @@ class _Builder:
         for s, d, lab in self.edges:
             flat.extend((s, d, lab))
         nfold = [0] * len(self.name)
-        for i, h in enumerate(self.host):
+        for h in self.host:
             if h >= 0:
                 nfold[h] += 1
         return {"name": self.name, "op": self.op, "kind": self.kind, "group": self.group,
