@@ -202,9 +202,19 @@ def test_gpt2_like_export(page):
         )
         == view0
     )  # no zoom, no jump
-    # the minimap can be hidden
+    # keys zoom; once the level is bigger than the view the minimap shows (beside the
+    # drawing), and it can be hidden
+    _view(pg).locator(".wb-canvaswrap").focus()
+    for _ in range(4):
+        pg.keyboard.press("+")
+    pg.keyboard.press("ArrowDown")
+    pg.wait_for_timeout(100)
+    mini = _view(pg).locator("canvas.wb-minimap")
+    assert mini.is_visible()
+    canvas = _view(pg).locator(".wb-canvaswrap").bounding_box()
+    assert mini.bounding_box()["x"] >= canvas["x"] + canvas["width"]
     pg.click(".wb-maptoggle")
-    assert not _view(pg).locator("canvas.wb-minimap").is_visible()
+    assert not mini.is_visible()
     assert pg.errors == [], pg.errors
 
 

@@ -607,11 +607,17 @@ class WbGraphCanvas {
 
   centreOn(i) { this.reveal(i); }
 
-  ensureVisible(i, margin = 40) {
+  // bring node i (or the item holding it) into view, panning as little as possible
+  ensureVisible(i, margin = 30) {
     const b = this.itemBoxOf(i);
     if (!b) { this.reveal(i); return; }
+    const hw = b.w * this.k / 2, hh = b.h * this.k / 2;
     const sx = b.x * this.k + this.tx, sy = b.y * this.k + this.ty;
-    if (sx < margin || sx > this.W - margin || sy < margin || sy > this.H - margin) { this.centreOnBox(b); this.draw(); }
+    let dx = 0, dy = 0;
+    if (sx - hw < margin) dx = margin - (sx - hw); else if (sx + hw > this.W - margin) dx = this.W - margin - (sx + hw);
+    if (sy - hh < margin) dy = margin - (sy - hh); else if (sy + hh > this.H - margin) dy = this.H - margin - (sy + hh);
+    if (dx || dy) { this.tx += dx; this.ty += dy; }
+    this.draw();
   }
 
   toWorld(sx, sy) { return [(sx - this.tx) / this.k, (sy - this.ty) / this.k]; }
@@ -1015,7 +1021,9 @@ class WbGraphCanvas {
   // the minimap lives in the side panel (it never covers the drawing); hidden on demand
   drawMini() {
     const lay = this.lay;
-    if (!this.showMini || !lay || !this.mini.isConnected) { this.mini.style.display = "none"; return; }
+    // shown when the level does not fit in the view (and not hidden with the Map button)
+    const fits = lay && lay.width * this.k <= this.W * 1.02 && lay.height * this.k <= this.H * 1.02;
+    if (!this.showMini || !lay || fits || !this.mini.isConnected) { this.mini.style.display = "none"; return; }
     this.mini.style.display = "";
     const dpr = this.dpr;
     const mw = Math.max(120, Math.min(250, (this.mini.parentElement ? this.mini.parentElement.clientWidth : 250) - 4));
