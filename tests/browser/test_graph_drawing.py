@@ -156,6 +156,29 @@ def test_gpt2_like_export(page):
     assert not [v for v in inner if v["type"] == "node" and v["name"] in pg.shape_nodes]
     assert any(v["type"] == "node" and v["op"] == "Softmax" for v in inner)
     assert _view(pg).locator(".wb-crumb").count() == 2
+    # double-click a node with a badge: what is folded into it is drawn; again: folded back
+    node = "/h.2/attn/Reshape"
+    assert data["nfold"][data["name"].index(node)] >= 3
+
+    def dblclick_node(name):
+        x, y = pg.evaluate(
+            """n => { const gc = document.querySelector('.wb-graphview').wbView.gc;
+            const b = gc.itemBoxOf(gc.index.get(n)); const r = gc.canvas.getBoundingClientRect();
+            return [r.left + b.x * gc.k + gc.tx, r.top + b.y * gc.k + gc.ty]; }""",
+            name,
+        )
+        pg.mouse.dblclick(x, y)
+        pg.wait_for_timeout(400)
+
+    dblclick_node(node)
+    ops = {v["op"] for v in _visible(pg) if v["type"] == "node"}
+    assert {"Concat", "Shape"} <= ops, ops
+    _shot(pg, "gpt2-h2-fold-open")
+    dblclick_node(node)
+    assert "Concat" not in {v["op"] for v in _visible(pg) if v["type"] == "node"}
+    box = _view(pg).locator(".wb-canvaswrap").bounding_box()
+    pg.mouse.click(box["x"] + 4, box["y"] + 4)  # empty space: nothing selected
+    assert _view(pg).get_attribute("data-selected") == ""
     # Show all: the folded constants and shape computations are drawn too
     pg.click(".wb-showall")
     pg.wait_for_function("() => document.querySelector('.wb-graphview').dataset.showAll === '1'")
