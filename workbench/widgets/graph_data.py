@@ -503,12 +503,13 @@ def _array_repr(a) -> str:
 
 
 class _Folds:
-    """How a folded value is computed, as a short expression:
-    ``Concat(Unsqueeze(Gather(Shape(ln_1/LayerNormalization), [0]), [0]), [-1], [64])``."""
+    """How a folded value is computed, as a short expression down to the drawn nodes it reads:
+    ``Concat(Unsqueeze(Gather(Shape(ln_1/LayerNormalization), 0), [0]), [-1], [64])``."""
 
-    def __init__(self, graph):
+    def __init__(self, graph, folded: set = frozenset()):
         self.graph = graph
         self.prod = graph.producers()
+        self.folded = folded       # values computed by folded nodes; others are named
 
     def expr(self, v: str, depth: int = 5, limit: int = 160) -> str:
         s = self._expr(v, depth)
@@ -521,6 +522,8 @@ class _Folds:
         n = self.prod.get(v)
         if n is None:
             return _short(v)
+        if v not in self.folded:               # a node that is drawn: its name, not its formula
+            return "/".join(n.name.strip("/").split("/")[-2:]) if "/" in n.name else n.name
         if not n.inputs:
             val = n.attrs.get("value")
             if isinstance(val, np.ndarray):
@@ -600,7 +603,7 @@ def node_details(graph, name: str, folded: set | None = None) -> dict:
     for g, node in _walk(graph):
         if node.name == name:
             static = folded if (folded is not None and g is graph) else _static_values(g)
-            return _op_node_details(g, node, _Folds(g), static)
+            return _op_node_details(g, node, _Folds(g, static), static)
     vi = graph.value(name)
     if vi is None:
         return {"name": name, "missing": True}
@@ -620,7 +623,8 @@ def all_node_details(graph) -> dict:
     for g, node in _walk(graph):
         if node.name not in nodes:
             if id(g) not in cache:
-                cache[id(g)] = (_Folds(g), _static_values(g))
+                static = _static_values(g)
+                cache[id(g)] = (_Folds(g, static), static)
             nodes[node.name] = _op_node_details(g, node, *cache[id(g)])
     out.update(nodes)            # a node named like an input: node_by_name finds the node
     for vi in graph.outputs:
