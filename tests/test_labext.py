@@ -103,11 +103,12 @@ def test_good_model(server):
     g = d["graph"]
     n = len(g["name"])
     assert n == 12 and g["kind"].count(1) == 1 and g["kind"].count(2) == 1   # + input, output
-    for key in ("op", "kind", "x", "y", "w"):
+    for key in ("op", "kind", "group", "host", "nfold"):
         assert len(g[key]) == n, key
-    assert len(g["edges"]) == len(g["edge_points"]) > 0
-    assert all(0 <= a < n and 0 <= b < n for a, b in g["edges"])
-    assert g["width"] > 0 and g["height"] > 0 and g["colors"]["Conv"].startswith("#")
+    assert len(g["edges"]) % 3 == 0 and len(g["edges"]) > 0         # src, dst, shape label
+    assert all(0 <= a < n for a in g["edges"][0::3] + g["edges"][1::3])
+    assert all(0 <= k < len(g["labels"]) for k in g["edges"][2::3])
+    assert g["groups"]["label"][0] and g["colors"]["Conv"].startswith("#")
     assert sum(g["op_counts"].values()) == 10 and g["params"] == 14378
     # details for every node drawn, the same as GraphView's
     from workbench.graph.load import load
@@ -218,10 +219,10 @@ def test_extension_points():
 
 
 def test_prebuilt_extension_is_up_to_date():
-    """The committed build embeds the sha256 of graph_core.js + graph_view.js it was built
-    from (scripts/gen-core.mjs): editing the drawing code needs a rebuild."""
+    """The committed build embeds the sha256 of dagre.min.js + graph_core.js + graph_view.js it
+    was built from (scripts/gen-core.mjs): editing the drawing code needs a rebuild."""
     digest = hashlib.sha256()
-    for f in ("graph_core.js", "graph_view.js"):
+    for f in ("dagre.min.js", "graph_core.js", "graph_view.js"):
         digest.update((STATIC / f).read_bytes())
     bundles = [p.read_text(errors="replace") for p in (LABEXT / "static").glob("*.js")]
     assert any(digest.hexdigest() in b for b in bundles), (

@@ -1,13 +1,14 @@
 """The JupyterLab extension's server side: a jupyter_server extension with one handler.
 
 ``GET {base_url}workbench/api/graph?path=<contents path>`` loads the model with
-:func:`workbench.graph.load.load`, lays it out with :func:`workbench.widgets.layout.layout_graph`
-and answers JSON::
+:func:`workbench.graph.load.load`, prepares the drawing with
+:func:`workbench.widgets.graph_data.graph_payload` (folding, groups, shapes; the browser lays
+it out) and answers JSON::
 
     {"source": "onnx-workbench", "path": ..., "summary": {...},   # producer, IR, opsets, I/O,
-     "graph": {...},          # counts, missing kernels -- the header of the ONNX Graph viewer
+     "graph": {...},          # what the drawing shows (graph_data.graph_payload)
      "details": {name: {...}},                                    # what GraphView shows on click
-     "timing": {"load_s": ..., "layout_s": ..., "details_s": ...}}
+     "timing": {"load_s": ..., "graph_s": ..., "details_s": ...}}
 
 The path is relative to the server's root_dir (as in the contents API) and refused when it
 escapes it. Errors answer a 4xx status with ``{"source": "onnx-workbench", "error": message,
@@ -140,7 +141,7 @@ def graph_response(full: str, path: str) -> dict:
     return {"source": SOURCE, "path": path, "summary": summary, "graph": graph,
             "details": details,
             "timing": {"load_s": round(t1 - t0, 4), "summary_s": round(t2 - t1, 4),
-                       "layout_s": round(t3 - t2, 4), "details_s": round(t4 - t3, 4)}}
+                       "graph_s": round(t3 - t2, 4), "details_s": round(t4 - t3, 4)}}
 
 
 def _json_default(o):
@@ -152,7 +153,7 @@ def _json_default(o):
 
 
 class GraphHandler(APIHandler):
-    """``GET /workbench/api/graph?path=...``: summary, layout and node details as JSON."""
+    """``GET /workbench/api/graph?path=...``: summary, drawing data and node details as JSON."""
 
     auth_resource = "contents"       # reading a model is reading a file
 

@@ -90,6 +90,14 @@ print("PROBE", json.dumps({"selected": gv.selected, "details_op": gv.details.get
       "insp_selected": insp.selected,
       "mon2_step": mon2.step, "mon2_reason": mon2.stop_reason, "render_ms": big.render_ms}))
 """,
+    # 9: two graphs side by side: the MLP and its cut with a new head
+    """
+from workbench.widgets import GraphCompare
+from workbench.widgets.cutter import cut_graph
+from workbench.graph.load import load
+cmp = GraphCompare(mlp, cut_graph(load(mlp).graph, -3, head_classes=5).graph, height=320)
+cmp
+""",
 ]
 
 
@@ -214,6 +222,9 @@ def _test(lab, pg):
     big = cells.nth(5).locator(".wb-graphview")
     big.wait_for(timeout=120_000)
     t_big = time.perf_counter() - t_run
+    pg.wait_for_function("el => el.dataset.ready === '1'", arg=big.element_handle(),
+                         timeout=60_000)
+    assert big.get_attribute("data-layout-worker") == "1"     # dagre ran in a Web Worker
     draw_ms = float(big.get_attribute("data-draw-ms"))
     print(f"\n2,500-node GraphView: first draw in the browser {draw_ms:.0f} ms "
           f"(widget visible {t_big:.1f} s after the cells were started; includes kernel "
@@ -326,6 +337,20 @@ def _test(lab, pg):
     assert 10 <= seen["mon2_step"] < 600 and seen["mon2_reason"] == "stop requested"
     assert seen["render_ms"] > 0
     assert "Traceback" not in pg.locator(".jp-Notebook").inner_text()
+    # ---- GraphCompare: unmatched nodes ringed; a click selects the match on the other side
+    _run_cell(pg, 9)
+    comp = cells.nth(9).locator(".wb-graph-compare")
+    comp.wait_for(timeout=30_000)
+    left, right = comp.locator(".wb-graphview").nth(0), comp.locator(".wb-graphview").nth(1)
+    for side in (left, right):
+        pg.wait_for_function("el => el.dataset.ready === '1' && el.dataset.flagged === '2'",
+                             arg=side.element_handle(), timeout=30_000)
+    left.locator("input.wb-search").fill("relu1")
+    left.locator("input.wb-search").press("Enter")
+    _click_centre(pg, left, "relu1")
+    pg.wait_for_function("el => el.dataset.selected === 'relu1'", arg=right.element_handle(),
+                         timeout=10_000)
+    _shot(pg, "graphcompare", comp)
     _shot(pg, "notebook")
     # ---- the kernel goes away: widgets stay usable locally, nothing hangs or throws
     pg.evaluate("""async ([token]) => {

@@ -3,7 +3,8 @@
 extension enabled in a private config; Playwright drives Debian's Chromium. Opens the embedded
 default model by URL (/lab/tree/<file>), checks the summary header and the drawing, clicks a node
 for its details, opens a corrupt file (a clear message), fixes it and presses Reload, and opens a
-2,500-node model, and checks the message shown when the server extension is not enabled.
+2,500-node model and a PaddleOCR-style export (its first screen: stages, no Constant nodes),
+and checks the message shown when the server extension is not enabled.
 Screenshots go to ``test-artifacts/labext-*.png``. Skips cleanly when
 chromium, playwright or jupyterlab is missing.
 
@@ -52,6 +53,8 @@ def lab(tmp_path_factory):
     sys.path.insert(0, str(ROOT / "tests" / "widgets"))
     import synth
     onnx.save(synth.transformer_like(blocks=100), str(root / "big.onnx"))
+    from tests.helpers.viewer_models import paddle_ocr_like
+    onnx.save(paddle_ocr_like(), str(root / "paddle_rec.onnx"))
     srv = _start_lab(base, root, server_extension=True)
     yield srv
     srv.stop()
@@ -218,6 +221,21 @@ def _test(lab, pg):
     bview.locator("input.wb-search").press("Enter")
     assert bview.get_attribute("data-matches") == "1"
     _shot(pg, "onnx-graph-2500")
+    # ---- a PaddleOCR-style export: the first screen is its stages, not its 141 Constants
+    paddle = _open(pg, "paddle_rec.onnx")
+    paddle.wait_for(timeout=30_000)
+    pg.wait_for_function("el => el.dataset.status === 'ready' && "
+                         "el.querySelector('.wb-graphview').dataset.ready === '1'",
+                         arg=paddle.element_handle(), timeout=60_000)
+    pg.wait_for_timeout(300)
+    vis = pg.evaluate("el => el.querySelector('.wb-graphview').wbView.gc.visibleItems()",
+                      paddle.element_handle())
+    assert not [v for v in vis if v["type"] == "node" and v["op"] == "Constant"], vis
+    assert [v["label"] for v in vis if v["type"] == "node" and v["kind"] == 1] == ["x"]
+    assert [v["label"] for v in vis if v["type"] == "node" and v["kind"] == 2] == ["softmax_out"]
+    assert all(v["full"] for v in vis) and sum(v["type"] == "group" for v in vis) >= 3
+    assert paddle.locator(".wb-graphview").get_attribute("data-layout-worker") == "1"
+    _shot(pg, "onnx-graph-paddle")
     assert pg.errors == [], pg.errors
 
 

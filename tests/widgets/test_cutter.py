@@ -35,7 +35,31 @@ def test_click_picks_a_cut_by_node_name():
     assert cutter.view.marked == ["relu1"]
     assert set(cutter.view.dimmed) == {"fc2", "fc2_bias", "softmax", "y"}
     assert "relu1" in cutter.cut_label.value and "h3" in cutter.info.value
+    assert "layer 3 of 6" in cutter.cut_label.value       # fc1, fc1_bias, relu1 | of 6
     assert "float32 [N, 16]" in repr(cutter)
+
+
+def test_slider_counts_layers_without_constants_and_marks_the_folded_graph():
+    """SINGA's count: Constant nodes are not layers. The drawing folds them (and shape
+    computations) into their consumer; a cut on a folded node marks the node it folds into."""
+    from onnx import TensorProto, helper, numpy_helper
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Constant", [], ["shape"], name="const",
+                              value=numpy_helper.from_array(np.array([2, 3], np.int64))),
+             helper.make_node("Shape", ["r"], ["s"], name="shape_of"),
+             helper.make_node("Reshape", ["r", "shape"], ["y0"], name="reshape"),
+             helper.make_node("Sigmoid", ["y0"], ["y"], name="sig")]
+    g = helper.make_graph(nodes, "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+                           helper.make_tensor_value_info("s", TensorProto.INT64, [2])])
+    cutter = LayerCutter(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert cutter.slider.min == -4                # relu, shape_of, reshape, sig: not const
+    d = cutter.view.graph_data
+    host = dict(zip(d["name"], d["host"]))
+    assert host["const"] == d["name"].index("reshape")       # folded in the drawing
+    cutter.last_layers = "reshape"
+    assert cutter.view.marked == ["reshape"] and "layer 3 of 4" in cutter.cut_label.value
 
 
 def _forward(model, x):

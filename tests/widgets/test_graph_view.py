@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import onnx
 import pytest
 import synth
@@ -23,19 +24,23 @@ def test_accepts_proto_path_loaded_and_objects(tmp_path):
         gv = GraphView(src)
         assert gv.graph_data["name"][:2] == ["x", "fc1"]
         assert gv.graph_data["op"].count("MatMul") == 2
+        assert "WB_DAGRE_SRC" in gv._esm and "wbRenderGraphView" in gv._esm
     assert GraphView(str(p)).title == "mlp.onnx"
     with pytest.raises(TypeError):
         GraphView(42)
 
 
-def test_layout_json_is_compact_and_has_colours_and_legend():
+def test_drawing_json_is_compact_and_has_colours_shapes_and_legend():
     gv = GraphView(synth.mlp())
     d = gv.graph_data
     s = json.dumps(d)
     assert len(s) < 4000
     assert set(d["colors"]) >= {"MatMul", "Add", "Relu", "Softmax", "Input", "Output"}
     assert d["op_counts"] == {"MatMul": 2, "Add": 2, "Relu": 1, "Softmax": 1}
-    assert all(isinstance(v, int) for v in d["x"] + d["y"])
+    assert d["host"] == [-1] * 8 and d["folded"] == 0      # nothing to fold in an MLP
+    edges = [tuple(d["edges"][k:k + 3]) for k in range(0, len(d["edges"]), 3)]
+    assert (0, 1, d["labels"].index("float32 [N, 8]")) in edges     # x -> fc1, with its shape
+    assert d["groups"]["label"] == ["graph"] and set(d["group"]) == {0}
 
 
 def test_selected_is_observable_and_fills_details():
@@ -89,7 +94,7 @@ def test_no_nodes_and_unsupported_ops_still_draw():
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])])
     gv = GraphView(helper.make_model(g))
-    assert gv.graph_data["op"] == ["Input", "Output"] and gv.graph_data["edges"] == [[0, 1]]
+    assert gv.graph_data["op"] == ["Input", "Output"] and gv.graph_data["edges"][:2] == [0, 1]
     gv = GraphView(synth.custom_op_model())
     assert "Mystery" in gv.graph_data["op"]
 
@@ -101,6 +106,52 @@ def test_2500_node_graph_view():
     gv = GraphView(m)
     dt = time.perf_counter() - t0
     size = len(json.dumps(gv.graph_data))
-    print(f"\nGraphView of {len(gv.graph.nodes)} nodes: {dt:.2f} s (layout "
-          f"{gv.layout_seconds:.2f} s), {size / 1e3:.0f} kB of layout JSON")
+    print(f"\nGraphView of {len(gv.graph.nodes)} nodes: {dt:.2f} s (drawing data "
+          f"{gv.payload_seconds:.2f} s), {size / 1e3:.0f} kB of JSON")
     assert size < 2_000_000
+
+
+def test_profile_colours_nodes_by_time_and_memory(require_runnable, rng):
+    m = synth.cnn()
+    require_runnable(m)
+    gv = GraphView(m)
+    x = rng.standard_normal((2, 1, 8, 8)).astype(np.float32)
+    prof = gv.profile([x], repeat=2)
+    assert set(prof) == {"conv1", "relu1", "pool1", "flatten", "fc"}
+    assert all(p["ms"] >= 0 for p in prof.values())
+    assert prof["conv1"]["bytes"] == 2 * 4 * 8 * 8 * 4          # float32 [2, 4, 8, 8]
+    assert gv.overlay["unit"] == "ms" and set(gv.overlay["values"]) == set(prof)
+    gv.show_profile("memory")
+    assert gv.overlay["unit"] == "kB" and gv.overlay["values"]["conv1"] == 2.0
+    with pytest.raises(ValueError):
+        gv.show_profile("speed")
+    with pytest.raises(RuntimeError):
+        GraphView(m).show_profile()
+
+
+def test_show_differences_rings_the_nodes_that_differ():
+    class FakeInspector:          # the rows a TensorInspector(compare=...) holds
+        rows = [{"node": "fc1", "value": "h1", "diff": 0.0, "diff_ok": True},
+                {"node": "relu1", "value": "h3", "diff": 0.5, "diff_ok": False},
+                {"node": "fc2", "value": "h4", "diff": 0.7, "diff_ok": False}]
+    gv = GraphView(synth.mlp())
+    assert gv.show_differences(FakeInspector()) == ["relu1", "fc2"]
+    assert gv.overlay["values"] == {"fc1": 0.0, "relu1": 0.5, "fc2": 0.7}
+
+    class NoCompare:
+        rows = [{"node": "fc1", "value": "h1"}]
+    with pytest.raises(ValueError, match="compare="):
+        gv.show_differences(NoCompare())
+
+
+def test_show_differences_from_a_real_comparison(require_runnable, rng):
+    pytest.importorskip("onnxruntime")
+    from workbench.widgets import TensorInspector
+    m = synth.cnn()
+    require_runnable(m)
+    x = rng.standard_normal((2, 1, 8, 8)).astype(np.float32)
+    insp = TensorInspector(m, [x], compare="onnxruntime")
+    gv = GraphView(m)
+    assert gv.show_differences(insp) == []              # our kernels agree with onnxruntime
+    assert set(gv.overlay["values"]) == {"conv1", "relu1", "pool1", "flatten", "fc"}
+    assert max(gv.overlay["values"].values()) < 1e-4

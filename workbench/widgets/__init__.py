@@ -1,6 +1,7 @@
 """Jupyter widgets for ONNX models (anywidget on ipywidgets; front-end files in ``static/``).
 
 - :class:`GraphView` — interactive graph: pan/zoom, search, op colours, node details.
+- :class:`GraphCompare` — two graphs side by side, matched nodes paired, the rest ringed.
 - :class:`LayerCutter` — choose ``last_layers`` with a slider or a click; optional new head.
 - :class:`TensorInspector` — per-node output statistics, histograms, feature maps, compare.
 - :class:`TrainingMonitor` — live curves, progress/ETA, Stop button; text bar in scripts.
@@ -25,7 +26,9 @@ _EXPORTS = {
     "netron": "workbench.widgets.netron_view",
     "NetronView": "workbench.widgets.netron_view",
     "view_main": "workbench.widgets.netron_view",
-    "layout_graph": "workbench.widgets.layout",
+    "graph_payload": "workbench.widgets.graph_data",
+    "GraphCompare": "workbench.widgets.compare",
+    "match_graphs": "workbench.widgets.compare",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from pathlib import Path
 
@@ -19,10 +20,14 @@ def in_notebook() -> bool:
 
 
 @cache
-def esm(*files: str) -> str:
+def esm(*files: str, embed: tuple = ()) -> str:
     """The widget's ES module: the given files from ``static/`` joined in order (a shared
-    core first, then the widget's own file with its ``export default``). No network."""
-    return "\n".join((STATIC / f).read_text(encoding="utf-8") for f in files)
+    core first, then the widget's own file with its ``export default``). ``embed``: pairs
+    (constant name, file) put in front as JavaScript string constants (source text a Web
+    Worker is made from: the layout engine). No network."""
+    head = [f"const {name} = {json.dumps((STATIC / f).read_text(encoding='utf-8'))};"
+            for name, f in embed]
+    return "\n".join(head + [(STATIC / f).read_text(encoding="utf-8") for f in files])
 
 
 class TextRepr:

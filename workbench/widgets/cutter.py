@@ -253,7 +253,13 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
         self.view.dimmed = removed
         self.view.marked = [n.name for n in cut_nodes]
         where = ", ".join(f"<b>{n.name}</b> ({n.op_type})" for n in cut_nodes) or "inputs"
-        self.cut_label.value = f"<span class='wb-cut-where'>cut after {where}</span>"
+        # the slider counts layers as SINGA does (topological order, Constant nodes not
+        # counted); the drawing marks the cut on the folded graph (the node a folded cut
+        # point belongs to, or the collapsed group that holds it)
+        pos = [self._layer_index[n.name] + 1 for n in cut_nodes if n.name in self._layer_index]
+        count = (f" <span class='wb-muted wb-cut-layer'>· layer {pos[0]} of "
+                 f"{len(self._layers)}</span>" if len(pos) == 1 else "")
+        self.cut_label.value = f"<span class='wb-cut-where'>cut after {where}</span>{count}"
         rows = "".join(
             f"<tr><td><code>{o}</code></td><td>{self._desc(o)}</td></tr>" for o in outs)
         head = ""

@@ -5,9 +5,13 @@
 >>> gv.selected                        # name of the node clicked last ('' when none)
 >>> gv.observe(lambda ch: print(ch["new"]), names="selected")
 
-The layout is computed in Python (:mod:`workbench.widgets.layout`) and sent once as compact
-JSON; the browser only draws. Node details (attributes, input/output shapes and dtypes,
-parameter counts) are computed in Python when a node is selected and sent in ``details``.
+What is drawn is decided in Python (:mod:`workbench.widgets.graph_data`: constants and shape
+computations folded into the node that uses them, nodes grouped by the scopes in their names,
+big groups split) and sent once as compact JSON. The browser lays out one group at a time
+with dagre in a Web Worker, when the group is opened (double-click; breadcrumbs go back), and
+draws it on a canvas. Node details (attributes, input/output shapes and dtypes, parameter
+counts, what is folded into each input) are computed in Python when a node is selected and
+sent in ``details``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections import Counter
 
 from workbench.widgets._base import TextRepr, esm, import_widgets
 from workbench.widgets._model import Source, as_source
-from workbench.widgets.graph_data import graph_payload, node_details
+from workbench.widgets.graph_data import folded_values, graph_payload, node_details
 
 __all__ = ["GraphView", "node_details"]
 
@@ -33,10 +37,13 @@ class GraphView(TextRepr, anywidget.AnyWidget):
       ``highlight`` node names drawn with a highlight ring (e.g. search results).
       ``dimmed``    node names drawn greyed out (LayerCutter uses this for the removed part).
       ``marked``    node names drawn with a thick outline (e.g. the cut point).
+      ``overlay``   per-node numbers drawn as a colour scale with a legend:
+                    ``{"title", "unit", "values": {node: number}, "flagged": [node, ...]}``
+                    (set by :meth:`profile` and :meth:`show_differences`; ``{}`` clears it).
       ``render_ms`` time the browser took for its first full draw (set by the front-end).
     """
 
-    _esm = esm("graph_core.js", "graph_view.js")
+    _esm = esm("graph_core.js", "graph_view.js", embed=(("WB_DAGRE_SRC", "dagre.min.js"),))
 
     graph_data = traitlets.Dict().tag(sync=True)
     title = traitlets.Unicode("").tag(sync=True)
@@ -45,6 +52,7 @@ class GraphView(TextRepr, anywidget.AnyWidget):
     highlight = traitlets.List(traitlets.Unicode()).tag(sync=True)
     dimmed = traitlets.List(traitlets.Unicode()).tag(sync=True)
     marked = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    overlay = traitlets.Dict().tag(sync=True)
     height = traitlets.Int(520).tag(sync=True)
     render_ms = traitlets.Float(-1.0).tag(sync=True)
 
@@ -52,16 +60,19 @@ class GraphView(TextRepr, anywidget.AnyWidget):
         src = as_source(model)
         self.source: Source = src
         self.graph = src.graph
+        self._folded = None          # values the drawing folds (for details), on first use
         t0 = time.perf_counter()
         data = graph_payload(src.graph)
-        self.layout_seconds = time.perf_counter() - t0
+        self.payload_seconds = time.perf_counter() - t0
         super().__init__(graph_data=data, height=height,
                          title=title if title is not None else src.name, **kwargs)
 
     @traitlets.observe("selected")
     def _on_selected(self, change) -> None:
         name = change["new"]
-        self.details = node_details(self.graph, name) if name else {}
+        if name and self._folded is None:
+            self._folded = folded_values(self.graph)
+        self.details = node_details(self.graph, name, self._folded) if name else {}
 
     @property
     def node_names(self) -> list:
@@ -80,6 +91,73 @@ class GraphView(TextRepr, anywidget.AnyWidget):
         hits = [n.name for n in self.graph.nodes if t in n.name.lower() or t in n.op_type.lower()]
         self.highlight = hits
         return hits
+
+    # ------------------------------------------------------------------ data on the graph
+    def profile(self, feeds, *, repeat: int = 3, metric: str = "time") -> dict:
+        """Run the model ``repeat`` times on ``feeds`` (a list in input order or a dict) with
+        the engine, timing every node, and colour the drawing by ``metric`` ("time": median
+        milliseconds per node, "memory": bytes of the node's outputs). Returns
+        ``{node: {"ms": ..., "bytes": ...}}`` (also kept in ``profile_data``)."""
+        import numpy as np
+
+        from workbench.graph.executor import Plan
+        if metric not in ("time", "memory"):
+            raise ValueError(f"metric must be 'time' or 'memory', not {metric!r}")
+        if repeat < 1:
+            raise ValueError(f"repeat must be at least 1, not {repeat}")
+        plan = Plan(self.graph)
+        times: dict = {}
+        sizes: dict = {}
+        for _ in range(repeat):
+            last = [time.perf_counter()]
+
+            def hook(node, outputs, last=last):
+                now = time.perf_counter()
+                times.setdefault(node.name, []).append((now - last[0]) * 1e3)
+                sizes[node.name] = int(sum(getattr(o, "nbytes", 0) for o in outputs
+                                           if o is not None))
+                last[0] = time.perf_counter()      # the hook's own time is not counted
+            last[0] = time.perf_counter()
+            plan.run(feeds, hook=hook)
+        self.profile_data = {n: {"ms": float(np.median(t)), "bytes": sizes.get(n, 0)}
+                             for n, t in times.items()}
+        self.show_profile(metric)
+        return self.profile_data
+
+    def show_profile(self, metric: str = "time") -> None:
+        """Colour the drawing by the last :meth:`profile` ("time" or "memory")."""
+        data = getattr(self, "profile_data", None)
+        if not data:
+            raise RuntimeError("no profile yet: call gv.profile(feeds) first")
+        if metric == "time":
+            self.overlay = {"title": "time per node (median of runs)", "unit": "ms",
+                            "values": {n: d["ms"] for n, d in data.items()}}
+        elif metric == "memory":
+            self.overlay = {"title": "output memory per node", "unit": "kB",
+                            "values": {n: d["bytes"] / 1024 for n, d in data.items()}}
+        else:
+            raise ValueError(f"metric must be 'time' or 'memory', not {metric!r}")
+
+    def show_differences(self, inspector) -> list:
+        """Colour the drawing by how far each node's outputs are from the reference of a
+        :class:`~workbench.widgets.TensorInspector` made with ``compare=`` (largest absolute
+        difference per node) and ring the nodes whose outputs differ beyond its tolerance.
+        Returns the names of those nodes, in graph order."""
+        rows = [r for r in inspector.rows if "diff" in r]
+        if not rows:
+            raise ValueError("this inspector has no comparison: make it with "
+                             "TensorInspector(model, inputs, compare='onnxruntime')")
+        values: dict = {}
+        flagged: list = []
+        for r in rows:
+            d = r["diff"]
+            if isinstance(d, (int, float)) and d == d:
+                values[r["node"]] = max(values.get(r["node"], 0.0), float(d))
+            if not r.get("diff_ok", True) and r["node"] not in flagged:
+                flagged.append(r["node"])
+        self.overlay = {"title": "largest difference from the reference", "unit": "",
+                        "values": values, "flagged": flagged}
+        return flagged
 
     def summary(self) -> str:
         g = self.graph

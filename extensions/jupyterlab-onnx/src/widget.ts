@@ -1,7 +1,8 @@
 // The "ONNX Graph" document: a model summary header above the GraphView drawing.
 //
 // The drawing is the GraphView widget's own front-end (workbench/widgets/static/graph_core.js
-// and graph_view.js, turned into a module at build time by scripts/gen-core.mjs). GraphView
+// and graph_view.js, with the dagre layout engine's source for its Web Worker, turned into a
+// module at build time by scripts/gen-core.mjs). GraphView
 // talks to a kernel through an anywidget model; here a small local model stands in for it and
 // answers node selections from the details the server sent with the layout.
 import { DocumentRegistry, DocumentWidget } from '@jupyterlab/docregistry';
@@ -15,14 +16,15 @@ import * as generated from './generated/graph_core.js';
 /** The parts of the shared drawing code used here (graph_core.js / graph_view.js). */
 interface IGraphCanvas {
   selected: number;
+  lay: unknown;
   resize(): void;
   fitInitial(): void;
-  centreOn(i: number, zoomIn?: boolean): void;
   draw(): void;
 }
 interface IGraphViewHandle {
   root: HTMLElement;
   gc: IGraphCanvas;
+  ready: Promise<void>;
   destroy(): void;
 }
 interface ICore {
@@ -213,6 +215,7 @@ export class OnnxGraphPanel extends Widget {
       highlight: [],
       dimmed: [],
       marked: [],
+      overlay: {},
       render_ms: -1
     });
     // registered before the view's own listeners: details are in place when it redraws
@@ -227,7 +230,12 @@ export class OnnxGraphPanel extends Widget {
     this._view = view;
     this.node.dataset.status = 'ready';
     this.node.dataset.nodes = String(result.summary.nodes);
-    this._refit();
+    // the first level is laid out in a worker: fit once it is there
+    void view.ready.then(() => {
+      if (this._view === view) {
+        this._refit();
+      }
+    });
   }
 
   /** Fit once the panel has a real size (it may be hidden or unattached when data arrives). */
@@ -238,7 +246,7 @@ export class OnnxGraphPanel extends Widget {
     }
     const gc = view.gc;
     gc.resize();
-    if (!this._fitted) {
+    if (!this._fitted && gc.lay) {
       const r = view.root.getBoundingClientRect();
       if (r.width < 60 || r.height < 60) {
         return;
@@ -246,11 +254,7 @@ export class OnnxGraphPanel extends Widget {
       gc.fitInitial();
       this._fitted = true;
     }
-    if (gc.selected >= 0) {
-      gc.centreOn(gc.selected, false);
-    } else {
-      gc.draw();
-    }
+    gc.draw();
   }
 
   protected onAfterShow(msg: Message): void {

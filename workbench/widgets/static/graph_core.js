@@ -1,7 +1,13 @@
 // ONNX Workbench - shared graph drawing core (canvas). Concatenated in front of graph_view.js
-// by the Python side; no imports, no network. The JupyterLab extension bundles both files too
+// by the Python side, after `const WB_DAGRE_SRC = "<dagre.min.js>"` (the layout engine, run in
+// a Web Worker); no imports, no network. The JupyterLab extension bundles the same files
 // (extensions/jupyterlab-onnx/scripts/gen-core.mjs): after editing them, run
 // scripts/build-labextension.sh and commit workbench/labextension/.
+//
+// What is drawn is decided in Python (workbench/widgets/graph_data.py): nodes with their scope
+// group, what is folded into what, edges with shapes. Here: one *level* at a time (the
+// children of one group, small groups opened in place as framed clusters), laid out by dagre
+// in a worker when the level is first opened, cached, drawn on a canvas.
 
 const WB_STYLE_ID = "wb-widgets-style";
 const WB_CSS = `
@@ -18,16 +24,25 @@ const WB_CSS = `
 .wb-btn { padding: 2px 9px; border: 1px solid #c3c9d1; border-radius: 4px; background: #fff;
   cursor: pointer; font-size: 12px; }
 .wb-btn:hover { background: #eef2f7; }
+.wb-btn.wb-on { background: #dce8ff; border-color: #7ea6f0; }
 .wb-btn.wb-danger { border-color: #c0392b; color: #c0392b; }
 .wb-btn:disabled { opacity: .5; cursor: default; }
 .wb-muted { color: #6b7785; }
+.wb-crumbs { display: flex; gap: 4px; align-items: center; padding: 3px 8px; min-height: 24px;
+  border-bottom: 1px solid #eef0f3; background: #fcfcfd; flex-wrap: wrap; font-size: 12px; }
+.wb-crumb { color: #1463ff; cursor: pointer; border: none; background: none; padding: 0 2px;
+  font: inherit; }
+.wb-crumb:hover { text-decoration: underline; }
+.wb-crumb.wb-here { color: #1f2933; font-weight: 600; cursor: default; text-decoration: none; }
 .wb-body { display: flex; flex: 1; min-height: 0; }
 .wb-canvaswrap { position: relative; flex: 1; min-width: 0; background: #fbfcfd;
-  cursor: grab; overflow: hidden; }
+  cursor: grab; overflow: hidden; outline: none; }
+.wb-canvaswrap:focus-visible { box-shadow: inset 0 0 0 2px #7ea6f0; }
 .wb-canvaswrap.wb-dragging { cursor: grabbing; }
 .wb-canvaswrap canvas.wb-main { position: absolute; left: 0; top: 0; }
-.wb-minimap { position: absolute; right: 8px; bottom: 8px; border: 1px solid #c3c9d1;
-  background: rgba(255,255,255,.92); cursor: crosshair; }
+.wb-layingout { position: absolute; left: 8px; top: 6px; color: #6b7785; pointer-events: none; }
+.wb-minimap { display: block; border: 1px solid #c3c9d1; background: #fff; cursor: crosshair;
+  margin-bottom: 6px; }
 .wb-side { width: 270px; border-left: 1px solid #e4e7eb; overflow: auto; padding: 8px;
   background: #fff; }
 .wb-side h4 { margin: 8px 0 4px; font-size: 12px; text-transform: uppercase; color: #52606d;
@@ -35,6 +50,7 @@ const WB_CSS = `
 .wb-side table { border-collapse: collapse; width: 100%; }
 .wb-side td { padding: 1px 4px 1px 0; vertical-align: top; word-break: break-all; }
 .wb-kv td:first-child { color: #52606d; white-space: nowrap; word-break: normal; }
+.wb-folded { color: #6b7785; font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 11px; }
 .wb-legend-item { display: flex; align-items: center; gap: 6px; cursor: pointer;
   padding: 1px 2px; border-radius: 3px; }
 .wb-legend-item:hover { background: #eef2f7; }
@@ -73,47 +89,487 @@ function wbEsc(s) {
   return String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
 }
 
-// A pannable / zoomable canvas drawing of a laid-out graph.
+// ------------------------------------------------------------------------------ layout engine
+// dagre (layered / Sugiyama layout) in a Web Worker made from its source text; on the main
+// thread when workers are unavailable (a sandbox refusing blob: workers).
+const WB_WORKER_MAIN = `
+function wbLayoutJob(job) {
+  const g = new dagre.graphlib.Graph({ compound: true, multigraph: false });
+  g.setGraph({ rankdir: "TB", nodesep: 18, ranksep: 30, edgesep: 8, marginx: 12, marginy: 12 });
+  g.setDefaultEdgeLabel(() => ({}));
+  for (const c of job.clusters) g.setNode(c.id, { label: c.label, paddingTop: 22, paddingLeft: 8, paddingRight: 8, paddingBottom: 8 });
+  for (const n of job.nodes) g.setNode(n.id, { width: n.w, height: n.h });
+  for (const c of job.clusters) if (c.parent) g.setParent(c.id, c.parent);
+  for (const n of job.nodes) if (n.parent) g.setParent(n.id, n.parent);
+  for (const e of job.edges) if (e.v !== e.w) g.setEdge(e.v, e.w, { minlen: 1 });
+  dagre.layout(g);
+  const nodes = {}, clusters = {};
+  for (const n of job.nodes) { const o = g.node(n.id); nodes[n.id] = [o.x, o.y]; }
+  for (const c of job.clusters) { const o = g.node(c.id); clusters[c.id] = [o.x, o.y, o.width, o.height]; }
+  const edges = job.edges.map((e) => {
+    if (e.v === e.w) return null;
+    const o = g.edge(e.v, e.w);
+    return o ? o.points.flatMap((p) => [p.x, p.y]) : null;
+  });
+  const gr = g.graph();
+  return { nodes, clusters, edges, width: gr.width || 0, height: gr.height || 0 };
+}
+`;
+
+class WbLayoutEngine {
+  constructor() {
+    this.jobs = new Map();
+    this.next = 1;
+    this.worker = null;
+    try {
+      const src = WB_DAGRE_SRC + "\n" + WB_WORKER_MAIN +
+        "\nself.onmessage = (m) => { let r; try { r = { id: m.data.id, result: wbLayoutJob(m.data.job) }; }" +
+        " catch (e) { r = { id: m.data.id, error: String(e && e.message || e) }; } self.postMessage(r); };";
+      const url = URL.createObjectURL(new Blob([src], { type: "text/javascript" }));
+      this.worker = new Worker(url);
+      URL.revokeObjectURL(url);
+      this.worker.onmessage = (m) => {
+        const j = this.jobs.get(m.data.id);
+        if (!j) return;
+        this.jobs.delete(m.data.id);
+        if (m.data.error) j.reject(new Error(m.data.error)); else j.resolve(m.data.result);
+      };
+      this.worker.onerror = () => this._fallback();
+    } catch (e) {
+      this.worker = null;
+    }
+  }
+
+  _main() {
+    if (!this.mainFn) this.mainFn = new Function(WB_DAGRE_SRC + "\n" + WB_WORKER_MAIN + "\nreturn wbLayoutJob;")();
+    return this.mainFn;
+  }
+
+  _fallback() {
+    if (this.worker) { this.worker.terminate(); this.worker = null; }
+    for (const [id, j] of this.jobs) {
+      this.jobs.delete(id);
+      try { j.resolve(this._main()(j.job)); } catch (e) { j.reject(e); }
+    }
+  }
+
+  layout(job) {
+    if (!this.worker) {
+      return new Promise((resolve, reject) => {
+        try { resolve(this._main()(job)); } catch (e) { reject(e); }
+      });
+    }
+    return new Promise((resolve, reject) => {
+      const id = this.next++;
+      this.jobs.set(id, { job, resolve, reject });
+      this.worker.postMessage({ id, job });
+    });
+  }
+
+  destroy() { if (this.worker) this.worker.terminate(); this.worker = null; this.jobs.clear(); }
+}
+
+// ------------------------------------------------------------------------------ graph model
+// The payload of graph_data.graph_payload, with what the levels need: children, sizes, who
+// holds whom. A level is named by a number: a group index (>= 0), or -(i + 2) for "the
+// subgraphs of node i".
+const WB_OPEN_BELOW = 5;        // a level with fewer items opens its biggest group in place
+const WB_MAX_ITEMS = 60;        // ... as long as it keeps at most this many items
+const WB_TINY = 2;              // groups this small are always opened in place (framed)
+
+class WbGraph {
+  constructor(data) {
+    this.d = data;
+    const n = this.n = data.name.length;
+    const G = data.groups || { label: ["graph"], parent: [-1], kind: ["root"], owner: [-1], size: [n], size_all: [n] };
+    this.G = G;
+    this.ng = G.label.length;
+    this.group = data.group || new Array(n).fill(0);
+    this.host = data.host || new Array(n).fill(-1);
+    this.nfold = data.nfold || new Array(n).fill(0);
+    this.index = new Map();
+    for (let i = 0; i < n; i++) if (!this.index.has(data.name[i])) this.index.set(data.name[i], i);
+    this.kidGroups = Array.from({ length: this.ng }, () => []);
+    this.subOf = new Map();          // node -> its subgraph groups
+    for (let g = 1; g < this.ng; g++) {
+      if (G.kind[g] === "subgraph") {
+        const o = G.owner[g];
+        if (!this.subOf.has(o)) this.subOf.set(o, []);
+        this.subOf.get(o).push(g);
+      } else if (G.parent[g] >= 0) this.kidGroups[G.parent[g]].push(g);
+    }
+    this.kidNodes = Array.from({ length: this.ng }, () => []);
+    for (let i = 0; i < n; i++) this.kidNodes[this.group[i]].push(i);
+    const e = data.edges || [];
+    this.es = []; this.ed = []; this.el = [];
+    for (let k = 0; k + 2 < e.length; k += 3) { this.es.push(e[k]); this.ed.push(e[k + 1]); this.el.push(e[k + 2]); }
+    this.showAll = false;
+    this.expanded = new Set();       // nodes whose folded inputs are shown
+  }
+
+  shown(i) {
+    const h = this.host[i];
+    return h === -1 || this.showAll || (h >= 0 && this.expanded.has(h));
+  }
+
+  size(g) { return this.showAll ? this.G.size_all[g] : this.G.size[g]; }
+
+  // the group chain of node i, innermost first, crossing into the owner of a subgraph
+  levelOf(i) {
+    if (!this.shown(i) && this.host[i] >= 0) i = this.host[i];
+    let L = 0;
+    for (let guard = 0; guard < 64; guard++) {
+      const lv = this.level(L);
+      const it = lv.itemOf(i);
+      if (!it || (it.type === "node" && it.i === i)) return L;
+      if (it.type === "group") L = it.g;
+      else if (it.type === "node" && this.subOf.has(it.i)) L = -(it.i + 2);
+      else return L;
+    }
+    return L;
+  }
+
+  // the breadcrumbs of level L: [[level, label], ...] from the root
+  crumbs(L) {
+    const out = [];
+    let g = L;
+    while (true) {
+      if (g < -1) { const o = -g - 2; out.push([g, this.d.name[o]]); g = this.group[o]; continue; }
+      out.push([g, g === 0 ? (this.G.label[0] || "graph") : this.G.label[g]]);
+      if (g <= 0) break;
+      if (this.G.kind[g] === "subgraph") { g = -(this.G.owner[g] + 2); continue; }
+      g = this.G.parent[g];
+    }
+    return out.reverse();
+  }
+
+  // the items of level L: nodes, collapsed groups, and groups opened in place (clusters)
+  level(L) {
+    const key = `${L}|${this.showAll ? 1 : 0}|${[...this.expanded].sort().join(",")}`;
+    if (this._cache && this._cache.key === key) return this._cache.lv;
+    const items = [], clusters = [];
+    const itemOfNode = new Map(), itemOfGroup = new Map();
+    const addNode = (i, parent) => {
+      if (!this.shown(i)) return;
+      const it = { type: "node", i, parent };
+      itemOfNode.set(i, it); items.push(it);
+    };
+    const addGroup = (g, parent) => {
+      if (this.size(g) <= 0) return;
+      const it = { type: "group", g, parent };
+      itemOfGroup.set(g, it); items.push(it);
+    };
+    const fill = (g, parent) => {
+      for (const i of this.kidNodes[g]) addNode(i, parent);
+      for (const c of this.kidGroups[g]) addGroup(c, parent);
+    };
+    if (L < -1) {
+      for (const g of this.subOf.get(-L - 2) || []) addGroup(g, null);
+    } else fill(L, null);
+    // open in place: groups of one or two nodes; the biggest group while the level is small
+    // or that group holds most of it
+    const total = L < -1 ? 0 : this.size(L);
+    const open = (it) => {
+      items.splice(items.indexOf(it), 1);
+      itemOfGroup.delete(it.g);
+      const cid = "c" + it.g;
+      clusters.push({ id: cid, g: it.g, parent: it.parent });
+      fill(it.g, cid);
+    };
+    const openSingles = () => {
+      for (let again = true; again;) {
+        again = false;
+        for (const it of items) {
+          if (it.type === "group" && this.G.kind[it.g] !== "subgraph" &&
+              (this.size(it.g) === 1 || (this.size(it.g) <= WB_TINY && items.length + this.size(it.g) <= WB_MAX_ITEMS))) {
+            open(it); again = true; break;
+          }
+        }
+      }
+    };
+    openSingles();
+    while (true) {
+      let best = null;
+      for (const it of items) if (it.type === "group" && this.G.kind[it.g] !== "subgraph" && (!best || this.size(it.g) > this.size(best.g))) best = it;
+      if (!best) break;
+      const grow = this.kidNodes[best.g].filter((i) => this.shown(i)).length + this.kidGroups[best.g].filter((c) => this.size(c) > 0).length - 1;
+      if (!((items.length < WB_OPEN_BELOW || this.size(best.g) > 0.5 * total) && items.length + grow <= WB_MAX_ITEMS)) break;
+      open(best);
+      openSingles();
+    }
+    // a group of one node is that node (labelled with the group's name), not a frame
+    for (let c = clusters.length - 1; c >= 0; c--) {
+      const inside = items.filter((it) => it.parent === clusters[c].id);
+      const sub = clusters.some((o) => o.parent === clusters[c].id);
+      if (inside.length === 1 && !sub) {
+        inside[0].parent = clusters[c].parent;
+        inside[0].scope = clusters[c].g;
+        clusters.splice(c, 1);
+      }
+    }
+    const lv = new WbLevel(this, L, items, clusters, itemOfNode, itemOfGroup);
+    this._cache = { key, lv };
+    return lv;
+  }
+}
+
+class WbLevel {
+  constructor(graph, L, items, clusters, itemOfNode, itemOfGroup) {
+    this.graph = graph; this.L = L; this.items = items; this.clusters = clusters;
+    this.itemOfNode = itemOfNode; this.itemOfGroup = itemOfGroup;
+    for (const it of items) it.key = wbItemKey(it);
+    this._edges();
+    for (const it of this.items) it.key = wbItemKey(it);
+  }
+
+  // the item holding node i at this level (undefined: outside this level)
+  itemOf(i) {
+    const gr = this.graph;
+    if (!gr.shown(i) && gr.host[i] >= 0) i = gr.host[i];
+    const direct = this.itemOfNode.get(i);
+    if (direct) return direct;
+    let g = gr.group[i];
+    for (let guard = 0; guard < 256 && g >= 0; guard++) {
+      const it = this.itemOfGroup.get(g);
+      if (it) return it;
+      if (g === this.L) return undefined;
+      if (gr.G.kind[g] === "subgraph") {
+        const o = gr.G.owner[g];
+        if (this.L === -(o + 2)) return undefined;
+        const oi = this.itemOfNode.get(o);
+        if (oi) return oi;
+        g = gr.group[o];
+        continue;
+      }
+      g = gr.G.parent[g];
+    }
+    return undefined;
+  }
+
+  _edges() {
+    const gr = this.graph, d = gr.d;
+    const pairs = new Map(), stubsIn = new Map(), stubsOut = new Map();
+    const MAXSTUB = 8;
+    for (let k = 0; k < gr.es.length; k++) {
+      const s = gr.es[k], t = gr.ed[k];
+      if (!gr.shown(s) || !gr.shown(t)) continue;
+      const a = this.itemOf(s), b = this.itemOf(t);
+      if (!a && !b) continue;
+      if (a === b) continue;
+      if (a && b) {
+        const key = a.key + ">" + b.key;
+        const p = pairs.get(key);
+        if (p) p.n++; else pairs.set(key, { a, b, label: d.labels ? d.labels[gr.el[k]] : "", n: 1 });
+      } else if (b) {
+        let st = stubsIn.get(s);
+        if (!st) {
+          if (stubsIn.size >= MAXSTUB) st = stubsIn.get("more");
+          if (!st) { st = { type: "stub", dir: "in", src: s, more: stubsIn.size >= MAXSTUB, count: 0 }; stubsIn.set(stubsIn.size >= MAXSTUB ? "more" : s, st); }
+        }
+        st.count++;
+        const key = "in" + s + ">" + b.key;
+        if (!pairs.has(key)) pairs.set(key, { a: st, b, label: d.labels ? d.labels[gr.el[k]] : "", n: 1 });
+      } else {
+        let st = stubsOut.get(t);
+        if (!st) {
+          if (stubsOut.size >= MAXSTUB) st = stubsOut.get("more");
+          if (!st) { st = { type: "stub", dir: "out", dst: t, more: stubsOut.size >= MAXSTUB, count: 0 }; stubsOut.set(stubsOut.size >= MAXSTUB ? "more" : t, st); }
+        }
+        st.count++;
+        const key = a.key + ">out" + t;
+        if (!pairs.has(key)) pairs.set(key, { a, b: st, label: d.labels ? d.labels[gr.el[k]] : "", n: 1 });
+      }
+    }
+    for (const st of [...stubsIn.values(), ...stubsOut.values()]) this.items.push(st);
+    this.edges = [...pairs.values()];
+  }
+}
+
+// keys of items (stable within a level)
+function wbItemKey(it) {
+  if (it.type === "node") return "n" + it.i;
+  if (it.type === "group") return "g" + it.g;
+  return it.dir === "in" ? "si" + (it.more ? "+" : it.src) : "so" + (it.more ? "+" : it.dst);
+}
+
+function wbItemLabel(graph, it) {
+  const d = graph.d;
+  if (it.type === "node") {
+    const k = d.kind[it.i];
+    if (k !== 0) return d.name[it.i];
+    return it.scope !== undefined ? `${graph.G.label[it.scope]}: ${d.op[it.i]}` : d.op[it.i];
+  }
+  if (it.type === "group") return graph.G.label[it.g];
+  const other = it.dir === "in" ? it.src : it.dst;
+  if (it.more) return it.dir === "in" ? "… more inputs" : "… more consumers";
+  const nm = d.name[other], short = nm.length > 28 ? "…" + nm.slice(-27) : nm;
+  return (it.dir === "in" ? "from " : "to ") + short;
+}
+
+function wbGroupOps(graph, g, limit = 3) {
+  // the most common op types under group g (shown nodes)
+  const counts = new Map();
+  const stack = [g];
+  let seen = 0;
+  while (stack.length && seen < 20000) {
+    const x = stack.pop();
+    for (const i of graph.kidNodes[x]) if (graph.shown(i) && graph.d.kind[i] === 0) { counts.set(graph.d.op[i], (counts.get(graph.d.op[i]) || 0) + 1); seen++; }
+    for (const c of graph.kidGroups[x]) stack.push(c);
+  }
+  return [...counts.entries()].sort((a, b) => b[1] - a[1]).slice(0, limit);
+}
+
+// a sequential colour scale (light yellow -> orange -> dark red) for t in [0, 1]; ``mix``
+// blends it with white (group boxes)
+function wbScale(t, mix = 0) {
+  const stops = [[255, 237, 160], [254, 178, 76], [240, 59, 32], [128, 0, 38]];
+  t = Math.max(0, Math.min(1, t)) * (stops.length - 1);
+  const k = Math.min(stops.length - 2, Math.floor(t)), u = t - k;
+  const c = stops[k].map((a, j) => a + (stops[k + 1][j] - a) * u).map((a) => Math.round(a + (255 - a) * mix));
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+// ------------------------------------------------------------------------------ canvas
+const WB_NODE_H = 28, WB_GROUP_H = 42, WB_STUB_H = 20;
+
 class WbGraphCanvas {
   constructor(wrap, data, opts = {}) {
     this.wrap = wrap;
     this.data = data;
+    this.graph = new WbGraph(data);
     this.opts = opts;
     this.n = data.name.length;
-    this.index = new Map();
-    for (let i = 0; i < this.n; i++) if (!this.index.has(data.name[i])) this.index.set(data.name[i], i);
-    this.selected = -1;
+    this.index = this.graph.index;
+    this.engine = opts.engine || new WbLayoutEngine();
+    this.layouts = new Map();        // level key -> layout
+    this.L = 0;
+    this.lay = null;                 // the drawn layout
+    this._selected = -1;             // node index
+    this._marksDirty = true;
+    this.selectedGroup = -1;
     this.highlight = new Set();
     this.dimmed = new Set();
     this.marked = new Set();
+    this.pathTo = -1;                // node whose path (its upstream edges) is highlighted
     this.k = 1; this.tx = 0; this.ty = 0;
+    this.showMini = true;
     this.canvas = wbEl("canvas", { class: "wb-main" });
-    this.mini = wbEl("canvas", { class: "wb-minimap" });
+    this.mini = wbEl("canvas", { class: "wb-minimap", title: "the whole level: click or drag to move the view" });
+    this.busy = wbEl("div", { class: "wb-layingout" }, "");
     wrap.appendChild(this.canvas);
-    wrap.appendChild(this.mini);
+    wrap.appendChild(this.busy);
+    wrap.tabIndex = 0;
     this.ctx = this.canvas.getContext("2d");
     this.listeners = [];
-    this._prepareEdges();
+    this.levelListeners = [];
+    this.openListeners = [];
     this._bind();
     this.resize();
-    this.fitInitial();
-    this._miniBase = null;
   }
 
-  _prepareEdges() {
-    const pts = this.data.edge_points;
-    this.ebox = pts.map((p) => {
-      let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
-      for (let i = 0; i < p.length; i += 2) {
-        x0 = Math.min(x0, p[i]); x1 = Math.max(x1, p[i]);
-        y0 = Math.min(y0, p[i + 1]); y1 = Math.max(y1, p[i + 1]);
-      }
-      return [x0, y0, x1, y1];
-    });
-  }
+  get selected() { return this._selected; }
+  set selected(i) { this._selected = i; this._marksDirty = true; }
 
   on(fn) { this.listeners.push(fn); }
+  onLevel(fn) { this.levelListeners.push(fn); }
 
+  // ---------------------------------------------------------------- levels
+  _sizeOf(it) {
+    const label = wbItemLabel(this.graph, it);
+    if (it.type === "node") {
+      const kind = this.data.kind[it.i];
+      const extra = this.graph.nfold[it.i] && !this.graph.showAll ? 22 : 0;
+      return [Math.max(kind ? 70 : 56, Math.min(220, 7 * label.length + 20 + extra)), WB_NODE_H];
+    }
+    if (it.type === "group") {
+      const ops = wbGroupOps(this.graph, it.g, 2).map(([o, c]) => `${o}×${c}`).join(" ");
+      const n = this.graph.size(it.g);
+      let sub = `${n.toLocaleString()} node${n === 1 ? "" : "s"}${ops ? " · " + ops : ""}`;
+      if (sub.length > 44) sub = sub.slice(0, 43) + "…";
+      it.sub = sub;
+      return [Math.max(120, Math.min(300, Math.max(7.2 * Math.min(label.length, 34) + 30, 6 * sub.length + 20))), WB_GROUP_H];
+    }
+    return [Math.max(60, Math.min(200, 6.2 * label.length + 16)), WB_STUB_H];
+  }
+
+  // open level L (a group index, or -(node + 2) for a node's subgraphs); resolves when drawn
+  async open(L, { fit = true, focus = -1 } = {}) {
+    this.L = L;
+    const lv = this.graph.level(L);
+    const key = this.graph._cache.key;
+    let lay = this.layouts.get(key);
+    if (!lay) {
+      this.busy.textContent = `laying out ${lv.items.length} items…`;
+      const t0 = performance.now();
+      const job = { nodes: [], edges: [], clusters: [] };
+      const sizes = new Map();
+      for (const it of lv.items) {
+        const [w, h] = this._sizeOf(it);
+        sizes.set(it.key, [w, h]);
+        job.nodes.push({ id: it.key, w, h, parent: it.parent || null });
+      }
+      const live = new Set(lv.clusters.map((c) => c.id));
+      for (const c of lv.clusters) job.clusters.push({ id: c.id, parent: c.parent && live.has(c.parent) ? c.parent : null, label: this.graph.G.label[c.g] });
+      // a stub keeps its edges (in: above the level; out: below)
+      for (const e of lv.edges) job.edges.push({ v: e.a.key, w: e.b.key });
+      let res;
+      try {
+        res = await this.engine.layout(job);
+      } catch (err) {
+        // dagre refuses some compound graphs: lay out without frames
+        job.clusters = []; for (const nd of job.nodes) nd.parent = null;
+        res = await this.engine.layout(job);
+      }
+      lay = { key, L, lv, res, sizes, ms: performance.now() - t0 };
+      lay.items = lv.items.map((it) => {
+        const p = res.nodes[it.key] || [0, 0];
+        const [w, h] = sizes.get(it.key);
+        return { it, x: p[0], y: p[1], w, h };
+      });
+      lay.byKey = new Map(lay.items.map((x) => [x.it.key, x]));
+      lay.frames = lv.clusters.filter((c) => res.clusters[c.id]).map((c) => {
+        const r = res.clusters[c.id];
+        return { g: c.g, x: r[0] - r[2] / 2, y: r[1] - r[3] / 2, w: r[2], h: r[3] };
+      });
+      lay.edges = lv.edges.map((e, k) => ({ e, pts: res.edges[k] || [] }));
+      lay.width = Math.max(1, res.width); lay.height = Math.max(1, res.height);
+      this.layouts.set(key, lay);
+      this.busy.textContent = "";
+    }
+    if (this.L !== L) return lay;          // another level was asked for meanwhile
+    this.lay = lay;
+    this._miniBase = null;
+    this._marksDirty = true;
+    if (fit) this.fitInitial();
+    if (focus >= 0) {
+      const x = this.itemBoxOf(focus);
+      if (x) this.centreOnBox(x);
+    }
+    this.draw();
+    this.levelListeners.forEach((fn) => fn(L));
+    return lay;
+  }
+
+  itemBoxOf(i) {
+    if (!this.lay) return null;
+    const it = this.lay.lv.itemOf(i);
+    return it ? this.lay.byKey.get(it.key) : null;
+  }
+
+  // open the level where node i is drawn and centre on it (keeps the zoom)
+  async reveal(i, { select = false } = {}) {
+    if (i < 0 || i >= this.n) return;
+    if (!this.graph.shown(i) && this.graph.host[i] >= 0) this.graph.expanded.add(this.graph.host[i]);
+    const L = this.graph.levelOf(i);
+    this.graph.level(L);
+    if (L !== this.L || !this.lay || this.lay.key !== this.graph._cache.key) await this.open(L, { fit: L !== this.L });
+    if (select) this.selected = i;
+    const b = this.itemBoxOf(i);
+    if (b) this.centreOnBox(b);
+    this.draw();
+  }
+
+  // ---------------------------------------------------------------- view
   resize() {
     const r = this.wrap.getBoundingClientRect();
     const dpr = window.devicePixelRatio || 1;
@@ -121,62 +577,75 @@ class WbGraphCanvas {
     this.canvas.width = Math.round(this.W * dpr); this.canvas.height = Math.round(this.H * dpr);
     this.canvas.style.width = this.W + "px"; this.canvas.style.height = this.H + "px";
     this.dpr = dpr;
-    const d = this.data;
-    const mw = 120, mh = Math.max(40, Math.min(this.H * 0.45, mw * d.height / Math.max(1, d.width)));
-    this.miniScale = Math.min(mw / Math.max(1, d.width), mh / Math.max(1, d.height));
-    this.mini.width = Math.round(mw * dpr); this.mini.height = Math.round(mh * dpr);
-    this.mini.style.width = mw + "px"; this.mini.style.height = mh + "px";
-    this.mini.style.display = (d.height * this.k > this.H * 1.2 || d.width * this.k > this.W * 1.2) ? "" : "none";
     this._miniBase = null;
   }
 
+  // inputs at the top, the level fitted to the width (and to the height when it is readable)
   fitInitial() {
-    const d = this.data;
-    const kAll = Math.min(1.5, (this.W - 20) / Math.max(1, d.width), (this.H - 20) / Math.max(1, d.height));
-    if (kAll >= 0.75) {
-      this.k = kAll;
-      this.tx = (this.W - d.width * this.k) / 2; this.ty = (this.H - d.height * this.k) / 2;
-    } else {
-      // too big to read when fitted: start at the top, readable, and pan/zoom from there
-      this.k = Math.max(0.75, Math.min(1, (this.W - 20) / Math.max(1, d.width)));
-      this.tx = (this.W - d.width * this.k) / 2; this.ty = 10;
-      if (this.tx < 10) this.tx = 10;
-    }
+    const lay = this.lay;
+    if (!lay) return;
+    const kw = (this.W - 24) / lay.width, kh = (this.H - 24) / lay.height;
+    let k = Math.min(1.4, kw);
+    if (lay.height * k > this.H - 24) k = Math.max(Math.min(k, kh), Math.min(k, 0.45));
+    this.k = k;
+    this.tx = (this.W - lay.width * k) / 2;
+    this.ty = lay.height * k <= this.H - 24 ? (this.H - lay.height * k) / 2 : 12;
   }
 
   fitAll() {
-    const d = this.data;
-    this.k = Math.min(1.5, (this.W - 20) / Math.max(1, d.width), (this.H - 20) / Math.max(1, d.height));
-    this.tx = (this.W - d.width * this.k) / 2; this.ty = (this.H - d.height * this.k) / 2;
+    const lay = this.lay;
+    if (!lay) return;
+    this.k = Math.min(1.4, (this.W - 24) / lay.width, (this.H - 24) / lay.height);
+    this.tx = (this.W - lay.width * this.k) / 2; this.ty = (this.H - lay.height * this.k) / 2;
     this.draw();
   }
 
-  centreOn(i, zoomIn = true) {
-    if (i < 0 || i >= this.n) return;
-    if (zoomIn && this.k < 0.8) this.k = 1;
-    this.tx = this.W / 2 - this.data.x[i] * this.k;
-    this.ty = this.H / 2 - this.data.y[i] * this.k;
-    this.draw();
+  centreOnBox(b) {
+    this.tx = this.W / 2 - b.x * this.k;
+    this.ty = this.H / 2 - b.y * this.k;
   }
 
-  ensureVisible(i, margin = 40) {
-    if (i < 0 || i >= this.n) return;
-    const sx = this.data.x[i] * this.k + this.tx, sy = this.data.y[i] * this.k + this.ty;
-    if (sx < margin || sx > this.W - margin || sy < margin || sy > this.H - margin) this.centreOn(i, false);
+  centreOn(i) { this.reveal(i); }
+
+  // bring node i (or the item holding it) into view, panning as little as possible
+  ensureVisible(i, margin = 30) {
+    const b = this.itemBoxOf(i);
+    if (!b) { this.reveal(i); return; }
+    const hw = b.w * this.k / 2, hh = b.h * this.k / 2;
+    const sx = b.x * this.k + this.tx, sy = b.y * this.k + this.ty;
+    let dx = 0, dy = 0;
+    if (sx - hw < margin) dx = margin - (sx - hw); else if (sx + hw > this.W - margin) dx = this.W - margin - (sx + hw);
+    if (sy - hh < margin) dy = margin - (sy - hh); else if (sy + hh > this.H - margin) dy = this.H - margin - (sy + hh);
+    if (dx || dy) { this.tx += dx; this.ty += dy; }
+    this.draw();
   }
 
   toWorld(sx, sy) { return [(sx - this.tx) / this.k, (sy - this.ty) / this.k]; }
 
+  // the items whose boxes are inside the viewport (what a person sees)
+  visibleItems() {
+    if (!this.lay) return [];
+    const [x0, y0] = this.toWorld(0, 0), [x1, y1] = this.toWorld(this.W, this.H);
+    const out = [];
+    for (const b of this.lay.items) {
+      if (b.x + b.w / 2 < x0 || b.x - b.w / 2 > x1 || b.y + b.h / 2 < y0 || b.y - b.h / 2 > y1) continue;
+      const it = b.it;
+      const full = b.x - b.w / 2 >= x0 && b.x + b.w / 2 <= x1 && b.y - b.h / 2 >= y0 && b.y + b.h / 2 <= y1;
+      const o = { type: it.type, label: wbItemLabel(this.graph, it), full };
+      if (it.type === "node") { o.name = this.data.name[it.i]; o.op = this.data.op[it.i]; o.kind = this.data.kind[it.i]; o.folded = this.graph.nfold[it.i]; }
+      if (it.type === "group") { o.group = it.g; o.size = this.graph.size(it.g); }
+      out.push(o);
+    }
+    return out;
+  }
+
   hit(sx, sy) {
+    if (!this.lay) return null;
     const [wx, wy] = this.toWorld(sx, sy);
-    const d = this.data, h2 = d.h / 2 + 2;
-    let best = -1, bestD = Infinity;
-    for (let i = 0; i < this.n; i++) {
-      const dx = Math.abs(wx - d.x[i]), dy = Math.abs(wy - d.y[i]);
-      if (dx <= d.w[i] / 2 + 2 && dy <= h2) {
-        const dd = dx + dy;
-        if (dd < bestD) { bestD = dd; best = i; }
-      }
+    let best = null, bestD = Infinity;
+    for (const b of this.lay.items) {
+      const dx = Math.abs(wx - b.x), dy = Math.abs(wy - b.y);
+      if (dx <= b.w / 2 + 2 && dy <= b.h / 2 + 2 && dx + dy < bestD) { bestD = dx + dy; best = b; }
     }
     return best;
   }
@@ -185,7 +654,6 @@ class WbGraphCanvas {
     const c = this.wrap;
     let drag = null;
     c.addEventListener("pointerdown", (e) => {
-      if (e.target === this.mini) return;
       drag = { x: e.clientX, y: e.clientY, tx: this.tx, ty: this.ty, moved: false };
       c.setPointerCapture && c.setPointerCapture(e.pointerId);
     });
@@ -202,29 +670,50 @@ class WbGraphCanvas {
       c.classList.remove("wb-dragging");
       if (!moved) {
         const r = this.canvas.getBoundingClientRect();
-        const i = this.hit(e.clientX - r.left, e.clientY - r.top);
-        this.listeners.forEach((fn) => fn(i, this.data.name[i]));
+        const b = this.hit(e.clientX - r.left, e.clientY - r.top);
+        this._click(b);
       }
+    });
+    c.addEventListener("dblclick", (e) => {
+      const r = this.canvas.getBoundingClientRect();
+      const b = this.hit(e.clientX - r.left, e.clientY - r.top);
+      if (b) this.activate(b.it);
     });
     c.addEventListener("wheel", (e) => {
       e.preventDefault();
       const r = this.canvas.getBoundingClientRect();
+      if (!e.ctrlKey && !e.metaKey && Math.abs(e.deltaX) > Math.abs(e.deltaY)) {   // sideways: pan
+        this.tx -= e.deltaX; this.requestDraw(); return;
+      }
       const sx = e.clientX - r.left, sy = e.clientY - r.top;
       const f = Math.exp(-e.deltaY * (e.deltaMode === 1 ? 0.05 : 0.0015));
-      const k = Math.min(4, Math.max(0.01, this.k * f));
-      this.tx = sx - (sx - this.tx) * (k / this.k);
-      this.ty = sy - (sy - this.ty) * (k / this.k);
-      this.k = k;
-      this.requestDraw();
+      this.zoomAt(sx, sy, f);
     }, { passive: false });
+    c.addEventListener("keydown", (e) => {
+      const step = 60;
+      const keys = {
+        ArrowLeft: () => { this.tx += step; }, ArrowRight: () => { this.tx -= step; },
+        ArrowUp: () => { this.ty += step; }, ArrowDown: () => { this.ty -= step; },
+        "+": () => this.zoomAt(this.W / 2, this.H / 2, 1.25), "=": () => this.zoomAt(this.W / 2, this.H / 2, 1.25),
+        "-": () => this.zoomAt(this.W / 2, this.H / 2, 0.8), "0": () => this.fitAll(),
+        Backspace: () => this.up(), Escape: () => this.up(),
+        Enter: () => { if (this.selected >= 0) { const b = this.itemBoxOf(this.selected); if (b) this.activate(b.it); } },
+      };
+      const fn = keys[e.key];
+      if (!fn) return;
+      e.preventDefault();
+      fn();
+      this.requestDraw();
+    });
     const miniMove = (e) => {
+      if (!this.lay) return;
       const r = this.mini.getBoundingClientRect();
-      const wx = (e.clientX - r.left) / this.miniScale, wy = (e.clientY - r.top) / this.miniScale;
+      const wx = (e.clientX - r.left - this.miniOff[0]) / this.miniScale, wy = (e.clientY - r.top - this.miniOff[1]) / this.miniScale;
       this.tx = this.W / 2 - wx * this.k; this.ty = this.H / 2 - wy * this.k;
       this.requestDraw();
     };
     let miniDrag = false;
-    this.mini.addEventListener("pointerdown", (e) => { e.stopPropagation(); miniDrag = true; miniMove(e); });
+    this.mini.addEventListener("pointerdown", (e) => { e.stopPropagation(); miniDrag = true; this.mini.setPointerCapture && this.mini.setPointerCapture(e.pointerId); miniMove(e); });
     this.mini.addEventListener("pointermove", (e) => { if (miniDrag) miniMove(e); });
     this.mini.addEventListener("pointerup", () => { miniDrag = false; });
     if (window.ResizeObserver) {
@@ -233,97 +722,293 @@ class WbGraphCanvas {
     }
   }
 
+  zoomAt(sx, sy, f) {
+    const k = Math.min(4, Math.max(0.02, this.k * f));
+    this.tx = sx - (sx - this.tx) * (k / this.k);
+    this.ty = sy - (sy - this.ty) * (k / this.k);
+    this.k = k;
+    this.requestDraw();
+  }
+
+  _click(b) {
+    const it = b ? b.it : null;
+    if (it && it.type === "group") {
+      this.selected = -1; this.selectedGroup = it.g;
+      this.listeners.forEach((fn) => fn(-1, "", it));
+    } else if (it && it.type === "node") {
+      this.selectedGroup = -1;
+      this.listeners.forEach((fn) => fn(it.i, this.data.name[it.i], it));
+    } else if (it && it.type === "stub") {
+      const other = it.more ? -1 : (it.dir === "in" ? it.src : it.dst);
+      if (other >= 0) this.reveal(other, { select: false });
+    } else {
+      this.selectedGroup = -1;
+      this.listeners.forEach((fn) => fn(-1, "", null));
+    }
+    this.draw();
+  }
+
+  // double-click / Enter: open a group, a node's subgraphs, or a node's folded inputs
+  activate(it) {
+    if (it.type === "group") return this.open(it.g);
+    if (it.type === "stub") { if (!it.more) this.reveal(it.dir === "in" ? it.src : it.dst); return; }
+    const i = it.i;
+    if (this.graph.subOf.has(i)) return this.open(-(i + 2));
+    if (this.graph.nfold[i] && !this.graph.showAll) {
+      if (this.graph.expanded.has(i)) this.graph.expanded.delete(i); else this.graph.expanded.add(i);
+      const b = this.itemBoxOf(i);
+      const sx = b ? b.x * this.k + this.tx : this.W / 2, sy = b ? b.y * this.k + this.ty : this.H / 2;
+      return this.open(this.L, { fit: false }).then(() => {
+        const nb = this.itemBoxOf(i);
+        if (nb) { this.tx = sx - nb.x * this.k; this.ty = sy - nb.y * this.k; this.draw(); }
+      });
+    }
+  }
+
+  up() {
+    const cr = this.graph.crumbs(this.L);
+    if (cr.length > 1) return this.open(cr[cr.length - 2][0]);
+  }
+
+  setShowAll(on) {
+    this.graph.showAll = !!on;
+    this.graph.expanded.clear();
+    const focus = this.selected;
+    const L = focus >= 0 ? this.graph.levelOf(focus) : (this.L < -1 || this.graph.size(this.L) > 0 ? this.L : 0);
+    return this.open(L, { fit: true, focus });
+  }
+
   requestDraw() {
     if (this._raf) return;
     this._raf = requestAnimationFrame(() => { this._raf = 0; this.draw(); });
   }
 
+  _marks() {
+    // per-group counts of dimmed / marked / highlighted shown nodes (for collapsed groups)
+    const gr = this.graph, lay = this.lay;
+    this.itemMarks = new Map();
+    if (!lay) return;
+    const bump = (set, field) => {
+      for (const i of set) {
+        const it = lay.lv.itemOf(i);
+        if (!it) continue;
+        const m = this.itemMarks.get(it.key) || { dim: 0, mark: 0, hl: 0, sel: 0, flag: 0 };
+        m[field]++;
+        this.itemMarks.set(it.key, m);
+      }
+    };
+    const dimShown = new Set([...this.dimmed].filter((i) => gr.shown(i)));
+    bump(dimShown, "dim");
+    bump(this.marked, "mark");
+    bump(this.highlight, "hl");
+    bump(this.flagged || [], "flag");
+    if (this.selected >= 0) bump([this.selected], "sel");
+    // the path to the searched node: every edge upstream of it in this level
+    this.pathEdges = new Set();
+    const target = this.pathTo >= 0 ? lay.lv.itemOf(this.pathTo) : null;
+    if (target) {
+      const into = new Map();
+      for (const ed of lay.edges) {
+        if (!into.has(ed.e.b.key)) into.set(ed.e.b.key, []);
+        into.get(ed.e.b.key).push(ed);
+      }
+      const seen = new Set([target.key]), todo = [target.key];
+      while (todo.length) {
+        for (const ed of into.get(todo.pop()) || []) {
+          this.pathEdges.add(ed);
+          if (!seen.has(ed.e.a.key)) { seen.add(ed.e.a.key); todo.push(ed.e.a.key); }
+        }
+      }
+    }
+    for (const b of lay.items) {
+      const it = b.it;
+      const m = this.itemMarks.get(it.key);
+      if (!m || !m.dim) continue;
+      const size = it.type === "group" ? gr.size(it.g) : 1;
+      m.allDim = m.dim >= size;
+    }
+  }
+
   colorOf(i) { return this.data.colors[this.data.op[i]] || "#667"; }
 
+  // the fill of a node: its op colour, or its overlay value's colour when an overlay is shown
+  fillOf(i) {
+    const ov = this.overlay;
+    if (ov && ov.node) {
+      const v = ov.node.get(i);
+      return v === undefined ? "#c3c9d1" : wbScale(ov.t(v));
+    }
+    return this.colorOf(i);
+  }
+
+  groupFill(g) {
+    const ov = this.overlay;
+    if (ov && ov.group) {
+      const v = ov.group.get(g);
+      if (v !== undefined) return wbScale(ov.tg(v), 0.35);
+    }
+    return "#f7faff";
+  }
+
   draw() {
-    const d = this.data, ctx = this.ctx, k = this.k;
+    const ctx = this.ctx, k = this.k, lay = this.lay;
     ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
     ctx.clearRect(0, 0, this.W, this.H);
+    if (!lay) return;
+    if (this._marksDirty || this._marksFor !== lay) { this._marks(); this._marksDirty = false; this._marksFor = lay; }
     ctx.setTransform(this.dpr * k, 0, 0, this.dpr * k, this.dpr * this.tx, this.dpr * this.ty);
     const [vx0, vy0] = this.toWorld(0, 0), [vx1, vy1] = this.toWorld(this.W, this.H);
     const pad = 40;
     const visible = (x0, y0, x1, y1) => x1 >= vx0 - pad && x0 <= vx1 + pad && y1 >= vy0 - pad && y0 <= vy1 + pad;
-    const hh = d.h / 2;
-    // edges
-    ctx.lineWidth = Math.max(1 / k, 1.1);
-    const dimE = [], normE = [];
-    for (let e = 0; e < d.edges.length; e++) {
-      const b = this.ebox[e];
-      if (!visible(b[0], b[1], b[2], b[3])) continue;
-      const [s, t] = d.edges[e];
-      (this.dimmed.has(s) || this.dimmed.has(t) ? dimE : normE).push(e);
+    const font = (size, weight = 600) => `${weight} ${size}px -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif`;
+    // frames of groups opened in place
+    for (const f of lay.frames) {
+      if (!visible(f.x, f.y, f.x + f.w, f.y + f.h)) continue;
+      ctx.fillStyle = "rgba(20, 99, 255, 0.035)"; ctx.strokeStyle = "#c9d3e3"; ctx.lineWidth = 1 / Math.min(1, k);
+      this._roundRect(f.x, f.y, f.w, f.h, 8); ctx.fill(); ctx.stroke();
+      if (k * 11 >= 6) {
+        ctx.fillStyle = "#52606d"; ctx.font = font(11); ctx.textAlign = "left"; ctx.textBaseline = "top";
+        ctx.fillText(this.graph.G.label[f.g], f.x + 8, f.y + 5);
+      }
     }
-    const drawEdges = (list, colour) => {
-      ctx.strokeStyle = colour; ctx.fillStyle = colour;
+    // edges
+    const dimE = [], normE = [];
+    for (const ed of lay.edges) {
+      const p = ed.pts;
+      if (p.length < 4) continue;
+      let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+      for (let i = 0; i < p.length; i += 2) { x0 = Math.min(x0, p[i]); x1 = Math.max(x1, p[i]); y0 = Math.min(y0, p[i + 1]); y1 = Math.max(y1, p[i + 1]); }
+      if (!visible(x0, y0, x1, y1)) continue;
+      const ma = this.itemMarks.get(ed.e.a.key), mb = this.itemMarks.get(ed.e.b.key);
+      ((ma && ma.allDim) || (mb && mb.allDim) ? dimE : normE).push(ed);
+    }
+    const drawEdges = (list, colour, width = 1.1) => {
+      ctx.strokeStyle = colour; ctx.fillStyle = colour; ctx.lineWidth = Math.max(width / Math.min(1, k), width);
       ctx.beginPath();
-      for (const e of list) {
-        const p = d.edge_points[e];
-        const n = p.length;
-        ctx.moveTo(p[0], p[1] + hh);
-        if (n === 4) {
-          const y0 = p[1] + hh, y1 = p[3] - hh, my = (y0 + y1) / 2;
-          ctx.bezierCurveTo(p[0], my, p[2], my, p[2], y1);
-        } else {
-          for (let i = 2; i < n - 2; i += 2) ctx.lineTo(p[i], p[i + 1]);
-          const px = p[n - 4], py = p[n - 3];
-          const my = (py + p[n - 1] - hh) / 2;
-          ctx.bezierCurveTo(px, my, p[n - 2], my, p[n - 2], p[n - 1] - hh);
+      for (const { pts: p } of list) {
+        ctx.moveTo(p[0], p[1]);
+        if (p.length === 4) ctx.lineTo(p[2], p[3]);
+        else {
+          for (let i = 2; i < p.length - 2; i += 2) {
+            const mx = (p[i] + p[i + 2]) / 2, my = (p[i + 1] + p[i + 3]) / 2;
+            ctx.quadraticCurveTo(p[i], p[i + 1], i + 4 >= p.length ? p[i + 2] : mx, i + 4 >= p.length ? p[i + 3] : my);
+          }
         }
       }
       ctx.stroke();
-      if (k > 0.3) {
+      if (k > 0.25) {
         ctx.beginPath();
-        for (const e of list) {
-          const p = d.edge_points[e], n = p.length;
-          const x = p[n - 2], y = p[n - 1] - hh;
-          ctx.moveTo(x, y); ctx.lineTo(x - 3.5, y - 6); ctx.lineTo(x + 3.5, y - 6); ctx.closePath();
+        for (const { pts: p } of list) {
+          const n = p.length, x = p[n - 2], y = p[n - 1];
+          const ang = Math.atan2(y - p[n - 3], x - p[n - 4]);
+          ctx.moveTo(x, y);
+          ctx.lineTo(x - 7 * Math.cos(ang - 0.45), y - 7 * Math.sin(ang - 0.45));
+          ctx.lineTo(x - 7 * Math.cos(ang + 0.45), y - 7 * Math.sin(ang + 0.45));
+          ctx.closePath();
         }
         ctx.fill();
       }
     };
     drawEdges(dimE, "#dde1e6");
     drawEdges(normE, "#8795a5");
-    // nodes
-    const showText = k * d.h >= 11;
+    if (this.pathEdges && this.pathEdges.size) {
+      drawEdges(normE.filter((ed) => this.pathEdges.has(ed)), "#e0a800", 2.4);
+    }
+    // tensor shapes on edges
+    if (k >= 0.7) {
+      ctx.font = font(9.5, 400); ctx.textAlign = "left"; ctx.textBaseline = "middle"; ctx.fillStyle = "#6b7785";
+      for (const { e, pts: p } of normE) {
+        if (!e.label) continue;
+        const m = (p.length / 2) >> 1;
+        const x = p[2 * m], y = p[2 * m + 1];
+        const yy = p.length === 4 ? (p[1] + p[3]) / 2 : y;
+        const xx = p.length === 4 ? (p[0] + p[2]) / 2 : x;
+        ctx.fillText(e.n > 1 ? `${e.label} ×${e.n}` : e.label, xx + 5, yy);
+      }
+    }
+    // items
     ctx.textAlign = "center"; ctx.textBaseline = "middle";
-    ctx.font = "600 11px -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif";
-    for (let i = 0; i < this.n; i++) {
-      const x = d.x[i], y = d.y[i], w = d.w[i];
-      if (!visible(x - w / 2, y - hh, x + w / 2, y + hh)) continue;
-      const dim = this.dimmed.has(i);
-      const kind = d.kind[i];
-      ctx.globalAlpha = dim ? 0.28 : 1;
-      ctx.fillStyle = dim ? "#b8bec6" : this.colorOf(i);
-      const r = kind === 0 ? 5 : hh;
-      this._roundRect(x - w / 2, y - hh, w, d.h, r);
-      ctx.fill();
-      if (showText) {
-        ctx.fillStyle = "#fff";
-        let label = kind === 0 ? d.op[i] : d.name[i];
-        if (label.length > 28) label = label.slice(0, 26) + "…";
-        ctx.fillText(label, x, y + 0.5);
+    const showText = k * WB_NODE_H >= 11;
+    for (const b of lay.items) {
+      const x0 = b.x - b.w / 2, y0 = b.y - b.h / 2;
+      if (!visible(x0, y0, x0 + b.w, y0 + b.h)) continue;
+      const it = b.it;
+      const m = this.itemMarks.get(it.key);
+      const dim = m && m.allDim;
+      ctx.globalAlpha = dim ? 0.3 : 1;
+      if (it.type === "node") {
+        const kind = this.data.kind[it.i];
+        ctx.fillStyle = dim ? "#b8bec6" : this.fillOf(it.i);
+        this._roundRect(x0, y0, b.w, b.h, kind === 0 ? 5 : b.h / 2);
+        ctx.fill();
+        const nf = this.graph.showAll ? 0 : this.graph.nfold[it.i];
+        if (showText) {
+          ctx.fillStyle = "#fff"; ctx.font = font(11);
+          let label = wbItemLabel(this.graph, it);
+          if (label.length > 28) label = label.slice(0, 26) + "…";
+          ctx.fillText(label, b.x - (nf ? 10 : 0), b.y + 0.5);
+        }
+        if (nf) {      // folded constants / shape computations: a badge
+          const open = this.graph.expanded.has(it.i);
+          ctx.fillStyle = open ? "#1463ff" : "rgba(255,255,255,.9)";
+          this._roundRect(x0 + b.w - 22, y0 + 6, 17, b.h - 12, 4); ctx.fill();
+          if (showText) {
+            ctx.fillStyle = open ? "#fff" : "#334"; ctx.font = font(9);
+            ctx.fillText(nf > 99 ? "99+" : "+" + nf, x0 + b.w - 13.5, b.y + 0.5);
+          }
+        }
+      } else if (it.type === "group") {
+        ctx.fillStyle = dim ? "#eef0f2" : "#eef3fb";
+        ctx.strokeStyle = dim ? "#c8cdd3" : "#7f95b8"; ctx.lineWidth = 1.4 / Math.min(1, Math.max(k, 0.2));
+        this._roundRect(x0 + 3, y0 + 3, b.w, b.h, 7); ctx.fill(); ctx.stroke();      // a stack
+        ctx.fillStyle = dim ? "#f3f4f6" : this.groupFill(it.g);
+        this._roundRect(x0, y0, b.w, b.h, 7); ctx.fill(); ctx.stroke();
+        if (showText) {
+          let label = wbItemLabel(this.graph, it);
+          if (label.length > 34) label = label.slice(0, 32) + "…";
+          ctx.fillStyle = "#1f2933"; ctx.font = font(11.5);
+          ctx.fillText(label, b.x, b.y - 7);
+          ctx.fillStyle = "#52606d"; ctx.font = font(10, 400);
+          ctx.fillText(it.sub || "", b.x, b.y + 9);
+        }
+      } else {
+        ctx.fillStyle = "#f1f3f5"; ctx.strokeStyle = "#b8c0ca"; ctx.lineWidth = 1 / Math.min(1, k);
+        ctx.setLineDash([3, 3]);
+        this._roundRect(x0, y0, b.w, b.h, b.h / 2); ctx.fill(); ctx.stroke();
+        ctx.setLineDash([]);
+        if (showText) {
+          ctx.fillStyle = "#52606d"; ctx.font = font(10, 400);
+          ctx.fillText(wbItemLabel(this.graph, it), b.x, b.y + 0.5);
+        }
       }
     }
     ctx.globalAlpha = 1;
-    const ring = (i, colour, width) => {
-      const x = d.x[i], y = d.y[i], w = d.w[i];
+    const ring = (b, colour, width, dash) => {
       ctx.strokeStyle = colour; ctx.lineWidth = width / Math.min(1, Math.max(k, 0.05));
-      this._roundRect(x - w / 2 - 3, y - hh - 3, w + 6, d.h + 6, 7);
+      if (dash) ctx.setLineDash([5, 4]);
+      this._roundRect(b.x - b.w / 2 - 3, b.y - b.h / 2 - 3, b.w + 6, b.h + 6, 8);
       ctx.stroke();
+      ctx.setLineDash([]);
     };
-    for (const i of this.highlight) ring(i, "#f5b700", 3);
-    for (const i of this.marked) ring(i, "#d62d20", 3);
-    if (this.selected >= 0) ring(this.selected, "#1463ff", 3);
+    for (const b of lay.items) {
+      const m = this.itemMarks.get(b.it.key);
+      if (!m) continue;
+      const inGroup = b.it.type === "group";
+      if (m.hl) ring(b, "#f5b700", 3, false);
+      if (m.flag) ring(b, "#b0006e", 3.5, inGroup);
+      if (m.mark) ring(b, "#d62d20", 3, inGroup);
+      if (m.sel) ring(b, "#1463ff", 3, inGroup);
+    }
+    if (this.selectedGroup >= 0) {
+      const b = lay.byKey.get("g" + this.selectedGroup);
+      if (b) ring(b, "#1463ff", 3, false);
+    }
     this.drawMini();
   }
 
   _roundRect(x, y, w, h, r) {
     const ctx = this.ctx;
+    r = Math.min(r, w / 2, h / 2);
     ctx.beginPath();
     ctx.moveTo(x + r, y);
     ctx.arcTo(x + w, y, x + w, y + h, r);
@@ -333,42 +1018,145 @@ class WbGraphCanvas {
     ctx.closePath();
   }
 
+  // the minimap lives in the side panel (it never covers the drawing); hidden on demand
   drawMini() {
-    const d = this.data;
-    this.mini.style.display = (d.height * this.k > this.H * 1.2 || d.width * this.k > this.W * 1.2) ? "" : "none";
-    if (this.mini.style.display === "none") return;
-    const m = this.mini.getContext("2d"), s = this.miniScale, dpr = this.dpr;
-    if (!this._miniBase) {
+    const lay = this.lay;
+    // shown when the level does not fit in the view (and not hidden with the Map button)
+    const fits = lay && lay.width * this.k <= this.W * 1.02 && lay.height * this.k <= this.H * 1.02;
+    if (!this.showMini || !lay || fits || !this.mini.isConnected) { this.mini.style.display = "none"; return; }
+    this.mini.style.display = "";
+    const dpr = this.dpr;
+    const mw = Math.max(120, Math.min(250, (this.mini.parentElement ? this.mini.parentElement.clientWidth : 250) - 4));
+    const mh = Math.max(60, Math.min(160, mw * lay.height / lay.width));
+    const s = Math.min(mw / lay.width, mh / lay.height);
+    this.miniScale = s;
+    this.miniOff = [(mw - lay.width * s) / 2, (mh - lay.height * s) / 2];
+    if (!this._miniBase || this._miniBase.width !== Math.round(mw * dpr)) {
+      this.mini.width = Math.round(mw * dpr); this.mini.height = Math.round(mh * dpr);
+      this.mini.style.width = mw + "px"; this.mini.style.height = mh + "px";
       const base = document.createElement("canvas");
       base.width = this.mini.width; base.height = this.mini.height;
       const b = base.getContext("2d");
       b.setTransform(dpr, 0, 0, dpr, 0, 0);
-      for (let i = 0; i < this.n; i++) {
-        b.fillStyle = this.dimmed.has(i) ? "#d0d4da" : this.colorOf(i);
-        b.fillRect(d.x[i] * s - Math.max(1, d.w[i] * s) / 2, d.y[i] * s, Math.max(1, d.w[i] * s), Math.max(1, d.h * s));
+      b.translate(this.miniOff[0], this.miniOff[1]);
+      for (const x of lay.items) {
+        const it = x.it;
+        b.fillStyle = it.type === "node" ? this.fillOf(it.i) : it.type === "group" ? "#7f95b8" : "#c3c9d1";
+        const w = Math.max(1.5, x.w * s), h = Math.max(1.5, x.h * s);
+        b.fillRect(x.x * s - w / 2, x.y * s - h / 2, w, h);
       }
       this._miniBase = base;
     }
+    const m = this.mini.getContext("2d");
     m.setTransform(1, 0, 0, 1, 0, 0);
     m.clearRect(0, 0, this.mini.width, this.mini.height);
     m.drawImage(this._miniBase, 0, 0);
     m.setTransform(dpr, 0, 0, dpr, 0, 0);
+    m.translate(this.miniOff[0], this.miniOff[1]);
     const [x0, y0] = this.toWorld(0, 0), [x1, y1] = this.toWorld(this.W, this.H);
     m.strokeStyle = "#1463ff"; m.lineWidth = 1.5;
     m.strokeRect(x0 * s, y0 * s, Math.max(2, (x1 - x0) * s), Math.max(2, (y1 - y0) * s));
-    if (this.selected >= 0) {
-      m.fillStyle = "#1463ff";
-      m.fillRect(d.x[this.selected] * s - 2, d.y[this.selected] * s - 2, 4, 4);
+  }
+
+  // ---------------------------------------------------------------- export
+  // the current view as a PNG data URL (what is on screen, at the screen's pixel density)
+  toPNG() { this.draw(); return this.canvas.toDataURL("image/png"); }
+
+  // the current view as SVG: the same items, edges, frames and shapes, as vector shapes
+  toSVG() {
+    const lay = this.lay;
+    const [x0, y0] = this.toWorld(0, 0), [x1, y1] = this.toWorld(this.W, this.H);
+    const f = (v) => Math.round(v * 10) / 10;
+    const out = [`<svg xmlns="http://www.w3.org/2000/svg" width="${f(this.W)}" height="${f(this.H)}" viewBox="${f(x0)} ${f(y0)} ${f(x1 - x0)} ${f(y1 - y0)}" font-family="Helvetica, Arial, sans-serif">`,
+      `<rect x="${f(x0)}" y="${f(y0)}" width="${f(x1 - x0)}" height="${f(y1 - y0)}" fill="#ffffff"/>`,
+      `<defs><marker id="wbArrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto"><path d="M0,1 L9,5 L0,9 z" fill="#8795a5"/></marker></defs>`];
+    if (!lay) return out.join("") + "</svg>";
+    const inView = (a, b, c, d) => c >= x0 && a <= x1 && d >= y0 && b <= y1;
+    for (const fr of lay.frames) {
+      if (!inView(fr.x, fr.y, fr.x + fr.w, fr.y + fr.h)) continue;
+      out.push(`<rect x="${f(fr.x)}" y="${f(fr.y)}" width="${f(fr.w)}" height="${f(fr.h)}" rx="8" fill="#f5f8fe" stroke="#c9d3e3"/>`,
+        `<text x="${f(fr.x + 8)}" y="${f(fr.y + 15)}" font-size="11" font-weight="600" fill="#52606d">${wbEsc(this.graph.G.label[fr.g])}</text>`);
     }
+    for (const { e, pts: p } of lay.edges) {
+      if (p.length < 4) continue;
+      let d = `M${f(p[0])},${f(p[1])}`;
+      for (let i = 2; i < p.length; i += 2) d += ` L${f(p[i])},${f(p[i + 1])}`;
+      out.push(`<path d="${d}" fill="none" stroke="#8795a5" stroke-width="1.1" marker-end="url(#wbArrow)"/>`);
+      if (e.label) {
+        const m = (p.length / 2) >> 1;
+        out.push(`<text x="${f(p[2 * m] + 5)}" y="${f(p[2 * m + 1] + 3)}" font-size="9" fill="#6b7785">${wbEsc(e.n > 1 ? `${e.label} ×${e.n}` : e.label)}</text>`);
+      }
+    }
+    for (const b of lay.items) {
+      const bx = b.x - b.w / 2, by = b.y - b.h / 2;
+      if (!inView(bx, by, bx + b.w, by + b.h)) continue;
+      const it = b.it, label = wbEsc(wbItemLabel(this.graph, it));
+      if (it.type === "node") {
+        const r = this.data.kind[it.i] === 0 ? 5 : b.h / 2;
+        out.push(`<rect x="${f(bx)}" y="${f(by)}" width="${f(b.w)}" height="${f(b.h)}" rx="${r}" fill="${this.fillOf(it.i)}"/>`,
+          `<text x="${f(b.x)}" y="${f(b.y + 4)}" text-anchor="middle" font-size="11" font-weight="600" fill="#ffffff">${label}</text>`);
+        const nf = this.graph.showAll ? 0 : this.graph.nfold[it.i];
+        if (nf) out.push(`<text x="${f(bx + b.w - 4)}" y="${f(by + 10)}" text-anchor="end" font-size="8" fill="#ffffff">+${nf}</text>`);
+      } else if (it.type === "group") {
+        out.push(`<rect x="${f(bx)}" y="${f(by)}" width="${f(b.w)}" height="${f(b.h)}" rx="7" fill="${this.groupFill(it.g)}" stroke="#7f95b8" stroke-width="1.4"/>`,
+          `<text x="${f(b.x)}" y="${f(b.y - 3)}" text-anchor="middle" font-size="11.5" font-weight="600" fill="#1f2933">${label}</text>`,
+          `<text x="${f(b.x)}" y="${f(b.y + 12)}" text-anchor="middle" font-size="10" fill="#52606d">${wbEsc(it.sub || "")}</text>`);
+      } else {
+        out.push(`<rect x="${f(bx)}" y="${f(by)}" width="${f(b.w)}" height="${f(b.h)}" rx="${b.h / 2}" fill="#f1f3f5" stroke="#b8c0ca" stroke-dasharray="3,3"/>`,
+          `<text x="${f(b.x)}" y="${f(b.y + 3.5)}" text-anchor="middle" font-size="10" fill="#52606d">${label}</text>`);
+      }
+    }
+    out.push("</svg>");
+    return out.join("\n");
+  }
+
+  // highlight the path to node i (its upstream edges in the level where it is drawn)
+  setPathTo(i) { this.pathTo = i; this._marksDirty = true; }
+
+  // ---------------------------------------------------------------- overlay
+  // per-node numbers drawn as a colour scale (profiled time / memory, differences from a
+  // reference): {title, unit, values: {node name: number}, flagged: [node names]}
+  setOverlay(ov) {
+    if (!ov || !ov.values || !Object.keys(ov.values).length) {
+      this.overlay = null;
+    } else {
+      const node = new Map(), group = new Map();
+      for (const [nm, v] of Object.entries(ov.values)) {
+        const i = this.index.get(nm);
+        if (i === undefined || !Number.isFinite(v)) continue;
+        node.set(i, (node.get(i) || 0) + v);
+        // a folded node's number counts for the node it is folded into, and for its groups
+        const h = this.graph.host[i] >= 0 ? this.graph.host[i] : i;
+        if (h !== i) node.set(h, (node.get(h) || 0) + v);
+        for (let g = this.graph.group[h]; g >= 0; g = this.graph.G.kind[g] === "subgraph" ? this.graph.group[this.graph.G.owner[g]] : this.graph.G.parent[g]) {
+          group.set(g, (group.get(g) || 0) + v);
+          if (g === 0) break;
+        }
+      }
+      const vals = [...node.values()];
+      const lo = Math.min(...vals), hi = Math.max(...vals);
+      const gvals = [...group.entries()].filter(([g]) => g !== 0).map(([, v]) => v);
+      const ghi = gvals.length ? Math.max(...gvals) : 0;
+      const lin = (a, b) => (v) => (b > a ? (v - a) / (b - a) : 1);
+      this.overlay = { title: ov.title || "", unit: ov.unit || "", node, group, lo, hi, ghi,
+        t: lin(Math.min(lo, 0), hi), tg: lin(0, ghi) };
+      this.overlay.groupT = this.overlay.tg;
+    }
+    this.flagged = new Set();
+    for (const nm of (ov && ov.flagged) || []) { const i = this.index.get(nm); if (i !== undefined) this.flagged.add(i); }
+    this._marksDirty = true;
+    this._miniBase = null;
+    this.draw();
   }
 
   setNames(kind, names) {
     const set = new Set();
     for (const nm of names || []) { const i = this.index.get(nm); if (i !== undefined) set.add(i); }
     this[kind] = set;
-    if (kind === "dimmed") this._miniBase = null;
+    this._marksDirty = true;
   }
 
+  // nodes whose name or op type contains q (shown or folded)
   search(q) {
     q = (q || "").trim().toLowerCase();
     if (!q) return [];
@@ -376,17 +1164,23 @@ class WbGraphCanvas {
     for (let i = 0; i < this.n; i++) {
       if (d.name[i].toLowerCase().includes(q) || d.op[i].toLowerCase().includes(q)) out.push(i);
     }
+    // shown nodes first, in graph order
+    out.sort((a, b) => (this.graph.host[a] === -1 ? 0 : 1) - (this.graph.host[b] === -1 ? 0 : 1) || a - b);
     return out;
   }
 
-  destroy() { if (this.ro) this.ro.disconnect(); }
+  destroy() {
+    if (this.ro) this.ro.disconnect();
+    if (!this.opts.engine) this.engine.destroy();
+  }
 }
 
 // Details panel contents for a node (uses Python's details when they are for this node).
 function wbDetailsHTML(data, i, det, late = false) {
-  if (i < 0) return '<div class="wb-muted">Click a node to see its details.</div>';
+  if (i < 0) return '<div class="wb-muted">Click a node to see its details; double-click a group to open it.</div>';
   const name = data.name[i], op = data.op[i];
   let h = `<div class="wb-opname">${wbEsc(op)}</div><div class="wb-muted" style="word-break:break-all">${wbEsc(name)}</div>`;
+  if (data.nfold && data.nfold[i]) h += `<div class="wb-muted">${data.nfold[i]} constant / shape node${data.nfold[i] === 1 ? "" : "s"} folded in (double-click the node to show them)</div>`;
   if (!det || det.name !== name) {
     return h + (late
       ? '<div class="wb-msg wb-nokernel">No details arrived from Python: the kernel may be busy, stopped or restarted. Re-run the cell to reconnect.</div>'
@@ -405,12 +1199,47 @@ function wbDetailsHTML(data, i, det, late = false) {
     for (const v of list) {
       if (v.omitted) { s += "<tr><td class='wb-muted'>(omitted)</td></tr>"; continue; }
       s += `<tr><td${v.param ? " class='wb-param'" : ""}>${wbEsc(v.name)}</td><td style="white-space:nowrap">${wbEsc(v.dtype)} ${wbEsc(v.shape)}${v.param ? " · " + Number(v.count).toLocaleString() : ""}</td></tr>`;
+      if (v.folded) s += `<tr><td colspan="2" class="wb-folded">= ${wbEsc(v.folded)}</td></tr>`;
     }
     return s + "</table>";
   };
   h += vals("Inputs", det.inputs) + vals("Outputs", det.outputs);
   if (det.params) h += `<h4>Parameters</h4><div>${Number(det.params).toLocaleString()} values</div>`;
   return h;
+}
+
+function wbGroupHTML(graph, g) {
+  const n = graph.size(g);
+  const ops = wbGroupOps(graph, g, 8);
+  let h = `<div class="wb-opname">${wbEsc(graph.G.label[g])}</div><div class="wb-muted">${graph.G.kind[g]} · ${n.toLocaleString()} node${n === 1 ? "" : "s"}${graph.showAll ? "" : ` (+${(graph.G.size_all[g] - n).toLocaleString()} folded)`}</div>`;
+  h += "<div class='wb-muted'>Double-click to open it.</div>";
+  if (ops.length) {
+    h += "<h4>Operators</h4><table class='wb-kv'>";
+    for (const [o, c] of ops) h += `<tr><td>${wbEsc(o)}</td><td>${c}</td></tr>`;
+    h += "</table>";
+  }
+  return h;
+}
+
+// the colour scale's legend: title, gradient, min and max
+function wbOverlayLegend(gc, spec) {
+  const ov = gc.overlay;
+  if (!ov) {
+    if (!gc.flagged || !gc.flagged.size) return null;      // rings only (GraphCompare)
+    return wbEl("div", { class: "wb-overlay-legend" },
+      wbEl("h4", null, (spec && spec.title) || "ringed nodes"),
+      wbEl("div", { class: "wb-muted" }, `${gc.flagged.size} node${gc.flagged.size === 1 ? "" : "s"} ringed`));
+  }
+  const fmt = (v) => (Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 1 ? v.toFixed(2) : v.toPrecision(2));
+  const stops = [0, 0.33, 0.66, 1].map((t) => wbScale(t)).join(", ");
+  return wbEl("div", { class: "wb-overlay-legend" },
+    wbEl("h4", null, ov.title || "overlay"),
+    wbEl("div", { style: `height:10px;border-radius:3px;background:linear-gradient(to right, ${stops})` }),
+    wbEl("div", { style: "display:flex;justify-content:space-between", class: "wb-muted" },
+      wbEl("span", null, `${fmt(Math.min(ov.lo, 0))} ${ov.unit}`), wbEl("span", null, `${fmt(ov.hi)} ${ov.unit} per node`)),
+    ov.ghi ? wbEl("div", { class: "wb-muted" }, `groups: the sum of their nodes (up to ${fmt(ov.ghi)} ${ov.unit})`) : null,
+    wbEl("div", { class: "wb-muted" }, "grey: no number for that node"),
+    gc.flagged && gc.flagged.size ? wbEl("div", { class: "wb-muted" }, `${gc.flagged.size} node${gc.flagged.size === 1 ? "" : "s"} ringed: outputs differ from the reference`) : null);
 }
 
 function wbLegend(data, onPick) {
