@@ -191,36 +191,15 @@ def test_outputs_show_no_temporary_paths(path):
 def test_a_notebook_run_leaves_no_temporary_folder(tmp_path):
     """Notebook 03 (a private zoo cache and an export folder) in a kernel whose TMPDIR is an
     empty folder: once the kernel has shut down, no folder is left there."""
-    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     pytest.importorskip("onnxruntime")
     path = ROOT / "notebooks" / "03_exporting_your_own_model.ipynb"
     nb = _read(path)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
-    from jupyter_client.manager import AsyncKernelManager
-
-    class ThisInterpreter(KernelSpecManager):
-        """The kernel runs this interpreter (as nbval's --nbval-current-env does), not
-        whatever the python3 kernelspec points at."""
-
-        def get_kernel_spec(self, kernel_name):
-            return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f",
-                                    "{connection_file}"], display_name=kernel_name,
-                              language="python")
-
-    env = dict(os.environ, TMPDIR=str(tmp), WORKBENCH_NOTEBOOK_OFFLINE="1",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    km = AsyncKernelManager(kernel_spec_manager=ThisInterpreter(), kernel_name="python3")
-    client = nbclient.NotebookClient(nb, km=km, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(path.parent)}})
-    try:
-        client.execute(env=env)
-    finally:            # nbclient leaves a kernel it was handed running: shut it down as a
-        from jupyter_core.utils import run_sync    # notebook server does, gracefully
-        if km.has_kernel:
-            run_sync(km.shutdown_kernel)(now=False)
+    from tests.helpers.kernel import run_notebook
+    run_notebook(nb, path.parent, env={"TMPDIR": str(tmp), "WORKBENCH_NOTEBOOK_OFFLINE": "1"})
     outputs = json.dumps([c.get("outputs", []) for c in nb.cells])
     assert "second export refused" in outputs          # the export cell ran
     left = sorted(p.name for p in tmp.iterdir() if p.is_dir())

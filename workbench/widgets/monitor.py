@@ -117,8 +117,8 @@ def _tick_label(v: float) -> str:
     return f"{v:.6g}"
 
 
-def curves_svg(series: dict, title: str = "training", *, panel_width: int = 300,
-               panel_height: int = 190, columns: int = 3) -> str:
+def curves_svg(series: dict, title: str = "training", *, note: str = "",
+               panel_width: int = 300, panel_height: int = 190, columns: int = 3) -> str:
     """A static picture of training curves as an SVG document.
 
     ``series`` maps a metric name to ``{"train": [[step, value], ...], "val": [...]}`` (the
@@ -126,17 +126,19 @@ def curves_svg(series: dict, title: str = "training", *, panel_width: int = 300,
     to ``columns`` columns; each panel has its x axis titled ``step (batches)`` and its y axis
     titled with the metric's name, tick labels on both, the training curve as a line and the
     validation points as dots, and a legend. Values that are not finite are left out.
+    ``note``: a line shown after the title (the final values, say).
     """
     names = [k for k, v in series.items() if any(v.get(ph) for ph in ("train", "val"))]
     cols = max(1, min(columns, len(names) or 1))
     rows = max(1, math.ceil(len(names) / cols))
     head = 24
-    W, H = cols * panel_width, head + rows * panel_height
+    # wide enough for the title line (about 6 px a character at this size)
+    W, H = max(cols * panel_width, 6 * (len(title) + len(note)) + 40), head + rows * panel_height
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
            f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="10">',
            f'<rect width="{W}" height="{H}" fill="#ffffff"/>',
-           f'<text x="6" y="16" font-size="12" font-weight="bold" fill="#1f2933">'
-           f'{_esc(title)}</text>']
+           f'<text x="6" y="16" font-size="12" fill="#1f2933"><tspan font-weight="bold">'
+           f'{_esc(title)}</tspan><tspan fill="#52606d" dx="10">{_esc(note)}</tspan></text>']
     if not names:
         out.append(f'<text x="6" y="{head + 16}" fill="#6b7785">no values recorded</text>')
     L, R, T, B = 58, 10, 22, 34                  # margins of the plot area in a panel
@@ -524,23 +526,27 @@ class TrainingMonitor:
 
     def curves_svg(self) -> str:
         """The curves recorded so far as an SVG document (see :func:`curves_svg`)."""
-        return curves_svg(self._series(), self.title)
+        # the final values (the summary without its first line, which holds the duration)
+        note = "; ".join(self.summary().splitlines()[1:]) if self.finished else ""
+        return curves_svg(self._series(), self.title, note=note)
 
     def _has_points(self) -> bool:
         return any(len(v) for h in self.history.values() for k, v in h.items() if k != "step")
 
     def _repr_mimebundle_(self, **kwargs):
         text = self.summary() if self.finished else repr(self)
-        data = {}
+        data, metadata = {}, {}
         if self.widget is not None and in_notebook():
             self._shown = True
-            data = self.widget._repr_mimebundle_(**kwargs)
-            data = dict(data) if isinstance(data, dict) else {}
-        data["text/plain"] = text
+            got = self.widget._repr_mimebundle_(**kwargs)
+            if isinstance(got, tuple):          # anywidget answers (data, metadata)
+                got, metadata = got[0], dict(got[1] or {})
+            data = dict(got) if isinstance(got, dict) else {}
+        data["text/plain"] = text              # not the widget object's default repr
         # the static picture next to the widget view: shown where no widget can render
         if self._has_points():
             data["image/svg+xml"] = self.curves_svg()
-        return data
+        return (data, metadata) if metadata else data
 
 
 def _make_widget_class():
