@@ -363,8 +363,8 @@ def _jupyter(*args) -> str:
 
 
 def test_installed_and_enabled():
-    """After `pip install -e ".[lab]"` (scripts/setup-test-env.sh) or a wheel install, JupyterLab lists
-    the front-end as enabled and OK, and the server extension as enabled."""
+    """After `pip install -e ".[lab]"` (scripts/setup-test-env.sh) or a wheel install,
+    JupyterLab lists the front-end as enabled and OK, and the server extension as enabled."""
     pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (the lab extra)")
     how = "pip install -e '.[lab]' again (scripts/setup-test-env.sh), or pip install the wheel"
     out = _jupyter("jupyterlab.labextensions", "list")

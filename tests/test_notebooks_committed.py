@@ -15,7 +15,10 @@ it checks what a reader and nbval find in the committed files. The rule for outp
 4. The notebook validates against the nbformat schema and its kernelspec is ``python3``.
 5. The zoo notebooks say plainly that offline they run an untrained twin whose predictions are
    meaningless (nothing pretends to be pretrained).
-6. Notebooks leave no temporary folders behind: they make them with
+6. No output shows a raw object repr (``<... object at 0x...>``): every object a notebook
+   displays has a readable text form (widgets: their summary, and the TrainingMonitor a
+   picture of its curves).
+7. Notebooks leave no temporary folders behind: they make them with
    ``tempfile.TemporaryDirectory`` (removed when the kernel stops, or by the notebook), never
    ``mkdtemp``/``mkstemp``, and no committed output shows a temporary path. One notebook is
    run in a kernel whose temporary folder is private to check that nothing is left there
@@ -26,9 +29,7 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -147,8 +148,43 @@ def test_zoo_notebooks_are_honest_about_twins(path):
         assert "meaningless" in outputs
 
 
+_RAW_REPR = re.compile(r"<[\w.]+(\.<locals>\.[\w.]+)? object at 0x[0-9a-fA-F]+>")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_outputs_show_no_raw_object_reprs(path):
+    nb = _read(path)
+    for i, c in enumerate(_code_cells(nb), 1):
+        for o in c.outputs:
+            for t in [o.get("text", "")] + [v for k, v in o.get("data", {}).items()
+                                           if k.startswith("text/") and isinstance(v, str)]:
+                m = _RAW_REPR.search(t)
+                assert not m, f"{path.name}: code cell {i} shows a raw object repr: {m.group(0)}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_training_monitors_show_their_curves(path):
+    """A TrainingMonitor's saved output carries the curves as a picture next to the widget
+    view, so the notebook shows them where widgets do not render (GitHub, nbviewer)."""
+    nb = _read(path)
+    for i, c in enumerate(_code_cells(nb), 1):
+        if "TrainingMonitor(" not in c.source or "with " not in c.source:
+            continue
+        views = [o for o in c.outputs
+                 if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+        assert views, f"{path.name}: code cell {i} trains with a monitor but shows no widget"
+        for o in views:
+            data = o["data"]
+            svg = data.get("image/svg+xml", "")
+            assert "step (batches)" in svg, (
+                f"{path.name}: code cell {i}: the monitor's output has no picture of its "
+                f"curves; re-execute the notebook")
+            assert "step(s)" in data.get("text/plain", ""), data.get("text/plain")
+
+
 # calls that make temporary files or folders nobody removes
-_LEAKY_TEMP = re.compile(r"\b(mkdtemp|mkstemp|mktemp)\s*\(|NamedTemporaryFile\([^)]*delete\s*=\s*False")
+_LEAKY_TEMP = re.compile(r"\b(mkdtemp|mkstemp|mktemp)\s*\("
+                         r"|NamedTemporaryFile\([^)]*delete\s*=\s*False")
 # a temporary path in an output: /tmp/..., a Windows temp folder, or the prefixes of our folders
 _TEMP_PATH = re.compile(r"/tmp/|\\Temp\\|\bwb-(notebook|export|retrain|transfer|dist|quantize)-"
                         r"[a-z0-9_]{6,}|/var/folders/")

@@ -90,7 +90,8 @@ def test_inspector_table_fits_its_pane(browser, inspector, width, tmp_path):
                     tScrollW: t.scrollWidth, tClientW: t.clientWidth,
                     oy: cs.overflowY, ox: cs.overflowX,
                     narrow: r.classList.contains('wb-narrow'),
-                    page: document.documentElement.scrollWidth - document.documentElement.clientWidth};
+                    page: document.documentElement.scrollWidth -
+                          document.documentElement.clientWidth};
             }""")
         assert m["rootOverflowX"] <= 1 and m["page"] <= 0, m       # nothing spills out
         assert m["rows"] == len(inspector.rows)

@@ -548,11 +548,11 @@ def test_the_helper_is_outside_our_process_group():
     load(_loop_model(2))                              # starts the helper
     pid = isolated._helper.proc.pid
     assert os.getsid(pid) == pid and os.getpgid(pid) != os.getpgrp()
-    code = ("import os, sys; sys.path.insert(0, %r)\n"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = (f"import sys; sys.path.insert(0, {root!r})\n"
             "from workbench.graph import isolated\nfrom workbench.graph.load import load\n"
             "from workbench.cli import default_model_path\nload(default_model_path())\n"
-            "print(isolated._helper.proc.pid)\n") % os.path.dirname(os.path.dirname(
-                os.path.dirname(os.path.abspath(__file__))))
+            "print(isolated._helper.proc.pid)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr

@@ -114,7 +114,8 @@ def start(base: Path, root: Path, *, lab: bool = True, server_config: dict | Non
             p.write_text(json.dumps(content))
         env["JUPYTERLAB_SETTINGS_DIR"] = str(settings)
     port, token = free_port(), "wbtest" + os.urandom(8).hex()
-    cmd = [python or sys.executable, "-m", "jupyterlab" if lab else "jupyter_server", "--no-browser",
+    cmd = [python or sys.executable, "-m", "jupyterlab" if lab else "jupyter_server",
+           "--no-browser",
            "--ip=127.0.0.1", f"--port={port}", "--allow-root", f"--ServerApp.token={token}",
            f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
            "--ServerApp.port_retries=0"]
