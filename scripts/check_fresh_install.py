@@ -138,10 +138,14 @@ def check_viewer(kind: str, py: Path, work: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("kinds", nargs="*", choices=["wheel", "editable"],
-                    default=["wheel", "editable"])
+    ap.add_argument("kinds", nargs="*", metavar="wheel|editable",
+                    help="the ways of installing to check (default: both)")
     ap.add_argument("--keep", action="store_true", help="keep the venvs (printed at the end)")
     args = ap.parse_args()
+    bad = [k for k in args.kinds if k not in ("wheel", "editable")]
+    if bad:
+        ap.error(f"unknown way of installing {bad}: choose wheel and/or editable")
+    args.kinds = args.kinds or ["wheel", "editable"]
     work = Path(tempfile.mkdtemp(prefix="wb-install-check-"))
     try:
         for kind in args.kinds:

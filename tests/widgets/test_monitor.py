@@ -194,6 +194,10 @@ def test_non_finite_values_are_left_out_of_the_picture():
     _, panels = _svg_panels(svg)
     assert panels["loss"]["train_points"] == 2 and panels["loss"]["val_points"] == 0
     assert "nan" not in svg.lower() and "inf" not in svg.lower()
+    for pts in ([[1, -1e308], [2, 1e308]], [[1, 1e-320], [2, 0.0]], [[5, 2.0]]):
+        svg = monitor_mod.curves_svg({"loss": {"train": pts}})     # extreme ranges
+        assert "nan" not in svg.lower() and "inf" not in svg.lower(), pts
+        assert _svg_panels(svg)[1]["loss"]["train_points"] == len(pts)
 
 
 def test_widget_output_gets_the_static_curves_when_training_ends(monkeypatch):

@@ -100,13 +100,17 @@ def _nice_ticks(lo: float, hi: float, n: int = 4) -> list[float]:
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
         return [lo]
     raw = (hi - lo) / n
-    mag = 10 ** math.floor(math.log10(raw))
+    if not (math.isfinite(raw) and raw > 0):          # the range overflows a float
+        return [lo, hi]
+    mag = 10.0 ** math.floor(math.log10(raw))
+    if not mag > 0:                                   # a subnormal range
+        return [lo, hi]
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     first = math.ceil(lo / step - 1e-9) * step
     ticks, t = [], first
     while t <= hi + step * 1e-9:
-        ticks.append(round(t, 12))
-        t += step
+        ticks.append(t)
+        t = first + len(ticks) * step             # no drift from repeated addition
     return ticks
 
 
@@ -174,8 +178,8 @@ def curves_svg(series: dict, title: str = "training", *, note: str = "",
         def sx(x, xlo=xlo, xhi=xhi, x0p=x0p, pw=pw):
             return x0p + (x - xlo) / (xhi - xlo) * pw
 
-        def sy(y, ylo=ylo, yhi=yhi, y0p=y0p, ph=ph):
-            return y0p + (1 - (y - ylo) / (yhi - ylo)) * ph
+        def sy(y, ylo=ylo, yhi=yhi, y0p=y0p, ph=ph):   # halves: finite even for ±1e308
+            return y0p + (1 - (y * 0.5 - ylo * 0.5) / (yhi * 0.5 - ylo * 0.5)) * ph
 
         for t in _nice_ticks(ylo, yhi):
             out.append(f'<line x1="{x0p}" x2="{x0p + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" '
