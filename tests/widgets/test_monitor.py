@@ -256,3 +256,21 @@ def test_saved_notebook_output_holds_the_curves(tmp_path):
     assert data["text/plain"].startswith("run: 12 step(s)")
     _, panels = _svg_panels(data["image/svg+xml"])
     assert panels["loss"]["train_points"] == 12 and panels["loss"]["val_points"] == 1
+
+
+def test_display_without_display_ids_still_shows_the_widget(monkeypatch):
+    """Where the display hook knows no display ids (some remote engines), the monitor is
+    shown without one (no final picture) and stays a widget."""
+    monkeypatch.setattr(monitor_mod, "in_notebook", lambda: True)
+    shown = []
+
+    def display(obj, **kw):
+        if "display_id" in kw:
+            raise TypeError("display_id not supported here")
+        shown.append(obj)
+
+    import IPython.display
+    monkeypatch.setattr(IPython.display, "display", display)
+    with TrainingMonitor(total=5) as mon:
+        _train(mon, steps=5)
+    assert shown == [mon] and mon.mode == "widget" and mon.widget.done

@@ -276,12 +276,18 @@ class TrainingMonitor:
         if self.widget is not None:
             try:
                 from IPython.display import display
+            except Exception:
+                self.mode, self.widget = "text", None
+                return
+            try:
                 # shown through _repr_mimebundle_ (widget view + text; the curves once there
                 # are some) with a display id, so close() can add the final static picture
                 self._display = display(self, display_id=True)
             except Exception:
-                self.mode = "text"
-                self.widget = None
+                try:            # a display hook without display ids: the widget alone
+                    display(self)
+                except Exception:
+                    self.mode, self.widget = "text", None
 
     def _arm(self) -> None:
         """Catch the first SIGINT as a stop request (main thread of a kernel only)."""
