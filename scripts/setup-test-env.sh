@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs, from the repo's own files:
-#   the package with its test, lab and dist extras (and its JupyterLab extension), PyTorch CPU
+#   the package with its test, lab and dist extras (its JupyterLab extension comes with it), PyTorch CPU
 #   (test oracle for real models and gradients), and Debian's Chromium for the real-browser tests.
 #   dist: mpi4py, the MPICH wheel's mpiexec and ipyparallel, for the 2-process DistOpt tests.
 # Safe to run again. Used by the README's test command and by .ci/run.
@@ -9,22 +9,16 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
 $PY -m pip install --quiet --upgrade pip
-$PY -m pip install --quiet -e ".[test,lab,dist]"
-# The JupyterLab extension (ONNX Graph viewer for .onnx files). A wheel installs it through
-# setuptools data-files; an editable install does not install data-files, so do the same here:
-# the server-extension config into <prefix>/etc/jupyter (`jupyter server extension enable`
-# refuses extensions that are not in a config yet), and the prebuilt front-end (committed in
-# workbench/labextension; no node needed) linked into <prefix>/share/jupyter/labextensions --
-# what `jupyter labextension develop --overwrite .` does, without depending on which
-# jupyter-builder is first on PATH (JupyterLab 4.6 runs that command through it).
+# An earlier version of this script linked the JupyterLab extension's folder into the
+# environment; pip would now write the installed copy through that link into the source tree
+# (and remove it there on uninstall): take the link away first.
 PREFIX=$($PY -c "import sys; print(sys.prefix)")
-mkdir -p "$PREFIX/etc/jupyter/jupyter_server_config.d" \
-  "$PREFIX/share/jupyter/labextensions/@onnx-workbench"
-cp jupyter-config/jupyter_server_config.d/onnx_workbench.json \
-  "$PREFIX/etc/jupyter/jupyter_server_config.d/onnx_workbench.json"
 LABEXT_DEST="$PREFIX/share/jupyter/labextensions/@onnx-workbench/jupyterlab-onnx"
-rm -rf "$LABEXT_DEST"
-ln -s "$PWD/workbench/labextension" "$LABEXT_DEST"
+if [ -L "$LABEXT_DEST" ]; then rm "$LABEXT_DEST"; fi
+# The package with its extras. The build backend (hatchling) installs the JupyterLab
+# extension -- the prebuilt "ONNX Graph" front-end and the config that enables its server
+# side -- for an editable install as for a wheel: nothing to register by hand.
+$PY -m pip install --quiet -e ".[test,lab,dist]"
 # PyTorch CPU: 'torch==2.13.0' resolves to a local CPU wheel on the project's machines.
 if ! $PY -c "import torch" 2>/dev/null; then
   $PY -m pip install --quiet "torch==2.13.0" || echo "warning: torch not installed; torch-based tests will skip"

@@ -4,7 +4,8 @@ A real ``jupyter server`` is started on 127.0.0.1 with a token and the extension
 private config folder; ``GET /workbench/api/graph`` is checked on a good model, a 2,500-node
 model, bad files, paths escaping the root, and without credentials. The packaging tests check
 that the committed prebuilt front-end (workbench/labextension) is built from the current
-graph_core.js / graph_view.js and is shipped by the wheel's data-files.
+graph_core.js / graph_view.js and is installed by a wheel and by an editable install (the
+build backend's shared-data).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -231,30 +233,128 @@ def test_prebuilt_extension_is_up_to_date():
         "(needs node and npm) and commit workbench/labextension")
 
 
-def test_wheel_data_files_ship_the_extension():
-    """Every file of the prebuilt extension is matched by a data-files entry that installs it
-    into share/jupyter/labextensions/<name>/ (the place JupyterLab looks), and the server
-    config goes to etc/jupyter/jupyter_server_config.d."""
-    import glob
+def _shared_data() -> dict:
     try:
         import tomllib
     except ImportError:  # Python 3.10
         tomllib = pytest.importorskip("tomli")
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    data_files = cfg["tool"]["setuptools"]["data-files"]
-    dest = "share/jupyter/labextensions/@onnx-workbench/jupyterlab-onnx"
-    shipped = {}
-    for target, patterns in data_files.items():
-        for pat in patterns:
-            for f in glob.glob(str(ROOT / pat)):
-                shipped[Path(f).resolve()] = target
-    for f in LABEXT.rglob("*"):
-        if f.is_file():
-            rel = f.relative_to(LABEXT).parent.as_posix()
-            want = dest if rel == "." else f"{dest}/{rel}"
-            assert shipped.get(f.resolve()) == want, f
-    conf = (ROOT / "jupyter-config/jupyter_server_config.d/onnx_workbench.json").resolve()
-    assert shipped[conf] == "etc/jupyter/jupyter_server_config.d"
+    return cfg["tool"]["hatch"]["build"]["targets"]["wheel"]["shared-data"]
+
+
+DEST = "share/jupyter/labextensions/@onnx-workbench/jupyterlab-onnx"
+SERVER_CONF = "etc/jupyter/jupyter_server_config.d/onnx_workbench.json"
+
+
+def test_shared_data_ships_the_extension():
+    """The build backend's shared-data maps the prebuilt extension folder to
+    share/jupyter/labextensions/<name>/ (where JupyterLab looks), install.json next to it, and
+    the server config to etc/jupyter/jupyter_server_config.d (where jupyter_server reads it)."""
+    shared = _shared_data()
+    assert shared["workbench/labextension"] == DEST
+    assert shared["extensions/jupyterlab-onnx/install.json"] == f"{DEST}/install.json"
+    assert shared["jupyter-config/jupyter_server_config.d/onnx_workbench.json"] == SERVER_CONF
+    for src in shared:
+        assert (ROOT / src).exists(), src
+    name = json.loads((LABEXT / "package.json").read_text())["name"]
+    assert DEST.endswith(name)
+
+
+def _expected_install() -> set[str]:
+    files = {f"{DEST}/{f.relative_to(LABEXT).as_posix()}" for f in LABEXT.rglob("*")
+             if f.is_file()}
+    return files | {f"{DEST}/install.json", SERVER_CONF}
+
+
+# what a build backend prints when it dislikes a project's configuration (pip -v shows it)
+_PACKAGING_WARNING = re.compile(r"Deprecat|SetuptoolsWarning|UserWarning|deprecated", re.I)
+
+
+def _pip(*args, cwd=None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_ROOT_USER_ACTION="ignore")
+    r = subprocess.run([sys.executable, "-m", "pip", *args, "-v", "--no-deps"],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    warnings_ = [ln for ln in out.splitlines() if _PACKAGING_WARNING.search(ln)]
+    assert not warnings_, "pip printed warnings about the packaging:\n" + "\n".join(warnings_)
+    return out
+
+
+@pytest.fixture(scope="module")
+def installs(tmp_path_factory):
+    """The package built as a wheel, and installed (without dependencies) from that wheel and
+    as an editable install into two private prefixes, as pip does for a user."""
+    base = tmp_path_factory.mktemp("installs")
+    _pip("wheel", str(ROOT), "-w", str(base / "wheel"), cwd=base)
+    wheel = next((base / "wheel").glob("onnx_workbench-*.whl"))
+    _pip("install", "--prefix", str(base / "wheel-prefix"), str(wheel), cwd=base)
+    _pip("install", "--prefix", str(base / "editable-prefix"), "-e", str(ROOT), cwd=base)
+    return {"wheel": wheel, "wheel-prefix": base / "wheel-prefix",
+            "editable-prefix": base / "editable-prefix", "base": base}
+
+
+def test_wheel_contents(installs):
+    """The wheel holds the package (with the extension points and the prebuilt front-end) and,
+    as .data, exactly the extension files for share/ and the server config for etc/."""
+    import zipfile
+    with zipfile.ZipFile(installs["wheel"]) as z:
+        names = set(z.namelist())
+        data = {n.split(".data/data/", 1)[1] for n in names if ".data/data/" in n}
+        assert data == _expected_install()
+        assert {"workbench/__init__.py", "workbench/labext.py",
+                "workbench/labextension/package.json",
+                "workbench/widgets/static/graph_core.js",
+                "workbench/data/default_model.onnx"} <= names
+        assert not any(n.startswith(("tests/", "notebooks/", "benchmarks/")) for n in names)
+        meta = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+        assert "workbench = workbench.cli:main" in z.read(meta).decode()
+        metadata = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+        assert "Provides-Extra: lab" in metadata and "License-Expression: Apache-2.0" in metadata
+
+
+@pytest.mark.parametrize("kind", ["wheel", "editable"])
+def test_install_puts_the_extension_where_jupyter_finds_it(installs, kind):
+    """A wheel install and an editable install alike put the front-end and the server config
+    into the prefix; JupyterLab, pointed at that prefix's share/jupyter (where it looks in an
+    environment), lists the front-end as enabled and OK, and the server config there enables
+    the server extension."""
+    prefix = installs[f"{kind}-prefix"]
+    got = {p.relative_to(prefix).as_posix() for p in prefix.rglob("*")
+           if p.is_file() and p.relative_to(prefix).parts[0] in ("share", "etc")}
+    assert got == _expected_install()
+    assert not (prefix / DEST).is_symlink()
+    # what JupyterLab does at page load to find prebuilt extensions: scan the labextensions
+    # folders of the Jupyter data path (<prefix>/share/jupyter for an environment)
+    pytest.importorskip("jupyterlab_server", reason="jupyterlab is not installed (the lab extra)")
+    from jupyterlab_server.config import get_federated_extensions
+    found = get_federated_extensions([str(prefix / "share" / "jupyter" / "labextensions")])
+    ext = found["@onnx-workbench/jupyterlab-onnx"]
+    assert ext["version"] == json.loads((LABEXT / "package.json").read_text())["version"]
+    assert ext["install"] == {"packageManager": "python", "packageName": "onnx-workbench",
+                              "uninstallInstructions": ext["install"]["uninstallInstructions"]}
+    assert (Path(ext["ext_path"]) / ext["jupyterlab"]["_build"]["load"]).is_file()
+    # jupyter_server reads jpserver_extensions from every config folder on its path
+    # (<prefix>/etc/jupyter for an environment); `jupyter server extension list` shows only the
+    # standard ones, so read the prefix's folder as the server does and validate the package
+    from jupyter_server.extension.config import ExtensionConfigManager
+    from jupyter_server.extension.manager import ExtensionPackage
+    manager = ExtensionConfigManager(read_config_path=[str(prefix / "etc" / "jupyter")])
+    assert manager.get_jpserver_extensions() == {"workbench": True}
+    assert ExtensionPackage(name="workbench", enabled=True).validate()
+
+
+def test_pyproject_links_exist():
+    """No link in the packaging metadata points at a repository that does not exist: the
+    project has no public home yet, so neither pyproject.toml nor the extension's
+    package.json names one."""
+    text = (ROOT / "pyproject.toml").read_text()
+    assert "[project.urls]" not in text and "github.com" not in text
+    for pkg in (ROOT / "extensions" / "jupyterlab-onnx" / "package.json",
+                LABEXT / "package.json"):
+        meta = json.loads(pkg.read_text())
+        assert "repository" not in meta and "homepage" not in meta and "bugs" not in meta, pkg
 
 
 def _jupyter(*args) -> str:
@@ -264,10 +364,10 @@ def _jupyter(*args) -> str:
 
 
 def test_installed_and_enabled():
-    """After scripts/setup-test-env.sh (editable install) or a wheel install, JupyterLab lists
-    the front-end as enabled and OK, and the server extension as enabled."""
+    """After `pip install -e ".[lab]"` (scripts/setup-test-env.sh) or a wheel install,
+    JupyterLab lists the front-end as enabled and OK, and the server extension as enabled."""
     pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (the lab extra)")
-    how = "run scripts/setup-test-env.sh (or pip install the wheel)"
+    how = "pip install -e '.[lab]' again (scripts/setup-test-env.sh), or pip install the wheel"
     out = _jupyter("jupyterlab.labextensions", "list")
     line = next((ln for ln in out.splitlines() if "@onnx-workbench/jupyterlab-onnx" in ln), "")
     assert line, f"the ONNX Graph front-end is not installed: {how}\n{out}"

@@ -15,12 +15,21 @@ it checks what a reader and nbval find in the committed files. The rule for outp
 4. The notebook validates against the nbformat schema and its kernelspec is ``python3``.
 5. The zoo notebooks say plainly that offline they run an untrained twin whose predictions are
    meaningless (nothing pretends to be pretrained).
+6. No output shows a raw object repr (``<... object at 0x...>``): every object a notebook
+   displays has a readable text form (widgets: their summary, and the TrainingMonitor a
+   picture of its curves).
+7. Notebooks leave no temporary folders behind: they make them with
+   ``tempfile.TemporaryDirectory`` (removed when the kernel stops, or by the notebook), never
+   ``mkdtemp``/``mkstemp``, and no committed output shows a temporary path. One notebook is
+   run in a kernel whose temporary folder is private to check that nothing is left there
+   (that test needs a kernel).
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -137,3 +146,97 @@ def test_zoo_notebooks_are_honest_about_twins(path):
     outputs = json.dumps([c.outputs for c in _code_cells(nb)])
     if "twin" in outputs:       # executed offline: the run itself says so
         assert "meaningless" in outputs
+
+
+_RAW_REPR = re.compile(r"<[\w.]+(\.<locals>\.[\w.]+)? object at 0x[0-9a-fA-F]+>")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_outputs_show_no_raw_object_reprs(path):
+    nb = _read(path)
+    for i, c in enumerate(_code_cells(nb), 1):
+        for o in c.outputs:
+            for t in [o.get("text", "")] + [v for k, v in o.get("data", {}).items()
+                                           if k.startswith("text/") and isinstance(v, str)]:
+                m = _RAW_REPR.search(t)
+                assert not m, f"{path.name}: code cell {i} shows a raw object repr: {m.group(0)}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_training_monitors_show_their_curves(path):
+    """A TrainingMonitor's saved output carries the curves as a picture next to the widget
+    view, so the notebook shows them where widgets do not render (GitHub, nbviewer)."""
+    nb = _read(path)
+    for i, c in enumerate(_code_cells(nb), 1):
+        if "TrainingMonitor(" not in c.source or "with " not in c.source:
+            continue
+        views = [o for o in c.outputs
+                 if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+        assert views, f"{path.name}: code cell {i} trains with a monitor but shows no widget"
+        for o in views:
+            data = o["data"]
+            svg = data.get("image/svg+xml", "")
+            assert "step (batches)" in svg, (
+                f"{path.name}: code cell {i}: the monitor's output has no picture of its "
+                f"curves; re-execute the notebook")
+            assert "step(s)" in data.get("text/plain", ""), data.get("text/plain")
+
+
+# calls that make temporary files or folders nobody removes
+_LEAKY_TEMP = re.compile(r"\b(mkdtemp|mkstemp|mktemp)\s*\("
+                         r"|NamedTemporaryFile\([^)]*delete\s*=\s*False")
+# a temporary path in an output: /tmp/..., a Windows temp folder, or the prefixes of our folders
+_TEMP_PATH = re.compile(r"/tmp/|\\Temp\\|\bwb-(notebook|export|retrain|transfer|dist|quantize)-"
+                        r"[a-z0-9_]{6,}|/var/folders/")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_temporary_folders_are_removed(path):
+    nb = _read(path)
+    for i, c in enumerate(_code_cells(nb), 1):
+        m = _LEAKY_TEMP.search(c.source)
+        assert not m, (f"{path.name}: code cell {i} calls {m.group(0)!r}, which leaves its "
+                       f"file or folder behind; use tempfile.TemporaryDirectory (as a context "
+                       f"manager, or kept in a variable: removed when the kernel stops)")
+        for line in c.source.splitlines():
+            if "TemporaryDirectory(" in line:
+                code = line.split("#", 1)[0]
+                assert re.match(r"\s*(with\b|\w+\s*=)", code), (
+                    f"{path.name}: code cell {i}: keep the TemporaryDirectory in a variable or "
+                    f"use it in a with-statement (an unnamed one is removed at once): {line}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_outputs_show_no_temporary_paths(path):
+    nb = _read(path)
+    for i, c in enumerate(_code_cells(nb), 1):
+        for o in c.outputs:
+            texts = [o.get("text", "")] + [v for k, v in o.get("data", {}).items()
+                                           if k.startswith("text/") and isinstance(v, str)]
+            for t in texts:
+                m = _TEMP_PATH.search(t)
+                assert not m, (f"{path.name}: code cell {i} shows a temporary path "
+                               f"({t[max(0, m.start() - 40):m.end() + 40]!r}); print names "
+                               f"relative to the folder instead")
+    state = json.dumps(nb.metadata.get("widgets", {}))
+    m = _TEMP_PATH.search(state)
+    assert not m, f"{path.name}: the saved widget state shows a temporary path: " \
+                  f"{state[max(0, m.start() - 60):m.end() + 60]!r}"
+
+
+def test_a_notebook_run_leaves_no_temporary_folder(tmp_path):
+    """Notebook 03 (a private zoo cache and an export folder) in a kernel whose TMPDIR is an
+    empty folder: once the kernel has shut down, no folder is left there."""
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    pytest.importorskip("onnxruntime")
+    path = ROOT / "notebooks" / "03_exporting_your_own_model.ipynb"
+    nb = _read(path)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    from tests.helpers.kernel import run_notebook
+    run_notebook(nb, path.parent, env={"TMPDIR": str(tmp), "WORKBENCH_NOTEBOOK_OFFLINE": "1"})
+    outputs = json.dumps([c.get("outputs", []) for c in nb.cells])
+    assert "second export refused" in outputs          # the export cell ran
+    left = sorted(p.name for p in tmp.iterdir() if p.is_dir())
+    assert not left, f"{path.name} left temporary folders behind: {left}"

@@ -539,6 +539,28 @@ def test_a_hang_in_onnx_cpp_code_is_stopped(monkeypatch):
     isolated._helper.kill()
 
 
+@pytest.mark.skipif(os.name != "posix", reason="POSIX sessions")
+def test_the_helper_is_outside_our_process_group():
+    """A Jupyter kernel that shuts down signals the children in its process group and waits
+    until none is left; the helper (a zombie until close() reaps it at exit) kept the kernel
+    from exiting, so it was killed before its exit handlers ran. The helper has its own
+    session; a script that ends still closes and reaps it."""
+    load(_loop_model(2))                              # starts the helper
+    pid = isolated._helper.proc.pid
+    assert os.getsid(pid) == pid and os.getpgid(pid) != os.getpgrp()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = (f"import sys; sys.path.insert(0, {root!r})\n"
+            "from workbench.graph import isolated\nfrom workbench.graph.load import load\n"
+            "from workbench.cli import default_model_path\nload(default_model_path())\n"
+            "print(isolated._helper.proc.pid)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    child = int(r.stdout.split()[-1])
+    with pytest.raises(ProcessLookupError):           # closed and reaped at exit
+        os.kill(child, 0)
+
+
 def test_shape_inference_results_match_in_process(monkeypatch):
     """The helper's skeleton (big initializers as inputs) infers the same shapes."""
     w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")       # 16 KiB: moved

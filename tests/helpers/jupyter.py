@@ -79,18 +79,26 @@ class Server:
 
 def start(base: Path, root: Path, *, lab: bool = True, server_config: dict | None = None,
           lab_settings: dict | None = None, jupyter_path: list | None = None,
-          extra_args: list | None = None, timeout: float = 90) -> Server:
+          extra_args: list | None = None, timeout: float = 90,
+          python: str | None = None) -> Server:
     """Start JupyterLab (``lab=True``) or a bare jupyter_server serving ``root``; its config
     folder is ``base/config`` (with ``server_config`` written as jupyter_server_config.json),
     runtime and IPython folders are under ``base`` too. Raises RuntimeError with the end of
-    the log when it does not answer in ``timeout`` seconds."""
+    the log when it does not answer in ``timeout`` seconds.
+
+    ``python``: the interpreter of another environment (a fresh venv) to run Jupyter with,
+    as installed there: the working tree is then not put on its PYTHONPATH."""
     base.mkdir(parents=True, exist_ok=True)
     config = base / "config"
     config.mkdir(exist_ok=True)
     if server_config:
         (config / "jupyter_server_config.json").write_text(json.dumps(server_config))
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    if python is None:
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    else:
+        env.pop("PYTHONPATH", None)
+        env.pop("JUPYTER_PATH", None)
     env["JUPYTER_RUNTIME_DIR"] = str(base / "runtime")
     env["JUPYTER_CONFIG_DIR"] = str(config)
     env["IPYTHONDIR"] = str(base / "ipython")
@@ -106,7 +114,8 @@ def start(base: Path, root: Path, *, lab: bool = True, server_config: dict | Non
             p.write_text(json.dumps(content))
         env["JUPYTERLAB_SETTINGS_DIR"] = str(settings)
     port, token = free_port(), "wbtest" + os.urandom(8).hex()
-    cmd = [sys.executable, "-m", "jupyterlab" if lab else "jupyter_server", "--no-browser",
+    cmd = [python or sys.executable, "-m", "jupyterlab" if lab else "jupyter_server",
+           "--no-browser",
            "--ip=127.0.0.1", f"--port={port}", "--allow-root", f"--ServerApp.token={token}",
            f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
            "--ServerApp.port_retries=0"]

@@ -96,7 +96,7 @@ def test_widget_mode_updates_traits_and_stop_button(notebook, monkeypatch):
     mon = TrainingMonitor(total=40, title="nb")
     assert mon.mode == "widget" and mon.widget is not None
     with mon:
-        assert notebook == [mon.widget]
+        assert notebook == [mon]             # shown through its mime bundle (widget view)
         for i in range(40):
             mon.update(loss=1 / (i + 1), metrics={"acc": i / 40})
             if i == 9:
@@ -151,3 +151,126 @@ def test_fit_callback_and_tensor_values():
     assert mon.history["train"]["loss"] == [0.5, 0.25, 0.4]
     assert mon.history["val"]["accuracy"] == [0.65]
     assert "time" not in mon.history["train"]
+
+
+def _svg_panels(svg: str) -> dict:
+    import xml.etree.ElementTree as ET
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    root = ET.fromstring(svg)
+    panels = {}
+    for g in root.findall("s:g", ns):
+        texts = {t.get("class"): "".join(t.itertext()) for t in g.findall("s:text", ns)
+                 if t.get("class")}
+        path = g.find("s:path[@class='train']", ns)
+        panels[g.get("data-metric")] = {
+            "x": texts.get("x-title"), "y": texts.get("y-title"),
+            "train_points": path.get("d").count("L") + 1 if path is not None else 0,
+            "val_points": len(g.findall("s:circle[@class='val']", ns)),
+            "ticks": [t.text for t in g.findall("s:text", ns) if not t.get("class")
+                      and t.get("fill") == "#52606d"]}
+    return root, panels
+
+
+def test_curves_svg_has_titled_axes_ticks_and_both_phases():
+    mon = TrainingMonitor(total=30, display=False, title="fit <digits>")
+    with mon:
+        _train(mon, steps=30)
+    root, panels = _svg_panels(mon.curves_svg())
+    assert set(panels) == {"loss", "acc"}
+    for name, p in panels.items():
+        assert p["x"] == "step (batches)" and p["y"] == name
+        assert p["train_points"] == 30 and p["val_points"] == 3
+        assert len(p["ticks"]) >= 4          # values on y, steps on x
+    assert "fit &lt;digits&gt;" in mon.curves_svg()          # escaped
+    text = "".join(root.itertext())
+    assert "final train: loss 0.0333" in text and "best val loss" in text
+    empty = monitor_mod.curves_svg({}, "nothing yet")
+    assert "no values recorded" in empty
+
+
+def test_non_finite_values_are_left_out_of_the_picture():
+    svg = monitor_mod.curves_svg({"loss": {"train": [[1, 1.0], [2, float("nan")], [3, 0.5]],
+                                           "val": [[3, float("inf")]]}})
+    _, panels = _svg_panels(svg)
+    assert panels["loss"]["train_points"] == 2 and panels["loss"]["val_points"] == 0
+    assert "nan" not in svg.lower() and "inf" not in svg.lower()
+    for pts in ([[1, -1e308], [2, 1e308]], [[1, 1e-320], [2, 0.0]], [[5, 2.0]]):
+        svg = monitor_mod.curves_svg({"loss": {"train": pts}})     # extreme ranges
+        assert "nan" not in svg.lower() and "inf" not in svg.lower(), pts
+        assert _svg_panels(svg)[1]["loss"]["train_points"] == len(pts)
+
+
+def test_widget_output_gets_the_static_curves_when_training_ends(monkeypatch):
+    """In a notebook the monitor is displayed with a display id; close() updates that output
+    with the widget view, the summary as text and the curves as SVG, so a saved notebook
+    shows the curves where widgets do not render."""
+    monkeypatch.setattr(monitor_mod, "in_notebook", lambda: True)
+    monkeypatch.setattr(monitor_mod, "PUSH_INTERVAL", 0.0)
+    shown, updates = [], []
+
+    class Handle:
+        def update(self, obj):
+            updates.append(obj._repr_mimebundle_())
+
+    def display(obj, display_id=None):
+        shown.append(obj._repr_mimebundle_())
+        return Handle() if display_id else None
+
+    import IPython.display
+    monkeypatch.setattr(IPython.display, "display", display)
+    mon = TrainingMonitor(total=20, title="nb")
+    with mon:
+        _train(mon, steps=20)
+    (start,) = shown
+    assert "application/vnd.jupyter.widget-view+json" in start
+    assert start["text/plain"] == "TrainingMonitor('nb', running, step 0/20, widget)"
+    assert "image/svg+xml" not in start          # nothing recorded yet
+    assert len(updates) == 1
+    final = updates[0]
+    assert final["application/vnd.jupyter.widget-view+json"]["model_id"] == mon.widget.model_id
+    assert final["text/plain"].startswith("nb: 20 step(s)")
+    _, panels = _svg_panels(final["image/svg+xml"])
+    assert panels["loss"]["train_points"] == 20
+
+
+def test_saved_notebook_output_holds_the_curves(tmp_path):
+    """A real kernel: the committed output of a training cell carries the widget view, the
+    summary and the SVG of the curves (what GitHub or nbviewer show)."""
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    import nbformat
+
+    from tests.helpers.kernel import run_notebook
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "from workbench.widgets import TrainingMonitor\n"
+        "with TrainingMonitor(total=12, title='run') as mon:\n"
+        "    for i in range(12):\n"
+        "        mon.update(loss=1 / (i + 1), metrics={'acc': i / 12})\n"
+        "    mon.update(loss=0.2, phase='val')\n")]
+    run_notebook(nb, tmp_path)
+    outs = nb.cells[0].outputs
+    assert len(outs) == 1 and outs[0].output_type == "display_data", outs
+    data = outs[0].data
+    assert "application/vnd.jupyter.widget-view+json" in data
+    assert data["text/plain"].startswith("run: 12 step(s)")
+    _, panels = _svg_panels(data["image/svg+xml"])
+    assert panels["loss"]["train_points"] == 12 and panels["loss"]["val_points"] == 1
+
+
+def test_display_without_display_ids_still_shows_the_widget(monkeypatch):
+    """Where the display hook knows no display ids (some remote engines), the monitor is
+    shown without one (no final picture) and stays a widget."""
+    monkeypatch.setattr(monitor_mod, "in_notebook", lambda: True)
+    shown = []
+
+    def display(obj, **kw):
+        if "display_id" in kw:
+            raise TypeError("display_id not supported here")
+        shown.append(obj)
+
+    import IPython.display
+    monkeypatch.setattr(IPython.display, "display", display)
+    with TrainingMonitor(total=5) as mon:
+        _train(mon, steps=5)
+    assert shown == [mon] and mon.mode == "widget" and mon.widget.done

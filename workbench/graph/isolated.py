@@ -125,9 +125,15 @@ class _Helper:
         env = dict(os.environ)
         env["WORKBENCH_HELPER_AS"] = str(HELPER_MEMORY_LIMIT)
         env.setdefault("OMP_NUM_THREADS", "1")
+        # its own session: a Jupyter kernel that shuts down signals the children in its
+        # process group and waits until they are gone; the helper (ended and reaped by
+        # close() at exit, or by the end of its input when this process dies) would stay a
+        # zombie there, the kernel would never exit and be killed before its exit handlers
+        # ran (temporary folders left behind). Ctrl-C in a terminal does not reach it either.
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-c", _WORKER_SOURCE], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, close_fds=True)
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, close_fds=True,
+            start_new_session=(os.name == "posix"))
         # -I (isolated mode) keeps the user's cwd and PYTHONPATH out of the helper's imports,
         # but onnx must still be found: it is in this interpreter's site-packages
         ready = self._read(1, time.monotonic() + 60)

@@ -15,6 +15,11 @@
 In a notebook it is a widget; anywhere else (a script, a terminal, a CI log) it writes a text
 progress bar to stderr instead. It never raises because there is no display.
 
+The widget's output also carries a static picture of the curves (``image/svg+xml``, drawn by
+:func:`curves_svg`, the same axes as the live charts) and the summary as text: when training
+ends the output is updated with them, so a notebook saved with its outputs shows the curves
+where no widget can render (GitHub, nbviewer, an HTML export, a closed kernel).
+
 How Stop reaches a busy kernel: while a cell runs, the kernel does not read widget messages,
 so the button also asks the Jupyter server to interrupt the kernel. While the monitor is
 active (inside ``with`` or between the first ``update`` and ``close``) the first interrupt
@@ -35,6 +40,8 @@ from workbench.widgets._base import in_notebook
 
 MAX_POINTS = 600            # per series sent to the browser (older points thinned out)
 PUSH_INTERVAL = 0.2         # seconds between browser updates while training
+X_TITLE = "step (batches)"  # the x axis of every chart: optimizer steps, one batch each
+TRAIN_COLOUR, VAL_COLOUR = "#3c6eb4", "#e67e22"
 
 
 def _fmt_time(s) -> str:
@@ -83,6 +90,126 @@ def _kernel_id() -> str:
     return ""
 
 
+def _esc(text) -> str:
+    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace('"', "&quot;"))
+
+
+def _nice_ticks(lo: float, hi: float, n: int = 4) -> list[float]:
+    """About ``n`` round tick values covering [lo, hi]."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+        return [lo]
+    raw = (hi - lo) / n
+    if not (math.isfinite(raw) and raw > 0):          # the range overflows a float
+        return [lo, hi]
+    mag = 10.0 ** math.floor(math.log10(raw))
+    if not mag > 0:                                   # a subnormal range
+        return [lo, hi]
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step - 1e-9) * step
+    ticks, t = [], first
+    while t <= hi + step * 1e-9:
+        ticks.append(t)
+        t = first + len(ticks) * step             # no drift from repeated addition
+    return ticks
+
+
+def _tick_label(v: float) -> str:
+    a = abs(v)
+    if a and (a < 1e-3 or a >= 1e5):
+        return f"{v:.2e}"
+    return f"{v:.6g}"
+
+
+def curves_svg(series: dict, title: str = "training", *, note: str = "",
+               panel_width: int = 300, panel_height: int = 190, columns: int = 3) -> str:
+    """A static picture of training curves as an SVG document.
+
+    ``series`` maps a metric name to ``{"train": [[step, value], ...], "val": [...]}`` (the
+    form :class:`TrainingMonitor` sends to the browser). One panel per metric, laid out in up
+    to ``columns`` columns; each panel has its x axis titled ``step (batches)`` and its y axis
+    titled with the metric's name, tick labels on both, the training curve as a line and the
+    validation points as dots, and a legend. Values that are not finite are left out.
+    ``note``: a line shown after the title (the final values, say).
+    """
+    names = [k for k, v in series.items() if any(v.get(ph) for ph in ("train", "val"))]
+    cols = max(1, min(columns, len(names) or 1))
+    rows = max(1, math.ceil(len(names) / cols))
+    head = 24
+    # wide enough for the title line (about 6 px a character at this size)
+    W, H = max(cols * panel_width, 6 * (len(title) + len(note)) + 40), head + rows * panel_height
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+           f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="10">',
+           f'<rect width="{W}" height="{H}" fill="#ffffff"/>',
+           f'<text x="6" y="16" font-size="12" fill="#1f2933"><tspan font-weight="bold">'
+           f'{_esc(title)}</tspan><tspan fill="#52606d" dx="10">{_esc(note)}</tspan></text>']
+    if not names:
+        out.append(f'<text x="6" y="{head + 16}" fill="#6b7785">no values recorded</text>')
+    L, R, T, B = 58, 10, 22, 34                  # margins of the plot area in a panel
+    for i, name in enumerate(names):
+        ox, oy = (i % cols) * panel_width, head + (i // cols) * panel_height
+        pw, ph = panel_width - L - R, panel_height - T - B
+        x0p, y0p = ox + L, oy + T
+        pts = {ph_: [(float(x), float(y)) for x, y in series[name].get(ph_) or []
+                     if y is not None and math.isfinite(float(y))] for ph_ in ("train", "val")}
+        allp = pts["train"] + pts["val"]
+        out.append(f'<g class="wb-curve-panel" data-metric="{_esc(name)}">')
+        out.append(f'<text x="{ox + 6}" y="{oy + 14}" font-size="11" fill="#1f2933">'
+                   f'{_esc(name)}</text>')
+        # axis titles: x centred under the tick labels, y rotated along the left edge
+        out.append(f'<text class="x-title" x="{x0p + pw / 2:.1f}" y="{oy + panel_height - 4}" '
+                   f'text-anchor="middle" fill="#1f2933">{X_TITLE}</text>')
+        yc = y0p + ph / 2
+        out.append(f'<text class="y-title" x="{ox + 12}" y="{yc:.1f}" text-anchor="middle" '
+                   f'transform="rotate(-90 {ox + 12} {yc:.1f})" fill="#1f2933">'
+                   f'{_esc(name)}</text>')
+        out.append(f'<path d="M{x0p} {y0p}V{y0p + ph}H{x0p + pw}" fill="none" '
+                   f'stroke="#9aa5b1"/>')
+        if not allp:
+            out.append("</g>")
+            continue
+        xs, ys = [p[0] for p in allp], [p[1] for p in allp]
+        xlo, xhi, ylo, yhi = min(xs), max(xs), min(ys), max(ys)
+        if xhi == xlo:
+            xhi = xlo + 1
+        if yhi == ylo:
+            ylo, yhi = ylo - 0.5, yhi + 0.5
+
+        def sx(x, xlo=xlo, xhi=xhi, x0p=x0p, pw=pw):
+            return x0p + (x - xlo) / (xhi - xlo) * pw
+
+        def sy(y, ylo=ylo, yhi=yhi, y0p=y0p, ph=ph):   # halves: finite even for ±1e308
+            return y0p + (1 - (y * 0.5 - ylo * 0.5) / (yhi * 0.5 - ylo * 0.5)) * ph
+
+        for t in _nice_ticks(ylo, yhi):
+            out.append(f'<line x1="{x0p}" x2="{x0p + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" '
+                       f'stroke="#e4e7eb"/>')
+            out.append(f'<text x="{x0p - 4}" y="{sy(t) + 3:.1f}" text-anchor="end" '
+                       f'fill="#52606d">{_tick_label(t)}</text>')
+        for t in _nice_ticks(xlo, xhi):
+            out.append(f'<text x="{sx(t):.1f}" y="{y0p + ph + 12}" text-anchor="middle" '
+                       f'fill="#52606d">{_tick_label(t)}</text>')
+        if pts["train"]:
+            d = " ".join(f"{'M' if j == 0 else 'L'}{sx(x):.1f} {sy(y):.1f}"
+                         for j, (x, y) in enumerate(pts["train"]))
+            out.append(f'<path class="train" d="{d}" fill="none" stroke="{TRAIN_COLOUR}" '
+                       f'stroke-width="1.6"/>')
+        for x, y in pts["val"]:
+            out.append(f'<circle class="val" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" '
+                       f'fill="{VAL_COLOUR}"/>')
+        lx = ox + panel_width - R
+        if pts["val"]:
+            out.append(f'<text x="{lx}" y="{oy + 14}" text-anchor="end" '
+                       f'fill="{VAL_COLOUR}">● val</text>')
+            lx -= 40
+        if pts["train"]:
+            out.append(f'<text x="{lx}" y="{oy + 14}" text-anchor="end" '
+                       f'fill="{TRAIN_COLOUR}">— train</text>')
+        out.append("</g>")
+    out.append("</svg>")
+    return "\n".join(out)
+
+
 class TrainingMonitor:
     """Live training progress. ``update(step=, loss=, metrics=, phase="train"|"val")``.
 
@@ -111,6 +238,7 @@ class TrainingMonitor:
         self._sigint_count = 0
         self._stop_on_interrupt = stop_on_interrupt
         self.widget = None
+        self._display = None            # the DisplayHandle of the widget's output
         mode = display
         if mode is None:
             mode = "widget" if in_notebook() else "text"
@@ -148,10 +276,18 @@ class TrainingMonitor:
         if self.widget is not None:
             try:
                 from IPython.display import display
-                display(self.widget)
             except Exception:
-                self.mode = "text"
-                self.widget = None
+                self.mode, self.widget = "text", None
+                return
+            try:
+                # shown through _repr_mimebundle_ (widget view + text; the curves once there
+                # are some) with a display id, so close() can add the final static picture
+                self._display = display(self, display_id=True)
+            except Exception:
+                try:            # a display hook without display ids: the widget alone
+                    display(self)
+                except Exception:
+                    self.mode, self.widget = "text", None
 
     def _arm(self) -> None:
         """Catch the first SIGINT as a stop request (main thread of a kernel only)."""
@@ -373,6 +509,11 @@ class TrainingMonitor:
             self._push(time.perf_counter())
             self.widget.summary = text
             self.widget.done = True
+            if self._display is not None:
+                try:      # the saved output gets the final curves as a picture
+                    self._display.update(self)
+                except Exception:
+                    pass
         elif self.mode == "text":
             out = self._out()
             try:
@@ -393,14 +534,29 @@ class TrainingMonitor:
     def _repr_pretty_(self, p, cycle) -> None:
         p.text(self.summary() if self.finished else repr(self))
 
+    def curves_svg(self) -> str:
+        """The curves recorded so far as an SVG document (see :func:`curves_svg`)."""
+        # the final values (the summary without its first line, which holds the duration)
+        note = "; ".join(self.summary().splitlines()[1:]) if self.finished else ""
+        return curves_svg(self._series(), self.title, note=note)
+
+    def _has_points(self) -> bool:
+        return any(len(v) for h in self.history.values() for k, v in h.items() if k != "step")
+
     def _repr_mimebundle_(self, **kwargs):
+        text = self.summary() if self.finished else repr(self)
+        data, metadata = {}, {}
         if self.widget is not None and in_notebook():
             self._shown = True
-            data = self.widget._repr_mimebundle_(**kwargs)
-            if isinstance(data, dict):
-                data["text/plain"] = repr(self)
-            return data
-        return {"text/plain": self.summary() if self.finished else repr(self)}
+            got = self.widget._repr_mimebundle_(**kwargs)
+            if isinstance(got, tuple):          # anywidget answers (data, metadata)
+                got, metadata = got[0], dict(got[1] or {})
+            data = dict(got) if isinstance(got, dict) else {}
+        data["text/plain"] = text              # not the widget object's default repr
+        # the static picture next to the widget view: shown where no widget can render
+        if self._has_points():
+            data["image/svg+xml"] = self.curves_svg()
+        return (data, metadata) if metadata else data
 
 
 def _make_widget_class():

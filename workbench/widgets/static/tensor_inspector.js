@@ -1,9 +1,11 @@
 // ONNX Workbench - TensorInspector front-end (follows graph_core.js for helpers/styles).
 
 const WB_TI_CSS = `
-.wb-ti-body { display: flex; flex: 1; min-height: 0; }
-.wb-ti-table { flex: 1.5; overflow: auto; min-width: 0; }
-.wb-ti-table table { border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }
+.wb-inspector { width: 100%; max-width: 100%; }
+.wb-ti-body { display: flex; flex: 1; min-height: 0; min-width: 0; }
+.wb-ti-table { flex: 1 1 60%; overflow: auto; min-width: 0; min-height: 0; scrollbar-width: thin; }
+.wb-ti-table table { border-collapse: collapse; width: max-content; min-width: 100%;
+  font-variant-numeric: tabular-nums; }
 .wb-ti-table th { position: sticky; top: 0; background: #f1f3f6; text-align: left;
   padding: 3px 6px; border-bottom: 1px solid #d5dae1; cursor: pointer; user-select: none;
   white-space: nowrap; }
@@ -18,7 +20,14 @@ const WB_TI_CSS = `
 .wb-ti-table tr.wb-first-diverge { background: #f8c9c4; }
 .wb-ti-table tr.wb-st-unsupported td, .wb-ti-table tr.wb-st-notrun td { color: #9aa3ad; }
 .wb-ti-table tr.wb-st-error td { color: #c0392b; }
-.wb-ti-detail { flex: 1; border-left: 1px solid #e4e7eb; overflow: auto; padding: 8px; min-width: 260px; }
+.wb-ti-detail { flex: 0 1 40%; border-left: 1px solid #e4e7eb; overflow: auto; padding: 8px;
+  min-width: 220px; max-width: 440px; min-height: 0; }
+.wb-ti-detail canvas.wb-hist { display: block; width: 100%; }
+/* a narrow pane: the details go below the table, both scroll within the widget's height */
+.wb-inspector.wb-narrow .wb-ti-body { flex-direction: column; }
+.wb-inspector.wb-narrow .wb-ti-table { flex: 1 1 55%; }
+.wb-inspector.wb-narrow .wb-ti-detail { flex: 1 1 45%; max-width: none; min-width: 0;
+  border-left: 0; border-top: 1px solid #e4e7eb; }
 .wb-ti-maps { display: grid; grid-template-columns: repeat(auto-fill, minmax(52px, 1fr)); gap: 3px; }
 .wb-ti-maps canvas { width: 100%; image-rendering: pixelated; border: 1px solid #e4e7eb; }
 `;
@@ -59,23 +68,38 @@ function wbFmt(v) {
   return String(v);
 }
 
-function wbDrawHist(canvas, hist) {
-  const W = canvas.clientWidth || 300, H = 120, dpr = window.devicePixelRatio || 1;
+function wbDrawHist(canvas, hist, dtype) {
+  // bars of element counts over the value range, with both axes titled
+  const W = canvas.clientWidth || 300, H = 150, dpr = window.devicePixelRatio || 1;
   canvas.width = W * dpr; canvas.height = H * dpr; canvas.style.height = H + "px";
   const c = canvas.getContext("2d");
   c.setTransform(dpr, 0, 0, dpr, 0, 0);
   c.clearRect(0, 0, W, H);
   const counts = hist.counts || [], edges = hist.edges || [];
+  c.font = "10px sans-serif";
   if (!counts.length) { c.fillStyle = "#6b7785"; c.fillText("no finite values", 8, 20); return; }
-  const max = Math.max(...counts, 1), bw = (W - 10) / counts.length;
+  const max = Math.max(...counts, 1);
+  const L = 40, R = 6, T = 6, B = 30;              // plot area inside the axes' labels
+  const pw = W - L - R, ph = H - T - B, bw = pw / counts.length;
+  c.strokeStyle = "#c3c9d1"; c.lineWidth = 1;
+  c.beginPath(); c.moveTo(L, T); c.lineTo(L, T + ph); c.lineTo(L + pw, T + ph); c.stroke();
   c.fillStyle = "#3c6eb4";
   counts.forEach((n, i) => {
-    const h = (H - 22) * n / max;
-    c.fillRect(5 + i * bw, H - 16 - h, Math.max(1, bw - 1), h);
+    const h = ph * n / max;
+    c.fillRect(L + i * bw, T + ph - h, Math.max(1, bw - 1), h);
   });
-  c.fillStyle = "#52606d"; c.font = "10px sans-serif";
-  c.textAlign = "left"; c.fillText(wbFmt(edges[0]), 4, H - 4);
-  c.textAlign = "right"; c.fillText(wbFmt(edges[edges.length - 1]), W - 4, H - 4);
+  c.fillStyle = "#52606d";
+  c.textAlign = "right";
+  c.fillText(String(max), L - 3, T + 8); c.fillText("0", L - 3, T + ph);
+  c.textAlign = "left"; c.fillText(wbFmt(edges[0]), L, T + ph + 11);
+  c.textAlign = "right"; c.fillText(wbFmt(edges[edges.length - 1]), L + pw, T + ph + 11);
+  c.fillStyle = "#1f2933"; c.textAlign = "center";
+  c.fillText(`value (${dtype || "element"})`, L + pw / 2, H - 3);
+  c.save(); c.translate(10, T + ph / 2); c.rotate(-Math.PI / 2);
+  c.fillText(hist.sampled ? "count (sampled elements)" : "count (elements)", 0, 0);
+  c.restore();
+  canvas.dataset.xTitle = `value (${dtype || "element"})`;
+  canvas.dataset.yTitle = hist.sampled ? "count (sampled elements)" : "count (elements)";
 }
 
 function wbDrawMaps(box, info, dv) {
@@ -124,6 +148,12 @@ export default {
     const detail = wbEl("div", { class: "wb-ti-detail" });
     root.appendChild(wbEl("div", { class: "wb-ti-body" }, tableBox, detail));
     el.appendChild(root);
+    // below 620 px the details panel goes under the table (side by side they would squeeze
+    // the table to a few columns)
+    const fit = () => root.classList.toggle("wb-narrow", root.clientWidth > 0 && root.clientWidth < 620);
+    const ro = typeof ResizeObserver !== "undefined" ? new ResizeObserver(fit) : null;
+    if (ro) ro.observe(root);
+    fit();
 
     let cols = ["node", "op", "shape", "dtype", "min", "max", "mean", "std", "nan", "inf"];
     let sortCol = null, sortDesc = true;
@@ -191,9 +221,9 @@ export default {
       const hist = model.get("hist") || {};
       if (hist.counts) {
         detail.appendChild(wbEl("h4", null, "Histogram" + (hist.sampled ? " (sampled)" : "")));
-        const cv = wbEl("canvas", { class: "wb-hist", style: "width:100%" });
+        const cv = wbEl("canvas", { class: "wb-hist" });
         detail.appendChild(cv);
-        requestAnimationFrame(() => wbDrawHist(cv, hist));
+        requestAnimationFrame(() => wbDrawHist(cv, hist, row && row.dtype));
       }
       const info = model.get("fmap_info") || {};
       if (info.shape) {
@@ -230,6 +260,7 @@ export default {
     model.on("change:error", drawBanners);
     drawBanners(); drawTable(); drawDetail();
     return () => {
+      if (ro) ro.disconnect();
       model.off("change:rows", onRows); model.off("change:selected", onSel);
       model.off("change:hist", drawDetail); model.off("change:fmaps", drawDetail);
       model.off("change:unsupported", drawBanners); model.off("change:error", drawBanners);

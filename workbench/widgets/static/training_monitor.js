@@ -8,7 +8,7 @@ const WB_TM_CSS = `
 .wb-tm-status { padding: 2px 8px 4px; font-variant-numeric: tabular-nums; }
 .wb-tm-charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(260px, 1fr)); gap: 8px; padding: 6px 8px 8px; }
 .wb-tm-chart { border: 1px solid #e4e7eb; border-radius: 4px; padding: 4px; }
-.wb-tm-chart canvas { width: 100%; height: 150px; display: block; }
+.wb-tm-chart canvas { width: 100%; height: 170px; display: block; }
 .wb-tm-summary { padding: 6px 8px; background: #eef7f0; border-top: 1px solid #cfe6d6; white-space: pre-wrap; }
 `;
 
@@ -25,21 +25,29 @@ function wbNum(v) {
   return a !== 0 && (a < 1e-3 || a >= 1e5) ? v.toExponential(3) : v.toFixed(4);
 }
 
+// the axis titles: steps count optimizer updates (one batch each); the y axis is the metric
+const WB_TM_XTITLE = "step (batches)";
+
 function wbDrawChart(canvas, name, ser) {
-  const W = canvas.clientWidth || 260, H = canvas.clientHeight || 150, dpr = window.devicePixelRatio || 1;
+  const W = canvas.clientWidth || 260, H = canvas.clientHeight || 170, dpr = window.devicePixelRatio || 1;
   canvas.width = W * dpr; canvas.height = H * dpr;
+  canvas.dataset.xTitle = WB_TM_XTITLE; canvas.dataset.yTitle = name;
   const c = canvas.getContext("2d");
   c.setTransform(dpr, 0, 0, dpr, 0, 0);
   c.clearRect(0, 0, W, H);
   const all = [...(ser.train || []), ...(ser.val || [])];
   c.font = "11px sans-serif"; c.fillStyle = "#1f2933"; c.textAlign = "left";
   c.fillText(name, 6, 12);
+  const L = 58, R = 8, T = 24, B = 30;
+  // axis titles: x below the tick labels, y rotated along the left edge
+  c.font = "10px sans-serif"; c.textAlign = "center";
+  c.fillText(WB_TM_XTITLE, L + (W - L - R) / 2, H - 3);
+  c.save(); c.translate(10, T + (H - T - B) / 2); c.rotate(-Math.PI / 2); c.fillText(name, 0, 0); c.restore();
   if (!all.length) return;
   let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
   for (const [x, y] of all) { x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y); }
   if (x1 === x0) x1 = x0 + 1;
   if (y1 === y0) { y1 += 0.5; y0 -= 0.5; }
-  const L = 44, R = 8, T = 24, B = 18;
   const sx = (x) => L + (x - x0) / (x1 - x0) * (W - L - R);
   const sy = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
   c.strokeStyle = "#e4e7eb"; c.lineWidth = 1;
@@ -50,7 +58,7 @@ function wbDrawChart(canvas, name, ser) {
     c.fillText(wbNum(y), L - 3, sy(y) + 3);
   }
   c.textAlign = "center";
-  c.fillText(String(Math.round(x0)), L, H - 4); c.fillText(String(Math.round(x1)), W - R - 8, H - 4);
+  c.fillText(String(Math.round(x0)), L, H - B + 12); c.fillText(String(Math.round(x1)), W - R - 8, H - B + 12);
   const line = (pts, colour, dots) => {
     if (!pts || !pts.length) return;
     c.strokeStyle = colour; c.fillStyle = colour; c.lineWidth = 1.6;
