@@ -285,14 +285,35 @@ def _pip(*args, cwd=None) -> str:
 @pytest.fixture(scope="module")
 def installs(tmp_path_factory):
     """The package built as a wheel, and installed (without dependencies) from that wheel and
-    as an editable install into two private prefixes, as pip does for a user."""
+    as an editable install into two private prefixes, as pip does for a user. The
+    environment running the tests keeps its own installation (checked after)."""
     base = tmp_path_factory.mktemp("installs")
+    before = _installed_here()
     _pip("wheel", str(ROOT), "-w", str(base / "wheel"), cwd=base)
     wheel = next((base / "wheel").glob("onnx_workbench-*.whl"))
-    _pip("install", "--prefix", str(base / "wheel-prefix"), str(wheel), cwd=base)
-    _pip("install", "--prefix", str(base / "editable-prefix"), "-e", str(ROOT), cwd=base)
+    # --ignore-installed: without it pip first uninstalls the package from the environment
+    # running the tests (a prefix install still "replaces" what it finds installed)
+    _pip("install", "--ignore-installed", "--prefix", str(base / "wheel-prefix"), str(wheel),
+         cwd=base)
+    _pip("install", "--ignore-installed", "--prefix", str(base / "editable-prefix"), "-e",
+         str(ROOT), cwd=base)
     return {"wheel": wheel, "wheel-prefix": base / "wheel-prefix",
-            "editable-prefix": base / "editable-prefix", "base": base}
+            "editable-prefix": base / "editable-prefix", "base": base, "before": before}
+
+
+def _installed_here():
+    """(version, files) of onnx-workbench as installed in the environment running the tests."""
+    import importlib.metadata as md  # noqa: PLC0415
+    try:
+        dist = md.distribution("onnx-workbench")
+    except md.PackageNotFoundError:
+        return None
+    return dist.version, sorted(str(f) for f in (dist.files or ()))
+
+
+def test_private_installs_leave_the_environment_alone(installs):
+    """Installing into private prefixes never uninstalls the environment's own copy."""
+    assert _installed_here() == installs["before"]
 
 
 def test_wheel_contents(installs):
