@@ -522,7 +522,7 @@ class Dropout(Layer):
         self.ratio = float(ratio)
 
     def forward(self, x):
-        return autograd.dropout(x, self.ratio, training=self.training)
+        return autograd.dropout(x, ratio=self.ratio, training=self.training)
 
 
 class Flatten(Layer):
