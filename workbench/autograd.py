@@ -136,7 +136,7 @@ class Tensor:
         self.data = data
         self.device = dev
         self.requires_grad = bool(requires_grad)
-        self.stores_grad = bool(stores_grad)
+        self._stores_grad = bool(stores_grad)
         self.creator = creator
         self._index = 0
         self.grad = None
@@ -149,7 +149,7 @@ class Tensor:
         t.data = data
         t.device = device
         t.requires_grad = requires_grad
-        t.stores_grad = False
+        t._stores_grad = False
         t.creator = creator
         t._index = index
         t.grad = None
@@ -157,6 +157,18 @@ class Tensor:
         return t
 
     # ------------------------------------------------------------------ properties
+    @property
+    def stores_grad(self) -> bool:
+        """A parameter: exported as an initializer, its gradient returned by ``backward``.
+        Setting it True also sets ``requires_grad`` (SINGA's code marks parameters so)."""
+        return self._stores_grad
+
+    @stores_grad.setter
+    def stores_grad(self, value) -> None:
+        self._stores_grad = bool(value)
+        if value:
+            self.requires_grad = True
+
     @property
     def shape(self) -> tuple:
         return tuple(self.data.shape)
@@ -215,7 +227,7 @@ class Tensor:
     def clone(self) -> Tensor:
         """A new leaf Tensor with a copy of the data (no tape link)."""
         t = Tensor._make(self.data.copy(), self.device, self.requires_grad, None, 0, self.name)
-        t.stores_grad = self.stores_grad
+        t._stores_grad = self._stores_grad
         return t
 
     def deepcopy(self) -> Tensor:
@@ -226,7 +238,7 @@ class Tensor:
         """SINGA's shallow copy: a new Tensor object sharing this one's array (in-place
         operators on either show in both); ``clone``/``deepcopy`` copy the data."""
         t = Tensor._make(self.data, self.device, self.requires_grad, None, 0, self.name)
-        t.stores_grad = self.stores_grad
+        t._stores_grad = self._stores_grad
         return t
 
     def is_transpose(self) -> bool:
@@ -1005,9 +1017,26 @@ def _run_rule(node: TapeNode, gouts: list, needs: tuple | None = None) -> tuple:
     return tuple(gins) if gins is not None else ()
 
 
+class _Gradients(dict):
+    """``{leaf Tensor: grad}``; SINGA's code looks the gradients up by ``id(tensor)``, which
+    works too."""
+
+    def __missing__(self, key):
+        if isinstance(key, int):
+            for t, g in self.items():
+                if id(t) == key:
+                    return g
+        raise KeyError(key)
+
+    def __contains__(self, key):
+        return dict.__contains__(self, key) or (
+            isinstance(key, int) and any(id(t) == key for t in self))
+
+
 def gradients(y: Tensor, dy=None) -> dict:
-    """``{leaf Tensor: grad Tensor}`` for every leaf requiring a gradient (SINGA's API)."""
-    return dict(backward(y, dy))
+    """``{leaf Tensor: grad Tensor}`` for every leaf requiring a gradient (SINGA's API; the
+    keys may also be given as ``id(tensor)``, as SINGA's code does)."""
+    return _Gradients(backward(y, dy))
 
 
 # --------------------------------------------------------------------------- functional API
@@ -1245,6 +1274,11 @@ def expand(x, shape):
 
 
 def tile(x, repeats):
+    """``numpy.tile``'s rule (SINGA's): see :func:`_tile`; one :class:`Tile` operator."""
+    return Tile(repeats)(x)[0]
+
+
+def _tile(x, repeats):
     """``numpy.tile``'s rule (SINGA's): an int repeats the last axis; fewer repeats than axes
     repeat the last ones; more repeats than axes first give ``x`` leading axes of size 1 (a
     Reshape), so the recorded Tile is valid ONNX."""
@@ -1409,6 +1443,12 @@ def _loss_shape(loss):
 
 
 def softmax_cross_entropy(x, t):
+    """Mean cross-entropy of logits ``x`` (N, C) against labels ``t`` (see
+    :func:`_softmax_cross_entropy`); one :class:`SoftMaxCrossEntropy` operator."""
+    return SoftMaxCrossEntropy(t)(x)[0]
+
+
+def _softmax_cross_entropy(x, t):
     """Mean cross-entropy of logits ``x`` (N, C) against ``t``: int class indices (N,) or
     one-hot / probability rows (N, C). Records SoftmaxCrossEntropyLoss (indices) or
     LogSoftmax/Mul/ReduceSum/ReduceMean (one-hot). Shape (1,), as SINGA's."""
@@ -1427,6 +1467,11 @@ def softmax_cross_entropy(x, t):
 
 
 def cross_entropy(y, t):
+    """SINGA's CrossEntropy (see :func:`_cross_entropy`)."""
+    return CrossEntropy(t)(y)[0]
+
+
+def _cross_entropy(y, t):
     """SINGA's CrossEntropy: ``-sum(t * log(y)) / N`` for probabilities ``y`` (N, C);
     shape (1,)."""
     n, c = y.shape
@@ -1440,6 +1485,10 @@ def cross_entropy(y, t):
 
 def mse_loss(x, t):
     """SINGA's MeanSquareError: the mean of ``(x - t)^2`` over all elements; shape (1,)."""
+    return MeanSquareError(t)(x)[0]
+
+
+def _mse_loss(x, t):
     if not isinstance(t, Tensor):
         t = as_tensor(np.asarray(t, dtype=x.dtype), like=x)
     if tuple(t.shape) != tuple(x.shape):
@@ -1461,6 +1510,11 @@ def nll_loss(logp, t):
 
 
 def binary_cross_entropy(x, t):
+    """Mean binary cross-entropy (see :func:`_binary_cross_entropy`)."""
+    return BinaryCrossEntropy(t)(x)[0]
+
+
+def _binary_cross_entropy(x, t):
     """Mean binary cross-entropy of probabilities ``x`` and targets ``t`` (same shape), over
     all elements (probabilities clipped to [1e-7, 1 - 1e-7]); shape (1,). SINGA divides the
     sum by the batch size ``N`` instead: multiply by ``x.size() / x.shape[0]`` for its
@@ -1530,6 +1584,10 @@ def rounde(x):
 
 def round(x):  # noqa: A001 - SINGA's name
     """Round half away from zero (SINGA's ``round``): ``sign(x) * floor(|x| + 0.5)``."""
+    return Round()(x)[0]
+
+
+def _round(x):
     return sign(x) * floor(abs(x) + 0.5)
 
 
@@ -1573,6 +1631,17 @@ def shape(x):
 
 
 def prelu(x, slope):
+    """ONNX PRelu. ``slope`` broadcasts to ``x``; where only the two together broadcast (SINGA
+    allows it: x [1, 4, 1, 6], slope [3, 1, 5, 6]) ``x`` is first expanded to the common shape
+    (an Expand node), so the recorded PRelu stays valid ONNX."""
+    s_shape = tuple(slope.shape) if isinstance(slope, Tensor) else np.shape(slope)
+    try:
+        out = np.broadcast_shapes(tuple(x.shape), s_shape)
+    except ValueError:
+        raise ShapeError(f"prelu: slope of shape {list(s_shape)} does not broadcast with x of "
+                         f"shape {list(x.shape)}") from None
+    if tuple(out) != tuple(x.shape):
+        x = expand(x, out)
     return apply("PRelu", [x, slope])
 
 
@@ -1613,10 +1682,15 @@ def constant_of_shape(x, value=0):
 
 def globalaveragepool(x, data_format: str = "channels_first"):
     """Mean over the spatial axes; ``channels_last`` inputs (N, ..., C) are transposed to
-    channels first and the (N, C, 1, ...) result back."""
+    channels first and the (N, C, 1, ...) result back (``channel_last``, the spelling
+    SINGA's tests use, is accepted too)."""
+    return GlobalAveragePool(data_format)(x)[0]
+
+
+def _globalaveragepool(x, data_format: str = "channels_first"):
     if data_format == "channels_first":
         return apply("GlobalAveragePool", [x])
-    if data_format != "channels_last":
+    if data_format not in ("channels_last", "channel_last"):
         raise InputError(f"globalaveragepool: data_format must be 'channels_first' or "
                          f"'channels_last', got {data_format!r}")
     nd = x.ndim()
@@ -1655,6 +1729,11 @@ def depth_to_space(x, blocksize: int, mode: str = "DCR"):
 
 
 def space_to_depth(x, blocksize: int, mode: str = "DCR"):
+    """The inverse of :func:`depth_to_space` (see :func:`_space_to_depth`)."""
+    return SpaceToDepth(blocksize, mode)(x)[0]
+
+
+def _space_to_depth(x, blocksize: int, mode: str = "DCR"):
     """The inverse of :func:`depth_to_space` with the same ``mode`` (SINGA's). DCR is ONNX
     SpaceToDepth; CRD (which ONNX's SpaceToDepth lacks) is recorded as Reshape, Transpose,
     Reshape."""
@@ -1906,8 +1985,24 @@ def _singa_vjp(roots, dys, inputs):
         if g is not None:
             out.append(RawTensor(g))
     if not out:
-        return None
+        # piecewise-constant ops (Sign, Ceil, Floor, Round...) have no gradient flow: their
+        # inputs get zeros, as in SINGA
+        for kind, ref in targets:
+            shape, dtype = (ref.shape, ref.dtype) if kind == "leaf" else \
+                _meta_of_edge(order, ref, first)
+            out.append(RawTensor(xp.zeros(shape, dtype=dtype)))
+        if not out:
+            return None
     return out[0] if len(out) == 1 else tuple(out)
+
+
+def _meta_of_edge(order, key, first):
+    """(shape, dtype) of the tape value ``key`` = (id(node), index) among nodes' parents."""
+    for node in list(order) + [first]:
+        for p in node.parents:
+            if type(p) is tuple and (id(p[0]), p[1]) == key:
+                return p[0].out_meta[p[1]]
+    raise GradientError("internal: a backward input was not found on the tape")
 
 
 class _OpCall:
@@ -2041,7 +2136,7 @@ SoftPlus = _operator("SoftPlus", lambda s, x: softplus(x))
 Erf = _operator("Erf", lambda s, x: erf(x))
 Ceil = _operator("Ceil", lambda s, x: ceil(x))
 Floor = _operator("Floor", lambda s, x: floor(x))
-Round = _operator("Round", lambda s, x: round(x), doc="Half away from zero.")
+Round = _operator("Round", lambda s, x: _round(x), doc="Half away from zero.")
 Rounde = _operator("Rounde", lambda s, x: rounde(x), doc="Half to even.")
 Cos = _operator("Cos", lambda s, x: cos(x))
 Cosh = _operator("Cosh", lambda s, x: cosh(x))
@@ -2104,14 +2199,14 @@ Slice = _operator("Slice", lambda s, x: slice(x, s.starts, s.ends, s.axes, s.ste
 Split = _operator("Split", lambda s, x: tuple(split(x, s.axis, s.parts, s.num_output)),
                   ("axis", "parts", "num_output"), {"num_output": None})
 Gather = _operator("Gather", lambda s, x: gather(x, s.axis, s.indices), ("axis", "indices"))
-Tile = _operator("Tile", lambda s, x: tile(x, s.repeats), ("repeats",))
+Tile = _operator("Tile", lambda s, x: _tile(x, s.repeats), ("repeats",))
 Expand = _operator("Expand", lambda s, x: expand(x, s.shape), ("shape",))
 Pad = _operator("Pad", lambda s, x: pad(x, s.mode, s.pads, s.constant),
                 ("mode", "pads", "constant"), {"constant": 0.0})
 UpSample = _operator("UpSample", lambda s, x: upsample(x, s.mode, s.scales), ("mode", "scales"))
 DepthToSpace = _operator("DepthToSpace", lambda s, x: depth_to_space(x, s.blocksize, s.mode),
                          ("blocksize", "mode"), {"mode": "DCR"})
-SpaceToDepth = _operator("SpaceToDepth", lambda s, x: space_to_depth(x, s.blocksize, s.mode),
+SpaceToDepth = _operator("SpaceToDepth", lambda s, x: _space_to_depth(x, s.blocksize, s.mode),
                          ("blocksize", "mode"), {"mode": "DCR"})
 ScatterElements = _operator(
     "ScatterElements", lambda s, x: scatter_elements(x, s.indices, s.updates, s.axis),
@@ -2126,7 +2221,7 @@ ReduceSum = _operator("ReduceSum", lambda s, x: reduce_sum(x, s.axes, s.keepdims
 ReduceMean = _operator("ReduceMean", lambda s, x: reduce_mean(x, s.axes, s.keepdims),
                        ("axes", "keepdims"), {"axes": None, "keepdims": 1})
 GlobalAveragePool = _operator("GlobalAveragePool",
-                              lambda s, x: globalaveragepool(x, s.data_format),
+                              lambda s, x: _globalaveragepool(x, s.data_format),
                               ("data_format",), {"data_format": "channels_first"})
 Dropout = _operator("Dropout", lambda s, x: dropout(x, s.seed, s.ratio), ("seed", "ratio"),
                     {"seed": 0, "ratio": 0.5},
@@ -2135,12 +2230,12 @@ CosSim = _operator("CosSim", lambda s, a, b: _cossim(a, b))
 RankingLoss = _operator("RankingLoss", lambda s, pos, neg: _ranking_loss(pos, neg, s.M),
                         ("M",), {"M": 0.2})
 # losses: SINGA's take the target at construction: MeanSquareError(t)(x)
-MeanSquareError = _operator("MeanSquareError", lambda s, x: mse_loss(x, s.t), ("t",))
+MeanSquareError = _operator("MeanSquareError", lambda s, x: _mse_loss(x, s.t), ("t",))
 SoftMaxCrossEntropy = _operator("SoftMaxCrossEntropy",
-                                lambda s, x: softmax_cross_entropy(x, s.t), ("t",))
-CrossEntropy = _operator("CrossEntropy", lambda s, x: cross_entropy(x, s.t), ("t",))
+                                lambda s, x: _softmax_cross_entropy(x, s.t), ("t",))
+CrossEntropy = _operator("CrossEntropy", lambda s, x: _cross_entropy(x, s.t), ("t",))
 BinaryCrossEntropy = _operator("BinaryCrossEntropy",
-                               lambda s, x: binary_cross_entropy(x, s.t), ("t",))
+                               lambda s, x: _binary_cross_entropy(x, s.t), ("t",))
 
 
 class Shape(Operator):

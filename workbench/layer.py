@@ -269,9 +269,9 @@ class Embedding(Layer):
                         np.float32, "W")
 
     def forward(self, ids):
-        if ids.dtype.kind not in "iu":
-            raise InputError(f"Embedding: ids must be integers, got {ids.dtype}")
-        return autograd.apply("Gather", [self.W, ids], {"axis": 0})
+        """``W[ids]`` (a Gather node); float ids holding whole numbers are accepted, as in
+        SINGA (a Cast node first)."""
+        return autograd.embedding(ids, self.W)
 
 
 # --------------------------------------------------------------------------- convolution

@@ -1,4 +1,4 @@
-"""numpy, plus the aliases SINGA's test files were written with and numpy 1.24 removed
+"""numpy, plus what SINGA's test files were written with and later numpy removed: the aliases
 (``np.int``, ``np.float``, ``np.bool``, ``np.object``, ``np.complex``, ``np.str``: the Python
 builtins, as they were). The ported files import numpy through this module instead of
 ``import numpy as np``; that is their only change besides the ``singa`` imports."""
@@ -17,3 +17,11 @@ str = _builtins.str  # noqa: A001
 
 def __getattr__(name):
     return getattr(_np, name)
+
+
+def arange(*args, **kwargs):
+    """``numpy.arange`` taking one-element arrays as the numbers they hold, as numpy did
+    before 2.0 (SINGA's ``onehot`` test passes ``depth = np.array([10])``)."""
+    args = [a.reshape(()).item() if isinstance(a, _np.ndarray) and a.size == 1 else a
+            for a in args]
+    return _np.arange(*args, **kwargs)

@@ -14,7 +14,8 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 # =============================================================================
-# Ported from apache/singa test/python/test_operation.py at commit 4ddb5629; only imports changed.
+# Ported from apache/singa test/python/test_operation.py at commit 4ddb5629; only imports changed
+# (numpy comes through tests/singa/numpy_compat.py, which keeps numpy 1.x behaviour the test uses).
 
 import unittest
 from builtins import str
@@ -26,7 +27,7 @@ from workbench import layer
 from tests.singa import singa_wrap
 from tests.singa.cuda_helper import gpu_dev, cpu_dev
 
-import numpy as np
+from tests.singa import numpy_compat as np  # numpy < 2 behaviour (arange of 1-element arrays)
 
 autograd.training = True
 
