@@ -1640,6 +1640,12 @@ def prelu(x, slope):
     except ValueError:
         raise ShapeError(f"prelu: slope of shape {list(s_shape)} does not broadcast with x of "
                          f"shape {list(x.shape)}") from None
+    return PRelu()(x, slope)[0]
+
+
+def _prelu(x, slope):
+    out = np.broadcast_shapes(tuple(x.shape), tuple(np.shape(slope.data if isinstance(
+        slope, Tensor) else slope)))
     if tuple(out) != tuple(x.shape):
         x = expand(x, out)
     return apply("PRelu", [x, slope])
@@ -1700,7 +1706,13 @@ def _globalaveragepool(x, data_format: str = "channels_first"):
 
 def scatter_elements(x, indices, updates, axis: int = 0):
     """ONNX ScatterElements: a copy of ``x`` with ``updates`` written at ``indices`` along
-    ``axis`` (lists and arrays become constants)."""
+    ``axis`` (lists and arrays become constants). As SINGA's, ``indices`` and ``updates`` are
+    settings of the :class:`ScatterElements` operator: ``creator.backward`` gives ``dx``
+    only (``autograd.backward`` still reaches an ``updates`` Tensor that needs a gradient)."""
+    return ScatterElements(indices, updates, axis)(x)[0]
+
+
+def _scatter_elements(x, indices, updates, axis: int = 0):
     idx = indices if isinstance(indices, Tensor) else as_tensor(
         np.asarray(indices, dtype=np.int64), like=x)
     upd = updates if isinstance(updates, Tensor) else as_tensor(
@@ -2173,7 +2185,7 @@ Equal = _operator("Equal", lambda s, a, b: equal(a, b))
 And = _operator("And", lambda s, a, b: _and(a, b))
 Or = _operator("Or", lambda s, a, b: _or(a, b))
 Xor = _operator("Xor", lambda s, a, b: _xor(a, b))
-PRelu = _operator("PRelu", lambda s, x, slope: prelu(x, slope))
+PRelu = _operator("PRelu", lambda s, x, slope: _prelu(x, slope))
 Sum = _operator("Sum", lambda s, *xs: sum(*xs))
 Mean = _operator("Mean", lambda s, *xs: mean(*xs))
 Max = _operator("Max", lambda s, *xs: max(*xs))
@@ -2209,7 +2221,7 @@ DepthToSpace = _operator("DepthToSpace", lambda s, x: depth_to_space(x, s.blocks
 SpaceToDepth = _operator("SpaceToDepth", lambda s, x: _space_to_depth(x, s.blocksize, s.mode),
                          ("blocksize", "mode"), {"mode": "DCR"})
 ScatterElements = _operator(
-    "ScatterElements", lambda s, x: scatter_elements(x, s.indices, s.updates, s.axis),
+    "ScatterElements", lambda s, x: _scatter_elements(x, s.indices, s.updates, s.axis),
     ("indices", "updates", "axis"), {"axis": 0})
 OneHot = _operator("OneHot", lambda s, x: onehot(s.axis, x, s.depth, s.values),
                    ("axis", "depth", "values"))
