@@ -241,6 +241,59 @@ class Tensor:
         t._stores_grad = self._stores_grad
         return t
 
+    def copy_from(self, t, offset: int = 0) -> None:
+        """Copy the values of a Tensor or numpy array into this one (SINGA's)."""
+        a = t.numpy() if isinstance(t, Tensor) else np.asarray(t)
+        if offset:
+            flat = self.numpy().reshape(-1).copy()
+            flat[offset:offset + a.size] = a.reshape(-1)
+            a = flat
+        self.copy_from_numpy(a)
+
+    def reset_like(self, t) -> None:
+        """Take ``t``'s shape, device and dtype (zeros; SINGA's ``reset_like``)."""
+        self.device = t.device
+        self.data = t.device.xp.zeros(t.shape, dtype=t.dtype)
+
+    def to_type(self, dtype) -> Tensor:
+        """Change this Tensor's dtype in place (SINGA's ``to_type``); returns self."""
+        self.data = self.data.astype(_singa_dtype(dtype))
+        return self
+
+    def _rowcol(self, v, op: str, axis: int) -> None:
+        if self.ndim() != 2:
+            raise ShapeError(f"{op}: needs a 2-d Tensor, got shape {list(self.shape)}")
+        vv = v.data if isinstance(v, Tensor) else self.device.xp.asarray(v)
+        vv = vv.reshape((-1, 1) if axis == 1 else (1, -1)).astype(self.dtype)
+        fn = {"add": self.device.xp.add, "mult": self.device.xp.multiply,
+              "div": self.device.xp.divide}[op.split("_")[0]]
+        self.data = fn(self.data, vv)
+
+    def add_column(self, v) -> None:
+        """SINGA's deprecated in-place row/column helpers (``v`` broadcast over columns or
+        rows): ``add_column``, ``add_row``, ``mult_column``, ``mult_row``, ``div_column``,
+        ``div_row``."""
+        self._rowcol(v, "add_column", 1)
+
+    def add_row(self, v) -> None:
+        self._rowcol(v, "add_row", 0)
+
+    def mult_column(self, v) -> None:
+        self._rowcol(v, "mult_column", 1)
+
+    def mult_row(self, v) -> None:
+        self._rowcol(v, "mult_row", 0)
+
+    def div_column(self, v) -> None:
+        self._rowcol(v, "div_column", 1)
+
+    def div_row(self, v) -> None:
+        self._rowcol(v, "div_row", 0)
+
+    def is_dummy(self) -> bool:
+        """False: SINGA's ``Dummy`` placeholder operators do not exist here."""
+        return False
+
     def is_transpose(self) -> bool:
         """False: arrays here are never lazily transposed (SINGA's C++ strides can be)."""
         return False

@@ -183,6 +183,27 @@ class Layer:
             p.requires_grad = True
         return self
 
+    def register_layers(self, *args) -> None:
+        """SINGA's ``register_layers(layer, ...)`` (named ``<Class>_<i>``) or
+        ``register_layers(OrderedDict(name=layer))``: add sublayers."""
+        if len(args) == 1 and isinstance(args[0], dict):
+            items = list(args[0].items())
+        else:
+            items = [(f"{type(v).__name__}_{i}", v) for i, v in enumerate(args)]
+        for name, lay in items:
+            if not isinstance(lay, Layer):
+                raise InputError(f"register_layers: {name!r} is a {type(lay).__name__}, not a "
+                                 f"Layer")
+            setattr(self, name, lay)
+
+    def dtype_check(self, *inputs) -> None:
+        """SINGA's check that the inputs share one dtype; here a mismatch is an error naming
+        them (SINGA casts them silently)."""
+        dts = [t.dtype for t in inputs if isinstance(t, Tensor)]
+        if len(set(dts)) > 1:
+            raise InputError(f"{type(self).__name__}: inputs have different dtypes "
+                             f"{[str(d) for d in dts]}; cast them with Tensor.as_type")
+
     def device_check(self, *inputs) -> None:
         devs = {t.device for t in inputs if isinstance(t, Tensor)}
         if len(devs) > 1:
@@ -448,6 +469,22 @@ class AvgPool2d(Pooling2d):
         super().__init__(kernel_size, stride, padding, False, pad_mode, **kw)
 
 
+class MaxPool1d(Pooling2d):
+    """SINGA's 1-d max pooling: a (1, kernel_size) window over (N, C, 1, W) inputs."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, pad_mode: str = "NOTSET"):
+        stride = kernel_size if stride is None else stride
+        super().__init__((1, kernel_size), (1, stride), (0, padding), True, pad_mode)
+
+
+class AvgPool1d(Pooling2d):
+    """SINGA's 1-d average pooling: a (1, kernel_size) window over (N, C, 1, W) inputs."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, pad_mode: str = "NOTSET"):
+        stride = kernel_size if stride is None else stride
+        super().__init__((1, kernel_size), (1, stride), (0, padding), False, pad_mode)
+
+
 class GlobalAvgPool2d(Layer):
     def forward(self, x):
         return autograd.apply("GlobalAveragePool", [x])
@@ -589,6 +626,11 @@ class CrossEntropy(Layer):
         return autograd.cross_entropy(x, t)
 
 
+class BinaryCrossEntropy(Layer):
+    def forward(self, x, t):
+        return autograd.binary_cross_entropy(x, t)
+
+
 # --------------------------------------------------------------------------- SINGA's extra layers
 class SeparableConv2d(Layer):
     """A depthwise convolution (one ``kernel_size`` filter per input channel, ``group`` = the
@@ -628,7 +670,14 @@ def _zeros_param(shape, like, name):
     return _param(np.zeros(shape), like, _float_dtype(like), name)
 
 
-class RNN(Layer):
+class RNN_Base(Layer):  # noqa: N801 - SINGA's name
+    """SINGA's base class of :class:`RNN` and :class:`LSTM` (``step_forward``)."""
+
+    def step_forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__}.step_forward is not implemented")
+
+
+class RNN(RNN_Base):
     """SINGA's vanilla RNN, unrolled over a list of time steps:
     ``hs, h = RNN(input_size, hidden_size)(xs, h0)`` with ``xs`` a list of (batch, input)
     Tensors; ``h_t = tanh(x_t Wx + h_{t-1} Wh + b)`` (``nonlinearity="relu"``: relu). Each
@@ -673,7 +722,7 @@ class RNN(Layer):
         return autograd.tanh(y) if self.nonlinearity == "tanh" else autograd.relu(y)
 
 
-class LSTM(Layer):
+class LSTM(RNN_Base):
     """SINGA's LSTM, unrolled over a list of time steps:
     ``hs, h, c = LSTM(input_size, hidden_size)(xs, (h0, c0))``. Gates i, f, o (sigmoid) and
     g (tanh) each have ``Wx_*`` (input, hidden), ``Wh_*`` (hidden, hidden), ``Bx_*`` and

@@ -123,8 +123,10 @@ def transpose(t: Tensor, axes=None) -> Tensor:
     return t.transpose(axes)
 
 
-def sum(t: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001 - SINGA's name
-    return t.sum(axis, keepdims)
+def sum(t: Tensor, axis=None, out=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """The sum over ``axis`` (an int, a tuple, or None for all: a Tensor of shape ());
+    SINGA's ``out=`` receives the result when given."""
+    return _into(t.sum(list(axis) if isinstance(axis, tuple) else axis, keepdims), out)
 
 
 def average(t: Tensor, axis=None):
