@@ -459,11 +459,15 @@ class Tensor:
         """SINGA's in-place operators: the array changes in place (every Tensor sharing it,
         ``copy()``, sees it); nothing is recorded. A Tensor saved by a recorded op for its
         backward should not be changed before that backward runs."""
-        r = self._bin(op, other)  # the same kernel and broadcasting as the operator
+        with inference_mode():
+            r = self._bin(op, other)  # the same kernel and broadcasting as the operator
         if r.dtype == self.dtype and tuple(r.shape) == tuple(self.shape):
-            self.data[...] = r.data
-        else:
-            self.data = r.data
+            try:
+                self.data[...] = r.data
+                return self
+            except ValueError:  # a read-only view (a broadcast result): rebind instead
+                pass
+        self.data = r.data
         return self
 
     def __iadd__(self, o):
