@@ -50,6 +50,7 @@ import contextlib
 import contextvars
 import itertools
 import math
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -2079,10 +2080,20 @@ class _OpCall:
     that produced the outputs point here (``node.op``), so ``y.creator.backward`` is the
     operator's backward for that call."""
 
-    __slots__ = ("op", "xs", "roots")
+    __slots__ = ("op", "xs", "_roots")
 
     def __init__(self, op, xs, roots):
-        self.op, self.xs, self.roots = op, xs, roots
+        # the nodes point here (node.op); weak references back keep that from being a cycle
+        self.op, self.xs = op, xs
+        self._roots = tuple((None if n is None else weakref.ref(n), i) for n, i in roots)
+
+    @property
+    def roots(self) -> tuple:
+        out = tuple((None if r is None else r(), i) for r, i in self._roots)
+        if any(r is not None and n is None for (r, _), (n, _) in zip(self._roots, out)):
+            raise GradientError(f"{self.op.name}: the outputs of this call are gone (no Tensor "
+                                f"holds them any more); backward needs them")
+        return out
 
     def forward(self, *xs):
         return self.op.forward(*xs)
@@ -2350,4 +2361,4 @@ class _BatchNorm2d(Operator):
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
     "annotations", "contextlib", "contextvars", "itertools", "math", "np", "Any", "Callable",
-    "Sequence")]
+    "Sequence", "weakref", "builtins")]
