@@ -1474,8 +1474,8 @@ def _labels(t, n: int, c: int, op: str, like=None):
             t = reshape(t, (n,))
             shape = (n,)
         if shape != (n,):
-            raise SingaShapeError(f"{op}: integer labels must have shape ({n},) (one class index per "
-                             f"row of the ({n}, {c}) scores), got {list(shape)}")
+            raise SingaShapeError(f"{op}: integer labels must have shape ({n},) (one class index "
+                                  f"per row of the ({n}, {c}) scores), got {list(shape)}")
         data = t.data
         if data.size and (int(data.min()) < 0 or int(data.max()) >= c):
             raise InputError(f"{op}: class indices must lie in [0, {c - 1}] for {c} classes, "
@@ -1487,8 +1487,8 @@ def _labels(t, n: int, c: int, op: str, like=None):
         if shape != (n, c):
             hint = (" (float labels of shape (N,) look like class indices: convert them with "
                     ".astype(np.int64))" if shape == (n,) else "")
-            raise SingaShapeError(f"{op}: one-hot/probability labels must have the scores' shape "
-                             f"({n}, {c}), got {list(shape)}{hint}")
+            raise SingaShapeError(f"{op}: one-hot/probability labels must have the scores' "
+                                  f"shape ({n}, {c}), got {list(shape)}{hint}")
         return "onehot", t
     raise InputError(f"{op}: labels must be integer class indices or float one-hot rows, got "
                      f"dtype {dtype}")
@@ -1694,7 +1694,7 @@ def prelu(x, slope):
     (an Expand node), so the recorded PRelu stays valid ONNX."""
     s_shape = tuple(slope.shape) if isinstance(slope, Tensor) else np.shape(slope)
     try:
-        out = np.broadcast_shapes(tuple(x.shape), s_shape)
+        np.broadcast_shapes(tuple(x.shape), s_shape)
     except ValueError:
         raise ShapeError(f"prelu: slope of shape {list(s_shape)} does not broadcast with x of "
                          f"shape {list(x.shape)}") from None

@@ -828,7 +828,8 @@ class CudnnRNN(Layer):
             fan_in = self.input_size if layer_i == 0 else self.hidden_size * dirs
             for d in range(dirs):
                 tag = f"l{layer_i}_d{d}"
-                for nm, shape in ((f"Wx_{tag}", (fan_in, gh)), (f"Wh_{tag}", (self.hidden_size, gh)),
+                for nm, shape in ((f"Wx_{tag}", (fan_in, gh)),
+                                  (f"Wh_{tag}", (self.hidden_size, gh)),
                                   (f"Bx_{tag}", (gh,)), (f"Bh_{tag}", (gh,))):
                     if nm.startswith("B") and not self.bias:
                         continue
