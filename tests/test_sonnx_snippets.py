@@ -220,6 +220,7 @@ def singa_ns(tmp_path, monkeypatch):
     if not wb_device.cuda_available():
         monkeypatch.setattr(wb_device, "create_cuda_gpu", lambda *a, **k: wb_device.create_cpu())
     x, _ = digits_batch()
+    wb_device.seed_host(0)  # the layers' initial weights do not depend on the tests run before
     return {"INPUT": x, "__name__": "singa_snippet"}, proto
 
 
