@@ -79,7 +79,7 @@ def worker(a) -> None:
         b0, c0 = d.bytes_communicated, spent[0]
         t0 = time.perf_counter()
         out, loss = m(tx, ty, a.option, a.spars)
-        float(tensor.to_numpy(loss))        # the step is done (GPU: synchronised)
+        tensor.to_numpy(loss).item()        # the step is done (GPU: synchronised)
         dt = time.perf_counter() - t0
         if s >= a.warmup:
             times.append(dt)

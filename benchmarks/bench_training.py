@@ -82,7 +82,7 @@ class OurStep:
         outs = self.m.forward(*self.txs)
         loss = self.autograd.softmax_cross_entropy(outs[-1], self.labels)
         self.sgd.backward_and_update(loss)
-        return float(loss.numpy())
+        return loss.item()
 
 
 def interleaved(ours, theirs, warmup, runs):

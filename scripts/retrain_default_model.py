@@ -117,7 +117,7 @@ def main(argv=None) -> int:
         for i in range(0, len(perm), bs):
             b = perm[i:i + bs]
             _, loss = m(tensor.from_numpy(xtr[b]), tensor.from_numpy(ytr[b]))
-            total += float(loss.numpy()) * len(b)
+            total += loss.item() * len(b)
         m.eval()
         acc = float((m(tensor.from_numpy(xte)).numpy().argmax(1) == yte).mean())
         print(f"epoch {epoch + 1:3d}  loss {total / len(xtr):.4f}  test accuracy {acc:.4f}  "

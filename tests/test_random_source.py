@@ -22,7 +22,7 @@ def _draws():
     lin = layer.Linear(3)
     lin(Tensor(data=np.ones((2, 4), np.float32)))
     x = Tensor(data=np.ones((64,), np.float32))
-    drop = autograd.dropout(x, 0.5, training=True).numpy()
+    drop = autograd.dropout(x, ratio=0.5, training=True).numpy()
     rep = backend.prepare(_random_normal_model(), optimize=False)
     (rn,) = rep.run([])
     bern = Tensor((32,), cpu).bernoulli(0.5).numpy()

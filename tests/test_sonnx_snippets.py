@@ -223,6 +223,7 @@ def singa_ns(tmp_path, monkeypatch):
     if not wb_device.cuda_available():
         monkeypatch.setattr(wb_device, "create_cuda_gpu", lambda *a, **k: wb_device.create_cpu())
     x, _ = digits_batch()
+    wb_device.seed_host(0)  # the layers' initial weights do not depend on the tests run before
     return {"INPUT": x, "__name__": "singa_snippet"}, proto
 
 
@@ -287,14 +288,14 @@ def test_retraining_snippet(singa_ns, graph):
     losses = []
     for _ in range(8):
         out, loss = model(tx, ty, "fp32", None)
-        losses.append(float(tensor.to_numpy(loss)))
+        losses.append(tensor.to_numpy(loss).item())
     assert out.shape == (16, 10)
     assert losses[-1] < 0.5 * losses[0], losses
     # the running statistics of the imported BatchNormalization were updated in training
     assert not np.allclose(model.get_states()["bn_mean"].numpy(),
                            numpy_helper.to_array(proto.graph.initializer[4]))
     out, loss = model(tx, ty, "fp16", None)  # mixed-precision branch: loss-scaled step
-    assert np.isfinite(float(tensor.to_numpy(loss)))
+    assert np.isfinite(tensor.to_numpy(loss).item())
     for option in ("partialUpdate", "sparseTopK", "sparseThreshold"):
         with pytest.raises(WorkbenchError, match="DistOpt"):
             model(tx, ty, option, 0.05)
@@ -317,7 +318,7 @@ def test_transfer_learning_snippet(singa_ns, graph):
     losses = []
     for _ in range(10):
         out, loss = model(tx, ty, "fp32", None)
-        losses.append(float(tensor.to_numpy(loss)))
+        losses.append(tensor.to_numpy(loss).item())
     assert out.shape == (16, 3)  # Linear(1000, 3) appended after last_layers=-3
     assert losses[-1] < 0.5 * losses[0], losses
     assert "linear.W" in model.get_params() and model.get_params()["linear.W"].shape == (
@@ -346,7 +347,7 @@ def test_snippets_verbatim_on_cuda(tmp_path, monkeypatch):
     model.compile([ns["tx"]], is_train=True, use_graph=True, sequential=True)
     tx = tensor.Tensor(device=ns["dev"], data=x)
     ty = tensor.Tensor(device=ns["dev"], data=y)
-    first = float(tensor.to_numpy(model(tx, ty, "fp32", None)[1]))
+    first = tensor.to_numpy(model(tx, ty, "fp32", None)[1]).item()
     for _ in range(8):
         out, loss = model(tx, ty, "fp32", None)
-    assert float(tensor.to_numpy(loss)) < first
+    assert tensor.to_numpy(loss).item() < first

@@ -59,7 +59,7 @@ def fit(m, x, y, epochs, bs=64, seed=0):
         for i in range(0, len(p) - bs + 1, bs):
             b = p[i:i + bs]
             _, loss = m(tensor.from_numpy(x[b]), tensor.from_numpy(y[b]))
-            losses.append(float(loss.numpy()))
+            losses.append(loss.item())
     return losses
 
 
@@ -167,7 +167,7 @@ def test_light_zoo_model_sgd_steps_lower_the_loss():
     for _ in range(3):
         logits = autograd.flatten(m.forward(tensor.from_numpy(x), last_layers="r65")[0], 1)
         loss = autograd.softmax_cross_entropy(logits, np.array([1, 2]))
-        losses.append(float(loss.numpy()))
+        losses.append(loss.item())
         sgd.backward_and_update(loss)
     assert losses[2] < losses[0], losses
 
@@ -259,7 +259,7 @@ def test_backward_and_update_half_trains_a_float16_model(digits):
     for _ in range(25):
         out = m.forward(xb)
         loss = autograd.softmax_cross_entropy(out, y[:32])
-        losses.append(float(loss.numpy()))
+        losses.append(loss.item())
         applied.append(sgd.backward_and_update_half(loss))
     # the first steps may overflow float16 at the initial scale 2^15: skipped, scale halved
     assert sum(applied) >= 15 and applied[-10:] == [True] * 10

@@ -16,8 +16,18 @@ forward run in eval mode in which nothing requires a gradient (the SINGA page's
 when some input requires a gradient and gradients are enabled (not inside :func:`no_grad`).
 :func:`inference_mode` switches recording off entirely (fastest; its results cannot be exported).
 
-Training mode is explicit: ``model.train()`` / ``model.eval()`` (or ``training=`` in the
-functions below); there is no global ``autograd.training`` flag.
+Training mode: ``model.train()`` / ``model.eval()`` (or ``training=`` in the functions
+below) for layers and models. ``autograd.training`` is SINGA's global train/eval flag (False by
+default), for code written against SINGA: while it is True every recorded op also keeps what its
+own backward needs, so SINGA's per-operator ``y.creator.backward(dy)`` works on data that does
+not require a gradient, and the SINGA-level functions that change with the mode
+(:func:`dropout`, :func:`batchnorm_2d`, the :class:`Dropout` operator) follow it unless told
+``training=`` explicitly.
+
+SINGA's operator API: ``autograd.ReLU()(x)[0]``, ``autograd.Gemm(alpha, beta, 0, 0)(a, b, c)``
+... (:class:`Operator` and its subclasses, the same ONNX ops underneath); ``y.creator`` has
+SINGA's ``forward(*raw)`` / ``backward(*dys)`` (arrays or :class:`RawTensor` in,
+:class:`RawTensor` out, one per differentiable input).
 
 Gradients: ``backward(loss)`` walks the tape in reverse topological order, accumulates the
 gradients, stores them on the leaf Tensors that require one (``t.grad``, replaced - not
@@ -40,6 +50,7 @@ import contextlib
 import contextvars
 import itertools
 import math
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -54,6 +65,7 @@ from workbench.errors import (
     InputError,
     KernelError,
     ShapeError,
+    SingaShapeError,
     WorkbenchError,
 )
 from workbench.ops.registry import (
@@ -66,6 +78,9 @@ from workbench.ops.registry import (
 
 #: opset of the nodes that layers and the functions below record (ai.onnx domain)
 DEFAULT_OPSET = 17
+
+#: SINGA's global train/eval flag (see the module docstring)
+training = False
 
 _grad_enabled = contextvars.ContextVar("workbench_grad_enabled", default=True)
 _recording = contextvars.ContextVar("workbench_recording", default=True)
@@ -92,6 +107,7 @@ class Tensor:
     """
 
     __array_priority__ = 1000  # numpy_array + Tensor -> Tensor.__radd__
+    _const = False             # True for the constants as_tensor makes (attributes as inputs)
 
     def __init__(self, shape=None, device=None, dtype=None, data=None, requires_grad=False,
                  stores_grad=False, creator=None, name=None):
@@ -121,7 +137,7 @@ class Tensor:
         self.data = data
         self.device = dev
         self.requires_grad = bool(requires_grad)
-        self.stores_grad = bool(stores_grad)
+        self._stores_grad = bool(stores_grad)
         self.creator = creator
         self._index = 0
         self.grad = None
@@ -134,7 +150,7 @@ class Tensor:
         t.data = data
         t.device = device
         t.requires_grad = requires_grad
-        t.stores_grad = False
+        t._stores_grad = False
         t.creator = creator
         t._index = index
         t.grad = None
@@ -142,6 +158,18 @@ class Tensor:
         return t
 
     # ------------------------------------------------------------------ properties
+    @property
+    def stores_grad(self) -> bool:
+        """A parameter: exported as an initializer, its gradient returned by ``backward``.
+        Setting it True also sets ``requires_grad`` (SINGA's code marks parameters so)."""
+        return self._stores_grad
+
+    @stores_grad.setter
+    def stores_grad(self, value) -> None:
+        self._stores_grad = bool(value)
+        if value:
+            self.requires_grad = True
+
     @property
     def shape(self) -> tuple:
         return tuple(self.data.shape)
@@ -200,10 +228,107 @@ class Tensor:
     def clone(self) -> Tensor:
         """A new leaf Tensor with a copy of the data (no tape link)."""
         t = Tensor._make(self.data.copy(), self.device, self.requires_grad, None, 0, self.name)
-        t.stores_grad = self.stores_grad
+        t._stores_grad = self._stores_grad
         return t
 
-    copy = clone
+    def deepcopy(self) -> Tensor:
+        """A new Tensor with a copy of the data (SINGA's ``deepcopy``; same as ``clone``)."""
+        return self.clone()
+
+    def copy(self) -> Tensor:
+        """SINGA's shallow copy: a new Tensor object sharing this one's array (in-place
+        operators on either show in both); ``clone``/``deepcopy`` copy the data."""
+        t = Tensor._make(self.data, self.device, self.requires_grad, None, 0, self.name)
+        t._stores_grad = self._stores_grad
+        return t
+
+    def copy_from(self, t, offset: int = 0) -> None:
+        """Copy the values of a Tensor or numpy array into this one (SINGA's)."""
+        a = t.numpy() if isinstance(t, Tensor) else np.asarray(t)
+        if offset:
+            flat = self.numpy().reshape(-1).copy()
+            flat[offset:offset + a.size] = a.reshape(-1)
+            a = flat
+        self.copy_from_numpy(a)
+
+    def reset_like(self, t) -> None:
+        """Take ``t``'s shape, device and dtype (zeros; SINGA's ``reset_like``)."""
+        self.device = t.device
+        self.data = t.device.xp.zeros(t.shape, dtype=t.dtype)
+
+    def to_type(self, dtype) -> Tensor:
+        """Change this Tensor's dtype in place (SINGA's ``to_type``); returns self."""
+        self.data = self.data.astype(_singa_dtype(dtype))
+        return self
+
+    def _rowcol(self, v, op: str, axis: int) -> None:
+        if self.ndim() != 2:
+            raise ShapeError(f"{op}: needs a 2-d Tensor, got shape {list(self.shape)}")
+        vv = v.data if isinstance(v, Tensor) else self.device.xp.asarray(v)
+        vv = vv.reshape((-1, 1) if axis == 1 else (1, -1)).astype(self.dtype)
+        fn = {"add": self.device.xp.add, "mult": self.device.xp.multiply,
+              "div": self.device.xp.divide}[op.split("_")[0]]
+        self.data = fn(self.data, vv)
+
+    def add_column(self, v) -> None:
+        """SINGA's deprecated in-place row/column helpers (``v`` broadcast over columns or
+        rows): ``add_column``, ``add_row``, ``mult_column``, ``mult_row``, ``div_column``,
+        ``div_row``."""
+        self._rowcol(v, "add_column", 1)
+
+    def add_row(self, v) -> None:
+        self._rowcol(v, "add_row", 0)
+
+    def mult_column(self, v) -> None:
+        self._rowcol(v, "mult_column", 1)
+
+    def mult_row(self, v) -> None:
+        self._rowcol(v, "mult_row", 0)
+
+    def div_column(self, v) -> None:
+        self._rowcol(v, "div_column", 1)
+
+    def div_row(self, v) -> None:
+        self._rowcol(v, "div_row", 0)
+
+    def is_dummy(self) -> bool:
+        """False: SINGA's ``Dummy`` placeholder operators do not exist here."""
+        return False
+
+    def is_transpose(self) -> bool:
+        """False: arrays here are never lazily transposed (SINGA's C++ strides can be)."""
+        return False
+
+    def contiguous(self) -> Tensor:
+        return self.clone()
+
+    def repeat(self, repeats, axis=None) -> Tensor:
+        """``numpy.repeat`` (SINGA's ``Tensor.repeat``): each element ``repeats`` times along
+        ``axis`` (the flattened tensor for None); an op without a gradient rule."""
+        xp = self.device.xp
+        reps = repeats if isinstance(repeats, (int, np.integer)) else list(repeats)
+        return Tensor._make(xp.repeat(self.data, reps, axis=axis), self.device, False, None,
+                            0, None)
+
+    def __round__(self, ndigits=None):
+        """``round(t)``: the one value rounded as Python rounds (numpy's half to even)."""
+        if self.size() != 1:
+            raise InputError(f"round(): needs a one-element Tensor, got shape "
+                             f"{list(self.shape)}")
+        v = self.numpy().reshape(()).item()
+        return builtins.round(v) if ndigits is None else builtins.round(v, ndigits)
+
+    def __float__(self) -> float:
+        if self.size() != 1:
+            raise InputError(f"float(): needs a one-element Tensor, got shape "
+                             f"{list(self.shape)}")
+        return float(self.numpy().reshape(()).item())
+
+    def __int__(self) -> int:
+        if self.size() != 1:
+            raise InputError(f"int(): needs a one-element Tensor, got shape "
+                             f"{list(self.shape)}")
+        return int(self.numpy().reshape(()).item())
 
     def detach(self) -> Tensor:
         """A leaf sharing the data, cut from the tape."""
@@ -240,7 +365,9 @@ class Tensor:
         return self
 
     def as_type(self, dtype) -> Tensor:
-        return cast(self, dtype)
+        """A cast copy (a Cast node). ``dtype``: a numpy dtype, or SINGA's names ``'int'``
+        (int32), ``'float'`` (float32) and type codes 0 (float32), 1 (float16), 2 (int32)."""
+        return cast(self, _singa_dtype(dtype))
 
     astype = as_type
 
@@ -274,8 +401,10 @@ class Tensor:
         return float(np.sqrt((a * a).sum()) / builtins.max(a.size, 1))
 
     def __getitem__(self, key) -> Tensor:
-        """Basic indexing (ints, slices with steps, ``None``, ``...``) as Slice/Squeeze/
-        Unsqueeze nodes."""
+        """Basic indexing (ints, slices with steps, ``None``, ``...``) as Slice/Unsqueeze
+        nodes. An int index keeps its axis with size 1 (SINGA's rule: ``t[-1, :]`` of a
+        [T, V] Tensor is [1, V]); squeeze it away with ``autograd.squeeze(y, axis)`` where
+        numpy's rule is wanted."""
         if not isinstance(key, tuple):
             key = (key,)
         if any(k is Ellipsis for k in key):
@@ -313,17 +442,59 @@ class Tensor:
         out = self
         if axes:
             out = slice(out, starts, ends, axes, steps)
-        if drop:
-            out = squeeze(out, drop)
         if newaxes:
             out = unsqueeze(out, newaxes)
         return out
 
     # ------------------------------------------------------------------ arithmetic
     def _bin(self, op, other, reverse=False):
-        other = other if isinstance(other, Tensor) else as_tensor(other, like=self)
-        a, b = (other, self) if reverse else (self, other)
+        me = self
+        if not isinstance(other, Tensor):
+            if isinstance(other, (float, np.floating)) and me.dtype.kind in "iub":
+                me = cast(me, np.float32)  # SINGA: an int tensor and a float give float32
+            other = as_tensor(other, like=me)
+        a, b = (other, me) if reverse else (me, other)
         return apply(op, [a, b])
+
+    def _inplace(self, op, other):
+        """SINGA's in-place operators: the array changes in place (every Tensor sharing it,
+        ``copy()``, sees it); nothing is recorded. A Tensor saved by a recorded op for its
+        backward should not be changed before that backward runs."""
+        with inference_mode():
+            r = self._bin(op, other)  # the same kernel and broadcasting as the operator
+        if r.dtype == self.dtype and tuple(r.shape) == tuple(self.shape):
+            try:
+                self.data[...] = r.data
+                return self
+            except ValueError:  # a read-only view (a broadcast result): rebind instead
+                pass
+        self.data = r.data
+        return self
+
+    def __iadd__(self, o):
+        return self._inplace("Add", o)
+
+    def __isub__(self, o):
+        return self._inplace("Sub", o)
+
+    def __imul__(self, o):
+        return self._inplace("Mul", o)
+
+    def __itruediv__(self, o):
+        return self._inplace("Div", o)
+
+    def __eq__(self, o):
+        """Element-wise ``==`` against a number or array (SINGA's); against another Tensor it
+        is identity, as for any Python object (Tensors are dict keys and list members): use
+        ``autograd.equal(a, b)`` / ``tensor.eq(a, b)`` for element-wise."""
+        if isinstance(o, Tensor) or o is None:
+            return self is o
+        return self._bin("Equal", o)
+
+    def __ne__(self, o):
+        if isinstance(o, Tensor) or o is None:
+            return self is not o
+        return apply("Not", [self._bin("Equal", o)])
 
     def __add__(self, o):
         return self._bin("Add", o)
@@ -389,6 +560,22 @@ class PlaceHolder(Tensor):
         super().__init__(shape, device, dtype, name=name)
 
 
+#: SINGA's dtype names and type codes (``core.proto``: kFloat32 0, kFloat16 1, kInt 2)
+_SINGA_DTYPES = {"int": np.int32, "float": np.float32, "singa.kInt": np.int32,
+                 "singa.kFloat32": np.float32, 0: np.float32, 1: np.float16, 2: np.int32}
+
+
+def _singa_dtype(dtype):
+    if isinstance(dtype, (str, int)) and not isinstance(dtype, bool) and \
+            dtype in _SINGA_DTYPES:
+        return np.dtype(_SINGA_DTYPES[dtype])
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise InputError(f"unknown dtype {dtype!r}: give a numpy dtype or one of SINGA's "
+                         f"'int', 'float', 0 (float32), 1 (float16), 2 (int32)") from None
+
+
 def as_tensor(x, like: Tensor | None = None) -> Tensor:
     """``x`` as a Tensor: Tensors pass through; arrays and scalars become constant leaves on
     ``like``'s device (a Python float takes ``like``'s float dtype, a Python int stays int64
@@ -408,7 +595,9 @@ def as_tensor(x, like: Tensor | None = None) -> Tensor:
         arr = np.asarray(x)
     if dev is None:
         dev = _device_of_array(arr)
-    return Tensor._make(dev.put(arr), dev, False, None, 0, None)
+    t = Tensor._make(dev.put(arr), dev, False, None, 0, None)
+    t._const = True
+    return t
 
 
 # --------------------------------------------------------------------------- modes
@@ -466,10 +655,37 @@ class TapeNode:
     __slots__ = ("op_type", "domain", "opset", "attrs", "kw", "fn", "wants_ctx", "parents",
                  "needs_input_grad", "n_outputs", "out_meta", "out_names", "name",
                  "requires_grad", "saved_in", "saved_out", "state_updates", "freed", "uid",
-                 "training", "__weakref__")
+                 "training", "op", "__weakref__")
 
     def __repr__(self) -> str:
         return f"TapeNode({self.name!r}, {self.op_type}, opset {self.opset})"
+
+    # SINGA's operator face: ``y.creator.forward(*raw)`` / ``y.creator.backward(*dys)``
+    def forward(self, *xs):
+        """Run this node's op again on arrays (or :class:`RawTensor`) without recording;
+        returns a :class:`RawTensor`, or a tuple of them for several outputs."""
+        if self.op is not None:
+            return self.op.forward(*xs)
+        arrays = [None if x is None else _raw_array(x) for x in xs]
+        if self.wants_ctx:
+            dev = _device_of_array(next(a for a in arrays if a is not None))
+            ctx = NodeContext(self.name, self.op_type, self.opset, self.n_outputs,
+                              tuple(self.out_names or ()), self.training, dev.rng)
+            r = self.fn(*arrays, **self.kw, ctx=ctx)
+        else:
+            r = self.fn(*arrays, **self.kw)
+        r = r if type(r) is tuple else (r,)
+        outs = tuple(RawTensor(a) for a in r[:self.n_outputs])
+        return outs[0] if len(outs) == 1 else outs
+
+    def backward(self, *dys):
+        """SINGA's per-operator backward: the gradients of this op's differentiable inputs
+        (float inputs the caller gave, not the constants made from attributes) for output
+        gradients ``dys`` (arrays, :class:`RawTensor` or Tensors; ones when omitted). One
+        :class:`RawTensor`, or a tuple in input order."""
+        if self.op is not None:
+            return self.op.backward(*dys)
+        return _singa_vjp([(self, i) for i in range(self.n_outputs)], dys, None)
 
     def parent_meta(self, i):
         """(shape, dtype) of input ``i``."""
@@ -594,6 +810,7 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
 
     recording = _recording.get()
     grad_on = any_grad and recording and _grad_enabled.get()
+    keep = grad_on or (_singa_training() and recording and _grad_enabled.get())
     node = None
     if recording:
         node = TapeNode()
@@ -618,7 +835,8 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
         node.requires_grad = grad_on
         node.state_updates = state_updates
         node.freed = False
-        if grad_on:
+        node.op = None
+        if keep:
             node.needs_input_grad = tuple(t is not None and t.requires_grad for t in ts)
             node.saved_in = arrays
             node.saved_out = r + list(extra) if extra else r
@@ -721,12 +939,16 @@ def tape_order(outputs: Sequence[Tensor], stop: set | None = None,
     ``stop`` is a set of ``(id(node), index)`` edges not to walk through (inputs given as
     intermediate Tensors). ``only_grad`` follows only nodes that require a gradient.
     """
+    return _walk_tape([(out.creator, out._index) for out in outputs], stop, only_grad)
+
+
+def _walk_tape(roots, stop: set | None = None, only_grad: bool = False) -> list[TapeNode]:
+    """:func:`tape_order` from ``(node, output index)`` roots."""
     stop = stop or set()
     order: list[TapeNode] = []
     seen: set = set()
-    for out in outputs:
-        root = out.creator
-        if root is None or id(root) in seen or (id(root), out._index) in stop:
+    for root, index in roots:
+        if root is None or id(root) in seen or (id(root), index) in stop:
             continue
         if only_grad and not root.requires_grad:
             continue
@@ -822,7 +1044,11 @@ def backward(y: Tensor, dy=None, *, retain_graph: bool = False) -> list:
     return out
 
 
-def _run_rule(node: TapeNode, gouts: list) -> tuple:
+def _singa_training() -> bool:
+    return bool(training)
+
+
+def _run_rule(node: TapeNode, gouts: list, needs: tuple | None = None) -> tuple:
     xp = xp_of(*[a for a in node.saved_in if a is not None])
     rule = _grad.rule_for(node.op_type, node.domain, xp=xp)   # the device's override first
     if rule is None:
@@ -832,7 +1058,8 @@ def _run_rule(node: TapeNode, gouts: list) -> tuple:
             f"rule, but a gradient flows through it to a trainable parameter; freeze the "
             f"parameters before it (Tensor.requires_grad = False / model.freeze()), cut the "
             f"model before it, or add a rule with @workbench.grad.gradient({node.op_type!r})")
-    ctx = _grad.GradContext(node.op_type, node.opset, node.needs_input_grad, xp, node.name,
+    ctx = _grad.GradContext(node.op_type, node.opset,
+                            node.needs_input_grad if needs is None else needs, xp, node.name,
                             node.n_outputs)
     kw = node.kw
     if node.training:
@@ -848,9 +1075,26 @@ def _run_rule(node: TapeNode, gouts: list) -> tuple:
     return tuple(gins) if gins is not None else ()
 
 
+class _Gradients(dict):
+    """``{leaf Tensor: grad}``; SINGA's code looks the gradients up by ``id(tensor)``, which
+    works too."""
+
+    def __missing__(self, key):
+        if isinstance(key, int):
+            for t, g in self.items():
+                if id(t) == key:
+                    return g
+        raise KeyError(key)
+
+    def __contains__(self, key):
+        return dict.__contains__(self, key) or (
+            isinstance(key, int) and any(id(t) == key for t in self))
+
+
 def gradients(y: Tensor, dy=None) -> dict:
-    """``{leaf Tensor: grad Tensor}`` for every leaf requiring a gradient (SINGA's API)."""
-    return dict(backward(y, dy))
+    """``{leaf Tensor: grad Tensor}`` for every leaf requiring a gradient (SINGA's API; the
+    keys may also be given as ``id(tensor)``, as SINGA's code does)."""
+    return _Gradients(backward(y, dy))
 
 
 # --------------------------------------------------------------------------- functional API
@@ -980,6 +1224,9 @@ def gemm(a, b, c=None, alpha: float = 1.0, beta: float = 1.0, transA: int = 0,  
 
 def add_bias(x, b, axis: int = 0):
     """SINGA's add_bias: ``x + b`` with ``b`` broadcast along ``axis`` (0: rows, 1: columns)."""
+    if axis not in (0, 1):
+        raise SingaShapeError(f"add_bias: axis must be 0 (b added to every row) or 1 (to every "
+                              f"column), got {axis}")
     if axis == 0:
         return add(x, b)
     return add(x, reshape(b, (-1, 1)))
@@ -1011,11 +1258,27 @@ def transpose(x, shape=None):
 
 
 def squeeze(x, axis=None):
+    """Remove the size-1 axes in ``axis`` (all of them for None or ``[]``, SINGA's default)."""
+    if axis is not None and isinstance(axis, (list, tuple)) and len(axis) == 0:
+        axis = None
     return apply("Squeeze", [x, None if axis is None else _axes_tensor(axis, x)])
 
 
-def unsqueeze(x, axis):
-    return apply("Unsqueeze", [x, _axes_tensor(axis, x)])
+def unsqueeze(x, axis=-1):
+    """Insert size-1 axes. ``axis`` positions are applied one after the other as Python's
+    ``list.insert`` does (SINGA's rule: ``unsqueeze(x[3, 2], [2, 4, 5])`` is [3, 2, 1, 1, 1],
+    a position past the end appends), and recorded as one valid ONNX Unsqueeze."""
+    axes = [int(a) for a in axis] if isinstance(axis, (list, tuple)) else [int(axis)]
+    dims = ["x"] * x.ndim()
+    for a in axes:
+        if a < 0:
+            a += len(dims) + 1
+            if a < 0:
+                raise InputError(f"unsqueeze: axis {a - len(dims) - 1} is out of range for a "
+                                 f"{len(dims)}-d result")
+        dims.insert(a, "new")
+    onnx_axes = [i for i, d in enumerate(dims) if d == "new"]
+    return apply("Unsqueeze", [x, _axes_tensor(onnx_axes, x)])
 
 
 def cat(xs, axis: int = 0):
@@ -1025,8 +1288,17 @@ def cat(xs, axis: int = 0):
 concat = cat
 
 
-def split(x, axis: int, parts):
-    """Split ``x`` along ``axis`` into pieces of the sizes in ``parts`` (a list)."""
+def split(x, axis: int, parts, num_output=None):
+    """Split ``x`` along ``axis`` into pieces of the sizes in ``parts`` (a list); SINGA's
+    ``num_output`` with ``parts=None`` splits into that many equal pieces."""
+    if parts is None:
+        if not num_output:
+            raise InputError("split: give the piece sizes (parts) or their number (num_output)")
+        n = x.shape[axis]
+        if n % int(num_output):
+            raise ShapeError(f"split: axis {axis} of size {n} does not split into "
+                             f"{num_output} equal pieces")
+        parts = [n // int(num_output)] * int(num_output)
     parts = [int(p) for p in parts]
     sizes = as_tensor(np.asarray(parts, dtype=np.int64), like=x)
     return list(apply("Split", [x, sizes], {"axis": int(axis)}, n_outputs=len(parts))) \
@@ -1034,8 +1306,18 @@ def split(x, axis: int, parts):
 
 
 def gather(x, axis: int, indices):
-    idx = indices if isinstance(indices, Tensor) else as_tensor(
-        np.asarray(indices, dtype=np.int64), like=x)
+    """``x`` indexed along ``axis``. Indices given as a list or array are taken modulo the
+    axis size, as SINGA does (``gather(x[3], 0, [0, 1, 3])`` reads element 0 for 3), so the
+    recorded (exported) Gather only holds valid indices; index Tensors go to ONNX Gather as
+    they are (negative allowed, out of range refused)."""
+    if isinstance(indices, Tensor):
+        idx = indices
+    else:
+        a = np.asarray(indices, dtype=np.int64)
+        n = x.shape[axis]
+        if n == 0 and a.size:
+            raise ShapeError(f"gather: axis {axis} of shape {list(x.shape)} is empty")
+        idx = as_tensor(a % n if n else a, like=x)
     return apply("Gather", [x, idx], {"axis": int(axis)})
 
 
@@ -1050,7 +1332,21 @@ def expand(x, shape):
 
 
 def tile(x, repeats):
-    return apply("Tile", [x, as_tensor(np.asarray(list(repeats), dtype=np.int64), like=x)])
+    """``numpy.tile``'s rule (SINGA's): see :func:`_tile`; one :class:`Tile` operator."""
+    return Tile(repeats)(x)[0]
+
+
+def _tile(x, repeats):
+    """``numpy.tile``'s rule (SINGA's): an int repeats the last axis; fewer repeats than axes
+    repeat the last ones; more repeats than axes first give ``x`` leading axes of size 1 (a
+    Reshape), so the recorded Tile is valid ONNX."""
+    reps = [int(repeats)] if isinstance(repeats, (int, np.integer)) else [int(r) for r in repeats]
+    nd = x.ndim()
+    if len(reps) < nd:
+        reps = [1] * (nd - len(reps)) + reps
+    elif len(reps) > nd:
+        x = reshape(x, [1] * (len(reps) - nd) + list(x.shape))
+    return apply("Tile", [x, as_tensor(np.asarray(reps, dtype=np.int64), like=x)])
 
 
 def pad(x, mode: str = "constant", pads=(), constant=0.0):
@@ -1064,20 +1360,21 @@ def where(x, y, condition):
 
 
 def cast(x, to):
+    """Cast to ``to`` (a numpy dtype, or SINGA's ``'int'``/``'float'``/type codes)."""
     from workbench.arrays.dtypes import onnx_dtype_of_np
-    return apply("Cast", [x], {"to": int(onnx_dtype_of_np(np.dtype(to)))})
+    return apply("Cast", [x], {"to": int(onnx_dtype_of_np(_singa_dtype(to)))})
 
 
 def identity(x):
     return apply("Identity", [x])
 
 
-def reduce_sum(x, axes=None, keepdims: int = 0):
+def reduce_sum(x, axes=None, keepdims: int = 1):
     ax = None if axes is None else _axes_tensor(axes, x)
     return apply("ReduceSum", [x, ax], {"keepdims": int(keepdims)})
 
 
-def reduce_mean(x, axes=None, keepdims: int = 0):
+def reduce_mean(x, axes=None, keepdims: int = 1):
     attrs = {"keepdims": int(keepdims)}
     if axes is not None:
         attrs["axes"] = list(axes) if isinstance(axes, (list, tuple)) else [int(axes)]
@@ -1120,8 +1417,13 @@ def layer_norm(x, scale, bias=None, axis: int = -1, epsilon: float = 1e-5):
                  {"axis": int(axis), "epsilon": float(epsilon)})
 
 
-def dropout(x, ratio: float = 0.5, training: bool = True):
-    """Inverted dropout; identity outside training (a Dropout node either way)."""
+def dropout(x, seed=0, ratio: float = 0.5, training: bool | None = None):
+    """Inverted dropout; identity outside training (a Dropout node either way). SINGA's
+    signature: ``dropout(x, seed=0, ratio=0.5)`` (``seed`` is accepted and not used: the
+    device's random source draws the masks, seed it with ``Device.SetRandSeed``).
+    ``training`` None follows ``autograd.training``."""
+    if training is None:
+        training = _singa_training()
     r = as_tensor(np.asarray(ratio, dtype=x.dtype), like=x)
     if not training or ratio == 0.0:
         return apply("Dropout", [x, r], opset=_OPSET13)
@@ -1172,8 +1474,8 @@ def _labels(t, n: int, c: int, op: str, like=None):
             t = reshape(t, (n,))
             shape = (n,)
         if shape != (n,):
-            raise ShapeError(f"{op}: integer labels must have shape ({n},) (one class index per "
-                             f"row of the ({n}, {c}) scores), got {list(shape)}")
+            raise SingaShapeError(f"{op}: integer labels must have shape ({n},) (one class index "
+                                  f"per row of the ({n}, {c}) scores), got {list(shape)}")
         data = t.data
         if data.size and (int(data.min()) < 0 or int(data.max()) >= c):
             raise InputError(f"{op}: class indices must lie in [0, {c - 1}] for {c} classes, "
@@ -1185,72 +1487,878 @@ def _labels(t, n: int, c: int, op: str, like=None):
         if shape != (n, c):
             hint = (" (float labels of shape (N,) look like class indices: convert them with "
                     ".astype(np.int64))" if shape == (n,) else "")
-            raise ShapeError(f"{op}: one-hot/probability labels must have the scores' shape "
-                             f"({n}, {c}), got {list(shape)}{hint}")
+            raise SingaShapeError(f"{op}: one-hot/probability labels must have the scores' "
+                                  f"shape ({n}, {c}), got {list(shape)}{hint}")
         return "onehot", t
     raise InputError(f"{op}: labels must be integer class indices or float one-hot rows, got "
                      f"dtype {dtype}")
 
 
+def _loss_shape(loss):
+    """SINGA's losses are ``SumAll`` results of shape (1,); the recorded graph ends in a
+    Reshape to [1] (``float(loss)`` / ``loss.item()`` still work)."""
+    return reshape(loss, (1,)) if tuple(loss.shape) != (1,) else loss
+
+
 def softmax_cross_entropy(x, t):
+    """Mean cross-entropy of logits ``x`` (N, C) against labels ``t`` (see
+    :func:`_softmax_cross_entropy`); one :class:`SoftMaxCrossEntropy` operator."""
+    return SoftMaxCrossEntropy(t)(x)[0]
+
+
+def _softmax_cross_entropy(x, t):
     """Mean cross-entropy of logits ``x`` (N, C) against ``t``: int class indices (N,) or
     one-hot / probability rows (N, C). Records SoftmaxCrossEntropyLoss (indices) or
-    LogSoftmax/Mul/ReduceSum/ReduceMean (one-hot)."""
+    LogSoftmax/Mul/ReduceSum/ReduceMean (one-hot). Shape (1,), as SINGA's."""
     if x.ndim() != 2:
-        raise ShapeError(f"softmax_cross_entropy: scores must be 2-D (N, C), got shape "
-                         f"{list(x.shape)}; flatten them first")
+        raise SingaShapeError(f"softmax_cross_entropy: scores must be 2-D (N, C), got shape "
+                              f"{list(x.shape)}; flatten them first")
     n, c = x.shape
     kind, t = _labels(t, n, c, "softmax_cross_entropy", like=x)
     if kind == "index":
-        return apply("SoftmaxCrossEntropyLoss", [x, t], {"reduction": "mean"},
-                     opset=_OPSET13)
+        return _loss_shape(apply("SoftmaxCrossEntropyLoss", [x, t], {"reduction": "mean"},
+                                 opset=_OPSET13))
     if t.dtype != x.dtype:
         t = cast(t, x.dtype)
     logp = log_softmax(x, 1)
-    return negative(reduce_mean(reduce_sum(logp * t, [1]), None))
+    return _loss_shape(negative(reduce_mean(reduce_sum(logp * t, [1], 0), None, 0)))
 
 
 def cross_entropy(y, t):
-    """SINGA's CrossEntropy: ``-sum(t * log(y)) / N`` for probabilities ``y`` (N, C)."""
+    """SINGA's CrossEntropy (see :func:`_cross_entropy`)."""
+    return CrossEntropy(t)(y)[0]
+
+
+def _cross_entropy(y, t):
+    """SINGA's CrossEntropy: ``-sum(t * log(y)) / N`` for probabilities ``y`` (N, C);
+    shape (1,)."""
     n, c = y.shape
     kind, t = _labels(t, n, c, "cross_entropy", like=y)
     if kind == "index":
         onehot = np.zeros((n, c), dtype=y.dtype)
         onehot[np.arange(n), np.asarray(t.numpy())] = 1
         t = Tensor(device=y.device, data=onehot)
-    return negative(reduce_sum(log(y) * t)) * (1.0 / n)
+    return _loss_shape(negative(reduce_sum(log(y) * t, None, 0)) * (1.0 / n))
 
 
 def mse_loss(x, t):
-    """SINGA's MeanSquareError: ``sum((x - t)^2) / (2 * N)`` with N = ``x.shape[0]``."""
+    """SINGA's MeanSquareError: the mean of ``(x - t)^2`` over all elements; shape (1,)."""
+    return MeanSquareError(t)(x)[0]
+
+
+def _mse_loss(x, t):
     if not isinstance(t, Tensor):
         t = as_tensor(np.asarray(t, dtype=x.dtype), like=x)
     if tuple(t.shape) != tuple(x.shape):
-        raise ShapeError(f"mse_loss: target shape {list(t.shape)} differs from the prediction's "
-                         f"{list(x.shape)}")
+        raise SingaShapeError(f"mse_loss: target shape {list(t.shape)} differs from the "
+                              f"prediction's {list(x.shape)}")
     d = x - t
-    return reduce_sum(d * d) * (1.0 / (2.0 * x.shape[0]))
+    return _loss_shape(reduce_sum(d * d, None, 0) * (1.0 / builtins.max(x.size(), 1)))
 
 
 def nll_loss(logp, t):
-    """Mean negative log-likelihood of log-probabilities (N, C) and int labels (N,)."""
+    """Mean negative log-likelihood of log-probabilities (N, C) and int labels (N,); shape
+    (1,)."""
     n, c = logp.shape
     kind, t = _labels(t, n, c, "nll_loss", like=logp)
     if kind != "index":
         raise InputError("nll_loss: labels must be integer class indices")
-    return apply("NegativeLogLikelihoodLoss", [logp, t], {"reduction": "mean"},
-                 opset=_OPSET13)
+    return _loss_shape(apply("NegativeLogLikelihoodLoss", [logp, t], {"reduction": "mean"},
+                             opset=_OPSET13))
 
 
 def binary_cross_entropy(x, t):
-    """Mean binary cross-entropy of probabilities ``x`` and targets ``t`` (same shape)."""
+    """Mean binary cross-entropy (see :func:`_binary_cross_entropy`)."""
+    return BinaryCrossEntropy(t)(x)[0]
+
+
+def _binary_cross_entropy(x, t):
+    """Mean binary cross-entropy of probabilities ``x`` and targets ``t`` (same shape), over
+    all elements (probabilities clipped to [1e-7, 1 - 1e-7]); shape (1,). SINGA divides the
+    sum by the batch size ``N`` instead: multiply by ``x.size() / x.shape[0]`` for its
+    number."""
     if not isinstance(t, Tensor):
         t = as_tensor(np.asarray(t, dtype=x.dtype), like=x)
     eps = 1e-7
     xc = clip(x, eps, 1.0 - eps)
-    return negative(reduce_mean(t * log(xc) + (1.0 - t) * log(1.0 - xc), None))
+    return _loss_shape(negative(reduce_mean(t * log(xc) + (1.0 - t) * log(1.0 - xc), None, 0)))
+
+
+# --------------------------------------------------------------------------- more SINGA functions
+# Thin names over ONNX ops (SINGA's ``autograd`` functions); the operator classes below call
+# these.
+def cosh(x):
+    return _unary("Cosh", x)
+
+
+def sinh(x):
+    return _unary("Sinh", x)
+
+
+def tan(x):
+    return _unary("Tan", x)
+
+
+def acos(x):
+    return _unary("Acos", x)
+
+
+def acosh(x):
+    return _unary("Acosh", x)
+
+
+def asin(x):
+    return _unary("Asin", x)
+
+
+def asinh(x):
+    return _unary("Asinh", x)
+
+
+def atan(x):
+    return _unary("Atan", x)
+
+
+def atanh(x):
+    return _unary("Atanh", x)
+
+
+def sign(x):
+    return _unary("Sign", x)
+
+
+def ceil(x):
+    return _unary("Ceil", x)
+
+
+def floor(x):
+    return _unary("Floor", x)
+
+
+def rounde(x):
+    """Round half to even (ONNX Round; SINGA's ``rounde``)."""
+    return _unary("Round", x)
+
+
+def round(x):  # noqa: A001 - SINGA's name
+    """Round half away from zero (SINGA's ``round``): ``sign(x) * floor(|x| + 0.5)``."""
+    return Round()(x)[0]
+
+
+def _round(x):
+    return sign(x) * floor(abs(x) + 0.5)
+
+
+def less(x, y):
+    return apply("Less", [x, y])
+
+
+def greater(x, y):
+    return apply("Greater", [x, y])
+
+
+def equal(x, y):
+    return apply("Equal", [x, y])
+
+
+def _as_bool(x):
+    x = x if isinstance(x, Tensor) else as_tensor(np.asarray(x))
+    return x if x.dtype == np.bool_ else cast(x, np.bool_)
+
+
+def _and(a, b):
+    """Logical and; non-bool inputs count as True where non-zero (SINGA's rule)."""
+    return apply("And", [_as_bool(a), _as_bool(b)])
+
+
+def _or(a, b):
+    return apply("Or", [_as_bool(a), _as_bool(b)])
+
+
+def _xor(a, b):
+    return apply("Xor", [_as_bool(a), _as_bool(b)])
+
+
+def _not(x):
+    return apply("Not", [_as_bool(x)])
+
+
+def shape(x):
+    """The shape of ``x`` as an int64 Tensor (ONNX Shape)."""
+    return Shape()(x)[0]
+
+
+def prelu(x, slope):
+    """ONNX PRelu. ``slope`` broadcasts to ``x``; where only the two together broadcast (SINGA
+    allows it: x [1, 4, 1, 6], slope [3, 1, 5, 6]) ``x`` is first expanded to the common shape
+    (an Expand node), so the recorded PRelu stays valid ONNX."""
+    s_shape = tuple(slope.shape) if isinstance(slope, Tensor) else np.shape(slope)
+    try:
+        np.broadcast_shapes(tuple(x.shape), s_shape)
+    except ValueError:
+        raise ShapeError(f"prelu: slope of shape {list(s_shape)} does not broadcast with x of "
+                         f"shape {list(x.shape)}") from None
+    return PRelu()(x, slope)[0]
+
+
+def _prelu(x, slope):
+    out = np.broadcast_shapes(tuple(x.shape), tuple(np.shape(slope.data if isinstance(
+        slope, Tensor) else slope)))
+    if tuple(out) != tuple(x.shape):
+        x = expand(x, out)
+    return apply("PRelu", [x, slope])
+
+
+def add_all(*xs):
+    """Element-wise sum of several Tensors, one Add after the other (SINGA's ``add_all``)."""
+    if not xs:
+        raise InputError("add_all: needs at least one Tensor")
+    y = xs[0]
+    for x in xs[1:]:
+        y = add(y, x)
+    return y
+
+
+def onehot(axis, indices, depth, values):
+    """ONNX OneHot: ``indices`` (a Tensor), ``depth`` (a number or one-element array),
+    ``values`` ``[off, on]``; the output takes ``values``' dtype."""
+    vals = np.asarray(values.numpy() if isinstance(values, Tensor) else values)
+    if vals.size != 2:
+        raise InputError(f"onehot: values must be [off_value, on_value], got {vals.tolist()}")
+    d = np.asarray(depth.numpy() if isinstance(depth, Tensor) else depth).reshape(-1)
+    if d.size != 1:
+        raise InputError(f"onehot: depth must be one number, got {d.tolist()}")
+    return apply("OneHot", [indices, as_tensor(d.astype(np.int64), like=indices),
+                            as_tensor(vals.reshape(2), like=None)], {"axis": int(axis)})
+
+
+def nonzero(x):
+    """Indices of the non-zero elements, shape (ndim, count), int64 (ONNX NonZero)."""
+    return apply("NonZero", [x])
+
+
+def constant_of_shape(x, value=0):
+    """A float32 Tensor of the shape held in ``x`` (a 1-D Tensor), filled with ``value``."""
+    if x.dtype != np.int64:
+        x = cast(x, np.int64)
+    return apply("ConstantOfShape", [x], {"value": np.asarray([value], dtype=np.float32)})
+
+
+def globalaveragepool(x, data_format: str = "channels_first"):
+    """Mean over the spatial axes; ``channels_last`` inputs (N, ..., C) are transposed to
+    channels first and the (N, C, 1, ...) result back (``channel_last``, the spelling
+    SINGA's tests use, is accepted too)."""
+    return GlobalAveragePool(data_format)(x)[0]
+
+
+def _globalaveragepool(x, data_format: str = "channels_first"):
+    if data_format == "channels_first":
+        return apply("GlobalAveragePool", [x])
+    if data_format not in ("channels_last", "channel_last"):
+        raise InputError(f"globalaveragepool: data_format must be 'channels_first' or "
+                         f"'channels_last', got {data_format!r}")
+    nd = x.ndim()
+    y = apply("GlobalAveragePool", [transpose(x, [0, nd - 1] + list(range(1, nd - 1)))])
+    return transpose(y, [0] + list(range(2, nd)) + [1])
+
+
+def scatter_elements(x, indices, updates, axis: int = 0):
+    """ONNX ScatterElements: a copy of ``x`` with ``updates`` written at ``indices`` along
+    ``axis`` (lists and arrays become constants). As SINGA's, ``indices`` and ``updates`` are
+    settings of the :class:`ScatterElements` operator: ``creator.backward`` gives ``dx``
+    only (``autograd.backward`` still reaches an ``updates`` Tensor that needs a gradient)."""
+    return ScatterElements(indices, updates, axis)(x)[0]
+
+
+def _scatter_elements(x, indices, updates, axis: int = 0):
+    idx = indices if isinstance(indices, Tensor) else as_tensor(
+        np.asarray(indices, dtype=np.int64), like=x)
+    upd = updates if isinstance(updates, Tensor) else as_tensor(
+        np.asarray(updates, dtype=x.dtype), like=x)
+    return apply("ScatterElements", [x, idx, upd], {"axis": int(axis)}, opset=_OPSET13)
+
+
+def upsample(x, mode: str, scales):
+    """Nearest upsampling by integer ``scales`` per axis (SINGA's ``upsample``; its only
+    mode), recorded as ONNX Resize (nearest, asymmetric, floor: every element repeated)."""
+    if str(mode).lower() != "nearest":
+        raise InputError(f"upsample: only mode 'nearest' is supported (as in SINGA), got "
+                         f"{mode!r}")
+    sc = np.asarray(scales, dtype=np.float32).reshape(-1)
+    if sc.size != x.ndim():
+        raise ShapeError(f"upsample: {sc.size} scales for a {x.ndim()}-d input")
+    if np.any(sc < 1) or np.any(sc != np.floor(sc)):
+        raise InputError(f"upsample: scales must be integers >= 1, got {sc.tolist()}")
+    return apply("Resize", [x, None, as_tensor(sc, like=None)],
+                 {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
+                  "nearest_mode": "floor"})
+
+
+def depth_to_space(x, blocksize: int, mode: str = "DCR"):
+    return apply("DepthToSpace", [x], {"blocksize": int(blocksize), "mode": str(mode)})
+
+
+def space_to_depth(x, blocksize: int, mode: str = "DCR"):
+    """The inverse of :func:`depth_to_space` (see :func:`_space_to_depth`)."""
+    return SpaceToDepth(blocksize, mode)(x)[0]
+
+
+def _space_to_depth(x, blocksize: int, mode: str = "DCR"):
+    """The inverse of :func:`depth_to_space` with the same ``mode`` (SINGA's). DCR is ONNX
+    SpaceToDepth; CRD (which ONNX's SpaceToDepth lacks) is recorded as Reshape, Transpose,
+    Reshape."""
+    b = int(blocksize)
+    mode = str(mode).upper()
+    if mode == "DCR":
+        return apply("SpaceToDepth", [x], {"blocksize": b})
+    if mode != "CRD":
+        raise InputError(f"space_to_depth: mode must be 'DCR' or 'CRD', got {mode!r}")
+    n, c, h, w = x.shape
+    if h % b or w % b:
+        raise ShapeError(f"space_to_depth: spatial size {h}x{w} is not a multiple of the "
+                         f"block size {b}")
+    y = reshape(x, (n, c, h // b, b, w // b, b))
+    y = transpose(y, (0, 1, 3, 5, 2, 4))
+    return reshape(y, (n, c * b * b, h // b, w // b))
+
+
+def batchnorm_2d(handle, x, scale, bias, running_mean, running_var, training=None):
+    """SINGA's ``batchnorm_2d(handle, x, scale, bias, running_mean, running_var)``: the
+    momentum comes from ``handle.factor`` (SINGA's ``BatchNormHandle(factor, x)``) or a number;
+    ``training`` None follows ``autograd.training`` (batch statistics and running-statistics
+    update in training, the running ones otherwise)."""
+    momentum = float(getattr(handle, "factor", handle if isinstance(handle, (int, float))
+                             else 0.9))
+    if training is None:
+        training = _singa_training()
+    return batch_norm(x, scale, bias, running_mean, running_var, momentum=momentum,
+                      training=bool(training))
+
+
+def cossim(a, b):
+    """Cosine similarity of the rows of ``a`` and ``b`` (both (N, D)); shape (N,)."""
+    if tuple(a.shape) != tuple(b.shape) or a.ndim() != 2:
+        raise SingaShapeError(f"cossim: needs two (N, D) Tensors of one shape, got "
+                              f"{list(a.shape)} and {list(b.shape)}")
+    return CosSim()(a, b)[0]
+
+
+def _cossim(a, b):
+    dot = reduce_sum(a * b, [1], 0)
+    na = sqrt(reduce_sum(a * a, [1], 0))
+    nb = sqrt(reduce_sum(b * b, [1], 0))
+    return dot / (na * nb)
+
+
+def ranking_loss(pos, neg, M=0.2):  # noqa: N803 - SINGA's name
+    """SINGA's margin ranking loss: ``sum(max(0, M - pos + neg)) / N``; shape (1,)."""
+    if tuple(pos.shape) != tuple(neg.shape):
+        raise SingaShapeError(f"ranking_loss: pos and neg must have one shape, got "
+                              f"{list(pos.shape)} and {list(neg.shape)}")
+    return RankingLoss(M)(pos, neg)[0]
+
+
+def _ranking_loss(pos, neg, M):  # noqa: N803
+    return _loss_shape(reduce_sum(relu(neg - pos + float(M)), None, 0) *
+                       (1.0 / builtins.max(pos.shape[0] if pos.shape else 1, 1)))
+
+
+def embedding(x, w):
+    """Rows of ``w`` picked by the integer ids in ``x`` (ONNX Gather on axis 0)."""
+    return Embedding()(x, w)[0]
+
+
+def _embedding(x, w):
+    if x.dtype.kind not in "iu":
+        if not _is_float(x.dtype) or not np.all(np.equal(np.mod(x.numpy(), 1), 0)):
+            raise InputError(f"embedding: ids must be integers, got dtype {x.dtype}")
+        x = cast(x, np.int64)
+    return apply("Gather", [w, x], {"axis": 0})
+
+
+def back_broadcast(y_shape, x_shape, x):
+    """Sum the array ``x`` (of ``y_shape``) back to ``x_shape`` (SINGA's helper)."""
+    from workbench.grad import unbroadcast
+    a = _raw_array(x)
+    if tuple(a.shape) != tuple(y_shape):
+        a = a.reshape(tuple(y_shape))
+    return unbroadcast(a, tuple(x_shape))
+
+
+def axis_helper(y_shape, x_shape):
+    """The axes of ``y_shape`` along which ``x_shape`` was broadcast (SINGA's helper)."""
+    res = []
+    j = len(x_shape) - 1
+    for i in range(len(y_shape) - 1, -1, -1):
+        if j < 0 or x_shape[j] != y_shape[i]:
+            res.append(i)
+        j -= 1
+    return tuple(res[::-1])
+
+
+def ctensor2numpy(x):
+    """A raw tensor (or array) as a numpy array."""
+    return _arr_to_numpy(_raw_array(x))
+
+
+def infer_dependency(op):
+    """SINGA's ``infer_dependency``: ``{node: number of nodes that consume its outputs}`` for
+    the tape nodes ``op`` (a Tensor's ``creator``) depends on, ``op`` included."""
+    order = _walk_tape([(op, 0)] + [(op, i) for i in range(1, op.n_outputs)])
+    counts = {n: 0 for n in order}
+    for n in order:
+        for p in n.parents:
+            if type(p) is tuple and p[0] in counts:
+                counts[p[0]] += 1
+    return counts
+
+
+# =========================================================================== SINGA's operators
+class RawTensor:
+    """SINGA's ``CTensor`` face over an array: what SINGA's operator ``forward``/``backward``
+    take and return (``dx = y.creator.backward(dy.data)``). ``shape()`` is a method, as in
+    SINGA's C++ tensor; ``data`` is the array; ``tensor.from_raw_tensor(r)`` makes it a
+    Tensor. Arrays are accepted wherever a RawTensor is."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data):
+        if isinstance(data, (RawTensor, Tensor)):
+            data = data.data
+        self.data = data if is_array(data) else np.asarray(data)
+
+    def shape(self) -> tuple:
+        return tuple(self.data.shape)
+
+    def nDim(self) -> int:  # noqa: N802 - SINGA's name
+        return int(self.data.ndim)
+
+    def Size(self) -> int:  # noqa: N802 - SINGA's name
+        return int(self.data.size)
+
+    ndim = nDim
+    size = Size
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    def data_type(self):
+        return self.data.dtype
+
+    def device(self):
+        return _device_of_array(self.data)
+
+    def numpy(self) -> np.ndarray:
+        return _arr_to_numpy(self.data)
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"RawTensor(shape={list(self.data.shape)}, dtype={self.data.dtype})"
+
+
+def _raw_array(x):
+    if isinstance(x, (RawTensor, Tensor)):
+        return x.data
+    if is_array(x):
+        return x
+    return np.asarray(x)
+
+
+def _singa_vjp(roots, dys, inputs):
+    """Gradients of the ``inputs`` (Tensors; None: the parents of the single root node) for
+    output gradients ``dys`` at ``roots`` ((node, index) pairs), over the recorded tape
+    between them. SINGA's per-operator backward; nothing is freed."""
+    roots = [(n, i) for n, i in roots if n is not None]
+    if not roots:
+        raise GradientError("backward: the operator's outputs were not recorded on the tape "
+                            "(computed inside inference_mode())")
+    first = roots[0][0]
+    if first.saved_in is None:
+        raise GradientError(
+            f"node {first.name!r} ({first.op_type}): nothing was saved for its backward: set "
+            f"autograd.training = True before the forward (SINGA's rule) or give an input "
+            f"requires_grad=True")
+    xp = xp_of(*[a for a in first.saved_in if a is not None])
+    given = [d for d in dys] if dys and not (len(dys) == 1 and dys[0] is None) else []
+    grads: dict = {}
+    for k, (node, i) in enumerate(roots):
+        shape, dtype = node.out_meta[i]
+        if not given:
+            g = xp.ones(shape, dtype=dtype)
+        elif k < len(given) and given[k] is not None:
+            d = given[k]
+            g = xp.full(shape, d, dtype=dtype) if isinstance(d, (int, float)) else \
+                _raw_array(d)
+            if g.dtype != dtype:
+                g = g.astype(dtype)
+            if tuple(g.shape) != tuple(shape):
+                try:
+                    g = xp.broadcast_to(g, shape)
+                except ValueError:
+                    raise ShapeError(f"backward: the gradient for output {k} has shape "
+                                     f"{list(g.shape)}, the output has {list(shape)}") from None
+        else:
+            continue
+        grads[(id(node), i)] = g
+    targets = []
+    if inputs is None:
+        for p in first.parents:
+            if p is None:
+                continue
+            if type(p) is tuple:
+                if _is_float(p[0].out_meta[p[1]][1]):
+                    targets.append(("edge", (id(p[0]), p[1])))
+            elif not p._const and _is_float(p.dtype):
+                targets.append(("leaf", p))
+    else:
+        for t in inputs:
+            if not _is_float(t.dtype):
+                continue
+            if t.creator is not None:
+                targets.append(("edge", (id(t.creator), t._index)))
+            else:
+                targets.append(("leaf", t))
+    stop = {ref for kind, ref in targets if kind == "edge"}
+    order = _walk_tape(roots, stop)
+    leaf: dict = {}
+    for node in reversed(order):
+        gouts = [(grads.get if (id(node), j) in stop else grads.pop)((id(node), j), None)
+                 for j in range(node.n_outputs)]
+        if all(g is None for g in gouts):
+            continue
+        if node.saved_in is None:
+            raise GradientError(
+                f"node {node.name!r} ({node.op_type}): nothing was saved for its backward "
+                f"(freed by an earlier backward(), or recorded with autograd.training False "
+                f"and no input requiring a gradient)")
+        needs = tuple(p is not None and _is_float(node.parent_meta(j)[1])
+                      for j, p in enumerate(node.parents))
+        gins = _run_rule(node, gouts, needs)
+        for j, p in enumerate(node.parents):
+            if p is None or j >= len(gins) or gins[j] is None or not needs[j]:
+                continue
+            g = gins[j]
+            if type(p) is tuple:
+                key = (id(p[0]), p[1])
+                prev = grads.get(key)
+                grads[key] = g if prev is None else prev + g
+            else:
+                prev = leaf.get(id(p))
+                leaf[id(p)] = g if prev is None else prev + g
+    out = []
+    for kind, ref in targets:
+        g = grads.get(ref) if kind == "edge" else leaf.get(id(ref))
+        if g is not None:
+            out.append(RawTensor(g))
+    if not out:
+        # piecewise-constant ops (Sign, Ceil, Floor, Round...) have no gradient flow: their
+        # inputs get zeros, as in SINGA
+        for kind, ref in targets:
+            shape, dtype = (ref.shape, ref.dtype) if kind == "leaf" else \
+                _meta_of_edge(order, ref, first)
+            out.append(RawTensor(xp.zeros(shape, dtype=dtype)))
+        if not out:
+            return None
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def _meta_of_edge(order, key, first):
+    """(shape, dtype) of the tape value ``key`` = (id(node), index) among nodes' parents."""
+    for node in list(order) + [first]:
+        for p in node.parents:
+            if type(p) is tuple and (id(p[0]), p[1]) == key:
+                return p[0].out_meta[p[1]]
+    raise GradientError("internal: a backward input was not found on the tape")
+
+
+class _OpCall:
+    """One call of an :class:`Operator`: its input Tensors and output slots; the tape nodes
+    that produced the outputs point here (``node.op``), so ``y.creator.backward`` is the
+    operator's backward for that call."""
+
+    __slots__ = ("op", "xs", "_roots")
+
+    def __init__(self, op, xs, roots):
+        # the nodes point here (node.op); weak references back keep that from being a cycle
+        self.op, self.xs = op, xs
+        self._roots = tuple((None if n is None else weakref.ref(n), i) for n, i in roots)
+
+    @property
+    def roots(self) -> tuple:
+        out = tuple((None if r is None else r(), i) for r, i in self._roots)
+        if any(r is not None and n is None for (r, _), (n, _) in zip(self._roots, out)):
+            raise GradientError(f"{self.op.name}: the outputs of this call are gone (no Tensor "
+                                f"holds them any more); backward needs them")
+        return out
+
+    def forward(self, *xs):
+        return self.op.forward(*xs)
+
+    def backward(self, *dys):
+        return self.op._backward(self, dys)
+
+
+class Operator:
+    """SINGA's operator class: ``ys = Op(settings...)(*inputs)`` returns a tuple of Tensors
+    (``autograd.ReLU()(x)[0]``); each operator records the same ONNX nodes as the functions
+    of this module. ``forward(*raw)`` runs it on arrays / :class:`RawTensor` without
+    recording; ``backward(*dys)`` gives the gradients of its (float Tensor) inputs for the
+    last call, as does ``y.creator.backward(dy)`` for the call that made ``y``.
+
+    Subclasses implement ``_do(*inputs)`` with Tensor operations (which is what makes them
+    differentiable and exportable); SINGA's own subclassing style (``forward``/``backward``
+    on raw C++ tensors) is not supported.
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, name=None):
+        self.name = name if name is not None else f"{type(self).__name__}#{next(Operator._ids)}"
+        self._last = None
+
+    def _do(self, *xs):
+        raise NotImplementedError(
+            f"{type(self).__name__}: an Operator subclass implements _do(*inputs) with Tensor "
+            f"operations (SINGA-style forward/backward on raw tensors is not supported)")
+
+    def __call__(self, *xs):
+        mark = next(_node_ids)
+        outs = self._do(*xs)
+        outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+        call = _OpCall(self, tuple(x for x in xs if isinstance(x, Tensor)),
+                       tuple((o.creator, o._index) for o in outs))
+        for o in outs:
+            n = o.creator
+            if n is not None and n.uid > mark:
+                n.op = call
+        self._last = call
+        return outs
+
+    def forward(self, *xs):
+        """Run on arrays / :class:`RawTensor` (nothing recorded); RawTensor(s) out."""
+        ts = []
+        for x in xs:
+            if isinstance(x, Tensor) or x is None:
+                ts.append(x)
+            else:
+                a = _raw_array(x)
+                ts.append(Tensor._make(a, _device_of_array(a), False, None, 0, None))
+        with inference_mode():
+            outs = self._do(*ts)
+        outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+        outs = tuple(RawTensor(o.data) for o in outs)
+        return outs[0] if len(outs) == 1 else outs
+
+    def backward(self, *dys):
+        if self._last is None:
+            raise GradientError(f"{self.name}: backward() before the operator was called on "
+                                f"Tensors")
+        return self._last.backward(*dys)
+
+    def _backward(self, call, dys):
+        return _singa_vjp(call.roots, dys, call.xs)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+def _operator(name: str, fn: Callable, params: tuple = (), defaults: dict | None = None,
+              doc: str = "") -> type:
+    """An :class:`Operator` subclass ``name(*params)`` whose call is ``fn(self, *inputs)``."""
+    defaults = defaults or {}
+
+    def __init__(self, *args, **kwargs):
+        name_ = kwargs.pop("name", None)
+        if len(args) > len(params):
+            raise TypeError(f"{type(self).__name__}() takes {len(params)} settings "
+                            f"({', '.join(params) or 'none'}), got {len(args)}")
+        vals = dict(zip(params, args))
+        for k, v in kwargs.items():
+            if k not in params:
+                raise TypeError(f"{type(self).__name__}() got an unexpected setting {k!r}")
+            if k in vals:
+                raise TypeError(f"{type(self).__name__}() got {k!r} twice")
+            vals[k] = v
+        for p in params:
+            if p not in vals:
+                if p not in defaults:
+                    raise TypeError(f"{type(self).__name__}() is missing the setting {p!r}")
+                vals[p] = defaults[p]
+        Operator.__init__(self, name_)
+        for k, v in vals.items():
+            setattr(self, k, v)
+
+    sig = ", ".join(p + (f"={defaults[p]!r}" if p in defaults else "") for p in params)
+    return type(name, (Operator,), {
+        "__init__": __init__, "_do": lambda self, *xs: fn(self, *xs),
+        "__doc__": f"SINGA's ``{name}({sig})`` operator. {doc}".strip(),
+        "__module__": __name__})
+
+
+# element-wise, one input
+ReLU = _operator("ReLU", lambda s, x: relu(x))
+Sigmoid = _operator("Sigmoid", lambda s, x: sigmoid(x))
+Tanh = _operator("Tanh", lambda s, x: tanh(x))
+Identity = _operator("Identity", lambda s, x: identity(x))
+Abs = _operator("Abs", lambda s, x: abs(x))
+Exp = _operator("Exp", lambda s, x: exp(x))
+Log = _operator("Log", lambda s, x: log(x))
+Sqrt = _operator("Sqrt", lambda s, x: sqrt(x))
+Sign = _operator("Sign", lambda s, x: sign(x))
+Negative = _operator("Negative", lambda s, x: negative(x))
+Reciprocal = _operator("Reciprocal", lambda s, x: reciprocal(x))
+SoftSign = _operator("SoftSign", lambda s, x: softsign(x))
+SoftPlus = _operator("SoftPlus", lambda s, x: softplus(x))
+Erf = _operator("Erf", lambda s, x: erf(x))
+Ceil = _operator("Ceil", lambda s, x: ceil(x))
+Floor = _operator("Floor", lambda s, x: floor(x))
+Round = _operator("Round", lambda s, x: _round(x), doc="Half away from zero.")
+Rounde = _operator("Rounde", lambda s, x: rounde(x), doc="Half to even.")
+Cos = _operator("Cos", lambda s, x: cos(x))
+Cosh = _operator("Cosh", lambda s, x: cosh(x))
+Sin = _operator("Sin", lambda s, x: sin(x))
+Sinh = _operator("Sinh", lambda s, x: sinh(x))
+Tan = _operator("Tan", lambda s, x: tan(x))
+Acos = _operator("Acos", lambda s, x: acos(x))
+Acosh = _operator("Acosh", lambda s, x: acosh(x))
+Asin = _operator("Asin", lambda s, x: asin(x))
+Asinh = _operator("Asinh", lambda s, x: asinh(x))
+Atan = _operator("Atan", lambda s, x: atan(x))
+Atanh = _operator("Atanh", lambda s, x: atanh(x))
+Not = _operator("Not", lambda s, x: _not(x))
+NonZero = _operator("NonZero", lambda s, x: nonzero(x))
+LeakyRelu = _operator("LeakyRelu", lambda s, x: leakyrelu(x, s.a), ("a",), {"a": 0.01})
+Elu = _operator("Elu", lambda s, x: elu(x, s.alpha), ("alpha",), {"alpha": 1.0})
+SeLU = _operator("SeLU", lambda s, x: selu(x, s.alpha, s.gamma), ("alpha", "gamma"),
+                 {"alpha": 1.67326, "gamma": 1.0507})
+HardSigmoid = _operator("HardSigmoid", lambda s, x: hardsigmoid(x, s.alpha, s.gamma),
+                        ("alpha", "gamma"), {"alpha": 0.2, "gamma": 0.5})
+SoftMax = _operator("SoftMax", lambda s, x: softmax(x, s.axis), ("axis",), {"axis": 1})
+Clip = _operator("Clip", lambda s, x: clip(x, s.min, s.max), ("min", "max"),
+                 {"min": None, "max": None})
+Cast = _operator("Cast", lambda s, x: cast(x, s.to), ("to",))
+# element-wise, several inputs
+Add = _operator("Add", lambda s, a, b: add(a, b))
+Sub = _operator("Sub", lambda s, a, b: sub(a, b))
+Mul = _operator("Mul", lambda s, a, b: mul(a, b))
+Div = _operator("Div", lambda s, a, b: div(a, b))
+Pow = _operator("Pow", lambda s, a, b: pow(a, b))
+Less = _operator("Less", lambda s, a, b: less(a, b))
+Greater = _operator("Greater", lambda s, a, b: greater(a, b))
+Equal = _operator("Equal", lambda s, a, b: equal(a, b))
+And = _operator("And", lambda s, a, b: _and(a, b))
+Or = _operator("Or", lambda s, a, b: _or(a, b))
+Xor = _operator("Xor", lambda s, a, b: _xor(a, b))
+PRelu = _operator("PRelu", lambda s, x, slope: _prelu(x, slope))
+Sum = _operator("Sum", lambda s, *xs: sum(*xs))
+Mean = _operator("Mean", lambda s, *xs: mean(*xs))
+Max = _operator("Max", lambda s, *xs: max(*xs))
+Min = _operator("Min", lambda s, *xs: min(*xs))
+Where = _operator("Where", lambda s, x, y: where(x, y, s.condition), ("condition",),
+                  doc="``Where(condition)(x, y)``: ``condition ? x : y``.")
+# linear algebra
+Matmul = _operator("Matmul", lambda s, x, w: matmul(x, w))
+Gemm = _operator("Gemm", lambda s, a, b, c=None: gemm(a, b, c, s.alpha, s.beta, s.transA,
+                                                       s.transB),
+                 ("alpha", "beta", "transA", "transB"),
+                 {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0})
+AddBias = _operator("AddBias", lambda s, x, b: add_bias(x, b, s.axis), ("axis",), {"axis": 0})
+# shape
+Reshape = _operator("Reshape", lambda s, x: reshape(x, s.shape), ("shape",))
+Flatten = _operator("Flatten", lambda s, x: flatten(x, s.axis), ("axis",), {"axis": 1})
+Transpose = _operator("Transpose", lambda s, x: transpose(x, s.perm), ("perm",))
+Squeeze = _operator("Squeeze", lambda s, x: squeeze(x, s.axis), ("axis",), {"axis": []})
+Unsqueeze = _operator("Unsqueeze", lambda s, x: unsqueeze(x, s.axis), ("axis",))
+Concat = _operator("Concat", lambda s, *xs: cat(xs, s.axis), ("axis",), {"axis": 0})
+Slice = _operator("Slice", lambda s, x: slice(x, s.starts, s.ends, s.axes, s.steps),
+                  ("starts", "ends", "axes", "steps"), {"axes": None, "steps": None})
+Split = _operator("Split", lambda s, x: tuple(split(x, s.axis, s.parts, s.num_output)),
+                  ("axis", "parts", "num_output"), {"num_output": None})
+Gather = _operator("Gather", lambda s, x: gather(x, s.axis, s.indices), ("axis", "indices"))
+Tile = _operator("Tile", lambda s, x: _tile(x, s.repeats), ("repeats",))
+Expand = _operator("Expand", lambda s, x: expand(x, s.shape), ("shape",))
+Pad = _operator("Pad", lambda s, x: pad(x, s.mode, s.pads, s.constant),
+                ("mode", "pads", "constant"), {"constant": 0.0})
+UpSample = _operator("UpSample", lambda s, x: upsample(x, s.mode, s.scales), ("mode", "scales"))
+DepthToSpace = _operator("DepthToSpace", lambda s, x: depth_to_space(x, s.blocksize, s.mode),
+                         ("blocksize", "mode"), {"mode": "DCR"})
+SpaceToDepth = _operator("SpaceToDepth", lambda s, x: _space_to_depth(x, s.blocksize, s.mode),
+                         ("blocksize", "mode"), {"mode": "DCR"})
+ScatterElements = _operator(
+    "ScatterElements", lambda s, x: _scatter_elements(x, s.indices, s.updates, s.axis),
+    ("indices", "updates", "axis"), {"axis": 0})
+OneHot = _operator("OneHot", lambda s, x: onehot(s.axis, x, s.depth, s.values),
+                   ("axis", "depth", "values"))
+ConstantOfShape = _operator("ConstantOfShape", lambda s, x: constant_of_shape(x, s.value),
+                            ("value",), {"value": 0.0})
+# reductions, pooling, regularisation
+ReduceSum = _operator("ReduceSum", lambda s, x: reduce_sum(x, s.axes, s.keepdims),
+                      ("axes", "keepdims"), {"axes": None, "keepdims": 1})
+ReduceMean = _operator("ReduceMean", lambda s, x: reduce_mean(x, s.axes, s.keepdims),
+                       ("axes", "keepdims"), {"axes": None, "keepdims": 1})
+GlobalAveragePool = _operator("GlobalAveragePool",
+                              lambda s, x: _globalaveragepool(x, s.data_format),
+                              ("data_format",), {"data_format": "channels_first"})
+Dropout = _operator("Dropout", lambda s, x: dropout(x, s.seed, s.ratio), ("seed", "ratio"),
+                    {"seed": 0, "ratio": 0.5},
+                    doc="Follows ``autograd.training`` (identity when it is False).")
+CosSim = _operator("CosSim", lambda s, a, b: _cossim(a, b))
+RankingLoss = _operator("RankingLoss", lambda s, pos, neg: _ranking_loss(pos, neg, s.M),
+                        ("M",), {"M": 0.2})
+# losses: SINGA's take the target at construction: MeanSquareError(t)(x)
+MeanSquareError = _operator("MeanSquareError", lambda s, x: _mse_loss(x, s.t), ("t",))
+SoftMaxCrossEntropy = _operator("SoftMaxCrossEntropy",
+                                lambda s, x: _softmax_cross_entropy(x, s.t), ("t",))
+CrossEntropy = _operator("CrossEntropy", lambda s, x: _cross_entropy(x, s.t), ("t",))
+BinaryCrossEntropy = _operator("BinaryCrossEntropy",
+                               lambda s, x: _binary_cross_entropy(x, s.t), ("t",))
+
+
+class Shape(Operator):
+    """SINGA's ``Shape()`` operator: the shape of its input as an int64 Tensor. It has no
+    gradient; as in SINGA, ``backward(dy)`` returns ``dy``'s shape as a list."""
+
+    def _do(self, x):
+        return apply("Shape", [x])
+
+    def _backward(self, call, dys):
+        if not dys or dys[0] is None:
+            raise GradientError("Shape.backward needs dy (it returns dy's shape, as SINGA's)")
+        return list(_raw_array(dys[0]).shape)
+
+
+class Embedding(Operator):
+    """SINGA's ``Embedding()`` operator: ``Embedding()(x, w)`` picks rows of ``w`` by the
+    integer ids in ``x`` (ONNX Gather). Backward returns ``(dx, dW)`` as SINGA's: ids have no
+    gradient, and ``dx`` is, as there, ``dy`` summed over the embedding axis (ids' shape)."""
+
+    def _do(self, x, w):
+        return _embedding(x, w)
+
+    def _backward(self, call, dys):
+        x, w = call.xs
+        dw = _singa_vjp(call.roots, dys, (w,))
+        (node, i), = call.roots
+        dy = _raw_array(dys[0]) if dys and dys[0] is not None else \
+            xp_of(w.data).ones(node.out_meta[i][0], dtype=w.dtype)
+        return RawTensor(dy.sum(axis=-1)), dw
+
+
+class _BatchNorm2d(Operator):
+    """SINGA's ``_BatchNorm2d(handle, running_mean, running_var)(x, scale, bias)``."""
+
+    def __init__(self, handle, running_mean, running_var, name=None):
+        super().__init__(name)
+        self.handle, self.running_mean, self.running_var = handle, running_mean, running_var
+
+    def _do(self, x, scale, bias):
+        return batchnorm_2d(self.handle, x, scale, bias, self.running_mean, self.running_var)
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
     "annotations", "contextlib", "contextvars", "itertools", "math", "np", "Any", "Callable",
-    "Sequence")]
+    "Sequence", "weakref", "builtins")]

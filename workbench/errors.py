@@ -73,6 +73,11 @@ class ShapeError(InputError):
     """An input's or a value's shape does not match what the model declares or an op needs."""
 
 
+class SingaShapeError(ShapeError, AssertionError):
+    """A shape check of SINGA's API (``autograd.mse_loss``, ``add_bias``, ``ranking_loss``...):
+    SINGA raises AssertionError there and its users catch that; this is both."""
+
+
 class KernelError(WorkbenchError, RuntimeError):
     """A kernel failed while running a node; names the node, op and input shapes."""
 

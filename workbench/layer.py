@@ -183,6 +183,27 @@ class Layer:
             p.requires_grad = True
         return self
 
+    def register_layers(self, *args) -> None:
+        """SINGA's ``register_layers(layer, ...)`` (named ``<Class>_<i>``) or
+        ``register_layers(OrderedDict(name=layer))``: add sublayers."""
+        if len(args) == 1 and isinstance(args[0], dict):
+            items = list(args[0].items())
+        else:
+            items = [(f"{type(v).__name__}_{i}", v) for i, v in enumerate(args)]
+        for name, lay in items:
+            if not isinstance(lay, Layer):
+                raise InputError(f"register_layers: {name!r} is a {type(lay).__name__}, not a "
+                                 f"Layer")
+            setattr(self, name, lay)
+
+    def dtype_check(self, *inputs) -> None:
+        """SINGA's check that the inputs share one dtype; here a mismatch is an error naming
+        them (SINGA casts them silently)."""
+        dts = [t.dtype for t in inputs if isinstance(t, Tensor)]
+        if len(set(dts)) > 1:
+            raise InputError(f"{type(self).__name__}: inputs have different dtypes "
+                             f"{[str(d) for d in dts]}; cast them with Tensor.as_type")
+
     def device_check(self, *inputs) -> None:
         devs = {t.device for t in inputs if isinstance(t, Tensor)}
         if len(devs) > 1:
@@ -269,9 +290,9 @@ class Embedding(Layer):
                         np.float32, "W")
 
     def forward(self, ids):
-        if ids.dtype.kind not in "iu":
-            raise InputError(f"Embedding: ids must be integers, got {ids.dtype}")
-        return autograd.apply("Gather", [self.W, ids], {"axis": 0})
+        """``W[ids]`` (a Gather node); float ids holding whole numbers are accepted, as in
+        SINGA (a Cast node first)."""
+        return autograd.embedding(ids, self.W)
 
 
 # --------------------------------------------------------------------------- convolution
@@ -448,6 +469,22 @@ class AvgPool2d(Pooling2d):
         super().__init__(kernel_size, stride, padding, False, pad_mode, **kw)
 
 
+class MaxPool1d(Pooling2d):
+    """SINGA's 1-d max pooling: a (1, kernel_size) window over (N, C, 1, W) inputs."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, pad_mode: str = "NOTSET"):
+        stride = kernel_size if stride is None else stride
+        super().__init__((1, kernel_size), (1, stride), (0, padding), True, pad_mode)
+
+
+class AvgPool1d(Pooling2d):
+    """SINGA's 1-d average pooling: a (1, kernel_size) window over (N, C, 1, W) inputs."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, pad_mode: str = "NOTSET"):
+        stride = kernel_size if stride is None else stride
+        super().__init__((1, kernel_size), (1, stride), (0, padding), False, pad_mode)
+
+
 class GlobalAvgPool2d(Layer):
     def forward(self, x):
         return autograd.apply("GlobalAveragePool", [x])
@@ -522,7 +559,7 @@ class Dropout(Layer):
         self.ratio = float(ratio)
 
     def forward(self, x):
-        return autograd.dropout(x, self.ratio, training=self.training)
+        return autograd.dropout(x, ratio=self.ratio, training=self.training)
 
 
 class Flatten(Layer):
@@ -587,3 +624,272 @@ class MeanSquareError(Layer):
 class CrossEntropy(Layer):
     def forward(self, x, t):
         return autograd.cross_entropy(x, t)
+
+
+class BinaryCrossEntropy(Layer):
+    def forward(self, x, t):
+        return autograd.binary_cross_entropy(x, t)
+
+
+# --------------------------------------------------------------------------- SINGA's extra layers
+class SeparableConv2d(Layer):
+    """A depthwise convolution (one ``kernel_size`` filter per input channel, ``group`` = the
+    input channels) followed by a 1x1 pointwise one to ``nb_kernels`` channels (SINGA's
+    ``SeparableConv2d(nb_kernels, kernel_size, stride=1, padding=0, bias=False)``; the
+    sublayers are ``depthwise_conv`` and ``point_conv``)."""
+
+    def __init__(self, nb_kernels, kernel_size, *args, stride=1, padding=0, bias=False):
+        super().__init__()
+        if len(args) > 0:  # SINGA's older (in_channels, out_channels, kernel_size) form
+            nb_kernels, kernel_size = kernel_size, args[0]
+        if len(args) > 1:
+            stride = args[1]
+        if len(args) > 2:
+            padding = args[2]
+        self.nb_kernels, self.kernel_size = int(nb_kernels), kernel_size
+        self.stride, self.padding, self.bias = stride, padding, bias
+
+    def initialize(self, x):
+        if x.ndim() != 4:
+            raise ShapeError(f"SeparableConv2d: expects NCHW inputs, got shape {list(x.shape)}")
+        c = int(x.shape[1])
+        self.in_channels = c
+        self.depthwise_conv = Conv2d(c, self.kernel_size, stride=self.stride,
+                                     padding=self.padding, group=c, bias=self.bias)
+        self.point_conv = Conv2d(self.nb_kernels, 1, bias=self.bias)
+
+    def forward(self, x):
+        return self.point_conv(self.depthwise_conv(x))
+
+
+def _gaussian_param(shape, like, std, name):
+    return _param(host_rng().normal(0.0, std, shape), like, _float_dtype(like), name)
+
+
+def _zeros_param(shape, like, name):
+    return _param(np.zeros(shape), like, _float_dtype(like), name)
+
+
+class RNN_Base(Layer):  # noqa: N801 - SINGA's name
+    """SINGA's base class of :class:`RNN` and :class:`LSTM` (``step_forward``)."""
+
+    def step_forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__}.step_forward is not implemented")
+
+
+class RNN(RNN_Base):
+    """SINGA's vanilla RNN, unrolled over a list of time steps:
+    ``hs, h = RNN(input_size, hidden_size)(xs, h0)`` with ``xs`` a list of (batch, input)
+    Tensors; ``h_t = tanh(x_t Wx + h_{t-1} Wh + b)`` (``nonlinearity="relu"``: relu). Each
+    step records MatMul/Add/Tanh nodes, so it trains and exports like any layer. SINGA
+    accepts and ignores ``num_layers``, ``batch_first``, ``dropout`` and ``bidirectional``
+    here; so does this class (``CudnnRNN`` has them)."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True,
+                 batch_first=False, dropout=0, bidirectional=False):
+        super().__init__()
+        if nonlinearity not in ("tanh", "relu"):
+            raise InputError(f"RNN: nonlinearity must be 'tanh' or 'relu', got "
+                             f"{nonlinearity!r}")
+        self.input_size, self.hidden_size = int(input_size), int(hidden_size)
+        self.num_layers, self.nonlinearity, self.bias = num_layers, nonlinearity, bias
+        self.batch_first, self.dropout, self.bidirectional = batch_first, dropout, bidirectional
+
+    def initialize(self, xs, h0):
+        like = xs[0]
+        self.Wx = _gaussian_param((self.input_size, self.hidden_size), like, 1.0, "Wx")
+        self.Wh = _gaussian_param((self.hidden_size, self.hidden_size), like, 1.0, "Wh")
+        self.b = _zeros_param((self.hidden_size,), like, "b")
+
+    def forward(self, xs, h0):
+        xs = list(xs)
+        if not xs:
+            raise InputError("RNN: needs at least one time step")
+        self.device_check(*xs, h0)
+        n = xs[0].shape[0]
+        out, h = [], h0
+        for t, x in enumerate(xs):
+            if x.ndim() != 2 or x.shape != (n, self.input_size):
+                raise ShapeError(f"RNN: step {t} has shape {list(x.shape)}, expected "
+                                 f"[{n}, {self.input_size}]")
+            h = self.step_forward(x, h, self.Wx, self.Wh, self.b)
+            out.append(h)
+        return out, h
+
+    def step_forward(self, x, h, Wx, Wh, b):  # noqa: N803 - SINGA's names
+        y = autograd.add(autograd.matmul(h, Wh), autograd.matmul(x, Wx))
+        y = autograd.add_bias(y, b, axis=0)
+        return autograd.tanh(y) if self.nonlinearity == "tanh" else autograd.relu(y)
+
+
+class LSTM(RNN_Base):
+    """SINGA's LSTM, unrolled over a list of time steps:
+    ``hs, h, c = LSTM(input_size, hidden_size)(xs, (h0, c0))``. Gates i, f, o (sigmoid) and
+    g (tanh) each have ``Wx_*`` (input, hidden), ``Wh_*`` (hidden, hidden), ``Bx_*`` and
+    ``Bh_*``; ``c_t = f c_{t-1} + i g``, ``h_t = o tanh(c_t)``."""
+
+    _GATES = ("i", "f", "o", "g")
+
+    def __init__(self, input_size, hidden_size, nonlinearity="tanh", num_layers=1, bias=True,
+                 batch_first=False, dropout=0, bidirectional=False):
+        super().__init__()
+        self.input_size, self.hidden_size = int(input_size), int(hidden_size)
+        self.nonlinearity, self.num_layers, self.bias = nonlinearity, num_layers, bias
+        self.batch_first, self.dropout, self.bidirectional = batch_first, dropout, bidirectional
+
+    def initialize(self, xs, h0_c0):
+        like = xs[0]
+        for g in self._GATES:
+            setattr(self, f"Wx_{g}", _gaussian_param((self.input_size, self.hidden_size),
+                                                     like, 0.01, f"Wx_{g}"))
+            setattr(self, f"Wh_{g}", _gaussian_param((self.hidden_size, self.hidden_size),
+                                                     like, 0.01, f"Wh_{g}"))
+        for g in self._GATES:
+            setattr(self, f"Bx_{g}", _zeros_param((self.hidden_size,), like, f"Bx_{g}"))
+            setattr(self, f"Bh_{g}", _zeros_param((self.hidden_size,), like, f"Bh_{g}"))
+
+    def forward(self, xs, h0_c0):
+        h, c = h0_c0
+        xs = list(xs)
+        if not xs:
+            raise InputError("LSTM: needs at least one time step")
+        self.device_check(*xs, h, c)
+        n = xs[0].shape[0]
+        out = []
+        for t, x in enumerate(xs):
+            if x.ndim() != 2 or x.shape != (n, self.input_size):
+                raise ShapeError(f"LSTM: step {t} has shape {list(x.shape)}, expected "
+                                 f"[{n}, {self.input_size}]")
+            h, c = self.step_forward(x, h, c)
+            out.append(h)
+        return out, h, c
+
+    def _gate(self, x, h, g):
+        y1 = autograd.add_bias(autograd.matmul(x, getattr(self, f"Wx_{g}")),
+                               getattr(self, f"Bx_{g}"), axis=0)
+        y2 = autograd.add_bias(autograd.matmul(h, getattr(self, f"Wh_{g}")),
+                               getattr(self, f"Bh_{g}"), axis=0)
+        return autograd.add(y1, y2)
+
+    def step_forward(self, x, h, c):
+        i = autograd.sigmoid(self._gate(x, h, "i"))
+        f = autograd.sigmoid(self._gate(x, h, "f"))
+        o = autograd.sigmoid(self._gate(x, h, "o"))
+        g = autograd.tanh(self._gate(x, h, "g"))
+        c = autograd.add(autograd.mul(f, c), autograd.mul(i, g))
+        h = autograd.mul(o, autograd.tanh(c))
+        return h, c
+
+
+class CudnnRNN(Layer):
+    """SINGA's ``CudnnRNN(hidden_size, activation="tanh", num_layers=1, bias=True,
+    batch_first=True, dropout=0, bidirectional=False, rnn_mode="lstm", use_mask=False,
+    return_sequences=True)``: a whole-sequence RNN on a (seq, batch, feature) Tensor
+    ((batch, seq, feature) with ``batch_first``). ``rnn_mode``: "vanilla"/"tanh", "relu",
+    "lstm" or "gru" (PyTorch/cuDNN gate equations). Returns (seq, batch, dirs * hidden) with
+    ``return_sequences``, else the last step (batch, dirs * hidden).
+
+    Not cuDNN: every step records MatMul/Add/activation nodes on any device, so it trains
+    and exports like the other layers. Differences from SINGA: the weights are one
+    (input, gates*hidden) / (hidden, gates*hidden) / (gates*hidden,) triple per layer and
+    direction (``W_l{k}_d{d}`` ...) instead of cuDNN's single flat ``W``; ``dropout`` between
+    layers follows ``layer.training``; ``use_mask``/``seq_lengths`` are refused."""
+
+    _NGATES = {"vanilla": 1, "tanh": 1, "relu": 1, "lstm": 4, "gru": 3}
+
+    def __init__(self, hidden_size, activation="tanh", num_layers=1, bias=True,
+                 batch_first=True, dropout=0, bidirectional=False, rnn_mode="lstm",
+                 use_mask=False, return_sequences=True):
+        super().__init__()
+        if rnn_mode not in self._NGATES:
+            raise InputError(f"CudnnRNN: rnn_mode must be one of {list(self._NGATES)}, got "
+                             f"{rnn_mode!r}")
+        if int(num_layers) < 1:
+            raise InputError(f"CudnnRNN: num_layers must be >= 1, got {num_layers}")
+        if not 0 <= dropout < 1:
+            raise InputError(f"CudnnRNN: dropout must be in [0, 1), got {dropout}")
+        if use_mask:
+            raise InputError("CudnnRNN: use_mask/seq_lengths (cuDNN's padded sequences) are "
+                             "not supported; pad and mask the loss instead")
+        self.hidden_size, self.activation = int(hidden_size), activation
+        self.num_layers, self.bias, self.batch_first = int(num_layers), bias, batch_first
+        self.dropout, self.bidirectional = float(dropout), bool(bidirectional)
+        self.rnn_mode, self.return_sequences = rnn_mode, return_sequences
+
+    def initialize(self, x, hx=None, cx=None, seq_lengths=None):
+        if x.ndim() != 3:
+            raise ShapeError(f"CudnnRNN: expects a 3-d input, got shape {list(x.shape)}")
+        self.input_size = int(x.shape[2])  # features are last either way
+        k = 1.0 / self.hidden_size
+        gh = self._NGATES[self.rnn_mode] * self.hidden_size
+        dt = _float_dtype(x)
+        dirs = 2 if self.bidirectional else 1
+        for layer_i in range(self.num_layers):
+            fan_in = self.input_size if layer_i == 0 else self.hidden_size * dirs
+            for d in range(dirs):
+                tag = f"l{layer_i}_d{d}"
+                for nm, shape in ((f"Wx_{tag}", (fan_in, gh)),
+                                  (f"Wh_{tag}", (self.hidden_size, gh)),
+                                  (f"Bx_{tag}", (gh,)), (f"Bh_{tag}", (gh,))):
+                    if nm.startswith("B") and not self.bias:
+                        continue
+                    a = host_rng().uniform(-math.sqrt(k), math.sqrt(k), shape)
+                    setattr(self, nm, _param(a, x, dt, nm))
+
+    def _step(self, x, h, c, tag):
+        hs = self.hidden_size
+        gx = autograd.matmul(x, getattr(self, f"Wx_{tag}"))
+        gh = autograd.matmul(h, getattr(self, f"Wh_{tag}"))
+        if self.bias:
+            gx = autograd.add(gx, getattr(self, f"Bx_{tag}"))
+            gh = autograd.add(gh, getattr(self, f"Bh_{tag}"))
+        mode = self.rnn_mode
+        if mode in ("vanilla", "tanh", "relu"):
+            y = autograd.add(gx, gh)
+            return (autograd.relu(y) if mode == "relu" else autograd.tanh(y)), c
+        if mode == "lstm":
+            y = autograd.add(gx, gh)
+            i, f, g, o = autograd.split(y, 1, [hs] * 4)
+            i, f, o = autograd.sigmoid(i), autograd.sigmoid(f), autograd.sigmoid(o)
+            c = autograd.add(autograd.mul(f, c), autograd.mul(i, autograd.tanh(g)))
+            return autograd.mul(o, autograd.tanh(c)), c
+        rx, zx, nx = autograd.split(gx, 1, [hs] * 3)  # gru
+        rh, zh, nh = autograd.split(gh, 1, [hs] * 3)
+        r = autograd.sigmoid(autograd.add(rx, rh))
+        z = autograd.sigmoid(autograd.add(zx, zh))
+        n = autograd.tanh(autograd.add(nx, autograd.mul(r, nh)))
+        return autograd.add(autograd.mul(autograd.sub(1.0, z), n), autograd.mul(z, h)), c
+
+    def forward(self, x, hx=None, cx=None, seq_lengths=None):
+        if seq_lengths is not None:
+            raise InputError("CudnnRNN: seq_lengths (cuDNN's padded sequences) are not "
+                             "supported")
+        if self.batch_first:
+            x = autograd.transpose(x, (1, 0, 2))
+        seq, n = x.shape[0], x.shape[1]
+        dirs = 2 if self.bidirectional else 1
+        zeros = np.zeros((self.num_layers * dirs, n, self.hidden_size), dtype=x.dtype)
+        hx = hx if hx is not None else Tensor(device=x.device, data=zeros)
+        cx = cx if cx is not None else Tensor(device=x.device, data=zeros)
+        steps = [autograd.squeeze(s, [0]) for s in autograd.split(x, 0, [1] * seq)] \
+            if seq > 1 else [autograd.squeeze(x, [0])]
+        for layer_i in range(self.num_layers):
+            outs = []
+            for d in range(dirs):
+                k = layer_i * dirs + d
+                h = autograd.squeeze(hx[k], [0])
+                c = autograd.squeeze(cx[k], [0])
+                seq_out = [None] * seq
+                order = range(seq) if d == 0 else range(seq - 1, -1, -1)
+                for t in order:
+                    h, c = self._step(steps[t], h, c, f"l{layer_i}_d{d}")
+                    seq_out[t] = h
+                outs.append(seq_out)
+            steps = [autograd.cat([o[t] for o in outs], 1) if dirs > 1 else outs[0][t]
+                     for t in range(seq)]
+            if self.dropout and self.training and layer_i < self.num_layers - 1:
+                steps = [autograd.dropout(s, ratio=self.dropout, training=True) for s in steps]
+        if not self.return_sequences:
+            return steps[-1]
+        y = autograd.cat([autograd.unsqueeze(s, [0]) for s in steps], 0)
+        return autograd.transpose(y, (1, 0, 2)) if self.batch_first else y

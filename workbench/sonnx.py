@@ -48,10 +48,39 @@ def to_onnx(inputs, outputs, *, input_names=None, output_names=None, dynamic_axe
 
     Walks back from the outputs over the recorded tape; see ``workbench.graph.export``.
     ``input_names``/``output_names``/``dynamic_axes`` as in ``torch.onnx.export``.
+
+    SINGA's rules for the ``inputs`` list, which its programs rely on: entries that are not
+    Tensors (``to_onnx([x, (2, 3)], [y])``, ``to_onnx([x, 0.5, 1.0], [y])``: the settings an op
+    took, already in the graph as constants) are skipped; BatchNormalization's running mean and
+    variance become initializers even when listed (``to_onnx([x, s, b, mean, var], [y])`` has
+    the graph inputs x, s, b); a data Tensor the graph reads but that is not listed is matched,
+    in order, to a listed one of the same dtype and non-batch shape (see
+    ``workbench.graph.export``).
     """
-    return _to_onnx(inputs, outputs, input_names=input_names, output_names=output_names,
+    ins = [inputs] if isinstance(inputs, Tensor) else [t for t in inputs
+                                                        if isinstance(t, Tensor)]
+    outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    states = _running_statistics(outs)
+    if states:
+        ins = [t for t in ins if id(t) not in states]
+    return _to_onnx(ins, outs, input_names=input_names, output_names=output_names,
                     dynamic_axes=dynamic_axes, opset_version=opset_version,
                     model_name=model_name, doc_string=doc_string)
+
+
+def _running_statistics(outputs) -> set:
+    """ids of the leaf Tensors the recorded graph of ``outputs`` uses as BatchNormalization
+    running statistics (its inputs 3 and 4) or updates as state."""
+    outs = [t for t in outputs if isinstance(t, Tensor)]
+    found = set()
+    for node in autograd.tape_order(outs):
+        if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
+            for p in node.parents[3:5]:
+                if p is not None and type(p) is not tuple:
+                    found.add(id(p))
+        for t in (node.state_updates or {}).values():
+            found.add(id(t))
+    return found
 
 
 to_onnx_model = to_onnx

@@ -19,11 +19,22 @@ for leaves). Operators (``+ - * / @ **``, ``reshape``, ``transpose``...) record 
 through ``autograd.apply``.
 
 Differences from SINGA, on purpose: ``requires_grad`` defaults to False (data tensors need no
-gradient; parameters are created with ``requires_grad=True, stores_grad=True``), and a Tensor
-created from a numpy array keeps the array's dtype.
+gradient; parameters are created with ``requires_grad=True, stores_grad=True``; SINGA's
+per-operator ``creator.backward`` works on data anyway while ``autograd.training`` is True), a
+Tensor created from a numpy array keeps the array's dtype, dtypes are numpy dtypes (SINGA's
+names ``'int'``/``'float'`` and type codes 0/1/2 are accepted by ``as_type``/``cast``),
+comparisons give bool Tensors (SINGA: float 0/1), and ``a == b`` of two Tensors is identity
+(``eq(a, b)`` compares elements; ``t == 3.0`` compares elements as in SINGA).
+
+SINGA's behaviour kept where its programs depend on it: an int index keeps its axis
+(``t[-1, :]`` of [T, V] is [1, V]); ``softmax`` of a 1-D Tensor treats it as one row;
+``t += x`` changes ``t`` in place (``copy()`` is a shallow copy that sees it, ``deepcopy()`` /
+``clone()`` copy the data); an int Tensor with a Python float gives float32.
 """
 
 from __future__ import annotations
+
+import builtins as _builtins
 
 import numpy as np
 
@@ -32,6 +43,8 @@ from workbench import device as _device
 from workbench.autograd import PlaceHolder, Tensor, as_tensor  # noqa: F401 - SINGA's tensor API
 
 float16 = np.dtype(np.float16)
+float = np.dtype(np.float32)  # noqa: A001 - SINGA's tensor.float
+int = np.dtype(np.int32)  # noqa: A001 - SINGA's tensor.int
 float32 = np.dtype(np.float32)
 float64 = np.dtype(np.float64)
 int8 = np.dtype(np.int8)
@@ -87,10 +100,18 @@ def random(shape, device=None) -> Tensor:
 
 
 def gaussian(shape, device=None, mean: float = 0.0, std: float = 1.0, dtype=float32) -> Tensor:
+    """A new Tensor of normal samples; SINGA's ``gaussian(mean, std, t)`` (a Tensor third)
+    fills ``t`` in place instead."""
+    if isinstance(mean, Tensor) and not isinstance(shape, (tuple, list)):
+        return mean.gaussian(shape, device)
     return Tensor(shape, device, dtype).gaussian(mean, std)
 
 
 def uniform(shape, device=None, low: float = 0.0, high: float = 1.0, dtype=float32) -> Tensor:
+    """A new Tensor of uniform samples; SINGA's ``uniform(low, high, t)`` (a Tensor third)
+    fills ``t`` in place instead."""
+    if isinstance(low, Tensor) and not isinstance(shape, (tuple, list)):
+        return low.uniform(shape, device)
     return Tensor(shape, device, dtype).uniform(low, high)
 
 
@@ -102,16 +123,31 @@ def transpose(t: Tensor, axes=None) -> Tensor:
     return t.transpose(axes)
 
 
-def sum(t: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001 - SINGA's name
-    return t.sum(axis, keepdims)
+def sum(t: Tensor, axis=None, out=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """The sum over ``axis`` (an int, a tuple, or None for all: a Tensor of shape ());
+    SINGA's ``out=`` receives the result when given."""
+    return _into(t.sum(list(axis) if isinstance(axis, tuple) else axis, keepdims), out)
 
 
-def average(t: Tensor, axis=None) -> Tensor:
+def average(t: Tensor, axis=None):
+    """The mean along ``axis`` (a Tensor), or of all elements as a Python float for
+    ``axis=None`` (SINGA's)."""
+    if axis is None:
+        return _builtins.float(t.numpy().astype(np.float64).mean()) if t.size() else \
+            _builtins.float("nan")
     return t.mean(axis)
 
 
-def softmax(t: Tensor, axis: int = 1) -> Tensor:
-    return autograd.softmax(t, axis)
+def softmax(t: Tensor, out=None, axis: int = 1) -> Tensor:
+    """Softmax of each row (over ``axis``); a 1-D Tensor is one row (SINGA's rule). ``out``
+    (SINGA's) receives the result when given (an int there is taken as ``axis``)."""
+    if isinstance(out, (_builtins.int, np.integer)):
+        axis, out = out, None
+    if t.ndim() == 1:
+        y = autograd.reshape(autograd.softmax(autograd.reshape(t, (1, -1)), 1), t.shape)
+    else:
+        y = autograd.softmax(t, axis)
+    return _into(y, out)
 
 
 def relu(t: Tensor) -> Tensor:
@@ -129,3 +165,213 @@ def copy_data_to_from(dst: Tensor, src: Tensor, size: int | None = None, dst_off
     n = a.size - src_offset if size is None else size
     d[dst_offset:dst_offset + n] = a[src_offset:src_offset + n]
     dst.copy_from_numpy(d)
+
+
+# --------------------------------------------------------------------------- SINGA's tensor API
+def _into(y: Tensor, out: Tensor | None) -> Tensor:
+    """``y``, or ``y`` written into ``out`` (SINGA's ``out=`` / ``ret=`` arguments)."""
+    if out is None:
+        return y
+    if tuple(out.shape) != tuple(y.shape):
+        raise autograd.ShapeError(f"out= has shape {list(out.shape)}, the result "
+                                  f"{list(y.shape)}")
+    out.data = out.device.put(y.data.astype(out.dtype, copy=False))
+    return out
+
+
+def from_raw_tensor(t) -> Tensor:
+    """A Tensor over a raw tensor (``autograd.RawTensor``, what operator ``forward`` /
+    ``backward`` return) or an array, sharing its data."""
+    a = autograd._raw_array(t)
+    return Tensor._make(a, autograd._device_of_array(a), False, None, 0, None)
+
+
+def from_raw_tensors(tt) -> list:
+    return [from_raw_tensor(t) for t in tt]
+
+
+def product(shape) -> int:
+    """The number of elements of ``shape``."""
+    n = 1
+    for d in shape:
+        n *= _builtins.int(d)
+    return n
+
+
+def sizeof(dtype) -> int:
+    """Bytes per element of ``dtype`` (numpy dtype or SINGA's name / type code)."""
+    return autograd._singa_dtype(dtype).itemsize
+
+
+def contiguous(t: Tensor) -> Tensor:
+    return t.contiguous()
+
+
+def abs(t: Tensor) -> Tensor:  # noqa: A001 - SINGA's name
+    return autograd.abs(t)
+
+
+def exp(t: Tensor) -> Tensor:
+    return autograd.exp(t)
+
+
+def ceil(t: Tensor) -> Tensor:
+    return autograd.ceil(t)
+
+
+def floor(t: Tensor) -> Tensor:
+    return autograd.floor(t)
+
+
+def log(t: Tensor) -> Tensor:
+    return autograd.log(t)
+
+
+def sigmoid(t: Tensor) -> Tensor:
+    return autograd.sigmoid(t)
+
+
+def sign(t: Tensor) -> Tensor:
+    return autograd.sign(t)
+
+
+def sqrt(t: Tensor) -> Tensor:
+    return autograd.sqrt(t)
+
+
+def square(t: Tensor) -> Tensor:
+    return autograd.mul(t, t)
+
+
+def tanh(t: Tensor) -> Tensor:
+    return autograd.tanh(t)
+
+
+def pow(t: Tensor, x, out=None) -> Tensor:  # noqa: A001 - SINGA's name
+    return _into(t ** x, out)
+
+
+def lt(t: Tensor, x) -> Tensor:
+    return t < x
+
+
+def le(t: Tensor, x) -> Tensor:
+    return t <= x
+
+
+def gt(t: Tensor, x) -> Tensor:
+    return t > x
+
+
+def ge(t: Tensor, x) -> Tensor:
+    return t >= x
+
+
+def eq(t: Tensor, x) -> Tensor:
+    """Element-wise ``==`` (also of two Tensors)."""
+    return autograd.equal(t, x) if isinstance(x, Tensor) else t == x
+
+
+def add(lhs, rhs, ret=None) -> Tensor:
+    return _into(lhs + rhs, ret)
+
+
+def sub(lhs, rhs, ret=None) -> Tensor:
+    return _into(lhs - rhs, ret)
+
+
+def eltwise_mult(lhs, rhs, ret=None) -> Tensor:
+    return _into(lhs * rhs, ret)
+
+
+def div(lhs, rhs, ret=None) -> Tensor:
+    return _into(lhs / rhs, ret)
+
+
+def mult(A, B, C=None, alpha: float = 1.0, beta: float = 0.0) -> Tensor:  # noqa: N803
+    """``alpha * A @ B + beta * C`` (matrix-vector, matrix-matrix or batched); with ``C`` the
+    result is written into it, as SINGA's."""
+    y = autograd.matmul(A, B)
+    if alpha != 1.0:
+        y = y * alpha
+    if C is None:
+        return y
+    if beta != 0.0:
+        y = y + C * beta
+    return _into(y, C)
+
+
+def axpy(alpha: float, x: Tensor, y: Tensor) -> Tensor:
+    """``y += alpha * x`` in place."""
+    y += x * alpha
+    return y
+
+
+def einsum(ops: str, *args) -> Tensor:
+    """``numpy.einsum`` over Tensors (an ONNX Einsum node)."""
+    return autograd.apply("Einsum", list(args), {"equation": str(ops)})
+
+
+def repeat(t: Tensor, repeats, axis=None) -> Tensor:
+    """``numpy.repeat``: each element ``repeats`` times along ``axis`` (flattened for None)."""
+    return t.repeat(repeats, axis)
+
+
+def tensordot(A: Tensor, B: Tensor, axes=2) -> Tensor:  # noqa: N803
+    """``numpy.tensordot``: contract ``axes`` (an int: the last ones of A with the first ones
+    of B; or two lists) - recorded as Transpose, Reshape and MatMul, so it is
+    differentiable and exportable."""
+    na, nb = A.ndim(), B.ndim()
+    if isinstance(axes, (_builtins.int, np.integer)):
+        k = axes
+        a_ax, b_ax = list(range(na - k, na)), list(range(k))
+    else:
+        a_ax, b_ax = axes
+        a_ax = [a_ax] if np.isscalar(a_ax) else list(a_ax)
+        b_ax = [b_ax] if np.isscalar(b_ax) else list(b_ax)
+    a_ax = [a % na for a in a_ax]
+    b_ax = [b % nb for b in b_ax]
+    if len(a_ax) != len(b_ax) or any(A.shape[i] != B.shape[j] for i, j in zip(a_ax, b_ax)):
+        raise autograd.ShapeError(f"tensordot: axes {a_ax} of {list(A.shape)} and {b_ax} of "
+                                  f"{list(B.shape)} do not match")
+    free_a = [i for i in range(na) if i not in a_ax]
+    free_b = [j for j in range(nb) if j not in b_ax]
+    m = product(A.shape[i] for i in free_a)
+    k = product(A.shape[i] for i in a_ax)
+    n = product(B.shape[j] for j in free_b)
+    a2 = autograd.reshape(autograd.transpose(A, free_a + a_ax), (m, k))
+    b2 = autograd.reshape(autograd.transpose(B, b_ax + free_b), (k, n))
+    out_shape = [A.shape[i] for i in free_a] + [B.shape[j] for j in free_b]
+    return autograd.reshape(autograd.matmul(a2, b2), out_shape)
+
+
+def bernoulli(p: float, t: Tensor) -> Tensor:
+    """Fill ``t`` in place with Bernoulli(p) samples (SINGA's argument order)."""
+    return t.bernoulli(p)
+
+
+def add_column(alpha, v, beta, M) -> Tensor:
+    """``M = beta * M + alpha * v`` with ``v`` added to every column (in place)."""
+    M.data = (M * beta + autograd.reshape(v, (-1, 1)) * alpha).data
+    return M
+
+
+def add_row(alpha, v, beta, M) -> Tensor:
+    """``M = beta * M + alpha * v`` with ``v`` added to every row (in place)."""
+    M.data = (M * beta + autograd.reshape(v, (1, -1)) * alpha).data
+    return M
+
+
+def sum_columns(M: Tensor) -> Tensor:
+    """The sum of the columns of a 2-D Tensor: shape (rows,)."""
+    return M.sum(1)
+
+
+def sum_rows(M: Tensor) -> Tensor:
+    """The sum of the rows of a 2-D Tensor: shape (columns,)."""
+    return M.sum(0)
+
+
+def copy_from_numpy(data, np_array) -> None:
+    """Write ``np_array`` into the Tensor ``data`` (SINGA's name)."""
+    data.copy_from_numpy(np_array)

@@ -47,7 +47,7 @@ def evaluate(model, x, y, *, batch_size: int = 256, loss: Callable | None = None
             for i in range(0, len(x), batch_size):
                 xb, yb = x[i:i + batch_size], y[i:i + batch_size]
                 out = _scores(model.forward(from_numpy(xb)))
-                total += float(loss(out, yb).numpy()) * len(xb)
+                total += loss(out, yb).item() * len(xb)
                 if out.ndim() == 2 and np.asarray(yb).ndim == 1:
                     correct += int((out.numpy().argmax(1) == np.asarray(yb)).sum())
                 n += len(xb)
@@ -87,7 +87,7 @@ def fit(model, x, y, *, epochs: int = 1, batch_size: int = 32, optimizer=None,
             out = _scores(model.forward(xb if isinstance(xb, Tensor) else from_numpy(xb)))
             lv = loss(out, yb)
             optimizer.backward_and_update(lv)
-            total += float(lv.numpy()) * len(b)
+            total += lv.item() * len(b)
             if out.ndim() == 2 and np.asarray(yb).ndim == 1:
                 correct += int((out.numpy().argmax(1) == np.asarray(yb)).sum())
             n += len(b)

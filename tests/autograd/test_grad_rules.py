@@ -184,6 +184,10 @@ CASES = [
     C("Gather", [rnd(2, 5, 3), i64([1, 3, 1])], {"axis": 1}, id="Gather-axis1"),
     C("Gather", [rnd(2, 5), i64(2)], {"axis": 1}, id="Gather-scalar"),
     C("GatherElements", [rnd(3, 4), i64([[0, 3], [1, 1], [2, 0]])], {"axis": 1}),
+    C("ScatterElements", [rnd(3, 4), i64([[0, 3], [1, -2], [2, 0]]), rnd(3, 2)], {"axis": 1},
+      wrt=[0, 2], id="ScatterElements"),
+    C("ScatterElements", [rnd(3, 4), i64([[0, 0], [1, 2]]), rnd(2, 2)],
+      {"axis": 0, "reduction": "add"}, wrt=[0, 2], id="ScatterElements-add"),
     C("Expand", [rnd(3, 1), i64([2, 3, 4])]),
     C("Tile", [rnd(2, 3), i64([2, 3])]),
     C("Pad", [rnd(2, 3), i64([1, 0, 2, 1]), np.asarray(0.5)], opset=13, wrt=[0],
@@ -302,7 +306,7 @@ def test_every_rule_has_a_case():
 def test_dropout_training_gradient_uses_the_mask():
     autograd.manual_seed(0)
     x = Tensor(data=rnd(50, 40), requires_grad=True)
-    y = autograd.dropout(x, 0.3, training=True)
+    y = autograd.dropout(x, ratio=0.3, training=True)
     kept = y.numpy() != 0
     assert 0.6 < kept.mean() < 0.8
     np.testing.assert_allclose(y.numpy()[kept], x.numpy()[kept] / 0.7)
@@ -312,7 +316,7 @@ def test_dropout_training_gradient_uses_the_mask():
 
 def test_dropout_eval_is_identity():
     x = Tensor(data=rnd(4, 5), requires_grad=True)
-    y = autograd.dropout(x, 0.5, training=False)
+    y = autograd.dropout(x, ratio=0.5, training=False)
     np.testing.assert_array_equal(y.numpy(), x.numpy())
     (gx,) = [g for _, g in autograd.backward(y, np.full(y.shape, 2.0))]
     np.testing.assert_array_equal(gx.numpy(), np.full(y.shape, 2.0))

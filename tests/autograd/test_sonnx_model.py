@@ -131,7 +131,7 @@ def test_sgd_on_imported_graph_reduces_mse():
     for _ in range(5):
         y = m.forward(tensor.from_numpy(X))[0]
         loss = autograd.mse_loss(y, target)
-        losses.append(float(loss.numpy()))
+        losses.append(loss.item())
         sgd.backward_and_update(loss)
     assert losses[-1] < losses[0]
 

@@ -106,9 +106,10 @@ def test_tensor_api():
     t = tensor.from_numpy(a)
     a[0, 0, 0] = 100  # from_numpy copies
     assert t.numpy()[0, 0, 0] == 0
-    np.testing.assert_array_equal(t[1, :, ::2].numpy(), t.numpy()[1, :, ::2])
-    np.testing.assert_array_equal(t[..., -1].numpy(), t.numpy()[..., -1])
-    np.testing.assert_array_equal(t[:, None, 1].numpy(), t.numpy()[:, None, 1])
+    # an int index keeps its axis with size 1 (SINGA's rule: t[-1, :] of [T, V] is [1, V])
+    np.testing.assert_array_equal(t[1, :, ::2].numpy(), t.numpy()[1:2, :, ::2])
+    np.testing.assert_array_equal(t[..., -1].numpy(), t.numpy()[..., -1:])
+    np.testing.assert_array_equal(t[:, None, 1].numpy(), t.numpy()[:, None, 1:2])
     np.testing.assert_array_equal(t.reshape((6, 4)).numpy(), t.numpy().reshape(6, 4))
     np.testing.assert_array_equal(t.transpose((2, 0, 1)).numpy(), t.numpy().transpose(2, 0, 1))
     np.testing.assert_array_equal((2 - t).numpy(), 2 - t.numpy())

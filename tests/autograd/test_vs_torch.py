@@ -62,7 +62,7 @@ def _compare(model, m, loss_t, loss_w, ours_pairs, floor=0.0):
     assert len(mapping) == len(m.imported_params()), \
         f"unmatched initializers: {set(m.imported_params()) - set(mapping)}"
     assert {v[0] for v in mapping.values()} == set(tparams), "torch params not all covered"
-    assert abs(float(loss_w) - loss_t.item()) <= 1e-9 * max(1.0, abs(loss_t.item()))
+    assert abs(np.asarray(loss_w).item() - loss_t.item()) <= 1e-9 * max(1.0, abs(loss_t.item()))
     worst = 0.0
     overall = max(float(np.abs(p.grad.numpy()).max()) for p in tparams.values())
     for name, (tn, transposed) in mapping.items():

@@ -73,7 +73,7 @@ def test_world_size_1_variants_train(how):
     d = opt.DistOpt(opt.SGD(lr=0.5))
     m = make(d)
     x, y = batch(1)
-    losses = [float(m(x, y, how).numpy()) for _ in range(15)]
+    losses = [m(x, y, how).item() for _ in range(15)]
     assert losses[-1] < losses[0]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from workbench.errors import GradientError
 from workbench.grad import gradient, ints, unbroadcast
 
 
@@ -139,6 +140,33 @@ def gather_elements_grad(ctx, grads_out, inputs, outputs, *, axis=0, **attrs):
     gx = xp.zeros(x.shape, dtype=g.dtype)
     scatter_add(xp, gx, tuple(grids), g)
     return gx, None
+
+
+@gradient("ScatterElements")
+def scatter_elements_grad(ctx, grads_out, inputs, outputs, *, axis=0, reduction="none",
+                          **attrs):
+    """data: the output gradient where nothing was written over it (everywhere for
+    ``reduction="add"``); updates: the output gradient at the positions they went to
+    (duplicate indices with ``reduction="none"`` are undefined in ONNX; each gets it)."""
+    xp = ctx.xp
+    x, idx, upd = inputs
+    g = grads_out[0]
+    if reduction not in ("none", "add"):
+        raise GradientError(f"ScatterElements: no gradient for reduction={reduction!r} "
+                            f"(only 'none' and 'add')")
+    ax = axis % x.ndim
+    idx = xp.where(idx < 0, idx + x.shape[ax], idx)
+    grids = [xp.arange(n).reshape((1,) * i + (n,) + (1,) * (idx.ndim - i - 1))
+             for i, n in enumerate(idx.shape)]
+    grids[ax] = idx
+    where = tuple(xp.broadcast_arrays(*grids))
+    gx = None
+    if ctx.needs_input_grad[0]:
+        gx = g.copy()
+        if reduction == "none":
+            gx[where] = 0
+    gu = g[where] if len(ctx.needs_input_grad) > 2 and ctx.needs_input_grad[2] else None
+    return gx, None, gu
 
 
 @gradient("Expand")
