@@ -37,6 +37,7 @@ atomic rename and refuses to overwrite an existing file unless ``overwrite=True`
 from __future__ import annotations
 
 import os
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -55,6 +56,20 @@ from workbench.tensor import Tensor, as_tensor
 
 _AUX = "__aux__/"
 
+#: every live Model, so that ``Device.ResetGraph`` can drop their recorded replays
+_MODELS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _reset_graphs(dev) -> None:
+    for m in list(_MODELS):
+        states = m.__dict__.get("_params")
+        on = {t.device for t in m.get_states().values()} if states is not None else set()
+        if not on or dev in on:
+            m._replays = {}
+
+
+_device._GRAPH_RESET_HOOKS.append(_reset_graphs)
+
 
 class Model(Layer):
     """Base class of user models (and of ``sonnx.SONNXModel``)."""
@@ -67,6 +82,7 @@ class Model(Layer):
         self._replays = {}
         self.optimizer = None
         self.inference_only = False
+        _MODELS.add(self)
 
     # ------------------------------------------------------------------ SINGA API
     def set_optimizer(self, optimizer) -> None:
@@ -226,7 +242,8 @@ class Model(Layer):
         return write_atomic(fpath, lambda f: np.savez(f, **arrays), overwrite=overwrite)
 
     def load_states(self, fpath) -> dict:
-        """Read an .npz written by ``save_states``; returns the aux states ({name: array})."""
+        """Read an .npz written by ``save_states``; returns the aux states as SINGA does
+        (``{name: Tensor}``, on the host)."""
         with np.load(os.fspath(fpath), allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
         aux = {k[len(_AUX):]: v for k, v in data.items() if k.startswith(_AUX)}
@@ -238,7 +255,7 @@ class Model(Layer):
                              f"model, e.g. {missing[:5]}")
         self.set_states(states)
         self._replays = {}
-        return aux
+        return {k: Tensor(device=_device.create_cpu(), data=v) for k, v in aux.items()}
 
     # ------------------------------------------------------------------ export / cut
     def _example_inputs(self, inputs):
@@ -372,7 +389,9 @@ class _Replay:
         self.kind = type(out)
 
     def run(self, inputs):
-        outs = self.plan.execute(inputs, runner=self.runner)
+        dev = next((t.device for t in inputs), None)
+        hook = dev.profile_hook() if dev is not None else None
+        outs = self.plan.execute(inputs, runner=self.runner, hook=hook)
         if self.single:
             return outs[0]
         return self.kind(outs) if self.kind in (list, tuple) else outs
@@ -597,7 +616,8 @@ class SONNXModel(Model):
 
     def _run(self, tp: tuple, xs: list) -> list:
         plan, runner = tp
-        return plan.execute(xs, runner=runner, values=self._weights)
+        return plan.execute(xs, runner=runner, values=self._weights,
+                            hook=self._dev.profile_hook())
 
     # ------------------------------------------------------------------ cut
     def cut(self, last_layers, inputs=None) -> SONNXModel:
