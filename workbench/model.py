@@ -47,7 +47,7 @@ from workbench import autograd
 from workbench import device as _device
 from workbench.errors import InputError, OverwriteError, ShapeError, WorkbenchError
 from workbench.files import write_atomic
-from workbench.graph.executor import Plan, Step, cut, layer_nodes, resolve_cut
+from workbench.graph.executor import COUNTINGS, Plan, Step, cut, layer_nodes, resolve_cut
 from workbench.graph.ir import Node, ValueInfo
 from workbench.graph.load import load
 from workbench.layer import Layer
@@ -398,15 +398,63 @@ class _Replay:
 
 
 # --------------------------------------------------------------------------- imported graphs
+def _coerce_input(name: str, t: Tensor, want: np.dtype, where: str) -> Tensor:
+    """``t`` converted to the integer dtype ``want`` when that loses nothing (a warning says
+    so), else an InputError naming the input, the dtypes and the first value that does not
+    fit."""
+    fix = f"convert it with .astype({want.name!r})"
+    if want.kind not in "iub" or t.dtype.kind not in "iubf":
+        raise InputError(f"{where}: input {name!r} expects dtype {want}, got {t.dtype}; {fix}")
+    a = t.numpy()
+    if want.kind == "b":
+        ok = np.isin(a, (0, 1))
+    else:
+        info = np.iinfo(want)
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(a) & (a == np.round(a)) & (a >= info.min) & (a <= info.max) \
+                if a.dtype.kind == "f" else (a >= info.min) & (a <= info.max)
+    if not bool(np.all(ok)):
+        bad = a[~ok].ravel()[0]
+        raise InputError(f"{where}: input {name!r} expects dtype {want}, got {t.dtype} with "
+                         f"a value that {want} cannot hold exactly ({bad!r}); {fix} after "
+                         f"checking the values")
+    import warnings  # noqa: PLC0415
+    warnings.warn(f"{where}: input {name!r} expects {want}, got {t.dtype}; its values are "
+                  f"exact in {want} and were converted (pass {want} to avoid the copy)",
+                  UserWarning, stacklevel=4)
+    return Tensor(device=t.device, data=t.device.put(a.astype(want)), name=t.name)
+
+
 def _is_float(a) -> bool:
     return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
 
 
 class SONNXModel(Model):
-    """An ONNX model as a trainable ``model.Model`` (SINGA's ``sonnx.SONNXModel``)."""
+    """An ONNX model as a trainable ``model.Model`` (SINGA's ``sonnx.SONNXModel``).
 
-    def __init__(self, onnx_model, device=None):
+    ``last_layers_counting`` says how an integer ``last_layers`` is counted
+    (``graph.executor.resolve_cut``): ``"workbench"`` (the default: -1 is the whole graph,
+    -k cuts after the k-th node from the end) or ``"singa"`` (SINGA's code: node index
+    ``(k+1) % N``, so -1 is the first node, -2 the whole graph, -3 drops the last node).
+    It comes from the constructor argument, else the class attribute, else the environment
+    variable ``WORKBENCH_LAST_LAYERS`` (``singa`` or ``workbench``): SINGA programs run
+    unchanged with ``WORKBENCH_LAST_LAYERS=singa``. Node or value names mean the same in
+    both.
+    """
+
+    #: None: taken from WORKBENCH_LAST_LAYERS (default "workbench")
+    last_layers_counting: str | None = None
+
+    def __init__(self, onnx_model, device=None, *, last_layers_counting: str | None = None):
         super().__init__()
+        counting = (last_layers_counting or type(self).last_layers_counting
+                    or os.environ.get("WORKBENCH_LAST_LAYERS") or "workbench")
+        counting = counting.strip().lower()
+        if counting not in COUNTINGS:
+            raise InputError(f"last_layers_counting must be one of {COUNTINGS}, got "
+                             f"{counting!r} (argument, class attribute or the environment "
+                             f"variable WORKBENCH_LAST_LAYERS)")
+        self.last_layers_counting = counting
         self._dev = _device.get_device(device)
         loaded = load(onnx_model)
         self._proto = loaded.proto
@@ -547,15 +595,17 @@ class SONNXModel(Model):
         if dev is not None and dev != self._dev:
             self.to_device(dev)
 
-    def _check_input(self, info, t, where="forward") -> None:
+    def _check_input(self, info, t, where="forward") -> Tensor:
         """dtype and rank always; fixed non-batch dimensions in forward (compile re-declares
-        the input shapes from its placeholders)."""
+        the input shapes from its placeholders). Returns the Tensor to use: integer or float
+        values given for an integer input (SINGA's programs feed int32/float32 token ids to
+        int64 inputs) are converted when every value is exactly representable, with a
+        warning; otherwise the dtype mismatch is an error."""
         if info.dtype:
             from workbench.arrays.dtypes import np_dtype_of_onnx
             want = np_dtype_of_onnx(info.dtype)
             if t.dtype != want and not (t.dtype.kind == want.kind == "f"):
-                raise InputError(f"{where}: input {info.name!r} expects dtype {want}, got "
-                                 f"{t.dtype}; convert it with .astype({want.name!r})")
+                t = _coerce_input(info.name, t, want, where)
         if info.shape is not None:
             if len(info.shape) != t.ndim():
                 raise ShapeError(f"{where}: input {info.name!r} expects rank "
@@ -566,16 +616,20 @@ class SONNXModel(Model):
                     raise ShapeError(f"{where}: input {info.name!r} expects shape "
                                      f"{list(info.shape)}, got {list(t.shape)} (dimension {d} "
                                      f"differs)")
+        return t
 
     def _outputs_for(self, last_layers, aux_output) -> tuple:
         try:
             key = (last_layers, tuple(aux_output))
             hash(key)
         except TypeError:
-            return tuple(resolve_cut(self.onnx_graph, last_layers) + list(aux_output))
+            return tuple(resolve_cut(self.onnx_graph, last_layers, self.last_layers_counting)
+                         + list(aux_output))
+        key = key + (self.last_layers_counting,)
         cache = self.__dict__.setdefault("_cut_cache", {})
         if key not in cache or cache[key][0] is not self.onnx_graph:
-            outs = tuple(resolve_cut(self.onnx_graph, last_layers) + list(aux_output))
+            outs = tuple(resolve_cut(self.onnx_graph, last_layers, self.last_layers_counting)
+                         + list(aux_output))
             cache[key] = (self.onnx_graph, outs)
         return cache[key][1]
 
@@ -607,8 +661,7 @@ class SONNXModel(Model):
             if t.device != self._dev:
                 raise InputError(f"input {info.name!r} lives on {t.device} but the model on "
                                  f"{self._dev}; move it with Tensor.to_device")
-            self._check_input(info, t)
-            xs.append(t)
+            xs.append(self._check_input(info, t))
         if self.inference_only:
             with autograd.no_grad():
                 return self._run(tp, xs)
@@ -623,6 +676,8 @@ class SONNXModel(Model):
     def cut(self, last_layers, inputs=None) -> SONNXModel:
         """A NEW SONNXModel holding only the nodes the outputs at ``last_layers`` need, with
         a copy of the current weights (appended layers are not part of it)."""
+        if isinstance(last_layers, (int, np.integer)) and not isinstance(last_layers, bool):
+            last_layers = resolve_cut(self.onnx_graph, last_layers, self.last_layers_counting)
         g = cut(self.onnx_graph, last_layers, name=self.onnx_graph.name,
                 initializers={k: np.array(t.numpy(), copy=True)
                               for k, t in self._weights.items()})
@@ -634,7 +689,8 @@ class SONNXModel(Model):
             if not vi.type.tensor_type.elem_type:
                 self._type_outputs(proto)
                 break
-        return SONNXModel(proto, device=self._dev)
+        return SONNXModel(proto, device=self._dev,
+                          last_layers_counting=self.last_layers_counting)
 
     def _value_info(self, name: str) -> ValueInfo:
         v = self.onnx_graph.value(name)
