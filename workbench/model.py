@@ -518,7 +518,7 @@ class SONNXModel(Model):
             t.requires_grad = True
         return self
 
-    def run(self, *inputs, last_layers=-1, aux_output=()) -> list:
+    def run(self, *inputs, last_layers=None, aux_output=()) -> list:
         """Numpy in, numpy out: the outputs (at ``last_layers``) without recording gradients."""
         xs = [x if isinstance(x, Tensor) else Tensor(device=self._dev, data=np.asarray(x))
               for x in inputs]
@@ -647,9 +647,10 @@ class SONNXModel(Model):
         return tp
 
     # ------------------------------------------------------------------ forward
-    def forward(self, *x, last_layers=-1, aux_output=()):
+    def forward(self, *x, last_layers=None, aux_output=()):
         """Run the graph on Tensors (or arrays); returns the list of output Tensors (the
-        outputs at ``last_layers``, then the ``aux_output`` values)."""
+        outputs at ``last_layers`` - None, the default, is the whole graph in either
+        counting - then the ``aux_output`` values)."""
         tp = self._tplan(self._outputs_for(last_layers, aux_output))
         infos = self.onnx_graph.inputs
         if len(x) != len(infos):

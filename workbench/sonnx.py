@@ -16,13 +16,27 @@ file), except BatchNormalization's running mean/variance, which are states (buff
 initializers used only as settings (Dropout's ratio, Clip's bounds, Resize's scales...), which
 are constants like the non-float ones. ``imported_params()`` / ``freeze_imported()`` address
 the imported weights apart from appended layers.
-``forward(*x, last_layers=-1, aux_output=())`` runs the
+``forward(*x, last_layers=None, aux_output=())`` runs the
 graph's Plan on Tensors - every node through ``autograd`` - and returns a list of Tensors.
 
-``last_layers`` follows the SINGA page: -1 keeps the whole graph, -k cuts after the k-th layer
-from the end (all but the last k-1 nodes, counted in topological order without Constant
-nodes); a node or value name is the robust choice. ``aux_output`` adds named values to the
-returned list.
+``last_layers`` (default None: the whole graph) follows the SINGA page by default: -1 keeps
+the whole graph, -k cuts after the k-th layer from the end (all but the last k-1 nodes,
+counted in topological order without Constant nodes); a node or value name is the robust
+choice. ``aux_output`` adds named values to the returned list.
+
+Two countings of an integer ``last_layers`` (``graph.executor.resolve_cut``):
+
+* ``"workbench"`` - the page's rule above: the default of ``SONNXModel``, ``Model.cut``,
+  ``wb.load(...)``, the LayerCutter widget and ``workbench.backend``;
+* ``"singa"`` - what SINGA's code does (``SingaRep.run``: node index ``(k+1) % N``, so -1 is
+  the *first* node, -2 the whole graph, -3 drops the last node). SINGA's own entry points
+  :func:`prepare`, :class:`SingaBackend` and :class:`SingaRep` always count this way, so
+  SINGA's tests get it with only the import changed. A ``SONNXModel`` counts this way when
+  built with ``last_layers_counting="singa"``, when a subclass sets the class attribute
+  ``last_layers_counting = "singa"``, or when the environment variable
+  ``WORKBENCH_LAST_LAYERS=singa`` is set - the way to run SINGA's programs (e.g.
+  ``examples/onnx/training/train.py``, which cuts ResNet-18 at -3 to get Flatten's [N, 512])
+  unchanged.
 
 In training mode (``model.train()``) BatchNormalization uses the batch statistics and updates
 the running ones, and Dropout drops; in eval mode both are the inference forms.
