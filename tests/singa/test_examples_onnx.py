@@ -250,7 +250,7 @@ def test_training_program_steps(tmp_path, monkeypatch, capsys):
     config = json.loads((EXAMPLES / "training" / "model.json").read_text())["resnet18v1"]
     assert config["last_layers"] == -3 and config["last_layers_dim"] == 512
 
-    from data import cifar10   # the stand-in of SINGA's loader
+    from data import cifar10  # the stand-in of SINGA's loader
     train_x, train_y, val_x, val_y = cifar10.load()
     prog["download_model"](config["url"])
     model = prog["MyModel"](onnx.load(os.path.join("/tmp", config["path"])), num_channels=3,
