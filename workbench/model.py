@@ -414,7 +414,7 @@ def _coerce_input(name: str, t: Tensor, want: np.dtype, where: str) -> Tensor:
             ok = np.isfinite(a) & (a == np.round(a)) & (a >= info.min) & (a <= info.max) \
                 if a.dtype.kind == "f" else (a >= info.min) & (a <= info.max)
     if not bool(np.all(ok)):
-        bad = a[~ok].ravel()[0]
+        bad = a[~ok].ravel()[0].item()
         raise InputError(f"{where}: input {name!r} expects dtype {want}, got {t.dtype} with "
                          f"a value that {want} cannot hold exactly ({bad!r}); {fix} after "
                          f"checking the values")

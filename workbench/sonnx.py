@@ -56,7 +56,7 @@ from workbench.model import SONNXModel
 from workbench.tensor import Tensor
 
 __all__ = ["SONNXModel", "SingaRep", "SingaBackend", "prepare", "run_node", "to_onnx",
-           "to_onnx_model"]
+           "to_onnx_model", "save", "load"]
 
 
 def to_onnx(inputs, outputs, *, input_names=None, output_names=None, dynamic_axes=None,
@@ -252,3 +252,5 @@ class SingaBackend(Backend):
 
 
 run_node = SingaBackend.run_node
+save = onnx.save
+load = onnx.load
