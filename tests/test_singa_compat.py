@@ -102,7 +102,12 @@ def test_singa_rep_counts_as_singa_and_returns_numpy_or_tensors():
     assert rep.run([x.numpy()], last_layers=-2)[0].shape == (2, 1, 1, 1)   # whole graph
     rep.is_graph = True
     assert isinstance(rep.run([x.numpy()])[0], tensor.Tensor)
-    assert [n.name for n in rep.layers] == [n.name for n in load(proto).graph.nodes]
+    assert [n.name for n, _ in rep.layers] == [n.name for n in load(proto).graph.nodes]
+    node, conv = rep.layers[0]                           # SINGA's (node, operator) pairs
+    assert node.op_type == "Conv"
+    np.testing.assert_allclose(conv(x).numpy(), x1.numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(InputError, match="takes 1 input"):
+        conv(x, x)
     assert sonnx.SingaBackend.prepare(proto).run(x)[0].shape == (2, 1, 1, 1)
 
 

@@ -160,9 +160,19 @@ class SingaRep:
 
     @property
     def layers(self) -> list:
-        """The graph's nodes in the order SINGA's ``last_layers`` counts them."""
+        """SINGA's ``(node, operator)`` pairs, in the order ``last_layers`` counts them:
+        ``node`` is the graph's node (``name``, ``op_type``, ``inputs``, ``outputs``,
+        ``attrs``), ``operator`` runs that node alone on Tensors (its weights are the
+        model's), recording the tape."""
         from workbench.graph.executor import layer_nodes  # noqa: PLC0415
-        return list(layer_nodes(self.model.onnx_graph))
+        ops = self.__dict__.setdefault("_operators", {})
+        out = []
+        for n in layer_nodes(self.model.onnx_graph):
+            op = ops.get(id(n))
+            if op is None or op.node is not n:
+                op = ops[id(n)] = NodeOperator(self.model, n)
+            out.append(_Layer(n, op))
+        return out
 
     def run(self, inputs, last_layers=None, aux_output=(), **kwargs) -> list:
         if kwargs:
@@ -210,6 +220,60 @@ def _unwrap(t):
         return [x if isinstance(x, Tensor) else Tensor(device=t.device, data=x)
                 for x in t.data]
     return t
+
+
+class _Layer(tuple):
+    """``(node, operator)`` as SINGA's ``operator_tuple``."""
+
+    def __new__(cls, node, operator):
+        return super().__new__(cls, (node, operator))
+
+    node = property(lambda self: self[0])
+    operator = property(lambda self: self[1])
+
+
+class NodeOperator:
+    """One node of an imported model as a callable on Tensors (SINGA's per-node operator in
+    ``SingaRep.layers``): ``op(*inputs)`` takes the node's non-weight inputs in order and
+    returns its output Tensor (a tuple when it has several), recorded on the tape; weights
+    are the model's parameters, so gradients reach them."""
+
+    def __init__(self, model: SONNXModel, node):
+        self.model, self.node = model, node
+        self.name, self.op_type = node.name, node.op_type
+        self._plans: dict = {}
+
+    def __repr__(self) -> str:
+        return f"NodeOperator({self.op_type} {self.name!r})"
+
+    def _plan(self):
+        from workbench.graph.executor import Plan  # noqa: PLC0415
+        from workbench.graph.ir import Graph, ValueInfo  # noqa: PLC0415
+        m = self.model
+        key = m.training
+        plan = self._plans.get(key)
+        if plan is None:
+            names = [i for i in self.node.inputs if i]
+            feeds = [i for i in names if i not in m._weights]
+            g = Graph(f"{self.name}_alone", [self.node], [ValueInfo(n) for n in feeds],
+                      [ValueInfo(o) for o in self.node.outputs if o],
+                      {k: m._weights[k].data for k in names if k in m._weights}, {},
+                      dict(m.onnx_graph.opsets))
+            plan = self._plans[key] = (Plan(g, training=m.training, check_inputs=False,
+                                            device=m._dev, move_initializers=False), feeds)
+        return plan
+
+    def __call__(self, *inputs):
+        plan, feeds = self._plan()
+        if len(inputs) != len(feeds):
+            raise InputError(f"{self.op_type} node {self.name!r} takes {len(feeds)} input(s) "
+                             f"{feeds} (its weights come from the model), got {len(inputs)}")
+        m = self.model
+        xs = [x if isinstance(x, Tensor) else Tensor(device=m._dev, data=np.asarray(x))
+              for x in inputs]
+        outs = plan.execute(xs, runner=autograd.TapeRunner(m._dev, m.training),
+                            values=m._weights)
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def prepare(model, device="CPU", **kwargs) -> SingaRep:

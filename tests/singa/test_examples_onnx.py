@@ -218,6 +218,7 @@ def test_ro_bert_a(tmp_path):
                           "(deprecated since 1.25) - a bug of SINGA's program itself; "
                           "test_training_program_steps runs its model and steps in-process",
                    strict=False)
+@pytest.mark.slow
 def test_training_transfer_learning(tmp_path):
     pytest.importorskip("tqdm")
     _provide("resnet18v1.tar.gz")
