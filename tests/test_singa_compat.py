@@ -277,3 +277,27 @@ def test_reset_graph_drops_recorded_replays(tmp_path):
     m.save_states(tmp_path / "s.npz", {"epoch": tensor.from_numpy(np.array([3.0]))})
     aux = m.load_states(tmp_path / "s.npz")
     assert isinstance(aux["epoch"], tensor.Tensor) and aux["epoch"].numpy().tolist() == [3.0]
+
+
+def test_two_parameters_with_one_name_keep_their_own_state():
+    """Layers name their parameters "W"/"b" until a model gives them dotted names: one
+    optimizer updating two such parameters must not mix their momentum."""
+    sgd = opt.SGD(lr=1.0, momentum=0.5)
+    a = tensor.Tensor((1,), data=np.zeros(1, np.float32), name="W")
+    b = tensor.Tensor((1,), data=np.zeros(1, np.float32), name="W")
+    for _ in range(2):
+        sgd.update(a, np.ones(1, np.float32))
+        sgd.update(b, -np.ones(1, np.float32))
+        sgd.step()
+    assert a.numpy().tolist() == [-2.5] and b.numpy().tolist() == [2.5]
+
+
+def test_state_of_an_unnamed_parameter_goes_with_it():
+    import gc
+    sgd = opt.SGD(lr=0.1, momentum=0.9)
+    w = tensor.Tensor((2,), data=np.ones(2, np.float32))
+    sgd.update(w, np.ones(2, np.float32))
+    assert len(sgd._state) == 1
+    del w
+    gc.collect()
+    assert sgd._state == {}

@@ -192,6 +192,8 @@ class Optimizer:
         if st is None or stale or any(tuple(getattr(a, "shape", ())) != tuple(param.shape)
                                       for a in st.values()):
             st = self._state[key] = {}
+            if isinstance(key, int):  # keyed by id: forget the slots with the parameter
+                weakref.finalize(param, _forget, weakref.ref(self), key, st)
         self._owner[key] = weakref.ref(param)
         return st
 
@@ -217,8 +219,15 @@ class Optimizer:
 
     def update(self, param, grad) -> None:
         """Apply one update of ``param`` (a Tensor) with ``grad`` (Tensor or array); state
-        is kept under the parameter's name (SINGA's deprecated ``update``)."""
-        self.apply(None, param, grad)
+        is kept under the parameter's name (SINGA's deprecated ``update``), or under the
+        parameter itself when it has no name or another live parameter holds that name."""
+        key = param.name
+        if key is not None:
+            ref = self._owner.get(key)
+            owner = ref() if ref is not None else None
+            if owner is not None and owner is not param:
+                key = id(param)
+        self.apply(key, param, grad)
 
     def call(self, loss) -> None:
         """Back-propagate ``loss`` and update every parameter it reaches (no step)."""
@@ -366,6 +375,13 @@ class Optimizer:
                 st = self._state.setdefault(key, {})
                 st[slot] = arr.copy()
                 self._owner.pop(key, None)
+
+
+def _forget(opt_ref, key, st) -> None:
+    o = opt_ref()
+    if o is not None and o._state.get(key) is st:
+        del o._state[key]
+        o._owner.pop(key, None)
 
 
 def _host_device():
