@@ -58,8 +58,10 @@ def test_sonnx_model_counting_is_chosen_explicitly(monkeypatch):
     monkeypatch.delenv("WORKBENCH_LAST_LAYERS", raising=False)
     m = sonnx.SONNXModel(_chain(4))
     assert m.last_layers_counting == "workbench"
-    np.testing.assert_array_equal(m.run(x, last_layers=-1)[0], -np.maximum(x, 0) * 0 +
-                                  m.run(x)[0])
+    whole = np.ones((2, 3), np.float32)        # -relu(-relu(x)) + 1 with relu(-relu(x)) = 0
+    np.testing.assert_array_equal(m.run(x, last_layers=-1)[0], whole)
+    np.testing.assert_array_equal(m.run(x)[0], whole)
+    np.testing.assert_array_equal(m.run(x, last_layers=-5)[0], np.maximum(x, 0))
     s = sonnx.SONNXModel(_chain(4), last_layers_counting="singa")
     np.testing.assert_array_equal(s.run(x, last_layers=-1)[0], np.maximum(x, 0))  # first node
     np.testing.assert_array_equal(s.run(x)[0], m.run(x)[0])                      # default: all
