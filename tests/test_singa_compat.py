@@ -224,8 +224,9 @@ def test_device_graph_switches_and_ids():
     cpu = device.get_default_device()
     assert cpu.id() == -1 and cpu.lang() == "kCpp"
     cpu.EnableGraph(True)
-    assert cpu.graph_enabled()
     cpu.ResetGraph()
+    assert cpu.graph_enabled()
+    cpu.EnableGraph(False)
     assert not cpu.graph_enabled()
     cpu.Sync()
     assert device.create_cpu_device() is cpu

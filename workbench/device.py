@@ -97,8 +97,7 @@ class Device:
     def ResetGraph(self) -> None:  # noqa: N802 - SINGA's name
         """Forget what was buffered for graph mode: the recorded replays of every
         ``model.Model`` on this device are dropped (the next call records again), and the
-        time profile is cleared."""
-        self._graph_enabled = False
+        time profile is cleared. The ``EnableGraph`` flag is left as it is."""
         for fn in list(_GRAPH_RESET_HOOKS):
             fn(self)
         self.profile.reset()
