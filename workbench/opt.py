@@ -149,9 +149,9 @@ class Optimizer:
     #: SINGA's name of each internal slot in get_states()/set_states()
     _slot_names: dict = {}
 
-    def __init__(self, lr=0.1, *, init_scale: float = 2.0 ** 15, growth_interval: int = 1000,
-                 growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                 max_consecutive_skips: int = 30, dtype=None):
+    def __init__(self, lr=0.1, dtype=None, *, init_scale: float = 2.0 ** 15,
+                 growth_interval: int = 1000, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, max_consecutive_skips: int = 30):
         from workbench.tensor import Tensor  # noqa: PLC0415
         if lr is None:
             raise TypeError("Wrong learning rate type: None (give a number or an "
@@ -216,6 +216,10 @@ class Optimizer:
             g = param_value.device.put(g)
         st = self._state_of(self._key(param_value, param_name), param_value)
         self._apply(st, param_value.data, g, self.get_lr())
+
+    def _apply(self, st: dict, w, g, lr: float) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no update rule: use opt.SGD, "
+                                  f"Adam, AdamW, RMSProp or AdaGrad, or implement _apply")
 
     def update(self, param, grad) -> None:
         """Apply one update of ``param`` (a Tensor) with ``grad`` (Tensor or array); state
