@@ -95,9 +95,9 @@ class Device:
         return self._graph_enabled
 
     def ResetGraph(self) -> None:  # noqa: N802 - SINGA's name
-        """Forget what was buffered for graph mode: the recorded replays of every
-        ``model.Model`` on this device are dropped (the next call records again), and the
-        time profile is cleared. The ``EnableGraph`` flag is left as it is."""
+        """Forget what was buffered for graph mode: the recorded replays of the
+        ``model.Model``s are dropped (the next call records again; models are not tied to
+        one device, so all of them), and this device's time profile is cleared. The ``EnableGraph`` flag is left as it is."""
         for fn in list(_GRAPH_RESET_HOOKS):
             fn(self)
         self.profile.reset()
