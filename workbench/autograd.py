@@ -1542,16 +1542,26 @@ def _cross_entropy(y, t):
 
 
 def mse_loss(x, t):
-    """SINGA's MeanSquareError: the mean of ``(x - t)^2`` over all elements; shape (1,)."""
+    """SINGA's ``mse_loss``: the mean of ``(x - t)^2`` over all elements; shape (1,). The
+    target must have the prediction's shape (``MeanSquareError(t)(x)`` broadcasts it)."""
+    if tuple(getattr(t, "shape", np.shape(t))) != tuple(x.shape):
+        raise SingaShapeError(f"mse_loss: target shape {list(np.shape(t))} differs from the "
+                              f"prediction's {list(x.shape)}")
     return MeanSquareError(t)(x)[0]
 
 
 def _mse_loss(x, t):
+    """SINGA's ``MeanSquareError``: ``sum((x - t)^2) / x.size`` with ``t`` broadcast to x's
+    shape (SINGA subtracts with broadcasting)."""
     if not isinstance(t, Tensor):
         t = as_tensor(np.asarray(t, dtype=x.dtype), like=x)
-    if tuple(t.shape) != tuple(x.shape):
-        raise SingaShapeError(f"mse_loss: target shape {list(t.shape)} differs from the "
-                              f"prediction's {list(x.shape)}")
+    try:
+        shape = np.broadcast_shapes(tuple(t.shape), tuple(x.shape))
+    except ValueError:
+        shape = None
+    if shape != tuple(x.shape):
+        raise SingaShapeError(f"MeanSquareError: target shape {list(t.shape)} does not "
+                              f"broadcast to the prediction's {list(x.shape)}")
     d = x - t
     return _loss_shape(reduce_sum(d * d, None, 0) * (1.0 / builtins.max(x.size(), 1)))
 

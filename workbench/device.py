@@ -6,6 +6,8 @@ devices only when asked (``put``/``get``, ``Tensor.to_device``, ``tensor.to_nump
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from workbench.arrays import cupy_module, device_dtype_ok, is_array
@@ -44,8 +46,11 @@ class Device:
     def __init__(self, kind: str = "CPU", index: int = 0):
         self.kind = kind.upper()
         self.index = int(index)
-        self.id = -1 if self.kind == "CPU" else self.index
         self._peak_bytes = 0
+        self._graph_enabled = False
+        self._verbosity = 0
+        self._skip_iteration = 5
+        self.profile = TimeProfile()
 
     @property
     def is_cuda(self) -> bool:
@@ -67,9 +72,79 @@ class Device:
     def __hash__(self) -> int:
         return hash((self.kind, self.index))
 
-    # SINGA names
-    def id_(self) -> int:  # pragma: no cover - trivial alias
-        return self.id
+    # ------------------------------------------------------------------ SINGA's Device API
+    def id(self) -> int:  # noqa: A003 - SINGA's name
+        """SINGA's device id: -1 for the CPU, the GPU's index for CUDA."""
+        return -1 if self.kind == "CPU" else self.index
+
+    id_ = id
+
+    def lang(self) -> str:
+        """SINGA's language of the device: ``"kCpp"`` (CPU) or ``"kCuda"``."""
+        return "kCuda" if self.is_cuda else "kCpp"
+
+    def EnableGraph(self, enable: bool) -> None:  # noqa: N802 - SINGA's name
+        """SINGA's switch for buffering operations into a graph on this device.
+
+        Here graph mode belongs to a ``model.Model`` (``compile(..., use_graph=True)`` records
+        one forward and replays it): the flag is kept, reported by :meth:`graph_enabled`
+        and set by ``Model`` while it records; operations always run when called."""
+        self._graph_enabled = bool(enable)
+
+    def graph_enabled(self) -> bool:
+        return self._graph_enabled
+
+    def ResetGraph(self) -> None:  # noqa: N802 - SINGA's name
+        """Forget what was buffered for graph mode: the recorded replays of the
+        ``model.Model``s are dropped (the next call records again; models are not tied to
+        one device, so all of them), and this device's time profile is cleared. The ``EnableGraph`` flag is left as it is."""
+        for fn in list(_GRAPH_RESET_HOOKS):
+            fn(self)
+        self.profile.reset()
+
+    def RunGraph(self, sequential: bool = False) -> None:  # noqa: N802 - SINGA's name
+        """SINGA runs the buffered graph here; recorded replays run when the model is
+        called, in order, so this only waits for the device (:meth:`Sync`)."""
+        self.Sync()
+
+    def Sync(self) -> None:  # noqa: N802 - SINGA's name
+        """Wait until the work queued on this device is done (a no-op on the CPU)."""
+        self.synchronize()
+
+    def SetVerbosity(self, verbosity: int) -> None:  # noqa: N802 - SINGA's name
+        """Verbosity > 0 turns on the per-operator time profile (:meth:`PrintTimeProfiling`):
+        every plan run on this device (imported models, graph-mode replays, SingaRep) times
+        each node through the executor's per-node hook, after the first
+        ``SetSkipIteration`` runs (warm-up)."""
+        v = int(verbosity)
+        if v < 0:
+            raise DeviceError(f"SetVerbosity: verbosity must be >= 0, got {verbosity!r}")
+        self._verbosity = v
+
+    def verbosity(self) -> int:
+        return self._verbosity
+
+    def SetSkipIteration(self, n: int) -> None:  # noqa: N802 - SINGA's name
+        """Runs left out of the time profile at the start (warm-up; SINGA's default is 5)."""
+        n = int(n)
+        if n < 0:
+            raise DeviceError(f"SetSkipIteration: expected >= 0, got {n}")
+        self._skip_iteration = n
+
+    def profile_hook(self):
+        """The executor hook timing one run, or None when profiling is off (verbosity 0).
+        Callers pass it as ``Plan.execute(..., hook=...)``."""
+        if self._verbosity <= 0:
+            return None
+        return self.profile.run_hook(self, self._skip_iteration)
+
+    def PrintTimeProfiling(self, file=None) -> str:  # noqa: N802 - SINGA's name
+        """Print (and return) the per-operator time table collected since profiling was
+        turned on with ``SetVerbosity(1)``: for each node, its op type, how many runs were
+        timed, the mean and total time and its share of the total."""
+        text = self.profile.table(str(self))
+        print(text, file=file)
+        return text
 
     @property
     def rng(self) -> np.random.Generator:
@@ -165,6 +240,71 @@ class Device:
             cupy_module().cuda.Device(self.index).synchronize()
 
 
+#: callables(device) run by Device.ResetGraph (model.Model registers one that drops the
+#: recorded graph-mode replays of its instances)
+_GRAPH_RESET_HOOKS: list = []
+
+
+class TimeProfile:
+    """Per-node wall time of plan runs, measured by the executor's per-node hook: the time
+    from the previous node's end (or the run's start) to this node's end, per node name.
+    On a GPU the device is synchronized at each node so the time is the node's own."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.runs_seen = 0
+        self.runs_timed = 0
+        self._rows: dict = {}  # (node name, op type) -> [count, total seconds]
+
+    def run_hook(self, device: Device, skip: int):
+        self.runs_seen += 1
+        if self.runs_seen <= skip:
+            return None
+        self.runs_timed += 1
+        sync = device.synchronize if device.is_cuda else None
+        if sync is not None:
+            sync()
+        last = [time.perf_counter()]
+        rows = self._rows
+
+        def hook(node, outputs):
+            if sync is not None:
+                sync()
+            now = time.perf_counter()
+            key = (node.name, node.op_type)
+            r = rows.get(key)
+            if r is None:
+                r = rows[key] = [0, 0.0]
+            r[0] += 1
+            r[1] += now - last[0]
+            last[0] = now
+
+        return hook
+
+    def rows(self) -> list:
+        """[(node name, op type, count, total seconds)] in the order first seen."""
+        return [(n, op, c, t) for (n, op), (c, t) in self._rows.items()]
+
+    def table(self, where: str = "") -> str:
+        rows = self.rows()
+        if not rows:
+            return (f"Time profiling{' on ' + where if where else ''}: nothing timed yet "
+                    f"(runs seen: {self.runs_seen}); call SetVerbosity(1) on the device, then "
+                    f"run the model more than SetSkipIteration times")
+        total = sum(t for *_, t in rows) or 1e-12
+        w = max(12, max(len(n) for n, *_ in rows))
+        lines = [f"Time profiling{' on ' + where if where else ''}: {self.runs_timed} run(s) "
+                 f"timed, {len(rows)} node(s), {total * 1e3:.3f} ms in all",
+                 f"{'#':>4}  {'node':<{w}}  {'op':<18} {'runs':>6} {'mean ms':>10} "
+                 f"{'total ms':>10} {'share':>7}"]
+        for i, (n, op, c, t) in enumerate(rows):
+            lines.append(f"{i:>4}  {n:<{w}}  {op:<18} {c:>6} {t / c * 1e3:>10.4f} "
+                         f"{t * 1e3:>10.3f} {t / total:>7.1%}")
+        return "\n".join(lines)
+
+
 _CPU = Device("CPU")
 _default = _CPU
 
@@ -237,3 +377,82 @@ def supports(spec) -> bool:
     if s.startswith("CUDA"):
         return cuda_available()
     return False
+
+
+# --------------------------------------------------------------------------- SINGA's helpers
+def get_num_gpus() -> int:
+    """How many CUDA GPUs cupy sees (0 without cupy or a GPU)."""
+    cp = cupy_module()
+    if cp is None:
+        return 0
+    try:
+        return int(cp.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+def get_gpu_ids() -> list:
+    return list(range(get_num_gpus()))
+
+
+def get_gpu_mem_size(id: int) -> tuple:  # noqa: A002 - SINGA's parameter name
+    """``(free, total)`` bytes of GPU ``id`` (SINGA's ``GetGPUMemSize``)."""
+    dev = create_cuda_gpu(id)
+    cp = cupy_module()
+    with cp.cuda.Device(dev.index):
+        free, total = cp.cuda.runtime.memGetInfo()
+    return int(free), int(total)
+
+
+def device_query(id: int, verbose: bool = False) -> str:  # noqa: A002 - SINGA's name
+    """A description of GPU ``id``: name, compute capability and memory."""
+    dev = create_cuda_gpu(id)
+    cp = cupy_module()
+    props = cp.cuda.runtime.getDeviceProperties(dev.index)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    free, total = get_gpu_mem_size(id)
+    text = (f"CUDA:{dev.index} {name}, compute capability {props['major']}.{props['minor']}, "
+            f"{total / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free)")
+    if verbose:
+        text += (f", {props['multiProcessorCount']} multiprocessors, "
+                 f"{props['clockRate'] / 1e6:.2f} GHz")
+    return text
+
+
+def create_cpu_device() -> Device:
+    """SINGA's name for :func:`create_cpu`."""
+    return create_cpu()
+
+
+def create_cuda_gpus(num: int) -> list:
+    """The first ``num`` GPUs."""
+    n = get_num_gpus()
+    if num > n:
+        raise DeviceError(f"create_cuda_gpus({num}): this machine has {n} GPU(s)")
+    return [create_cuda_gpu(i) for i in range(num)]
+
+
+def create_cuda_gpus_on(device_ids) -> list:
+    return [create_cuda_gpu(i) for i in device_ids]
+
+
+def get_num_opencl_platforms() -> int:
+    """0: this engine has no OpenCL back end (CPU through numpy, CUDA through cupy)."""
+    return 0
+
+
+def get_num_opencl_devices() -> int:
+    return 0
+
+
+def create_opencl_device():
+    raise DeviceError("OpenCL devices are not supported: use device.create_cpu() or "
+                      "device.create_cuda_gpu() (CUDA through cupy)")
+
+
+def enable_lazy_alloc(enable: bool) -> None:
+    """SINGA's switch for allocating a tensor's memory on first write. Arrays here are
+    numpy/cupy arrays created when a value is computed, which is what the switch asks for,
+    so both settings behave the same; the argument is checked and otherwise unused."""
+    if not isinstance(enable, (bool, int)):
+        raise DeviceError(f"enable_lazy_alloc expects a bool, got {type(enable).__name__}")

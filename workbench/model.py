@@ -37,6 +37,7 @@ atomic rename and refuses to overwrite an existing file unless ``overwrite=True`
 from __future__ import annotations
 
 import os
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -47,7 +48,7 @@ from workbench import device as _device
 from workbench.errors import InputError, OverwriteError, ShapeError, WorkbenchError
 from workbench.files import write_atomic
 from workbench.graph import passes as _passes
-from workbench.graph.executor import Plan, Step, cut, layer_nodes, resolve_cut
+from workbench.graph.executor import COUNTINGS, Plan, Step, cut, layer_nodes, resolve_cut
 from workbench.graph.ir import Node, ValueInfo
 from workbench.graph.load import load
 from workbench.layer import Layer
@@ -55,6 +56,19 @@ from workbench.ops.registry import facts
 from workbench.tensor import Tensor, as_tensor
 
 _AUX = "__aux__/"
+
+#: every live Model, so that ``Device.ResetGraph`` can drop their recorded replays
+_MODELS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _reset_graphs(dev) -> None:
+    """Drop every model's recorded replays (a model on another device just records again)."""
+    for m in list(_MODELS):
+        if "_replays" in m.__dict__:
+            m._replays = {}
+
+
+_device._GRAPH_RESET_HOOKS.append(_reset_graphs)
 
 
 class Model(Layer):
@@ -68,6 +82,7 @@ class Model(Layer):
         self._replays = {}
         self.optimizer = None
         self.inference_only = False
+        _MODELS.add(self)
 
     # ------------------------------------------------------------------ SINGA API
     def set_optimizer(self, optimizer) -> None:
@@ -227,7 +242,8 @@ class Model(Layer):
         return write_atomic(fpath, lambda f: np.savez(f, **arrays), overwrite=overwrite)
 
     def load_states(self, fpath) -> dict:
-        """Read an .npz written by ``save_states``; returns the aux states ({name: array})."""
+        """Read an .npz written by ``save_states``; returns the aux states as SINGA does
+        (``{name: Tensor}``, on the host)."""
         with np.load(os.fspath(fpath), allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
         aux = {k[len(_AUX):]: v for k, v in data.items() if k.startswith(_AUX)}
@@ -239,7 +255,7 @@ class Model(Layer):
                              f"model, e.g. {missing[:5]}")
         self.set_states(states)
         self._replays = {}
-        return aux
+        return {k: Tensor(device=_device.create_cpu(), data=v) for k, v in aux.items()}
 
     # ------------------------------------------------------------------ export / cut
     def _example_inputs(self, inputs):
@@ -373,22 +389,72 @@ class _Replay:
         self.kind = type(out)
 
     def run(self, inputs):
-        outs = self.plan.execute(inputs, runner=self.runner)
+        dev = next((t.device for t in inputs), None)
+        hook = dev.profile_hook() if dev is not None else None
+        outs = self.plan.execute(inputs, runner=self.runner, hook=hook)
         if self.single:
             return outs[0]
         return self.kind(outs) if self.kind in (list, tuple) else outs
 
 
 # --------------------------------------------------------------------------- imported graphs
+def _coerce_input(name: str, t: Tensor, want: np.dtype, where: str) -> Tensor:
+    """``t`` converted to the integer dtype ``want`` when that loses nothing (a warning says
+    so), else an InputError naming the input, the dtypes and the first value that does not
+    fit."""
+    fix = f"convert it with .astype({want.name!r})"
+    if want.kind not in "iub" or t.dtype.kind not in "iubf":
+        raise InputError(f"{where}: input {name!r} expects dtype {want}, got {t.dtype}; {fix}")
+    a = t.numpy()
+    if want.kind == "b":
+        ok = np.isin(a, (0, 1))
+    else:
+        info = np.iinfo(want)
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(a) & (a == np.round(a)) & (a >= info.min) & (a <= info.max) \
+                if a.dtype.kind == "f" else (a >= info.min) & (a <= info.max)
+    if not bool(np.all(ok)):
+        bad = a[~ok].ravel()[0].item()
+        raise InputError(f"{where}: input {name!r} expects dtype {want}, got {t.dtype} with "
+                         f"a value that {want} cannot hold exactly ({bad!r}); {fix} after "
+                         f"checking the values")
+    import warnings  # noqa: PLC0415
+    warnings.warn(f"{where}: input {name!r} expects {want}, got {t.dtype}; its values are "
+                  f"exact in {want} and were converted (pass {want} to avoid the copy)",
+                  UserWarning, stacklevel=4)
+    return Tensor(device=t.device, data=t.device.put(a.astype(want)), name=t.name)
+
+
 def _is_float(a) -> bool:
     return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
 
 
 class SONNXModel(Model):
-    """An ONNX model as a trainable ``model.Model`` (SINGA's ``sonnx.SONNXModel``)."""
+    """An ONNX model as a trainable ``model.Model`` (SINGA's ``sonnx.SONNXModel``).
 
-    def __init__(self, onnx_model, device=None):
+    ``last_layers_counting`` says how an integer ``last_layers`` is counted
+    (``graph.executor.resolve_cut``): ``"workbench"`` (the default: -1 is the whole graph,
+    -k cuts after the k-th node from the end) or ``"singa"`` (SINGA's code: node index
+    ``(k+1) % N``, so -1 is the first node, -2 the whole graph, -3 drops the last node).
+    It comes from the constructor argument, else the class attribute, else the environment
+    variable ``WORKBENCH_LAST_LAYERS`` (``singa`` or ``workbench``): SINGA programs run
+    unchanged with ``WORKBENCH_LAST_LAYERS=singa``. Node or value names mean the same in
+    both.
+    """
+
+    #: None: taken from WORKBENCH_LAST_LAYERS (default "workbench")
+    last_layers_counting: str | None = None
+
+    def __init__(self, onnx_model, device=None, *, last_layers_counting: str | None = None):
         super().__init__()
+        counting = (last_layers_counting or type(self).last_layers_counting
+                    or os.environ.get("WORKBENCH_LAST_LAYERS") or "workbench")
+        counting = counting.strip().lower()
+        if counting not in COUNTINGS:
+            raise InputError(f"last_layers_counting must be one of {COUNTINGS}, got "
+                             f"{counting!r} (argument, class attribute or the environment "
+                             f"variable WORKBENCH_LAST_LAYERS)")
+        self.last_layers_counting = counting
         self._dev = _device.get_device(device)
         loaded = load(onnx_model)
         self._proto = loaded.proto
@@ -452,7 +518,7 @@ class SONNXModel(Model):
             t.requires_grad = True
         return self
 
-    def run(self, *inputs, last_layers=-1, aux_output=()) -> list:
+    def run(self, *inputs, last_layers=None, aux_output=()) -> list:
         """Numpy in, numpy out: the outputs (at ``last_layers``) without recording gradients.
 
         Runs the imported graph after the inference passes ``backend.prepare`` runs (constant
@@ -534,15 +600,17 @@ class SONNXModel(Model):
         if dev is not None and dev != self._dev:
             self.to_device(dev)
 
-    def _check_input(self, info, t, where="forward") -> None:
+    def _check_input(self, info, t, where="forward") -> Tensor:
         """dtype and rank always; fixed non-batch dimensions in forward (compile re-declares
-        the input shapes from its placeholders)."""
+        the input shapes from its placeholders). Returns the Tensor to use: integer or float
+        values given for an integer input (SINGA's programs feed int32/float32 token ids to
+        int64 inputs) are converted when every value is exactly representable, with a
+        warning; otherwise the dtype mismatch is an error."""
         if info.dtype:
             from workbench.arrays.dtypes import np_dtype_of_onnx
             want = np_dtype_of_onnx(info.dtype)
             if t.dtype != want and not (t.dtype.kind == want.kind == "f"):
-                raise InputError(f"{where}: input {info.name!r} expects dtype {want}, got "
-                                 f"{t.dtype}; convert it with .astype({want.name!r})")
+                t = _coerce_input(info.name, t, want, where)
         if info.shape is not None:
             if len(info.shape) != t.ndim():
                 raise ShapeError(f"{where}: input {info.name!r} expects rank "
@@ -553,16 +621,20 @@ class SONNXModel(Model):
                     raise ShapeError(f"{where}: input {info.name!r} expects shape "
                                      f"{list(info.shape)}, got {list(t.shape)} (dimension {d} "
                                      f"differs)")
+        return t
 
     def _outputs_for(self, last_layers, aux_output) -> tuple:
         try:
             key = (last_layers, tuple(aux_output))
             hash(key)
         except TypeError:
-            return tuple(resolve_cut(self.onnx_graph, last_layers) + list(aux_output))
+            return tuple(resolve_cut(self.onnx_graph, last_layers, self.last_layers_counting)
+                         + list(aux_output))
+        key = key + (self.last_layers_counting,)
         cache = self.__dict__.setdefault("_cut_cache", {})
         if key not in cache or cache[key][0] is not self.onnx_graph:
-            outs = tuple(resolve_cut(self.onnx_graph, last_layers) + list(aux_output))
+            outs = tuple(resolve_cut(self.onnx_graph, last_layers, self.last_layers_counting)
+                         + list(aux_output))
             cache[key] = (self.onnx_graph, outs)
         return cache[key][1]
 
@@ -596,9 +668,10 @@ class SONNXModel(Model):
         return _passes.optimize(g, variables=variables)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, *x, last_layers=-1, aux_output=()):
+    def forward(self, *x, last_layers=None, aux_output=()):
         """Run the graph on Tensors (or arrays); returns the list of output Tensors (the
-        outputs at ``last_layers``, then the ``aux_output`` values).
+        outputs at ``last_layers`` - None, the default, is the whole graph in either
+        counting - then the ``aux_output`` values).
 
         The graph runs as written, each node recorded (for gradients, and for ``to_onnx``,
         which exports what was recorded); :meth:`run` runs the optimized inference graph."""
@@ -616,8 +689,7 @@ class SONNXModel(Model):
             if t.device != self._dev:
                 raise InputError(f"input {info.name!r} lives on {t.device} but the model on "
                                  f"{self._dev}; move it with Tensor.to_device")
-            self._check_input(info, t)
-            xs.append(t)
+            xs.append(self._check_input(info, t))
         if self.inference_only:
             with autograd.no_grad():
                 return self._run(tp, xs)
@@ -625,12 +697,15 @@ class SONNXModel(Model):
 
     def _run(self, tp: tuple, xs: list) -> list:
         plan, runner = tp
-        return plan.execute(xs, runner=runner, values=self._weights)
+        return plan.execute(xs, runner=runner, values=self._weights,
+                            hook=self._dev.profile_hook())
 
     # ------------------------------------------------------------------ cut
     def cut(self, last_layers, inputs=None) -> SONNXModel:
         """A NEW SONNXModel holding only the nodes the outputs at ``last_layers`` need, with
         a copy of the current weights (appended layers are not part of it)."""
+        if isinstance(last_layers, (int, np.integer)) and not isinstance(last_layers, bool):
+            last_layers = resolve_cut(self.onnx_graph, last_layers, self.last_layers_counting)
         g = cut(self.onnx_graph, last_layers, name=self.onnx_graph.name,
                 initializers={k: np.array(t.numpy(), copy=True)
                               for k, t in self._weights.items()})
@@ -642,7 +717,8 @@ class SONNXModel(Model):
             if not vi.type.tensor_type.elem_type:
                 self._type_outputs(proto)
                 break
-        return SONNXModel(proto, device=self._dev)
+        return SONNXModel(proto, device=self._dev,
+                          last_layers_counting=self.last_layers_counting)
 
     def _value_info(self, name: str) -> ValueInfo:
         v = self.onnx_graph.value(name)

@@ -41,18 +41,49 @@ class DistributedOnlyError(WorkbenchError, NotImplementedError):
 
 
 # --------------------------------------------------------------------------- schedules
+def _step_number(step) -> float:
+    """The step as a number, from an int/float or SINGA's step Tensor of shape (1,)."""
+    from workbench.tensor import Tensor  # noqa: PLC0415
+    if isinstance(step, Tensor):
+        a = step.numpy().reshape(-1)
+        if a.size != 1:
+            raise WorkbenchError(f"a scheduler takes the step counter (one value), got a "
+                                 f"Tensor of shape {list(step.shape)}")
+        return float(a[0])
+    return float(step)
+
+
 class DecayScheduler:
-    """Learning rate as a function of the step counter (SINGA's ``opt.DecayScheduler``)."""
+    """A value (learning rate, momentum, weight decay...) as a function of the step counter
+    (SINGA's ``opt.DecayScheduler``).
+
+    Called with a number it returns a float; called with a Tensor (SINGA's step counter,
+    shape (1,)) it returns a float32 Tensor of shape (1,) on the step's device, as SINGA's do.
+    Subclasses implement ``value(step: float) -> float``.
+    """
 
     def __init__(self, init_value: float):
         self.init_value = float(init_value)
 
-    def __call__(self, step: int) -> float:
-        raise NotImplementedError
+    def __call__(self, step):
+        from workbench.tensor import Tensor  # noqa: PLC0415
+        v = float(self.value(_step_number(step)))
+        if isinstance(step, Tensor):
+            return Tensor(device=step.device, data=np.array([v], np.float32))
+        return v
+
+    def call(self, step):
+        """SINGA's name for ``__call__`` on a step Tensor."""
+        return self(step)
+
+    def value(self, step: float) -> float:
+        raise NotImplementedError(f"{type(self).__name__}.value is not implemented")
 
 
 class Constant(DecayScheduler):
-    def __call__(self, step: int) -> float:
+    """Always ``init_value``."""
+
+    def value(self, step: float) -> float:
         return self.init_value
 
 
@@ -62,25 +93,76 @@ class ExponentialDecay(DecayScheduler):
     def __init__(self, init_value: float, decay_steps: int, decay_rate: float,
                  staircase: bool = False):
         super().__init__(init_value)
+        if not decay_steps or float(decay_steps) <= 0:
+            raise WorkbenchError(f"ExponentialDecay: decay_steps must be > 0, got "
+                                 f"{decay_steps!r}")
         self.decay_steps, self.decay_rate, self.staircase = decay_steps, decay_rate, staircase
 
-    def __call__(self, step: int) -> float:
+    def value(self, step: float) -> float:
         e = step / self.decay_steps
         if self.staircase:
             e = math.floor(e)
         return self.init_value * self.decay_rate ** e
 
 
+def _hyper(value, what: str, *, minimum: float | None = 0.0):
+    """A hyper-parameter as given: a number (checked) or a DecayScheduler (or any callable of
+    the step, our extension)."""
+    if isinstance(value, DecayScheduler) or (callable(value) and not isinstance(value, type)):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"Wrong {what} type: {type(value).__name__} (give a number or an "
+                        f"opt.DecayScheduler such as opt.ExponentialDecay)")
+    v = float(value)
+    if minimum is not None and (v < minimum or math.isnan(v)):
+        raise ValueError(f"Invalid {what} value: {value}")
+    return v
+
+
+def _now(value, step: float) -> float:
+    if isinstance(value, DecayScheduler):
+        return float(value.value(step))
+    return float(value(step)) if callable(value) else float(value)
+
+
+def _init_of(value) -> float:
+    """A hyper-parameter's value at step 0 (a scheduler's ``init_value``)."""
+    if isinstance(value, DecayScheduler):
+        return value.init_value
+    return float(value(0)) if callable(value) else float(value)
+
+
 # --------------------------------------------------------------------------- base class
 class Optimizer:
-    """Base class: subclasses implement ``_apply(state, w, g, lr)`` updating ``w`` in place."""
+    """Base class: subclasses implement ``_apply(state, w, g, lr)`` updating ``w`` in place.
 
-    def __init__(self, lr=0.1, *, init_scale: float = 2.0 ** 15, growth_interval: int = 1000,
-                 growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                 max_consecutive_skips: int = 30):
-        self.lr = lr
-        self.step_counter = 0
-        self._state = weakref.WeakKeyDictionary()
+    SINGA's interface: ``lr`` is a number or a ``DecayScheduler``; ``step_counter`` is a float32
+    Tensor of shape (1,) (SINGA's; :attr:`steps` gives it as an int) and ``lr_value`` a Tensor
+    of shape (1,) holding the current learning rate, refreshed by :meth:`step`;
+    ``apply(name, param, grad)`` updates one parameter in place; ``opt(loss)`` (or
+    ``backward_and_update(loss)``) back-propagates and updates every parameter, then steps;
+    ``get_states()``/``set_states()`` hold the step counter and the per-parameter slots keyed
+    by parameter name, as SINGA keeps them (``moments`` for SGD, ``m``/``v`` for Adam,
+    ``running_average`` for RMSProp, ``history`` for AdaGrad; dicts of Tensors).
+    """
+
+    #: SINGA's name of each internal slot in get_states()/set_states()
+    _slot_names: dict = {}
+
+    def __init__(self, lr=0.1, dtype=None, *, init_scale: float = 2.0 ** 15,
+                 growth_interval: int = 1000, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, max_consecutive_skips: int = 30):
+        from workbench.tensor import Tensor  # noqa: PLC0415
+        if lr is None:
+            raise TypeError("Wrong learning rate type: None (give a number or an "
+                            "opt.DecayScheduler)")
+        self.lr = _hyper(lr, "learning rate")
+        self.dtype = np.dtype(dtype) if dtype is not None else np.dtype(np.float32)
+        self.step_counter = Tensor(device=_host_device(), data=np.zeros(1, np.float32))
+        self.lr_value = Tensor(device=_host_device(),
+                               data=np.array([_now(self.lr, 0)], np.float32))
+        self._state: dict = {}      # key (name, or id of an unnamed parameter) -> {slot: array}
+        self._owner: dict = {}      # key -> weakref of the parameter the state belongs to
         self._master = weakref.WeakKeyDictionary()
         self.loss_scale = float(init_scale)
         self.growth_interval = int(growth_interval)
@@ -92,23 +174,79 @@ class Optimizer:
         self.skipped_steps = 0
 
     # ------------------------------------------------------------------ SINGA API
+    @property
+    def steps(self) -> int:
+        """The step counter as an int (``step_counter`` is SINGA's Tensor of shape (1,))."""
+        return int(self.step_counter.numpy().reshape(-1)[0])
+
     def get_lr(self) -> float:
-        return float(self.lr(self.step_counter)) if callable(self.lr) else float(self.lr)
+        return _now(self.lr, self.steps)
+
+    def _state_of(self, key, param) -> dict:
+        """The slots kept under ``key`` for ``param``; fresh when the key is new or its
+        parameter no longer exists or changed shape (a rebuilt model reusing the names)."""
+        st = self._state.get(key)
+        ref = self._owner.get(key)
+        owner = ref() if ref is not None else None
+        stale = ref is not None and (owner is None or tuple(owner.shape) != tuple(param.shape))
+        if st is None or stale or any(tuple(getattr(a, "shape", ())) != tuple(param.shape)
+                                      for a in st.values()):
+            st = self._state[key] = {}
+            if isinstance(key, int):  # keyed by id: forget the slots with the parameter
+                weakref.finalize(param, _forget, weakref.ref(self), key, st)
+        self._owner[key] = weakref.ref(param)
+        return st
+
+    @staticmethod
+    def _key(param, name=None):
+        if name is not None:
+            return name
+        return param.name if param.name is not None else id(param)
+
+    def apply(self, param_name, param_value, param_grad) -> None:
+        """Update ``param_value`` (a Tensor, in place) with ``param_grad`` (Tensor or array)
+        at the current learning rate; the optimizer's slots for it are kept under
+        ``param_name`` (SINGA's ``Optimizer.apply``; ``None`` keys by the parameter)."""
+        from workbench.tensor import Tensor  # noqa: PLC0415
+        g = param_grad.data if isinstance(param_grad, Tensor) else param_grad
+        if tuple(g.shape) != tuple(param_value.shape):
+            raise WorkbenchError(f"apply: the gradient of {param_name!r} has shape "
+                                 f"{list(g.shape)}, the parameter {list(param_value.shape)}")
+        if param_value.device.xp is not np and not hasattr(g, "device"):
+            g = param_value.device.put(g)
+        st = self._state_of(self._key(param_value, param_name), param_value)
+        self._apply(st, param_value.data, g, self.get_lr())
+
+    def _apply(self, st: dict, w, g, lr: float) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no update rule: use opt.SGD, "
+                                  f"Adam, AdamW, RMSProp or AdaGrad, or implement _apply")
 
     def update(self, param, grad) -> None:
-        """Apply one update of ``param`` (a Tensor) with ``grad`` (Tensor or array)."""
-        from workbench.tensor import Tensor
-        g = grad.data if isinstance(grad, Tensor) else grad
-        st = self._state.get(param)
-        if st is None:
-            st = self._state[param] = {}
-        self._apply(st, param.data, g, self.get_lr())
+        """Apply one update of ``param`` (a Tensor) with ``grad`` (Tensor or array); state
+        is kept under the parameter's name (SINGA's deprecated ``update``), or under the
+        parameter itself when it has no name or another live parameter holds that name."""
+        key = param.name
+        if key is not None:
+            ref = self._owner.get(key)
+            owner = ref() if ref is not None else None
+            if owner is not None and owner is not param:
+                key = id(param)
+        self.apply(key, param, grad)
+
+    def call(self, loss) -> None:
+        """Back-propagate ``loss`` and update every parameter it reaches (no step)."""
+        self._check_loss(loss)
+        for p, g in self._params_of(loss):
+            self.update(p, g)
 
     def step(self) -> None:
-        self.step_counter += 1
+        """Count one step and refresh ``lr_value`` (and the scheduled hyper-parameters)."""
+        self.step_counter.data += 1
+        self.lr_value.data[...] = self.get_lr()
 
     def __call__(self, loss) -> None:
-        self.backward_and_update(loss)
+        self.call(loss)
+        self.step()
 
     def _check_loss(self, loss) -> None:
         xp = loss.device.xp
@@ -116,7 +254,7 @@ class Optimizer:
             v = loss.numpy()
             shown = v.item() if v.size == 1 else f"{int((~np.isfinite(v)).sum())} non-finite"
             raise WorkbenchError(
-                f"the loss is {shown} at optimizer step {self.step_counter}: training diverged "
+                f"the loss is {shown} at optimizer step {self.steps}: training diverged "
                 f"(try a lower learning rate, check the inputs for NaN/Inf, or use gradient "
                 f"clipping); no update was applied")
 
@@ -130,10 +268,9 @@ class Optimizer:
         return pairs
 
     def backward_and_update(self, loss, threshold=None) -> None:
-        """Back-propagate ``loss`` and update every parameter it reaches."""
-        self._check_loss(loss)
-        for p, g in self._params_of(loss):
-            self.update(p, g)
+        """Back-propagate ``loss``, update every parameter it reaches, then :meth:`step`
+        (SINGA's ``opt(loss)``)."""
+        self.call(loss)
         self.step()
 
     def backward_and_update_half(self, loss, clipping: bool = False,
@@ -166,9 +303,7 @@ class Optimizer:
             master = self._master.get(p)
             if master is None or master.shape != p.data.shape:
                 master = self._master[p] = p.data.astype(np.float32)
-            st = self._state.get(p)
-            if st is None:
-                st = self._state[p] = {}
+            st = self._state_of(self._key(p), p)
             self._apply(st, master, g32, lr)
             p.data[...] = master.astype(p.dtype)
         self._skips_in_a_row = 0
@@ -186,7 +321,7 @@ class Optimizer:
         if self._skips_in_a_row > self.max_consecutive_skips:
             raise WorkbenchError(
                 f"mixed precision: {self._skips_in_a_row} steps in a row skipped at optimizer "
-                f"step {self.step_counter} ({why}; loss scale now {self.loss_scale:g}): the "
+                f"step {self.steps} ({why}; loss scale now {self.loss_scale:g}): the "
                 f"training diverged or float16 cannot represent it; lower the learning rate or "
                 f"train in float32")
         self.loss_scale *= self.backoff_factor
@@ -206,27 +341,56 @@ class Optimizer:
             "use backward_and_update(loss)")
 
     # ------------------------------------------------------------------ checkpoints
-    def get_states(self, params: dict | None = None) -> dict:
-        """Optimizer state as arrays: ``{"step_counter": ..., "<param name>/<slot>": ...}``;
-        ``params`` ({name: Tensor}, e.g. ``model.get_params()``) names the slots."""
-        out = {"step_counter": np.asarray(self.step_counter),
-               "loss_scale": np.asarray(self.loss_scale)}
-        for name, p in (params or {}).items():
-            for slot, a in self._state.get(p, {}).items():
-                out[f"{name}/{slot}"] = np.asarray(a) if isinstance(a, np.ndarray) else \
-                    p.device.get(a)
+    def get_states(self) -> dict:
+        """SINGA's optimizer states: ``{"step_counter": float, <slot>: {name: Tensor}}`` with
+        each slot (``moments``, ``m``/``v``, ``running_average``, ``history``) keyed by
+        parameter name (copies), plus ``loss_scale`` (mixed precision; ours)."""
+        from workbench.tensor import Tensor  # noqa: PLC0415
+        out = {"step_counter": self.step_counter.numpy().reshape(-1)[0],
+               "loss_scale": self.loss_scale}
+        for slot, singa_name in self._slot_names.items():
+            d = {}
+            for key, st in self._state.items():
+                if slot in st:
+                    ref = self._owner.get(key)
+                    owner = ref() if ref is not None else None
+                    dev = owner.device if owner is not None else None
+                    d[key] = Tensor(device=dev, data=st[slot])
+            out[singa_name] = d
         return out
 
-    def set_states(self, states: dict, params: dict | None = None) -> None:
-        self.step_counter = int(states.get("step_counter", 0))
+    def set_states(self, states: dict) -> None:
+        """Restore what :meth:`get_states` returned (SINGA's form; values may be Tensors or
+        arrays). Slots are matched to parameters by name at their next update."""
+        from workbench.tensor import Tensor  # noqa: PLC0415
+        if "step_counter" not in states:
+            raise WorkbenchError(f"set_states: no 'step_counter' in the states (keys "
+                                 f"{sorted(map(str, states))[:10]})")
+        sc = states["step_counter"]
+        sc = sc.numpy() if isinstance(sc, Tensor) else np.asarray(sc)
+        self.step_counter = Tensor(device=_host_device(),
+                                   data=np.asarray(sc, np.float32).reshape(1))
+        self.lr_value = Tensor(device=_host_device(),
+                               data=np.array([self.get_lr()], np.float32))
         self.loss_scale = float(states.get("loss_scale", self.loss_scale))
-        for name, p in (params or {}).items():
-            st = {}
-            for k, v in states.items():
-                if k.startswith(name + "/"):
-                    st[k[len(name) + 1:]] = p.device.put(np.asarray(v))
-            if st:
-                self._state[p] = st
+        for slot, singa_name in self._slot_names.items():
+            for key, v in (states.get(singa_name) or {}).items():
+                arr = v.data if isinstance(v, Tensor) else np.asarray(v)
+                st = self._state.setdefault(key, {})
+                st[slot] = arr.copy()
+                self._owner.pop(key, None)
+
+
+def _forget(opt_ref, key, st) -> None:
+    o = opt_ref()
+    if o is not None and o._state.get(key) is st:
+        del o._state[key]
+        o._owner.pop(key, None)
+
+
+def _host_device():
+    from workbench import device  # noqa: PLC0415
+    return device.create_cpu()
 
 
 # --------------------------------------------------------------------------- optimizers
@@ -241,74 +405,87 @@ def _fused_gpu(w, g) -> bool:
 
 
 class SGD(Optimizer):
-    """Stochastic gradient descent with momentum / Nesterov / dampening / L2 weight decay."""
+    """Stochastic gradient descent with momentum / Nesterov / dampening / L2 weight decay.
 
-    def __init__(self, lr=0.1, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, dtype=None, **kw):
-        super().__init__(lr, **kw)
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise WorkbenchError("SGD: Nesterov momentum needs momentum > 0 and dampening 0")
-        if lr is None or (not callable(lr) and float(lr) < 0):
-            raise WorkbenchError(f"SGD: invalid learning rate {lr!r}")
-        self.momentum, self.dampening = float(momentum), float(dampening)
-        self.weight_decay, self.nesterov = float(weight_decay), bool(nesterov)
+    ``momentum``, ``dampening`` and ``weight_decay`` may be numbers or DecaySchedulers (as
+    SINGA's). The momentum buffer starts at the first gradient (PyTorch; SINGA starts it at
+    zero, which differs only when ``dampening`` is not 0)."""
+
+    _slot_names = {"momentum": "moments"}
+
+    def __init__(self, lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0,
+                 nesterov: bool = False, dtype=None, **kw):
+        super().__init__(lr, dtype=dtype, **kw)
+        self.momentum = _hyper(momentum, "momentum")
+        self.dampening = _hyper(dampening, "dampening", minimum=None)
+        self.weight_decay = _hyper(weight_decay, "weight_decay")
+        self.nesterov = bool(nesterov)
+        if nesterov and (_init_of(self.momentum) <= 0 or _init_of(self.dampening) != 0):
+            raise ValueError("SGD: Nesterov momentum needs momentum > 0 and dampening 0")
 
     def _apply(self, st, w, g, lr):
+        step = self.steps
+        mom, damp = _now(self.momentum, step), _now(self.dampening, step)
+        wd = _now(self.weight_decay, step)
+        use_mom = _init_of(self.momentum) != 0
         if _fused_gpu(w, g):  # one CUDA kernel per parameter
             from workbench.arrays.cuda.elementwise import sgd_step  # noqa: PLC0415
             buf = st.get("momentum")
             first = buf is None
-            if self.momentum and first:
+            if use_mom and first:
                 buf = st["momentum"] = w.copy()
-            sgd_step(w, g, buf if self.momentum else None, lr=lr, momentum=self.momentum,
-                     dampening=self.dampening, weight_decay=self.weight_decay,
-                     nesterov=self.nesterov, first=first)
+            sgd_step(w, g, buf if use_mom else None, lr=lr, momentum=mom,
+                     dampening=damp, weight_decay=wd, nesterov=self.nesterov, first=first)
             return
         t = w.dtype.type
-        if self.weight_decay:
-            g = g + w * t(self.weight_decay)
-        if self.momentum:
+        if wd:
+            g = g + w * t(wd)
+        if use_mom:
             buf = st.get("momentum")
             if buf is None:
                 buf = st["momentum"] = g.copy()
             else:
-                buf *= t(self.momentum)
-                buf += g * t(1.0 - self.dampening) if self.dampening else g
-            g = g + buf * t(self.momentum) if self.nesterov else buf
+                buf *= t(mom)
+                buf += g * t(1.0 - damp) if damp else g
+            g = g + buf * t(mom) if self.nesterov else buf
         w -= g * t(lr)
 
 
 class Adam(Optimizer):
-    """Adam (Kingma & Ba) with optional L2 ``weight_decay`` added to the gradient."""
+    """Adam (Kingma & Ba) with optional L2 ``weight_decay`` added to the gradient; the bias
+    corrections use the optimizer's step (``step_counter + 1``), as SINGA's."""
 
     decoupled = False
+    _slot_names = {"m": "m", "v": "v"}
 
-    def __init__(self, lr=0.001, beta_1: float = 0.9, beta_2: float = 0.999,
-                 epsilon: float = 1e-8, weight_decay: float = 0.0, dtype=None, **kw):
-        super().__init__(lr, **kw)
-        self.beta_1, self.beta_2 = float(beta_1), float(beta_2)
-        self.epsilon, self.weight_decay = float(epsilon), float(weight_decay)
+    def __init__(self, lr=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+                 weight_decay=0.0, dtype=None, **kw):
+        super().__init__(lr, dtype=dtype, **kw)
+        self.beta_1, self.beta_2 = _hyper(beta_1, "beta_1"), _hyper(beta_2, "beta_2")
+        self.epsilon = _hyper(epsilon, "epsilon")
+        self.weight_decay = _hyper(weight_decay, "weight_decay")
 
     def _apply(self, st, w, g, lr):
+        step = self.steps
+        b1, b2 = _now(self.beta_1, step), _now(self.beta_2, step)
+        eps, wd = _now(self.epsilon, step), _now(self.weight_decay, step)
         xp_t = w.dtype.type
-        if self.weight_decay and not self.decoupled:
-            g = g + w * xp_t(self.weight_decay)
+        if wd and not self.decoupled:
+            g = g + w * xp_t(wd)
         m, v = st.get("m"), st.get("v")
         if m is None:
             m = st["m"] = g * 0
             v = st["v"] = g * 0
-            st["t"] = 0
-        st["t"] += 1
-        t = st["t"]
-        m *= xp_t(self.beta_1)
-        m += g * xp_t(1 - self.beta_1)
-        v *= xp_t(self.beta_2)
-        v += g * g * xp_t(1 - self.beta_2)
-        c1 = 1 - self.beta_1 ** t
-        c2 = 1 - self.beta_2 ** t
-        if self.decoupled and self.weight_decay:
-            w *= xp_t(1 - lr * self.weight_decay)
-        denom = (v * xp_t(1.0 / c2)) ** 0.5 + xp_t(self.epsilon)
+        t = step + 1
+        m *= xp_t(b1)
+        m += g * xp_t(1 - b1)
+        v *= xp_t(b2)
+        v += g * g * xp_t(1 - b2)
+        c1 = 1 - b1 ** t
+        c2 = 1 - b2 ** t
+        if self.decoupled and wd:
+            w *= xp_t(1 - lr * wd)
+        denom = (v * xp_t(1.0 / c2)) ** 0.5 + xp_t(eps)
         w -= (m / denom) * xp_t(lr / c1)
 
 
@@ -317,45 +494,58 @@ class AdamW(Adam):
 
     decoupled = True
 
-    def __init__(self, lr=0.001, beta_1: float = 0.9, beta_2: float = 0.999,
-                 epsilon: float = 1e-8, weight_decay: float = 0.01, **kw):
+    def __init__(self, lr=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+                 weight_decay=0.01, **kw):
         super().__init__(lr, beta_1, beta_2, epsilon, weight_decay, **kw)
 
 
 class RMSProp(Optimizer):
-    def __init__(self, lr=0.1, rho: float = 0.9, epsilon: float = 1e-8,
-                 weight_decay: float = 0.0, dtype=None, **kw):
-        super().__init__(lr, **kw)
-        self.rho, self.epsilon, self.weight_decay = float(rho), float(epsilon), float(
-            weight_decay)
+    """RMSProp: ``acc = rho*acc + (1-rho)*g^2``, ``w -= lr * g / (sqrt(acc) + epsilon)``
+    (SINGA adds epsilon inside the square root; the two differ by far less than epsilon)."""
+
+    _slot_names = {"acc": "running_average"}
+
+    def __init__(self, lr=0.1, rho=0.9, epsilon=1e-8, weight_decay=0.0, dtype=None, **kw):
+        super().__init__(lr, dtype=dtype, **kw)
+        self.rho, self.epsilon = _hyper(rho, "rho"), _hyper(epsilon, "epsilon")
+        self.weight_decay = _hyper(weight_decay, "weight_decay")
 
     def _apply(self, st, w, g, lr):
+        step = self.steps
+        rho, eps, wd = (_now(self.rho, step), _now(self.epsilon, step),
+                        _now(self.weight_decay, step))
         t = w.dtype.type
-        if self.weight_decay:
-            g = g + w * t(self.weight_decay)
+        if wd:
+            g = g + w * t(wd)
         acc = st.get("acc")
         if acc is None:
             acc = st["acc"] = g * 0
-        acc *= t(self.rho)
-        acc += g * g * t(1 - self.rho)
-        w -= g / (acc ** 0.5 + t(self.epsilon)) * t(lr)
+        acc *= t(rho)
+        acc += g * g * t(1 - rho)
+        w -= g / (acc ** 0.5 + t(eps)) * t(lr)
 
 
 class AdaGrad(Optimizer):
-    def __init__(self, lr=0.1, epsilon: float = 1e-8, weight_decay: float = 0.0, dtype=None,
-                 **kw):
-        super().__init__(lr, **kw)
-        self.epsilon, self.weight_decay = float(epsilon), float(weight_decay)
+    """AdaGrad: ``acc += g^2``, ``w -= lr * g / (sqrt(acc) + epsilon)``."""
+
+    _slot_names = {"acc": "history"}
+
+    def __init__(self, lr=0.1, epsilon=1e-8, weight_decay=0.0, dtype=None, **kw):
+        super().__init__(lr, dtype=dtype, **kw)
+        self.epsilon = _hyper(epsilon, "epsilon")
+        self.weight_decay = _hyper(weight_decay, "weight_decay")
 
     def _apply(self, st, w, g, lr):
+        step = self.steps
+        eps, wd = _now(self.epsilon, step), _now(self.weight_decay, step)
         t = w.dtype.type
-        if self.weight_decay:
-            g = g + w * t(self.weight_decay)
+        if wd:
+            g = g + w * t(wd)
         acc = st.get("acc")
         if acc is None:
             acc = st["acc"] = g * 0
         acc += g * g
-        w -= g / (acc ** 0.5 + t(self.epsilon)) * t(lr)
+        w -= g / (acc ** 0.5 + t(eps)) * t(lr)
 
 
 # --------------------------------------------------------------------------- distributed
@@ -578,7 +768,7 @@ class DistOpt:
         """Backward pass; gradients made contiguous, writable and unshared (they are reduced
         in place); the first step checks that the ranks agree on the parameters."""
         pairs = self.opt._params_of(loss)
-        self.communicator.step = self.opt.step_counter
+        self.communicator.step = self.opt.steps
         seen = set()
         for _, g in pairs:
             a = g.data

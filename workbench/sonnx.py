@@ -16,13 +16,27 @@ file), except BatchNormalization's running mean/variance, which are states (buff
 initializers used only as settings (Dropout's ratio, Clip's bounds, Resize's scales...), which
 are constants like the non-float ones. ``imported_params()`` / ``freeze_imported()`` address
 the imported weights apart from appended layers.
-``forward(*x, last_layers=-1, aux_output=())`` runs the
+``forward(*x, last_layers=None, aux_output=())`` runs the
 graph's Plan on Tensors - every node through ``autograd`` - and returns a list of Tensors.
 
-``last_layers`` follows the SINGA page: -1 keeps the whole graph, -k cuts after the k-th layer
-from the end (all but the last k-1 nodes, counted in topological order without Constant
-nodes); a node or value name is the robust choice. ``aux_output`` adds named values to the
-returned list.
+``last_layers`` (default None: the whole graph) follows the SINGA page by default: -1 keeps
+the whole graph, -k cuts after the k-th layer from the end (all but the last k-1 nodes,
+counted in topological order without Constant nodes); a node or value name is the robust
+choice. ``aux_output`` adds named values to the returned list.
+
+Two countings of an integer ``last_layers`` (``graph.executor.resolve_cut``):
+
+* ``"workbench"`` - the page's rule above: the default of ``SONNXModel``, ``Model.cut``,
+  ``wb.load(...)``, the LayerCutter widget and ``workbench.backend``;
+* ``"singa"`` - what SINGA's code does (``SingaRep.run``: node index ``(k+1) % N``, so -1 is
+  the *first* node, -2 the whole graph, -3 drops the last node). SINGA's own entry points
+  :func:`prepare`, :class:`SingaBackend` and :class:`SingaRep` always count this way, so
+  SINGA's tests get it with only the import changed. A ``SONNXModel`` counts this way when
+  built with ``last_layers_counting="singa"``, when a subclass sets the class attribute
+  ``last_layers_counting = "singa"``, or when the environment variable
+  ``WORKBENCH_LAST_LAYERS=singa`` is set - the way to run SINGA's programs (e.g.
+  ``examples/onnx/training/train.py``, which cuts ResNet-18 at -3 to get Flatten's [N, 512])
+  unchanged.
 
 In training mode (``model.train()``) BatchNormalization uses the batch statistics and updates
 the running ones, and Dropout drops; in eval mode both are the inference forms.
@@ -32,14 +46,17 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx.backend.base import Backend
 
 from workbench import autograd
 from workbench import device as _device
+from workbench.errors import InputError
 from workbench.graph.export import to_onnx as _to_onnx
 from workbench.model import SONNXModel
 from workbench.tensor import Tensor
 
-__all__ = ["SONNXModel", "SingaRep", "SingaBackend", "prepare", "to_onnx", "to_onnx_model"]
+__all__ = ["SONNXModel", "SingaRep", "SingaBackend", "prepare", "run_node", "to_onnx",
+           "to_onnx_model", "save", "load"]
 
 
 def to_onnx(inputs, outputs, *, input_names=None, output_names=None, dynamic_axes=None,
@@ -87,35 +104,223 @@ to_onnx_model = to_onnx
 
 
 # --------------------------------------------------------------------------- backend API
+#: SINGA's operator for each ONNX op its backend imports (SINGA's
+#: ``SingaBackend._rename_operators``: ONNX op type -> the ``autograd`` operator class name,
+#: or ``layer.<Layer>``). A fact about SINGA's API; :class:`SingaBackend` keeps the entries
+#: whose op has a kernel in this engine's registry.
+_SINGA_OPERATORS = {
+    "Relu": "ReLU", "Sigmoid": "Sigmoid", "Add": "Add", "MatMul": "Matmul", "Sum": "Sum",
+    "Cos": "Cos", "Cosh": "Cosh", "Sin": "Sin", "Sinh": "Sinh", "Tan": "Tan", "Tanh": "Tanh",
+    "Acos": "Acos", "Acosh": "Acosh", "Asin": "Asin", "Asinh": "Asinh", "Atan": "Atan",
+    "Atanh": "Atanh", "Equal": "Equal", "Less": "Less", "Sign": "Sign", "Div": "Div",
+    "Sub": "Sub", "Sqrt": "Sqrt", "Log": "Log", "Greater": "Greater", "Identity": "Identity",
+    "Softplus": "SoftPlus", "Softsign": "SoftSign", "Mean": "Mean", "Pow": "Pow",
+    "PRelu": "PRelu", "Mul": "Mul", "Max": "Max", "Min": "Min", "Shape": "Shape",
+    "And": "And", "Or": "Or", "Xor": "Xor", "Not": "Not", "Neg": "Negative",
+    "Reciprocal": "Reciprocal", "Unsqueeze": "Unsqueeze", "NonZero": "NonZero",
+    "Ceil": "Ceil", "Floor": "Floor", "Abs": "Abs",
+    "ScatterElements": "ScatterElements", "Cast": "Cast", "Split": "Split",
+    "Squeeze": "Squeeze", "GlobalAveragePool": "GlobalAveragePool",
+    "LeakyRelu": "LeakyRelu", "ReduceSum": "ReduceSum", "ReduceMean": "ReduceMean",
+    "Dropout": "Dropout", "ConstantOfShape": "ConstantOfShape", "Transpose": "Transpose",
+    "HardSigmoid": "HardSigmoid", "Elu": "Elu", "Selu": "SeLU", "Concat": "Concat",
+    "Softmax": "SoftMax", "Flatten": "Flatten", "OneHot": "OneHot", "Tile": "Tile",
+    "Gather": "Gather", "Reshape": "Reshape", "Slice": "Slice", "Clip": "Clip",
+    "Expand": "Expand", "Pad": "Pad", "Upsample": "UpSample",
+    "DepthToSpace": "DepthToSpace", "SpaceToDepth": "SpaceToDepth", "Where": "Where",
+    "Erf": "Erf",
+    "Gemm": "layer.Gemm", "BatchNormalization": "layer.BatchNorm2d", "Conv": "layer.Conv2d",
+    "MaxPool": "layer.Pooling2d", "AveragePool": "layer.Pooling2d",
+}
+
+
+def _supported_singa_operators() -> dict:
+    from workbench.ops.registry import has_kernel  # noqa: PLC0415
+    return {op: name for op, name in _SINGA_OPERATORS.items() if has_kernel(op)}
+
+
+def _to_numpy(v):
+    """An output as numpy: Tensors converted, sequences as lists, optionals' None kept."""
+    if v is None:
+        return None
+    if isinstance(v, (list, tuple)):
+        return [_to_numpy(x) for x in v]
+    if isinstance(v, Tensor):
+        if v.data is None or isinstance(v.data, (list, tuple, dict)):
+            return _to_numpy(v.data)
+        return v.numpy()
+    if isinstance(v, dict):
+        return v
+    return _device.create_cpu().get(v) if not isinstance(v, np.ndarray) else v
+
+
 class SingaRep:
-    """A prepared model (SINGA's ``SingaRep``): ``run(inputs, last_layers=-1, aux_output=())``
-    returns a list of outputs - numpy arrays for array inputs, Tensors for Tensor inputs."""
+    """A prepared model (SINGA's ``SingaRep``, from :func:`prepare`).
+
+    ``run(inputs, last_layers=..., aux_output=())`` returns a list of outputs: numpy arrays
+    for numpy inputs, Tensors for Tensor inputs or when ``is_graph`` is set (as SINGA's
+    ``sg_ir.is_graph = True``). Sequence outputs come back as lists and an empty optional
+    as None. With Tensor inputs the run records the tape, so a loss computed from its
+    outputs back-propagates into the model's weights (re-training through a prepared
+    model); with numpy inputs nothing is recorded.
+
+    ``last_layers`` is counted as SINGA's code counts it (the ``"singa"`` counting of
+    ``graph.executor.resolve_cut``): the default runs the whole graph, -1 is the *first*
+    node's output, -2 the whole graph, -3 everything but the last node, L >= 0 node L. This
+    is SINGA's entry point, so SINGA's programs and tests get SINGA's counting; the
+    workbench's own entry points (``workbench.backend``, ``wb.load``, ``Model.cut``, a
+    ``SONNXModel`` by default) count -1 as the whole graph and -k as "cut after the k-th
+    node from the end". A node or value name means the same in both.
+
+    Integer inputs given as int32 or float32 (SINGA's programs feed token ids that way) are
+    converted to the model's int64 when every value is exact, with a warning; otherwise an
+    error names the input.
+    """
 
     def __init__(self, model: SONNXModel):
         self.model = model
         self.model.eval()
+        self.is_graph = False
+        self.dev = model._dev
+        self.has_initialized = True
+        self.inputs = list(model.onnx_graph.inputs)
+        self.outputs = list(model.onnx_graph.outputs)
+        self.states = model._weights
 
-    def run(self, inputs, last_layers=-1, aux_output=(), **kwargs) -> list:
-        if isinstance(inputs, (np.ndarray, Tensor)):
+    @property
+    def layers(self) -> list:
+        """SINGA's ``(node, operator)`` pairs, in the order ``last_layers`` counts them:
+        ``node`` is the graph's node (``name``, ``op_type``, ``inputs``, ``outputs``,
+        ``attrs``), ``operator`` runs that node alone on Tensors (its weights are the
+        model's), recording the tape."""
+        from workbench.graph.executor import layer_nodes  # noqa: PLC0415
+        ops = self.__dict__.setdefault("_operators", {})
+        out = []
+        for n in layer_nodes(self.model.onnx_graph):
+            op = ops.get(id(n))
+            if op is None or op.node is not n:
+                op = ops[id(n)] = NodeOperator(self.model, n)
+            out.append(_Layer(n, op))
+        return out
+
+    def run(self, inputs, last_layers=None, aux_output=(), **kwargs) -> list:
+        if kwargs:
+            raise TypeError(f"SingaRep.run: unexpected argument(s) {sorted(kwargs)}")
+        if isinstance(inputs, (np.ndarray, Tensor)) or np.isscalar(inputs):
             inputs = [inputs]
         if isinstance(inputs, dict):
+            missing = [n for n in self.model.input_names if n not in inputs]
+            if missing:
+                raise InputError(f"SingaRep.run: no value for input(s) {missing}")
             inputs = [inputs[n] for n in self.model.input_names]
-        as_arrays = not any(isinstance(x, Tensor) for x in inputs)
+        inputs = list(inputs)
+        as_arrays = not self.is_graph and not any(isinstance(x, Tensor) for x in inputs)
         dev = self.model._dev
-        xs = [x if isinstance(x, Tensor) else Tensor(device=dev, data=np.asarray(x))
+        xs = [x if isinstance(x, Tensor) else _input_tensor(x, dev) for x in inputs]
+        if last_layers is None:
+            outputs = self.model.output_names
+        else:
+            from workbench.graph.executor import resolve_cut  # noqa: PLC0415
+            outputs = resolve_cut(self.model.onnx_graph, last_layers, "singa")
+        if as_arrays:
+            with autograd.no_grad():
+                outs = self.model.forward(*xs, last_layers=outputs, aux_output=aux_output)
+            return [_to_numpy(o) for o in outs]
+        outs = self.model.forward(*xs, last_layers=outputs, aux_output=aux_output)
+        return [_unwrap(o) for o in outs]
+
+
+def _input_tensor(x, dev) -> Tensor:
+    """An input value as a Tensor: arrays copied onto ``dev``; a sequence (list) and an empty
+    optional (None) are held as they are, for the sequence/optional ops."""
+    if x is None or isinstance(x, (list, tuple)):
+        data = None if x is None else [dev.put(np.asarray(
+            e.numpy() if isinstance(e, Tensor) else e)) for e in x]
+        return Tensor._make(data, dev, False, None, 0, None)
+    return Tensor(device=dev, data=np.asarray(x))
+
+
+def _unwrap(t):
+    """A Tensor output as SINGA returns it; a sequence value (a Tensor holding a list) as a
+    list of Tensors and an empty optional as None (these are not differentiable)."""
+    if isinstance(t, Tensor) and (t.data is None or isinstance(t.data, (list, tuple))):
+        if t.data is None:
+            return None
+        return [x if isinstance(x, Tensor) else Tensor(device=t.device, data=x)
+                for x in t.data]
+    return t
+
+
+class _Layer(tuple):
+    """``(node, operator)`` as SINGA's ``operator_tuple``."""
+
+    def __new__(cls, node, operator):
+        return super().__new__(cls, (node, operator))
+
+    node = property(lambda self: self[0])
+    operator = property(lambda self: self[1])
+
+
+class NodeOperator:
+    """One node of an imported model as a callable on Tensors (SINGA's per-node operator in
+    ``SingaRep.layers``): ``op(*inputs)`` takes the node's non-weight inputs in order and
+    returns its output Tensor (a tuple when it has several), recorded on the tape; weights
+    are the model's parameters, so gradients reach them."""
+
+    def __init__(self, model: SONNXModel, node):
+        self.model, self.node = model, node
+        self.name, self.op_type = node.name, node.op_type
+        self._plans: dict = {}
+
+    def __repr__(self) -> str:
+        return f"NodeOperator({self.op_type} {self.name!r})"
+
+    def _plan(self):
+        from workbench.graph.executor import Plan  # noqa: PLC0415
+        from workbench.graph.ir import Graph, ValueInfo  # noqa: PLC0415
+        m = self.model
+        key = m.training
+        plan = self._plans.get(key)
+        if plan is None:
+            names = [i for i in self.node.inputs if i]
+            feeds = [i for i in names if i not in m._weights]
+            g = Graph(f"{self.name}_alone", [self.node], [ValueInfo(n) for n in feeds],
+                      [ValueInfo(o) for o in self.node.outputs if o],
+                      {k: m._weights[k].data for k in names if k in m._weights}, {},
+                      dict(m.onnx_graph.opsets))
+            plan = self._plans[key] = (Plan(g, training=m.training, check_inputs=False,
+                                            device=m._dev, move_initializers=False), feeds)
+        return plan
+
+    def __call__(self, *inputs):
+        plan, feeds = self._plan()
+        if len(inputs) != len(feeds):
+            raise InputError(f"{self.op_type} node {self.name!r} takes {len(feeds)} input(s) "
+                             f"{feeds} (its weights come from the model), got {len(inputs)}")
+        m = self.model
+        xs = [x if isinstance(x, Tensor) else Tensor(device=m._dev, data=np.asarray(x))
               for x in inputs]
-        with autograd.no_grad():
-            outs = self.model.forward(*xs, last_layers=last_layers, aux_output=aux_output)
-        return [o.numpy() for o in outs] if as_arrays else outs
+        outs = plan.execute(xs, runner=autograd.TapeRunner(m._dev, m.training),
+                            values=m._weights)
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def prepare(model, device="CPU", **kwargs) -> SingaRep:
-    """Load ``model`` (ModelProto, path or bytes) for ``device`` (a Device or "CPU"/"CUDA")."""
-    return SingaRep(SONNXModel(model, device=device))
+    """Load ``model`` (ModelProto, path or bytes) for ``device`` (a Device or "CPU"/"CUDA")
+    as SINGA's ``sonnx.prepare`` does: a :class:`SingaRep` (SINGA's ``last_layers``
+    counting)."""
+    return SingaRep(SONNXModel(model, device=device, last_layers_counting="singa"))
 
 
-class SingaBackend:
-    """SINGA's backend class names, over :func:`prepare` and ``workbench.backend``."""
+class SingaBackend(Backend):
+    """SINGA's backend class (``onnx.backend.base.Backend``): ``prepare`` gives a
+    :class:`SingaRep`; ``run_node`` runs one node through the op registry.
+
+    ``_rename_operators`` is SINGA's map of ONNX op -> SINGA operator (``autograd`` class
+    name, or ``layer.<Layer>``), limited to the ops this engine has kernels for; SINGA's
+    ``test_onnx_backend.py`` picks its conformance cases from its keys."""
+
+    _rename_operators = _supported_singa_operators()
 
     @classmethod
     def prepare(cls, model, device="CPU", **kwargs) -> SingaRep:
@@ -123,13 +328,22 @@ class SingaBackend:
 
     @classmethod
     def run_model(cls, model, inputs, device="CPU", **kwargs):
-        return prepare(model, device).run(inputs)
+        return prepare(model, device).run(inputs, **kwargs)
 
     @classmethod
-    def run_node(cls, node, inputs, device="CPU", opset_version=None, **kwargs):
-        from workbench import backend
-        return backend.run_node(node, inputs, device, opset_version=opset_version)
+    def run_node(cls, node, inputs, device="CPU", outputs_info=None, **kwargs):
+        from workbench import backend  # noqa: PLC0415
+        return backend.run_node(node, inputs, device, **kwargs)
 
     @classmethod
     def supports_device(cls, device) -> bool:
         return _device.supports(device)
+
+    @classmethod
+    def is_compatible(cls, model, device="CPU", **kwargs) -> bool:
+        return cls.supports_device(device)
+
+
+run_node = SingaBackend.run_node
+save = onnx.save
+load = onnx.load

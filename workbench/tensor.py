@@ -71,7 +71,10 @@ def from_numpy(np_array, device=None) -> Tensor:
 
 
 def to_numpy(t: Tensor) -> np.ndarray:
-    return t.numpy()
+    """A numpy copy of ``t``'s values (SINGA's: later in-place updates of ``t`` do not show
+    in it; ``t.numpy()`` is a view for CPU tensors)."""
+    a = t.numpy()
+    return a.copy() if isinstance(t.data, np.ndarray) else a
 
 
 def to_host(t: Tensor) -> Tensor:

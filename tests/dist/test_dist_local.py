@@ -65,7 +65,7 @@ def test_world_size_1_is_the_plain_optimizer():
         m2(x, y)
     for k, p in m2.get_params().items():
         np.testing.assert_array_equal(m1.get_params()[k].numpy(), p.numpy())
-    assert d.step_counter == 3 and d.get_lr() == 0.01   # the wrapped optimizer's attributes
+    assert d.steps == 3 and d.get_lr() == 0.01   # the wrapped optimizer's attributes
 
 
 @pytest.mark.parametrize("how", ["half", "partial", "sparse"])

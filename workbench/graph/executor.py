@@ -118,23 +118,48 @@ def layer_nodes(graph: Graph) -> list[Node]:
     return [n for n in topological_order(graph) if n.op_type != "Constant"]
 
 
-def resolve_cut(graph: Graph, last_layers) -> list[str]:
+#: the two ways of counting an integer ``last_layers`` (see :func:`resolve_cut`)
+COUNTINGS = ("workbench", "singa")
+
+
+def resolve_cut(graph: Graph, last_layers, counting: str = "workbench") -> list[str]:
     """Output names for a cut at ``last_layers``.
 
-    -1 keeps the whole graph (its outputs); -k keeps all but the last k-1 layers and returns the
-    outputs of the last kept node (SINGA's documented meaning, counted in topological order
-    without Constant nodes). A string names a node (its outputs) or a value.
+    ``counting="workbench"`` (the default, DESIGN 2.2 and SINGA's documentation page): -1
+    keeps the whole graph (its outputs); -k keeps all but the last k-1 layers and returns the
+    outputs of the last kept node, counted in topological order without Constant nodes.
+
+    ``counting="singa"`` (what SINGA's code does, ``SingaRep.run``): with N such nodes, an
+    integer L >= 0 is the index of the last node run and a negative L the index
+    ``(L + 1) % N``; index N-1 means the whole graph (its outputs), any other index that
+    node's outputs. So -1 is the *first* node, -2 the whole graph, -3 drops the last node.
+
+    A string names a node (its outputs) or a value; a list gathers several cuts.
     """
+    if counting not in COUNTINGS:
+        raise InputError(f"counting must be one of {COUNTINGS}, got {counting!r}")
     if last_layers is None:
         return [v.name for v in graph.outputs]
     if isinstance(last_layers, (list, tuple)):
         out = []
         for x in last_layers:
-            out.extend(resolve_cut(graph, x))
+            out.extend(resolve_cut(graph, x, counting))
         return out
     if isinstance(last_layers, (int, np.integer)) and not isinstance(last_layers, bool):
         k = int(last_layers)
         nodes = layer_nodes(graph)
+        if counting == "singa":
+            n = len(nodes)
+            if n == 0:
+                return [v.name for v in graph.outputs]
+            if k >= n:
+                raise InputError(f"last_layers={k} is past the last node (SINGA counting: "
+                                 f"0 ... {n - 1} or a negative number; the graph has {n} "
+                                 f"nodes besides Constants)")
+            idx = k if k >= 0 else (k + 1) % n
+            if idx == n - 1:
+                return [v.name for v in graph.outputs]
+            return [o for o in nodes[idx].outputs if o]
         if k >= 0:
             raise InputError(
                 f"last_layers={k} is not valid: use -1 to keep the whole graph, -k to cut off "

@@ -210,11 +210,14 @@ class _ResNet18(layer.Layer):
         return self.fc(self.flat(self.gap(self.blocks(self.pool(self.stem(x))))))
 
 
-def resnet18(seed: int = SEED) -> onnx.ModelProto:
+def resnet18(seed: int = SEED, *, features: int = 64) -> onnx.ModelProto:
     """ResNet-18 twin: data [N,3,224,224] -> resnetv15_dense0_fwd [N,1000]
-    (GlobalAveragePool -> Flatten -> Gemm tail, so ``last_layers=-3`` gives the features)."""
+    (GlobalAveragePool -> Flatten -> Gemm tail, so SINGA's ``last_layers=-3`` gives the
+    features). ``features``: the width of the last stage (the real model's is 512, which
+    SINGA's transfer-learning example expects; 64 keeps the twin small)."""
     tensor.seed(seed)
-    return _export(_ResNet18(), [_image((1, 3, 224, 224))], ["data"], ["resnetv15_dense0_fwd"],
+    return _export(_ResNet18(widths=(8, 16, 32, int(features))), [_image((1, 3, 224, 224))],
+                   ["data"], ["resnetv15_dense0_fwd"],
                    {"data": {0: "N"}, "resnetv15_dense0_fwd": {0: "N"}}, "resnet18")
 
 
