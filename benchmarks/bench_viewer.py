@@ -50,8 +50,8 @@ def main() -> None:
           f"{len(text) / 1e6:.2f} MB JSON, {data['folded']:,} folded")
     html = Path(tempfile.mkdtemp()) / "bench.html"
     html.write_text(page_html(), encoding="utf-8")
-    res = {"json_parse_ms": [], "first_paint_ms": [], "fit_ms": [], "open_group_ms": [], "frame_med_ms": [],
-           "frame_p95_ms": []}
+    res = {"json_parse_ms": [], "first_paint_ms": [], "fit_ms": [], "open_group_ms": [],
+           "frame_med_ms": [], "frame_p95_ms": []}
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=jupyter.CHROMIUM, headless=True,
                                args=jupyter.CHROME_ARGS)

@@ -41,7 +41,7 @@ def main() -> None:
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     xt, yt = torch.from_numpy(xtr), torch.from_numpy(ytr)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=60 * 22)
-    for epoch in range(60):
+    for _epoch in range(60):
         model.train()
         perm = torch.randperm(len(xt))
         for i in range(0, len(xt), 64):

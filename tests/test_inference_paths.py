@@ -9,10 +9,9 @@ import pytest
 from onnx import numpy_helper
 
 import workbench as wb
-from workbench import autograd, opt
-from workbench import backend
-from workbench.tensor import Tensor
 from tests.test_sonnx_snippets import digits_batch, small_cnn_proto
+from workbench import autograd, backend, opt
+from workbench.tensor import Tensor
 
 
 def _with_weights(model, proto: onnx.ModelProto) -> onnx.ModelProto:

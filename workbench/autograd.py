@@ -2125,6 +2125,8 @@ class Operator:
     """
 
     _ids = itertools.count()
+    #: the ONNX op SINGA's backend imports as this operator (None: none)
+    onnx_op: str | None = None
 
     def __init__(self, name=None):
         self.name = name if name is not None else f"{type(self).__name__}#{next(Operator._ids)}"
@@ -2177,8 +2179,10 @@ class Operator:
 
 
 def _operator(name: str, fn: Callable, params: tuple = (), defaults: dict | None = None,
-              doc: str = "") -> type:
-    """An :class:`Operator` subclass ``name(*params)`` whose call is ``fn(self, *inputs)``."""
+              doc: str = "", onnx_op: str | None = None) -> type:
+    """An :class:`Operator` subclass ``name(*params)`` whose call is ``fn(self, *inputs)``;
+    ``onnx_op``: the ONNX op SINGA's backend imports as this operator (SINGA's
+    ``SingaBackend._rename_operators`` is made from these)."""
     defaults = defaults or {}
 
     def __init__(self, *args, **kwargs):
@@ -2204,118 +2208,143 @@ def _operator(name: str, fn: Callable, params: tuple = (), defaults: dict | None
 
     sig = ", ".join(p + (f"={defaults[p]!r}" if p in defaults else "") for p in params)
     return type(name, (Operator,), {
-        "__init__": __init__, "_do": lambda self, *xs: fn(self, *xs),
+        "__init__": __init__, "_do": lambda self, *xs: fn(self, *xs), "onnx_op": onnx_op,
         "__doc__": f"SINGA's ``{name}({sig})`` operator. {doc}".strip(),
         "__module__": __name__})
 
 
 # element-wise, one input
-ReLU = _operator("ReLU", lambda s, x: relu(x))
-Sigmoid = _operator("Sigmoid", lambda s, x: sigmoid(x))
-Tanh = _operator("Tanh", lambda s, x: tanh(x))
-Identity = _operator("Identity", lambda s, x: identity(x))
-Abs = _operator("Abs", lambda s, x: abs(x))
+ReLU = _operator("ReLU", lambda s, x: relu(x), onnx_op="Relu")
+Sigmoid = _operator("Sigmoid", lambda s, x: sigmoid(x), onnx_op="Sigmoid")
+Tanh = _operator("Tanh", lambda s, x: tanh(x), onnx_op="Tanh")
+Identity = _operator("Identity", lambda s, x: identity(x), onnx_op="Identity")
+Abs = _operator("Abs", lambda s, x: abs(x), onnx_op="Abs")
 Exp = _operator("Exp", lambda s, x: exp(x))
-Log = _operator("Log", lambda s, x: log(x))
-Sqrt = _operator("Sqrt", lambda s, x: sqrt(x))
-Sign = _operator("Sign", lambda s, x: sign(x))
-Negative = _operator("Negative", lambda s, x: negative(x))
-Reciprocal = _operator("Reciprocal", lambda s, x: reciprocal(x))
-SoftSign = _operator("SoftSign", lambda s, x: softsign(x))
-SoftPlus = _operator("SoftPlus", lambda s, x: softplus(x))
-Erf = _operator("Erf", lambda s, x: erf(x))
-Ceil = _operator("Ceil", lambda s, x: ceil(x))
-Floor = _operator("Floor", lambda s, x: floor(x))
+Log = _operator("Log", lambda s, x: log(x), onnx_op="Log")
+Sqrt = _operator("Sqrt", lambda s, x: sqrt(x), onnx_op="Sqrt")
+Sign = _operator("Sign", lambda s, x: sign(x), onnx_op="Sign")
+Negative = _operator("Negative", lambda s, x: negative(x), onnx_op="Neg")
+Reciprocal = _operator("Reciprocal", lambda s, x: reciprocal(x), onnx_op="Reciprocal")
+SoftSign = _operator("SoftSign", lambda s, x: softsign(x), onnx_op="Softsign")
+SoftPlus = _operator("SoftPlus", lambda s, x: softplus(x), onnx_op="Softplus")
+Erf = _operator("Erf", lambda s, x: erf(x), onnx_op="Erf")
+Ceil = _operator("Ceil", lambda s, x: ceil(x), onnx_op="Ceil")
+Floor = _operator("Floor", lambda s, x: floor(x), onnx_op="Floor")
 Round = _operator("Round", lambda s, x: _round(x), doc="Half away from zero.")
 Rounde = _operator("Rounde", lambda s, x: rounde(x), doc="Half to even.")
-Cos = _operator("Cos", lambda s, x: cos(x))
-Cosh = _operator("Cosh", lambda s, x: cosh(x))
-Sin = _operator("Sin", lambda s, x: sin(x))
-Sinh = _operator("Sinh", lambda s, x: sinh(x))
-Tan = _operator("Tan", lambda s, x: tan(x))
-Acos = _operator("Acos", lambda s, x: acos(x))
-Acosh = _operator("Acosh", lambda s, x: acosh(x))
-Asin = _operator("Asin", lambda s, x: asin(x))
-Asinh = _operator("Asinh", lambda s, x: asinh(x))
-Atan = _operator("Atan", lambda s, x: atan(x))
-Atanh = _operator("Atanh", lambda s, x: atanh(x))
-Not = _operator("Not", lambda s, x: _not(x))
-NonZero = _operator("NonZero", lambda s, x: nonzero(x))
-LeakyRelu = _operator("LeakyRelu", lambda s, x: leakyrelu(x, s.a), ("a",), {"a": 0.01})
-Elu = _operator("Elu", lambda s, x: elu(x, s.alpha), ("alpha",), {"alpha": 1.0})
+Cos = _operator("Cos", lambda s, x: cos(x), onnx_op="Cos")
+Cosh = _operator("Cosh", lambda s, x: cosh(x), onnx_op="Cosh")
+Sin = _operator("Sin", lambda s, x: sin(x), onnx_op="Sin")
+Sinh = _operator("Sinh", lambda s, x: sinh(x), onnx_op="Sinh")
+Tan = _operator("Tan", lambda s, x: tan(x), onnx_op="Tan")
+Acos = _operator("Acos", lambda s, x: acos(x), onnx_op="Acos")
+Acosh = _operator("Acosh", lambda s, x: acosh(x), onnx_op="Acosh")
+Asin = _operator("Asin", lambda s, x: asin(x), onnx_op="Asin")
+Asinh = _operator("Asinh", lambda s, x: asinh(x), onnx_op="Asinh")
+Atan = _operator("Atan", lambda s, x: atan(x), onnx_op="Atan")
+Atanh = _operator("Atanh", lambda s, x: atanh(x), onnx_op="Atanh")
+Not = _operator("Not", lambda s, x: _not(x), onnx_op="Not")
+NonZero = _operator("NonZero", lambda s, x: nonzero(x), onnx_op="NonZero")
+LeakyRelu = _operator("LeakyRelu", lambda s, x: leakyrelu(x, s.a), ("a",), {"a": 0.01},
+                      onnx_op="LeakyRelu")
+Elu = _operator("Elu", lambda s, x: elu(x, s.alpha), ("alpha",), {"alpha": 1.0}, onnx_op="Elu")
 SeLU = _operator("SeLU", lambda s, x: selu(x, s.alpha, s.gamma), ("alpha", "gamma"),
-                 {"alpha": 1.67326, "gamma": 1.0507})
+                 {"alpha": 1.67326, "gamma": 1.0507},
+                 onnx_op="Selu")
 HardSigmoid = _operator("HardSigmoid", lambda s, x: hardsigmoid(x, s.alpha, s.gamma),
-                        ("alpha", "gamma"), {"alpha": 0.2, "gamma": 0.5})
-SoftMax = _operator("SoftMax", lambda s, x: softmax(x, s.axis), ("axis",), {"axis": 1})
+                        ("alpha", "gamma"), {"alpha": 0.2, "gamma": 0.5},
+                        onnx_op="HardSigmoid")
+SoftMax = _operator("SoftMax", lambda s, x: softmax(x, s.axis), ("axis",), {"axis": 1},
+                    onnx_op="Softmax")
 Clip = _operator("Clip", lambda s, x: clip(x, s.min, s.max), ("min", "max"),
-                 {"min": None, "max": None})
-Cast = _operator("Cast", lambda s, x: cast(x, s.to), ("to",))
+                 {"min": None, "max": None},
+                 onnx_op="Clip")
+Cast = _operator("Cast", lambda s, x: cast(x, s.to), ("to",), onnx_op="Cast")
 # element-wise, several inputs
-Add = _operator("Add", lambda s, a, b: add(a, b))
-Sub = _operator("Sub", lambda s, a, b: sub(a, b))
-Mul = _operator("Mul", lambda s, a, b: mul(a, b))
-Div = _operator("Div", lambda s, a, b: div(a, b))
-Pow = _operator("Pow", lambda s, a, b: pow(a, b))
-Less = _operator("Less", lambda s, a, b: less(a, b))
-Greater = _operator("Greater", lambda s, a, b: greater(a, b))
-Equal = _operator("Equal", lambda s, a, b: equal(a, b))
-And = _operator("And", lambda s, a, b: _and(a, b))
-Or = _operator("Or", lambda s, a, b: _or(a, b))
-Xor = _operator("Xor", lambda s, a, b: _xor(a, b))
-PRelu = _operator("PRelu", lambda s, x, slope: _prelu(x, slope))
-Sum = _operator("Sum", lambda s, *xs: sum(*xs))
-Mean = _operator("Mean", lambda s, *xs: mean(*xs))
-Max = _operator("Max", lambda s, *xs: max(*xs))
-Min = _operator("Min", lambda s, *xs: min(*xs))
+Add = _operator("Add", lambda s, a, b: add(a, b), onnx_op="Add")
+Sub = _operator("Sub", lambda s, a, b: sub(a, b), onnx_op="Sub")
+Mul = _operator("Mul", lambda s, a, b: mul(a, b), onnx_op="Mul")
+Div = _operator("Div", lambda s, a, b: div(a, b), onnx_op="Div")
+Pow = _operator("Pow", lambda s, a, b: pow(a, b), onnx_op="Pow")
+Less = _operator("Less", lambda s, a, b: less(a, b), onnx_op="Less")
+Greater = _operator("Greater", lambda s, a, b: greater(a, b), onnx_op="Greater")
+Equal = _operator("Equal", lambda s, a, b: equal(a, b), onnx_op="Equal")
+And = _operator("And", lambda s, a, b: _and(a, b), onnx_op="And")
+Or = _operator("Or", lambda s, a, b: _or(a, b), onnx_op="Or")
+Xor = _operator("Xor", lambda s, a, b: _xor(a, b), onnx_op="Xor")
+PRelu = _operator("PRelu", lambda s, x, slope: _prelu(x, slope), onnx_op="PRelu")
+Sum = _operator("Sum", lambda s, *xs: sum(*xs), onnx_op="Sum")
+Mean = _operator("Mean", lambda s, *xs: mean(*xs), onnx_op="Mean")
+Max = _operator("Max", lambda s, *xs: max(*xs), onnx_op="Max")
+Min = _operator("Min", lambda s, *xs: min(*xs), onnx_op="Min")
 Where = _operator("Where", lambda s, x, y: where(x, y, s.condition), ("condition",),
-                  doc="``Where(condition)(x, y)``: ``condition ? x : y``.")
+                  doc="``Where(condition)(x, y)``: ``condition ? x : y``.",
+                  onnx_op="Where")
 # linear algebra
-Matmul = _operator("Matmul", lambda s, x, w: matmul(x, w))
+Matmul = _operator("Matmul", lambda s, x, w: matmul(x, w), onnx_op="MatMul")
 Gemm = _operator("Gemm", lambda s, a, b, c=None: gemm(a, b, c, s.alpha, s.beta, s.transA,
                                                        s.transB),
                  ("alpha", "beta", "transA", "transB"),
                  {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0})
 AddBias = _operator("AddBias", lambda s, x, b: add_bias(x, b, s.axis), ("axis",), {"axis": 0})
 # shape
-Reshape = _operator("Reshape", lambda s, x: reshape(x, s.shape), ("shape",))
-Flatten = _operator("Flatten", lambda s, x: flatten(x, s.axis), ("axis",), {"axis": 1})
-Transpose = _operator("Transpose", lambda s, x: transpose(x, s.perm), ("perm",))
-Squeeze = _operator("Squeeze", lambda s, x: squeeze(x, s.axis), ("axis",), {"axis": []})
-Unsqueeze = _operator("Unsqueeze", lambda s, x: unsqueeze(x, s.axis), ("axis",))
-Concat = _operator("Concat", lambda s, *xs: cat(xs, s.axis), ("axis",), {"axis": 0})
+Reshape = _operator("Reshape", lambda s, x: reshape(x, s.shape), ("shape",), onnx_op="Reshape")
+Flatten = _operator("Flatten", lambda s, x: flatten(x, s.axis), ("axis",), {"axis": 1},
+                    onnx_op="Flatten")
+Transpose = _operator("Transpose", lambda s, x: transpose(x, s.perm), ("perm",),
+                      onnx_op="Transpose")
+Squeeze = _operator("Squeeze", lambda s, x: squeeze(x, s.axis), ("axis",), {"axis": []},
+                    onnx_op="Squeeze")
+Unsqueeze = _operator("Unsqueeze", lambda s, x: unsqueeze(x, s.axis), ("axis",),
+                      onnx_op="Unsqueeze")
+Concat = _operator("Concat", lambda s, *xs: cat(xs, s.axis), ("axis",), {"axis": 0},
+                   onnx_op="Concat")
 Slice = _operator("Slice", lambda s, x: slice(x, s.starts, s.ends, s.axes, s.steps),
-                  ("starts", "ends", "axes", "steps"), {"axes": None, "steps": None})
+                  ("starts", "ends", "axes", "steps"), {"axes": None, "steps": None},
+                  onnx_op="Slice")
 Split = _operator("Split", lambda s, x: tuple(split(x, s.axis, s.parts, s.num_output)),
-                  ("axis", "parts", "num_output"), {"num_output": None})
-Gather = _operator("Gather", lambda s, x: gather(x, s.axis, s.indices), ("axis", "indices"))
-Tile = _operator("Tile", lambda s, x: _tile(x, s.repeats), ("repeats",))
-Expand = _operator("Expand", lambda s, x: expand(x, s.shape), ("shape",))
+                  ("axis", "parts", "num_output"), {"num_output": None},
+                  onnx_op="Split")
+Gather = _operator("Gather", lambda s, x: gather(x, s.axis, s.indices), ("axis", "indices"),
+                   onnx_op="Gather")
+Tile = _operator("Tile", lambda s, x: _tile(x, s.repeats), ("repeats",), onnx_op="Tile")
+Expand = _operator("Expand", lambda s, x: expand(x, s.shape), ("shape",), onnx_op="Expand")
 Pad = _operator("Pad", lambda s, x: pad(x, s.mode, s.pads, s.constant),
-                ("mode", "pads", "constant"), {"constant": 0.0})
-UpSample = _operator("UpSample", lambda s, x: upsample(x, s.mode, s.scales), ("mode", "scales"))
+                ("mode", "pads", "constant"), {"constant": 0.0},
+                onnx_op="Pad")
+UpSample = _operator("UpSample", lambda s, x: upsample(x, s.mode, s.scales), ("mode", "scales"),
+                     onnx_op="Upsample")
 DepthToSpace = _operator("DepthToSpace", lambda s, x: depth_to_space(x, s.blocksize, s.mode),
-                         ("blocksize", "mode"), {"mode": "DCR"})
+                         ("blocksize", "mode"), {"mode": "DCR"},
+                         onnx_op="DepthToSpace")
 SpaceToDepth = _operator("SpaceToDepth", lambda s, x: _space_to_depth(x, s.blocksize, s.mode),
-                         ("blocksize", "mode"), {"mode": "DCR"})
+                         ("blocksize", "mode"), {"mode": "DCR"},
+                         onnx_op="SpaceToDepth")
 ScatterElements = _operator(
     "ScatterElements", lambda s, x: _scatter_elements(x, s.indices, s.updates, s.axis),
-    ("indices", "updates", "axis"), {"axis": 0})
+    ("indices", "updates", "axis"), {"axis": 0},
+                            onnx_op="ScatterElements")
 OneHot = _operator("OneHot", lambda s, x: onehot(s.axis, x, s.depth, s.values),
-                   ("axis", "depth", "values"))
+                   ("axis", "depth", "values"),
+                   onnx_op="OneHot")
 ConstantOfShape = _operator("ConstantOfShape", lambda s, x: constant_of_shape(x, s.value),
-                            ("value",), {"value": 0.0})
+                            ("value",), {"value": 0.0},
+                            onnx_op="ConstantOfShape")
 # reductions, pooling, regularisation
 ReduceSum = _operator("ReduceSum", lambda s, x: reduce_sum(x, s.axes, s.keepdims),
-                      ("axes", "keepdims"), {"axes": None, "keepdims": 1})
+                      ("axes", "keepdims"), {"axes": None, "keepdims": 1},
+                      onnx_op="ReduceSum")
 ReduceMean = _operator("ReduceMean", lambda s, x: reduce_mean(x, s.axes, s.keepdims),
-                       ("axes", "keepdims"), {"axes": None, "keepdims": 1})
+                       ("axes", "keepdims"), {"axes": None, "keepdims": 1},
+                       onnx_op="ReduceMean")
 GlobalAveragePool = _operator("GlobalAveragePool",
                               lambda s, x: _globalaveragepool(x, s.data_format),
-                              ("data_format",), {"data_format": "channels_first"})
+                              ("data_format",), {"data_format": "channels_first"},
+                              onnx_op="GlobalAveragePool")
 Dropout = _operator("Dropout", lambda s, x: dropout(x, s.seed, s.ratio), ("seed", "ratio"),
                     {"seed": 0, "ratio": 0.5},
-                    doc="Follows ``autograd.training`` (identity when it is False).")
+                    doc="Follows ``autograd.training`` (identity when it is False).",
+                    onnx_op="Dropout")
 CosSim = _operator("CosSim", lambda s, a, b: _cossim(a, b))
 RankingLoss = _operator("RankingLoss", lambda s, pos, neg: _ranking_loss(pos, neg, s.M),
                         ("M",), {"M": 0.2})
@@ -2331,6 +2360,7 @@ BinaryCrossEntropy = _operator("BinaryCrossEntropy",
 class Shape(Operator):
     """SINGA's ``Shape()`` operator: the shape of its input as an int64 Tensor. It has no
     gradient; as in SINGA, ``backward(dy)`` returns ``dy``'s shape as a list."""
+    onnx_op = "Shape"
 
     def _do(self, x):
         return apply("Shape", [x])

@@ -97,7 +97,8 @@ class Device:
     def ResetGraph(self) -> None:  # noqa: N802 - SINGA's name
         """Forget what was buffered for graph mode: the recorded replays of the
         ``model.Model``s are dropped (the next call records again; models are not tied to
-        one device, so all of them), and this device's time profile is cleared. The ``EnableGraph`` flag is left as it is."""
+        one device, so all of them), and this device's time profile is cleared. The
+        ``EnableGraph`` flag is left as it is."""
         for fn in list(_GRAPH_RESET_HOOKS):
             fn(self)
         self.profile.reset()

@@ -259,6 +259,9 @@ class Linear(Layer):
 class Gemm(Layer):
     """SINGA's Gemm layer: ``alpha * A' B' + beta * C`` with a trainable B (and C)."""
 
+    #: the ONNX ops SINGA's backend imports as this layer
+    onnx_ops = ("Gemm",)
+
     def __init__(self, nb_kernels, alpha=1.0, beta=1.0, transA=False, transB=True,  # noqa: N803
                  bias=True, bias_shape=None):
         super().__init__()
@@ -301,6 +304,9 @@ class Conv2d(Layer):
     ``Conv2d(in_channels, out_channels, kernel_size)``; ``padding``/``stride``/``dilation`` int
     or pair; ``group``; ``pad_mode`` "NOTSET", "SAME_UPPER", "SAME_LOWER" or "VALID";
     ``activation`` "RELU" appends a ReLU."""
+
+    #: the ONNX ops SINGA's backend imports as this layer
+    onnx_ops = ("Conv",)
 
     def __init__(self, nb_kernels, kernel_size, *args, stride=1, padding=0, dilation=1,
                  group: int = 1, bias: bool = True, pad_mode: str = "NOTSET",
@@ -372,6 +378,9 @@ class BatchNorm2d(Layer):
     ``BatchNorm2d(num_features, momentum=0.9)``; running statistics update as in ONNX:
     ``running = running * momentum + batch * (1 - momentum)``."""
 
+    #: the ONNX ops SINGA's backend imports as this layer
+    onnx_ops = ("BatchNormalization",)
+
     def __init__(self, *args, momentum: float = 0.9, epsilon: float = 1e-5):
         super().__init__()
         self.momentum, self.epsilon = float(momentum), float(epsilon)
@@ -431,6 +440,9 @@ class LayerNorm(Layer):
 # --------------------------------------------------------------------------- pooling
 class Pooling2d(Layer):
     """Max or average pooling (MaxPool / AveragePool)."""
+
+    #: the ONNX ops SINGA's backend imports as this layer
+    onnx_ops = ("MaxPool", "AveragePool")
 
     def __init__(self, kernel_size, stride=None, padding=0, is_max: bool = True,
                  pad_mode: str = "NOTSET", ceil_mode: bool = False,

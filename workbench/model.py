@@ -115,8 +115,11 @@ class Model(Layer):
 
     def train(self, mode: bool = True):
         """Training mode (Dropout drops, BatchNorm uses batch statistics); ``train(True)``
-        also ends the inference-only state of ``compile(is_train=False)``."""
+        also ends the inference-only state of ``compile(is_train=False)``. As SINGA's
+        ``Model.train``, it also sets SINGA's global flag ``autograd.training`` (read by
+        ``autograd.dropout``/``batchnorm_2d`` and the operator classes in SINGA code)."""
         super().train(mode)
+        autograd.training = bool(mode)
         if mode:
             object.__setattr__(self, "inference_only", False)
         return self

@@ -104,39 +104,25 @@ to_onnx_model = to_onnx
 
 
 # --------------------------------------------------------------------------- backend API
-#: SINGA's operator for each ONNX op its backend imports (SINGA's
-#: ``SingaBackend._rename_operators``: ONNX op type -> the ``autograd`` operator class name,
-#: or ``layer.<Layer>``). A fact about SINGA's API; :class:`SingaBackend` keeps the entries
-#: whose op has a kernel in this engine's registry.
-_SINGA_OPERATORS = {
-    "Relu": "ReLU", "Sigmoid": "Sigmoid", "Add": "Add", "MatMul": "Matmul", "Sum": "Sum",
-    "Cos": "Cos", "Cosh": "Cosh", "Sin": "Sin", "Sinh": "Sinh", "Tan": "Tan", "Tanh": "Tanh",
-    "Acos": "Acos", "Acosh": "Acosh", "Asin": "Asin", "Asinh": "Asinh", "Atan": "Atan",
-    "Atanh": "Atanh", "Equal": "Equal", "Less": "Less", "Sign": "Sign", "Div": "Div",
-    "Sub": "Sub", "Sqrt": "Sqrt", "Log": "Log", "Greater": "Greater", "Identity": "Identity",
-    "Softplus": "SoftPlus", "Softsign": "SoftSign", "Mean": "Mean", "Pow": "Pow",
-    "PRelu": "PRelu", "Mul": "Mul", "Max": "Max", "Min": "Min", "Shape": "Shape",
-    "And": "And", "Or": "Or", "Xor": "Xor", "Not": "Not", "Neg": "Negative",
-    "Reciprocal": "Reciprocal", "Unsqueeze": "Unsqueeze", "NonZero": "NonZero",
-    "Ceil": "Ceil", "Floor": "Floor", "Abs": "Abs",
-    "ScatterElements": "ScatterElements", "Cast": "Cast", "Split": "Split",
-    "Squeeze": "Squeeze", "GlobalAveragePool": "GlobalAveragePool",
-    "LeakyRelu": "LeakyRelu", "ReduceSum": "ReduceSum", "ReduceMean": "ReduceMean",
-    "Dropout": "Dropout", "ConstantOfShape": "ConstantOfShape", "Transpose": "Transpose",
-    "HardSigmoid": "HardSigmoid", "Elu": "Elu", "Selu": "SeLU", "Concat": "Concat",
-    "Softmax": "SoftMax", "Flatten": "Flatten", "OneHot": "OneHot", "Tile": "Tile",
-    "Gather": "Gather", "Reshape": "Reshape", "Slice": "Slice", "Clip": "Clip",
-    "Expand": "Expand", "Pad": "Pad", "Upsample": "UpSample",
-    "DepthToSpace": "DepthToSpace", "SpaceToDepth": "SpaceToDepth", "Where": "Where",
-    "Erf": "Erf",
-    "Gemm": "layer.Gemm", "BatchNormalization": "layer.BatchNorm2d", "Conv": "layer.Conv2d",
-    "MaxPool": "layer.Pooling2d", "AveragePool": "layer.Pooling2d",
-}
-
-
 def _supported_singa_operators() -> dict:
+    """SINGA's ``SingaBackend._rename_operators``: ONNX op type -> the SINGA operator its
+    backend imports it as (an ``autograd`` operator class name, or ``layer.<Layer>``), for
+    the ops this engine has kernels for. Made from the operators themselves: each
+    ``autograd`` operator class declares its ``onnx_op`` and each layer its ``onnx_ops``."""
+    from workbench import layer as _layer  # noqa: PLC0415
     from workbench.ops.registry import has_kernel  # noqa: PLC0415
-    return {op: name for op, name in _SINGA_OPERATORS.items() if has_kernel(op)}
+    found = {}
+    for name in sorted(dir(autograd)):
+        obj = getattr(autograd, name)
+        if isinstance(obj, type) and issubclass(obj, autograd.Operator) and obj.onnx_op \
+                and obj.__name__ == name:
+            found[obj.onnx_op] = name
+    for name in sorted(dir(_layer)):
+        obj = getattr(_layer, name)
+        if isinstance(obj, type) and obj.__name__ == name:
+            for op in obj.__dict__.get("onnx_ops", ()):
+                found[op] = f"layer.{name}"
+    return {op: name for op, name in found.items() if has_kernel(op)}
 
 
 def _to_numpy(v):
