@@ -266,6 +266,7 @@ def fuse_conv_activation(graph: Graph) -> Graph:
         return users[0]
 
     removed = set()
+    position = {id(n): i for i, n in enumerate(g.nodes)}  # (list.index compares by value)
     for conv in list(g.nodes):
         if conv.op_type != "Conv" or conv.domain or len(conv.outputs) != 1:
             continue
@@ -295,7 +296,7 @@ def fuse_conv_activation(graph: Graph) -> Graph:
         b = conv.inputs[2] if len(conv.inputs) > 2 else ""
         fused = Node("FusedConv", [conv.inputs[0], conv.inputs[1], b, z], [out], attrs,
                      conv.name, FUSED_DOMAIN)
-        g.nodes[g.nodes.index(conv)] = fused
+        g.nodes[position[id(conv)]] = fused
         removed.update(id(n) for n in chain)
     if not removed:
         return g
