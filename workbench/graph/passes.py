@@ -11,6 +11,9 @@
   (Relu, LeakyRelu, Clip with constant bounds, Sigmoid, HardSigmoid, Tanh) becomes one internal
   ``com.workbench::FusedConv`` node (the epilogue runs in the convolution's output pass; on
   the GPU in the same kernel as the bias). Internal: optimized graphs are never exported.
+- :func:`fuse_matmul_epilogue`: ``MatMul`` by a weight, ``Add`` of a bias, then optionally
+  a GELU (any pointwise chain computing the erf form or the tanh approximation) or Relu, and
+  a residual ``Add``, becomes one internal ``com.workbench::FusedMatMul`` node.
 - :func:`eliminate_dead_code`: nodes and initializers no output depends on are dropped.
 
 :func:`optimize` runs them in a sensible order. Passes never touch the caller's graph.
@@ -306,6 +309,171 @@ def fuse_conv_activation(graph: Graph) -> Graph:
     return g
 
 
+def _scalar_const(inits: dict, name: str):
+    """The value of a one-element float/int initializer, else None."""
+    v = inits.get(name)
+    if v is None:
+        return None
+    a = np.asarray(v)
+    if a.size != 1 or a.dtype.kind not in "fiu":
+        return None
+    return a
+
+
+def _gelu_forms():
+    from workbench.ops.linalg import _epilogue_inplace
+    probe = np.concatenate([np.linspace(-12, 12, 481), [-40.0, -20.0, 20.0, 40.0, 0.0]])
+    out = {}
+    for form in ("Gelu", "GeluTanh"):
+        y = probe.copy()
+        _epilogue_inplace(y, form)
+        out[form] = y
+    return probe, out
+
+
+def _elementwise_region(g: Graph, start: str, consumers: dict, inits: dict, outputs: set,
+                        sub_used: set):
+    """The chain of pointwise nodes computing a function of the value ``start`` alone (their
+    other inputs one-element constants) up to the one value leaving it: ``(nodes in order,
+    output)``, or None. Every value inside, ``start`` included, is read only inside."""
+    region, values, order = set(), {start}, []
+    frontier = [start]
+    while frontier:
+        v = frontier.pop()
+        for n in consumers.get(v, []):
+            if id(n) in region:
+                continue
+            f = facts(n.op_type, n.domain)
+            if not f.elementwise or n.domain or len(n.outputs) != 1 or not n.outputs[0] \
+                    or n.subgraphs:
+                continue
+            if not all(i in values or _scalar_const(inits, i) is not None
+                       for i in n.inputs if i) or not any(i in values for i in n.inputs):
+                continue
+            region.add(id(n))
+            order.append(n)
+            values.add(n.outputs[0])
+            frontier.append(n.outputs[0])
+    if not order:
+        return None
+    leaving = [v for v in values
+               if v in outputs or v in sub_used
+               or any(id(c) not in region for c in consumers.get(v, []))]
+    if len(leaving) != 1 or leaving[0] == start or leaving[0] in sub_used:
+        return None
+    position = {id(n): i for i, n in enumerate(g.nodes)}
+    order.sort(key=lambda n: position[id(n)])
+    return order, leaving[0]
+
+
+def _region_activation(nodes, start: str, out: str, inits: dict, opset: int):
+    """Which FusedMatMul activation the region computes ("Gelu", "GeluTanh"), found by running
+    it on a probe of points in [-12, 12] and a few large ones; None for anything else."""
+    from workbench.ops.registry import NodeContext, attribute_defaults, lookup
+    probe, forms = _gelu_forms()
+    for dtype in (np.float64, np.float32):
+        env = {start: probe.astype(dtype)}
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for n in nodes:
+                    entry = lookup(n.op_type, n.domain, opset, n.name)
+                    attrs = dict(attribute_defaults(n.op_type, n.domain or "", opset))
+                    attrs.update(n.attrs)
+                    if entry.wants_ctx:
+                        attrs["ctx"] = NodeContext(n.name, n.op_type, opset, 1,
+                                                   tuple(n.outputs), False, None)
+                    args = [env[i] if i in env else np.asarray(inits[i]).astype(dtype)
+                            if i else None for i in n.inputs]
+                    env[n.outputs[0]] = np.asarray(entry.fn(*args, **attrs))
+        except Exception:  # noqa: BLE001 - a region the probe cannot run is not fused
+            return None
+        y = env.get(out)
+        if y is None or y.shape != probe.shape:
+            return None
+        found = None   # float32 constants: agreement to float32 rounding, not better
+        for form, ref in forms.items():
+            if np.allclose(y.astype(np.float64), ref, rtol=1e-5, atol=1e-6):
+                found = form
+        if found is None:
+            return None
+    return found
+
+
+def fuse_matmul_epilogue(graph: Graph) -> Graph:
+    """Fuse ``MatMul(A, W) -> Add(bias) [-> GELU or Relu] [-> Add(residual)]`` into internal
+    ``com.workbench::FusedMatMul`` nodes (PyTorch's Linear layers export as MatMul + Add).
+
+    ``W`` and ``bias`` must be float initializers (the bias one value per output column); the
+    GELU may be any chain of pointwise ops of the biased value alone that computes the erf
+    form or the tanh approximation (checked by running the chain on a probe); intermediate
+    values must have a single consumer and must not be graph outputs. The fused node keeps
+    the MatMul's name and produces the chain's last value."""
+    g = graph.copy()
+    consumers = g.consumers()
+    outputs = {v.name for v in g.outputs}
+    sub_used = _uses_in_subgraphs(g)
+    inits = g.initializers
+    opset = g.opsets.get("", g.opsets.get("ai.onnx", 1))
+
+    def only_consumer(value):
+        users = consumers.get(value, [])
+        if len(users) != 1 or value in outputs or value in sub_used:
+            return None
+        return users[0]
+
+    removed = set()
+    position = {id(n): i for i, n in enumerate(g.nodes)}
+    for mm in list(g.nodes):
+        if mm.op_type != "MatMul" or mm.domain or len(mm.inputs) != 2 or id(mm) in removed:
+            continue
+        w = inits.get(mm.inputs[1])
+        if w is None or np.asarray(w).dtype.kind != "f" or np.asarray(w).ndim != 2:
+            continue
+        n_out = np.asarray(w).shape[1]
+        add = only_consumer(mm.outputs[0])
+        if add is None or add.op_type != "Add" or add.domain or len(add.inputs) != 2 \
+                or id(add) in removed:
+            continue
+        bname = add.inputs[1] if add.inputs[0] == mm.outputs[0] else add.inputs[0]
+        b = inits.get(bname)
+        if b is None or np.asarray(b).dtype != np.asarray(w).dtype \
+                or np.asarray(b).shape not in ((n_out,), (1, n_out)):
+            continue
+        chain, out, act, z = [add], add.outputs[0], "", ""
+        nxt = only_consumer(out)
+        if nxt is not None and nxt.op_type == "Relu" and not nxt.domain \
+                and id(nxt) not in removed:
+            chain.append(nxt)
+            out, act = nxt.outputs[0], "Relu"
+        elif out not in outputs and out not in sub_used and consumers.get(out) and all(
+                facts(c.op_type, c.domain).elementwise for c in consumers[out]):
+            region = _elementwise_region(g, out, consumers, inits, outputs, sub_used)
+            if region is not None and not any(id(n) in removed for n in region[0]):
+                form = _region_activation(region[0], out, region[1], inits, opset)
+                if form is not None:
+                    chain.extend(region[0])
+                    out, act = region[1], form
+        nxt = only_consumer(out)
+        if nxt is not None and nxt.op_type == "Add" and not nxt.domain \
+                and len(nxt.inputs) == 2 and id(nxt) not in removed:
+            other = nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0]
+            if other and other != out:
+                chain.append(nxt)
+                out, z = nxt.outputs[0], other
+        fused = Node("FusedMatMul", [mm.inputs[0], mm.inputs[1], bname, z], [out],
+                     {"activation": act}, mm.name, FUSED_DOMAIN)
+        g.nodes[position[id(mm)]] = fused
+        position[id(fused)] = position.pop(id(mm))
+        removed.update(id(n) for n in chain)
+    if not removed:
+        return g
+    g.nodes = [n for n in g.nodes if id(n) not in removed]
+    g.opsets = dict(g.opsets)
+    g.opsets[FUSED_DOMAIN] = 1
+    return g
+
+
 def _fresh(names, base: str) -> str:
     name, i = base, 1
     while name in names:
@@ -317,10 +485,11 @@ def _fresh(names, base: str) -> str:
 def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bool = True,
              fuse: bool = True) -> Graph:
     """Run the inference passes: identities, constant folding, Conv+BN folding, Conv+Add+
-    activation fusion, DCE."""
+    activation fusion, MatMul+bias+activation+Add fusion, DCE."""
     g = graph
     steps = [(identities, remove_identities), (fold, fold_constants), (bn, fold_batchnorm),
-             (fuse, fuse_conv_activation), (True, eliminate_dead_code)]
+             (fuse, fuse_conv_activation), (fuse, fuse_matmul_epilogue),
+             (True, eliminate_dead_code)]
     for enabled, fn in steps:
         if not enabled:
             continue

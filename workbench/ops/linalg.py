@@ -7,10 +7,16 @@ its equation (explicit output, spaces removed) before handing it to ``einsum``.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np  # host-side shape checks only
+
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
 from workbench.limits import check_alloc
-from workbench.ops._common import check_matmul, compute_dtype
+from workbench.ops._common import check_matmul, compute_dtype, ensure_array
+from workbench.ops.conv import FUSED_DOMAIN
+from workbench.ops.elementwise import erf_array
 from workbench.ops.parallel import parallel_matmul
 from workbench.ops.registry import kernel
 
@@ -243,3 +249,68 @@ def det(X):
     cd = compute_dtype(X.dtype)
     y = xp.linalg.det(X.astype(cd, copy=False))
     return xp.asarray(y).astype(X.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------------------------
+# FusedMatMul (internal: made by the inference pass workbench.graph.passes.fuse_matmul_epilogue)
+# --------------------------------------------------------------------------------------------
+
+#: activations the FusedMatMul epilogue applies (what fuse_matmul_epilogue may fuse)
+MATMUL_EPILOGUES = ("", "Gelu", "GeluTanh", "Relu")
+
+
+def _epilogue_inplace(y, activation):
+    """GELU (erf or tanh form) or ReLU applied to the float array ``y`` in place."""
+    xp = xp_of(y)
+    if activation == "Relu":
+        xp.maximum(y, 0, out=y)
+        return
+    t = y * y.dtype.type(1.0 / math.sqrt(2.0)) if activation == "Gelu" else y * y
+    if activation == "Gelu":
+        t = erf_array(t)
+    else:   # 0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3)))
+        t *= y.dtype.type(0.044715)
+        t += 1
+        t *= y
+        t *= y.dtype.type(math.sqrt(2.0 / math.pi))
+        xp.tanh(t, out=t)
+    t += 1
+    y *= t
+    y *= y.dtype.type(0.5)
+
+
+@kernel("FusedMatMul", since=1, domain=FUSED_DOMAIN)
+def fused_matmul_epilogue(A, B, bias=None, Z=None, *, activation=""):
+    """``activation(A @ B + bias) + Z`` in one node (MatMul -> Add(bias) -> GELU/ReLU ->
+    Add(residual) as exported by PyTorch's Linear layers): the epilogue runs in place on the
+    product's fresh output. ``activation`` is "" (none), "Gelu" (erf form), "GeluTanh" (the
+    tanh approximation) or "Relu"."""
+    if activation not in MATMUL_EPILOGUES:
+        raise InputError(f"FusedMatMul: unknown activation {activation!r} (known: "
+                         f"{', '.join(repr(a) for a in MATMUL_EPILOGUES)})")
+    xp = xp_of(A, B)
+    y = ensure_array(matmul(A, B), xp)   # a fresh product: the epilogue writes into it
+    if bias is not None:
+        if np.broadcast_shapes(tuple(y.shape), tuple(bias.shape)) == tuple(y.shape) \
+                and bias.dtype == y.dtype:
+            y += bias
+        else:
+            y = ensure_array(y + bias, xp)
+    if activation:
+        if y.dtype.kind != "f":
+            raise InputError(f"FusedMatMul: activation {activation!r} needs a float product, "
+                             f"got {y.dtype}")
+        cd = compute_dtype(y.dtype)
+        if cd != y.dtype:  # float16 / bfloat16: computed in float32
+            yc = y.astype(cd)
+            _epilogue_inplace(yc, activation)
+            y = yc.astype(y.dtype)
+        else:
+            _epilogue_inplace(y, activation)
+    if Z is not None:
+        if np.broadcast_shapes(tuple(y.shape), tuple(Z.shape)) == tuple(y.shape) \
+                and Z.dtype == y.dtype:
+            y += Z
+        else:
+            y = ensure_array(y + Z, xp)
+    return y
