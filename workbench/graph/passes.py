@@ -331,8 +331,8 @@ def _gelu_forms():
     return probe, out
 
 
-def _elementwise_region(g: Graph, start: str, consumers: dict, inits: dict, outputs: set,
-                        sub_used: set):
+def _elementwise_region(position: dict, start: str, consumers: dict, inits: dict,
+                        outputs: set, sub_used: set):
     """The chain of pointwise nodes computing a function of the value ``start`` alone (their
     other inputs one-element constants) up to the one value leaving it: ``(nodes in order,
     output)``, or None. Every value inside, ``start`` included, is read only inside."""
@@ -361,7 +361,6 @@ def _elementwise_region(g: Graph, start: str, consumers: dict, inits: dict, outp
                or any(id(c) not in region for c in consumers.get(v, []))]
     if len(leaving) != 1 or leaving[0] == start or leaving[0] in sub_used:
         return None
-    position = {id(n): i for i, n in enumerate(g.nodes)}
     order.sort(key=lambda n: position[id(n)])
     return order, leaving[0]
 
@@ -448,7 +447,7 @@ def fuse_matmul_epilogue(graph: Graph) -> Graph:
             out, act = nxt.outputs[0], "Relu"
         elif out not in outputs and out not in sub_used and consumers.get(out) and all(
                 facts(c.op_type, c.domain).elementwise for c in consumers[out]):
-            region = _elementwise_region(g, out, consumers, inits, outputs, sub_used)
+            region = _elementwise_region(position, out, consumers, inits, outputs, sub_used)
             if region is not None and not any(id(n) in removed for n in region[0]):
                 form = _region_activation(region[0], out, region[1], inits, opset)
                 if form is not None:
