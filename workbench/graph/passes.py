@@ -14,6 +14,8 @@
 - :func:`fuse_matmul_epilogue`: ``MatMul`` by a weight, ``Add`` of a bias, then optionally
   a GELU (any pointwise chain computing the erf form or the tanh approximation) or Relu, and
   a residual ``Add``, becomes one internal ``com.workbench::FusedMatMul`` node.
+- :func:`fuse_attention`: ``MatMul -> scale -> mask -> Softmax -> MatMul`` (scaled
+  dot-product attention) becomes one internal ``com.workbench::FusedAttention`` node.
 - :func:`eliminate_dead_code`: nodes and initializers no output depends on are dropped.
 
 :func:`optimize` runs them in a sensible order. Passes never touch the caller's graph.
@@ -473,6 +475,103 @@ def fuse_matmul_epilogue(graph: Graph) -> Graph:
     return g
 
 
+def fuse_attention(graph: Graph) -> Graph:
+    """Fuse ``MatMul(Q, K) [-> Mul|Div(scalar)] [-> Add(mask) | Where(cond, fill, .) |
+    Where(cond, ., fill)] -> Softmax(axis=-1) -> MatMul(., V)`` (scaled dot-product attention
+    as PyTorch exports it) into an internal ``com.workbench::FusedAttention`` node. Every
+    intermediate value must have a single consumer and not be a graph output; the scale and
+    the fill value must be one-element float constants; Softmax must be opset 13 or newer
+    (normalising the last axis only). The fused node keeps the last MatMul's name."""
+    g = graph.copy()
+    if g.opsets.get("", g.opsets.get("ai.onnx", 1)) < 13:
+        return g
+    consumers = g.consumers()
+    producers = g.producers()
+    outputs = {v.name for v in g.outputs}
+    sub_used = _uses_in_subgraphs(g)
+    inits = g.initializers
+
+    def single(value):
+        users = consumers.get(value, [])
+        return len(users) == 1 and value not in outputs and value not in sub_used
+
+    def prod(value, op):
+        n = producers.get(value)
+        if n is None or n.op_type != op or n.domain or not single(value):
+            return None
+        return n
+
+    def float_scalar(name):
+        a = _scalar_const(inits, name)
+        return None if a is None or a.dtype.kind != "f" else float(a.reshape(-1)[0])
+
+    removed = set()
+    position = {id(n): i for i, n in enumerate(g.nodes)}
+    for sm in list(g.nodes):
+        if sm.op_type != "Softmax" or sm.domain or sm.attrs.get("axis", -1) != -1 \
+                or len(sm.outputs) != 1 or id(sm) in removed:
+            continue
+        p = sm.outputs[0]
+        if not single(p):
+            continue
+        mm2 = consumers[p][0]
+        if mm2.op_type != "MatMul" or mm2.domain or mm2.inputs[0] != p or mm2.inputs[1] == p:
+            continue
+        chain, cur = [sm], sm.inputs[0]
+        mask, m_in, fill = "", "", 0.0
+        for op in ("Add", "Where"):
+            n = prod(cur, op)
+            if n is None:
+                continue
+            if op == "Add" and len(n.inputs) == 2:
+                for a, b in ((0, 1), (1, 0)):
+                    src = producers.get(n.inputs[a])
+                    if src is not None and src.op_type in ("Mul", "Div", "MatMul") \
+                            and n.inputs[b] and n.inputs[b] != n.inputs[a]:
+                        mask, m_in, cur = "add", n.inputs[b], n.inputs[a]
+                        chain.append(n)
+                        break
+            elif op == "Where" and len(n.inputs) == 3:
+                c, x, y = n.inputs
+                if float_scalar(x) is not None and y != c:
+                    mask, m_in, fill, cur = "fill_where_true", c, float_scalar(x), y
+                    chain.append(n)
+                elif float_scalar(y) is not None and x != c:
+                    mask, m_in, fill, cur = "fill_where_false", c, float_scalar(y), x
+                    chain.append(n)
+            break
+        scale_op, scale = "", 1.0
+        for op in ("Mul", "Div"):
+            n = prod(cur, op)
+            if n is None or len(n.inputs) != 2:
+                continue
+            pairs = ((0, 1), (1, 0)) if op == "Mul" else ((0, 1),)
+            for a, b in pairs:
+                c = float_scalar(n.inputs[b])
+                if c is not None and producers.get(n.inputs[a]) is not None:
+                    scale_op, scale, cur = op.lower(), c, n.inputs[a]
+                    chain.append(n)
+                    break
+            break
+        mm1 = prod(cur, "MatMul")
+        if mm1 is None or len(mm1.inputs) != 2 or any(id(n) in removed for n in chain):
+            continue
+        chain.append(mm1)
+        fused = Node("FusedAttention", [mm1.inputs[0], mm1.inputs[1], mm2.inputs[1], m_in],
+                     list(mm2.outputs),
+                     {"scale": float(scale), "scale_op": scale_op, "mask": mask,
+                      "fill": float(fill)}, mm2.name, FUSED_DOMAIN)
+        g.nodes[position[id(mm2)]] = fused
+        position[id(fused)] = position.pop(id(mm2))
+        removed.update(id(n) for n in chain)
+    if not removed:
+        return g
+    g.nodes = [n for n in g.nodes if id(n) not in removed]
+    g.opsets = dict(g.opsets)
+    g.opsets[FUSED_DOMAIN] = 1
+    return g
+
+
 def _fresh(names, base: str) -> str:
     name, i = base, 1
     while name in names:
@@ -484,11 +583,11 @@ def _fresh(names, base: str) -> str:
 def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bool = True,
              fuse: bool = True) -> Graph:
     """Run the inference passes: identities, constant folding, Conv+BN folding, Conv+Add+
-    activation fusion, MatMul+bias+activation+Add fusion, DCE."""
+    activation fusion, MatMul+bias+activation+Add fusion, attention fusion, DCE."""
     g = graph
     steps = [(identities, remove_identities), (fold, fold_constants), (bn, fold_batchnorm),
              (fuse, fuse_conv_activation), (fuse, fuse_matmul_epilogue),
-             (True, eliminate_dead_code)]
+             (fuse, fuse_attention), (True, eliminate_dead_code)]
     for enabled, fn in steps:
         if not enabled:
             continue

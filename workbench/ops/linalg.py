@@ -15,6 +15,7 @@ from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
 from workbench.limits import check_alloc
 from workbench.ops._common import check_matmul, compute_dtype, ensure_array
+from workbench.ops.activation import softmax
 from workbench.ops.conv import FUSED_DOMAIN
 from workbench.ops.elementwise import erf_array
 from workbench.ops.parallel import parallel_matmul
@@ -314,3 +315,39 @@ def fused_matmul_epilogue(A, B, bias=None, Z=None, *, activation=""):
         else:
             y = ensure_array(y + Z, xp)
     return y
+
+
+# --------------------------------------------------------------------------------------------
+# FusedAttention (internal: made by the inference pass workbench.graph.passes.fuse_attention)
+# --------------------------------------------------------------------------------------------
+
+@kernel("FusedAttention", since=1, domain=FUSED_DOMAIN)
+def fused_attention(Q, K, V, M=None, *, scale=1.0, scale_op="", mask="", fill=0.0):
+    """``Softmax(mask(scale(Q @ K)), axis=-1) @ V`` in one node (``K`` as the graph gives it,
+    already transposed): ``scale_op`` "mul" / "div" by ``scale`` or "" (none); ``mask`` ""
+    (none), "add" (``+ M``), "fill_where_true" (``Where(M, fill, s)``) or "fill_where_false"
+    (``Where(M, s, fill)``). The scores are scaled, masked and normalised in place."""
+    if scale_op not in ("", "mul", "div") or mask not in ("", "add", "fill_where_true",
+                                                          "fill_where_false"):
+        raise InputError(f"FusedAttention: unknown scale_op {scale_op!r} or mask {mask!r}")
+    xp = xp_of(Q, K)
+    s = ensure_array(matmul(Q, K), xp)
+    if s.dtype.kind != "f":
+        raise InputError(f"FusedAttention: the scores must be float, got {s.dtype}")
+    if scale_op == "mul":
+        s *= s.dtype.type(scale)
+    elif scale_op == "div":
+        s /= s.dtype.type(scale)
+    if mask == "add":
+        if np.broadcast_shapes(tuple(s.shape), tuple(M.shape)) == tuple(s.shape) \
+                and M.dtype == s.dtype:
+            s += M
+        else:
+            s = ensure_array(s + M, xp)
+    elif mask:
+        cond = M if mask == "fill_where_true" else xp.logical_not(M)
+        if np.broadcast_shapes(tuple(s.shape), tuple(cond.shape)) == tuple(s.shape):
+            xp.copyto(s, s.dtype.type(fill), where=cond)
+        else:
+            s = xp.where(cond, s.dtype.type(fill), s)
+    return matmul(softmax(s, axis=-1), V)
