@@ -284,17 +284,17 @@ def profile_plan(plan, inputs, runs: int) -> dict:
     own per-node work."""
     per_node = collections.defaultdict(list)
     info = {}
+    last = [0.0]
+
+    def hook(node, outs):
+        t = time.perf_counter()
+        per_node[node.name].append((t - last[0]) * 1e3)
+        if node.name not in info:
+            shape = [list(o.shape) for o in outs if hasattr(o, "shape")][:1]
+            info[node.name] = (_node_key(node, plan), shape[0] if shape else None)
+        last[0] = time.perf_counter()
+
     for _ in range(runs):
-        last = [0.0]
-
-        def hook(node, outs):
-            t = time.perf_counter()
-            per_node[node.name].append((t - last[0]) * 1e3)
-            if node.name not in info:
-                shape = [list(o.shape) for o in outs if hasattr(o, "shape")][:1]
-                info[node.name] = (_node_key(node, plan), shape[0] if shape else None)
-            last[0] = time.perf_counter()
-
         last[0] = time.perf_counter()
         t0 = time.perf_counter()
         plan.run(inputs, hook=hook)

@@ -43,8 +43,8 @@ from workbench.errors import (
 )
 from workbench.graph.ir import Graph, Node, ValueInfo
 from workbench.graph.segments import fast_schedule
-from workbench.ops.parallel import blas_controller, single_threaded_blas
 from workbench.graph.values import check_feed
+from workbench.ops.parallel import blas_controller, single_threaded_blas
 from workbench.ops.registry import NodeContext, attribute_defaults, facts, lookup
 
 
