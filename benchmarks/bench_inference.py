@@ -1,30 +1,44 @@
-"""Inference speed: the workbench engine vs onnxruntime (and onnx.reference, PyTorch) in one run.
+"""Inference speed and memory: the workbench engine vs onnxruntime (and PyTorch) on the CPU.
 
 Models: light_resnet50 and light_squeezenet from the onnx wheel (given deterministic random
-weights and a symbolic batch axis), ResNet-18 and MobileNetV2 built in PyTorch and exported with
-torch.onnx (skipped with a message when torch is missing). Each at batch 1 and 8: warm-up runs,
-then the median of N timed runs. onnxruntime gets as many intra-op threads as numpy's BLAS uses
-(``os.cpu_count()``); PyTorch too.
+weights and a symbolic batch axis); ResNet-18, MobileNetV2, ShuffleNetV2, a BERT-like encoder
+and a GPT-2-like decoder built in PyTorch (``tests/helpers/torch_models.py``) and exported with
+torch.onnx (skipped with a message when torch is missing). Each at batch 1 and 8.
 
-    python benchmarks/bench_inference.py              # full run
-    python benchmarks/bench_inference.py --quick      # fast sanity run
-    python benchmarks/bench_inference.py --no-reference --runs 20 --batches 8
-    python benchmarks/bench_inference.py --models resnet18 light_squeezenet --json out.json
+Every engine runs in a FRESH subprocess per (model, batch): it loads the model file, prepares
+it, runs warm-up runs and then the timed runs, and reports its times and its peak resident
+memory (``VmHWM``, the RSS high-water mark of the whole process). Rounds alternate the engines
+(ours, ort, ours, ort, ...; ``--rounds``), so that load from other processes hits both, and no
+engine's worker threads (onnxruntime spins its thread pool after each run) slow the other.
+The reported time is the median over the rounds of each round's median.
 
-Not part of the test pass/fail. See benchmarks/README.md for the target.
+The ``floor ms`` column is the sgemm-bound floor: the model's FLOPs (2 x the multiply-adds of
+its Conv, ConvTranspose, MatMul and Gemm nodes at these input shapes) divided by the float32
+GEMM rate numpy's BLAS reaches on this machine (measured at the start, all threads).
+
+    python benchmarks/bench_inference.py                  # all models, batch 1 and 8
+    python benchmarks/bench_inference.py --quick          # batch 1, few runs, one round
+    python benchmarks/bench_inference.py --models mobilenetv2 bert --batches 8 --runs 20
+    python benchmarks/bench_inference.py --profile --models mobilenetv2 --batches 8
+    python benchmarks/bench_inference.py --prepare        # prepare seconds (GPT-2, 20k nodes)
+    python benchmarks/bench_inference.py --json out.json
+
+Not part of the test pass/fail. See benchmarks/README.md for the targets and the last results.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import math
 import os
 import platform
-import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -34,16 +48,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.helpers.compare import normalised_max_error, ort_session  # noqa: E402
-from tests.helpers.light_models import (  # noqa: E402
-    light_path,
-    random_inputs,
-    with_dynamic_batch,
-    with_random_weights,
-)
-
-ALL_MODELS = ("light_resnet50", "light_squeezenet", "resnet18", "mobilenetv2")
-TORCH_MODELS = ("resnet18", "mobilenetv2")
+ALL_MODELS = ("light_resnet50", "light_squeezenet", "resnet18", "mobilenetv2", "shufflenetv2",
+              "bert", "gpt2")
+TORCH_MODELS = ("resnet18", "mobilenetv2", "shufflenetv2", "bert", "gpt2")
+SEQ = 32  # tokens per sequence for the BERT-like and GPT-2-like models
 
 
 @dataclass
@@ -52,10 +60,18 @@ class Row:
     batch: int
     ours_ms: float | None = None
     ort_ms: float | None = None
-    ref_ms: float | None = None
     torch_ms: float | None = None
+    ours_best_ms: float | None = None    # the fastest single run of any round
+    ort_best_ms: float | None = None
+    floor_ms: float | None = None
+    gflop: float | None = None
+    ours_mb: float | None = None
+    ort_mb: float | None = None
+    ours_first_s: float | None = None    # prepare + first run, fresh process
+    ort_first_s: float | None = None     # session creation + first run, fresh process
     prepare_s: float | None = None
     max_err: float | None = None
+    rounds: dict = field(default_factory=dict)   # engine -> [median ms of each round]
     notes: list = field(default_factory=list)
 
     @property
@@ -64,15 +80,130 @@ class Row:
             return None
         return self.ours_ms / self.ort_ms
 
+    @property
+    def mem_ratio(self) -> float | None:
+        if self.ours_mb is None or not self.ort_mb:
+            return None
+        return self.ours_mb / self.ort_mb
 
-# ----------------------------------------------------------------------------- timing
-STAT = {"median": statistics.median, "min": min}
-_stat = statistics.median  # set from --stat in main()
+
+# ----------------------------------------------------------------------------- models
+def model_files(name: str, batch: int, folder: Path, cache: dict) -> tuple[Path, Path]:
+    """(model.onnx, inputs.npz) for a benchmark model at ``batch``, written into ``folder``."""
+    import onnx
+
+    from tests.helpers.light_models import (
+        light_path,
+        random_inputs,
+        with_dynamic_batch,
+        with_random_weights,
+    )
+
+    path = folder / f"{name}.onnx"
+    if name not in cache:
+        if name.startswith("light_"):
+            proto = with_dynamic_batch(with_random_weights(
+                onnx.load(str(light_path(name[len("light_"):]))), seed=2))
+        else:
+            from tests.helpers import torch_models
+
+            model, example = torch_models.build(name)
+            proto = torch_models.export_onnx(model, example, None, opset=17)
+        onnx.save(proto, str(path))
+        cache[name] = proto
+    proto = cache[name]
+    if name.startswith("light_"):
+        from tests.helpers.light_models import random_inputs
+
+        inputs = random_inputs(proto, seed=3, batch=batch)
+    else:
+        from tests.helpers import torch_models
+
+        inputs = list(torch_models.example_inputs(name, batch, seq=SEQ))
+    npz = folder / f"{name}_b{batch}.npz"
+    np.savez(npz, *inputs)
+    return path, npz
 
 
-def time_median(fn, runs: int, warmup: int) -> tuple[float, object]:
-    """Median (or, with ``--stat min``, best) wall time of ``fn()`` in ms over ``runs`` runs
-    after ``warmup`` runs."""
+def _read_inputs(npz) -> list:
+    with np.load(npz) as f:
+        return [f[f"arr_{i}"] for i in range(len(f.files))]
+
+
+def count_flops(path: Path, inputs: list) -> float:
+    """2 x the multiply-adds of the Conv/ConvTranspose/MatMul/Gemm nodes at these inputs'
+    shapes (value shapes taken from one run of the unoptimised graph)."""
+    import workbench.backend as backend
+
+    rep = backend.prepare(str(path), optimize=False)
+    plan = rep.plan
+    shapes = {v.name: tuple(np.shape(a)) for v, a in zip(plan.input_infos, inputs)}
+    shapes.update({k: tuple(np.shape(v)) for k, v in plan.graph.initializers.items()})
+    macs = 0
+
+    def hook(node, outs):
+        nonlocal macs
+        for o, v in zip(node.outputs, outs):
+            if o and hasattr(v, "shape"):
+                shapes[o] = tuple(v.shape)
+        op = node.op_type
+        ins = [shapes.get(i) for i in node.inputs]
+        out = shapes.get(node.outputs[0]) if node.outputs else None
+        if out is None or len(ins) < 2 or ins[0] is None or ins[1] is None:
+            return
+        if op == "Conv":
+            w = ins[1]  # (M, C/group, *k): every output element takes C/group * prod(k) MACs
+            macs += math.prod(out) * math.prod(w[1:])
+        elif op == "ConvTranspose":
+            w = ins[1]  # (C, M/group, *k): every input element feeds M/group * prod(k)
+            macs += math.prod(ins[0]) * math.prod(w[1:])
+        elif op == "MatMul":
+            k = ins[0][-1] if len(ins[0]) else 1
+            macs += math.prod(out) * k
+        elif op == "Gemm":
+            k = ins[0][0] if node.attrs.get("transA", 0) else ins[0][-1]
+            macs += math.prod(out) * k
+
+    plan.run(inputs, hook=hook)
+    return 2.0 * macs
+
+
+def sgemm_gflops(seconds: float = 3.0) -> float:
+    """float32 GEMM rate of numpy's BLAS (all its threads), GFLOP/s: the best of repeated
+    512^3 and 1024^3 products over ``seconds`` (the best, since other processes on a shared
+    machine only ever slow it down)."""
+    rng = np.random.default_rng(0)
+    best = 0.0
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        for n in (512, 1024):
+            a = rng.standard_normal((n, n), dtype=np.float32)
+            b = rng.standard_normal((n, n), dtype=np.float32)
+            c = np.empty((n, n), np.float32)
+            np.matmul(a, b, out=c)
+            for _ in range(3):
+                t0 = time.perf_counter()
+                np.matmul(a, b, out=c)
+                best = max(best, 2.0 * n ** 3 / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+# ----------------------------------------------------------------------------- workers
+def _peak_rss_mb() -> float:
+    """The process' resident-memory high-water mark in MiB (VmHWM; ru_maxrss elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _time_runs(fn, runs: int, warmup: int) -> tuple[list, object]:
     out = None
     for _ in range(warmup):
         out = fn()
@@ -81,128 +212,270 @@ def time_median(fn, runs: int, warmup: int) -> tuple[float, object]:
         t0 = time.perf_counter()
         out = fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return _stat(times), out
+    return times, out
 
 
-class _Budget(Exception):
-    pass
+def worker(engine: str, model: str, npz: str, runs: int, warmup: int, threads: int,
+           out_npz: str | None, profile: bool, name: str) -> dict:
+    """Run one engine on one model in this (fresh) process; returns the measurements."""
+    inputs = _read_inputs(npz)
+    res: dict = {"engine": engine}
+    t0 = time.perf_counter()
+    if engine == "ours":
+        import workbench.backend as backend
+
+        rep = backend.prepare(model)
+        res["prepare_s"] = time.perf_counter() - t0
+        fn = lambda: rep.run(inputs)  # noqa: E731
+    elif engine == "ort":
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        sess = ort.InferenceSession(model, sess_options=so, providers=["CPUExecutionProvider"])
+        feeds = dict(zip([i.name for i in sess.get_inputs()], inputs))
+        fn = lambda: sess.run(None, feeds)  # noqa: E731
+    elif engine == "torch":
+        import torch
+
+        from tests.helpers import torch_models
+
+        torch.set_num_threads(threads)
+        tmodel, _ = torch_models.build(name)
+        xs = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
+
+        def fn():
+            with torch.inference_mode():
+                return tmodel(*xs)
+    else:
+        raise SystemExit(f"unknown engine {engine!r}")
+    out = fn()
+    res["first_s"] = time.perf_counter() - t0
+    times, out = _time_runs(fn, runs, warmup)
+    res["times_ms"] = times
+    res["peak_mb"] = _peak_rss_mb()
+    if out_npz and engine in ("ours", "ort"):
+        np.savez(out_npz, *[np.asarray(o) for o in out])
+    if profile and engine == "ours":
+        res["profile"] = profile_plan(rep.plan, inputs, max(3, runs // 2))
+    return res
 
 
-def _alarm(_signum, _frame):
-    raise _Budget()
+def _node_key(node, plan) -> str:
+    """The op type, with convolutions told apart by kind (depthwise, grouped, 1x1, kxk)."""
+    op = node.op_type
+    if op in ("Conv", "FusedConv") and len(node.inputs) > 1:
+        w = plan.graph.initializers.get(node.inputs[1])
+        g = int(node.attrs.get("group", 1))
+        if w is not None:
+            if g > 1 and w.shape[1] == 1:
+                return f"{op} depthwise {'x'.join(map(str, w.shape[2:]))}"
+            if g > 1:
+                return f"{op} grouped"
+            return f"{op} {'x'.join(map(str, w.shape[2:]))}"
+    return op
 
 
-def time_with_budget(fn, runs: int, warmup: int, budget_s: float):
-    """Like :func:`time_median`, giving up (returns None) when one run takes over ``budget_s``.
+def profile_plan(plan, inputs, runs: int) -> dict:
+    """Per-node and per-op-type time from the executor's per-node hook (median over runs):
+    the time from the previous node's end to this node's end, so it includes the executor's
+    own per-node work."""
+    per_node = collections.defaultdict(list)
+    info = {}
+    last = [0.0]
 
-    Uses SIGALRM (main thread, POSIX); elsewhere it runs without a limit.
-    """
-    use_alarm = hasattr(signal, "setitimer") and os.name == "posix"
-    if use_alarm:
-        old = signal.signal(signal.SIGALRM, _alarm)
-    try:
+    def hook(node, outs):
+        t = time.perf_counter()
+        per_node[node.name].append((t - last[0]) * 1e3)
+        if node.name not in info:
+            shape = [list(o.shape) for o in outs if hasattr(o, "shape")][:1]
+            info[node.name] = (_node_key(node, plan), shape[0] if shape else None)
+        last[0] = time.perf_counter()
+
+    for _ in range(runs):
+        last[0] = time.perf_counter()
         t0 = time.perf_counter()
-        if use_alarm:
-            signal.setitimer(signal.ITIMER_REAL, budget_s)
-        try:
-            out = fn()
-        finally:
-            if use_alarm:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        first = time.perf_counter() - t0
-        # as many timed runs as fit in the budget (at least 1)
-        n = max(1, min(runs, int(budget_s / max(first, 1e-6))))
-        ms, out = time_median(fn, n, max(0, min(warmup - 1, n)))
-        return ms, out
-    except _Budget:
-        return None, None
-    finally:
-        if use_alarm:
-            signal.signal(signal.SIGALRM, old)
+        plan.run(inputs, hook=hook)
+        per_node["<total>"].append((time.perf_counter() - t0) * 1e3)
+    nodes = {k: statistics.median(v) for k, v in per_node.items() if k != "<total>"}
+    by_type: dict = collections.defaultdict(lambda: [0.0, 0])
+    for k, ms in nodes.items():
+        key = info[k][0]
+        by_type[key][0] += ms
+        by_type[key][1] += 1
+    return {"total_ms": statistics.median(per_node["<total>"]),
+            "nodes": sorted(([k, info[k][0], info[k][1], ms] for k, ms in nodes.items()),
+                            key=lambda r: -r[3]),
+            "by_type": sorted(([k, v[0], v[1]] for k, v in by_type.items()),
+                              key=lambda r: -r[1])}
 
 
-# ----------------------------------------------------------------------------- models
-def load_model(name: str, batch: int, cache: dict):
-    """``(proto, inputs, torch_model_or_None)`` for a benchmark model at ``batch``."""
-    import onnx
-
-    if name.startswith("light_"):
-        if name not in cache:
-            base = onnx.load(str(light_path(name[len("light_"):])))
-            cache[name] = with_dynamic_batch(with_random_weights(base, seed=2))
-        proto = cache[name]
-        return proto, random_inputs(proto, seed=3, batch=batch), None
-    from tests.helpers import torch_models
-
-    if name not in cache:
-        model, example = torch_models.build(name)
-        cache[name] = (model, torch_models.export_onnx(model, example, None, opset=17))
-    model, proto = cache[name]
-    return proto, list(torch_models.example_inputs(name, batch)), model
-
-
-def torch_available() -> bool:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def run_worker(engine, model_path, npz, args, name, out_npz=None, profile=False) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", engine, str(model_path),
+           str(npz), "--runs", str(args.runs), "--warmup", str(args.warmup),
+           "--threads", str(args.threads), "--name", name]
+    if out_npz:
+        cmd += ["--out", str(out_npz)]
+    if profile:
+        cmd += ["--profile"]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    if p.returncode != 0:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"{engine} worker failed: {' | '.join(tail)}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 # ----------------------------------------------------------------------------- one row
-def bench_one(name, batch, args, cache, threads) -> Row:
+def bench_one(name, batch, args, folder, cache, rate) -> Row:
     row = Row(name, batch)
-    proto, inputs, tmodel = load_model(name, batch, cache)
-    feed_names = None
-
-    # onnxruntime
-    sess = ort_session(proto, threads=threads)
-    feed_names = [i.name for i in sess.get_inputs()]
-    feeds = dict(zip(feed_names, inputs))
-    row.ort_ms, ref_out = time_median(lambda: sess.run(None, feeds), args.runs, args.warmup)
-
-    # ours
+    path, npz = model_files(name, batch, folder, cache)
+    inputs = _read_inputs(npz)
     try:
-        import workbench.backend as backend
+        row.gflop = count_flops(path, inputs) / 1e9
+        row.floor_ms = row.gflop / rate * 1e3
+    except Exception as e:  # noqa: BLE001 -- the floor is informative only
+        row.notes.append(f"FLOP count failed: {type(e).__name__}: {e}")
+    engines = ["ours", "ort"]
+    if args.torch and name in TORCH_MODELS:
+        engines.append("torch")
+    res: dict = {e: [] for e in engines}
+    outs = {"ours": folder / "ours_out.npz", "ort": folder / "ort_out.npz"}
+    for r in range(args.rounds):
+        order = engines if r % 2 == 0 else engines[1:] + engines[:1]
+        for e in order:
+            try:
+                res[e].append(run_worker(e, path, npz, args, name,
+                                         out_npz=outs.get(e) if r == 0 else None))
+            except Exception as ex:  # noqa: BLE001 -- report, go on
+                row.notes.append(f"{e} round {r}: {str(ex)[:300]}")
+    for e, rs in res.items():
+        if not rs:
+            continue
+        meds = [statistics.median(x["times_ms"]) for x in rs]
+        row.rounds[e] = meds
+        ms = statistics.median(meds)
+        mb = statistics.median(x["peak_mb"] for x in rs)
+        first = statistics.median(x["first_s"] for x in rs)
+        best = min(min(x["times_ms"]) for x in rs)
+        if e == "ours":
+            row.ours_ms, row.ours_mb, row.ours_first_s = ms, mb, first
+            row.ours_best_ms = best
+            row.prepare_s = statistics.median(x["prepare_s"] for x in rs)
+        elif e == "ort":
+            row.ort_ms, row.ort_mb, row.ort_first_s = ms, mb, first
+            row.ort_best_ms = best
+        else:
+            row.torch_ms = ms
+    if res.get("ours") and res.get("ort"):
+        from tests.helpers.compare import normalised_max_error
 
-        t0 = time.perf_counter()
-        rep = backend.prepare(proto)
-        row.prepare_s = time.perf_counter() - t0
-        row.ours_ms, ours_out = time_median(lambda: rep.run(inputs), args.runs, args.warmup)
-        row.max_err = max(normalised_max_error(np.asarray(a), b)
-                          for a, b in zip(ours_out, ref_out))
-    except Exception as e:  # noqa: BLE001 -- report and go on with the other models
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        row.notes.append(f"ours failed: {type(e).__name__}: {msg[:300]}")
-        if args.verbose:
-            traceback.print_exc()
-
-    # onnx.reference
-    if not args.no_reference:
-        try:
-            from onnx.reference import ReferenceEvaluator
-
-            ev = ReferenceEvaluator(proto)
-            ms, _ = time_with_budget(lambda: ev.run(None, feeds), args.runs, args.warmup,
-                                     args.reference_budget)
-            row.ref_ms = ms
-            if ms is None:
-                row.notes.append(f"reference: over {args.reference_budget:g} s/run, skipped")
-        except Exception as e:  # noqa: BLE001
-            row.notes.append(f"reference failed: {type(e).__name__}: {str(e)[:200]}")
-
-    # PyTorch eager, where the model came from torch
-    if tmodel is not None:
-        import torch
-
-        xs = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
-
-        def torch_run():
-            with torch.inference_mode():
-                return tmodel(*xs)
-
-        row.torch_ms, _ = time_median(torch_run, args.runs, args.warmup)
+        a, b = _read_inputs(outs["ours"]), _read_inputs(outs["ort"])
+        row.max_err = max(normalised_max_error(x, y) for x, y in zip(a, b))
     return row
+
+
+def print_profile(name, batch, prof, top: int) -> None:
+    print(f"\nprofile {name} batch {batch}: {prof['total_ms']:.2f} ms per run (hooked)")
+    print("  by op type:            ms      %   nodes")
+    total = sum(r[1] for r in prof["by_type"]) or 1.0
+    for key, ms, n in prof["by_type"]:
+        print(f"  {key:22s} {ms:7.2f} {100 * ms / total:6.1f} {n:6d}")
+    print(f"  top {top} nodes:")
+    for node, key, shape, ms in prof["nodes"][:top]:
+        print(f"  {ms:7.3f} ms  {key:22s} {node}  -> {shape}")
+
+
+# ----------------------------------------------------------------------------- prepare
+def generated_graph(n_nodes: int):
+    """A model of ``n_nodes`` nodes: units of Conv(1x1) -> BatchNormalization -> Relu ->
+    Add(residual) on a (1, 8, 4, 4) input (the passes fold and fuse every unit)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    c = 8
+    nodes, inits = [], []
+    x = "x"
+    for u in range(n_nodes // 4):
+        w = numpy_helper.from_array((rng.standard_normal((c, c, 1, 1)) * 0.3)
+                                    .astype(np.float32), f"w{u}")
+        bn = [numpy_helper.from_array(v.astype(np.float32), f"bn{u}_{k}") for k, v in
+              enumerate((rng.uniform(0.5, 1.5, c), rng.standard_normal(c) * 0.1,
+                         rng.standard_normal(c) * 0.1, rng.uniform(0.5, 1.5, c)))]
+        inits += [w] + bn
+        nodes += [helper.make_node("Conv", [x, f"w{u}"], [f"c{u}"], name=f"conv{u}"),
+                  helper.make_node("BatchNormalization", [f"c{u}"] + [t.name for t in bn],
+                                   [f"b{u}"], name=f"bn{u}"),
+                  helper.make_node("Relu", [f"b{u}"], [f"r{u}"], name=f"relu{u}"),
+                  helper.make_node("Add", [f"r{u}", x], [f"y{u}"], name=f"add{u}")]
+        x = f"y{u}"
+    g = helper.make_graph(nodes, f"generated_{n_nodes}",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 4, 4])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, c, 4, 4])],
+                          inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def time_prepare(model, repeat: int = 3) -> dict:
+    """Seconds of each prepare stage (best of ``repeat``): read + checks (``load`` without
+    shape inference), shape inference (the rest of ``load``), passes, plan; and the CPU
+    seconds of this process for the whole (the checks and shape inference run in a helper
+    process, whose CPU time is not counted)."""
+    from workbench.graph import passes
+    from workbench.graph.executor import Plan
+    from workbench.graph.load import load
+
+    data = model.SerializeToString()
+    best: dict = {}
+    for _ in range(repeat):
+        t = {}
+        t0 = time.perf_counter()
+        load(data, check=True, shape_inference=False)
+        t["load+checks"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        loaded = load(data, check=True, shape_inference=True)
+        t["shape inference"] = max(0.0, time.perf_counter() - t0 - t["load+checks"])
+        t0 = time.perf_counter()
+        g = passes.optimize(loaded.graph)
+        t["passes"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        Plan(g)
+        t["plan"] = time.perf_counter() - t0
+        t["total"] = t["load+checks"] + t["shape inference"] + t["passes"] + t["plan"]
+        c0 = time.process_time()
+        Plan(passes.optimize(load(data, check=True, shape_inference=True).graph))
+        t["total cpu"] = time.process_time() - c0   # this process' CPU: steadier when shared
+        for k, v in t.items():
+            best[k] = min(best.get(k, float("inf")), v)
+    return best
+
+
+def prepare_report(args) -> list:
+    rows = []
+    models = []
+    if torch_available():
+        from tests.helpers import torch_models
+
+        m, ex = torch_models.build("gpt2")
+        models.append(("gpt2", torch_models.export_onnx(m, ex, None, opset=17)))
+    for n in args.prepare_sizes:
+        models.append((f"generated {n:,} nodes", generated_graph(n)))
+    print("\nprepare (best of 3), seconds:")
+    head = ["model", "nodes", "load+checks", "shape inference", "passes", "plan", "total",
+            "total CPU", "us/node"]
+    print("  " + "  ".join(f"{h:>15s}" if i else f"{h:24s}" for i, h in enumerate(head)))
+    for label, proto in models:
+        t = time_prepare(proto)
+        n = len(proto.graph.node)
+        rows.append(dict(model=label, nodes=n, **t))
+        vals = [t["load+checks"], t["shape inference"], t["passes"], t["plan"], t["total"],
+                t["total cpu"]]
+        print("  " + f"{label:24s}" + f"  {n:>15,d}" + "".join(f"  {v:15.3f}" for v in vals)
+              + f"  {1e6 * t['total'] / n:15.1f}", flush=True)
+    return rows
 
 
 # ----------------------------------------------------------------------------- output
@@ -211,13 +484,22 @@ def _fmt(v, spec="{:.1f}"):
 
 
 def print_table(rows: list[Row]) -> None:
-    head = ("model", "batch", "ours ms", "ort ms", "ours/ort", "ref ms", "torch ms", "prepare s",
-            "max err")
+    head = ("model", "batch", "ours ms", "ort ms", "ours/ort", "best ours/ort", "floor ms",
+            "torch ms",
+            "ours MB", "ort MB", "mem ratio", "first s (ours/ort)", "prepare s", "max err",
+            "rounds ours | ort")
     lines = [head]
     for r in rows:
+        rounds = " ".join(_fmt(v) for v in r.rounds.get("ours", [])) + " | " + \
+            " ".join(_fmt(v) for v in r.rounds.get("ort", []))
         lines.append((r.model, str(r.batch), _fmt(r.ours_ms), _fmt(r.ort_ms),
-                      _fmt(r.ratio, "{:.2f}x"), _fmt(r.ref_ms), _fmt(r.torch_ms),
-                      _fmt(r.prepare_s, "{:.2f}"), _fmt(r.max_err, "{:.1e}")))
+                      _fmt(r.ratio, "{:.2f}x"),
+                      f"{_fmt(r.ours_best_ms)}/{_fmt(r.ort_best_ms)}",
+                      _fmt(r.floor_ms, "{:.2f}"), _fmt(r.torch_ms),
+                      _fmt(r.ours_mb, "{:.0f}"), _fmt(r.ort_mb, "{:.0f}"),
+                      _fmt(r.mem_ratio, "{:.2f}x"),
+                      f"{_fmt(r.ours_first_s, '{:.2f}')}/{_fmt(r.ort_first_s, '{:.2f}')}",
+                      _fmt(r.prepare_s, "{:.2f}"), _fmt(r.max_err, "{:.1e}"), rounds))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     for i, line in enumerate(lines):
         print("  ".join(c.ljust(w) if j == 0 else c.rjust(w)
@@ -231,19 +513,29 @@ def print_table(rows: list[Row]) -> None:
             print(f"note {r.model} batch {r.batch}: {n}")
 
 
-def environment(threads: int) -> dict:
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def environment(threads: int, rate: float | None) -> dict:
     import onnx
     import onnxruntime
 
-    env = {
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "threads": threads,
-        "numpy": np.__version__,
-        "onnx": onnx.__version__,
-        "onnxruntime": onnxruntime.__version__,
-    }
+    env = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "python": platform.python_version(), "machine": platform.machine(),
+           "cpu_count": os.cpu_count(), "threads": threads, "numpy": np.__version__,
+           "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
+        if names:
+            env["cpu"] = names[0]
+    except OSError:
+        pass
     try:
         from threadpoolctl import threadpool_info  # optional
 
@@ -255,6 +547,8 @@ def environment(threads: int) -> dict:
         import torch
 
         env["torch"] = torch.__version__
+    if rate is not None:
+        env["sgemm_gflops"] = round(rate, 1)
     if hasattr(os, "getloadavg"):
         env["loadavg_1m"] = round(os.getloadavg()[0], 2)
     return env
@@ -265,27 +559,45 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=list(ALL_MODELS), choices=ALL_MODELS)
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
-    p.add_argument("--runs", type=int, default=10, help="timed runs per measurement (median)")
+    p.add_argument("--runs", type=int, default=10, help="timed runs per worker (median)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs first")
-    p.add_argument("--no-reference", action="store_true",
-                   help="skip onnx.reference.ReferenceEvaluator (slow)")
-    p.add_argument("--reference-budget", type=float, default=60.0,
-                   help="seconds one reference run may take before it is skipped")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="fresh processes per engine, alternating engines (median of rounds)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="intra-op threads for onnxruntime and torch (default: os.cpu_count())")
-    p.add_argument("--quick", action="store_true",
-                   help="fast sanity run: batch 1, 3 runs, 1 warm-up, small reference budget")
-    p.add_argument("--stat", choices=sorted(STAT), default="median",
-                   help="median (default) or min of the timed runs; min is steadier on a busy "
-                        "machine")
+    p.add_argument("--torch", action="store_true", help="also time PyTorch eager")
+    p.add_argument("--quick", action="store_true", help="batch 1, 3 runs, 1 warm-up, 1 round")
+    p.add_argument("--profile", action="store_true",
+                   help="also print our per-node and per-op-type time breakdown")
+    p.add_argument("--top", type=int, default=15, help="nodes listed by --profile")
+    p.add_argument("--prepare", action="store_true",
+                   help="time prepare's stages for the GPT-2-like model and generated graphs")
+    p.add_argument("--prepare-only", action="store_true", help="only the --prepare report")
+    p.add_argument("--prepare-sizes", nargs="+", type=int, default=[5000, 10000, 20000])
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per worker process")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
-    p.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failures")
+    # internal: one engine in a fresh process
+    p.add_argument("--worker", nargs=3, metavar=("ENGINE", "MODEL", "INPUTS"),
+                   help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--name", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    global _stat
-    _stat = STAT[args.stat]
+    if args.worker:
+        engine, model, npz = args.worker
+        res = worker(engine, model, npz, args.runs, args.warmup, args.threads, args.out,
+                     args.profile, args.name)
+        print(json.dumps(res))
+        return 0
     if args.quick:
-        args.batches, args.runs, args.warmup = [1], 3, 1
-        args.reference_budget = min(args.reference_budget, 15.0)
+        args.batches, args.runs, args.warmup, args.rounds = [1], 3, 1, 1
+
+    prep_rows = []
+    if args.prepare or args.prepare_only:
+        prep_rows = prepare_report(args)
+        if args.prepare_only:
+            if args.json:
+                args.json.write_text(json.dumps({"prepare": prep_rows}, indent=2))
+            return 0
 
     models = list(args.models)
     if not torch_available():
@@ -294,32 +606,44 @@ def main(argv=None) -> int:
             print(f"PyTorch is not installed: skipping {', '.join(skipped)} "
                   "(pip install torch to benchmark them)")
         models = [m for m in models if m not in TORCH_MODELS]
-    else:
-        import torch
-
-        torch.set_num_threads(args.threads)
-
-    env = environment(args.threads)
+    rate = sgemm_gflops()
+    env = environment(args.threads, rate)
     print("environment: " + ", ".join(f"{k}={v}" for k, v in env.items()))
     if env.get("loadavg_1m", 0) > 0.5 * (os.cpu_count() or 1):
         print(f"warning: the machine is busy (load average {env['loadavg_1m']}): timings will "
-              "be noisy; try --stat min, or run on a quiet machine")
-    print(f"{args.stat} of {args.runs} runs after {args.warmup} warm-up runs; "
-          "ours/ort < 1 means faster than onnxruntime\n")
-    rows, cache = [], {}
-    for name in models:
-        for batch in args.batches:
-            t0 = time.perf_counter()
-            row = bench_one(name, batch, args, cache, args.threads)
-            rows.append(row)
-            print(f"  {name} batch {batch}: ours {_fmt(row.ours_ms)} ms, "
-                  f"ort {_fmt(row.ort_ms)} ms ({time.perf_counter() - t0:.0f} s)", flush=True)
+              "be noisy; compare ratios within one run")
+    print(f"median of {args.runs} runs after {args.warmup} warm-up runs per fresh process, "
+          f"median of {args.rounds} alternating rounds; ours/ort < 1 means faster than "
+          f"onnxruntime\n")
+    rows = []
+    profiles = []
+    with tempfile.TemporaryDirectory(prefix="wb-bench-") as tmp:
+        folder, cache = Path(tmp), {}
+        for name in models:
+            for batch in args.batches:
+                t0 = time.perf_counter()
+                row = bench_one(name, batch, args, folder, cache, rate)
+                rows.append(row)
+                print(f"  {name} batch {batch}: ours {_fmt(row.ours_ms)} ms, "
+                      f"ort {_fmt(row.ort_ms)} ms, floor {_fmt(row.floor_ms, '{:.2f}')} ms "
+                      f"({time.perf_counter() - t0:.0f} s)", flush=True)
+                if args.profile:
+                    path, npz = model_files(name, batch, folder, cache)
+                    try:
+                        prof = run_worker("ours", path, npz, args, name,
+                                          profile=True)["profile"]
+                        profiles.append((name, batch, prof))
+                        print_profile(name, batch, prof, args.top)
+                    except Exception as e:  # noqa: BLE001
+                        print(f"  profile failed: {e}")
     print()
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(
-            {"environment": env, "stat": args.stat, "runs": args.runs,
-             "rows": [dict(asdict(r), ratio=r.ratio) for r in rows]}, indent=2))
+            {"environment": env, "runs": args.runs, "rounds": args.rounds,
+             "rows": [dict(asdict(r), ratio=r.ratio, mem_ratio=r.mem_ratio) for r in rows],
+             "profiles": [{"model": n, "batch": b, **pr} for n, b, pr in profiles],
+             "prepare": prep_rows}, indent=2))
     return 0
 
 

@@ -25,6 +25,7 @@ import math
 import os
 import re
 import threading
+import time
 
 from workbench.errors import ResourceError
 
@@ -58,15 +59,32 @@ def usable_memory() -> int:
             mem = min(mem, int(soft))
     except (ImportError, ValueError, OSError):  # pragma: no cover - non-POSIX
         pass
+    cg = _cgroup_limit()
+    if cg is not None and cg < mem:
+        mem = cg
+    return mem
+
+
+_CGROUP = {"at": -1.0, "value": None}
+_CGROUP_TTL = 1.0  # seconds a read of the cgroup limit is reused (every tensor load asks)
+
+
+def _cgroup_limit() -> int | None:
+    """The cgroup memory limit in bytes (None without one), re-read at most once a second."""
+    now = time.monotonic()
+    if 0 <= now - _CGROUP["at"] < _CGROUP_TTL:
+        return _CGROUP["value"]
+    value = None
     for p in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             with open(p) as f:
                 txt = f.read().strip()
-            if txt.isdigit() and 0 < int(txt) < mem:
-                mem = int(txt)
+            if txt.isdigit() and int(txt) > 0:
+                value = int(txt) if value is None else min(value, int(txt))
         except OSError:
             pass
-    return mem
+    _CGROUP["at"], _CGROUP["value"] = now, value
+    return value
 
 
 def parse_size(text: str) -> int:

@@ -42,7 +42,9 @@ from workbench.errors import (
     WorkbenchError,
 )
 from workbench.graph.ir import Graph, Node, ValueInfo
+from workbench.graph.segments import fast_schedule
 from workbench.graph.values import check_feed
+from workbench.ops.parallel import blas_controller, single_threaded_blas
 from workbench.ops.registry import NodeContext, attribute_defaults, facts, lookup
 
 
@@ -373,6 +375,10 @@ class Plan:
         self._outer_slots = [(name, slots[name]) for name in outer]
         if on_cuda and move_initializers:   # shape constants stay on the host
             device.move_plan(self, keep={slots[v] for v in self.host_values if v in slots})
+        #: the schedule of plain CPU runs: shape arithmetic in remembered segments
+        #: (:mod:`workbench.graph.segments`); None when the plan has none
+        self._fast = None if on_cuda else fast_schedule(
+            self.steps, {slots[k] for k in graph.initializers}, set(self._out_slots))
 
     def _plan_host_values(self) -> None:
         """Device plans: find the values to keep on the host.
@@ -537,9 +543,24 @@ class Plan:
         plan._in_slots = list(inputs)
         plan._out_slots = list(outputs)
         plan._outer_slots = []
+        plan._fast = None
         return plan
 
     def _execute(self, env: list, hook, runner=None) -> list:
+        if runner is not None or self._on_cuda:
+            return self._execute_steps(env, hook, runner)
+        # CPU kernels split their large products and loops over the engine's own threads
+        # (workbench.ops.parallel); BLAS' own threads would only add to them, and on a busy
+        # machine they stall every small product of a transformer by whole time slices
+        with single_threaded_blas(blas_controller()):
+            if hook is None and self._fast is not None:
+                try:
+                    return self._execute_fast(list(env))
+                except Exception:  # noqa: BLE001 - the plain schedule reports it by node
+                    pass
+            return self._execute_steps(env, hook, runner)
+
+    def _execute_steps(self, env: list, hook, runner=None) -> list:
         step = None
         mem = _pool_sampler(self.device) if self.track_memory else None
         peak = mem() if mem is not None else 0
@@ -603,6 +624,36 @@ class Plan:
             self.last_peak_bytes = peak
             if self.device is not None:
                 self.device._note_peak(peak)
+        out = []
+        for s in self._out_slots:
+            v = env[s]
+            if isinstance(v, np.generic):
+                v = np.asarray(v)
+            out.append(v)
+        return out
+
+
+    def _execute_fast(self, env: list) -> list:
+        """The plain CPU run over the fast schedule (shape segments); any failure is
+        retried by the caller on the plain schedule, which names the node."""
+        env.append(None)    # slot -1: omitted optional inputs read None
+        for st in self._fast:
+            args = [env[i] for i in st.ins]
+            if st.subplans:
+                kw = dict(st.attrs)
+                for name, sub, free in st.subplans:
+                    kw[name] = _bind(sub, {f: env[s] for f, s in free})
+                r = st.fn(*args, **kw)
+            else:
+                r = st.fn(*args, **st.attrs)
+            if type(r) is tuple:
+                for s, v in zip(st.outs, r):
+                    if s >= 0:
+                        env[s] = v
+            elif st.outs[0] >= 0:
+                env[st.outs[0]] = r
+            for s in st.free:
+                env[s] = None
         out = []
         for s in self._out_slots:
             v = env[s]

@@ -12,6 +12,11 @@
   (Relu, LeakyRelu, Clip with constant bounds, Sigmoid, HardSigmoid, Tanh) becomes one internal
   ``com.workbench::FusedConv`` node (the epilogue runs in the convolution's output pass; on
   the GPU in the same kernel as the bias). Internal: optimized graphs are never exported.
+- :func:`fuse_matmul_epilogue`: ``MatMul`` by a weight, ``Add`` of a bias, then optionally
+  a GELU (any pointwise chain computing the erf form or the tanh approximation) or Relu, and
+  a residual ``Add``, becomes one internal ``com.workbench::FusedMatMul`` node.
+- :func:`fuse_attention`: ``MatMul -> scale -> mask -> Softmax -> MatMul`` (scaled
+  dot-product attention) becomes one internal ``com.workbench::FusedAttention`` node.
 - :func:`eliminate_dead_code`: nodes and initializers no output depends on are dropped.
 
 :func:`optimize` runs them in a sensible order. Passes never touch the caller's graph.
@@ -266,7 +271,7 @@ def _activation_params(node: Node, inits: dict, opset: int):
     return op, []
 
 
-def fuse_conv_activation(graph: Graph) -> Graph:
+def fuse_conv_activation(graph: Graph, variables=frozenset()) -> Graph:
     """Fuse ``Conv [-> Add(residual)] [-> activation]`` chains into ``FusedConv`` nodes.
 
     Only float convolutions whose intermediate values have a single consumer and are not
@@ -277,6 +282,7 @@ def fuse_conv_activation(graph: Graph) -> Graph:
     outputs = {v.name for v in g.outputs}
     sub_used = _uses_in_subgraphs(g)
     inits = g.initializers
+    consts = {k: v for k, v in inits.items() if k not in variables}  # values read
     opset = g.opsets.get("", g.opsets.get("ai.onnx", 1))
 
     def only_consumer(value):
@@ -286,6 +292,7 @@ def fuse_conv_activation(graph: Graph) -> Graph:
         return users[0]
 
     removed = set()
+    position = {id(n): i for i, n in enumerate(g.nodes)}  # (list.index compares by value)
     for conv in list(g.nodes):
         if conv.op_type != "Conv" or conv.domain or len(conv.outputs) != 1:
             continue
@@ -303,7 +310,7 @@ def fuse_conv_activation(graph: Graph) -> Graph:
                 nxt = only_consumer(out)
         if nxt is not None and nxt.op_type in EPILOGUE_ACTIVATIONS and not nxt.domain \
                 and len(nxt.outputs) == 1 and id(nxt) not in removed:
-            act = _activation_params(nxt, inits, opset)
+            act = _activation_params(nxt, consts, opset)
             if act is not None:
                 out = nxt.outputs[0]
                 chain.append(nxt)
@@ -315,7 +322,270 @@ def fuse_conv_activation(graph: Graph) -> Graph:
         b = conv.inputs[2] if len(conv.inputs) > 2 else ""
         fused = Node("FusedConv", [conv.inputs[0], conv.inputs[1], b, z], [out], attrs,
                      conv.name, FUSED_DOMAIN)
-        g.nodes[g.nodes.index(conv)] = fused
+        g.nodes[position[id(conv)]] = fused
+        removed.update(id(n) for n in chain)
+    if not removed:
+        return g
+    g.nodes = [n for n in g.nodes if id(n) not in removed]
+    g.opsets = dict(g.opsets)
+    g.opsets[FUSED_DOMAIN] = 1
+    return g
+
+
+def _scalar_const(inits: dict, name: str):
+    """The value of a one-element float/int initializer, else None."""
+    v = inits.get(name)
+    if v is None:
+        return None
+    a = np.asarray(v)
+    if a.size != 1 or a.dtype.kind not in "fiu":
+        return None
+    return a
+
+
+def _gelu_forms():
+    from workbench.ops.linalg import _epilogue_inplace
+    probe = np.concatenate([np.linspace(-12, 12, 481), [-40.0, -20.0, 20.0, 40.0, 0.0]])
+    out = {}
+    for form in ("Gelu", "GeluTanh"):
+        y = probe.copy()
+        _epilogue_inplace(y, form)
+        out[form] = y
+    return probe, out
+
+
+def _elementwise_region(position: dict, start: str, consumers: dict, inits: dict,
+                        outputs: set, sub_used: set):
+    """The chain of pointwise nodes computing a function of the value ``start`` alone (their
+    other inputs one-element constants) up to the one value leaving it: ``(nodes in order,
+    output)``, or None. Every value inside, ``start`` included, is read only inside."""
+    region, values, order = set(), {start}, []
+    frontier = [start]
+    while frontier:
+        v = frontier.pop()
+        for n in consumers.get(v, []):
+            if id(n) in region:
+                continue
+            f = facts(n.op_type, n.domain)
+            if not f.elementwise or n.domain or len(n.outputs) != 1 or not n.outputs[0] \
+                    or n.subgraphs:
+                continue
+            if not all(i in values or _scalar_const(inits, i) is not None
+                       for i in n.inputs if i) or not any(i in values for i in n.inputs):
+                continue
+            region.add(id(n))
+            order.append(n)
+            values.add(n.outputs[0])
+            frontier.append(n.outputs[0])
+    if not order:
+        return None
+    leaving = [v for v in values
+               if v in outputs or v in sub_used
+               or any(id(c) not in region for c in consumers.get(v, []))]
+    if len(leaving) != 1 or leaving[0] == start or leaving[0] in sub_used:
+        return None
+    order.sort(key=lambda n: position[id(n)])
+    return order, leaving[0]
+
+
+def _region_activation(nodes, start: str, out: str, inits: dict, opset: int):
+    """Which FusedMatMul activation the region computes ("Gelu", "GeluTanh"), found by running
+    it on a probe of points in [-12, 12] and a few large ones; None for anything else."""
+    from workbench.ops.registry import NodeContext, attribute_defaults, lookup
+    probe, forms = _gelu_forms()
+    for dtype in (np.float64, np.float32):
+        env = {start: probe.astype(dtype)}
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for n in nodes:
+                    entry = lookup(n.op_type, n.domain, opset, n.name)
+                    attrs = dict(attribute_defaults(n.op_type, n.domain or "", opset))
+                    attrs.update(n.attrs)
+                    if entry.wants_ctx:
+                        attrs["ctx"] = NodeContext(n.name, n.op_type, opset, 1,
+                                                   tuple(n.outputs), False, None)
+                    args = [env[i] if i in env else np.asarray(inits[i]).astype(dtype)
+                            if i else None for i in n.inputs]
+                    env[n.outputs[0]] = np.asarray(entry.fn(*args, **attrs))
+        except Exception:  # noqa: BLE001 - a region the probe cannot run is not fused
+            return None
+        y = env.get(out)
+        if y is None or y.shape != probe.shape:
+            return None
+        found = None   # float32 constants: agreement to float32 rounding, not better
+        for form, ref in forms.items():
+            if np.allclose(y.astype(np.float64), ref, rtol=1e-5, atol=1e-6):
+                found = form
+        if found is None:
+            return None
+    return found
+
+
+def fuse_matmul_epilogue(graph: Graph, variables=frozenset()) -> Graph:
+    """Fuse ``MatMul(A, W) -> Add(bias) [-> GELU or Relu] [-> Add(residual)]`` into internal
+    ``com.workbench::FusedMatMul`` nodes (PyTorch's Linear layers export as MatMul + Add).
+
+    ``W`` and ``bias`` must be float initializers (the bias one value per output column); the
+    GELU may be any chain of pointwise ops of the biased value alone that computes the erf
+    form or the tanh approximation (checked by running the chain on a probe); intermediate
+    values must have a single consumer and must not be graph outputs. The fused node keeps
+    the MatMul's name and produces the chain's last value."""
+    g = graph.copy()
+    consumers = g.consumers()
+    outputs = {v.name for v in g.outputs}
+    sub_used = _uses_in_subgraphs(g)
+    inits = g.initializers
+    consts = {k: v for k, v in inits.items() if k not in variables}  # values read
+    opset = g.opsets.get("", g.opsets.get("ai.onnx", 1))
+
+    def only_consumer(value):
+        users = consumers.get(value, [])
+        if len(users) != 1 or value in outputs or value in sub_used:
+            return None
+        return users[0]
+
+    removed = set()
+    position = {id(n): i for i, n in enumerate(g.nodes)}
+    for mm in list(g.nodes):
+        if mm.op_type != "MatMul" or mm.domain or len(mm.inputs) != 2 or id(mm) in removed:
+            continue
+        w = inits.get(mm.inputs[1])
+        if w is None or np.asarray(w).dtype.kind != "f" or np.asarray(w).ndim != 2:
+            continue
+        n_out = np.asarray(w).shape[1]
+        add = only_consumer(mm.outputs[0])
+        if add is None or add.op_type != "Add" or add.domain or len(add.inputs) != 2 \
+                or id(add) in removed:
+            continue
+        bname = add.inputs[1] if add.inputs[0] == mm.outputs[0] else add.inputs[0]
+        b = inits.get(bname)
+        if b is None or np.asarray(b).dtype != np.asarray(w).dtype \
+                or np.asarray(b).shape not in ((n_out,), (1, n_out)):
+            continue
+        chain, out, act, z = [add], add.outputs[0], "", ""
+        nxt = only_consumer(out)
+        if nxt is not None and nxt.op_type == "Relu" and not nxt.domain \
+                and id(nxt) not in removed:
+            chain.append(nxt)
+            out, act = nxt.outputs[0], "Relu"
+        elif out not in outputs and out not in sub_used and consumers.get(out) and all(
+                facts(c.op_type, c.domain).elementwise for c in consumers[out]):
+            region = _elementwise_region(position, out, consumers, consts, outputs, sub_used)
+            if region is not None and not any(id(n) in removed for n in region[0]):
+                form = _region_activation(region[0], out, region[1], consts, opset)
+                if form is not None:
+                    chain.extend(region[0])
+                    out, act = region[1], form
+        nxt = only_consumer(out)
+        if nxt is not None and nxt.op_type == "Add" and not nxt.domain \
+                and len(nxt.inputs) == 2 and id(nxt) not in removed:
+            other = nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0]
+            if other and other != out:
+                chain.append(nxt)
+                out, z = nxt.outputs[0], other
+        fused = Node("FusedMatMul", [mm.inputs[0], mm.inputs[1], bname, z], [out],
+                     {"activation": act}, mm.name, FUSED_DOMAIN)
+        g.nodes[position[id(mm)]] = fused
+        position[id(fused)] = position.pop(id(mm))
+        removed.update(id(n) for n in chain)
+    if not removed:
+        return g
+    g.nodes = [n for n in g.nodes if id(n) not in removed]
+    g.opsets = dict(g.opsets)
+    g.opsets[FUSED_DOMAIN] = 1
+    return g
+
+
+def fuse_attention(graph: Graph, variables=frozenset()) -> Graph:
+    """Fuse ``MatMul(Q, K) [-> Mul|Div(scalar)] [-> Add(mask) | Where(cond, fill, .) |
+    Where(cond, ., fill)] -> Softmax(axis=-1) -> MatMul(., V)`` (scaled dot-product attention
+    as PyTorch exports it) into an internal ``com.workbench::FusedAttention`` node. Every
+    intermediate value must have a single consumer and not be a graph output; the scale and
+    the fill value must be one-element float constants; Softmax must be opset 13 or newer
+    (normalising the last axis only). The fused node keeps the last MatMul's name."""
+    g = graph.copy()
+    if g.opsets.get("", g.opsets.get("ai.onnx", 1)) < 13:
+        return g
+    consumers = g.consumers()
+    producers = g.producers()
+    outputs = {v.name for v in g.outputs}
+    sub_used = _uses_in_subgraphs(g)
+    inits = g.initializers
+    consts = {k: v for k, v in inits.items() if k not in variables}  # values read
+
+    def single(value):
+        users = consumers.get(value, [])
+        return len(users) == 1 and value not in outputs and value not in sub_used
+
+    def prod(value, op):
+        n = producers.get(value)
+        if n is None or n.op_type != op or n.domain or not single(value):
+            return None
+        return n
+
+    def float_scalar(name):
+        a = _scalar_const(consts, name)
+        return None if a is None or a.dtype.kind != "f" else float(a.reshape(-1)[0])
+
+    removed = set()
+    position = {id(n): i for i, n in enumerate(g.nodes)}
+    for sm in list(g.nodes):
+        if sm.op_type != "Softmax" or sm.domain or sm.attrs.get("axis", -1) != -1 \
+                or len(sm.outputs) != 1 or id(sm) in removed:
+            continue
+        p = sm.outputs[0]
+        if not single(p):
+            continue
+        mm2 = consumers[p][0]
+        if mm2.op_type != "MatMul" or mm2.domain or mm2.inputs[0] != p or mm2.inputs[1] == p:
+            continue
+        chain, cur = [sm], sm.inputs[0]
+        mask, m_in, fill = "", "", 0.0
+        for op in ("Add", "Where"):
+            n = prod(cur, op)
+            if n is None:
+                continue
+            if op == "Add" and len(n.inputs) == 2:
+                for a, b in ((0, 1), (1, 0)):
+                    src = producers.get(n.inputs[a])
+                    if src is not None and src.op_type in ("Mul", "Div", "MatMul") \
+                            and n.inputs[b] and n.inputs[b] != n.inputs[a]:
+                        mask, m_in, cur = "add", n.inputs[b], n.inputs[a]
+                        chain.append(n)
+                        break
+            elif op == "Where" and len(n.inputs) == 3:
+                c, x, y = n.inputs
+                if float_scalar(x) is not None and y != c:
+                    mask, m_in, fill, cur = "fill_where_true", c, float_scalar(x), y
+                    chain.append(n)
+                elif float_scalar(y) is not None and x != c:
+                    mask, m_in, fill, cur = "fill_where_false", c, float_scalar(y), x
+                    chain.append(n)
+            break
+        scale_op, scale = "", 1.0
+        for op in ("Mul", "Div"):
+            n = prod(cur, op)
+            if n is None or len(n.inputs) != 2:
+                continue
+            pairs = ((0, 1), (1, 0)) if op == "Mul" else ((0, 1),)
+            for a, b in pairs:
+                c = float_scalar(n.inputs[b])
+                if c is not None and producers.get(n.inputs[a]) is not None:
+                    scale_op, scale, cur = op.lower(), c, n.inputs[a]
+                    chain.append(n)
+                    break
+            break
+        mm1 = prod(cur, "MatMul")
+        if mm1 is None or len(mm1.inputs) != 2 or any(id(n) in removed for n in chain):
+            continue
+        chain.append(mm1)
+        fused = Node("FusedAttention", [mm1.inputs[0], mm1.inputs[1], mm2.inputs[1], m_in],
+                     list(mm2.outputs),
+                     {"scale": float(scale), "scale_op": scale_op, "mask": mask,
+                      "fill": float(fill)}, mm2.name, FUSED_DOMAIN)
+        g.nodes[position[id(mm2)]] = fused
+        position[id(fused)] = position.pop(id(mm2))
         removed.update(id(n) for n in chain)
     if not removed:
         return g
@@ -336,23 +606,25 @@ def _fresh(names, base: str) -> str:
 def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bool = True,
              fuse: bool = True, variables=frozenset()) -> Graph:
     """Run the inference passes: identities, constant folding, Conv+BN folding, Conv+Add+
-    activation fusion, DCE.
+    activation fusion, MatMul+bias+activation+Add fusion, attention fusion, DCE.
 
     The one pipeline behind both ``backend.prepare`` (every initializer a constant) and a
     trainable model's inference runs (``SONNXModel.run``: its parameters and running
-    statistics are ``variables``, so what is computed from them — the folded BatchNorm
-    weights — runs in the plan on the current values instead of being baked in). Both run the
-    same nodes with the same kernels, so they give the same numbers."""
+    statistics are ``variables``, so nothing computed from them is baked in: the folded
+    BatchNorm weights run in the plan on the current values, and the fusions read only
+    constants' values). Both run the same nodes with the same kernels, so they give the
+    same numbers."""
     variables = frozenset(variables)
     g = graph
     steps = [(identities, remove_identities), (fold, fold_constants), (bn, fold_batchnorm),
              (fold and bn, fold_constants), (fuse, fuse_conv_activation),
+             (fuse, fuse_matmul_epilogue), (fuse, fuse_attention),
              (True, eliminate_dead_code)]
     for enabled, fn in steps:
         if not enabled:
             continue
         try:
-            g = fn(g, variables) if fn in (fold_constants, fold_batchnorm) else fn(g)
+            g = fn(g) if fn in (remove_identities, eliminate_dead_code) else fn(g, variables)
         except WorkbenchError:
             raise
         except Exception as e:  # a pass must never surface a raw numpy/Python error

@@ -47,7 +47,7 @@ def _sigmoid_inplace(xp, t):
 # Relu family
 
 
-@kernel("Relu", since=6, category="activation")
+@kernel("Relu", since=6, category="activation", elementwise=True)
 def relu(x):
     xp = xp_of(x)
     if xp is np and x.dtype.kind == "f" and x.itemsize >= 4:
@@ -144,7 +144,7 @@ def shrink(x, *, bias=0.0, lambd=0.5):
 # sigmoid family
 
 
-@kernel("Sigmoid", since=6, category="activation")
+@kernel("Sigmoid", since=6, category="activation", elementwise=True)
 def sigmoid(x):
     xp = xp_of(x)
     return _down(ensure_array(_sigmoid_inplace(xp, _fresh(xp, x)), xp), x.dtype)
@@ -173,7 +173,7 @@ def hard_swish(x):
     return _down(ensure_array(t, xp), x.dtype)
 
 
-@kernel("Tanh", since=6, category="activation")
+@kernel("Tanh", since=6, category="activation", elementwise=True)
 def tanh(x):
     return ensure_array(xp_of(x).tanh(x))
 

@@ -40,25 +40,25 @@ def legacy_broadcast(op: str, a, b, broadcast, axis):
 # binary arithmetic
 
 
-@kernel("Add", since=6, category="math", host_compute=True)
+@kernel("Add", since=6, category="math", elementwise=True, host_compute=True)
 def add(a, b, *, broadcast=0, axis=None):
     b = legacy_broadcast("Add", a, b, broadcast, axis)
     return ensure_array(xp_of(a, b).add(a, b))
 
 
-@kernel("Sub", since=6, category="math", host_compute=True)
+@kernel("Sub", since=6, category="math", elementwise=True, host_compute=True)
 def sub(a, b, *, broadcast=0, axis=None):
     b = legacy_broadcast("Sub", a, b, broadcast, axis)
     return ensure_array(xp_of(a, b).subtract(a, b))
 
 
-@kernel("Mul", since=6, category="math", host_compute=True)
+@kernel("Mul", since=6, category="math", elementwise=True, host_compute=True)
 def mul(a, b, *, broadcast=0, axis=None):
     b = legacy_broadcast("Mul", a, b, broadcast, axis)
     return ensure_array(xp_of(a, b).multiply(a, b))
 
 
-@kernel("Div", since=6, category="math", host_compute=True)
+@kernel("Div", since=6, category="math", elementwise=True, host_compute=True)
 def div(a, b, *, broadcast=0, axis=None):
     """Float division, or integer division truncating toward zero (C semantics)."""
     b = legacy_broadcast("Div", a, b, broadcast, axis)
@@ -84,7 +84,7 @@ def div(a, b, *, broadcast=0, axis=None):
         return r
 
 
-@kernel("Pow", since=6, category="math")
+@kernel("Pow", since=6, category="math", elementwise=True)
 def pow_(x, y, *, broadcast=0, axis=None):
     """x ** y with the output type of ``x``; the exponent may have another numeric type."""
     y = legacy_broadcast("Pow", x, y, broadcast, axis)
@@ -141,35 +141,35 @@ def mod(a, b, *, fmod=0):
 # unary math
 
 
-@kernel("Neg", since=6, category="math", host_compute=True)
+@kernel("Neg", since=6, category="math", elementwise=True, host_compute=True)
 def neg(x):
     return ensure_array(xp_of(x).negative(x))
 
 
-@kernel("Abs", since=6, category="math", host_compute=True)
+@kernel("Abs", since=6, category="math", elementwise=True, host_compute=True)
 def abs_(x):
     return ensure_array(xp_of(x).absolute(x))
 
 
-@kernel("Sqrt", since=6, category="math")
+@kernel("Sqrt", since=6, category="math", elementwise=True)
 def sqrt(x):
     with quiet():
         return ensure_array(xp_of(x).sqrt(x))
 
 
-@kernel("Exp", since=6, category="math")
+@kernel("Exp", since=6, category="math", elementwise=True)
 def exp(x):
     with quiet():
         return ensure_array(xp_of(x).exp(x))
 
 
-@kernel("Log", since=6, category="math")
+@kernel("Log", since=6, category="math", elementwise=True)
 def log(x):
     with quiet():
         return ensure_array(xp_of(x).log(x))
 
 
-@kernel("Reciprocal", since=6, category="math")
+@kernel("Reciprocal", since=6, category="math", elementwise=True)
 def reciprocal(x):
     if not is_float(x.dtype):  # numpy's integer reciprocal would silently give 0s
         raise InputError(f"Reciprocal: input dtype {x.dtype} is not supported "
@@ -334,7 +334,7 @@ def erf_array(x):
     return ensure_array(r, xp).astype(x.dtype, copy=False)
 
 
-@kernel("Erf", since=9, category="math")
+@kernel("Erf", since=9, category="math", elementwise=True)
 def erf(x):
     if not is_float(x.dtype):  # Erf-9 also allows integer types
         return erf_array(x.astype(np.float64)).astype(x.dtype)

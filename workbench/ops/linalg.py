@@ -7,10 +7,17 @@ its equation (explicit output, spaces removed) before handing it to ``einsum``.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np  # host-side shape checks only
+
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
 from workbench.limits import check_alloc
-from workbench.ops._common import check_matmul, compute_dtype
+from workbench.ops._common import check_matmul, compute_dtype, ensure_array
+from workbench.ops.activation import softmax
+from workbench.ops.conv import FUSED_DOMAIN
+from workbench.ops.elementwise import erf_array
 from workbench.ops.parallel import parallel_matmul
 from workbench.ops.registry import kernel
 
@@ -243,3 +250,104 @@ def det(X):
     cd = compute_dtype(X.dtype)
     y = xp.linalg.det(X.astype(cd, copy=False))
     return xp.asarray(y).astype(X.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------------------------
+# FusedMatMul (internal: made by the inference pass workbench.graph.passes.fuse_matmul_epilogue)
+# --------------------------------------------------------------------------------------------
+
+#: activations the FusedMatMul epilogue applies (what fuse_matmul_epilogue may fuse)
+MATMUL_EPILOGUES = ("", "Gelu", "GeluTanh", "Relu")
+
+
+def _epilogue_inplace(y, activation):
+    """GELU (erf or tanh form) or ReLU applied to the float array ``y`` in place."""
+    xp = xp_of(y)
+    if activation == "Relu":
+        xp.maximum(y, 0, out=y)
+        return
+    t = y * y.dtype.type(1.0 / math.sqrt(2.0)) if activation == "Gelu" else y * y
+    if activation == "Gelu":
+        t = erf_array(t)
+    else:   # 0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3)))
+        t *= y.dtype.type(0.044715)
+        t += 1
+        t *= y
+        t *= y.dtype.type(math.sqrt(2.0 / math.pi))
+        xp.tanh(t, out=t)
+    t += 1
+    y *= t
+    y *= y.dtype.type(0.5)
+
+
+@kernel("FusedMatMul", since=1, domain=FUSED_DOMAIN)
+def fused_matmul_epilogue(A, B, bias=None, Z=None, *, activation=""):
+    """``activation(A @ B + bias) + Z`` in one node (MatMul -> Add(bias) -> GELU/ReLU ->
+    Add(residual) as exported by PyTorch's Linear layers): the epilogue runs in place on the
+    product's fresh output. ``activation`` is "" (none), "Gelu" (erf form), "GeluTanh" (the
+    tanh approximation) or "Relu"."""
+    if activation not in MATMUL_EPILOGUES:
+        raise InputError(f"FusedMatMul: unknown activation {activation!r} (known: "
+                         f"{', '.join(repr(a) for a in MATMUL_EPILOGUES)})")
+    xp = xp_of(A, B)
+    y = ensure_array(matmul(A, B), xp)   # a fresh product: the epilogue writes into it
+    if bias is not None:
+        if np.broadcast_shapes(tuple(y.shape), tuple(bias.shape)) == tuple(y.shape) \
+                and bias.dtype == y.dtype:
+            y += bias
+        else:
+            y = ensure_array(y + bias, xp)
+    if activation:
+        if y.dtype.kind != "f":
+            raise InputError(f"FusedMatMul: activation {activation!r} needs a float product, "
+                             f"got {y.dtype}")
+        cd = compute_dtype(y.dtype)
+        if cd != y.dtype:  # float16 / bfloat16: computed in float32
+            yc = y.astype(cd)
+            _epilogue_inplace(yc, activation)
+            y = yc.astype(y.dtype)
+        else:
+            _epilogue_inplace(y, activation)
+    if Z is not None:
+        if np.broadcast_shapes(tuple(y.shape), tuple(Z.shape)) == tuple(y.shape) \
+                and Z.dtype == y.dtype:
+            y += Z
+        else:
+            y = ensure_array(y + Z, xp)
+    return y
+
+
+# --------------------------------------------------------------------------------------------
+# FusedAttention (internal: made by the inference pass workbench.graph.passes.fuse_attention)
+# --------------------------------------------------------------------------------------------
+
+@kernel("FusedAttention", since=1, domain=FUSED_DOMAIN)
+def fused_attention(Q, K, V, M=None, *, scale=1.0, scale_op="", mask="", fill=0.0):
+    """``Softmax(mask(scale(Q @ K)), axis=-1) @ V`` in one node (``K`` as the graph gives it,
+    already transposed): ``scale_op`` "mul" / "div" by ``scale`` or "" (none); ``mask`` ""
+    (none), "add" (``+ M``), "fill_where_true" (``Where(M, fill, s)``) or "fill_where_false"
+    (``Where(M, s, fill)``). The scores are scaled, masked and normalised in place."""
+    if scale_op not in ("", "mul", "div") or mask not in ("", "add", "fill_where_true",
+                                                          "fill_where_false"):
+        raise InputError(f"FusedAttention: unknown scale_op {scale_op!r} or mask {mask!r}")
+    xp = xp_of(Q, K)
+    s = ensure_array(matmul(Q, K), xp)
+    if s.dtype.kind != "f":
+        raise InputError(f"FusedAttention: the scores must be float, got {s.dtype}")
+    if scale_op == "mul":
+        s *= s.dtype.type(scale)
+    elif scale_op == "div":
+        s /= s.dtype.type(scale)
+    if mask == "add":
+        if np.broadcast_shapes(tuple(s.shape), tuple(M.shape)) == tuple(s.shape) \
+                and M.dtype == s.dtype:
+            s += M
+        else:
+            s = ensure_array(s + M, xp)
+    elif mask:
+        cond = M if mask == "fill_where_true" else xp.logical_not(M)
+        if np.broadcast_shapes(tuple(s.shape), tuple(cond.shape)) == tuple(s.shape):
+            xp.copyto(s, s.dtype.type(fill), where=cond)
+        else:
+            s = xp.where(cond, s.dtype.type(fill), s)
+    return matmul(softmax(s, axis=-1), V)

@@ -44,6 +44,9 @@ queried with :func:`facts` / :func:`category` (no tables of op names elsewhere):
 - ``shape_only``: reads only the shape of its input (Shape, Size): a device plan computes it
   on the host from the array's metadata.
 - ``state_inputs``: input positions that hold running statistics (buffers, not parameters).
+- ``elementwise``: pointwise (each output element depends only on the inputs' elements at
+  the same broadcast position, nothing else: no attributes that mix elements); the inference
+  passes may fuse chains of such ops into a product's epilogue.
 - ``train``: the training-mode form of the op (a kernel registered with ``train=True``), run
   by the Tensor runner for imported graphs in training mode, with ``state_outputs``
   ``{output: input}`` naming the outputs written back into stateful inputs.
@@ -96,6 +99,7 @@ class OpFacts:
     state_inputs: tuple = ()
     state_outputs: tuple = ()      # ((output index, input index), ...) of the training form
     shape_only: bool = False       # reads only its input's shape (Shape, Size)
+    elementwise: bool = False      # pointwise: output[i] depends on the inputs' [i] only
 
 
 _NO_FACTS = OpFacts()
@@ -145,7 +149,7 @@ def kernel(op_type: str, since: int = 1, *, domain: str = "", wants_ctx: bool = 
     ``xp="cupy"`` registers a device-specific override instead of the portable kernel;
     ``train=True`` the training-mode form. Keyword ``facts`` (``category``, ``host_inputs``,
     ``host_compute``, ``settings``, ``random``, ``state_inputs``, ``state_outputs``,
-    ``shape_only``) describe the
+    ``shape_only``, ``elementwise``) describe the
     op (see the module docstring).
     """
 

@@ -1,0 +1,221 @@
+"""Shape segments: the shape arithmetic of a plan run once per input shape, not once per run.
+
+Exported transformers compute their Reshape targets, position ids and causal masks in the
+graph from the dynamic batch and sequence length: ``Shape -> Gather -> Unsqueeze -> Concat``
+chains, ``Range``, comparisons, casts -- about a third of the nodes of the BERT-like and
+GPT-2-like models, each paying a kernel call per run although their results change only when
+an input's shape does.
+
+:func:`fast_schedule` finds the *shape-derived* steps of a CPU plan: a step reading only the
+shape of its input (a kernel registered ``shape_only``: Shape, Size), or a deterministic step
+(no ``random`` fact, no subgraph) whose every input is shape-derived or an initializer and at
+least one is shape-derived. Each of them is moved up to right after the last step it depends
+on; the shape-derived steps that land at the same place form one :class:`ShapeSegment` step,
+which runs its members once per key -- the shapes of the tensors whose shape it reads, the
+bytes of the small shape-derived values it reads from earlier steps, the identity of the
+others (initializers) -- and hands out the remembered outputs afterwards (read-only arrays,
+at most 1 MiB per key). Values that are graph outputs are never remembered.
+
+The schedule is used only by plain CPU runs (no hook, no step runner, no device): hooks see
+every node, and the training runner records every node on its tape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from workbench.ops.registry import facts
+
+#: bytes of outputs a segment remembers per key; bigger results are recomputed every run
+MEMO_BYTES = 1 << 20
+#: keys a segment remembers (the cache is emptied when full)
+MEMO_KEYS = 16
+#: shape-derived arrays up to this many elements are keyed by their bytes, larger by identity
+KEY_ELEMENTS = 256
+
+
+class ShapeSegment:
+    """Shape-derived steps run as one step, their results remembered per key.
+
+    Called with the values of ``ext_in`` (slots), returns the values of ``ext_out`` (a
+    tuple). ``shape_keyed[k]``: the k-th input is read only for its shape."""
+
+    def __init__(self, members: list, ext_in: tuple, ext_out: tuple, shape_keyed: tuple,
+                 value_keyed: tuple):
+        self.members = members
+        self.ext_in = ext_in
+        self.ext_out = ext_out
+        self.shape_keyed = shape_keyed
+        self.value_keyed = value_keyed
+        self.memo: dict = {}
+        self.memo_ok = True     # False once a result was too large or not an array
+        self.hits = 0
+
+    def key(self, vals) -> tuple:
+        parts = []
+        for v, by_shape, by_value in zip(vals, self.shape_keyed, self.value_keyed):
+            if by_shape and hasattr(v, "shape") and hasattr(v, "dtype"):
+                parts.append(tuple(v.shape))
+            elif by_value and type(v) is np.ndarray and v.size <= KEY_ELEMENTS:
+                parts.append((v.dtype.str, v.shape, v.tobytes()))
+            else:   # identity; the memo entry keeps the object alive, so the id stays unique
+                parts.append(id(v))
+        return tuple(parts)
+
+    def __call__(self, *vals):
+        if self.memo_ok:
+            k = self.key(vals)
+            hit = self.memo.get(k)
+            if hit is not None:
+                self.hits += 1
+                return hit[0]
+        local: dict[int, Any] = dict(zip(self.ext_in, vals))
+        local[-1] = None
+        for st in self.members:
+            r = st.fn(*[local[i] for i in st.ins], **st.attrs)
+            if type(r) is tuple:
+                for s, v in zip(st.outs, r):
+                    local[s] = v
+            else:
+                local[st.outs[0]] = r
+        out = tuple(local[s] for s in self.ext_out)
+        if self.memo_ok:
+            self._remember(k, vals, out)
+        return out
+
+    def _remember(self, k, vals, out) -> None:
+        total = 0
+        for v in out:
+            if type(v) is not np.ndarray:
+                self.memo_ok = False
+                return
+            total += v.nbytes
+        if total > MEMO_BYTES:
+            self.memo_ok = False
+            self.memo.clear()
+            return
+        inputs = {id(v) for v in vals}
+        for v in out:   # handed out on every later run: nobody may write into them
+            if id(v) not in inputs:
+                v.flags.writeable = False
+        if len(self.memo) >= MEMO_KEYS:
+            self.memo.clear()
+        self.memo[k] = (out, vals)
+
+
+class FastStep:
+    """A step of the fast schedule: the original :class:`~workbench.graph.executor.Step` or a
+    :class:`ShapeSegment`, with the slots it reads and writes and those freed after it."""
+
+    __slots__ = ("fn", "ins", "outs", "attrs", "free", "subplans", "step", "segment")
+
+    def __init__(self, fn, ins, outs, attrs, free, subplans, step, segment):
+        self.fn, self.ins, self.outs, self.attrs = fn, ins, outs, attrs
+        self.free, self.subplans, self.step, self.segment = free, subplans, step, segment
+
+
+def _reads(step) -> list:
+    out = [i for i in step.ins if i >= 0]
+    for _, _, free in step.subplans:
+        out.extend(s for _, s in free)
+    return out
+
+
+def fast_schedule(steps: list, const_slots: set, keep_slots: set) -> list | None:
+    """The fast schedule of a CPU plan's ``steps`` (see the module docstring), or None when it
+    has no shape segment. ``const_slots``: initializer slots; ``keep_slots``: output slots."""
+    producer: dict[int, int] = {}
+    for i, st in enumerate(steps):
+        for s in st.outs:
+            if s >= 0:
+                producer[s] = i
+    derived: set[int] = set()          # shape-derived slots
+    member: dict[int, int] = {}        # shape-derived step -> anchor (step it follows; -1)
+    for i, st in enumerate(steps):
+        n = st.node
+        if st.subplans or any(s in keep_slots for s in st.outs):
+            continue
+        f = facts(n.op_type, n.domain)
+        if f.random:
+            continue
+        ins = [s for s in st.ins if s >= 0]
+        if f.shape_only:
+            if not ins:
+                continue
+        elif not ins or not any(s in derived for s in ins) or \
+                not all(s in derived or s in const_slots for s in ins):
+            continue
+        anchor = -1
+        for s in ins:
+            p = producer.get(s)
+            if p is None:
+                continue
+            anchor = max(anchor, member[p] if p in member else p)
+        member[i] = anchor
+        derived.update(s for s in st.outs if s >= 0)
+    if not member:
+        return None
+    # the order: every step, each shape-derived one moved up to right after its anchor
+    groups: dict[int, list[int]] = {}
+    for i, a in member.items():
+        groups.setdefault(a, []).append(i)
+    if not any(len(g) > 1 for g in groups.values()):
+        return None
+    order: list[list[int]] = []
+    if -1 in groups:
+        order.append(groups[-1])
+    for i in range(len(steps)):
+        if i not in member:
+            order.append([i])
+        if i in groups:
+            order.append(groups[i])
+    # who reads what, in the new order
+    units = []
+    for idx in order:
+        if len(idx) == 1:
+            units.append((idx, _reads(steps[idx[0]]), [s for s in steps[idx[0]].outs if s >= 0]))
+            continue
+        produced = {s for i in idx for s in steps[i].outs if s >= 0}
+        reads = []
+        for i in idx:
+            reads.extend(s for s in _reads(steps[i]) if s not in produced and s not in reads)
+        units.append((idx, reads, sorted(produced)))
+    read_outside: dict[int, set] = {}
+    for u, (_, reads, _) in enumerate(units):
+        for s in reads:
+            read_outside.setdefault(s, set()).add(u)
+    fast: list[FastStep] = []
+    last_use: dict[int, int] = {}
+    for u, (idx, reads, produced) in enumerate(units):
+        if len(idx) == 1:
+            st = steps[idx[0]]
+            fast.append(FastStep(st.fn, st.ins, st.outs, st.attrs, (), st.subplans, st, None))
+        else:
+            members = [steps[i] for i in idx]
+            ext_out = tuple(s for s in produced
+                            if any(v != u for v in read_outside.get(s, ())) or s in keep_slots)
+            shape_keyed = []
+            for s in reads:
+                only_shape = all(
+                    facts(m.node.op_type, m.node.domain).shape_only
+                    for m in members if s in m.ins)
+                shape_keyed.append(only_shape)
+            value_keyed = tuple(s in derived for s in reads)
+            seg = ShapeSegment(members, tuple(reads), ext_out, tuple(shape_keyed), value_keyed)
+            fast.append(FastStep(seg, tuple(reads), ext_out, {}, (), (), None, seg))
+            reads = list(reads)
+        for s in reads:
+            last_use[s] = len(fast) - 1
+    frees: list[list[int]] = [[] for _ in fast]
+    for s, u in last_use.items():
+        if s not in keep_slots:
+            frees[u].append(s)
+    for u, fs in enumerate(fast):   # outputs nobody reads are freed right away
+        for s in fs.outs:
+            if s >= 0 and s not in last_use and s not in keep_slots:
+                frees[u].append(s)
+    for fs, fr in zip(fast, frees):
+        fs.free = tuple(fr)
+    return fast
