@@ -12,8 +12,9 @@ Each framework runs in a fresh process of its own per model (the workbench proce
 torch), so that each process's RSS high-water mark (``ru_maxrss``) is that framework's peak memory
 for that model. The parent drives the two processes in lock-step: a step of ours, a step of
 PyTorch, a step of ours... so that both see the same machine load; each step is timed inside its
-process; the medians are reported. Both use ``--threads`` threads (default: all cores; numpy's BLAS
-is limited with threadpoolctl when that is installed and ``--threads`` is given).
+process; the medians are reported. Both use ``--threads`` threads (default: all cores; with
+``--threads``, PyTorch gets ``torch.set_num_threads``, the engine ``WORKBENCH_NUM_THREADS`` and
+numpy's BLAS a threadpoolctl limit).
 
     python benchmarks/bench_training.py                 # ResNet-18, MobileNetV2, BERT-like
     python benchmarks/bench_training.py --quick         # 112x112 images, 2 timed steps
@@ -70,6 +71,15 @@ def _labels(name, batch, seed=0):
 
 
 def _peak_rss_mib() -> float:
+    """This process's RSS high-water mark: VmHWM on Linux (per address space, so it starts
+    afresh at exec; ``ru_maxrss`` would carry the parent's peak over a fork + exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return r / (1024 * 1024) if sys.platform == "darwin" else r / 1024
 
@@ -239,6 +249,8 @@ def child_main(argv) -> int:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--graph", action="store_true")
     a = ap.parse_args(argv)
+    if a.threads:  # the engine's own worker threads (ops.parallel) as well as BLAS
+        os.environ["WORKBENCH_NUM_THREADS"] = str(a.threads)
     _limit_threads(a.threads)
     xs = _inputs(a.model, a.batch, a.image, a.seq)
     labels = _labels(a.model, a.batch)
@@ -349,8 +361,9 @@ def main(argv=None) -> int:
     ap.add_argument("--graph", action="store_true", help="compile with use_graph=True")
     ap.add_argument("--quick", action="store_true", help="112x112 images, 2 timed runs")
     ap.add_argument("--threads", type=int, default=None,
-                    help="threads for both sides (default: all cores); numpy's BLAS is limited "
-                         "with threadpoolctl when installed")
+                    help="threads for both sides (default: all cores): torch.set_num_threads, the "
+                         "engine's WORKBENCH_NUM_THREADS, and numpy's BLAS through "
+                         "threadpoolctl when installed")
     ap.add_argument("--profile", action="store_true",
                     help="after the timed steps: per-op forward/backward breakdown of both sides")
     ap.add_argument("--profile-steps", type=int, default=2)

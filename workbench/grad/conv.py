@@ -228,13 +228,22 @@ def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
     dt = gy.dtype
     nw = n_workers()
     ctl = blas_controller() if nw > 1 else None
-    # the output gradient as (M, N*P), shared by both products
-    gym = np.empty((m, n) + out_sp, dtype=dt)
-    parallel_copy(np, gym, gy.transpose((1, 0) + tuple(range(2, 2 + nsp))), axis=0)
-    gym = gym.reshape(m, n * p)
+    pointwise = kp == 1 and not any(pb) and all(v == 1 for v in s) and out_sp == sp
+    gym = None
+    if not pointwise or (need_w and m * c > p * (m + c)):
+        # the output gradient as (M, N*P), shared by both products
+        gym = np.empty((m, n) + out_sp, dtype=dt)
+        parallel_copy(np, gym, gy.transpose((1, 0) + tuple(range(2, 2 + nsp))), axis=0)
+        gym = gym.reshape(m, n * p)
     gx = gw = None
-    if need_w:
-        if kp == 1 and not any(pb) and all(v == 1 for v in s) and out_sp == sp:
+    if need_w and pointwise and gym is None:
+        # 1x1, stride 1, per-image partial products smaller than the transposed copies:
+        # (N, M, P) @ (N, P, C) on the arrays as they are, summed over the images
+        with single_threaded_blas(ctl):
+            parts = parallel_matmul(np, gy.reshape(n, m, p), x.reshape(n, c, p).transpose(0, 2, 1))
+        gw = parts.sum(axis=0).reshape(tuple(w_shape))
+    elif need_w:
+        if pointwise:
             src = x.transpose((1, 0) + tuple(range(2, 2 + nsp)))        # (C, N, *sp)
             cols = scratch(np, (c, n) + out_sp, dt)
         else:
@@ -249,7 +258,7 @@ def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
     if need_x:
         gx = np.empty(tuple(x_shape), dtype=dt)
         w2 = w.reshape(m, c * kp)
-        if kp == 1 and not any(pb) and all(v == 1 for v in s) and out_sp == sp:
+        if pointwise:
             # 1x1, stride 1: one product per image straight into dx, no scatter
             parallel_matmul(np, w2.T, gy.reshape(n, m, p), out=gx.reshape(n, c, p))
             return gx, gw
