@@ -29,8 +29,11 @@ profiler table (``torch.profiler``, self CPU time per aten op). Profiled steps a
 timed ones (a clock read per call); the shares are what to read.
 
 Printed per model: median step time (ms) of ours and of PyTorch, their ratio (target: within
-1.5x of PyTorch), the peak RSS of each process (MiB), and the first step's loss on both sides (a
-check that the same thing is trained). Not part of the test pass/fail.
+1.5x of PyTorch), the peak RSS of each process (MiB), the median CPU time of a step (all threads
+of the process: on a machine shared with other processes the wall time also counts the time a
+process waits for a core; with ``--threads 1`` the CPU time is the work itself), and the first
+step's loss on both sides (a check that the same thing is trained). Not part of the test
+pass/fail.
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ def _limit_threads(threads):
 class TorchStep:
     def __init__(self, name, xs, labels):
         import torch
+
         from tests.helpers.torch_models import build
         self.torch = torch
         model, _ = build(name)          # deterministic: the weights the parent exported
@@ -168,25 +172,29 @@ def _profile_ours(step, steps, top) -> str:
     """Per-op forward / backward time per step (see the module docstring)."""
     from workbench import autograd, opt
     fwd, bwd = defaultdict(float), defaultdict(float)
+    cpu = defaultdict(float)
     cnt = defaultdict(int)
     totals = defaultdict(float)
     orig_run_op, orig_rule = autograd.run_op, autograd._run_rule
     orig_backward, orig_update = autograd.backward, opt.Optimizer.update
-    clock = time.perf_counter
+    clock, cpu_clock = time.perf_counter, time.process_time
 
     def run_op(op_type, domain, opset, fn, wants_ctx, kw, attrs, inputs, *a, **k):
-        t0 = clock()
+        t0, c0 = clock(), cpu_clock()
         r = orig_run_op(op_type, domain, opset, fn, wants_ctx, kw, attrs, inputs, *a, **k)
         arrays = [getattr(t, "data", t) for t in inputs]
         key = _op_key(op_type, kw, arrays)
         fwd[key] += clock() - t0
+        cpu[key] += cpu_clock() - c0
         cnt[key] += 1
         return r
 
     def run_rule(node, gouts):
-        t0 = clock()
+        key = _op_key(node.op_type, node.kw, node.saved_in)
+        t0, c0 = clock(), cpu_clock()
         r = orig_rule(node, gouts)
-        bwd[_op_key(node.op_type, node.kw, node.saved_in)] += clock() - t0
+        bwd[key] += clock() - t0
+        cpu[key] += cpu_clock() - c0
         return r
 
     def backward(*a, **k):
@@ -203,23 +211,25 @@ def _profile_ours(step, steps, top) -> str:
     autograd.run_op, autograd._run_rule = run_op, run_rule
     autograd.backward, opt.Optimizer.update = backward, update
     try:
-        t_all = clock()
+        t_all, c_all = clock(), cpu_clock()
         for _ in range(steps):
             step()
-        t_all = clock() - t_all
+        t_all, c_all = clock() - t_all, cpu_clock() - c_all
     finally:
         autograd.run_op, autograd._run_rule = orig_run_op, orig_rule
         autograd.backward, opt.Optimizer.update = orig_backward, orig_update
     per = 1e3 / steps
     f_sum, b_sum = sum(fwd.values()), sum(bwd.values())
     rows = sorted(set(fwd) | set(bwd), key=lambda k: -(fwd.get(k, 0) + bwd.get(k, 0)))
-    lines = [f"ours, {steps} profiled steps, {t_all * per:.1f} ms per step (profiled):",
+    lines = [f"ours, {steps} profiled steps, {t_all * per:.1f} ms per step (profiled), "
+             f"{c_all * per:.1f} ms CPU time (all threads):",
              f"  {'op':28s} {'nodes':>6s} {'fwd ms':>9s} {'bwd ms':>9s} {'total':>9s} "
-             f"{'% step':>7s}"]
+             f"{'% step':>7s} {'CPU ms':>9s}"]
     for key in rows[:top]:
         f, b = fwd.get(key, 0.0) * per, bwd.get(key, 0.0) * per
         lines.append(f"  {key:28s} {cnt.get(key, 0) // steps:6d} {f:9.1f} {b:9.1f} "
-                     f"{f + b:9.1f} {100 * (f + b) / (t_all * per):6.1f}%")
+                     f"{f + b:9.1f} {100 * (f + b) / (t_all * per):6.1f}% "
+                     f"{cpu.get(key, 0.0) * per:9.1f}")
     if len(rows) > top:
         rest_f = sum(fwd.get(k, 0) for k in rows[top:]) * per
         rest_b = sum(bwd.get(k, 0) for k in rows[top:]) * per
@@ -267,10 +277,10 @@ def child_main(argv) -> int:
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["do"] == "step":
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             loss = step()
-            dt = time.perf_counter() - t0
-            reply = {"s": dt, "loss": loss}
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            reply = {"s": dt, "cpu": dc, "loss": loss}
         elif cmd["do"] == "profile":
             reply = {"text": step.profile(cmd["steps"])}
         elif cmd["do"] == "rss":
@@ -325,10 +335,14 @@ def run_model(name, args, threads, tmpdir):
         first = (ours.ask(do="step")["loss"], theirs.ask(do="step")["loss"])
         for _ in range(max(0, args.warmup - 1)):
             ours.ask(do="step"), theirs.ask(do="step")
-        t_ours, t_theirs = [], []
+        t_ours, t_theirs, c_ours, c_theirs = [], [], [], []
         for _ in range(args.runs):
-            t_ours.append(ours.ask(do="step")["s"])
-            t_theirs.append(theirs.ask(do="step")["s"])
+            r = ours.ask(do="step")
+            t_ours.append(r["s"])
+            c_ours.append(r["cpu"])
+            r = theirs.ask(do="step")
+            t_theirs.append(r["s"])
+            c_theirs.append(r["cpu"])
         rss = (ours.ask(do="rss")["peak_rss_mib"], theirs.ask(do="rss")["peak_rss_mib"])
         prof = None
         if args.profile:
@@ -339,6 +353,8 @@ def run_model(name, args, threads, tmpdir):
         theirs.close()
     return {"model": name, "ours_ms": statistics.median(t_ours) * 1e3,
             "torch_ms": statistics.median(t_theirs) * 1e3,
+            "ours_cpu_ms": statistics.median(c_ours) * 1e3,
+            "torch_cpu_ms": statistics.median(c_theirs) * 1e3,
             "ours_steps_ms": [t * 1e3 for t in t_ours],
             "torch_steps_ms": [t * 1e3 for t in t_theirs],
             "ours_peak_rss_mib": rss[0], "torch_peak_rss_mib": rss[1],
@@ -382,7 +398,8 @@ def main(argv=None) -> int:
           f"{threads} threads, median of {args.runs} steps after {args.warmup} warm-up, "
           f"one process per framework and model; load average {load:.2f}")
     print(f"{'model':12s} {'ours ms':>9s} {'torch ms':>9s} {'ours/torch':>10s} "
-          f"{'ours MiB':>9s} {'torch MiB':>9s} {'loss ours':>10s} {'loss torch':>10s}")
+          f"{'ours MiB':>9s} {'torch MiB':>9s} {'ours CPU':>9s} {'torch CPU':>9s} "
+          f"{'loss ours':>10s} {'loss torch':>10s}")
     rows, profiles = [], []
     with tempfile.TemporaryDirectory() as tmpdir:
         for name in args.models:
@@ -392,7 +409,8 @@ def main(argv=None) -> int:
             flag = "" if row["ratio"] <= TARGET else f"  (above the {TARGET}x target)"
             print(f"{name:12s} {row['ours_ms']:9.1f} {row['torch_ms']:9.1f} "
                   f"{row['ratio']:9.2f}x {row['ours_peak_rss_mib']:9.0f} "
-                  f"{row['torch_peak_rss_mib']:9.0f} {row['loss_ours']:10.4f} "
+                  f"{row['torch_peak_rss_mib']:9.0f} {row['ours_cpu_ms']:9.1f} "
+                  f"{row['torch_cpu_ms']:9.1f} {row['loss_ours']:10.4f} "
                   f"{row['loss_torch']:10.4f}{flag}", flush=True)
             if prof:
                 profiles.append((name, prof))

@@ -216,6 +216,17 @@ def _tap_ranges(kk, s, d, pb, sp, out_sp):
     return tuple(osl), tuple(isl)
 
 
+def _flip_transpose(w, nsp):
+    """(M, C, *k) -> (C, M, *k) with every spatial axis reversed, contiguous."""
+    flip = (slice(None), slice(None)) + (slice(None, None, -1),) * nsp
+    return w[flip].swapaxes(0, 1).copy()
+
+
+def _forward_conv():
+    from workbench.ops.registry import lookup  # noqa: PLC0415 - resolved once per call
+    return lookup("Conv", "", 11).fn
+
+
 def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
     """(dL/dx, dL/dW) of an ungrouped convolution on numpy (see the module docstring)."""
     n, c = x_shape[:2]
@@ -229,18 +240,23 @@ def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
     nw = n_workers()
     ctl = blas_controller() if nw > 1 else None
     pointwise = kp == 1 and not any(pb) and all(v == 1 for v in s) and out_sp == sp
-    gym = None
-    if not pointwise or (need_w and m * c > p * (m + c)):
-        # the output gradient as (M, N*P), shared by both products
-        gym = np.empty((m, n) + out_sp, dtype=dt)
-        parallel_copy(np, gym, gy.transpose((1, 0) + tuple(range(2, 2 + nsp))), axis=0)
-        gym = gym.reshape(m, n * p)
+    merged = []
+
+    def gy_merged():
+        """The output gradient as (M, N*P), copied once, shared by both products."""
+        if not merged:
+            gym = np.empty((m, n) + out_sp, dtype=dt)
+            parallel_copy(np, gym, gy.transpose((1, 0) + tuple(range(2, 2 + nsp))), axis=0)
+            merged.append(gym.reshape(m, n * p))
+        return merged[0]
+
     gx = gw = None
-    if need_w and pointwise and gym is None:
+    if need_w and pointwise and m * c <= p * (m + c):
         # 1x1, stride 1, per-image partial products smaller than the transposed copies:
         # (N, M, P) @ (N, P, C) on the arrays as they are, summed over the images
         with single_threaded_blas(ctl):
-            parts = parallel_matmul(np, gy.reshape(n, m, p), x.reshape(n, c, p).transpose(0, 2, 1))
+            parts = parallel_matmul(np, gy.reshape(n, m, p),
+                                    x.reshape(n, c, p).transpose(0, 2, 1))
         gw = parts.sum(axis=0).reshape(tuple(w_shape))
     elif need_w:
         if pointwise:
@@ -254,18 +270,30 @@ def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
             cols = scratch(np, (c,) + tuple(k) + (n,) + out_sp, dt)
         parallel_copy(np, cols, src, axis=0)
         cols = cols.reshape(c * kp, n * p)
-        gw = parallel_matmul(np, gym, cols.T).reshape(tuple(w_shape))
+        gw = parallel_matmul(np, gy_merged(), cols.T).reshape(tuple(w_shape))
     if need_x:
-        gx = np.empty(tuple(x_shape), dtype=dt)
         w2 = w.reshape(m, c * kp)
         if pointwise:
             # 1x1, stride 1: one product per image straight into dx, no scatter
+            gx = np.empty(tuple(x_shape), dtype=dt)
             parallel_matmul(np, w2.T, gy.reshape(n, m, p), out=gx.reshape(n, c, p))
             return gx, gw
+        ext = [(k[i] - 1) * d[i] for i in range(nsp)]
+        if kp > 1 and all(v == 1 for v in s) and all(pb[i] <= ext[i] and pe[i] <= ext[i]
+                                                       for i in range(nsp)):
+            # stride 1: dx is the correlation of dy with the flipped, transposed kernel, run
+            # on the forward Conv kernel (its im2col + threaded GEMM beat a col2im scatter)
+            wf = _flip_transpose(w, nsp)
+            pads = [ext[i] - pb[i] for i in range(nsp)] + [ext[i] - pe[i] for i in range(nsp)]
+            gx = _forward_conv()(gy, wf, None, dilations=list(d), pads=pads)
+            if tuple(gx.shape) == tuple(x_shape):
+                return gx, gw
+        gx = np.empty(tuple(x_shape), dtype=dt)
         taps = [(kk, _tap_ranges(kk, s, d, pb, sp, out_sp))
                 for kk in itertools.product(*[range(v) for v in k])]
         cb = max(1, min(-(-c // (2 * nw)), _DCOLS_BLOCK // max(1, kp * n * p)))
         jobs = [(c0, min(c, c0 + cb)) for c0 in range(0, c, cb)]
+        gym = gy_merged()
 
         def work(chunk):
             for c0, c1 in chunk:
@@ -274,7 +302,7 @@ def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
                 dcols = dcols.reshape((c1 - c0, kp, n) + out_sp)
                 dxb = gx[:, c0:c1]
                 dxb.fill(0)
-                for j, (kk, rng) in enumerate(taps):
+                for j, (_, rng) in enumerate(taps):
                     if rng is None:
                         continue
                     osl, isl = rng
