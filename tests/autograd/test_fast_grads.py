@@ -128,7 +128,8 @@ def _maxpool(x, k, s, d, pads, ceil):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
 @pytest.mark.parametrize("case", POOL_CASES, ids=[str(i) for i in range(len(POOL_CASES))])
-def test_maxpool_fast_path_equals_plain(case, ties, dtype, threads):
+def test_maxpool_fast_path_equals_plain(case, ties, dtype, threads, monkeypatch):
+    monkeypatch.setattr(gpool, "_POOL_BLOCK", 300)  # several channel blocks per image
     xs, k, s, d, pads, ceil = case
     r = np.random.default_rng(1)
     # ties: few distinct values, so that windows hold several maxima (the first one wins)

@@ -8,9 +8,10 @@ counted.
 MaxPool's CPU fast path (numpy, float inputs) finds the first maximum without a padded copy or
 an argmax over window views: tap by tap in scan order, the input positions the tap sees (clipped
 to the unpadded input) are compared with the forward output, and the output gradient goes to
-the first tap that matches; blocks of images run on the worker threads of ``ops.parallel``.
-Where some window has no element equal to its output (NaN inputs), the plain path
-(``_max_pool_grad_plain``, the reference of the tests) is taken.
+the first tap that matches; blocks of (one image, some channels) that stay in L2 across the
+taps run on the worker threads of ``ops.parallel``. Where some window has no element equal to
+its output (NaN inputs), the plain path (``_max_pool_grad_plain``, the reference of the tests)
+is taken.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import numpy as np  # the numpy-only fast path
 from workbench.grad import gradient
 from workbench.grad.conv import _as_strided, _ksl, _tap_ranges, conv_pads
 from workbench.ops.parallel import run_blocks
+
+_POOL_BLOCK = 1 << 18  # input + output elements of one MaxPool-gradient block
 
 
 def _pool_geometry(x, y, attrs):
@@ -70,14 +73,17 @@ def _max_pool_grad_cpu(x, y, g, k, s, d, pb):
             for kk in itertools.product(*[range(v) for v in k])]
     gx = np.empty(x.shape, dtype=g.dtype)
     missing = []
-    per_image = int(math.prod(g.shape[1:]))
-    nb = max(1, min(n, (1 << 18) // max(1, per_image)))
-    jobs = [(i, min(n, i + nb)) for i in range(0, n, nb)]
+    c = x.shape[1]
+    per_channel = int(math.prod(sp)) + int(math.prod(out_sp))
+    # blocks of (one image, some channels) whose input and output stay in L2 over the taps
+    cb = max(1, min(c, _POOL_BLOCK // max(1, per_channel)))
+    jobs = [(i, c0, min(c, c0 + cb)) for i in range(n) for c0 in range(0, c, cb)]
     allsp = (slice(None),) * (1 + len(sp))
 
     def work(chunk):
-        for n0, n1 in chunk:
-            gxb, xb, yb, gb = gx[n0:n1], x[n0:n1], y[n0:n1], g[n0:n1]
+        for i, c0, c1 in chunk:
+            blk = (slice(i, i + 1), slice(c0, c1))
+            gxb, xb, yb, gb = gx[blk], x[blk], y[blk], g[blk]
             gxb.fill(0)
             taken = np.zeros(yb.shape, dtype=bool)
             eq = np.empty(yb.shape, dtype=bool)
@@ -96,7 +102,7 @@ def _max_pool_grad_cpu(x, y, g, k, s, d, pb):
                 tgt = gxb[i]
                 np.add(tgt, pt, out=tgt)
             if not taken[allsp].all():
-                missing.append((n0, n1))
+                missing.append((i, c0))
     run_blocks(np, jobs, work, x.size * len(taps))
     return None if missing else gx
 
