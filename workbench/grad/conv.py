@@ -9,6 +9,17 @@ element-wise products instead of many tiny GEMMs.
 ConvTranspose is the adjoint of Conv in its input: its input gradient is a plain Conv of the
 output gradient (the registered Conv kernel), and its weight gradient is Conv's weight gradient
 with the roles of input and output swapped.
+
+CPU fast path (numpy, float32/float64, ``group == 1``): the batch is merged into the GEMMs. The
+output gradient is copied once into ``(M, N*P)`` (P output positions per image); the weight
+gradient is one ``(M, N*P) @ (N*P, C*K)`` product against the im2col matrix ``(C*K, N*P)`` of
+the whole batch; the input gradient is computed per block of input channels, each block one
+``(cb*K, M) @ (M, N*P)`` product whose columns are added straight into the unpadded input
+gradient, tap by tap (col2im, clipped to the input: no padded buffer, no crop copy). Copies,
+products and col2im blocks are spread over the worker threads of ``ops.parallel``, each calling
+BLAS single-threaded (BLAS' own threads busy-wait and collapse on a loaded machine). The plain
+path (``_weight_grad_plain`` / ``_input_grad_plain``) handles the rest and is the reference the
+tests compare the fast path with.
 """
 
 from __future__ import annotations
@@ -16,8 +27,19 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np  # dtype constants only
+
 from workbench.arrays.geometry import window_geometry
 from workbench.grad import gradient
+from workbench.ops.parallel import (
+    blas_controller,
+    n_workers,
+    parallel_copy,
+    parallel_matmul,
+    run_blocks,
+    scratch,
+    single_threaded_blas,
+)
 
 
 def _as_strided(xp, a, shape, strides):
@@ -72,6 +94,12 @@ def _ksl(kk, d, s, out_sp):
 
 def conv_weight_grad(xp, x, gy, w_shape, group, k, s, d, pb, pe):
     """dL/dW of ``y = conv(x, W)`` given dL/dy."""
+    if _fast_cpu(xp, group, x, gy):
+        return _grads_cpu(x, gy, None, w_shape, x.shape, k, s, d, pb, pe, False, True)[1]
+    return _weight_grad_plain(xp, x, gy, w_shape, group, k, s, d, pb, pe)
+
+
+def _weight_grad_plain(xp, x, gy, w_shape, group, k, s, d, pb, pe):
     n, c = x.shape[:2]
     m = gy.shape[1]
     out_sp = gy.shape[2:]
@@ -106,6 +134,12 @@ def conv_weight_grad(xp, x, gy, w_shape, group, k, s, d, pb, pe):
 
 def conv_input_grad(xp, gy, w, x_shape, group, k, s, d, pb, pe):
     """dL/dx of ``y = conv(x, W)`` given dL/dy."""
+    if _fast_cpu(xp, group, w, gy):
+        return _grads_cpu(None, gy, w, w.shape, x_shape, k, s, d, pb, pe, True, False)[0]
+    return _input_grad_plain(xp, gy, w, x_shape, group, k, s, d, pb, pe)
+
+
+def _input_grad_plain(xp, gy, w, x_shape, group, k, s, d, pb, pe):
     n, c = x_shape[:2]
     sp = x_shape[2:]
     m = gy.shape[1]
@@ -151,6 +185,135 @@ def conv_input_grad(xp, gy, w, x_shape, group, k, s, d, pb, pe):
     return dxpad[crop]
 
 
+# --------------------------------------------------------------------------- CPU fast path
+_FAST_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_DCOLS_BLOCK = 1 << 22  # elements of one input-gradient column block (cb*K x N*P)
+
+
+def _fast_cpu(xp, group, *arrays) -> bool:
+    """Whether the batched-GEMM CPU path applies: numpy arrays of one float32/float64 dtype,
+    an ungrouped convolution (depthwise and grouped ones have their own paths)."""
+    if group != 1 or xp.__name__ != "numpy":
+        return False
+    dt = arrays[0].dtype
+    return dt in _FAST_DTYPES and all(a.dtype == dt for a in arrays)
+
+
+def _tap_ranges(kk, s, d, pb, sp, out_sp):
+    """For kernel tap ``kk``: (output slices, input slices) of the output positions whose
+    input position lies inside the unpadded input (None when there are none)."""
+    osl, isl = [], []
+    for i in range(len(sp)):
+        off = kk[i] * d[i] - pb[i]               # input index of output 0 for this tap
+        o0 = (-off + s[i] - 1) // s[i] if off < 0 else 0       # first o with o*s + off >= 0
+        last = sp[i] - 1 - off                                  # o*s <= last
+        o1 = min(out_sp[i], last // s[i] + 1) if last >= 0 else 0
+        if o1 <= o0:
+            return None
+        osl.append(slice(o0, o1))
+        start = o0 * s[i] + off
+        isl.append(slice(start, start + (o1 - o0 - 1) * s[i] + 1, s[i]))
+    return tuple(osl), tuple(isl)
+
+
+def _flip_transpose(w, nsp):
+    """(M, C, *k) -> (C, M, *k) with every spatial axis reversed, contiguous."""
+    flip = (slice(None), slice(None)) + (slice(None, None, -1),) * nsp
+    return w[flip].swapaxes(0, 1).copy()
+
+
+def _forward_conv():
+    from workbench.ops.registry import lookup  # noqa: PLC0415 - resolved once per call
+    return lookup("Conv", "", 11).fn
+
+
+def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
+    """(dL/dx, dL/dW) of an ungrouped convolution on numpy (see the module docstring)."""
+    n, c = x_shape[:2]
+    sp = tuple(x_shape[2:])
+    m = gy.shape[1]
+    out_sp = tuple(gy.shape[2:])
+    nsp = len(out_sp)
+    kp = int(math.prod(k))
+    p = int(math.prod(out_sp))
+    dt = gy.dtype
+    nw = n_workers()
+    ctl = blas_controller() if nw > 1 else None
+    pointwise = kp == 1 and not any(pb) and all(v == 1 for v in s) and out_sp == sp
+    merged = []
+
+    def gy_merged():
+        """The output gradient as (M, N*P), copied once, shared by both products."""
+        if not merged:
+            gym = np.empty((m, n) + out_sp, dtype=dt)
+            parallel_copy(np, gym, gy.transpose((1, 0) + tuple(range(2, 2 + nsp))), axis=0)
+            merged.append(gym.reshape(m, n * p))
+        return merged[0]
+
+    gx = gw = None
+    if need_w and pointwise and m * c <= p * (m + c):
+        # 1x1, stride 1, per-image partial products smaller than the transposed copies:
+        # (N, M, P) @ (N, P, C) on the arrays as they are, summed over the images
+        with single_threaded_blas(ctl):
+            parts = parallel_matmul(np, gy.reshape(n, m, p),
+                                    x.reshape(n, c, p).transpose(0, 2, 1))
+        gw = parts.sum(axis=0).reshape(tuple(w_shape))
+    elif need_w:
+        if pointwise:
+            src = x.transpose((1, 0) + tuple(range(2, 2 + nsp)))        # (C, N, *sp)
+            cols = scratch(np, (c, n) + out_sp, dt)
+        else:
+            xpad = _padded(np, x, pb, pe, out_sp, k, s, d)
+            win = _windows(np, xpad, out_sp, k, s, d)                   # (N, C, *o, *k)
+            src = win.transpose((1,) + tuple(range(2 + nsp, 2 + 2 * nsp)) + (0,)
+                                + tuple(range(2, 2 + nsp)))             # (C, *k, N, *o)
+            cols = scratch(np, (c,) + tuple(k) + (n,) + out_sp, dt)
+        parallel_copy(np, cols, src, axis=0)
+        cols = cols.reshape(c * kp, n * p)
+        gw = parallel_matmul(np, gy_merged(), cols.T).reshape(tuple(w_shape))
+    if need_x:
+        w2 = w.reshape(m, c * kp)
+        if pointwise:
+            # 1x1, stride 1: one product per image straight into dx, no scatter
+            gx = np.empty(tuple(x_shape), dtype=dt)
+            parallel_matmul(np, w2.T, gy.reshape(n, m, p), out=gx.reshape(n, c, p))
+            return gx, gw
+        ext = [(k[i] - 1) * d[i] for i in range(nsp)]
+        if kp > 1 and all(v == 1 for v in s) and all(pb[i] <= ext[i] and pe[i] <= ext[i]
+                                                       for i in range(nsp)):
+            # stride 1: dx is the correlation of dy with the flipped, transposed kernel, run
+            # on the forward Conv kernel (its im2col + threaded GEMM beat a col2im scatter)
+            wf = _flip_transpose(w, nsp)
+            pads = [ext[i] - pb[i] for i in range(nsp)] + [ext[i] - pe[i] for i in range(nsp)]
+            gx = _forward_conv()(gy, wf, None, dilations=list(d), pads=pads)
+            if tuple(gx.shape) == tuple(x_shape):
+                return gx, gw
+        gx = np.empty(tuple(x_shape), dtype=dt)
+        taps = [(kk, _tap_ranges(kk, s, d, pb, sp, out_sp))
+                for kk in itertools.product(*[range(v) for v in k])]
+        cb = max(1, min(-(-c // (2 * nw)), _DCOLS_BLOCK // max(1, kp * n * p)))
+        jobs = [(c0, min(c, c0 + cb)) for c0 in range(0, c, cb)]
+        gym = gy_merged()
+
+        def work(chunk):
+            for c0, c1 in chunk:
+                dcols = scratch(np, ((c1 - c0) * kp, n * p), dt, slot="grad_dcols")
+                np.matmul(w2[:, c0 * kp:c1 * kp].T, gym, out=dcols)
+                dcols = dcols.reshape((c1 - c0, kp, n) + out_sp)
+                dxb = gx[:, c0:c1]
+                dxb.fill(0)
+                for j, (_, rng) in enumerate(taps):
+                    if rng is None:
+                        continue
+                    osl, isl = rng
+                    src = dcols[(slice(None), j, slice(None)) + osl]    # (cb, N, *o)
+                    tgt = dxb[(slice(None), slice(None)) + isl]
+                    np.add(tgt, src.transpose((1, 0) + tuple(range(2, 2 + nsp))), out=tgt)
+        with single_threaded_blas(ctl):
+            run_blocks(np, jobs, work, 1 << 30)
+    return gx, gw
+
+
 @gradient("Conv")
 def conv_grad(ctx, grads_out, inputs, outputs, *, group=1, **attrs):
     xp = ctx.xp
@@ -159,6 +322,9 @@ def conv_grad(ctx, grads_out, inputs, outputs, *, group=1, **attrs):
     g = grads_out[0]
     k, s, d, pb, pe = _geometry(x, w, outputs[0], attrs)
     need = ctx.needs_input_grad
+    if (need[0] or need[1]) and _fast_cpu(xp, group, x, w, g):
+        gx, gw = _grads_cpu(x, g, w, w.shape, x.shape, k, s, d, pb, pe, need[0], need[1])
+        return gx, gw, conv_bias_grad(g, b, need)
     gx = conv_input_grad(xp, g, w, x.shape, group, k, s, d, pb, pe) if need[0] else None
     gw = conv_weight_grad(xp, x, g, w.shape, group, k, s, d, pb, pe) if need[1] else None
     return gx, gw, conv_bias_grad(g, b, need)

@@ -1,8 +1,30 @@
-"""Gradients of MatMul (1-D promotion, batched, broadcast batch dimensions) and Gemm."""
+"""Gradients of MatMul (1-D promotion, batched, broadcast batch dimensions) and Gemm.
+
+On numpy the products run through ``ops.parallel.parallel_matmul`` with BLAS single-threaded:
+large products are split over the worker threads, small ones (most of a small transformer's)
+stay one single-threaded BLAS call, which avoids BLAS' own threads busy-waiting and collapsing
+on a loaded machine.
+"""
 
 from __future__ import annotations
 
+import contextlib
+
 from workbench.grad import gradient, unbroadcast
+from workbench.ops.parallel import blas_controller, n_workers, parallel_matmul, single_threaded_blas
+
+
+def _blas(xp):
+    """Context for a rule's products: single-threaded BLAS on numpy with worker threads."""
+    if xp.__name__ == "numpy" and n_workers() > 1:
+        return single_threaded_blas(blas_controller())
+    return contextlib.nullcontext()
+
+
+def _mm(xp, a, b):
+    if xp.__name__ == "numpy" and a.ndim >= 2 and b.ndim >= 2 and a.dtype == b.dtype:
+        return parallel_matmul(xp, a, b)
+    return a @ b
 
 
 def _swap(a):
@@ -20,18 +42,20 @@ def matmul_grads(xp, g, a, b, need_a=True, need_b=True):
         g2 = xp.expand_dims(g2, -1)
     ga = gb = None
     k, n = b2.shape[-2], b2.shape[-1]
-    if need_a:
-        if b2.ndim == 2:  # one big GEMM instead of a batch of small ones
-            ga = (g2.reshape(-1, n) @ b2.T).reshape(g2.shape[:-1] + (k,))
-        else:
-            ga = g2 @ _swap(b2)
-        ga = unbroadcast(ga, a2.shape).reshape(a.shape)
-    if need_b:
-        if b2.ndim == 2 and a2.ndim >= 2:
-            gb = a2.reshape(-1, k).T @ g2.reshape(-1, n) if a2.ndim > 2 else a2.T @ g2
-        else:
-            gb = unbroadcast(_swap(a2) @ g2, b2.shape)
-        gb = gb.reshape(b.shape)
+    with _blas(xp):
+        if need_a:
+            if b2.ndim == 2:  # one big GEMM instead of a batch of small ones
+                ga = _mm(xp, g2.reshape(-1, n), b2.T).reshape(g2.shape[:-1] + (k,))
+            else:
+                ga = _mm(xp, g2, _swap(b2))
+            ga = unbroadcast(ga, a2.shape).reshape(a.shape)
+        if need_b:
+            if b2.ndim == 2 and a2.ndim >= 2:
+                gb = _mm(xp, a2.reshape(-1, k).T, g2.reshape(-1, n)) if a2.ndim > 2 else \
+                    _mm(xp, a2.T, g2)
+            else:
+                gb = unbroadcast(_mm(xp, _swap(a2), g2), b2.shape)
+            gb = gb.reshape(b.shape)
     return ga, gb
 
 
@@ -53,18 +77,16 @@ def gemm_grad(ctx, grads_out, inputs, outputs, *, alpha=1.0, beta=1.0, transA=0,
     ap = a.T if transA else a
     bp = b.T if transB else b
     ga = gb = gc = None
-    if need[0]:
-        ga = g @ bp.T
-        if alpha != 1.0:
-            ga = ga * t(alpha)
-        if transA:
-            ga = ga.T
-    if need[1]:
-        gb = ap.T @ g
-        if alpha != 1.0:
-            gb = gb * t(alpha)
-        if transB:
-            gb = gb.T
+    xp = ctx.xp
+    with _blas(xp):
+        if need[0]:  # computed directly in the input's layout (no transposed copy)
+            ga = _mm(xp, bp, g.T) if transA else _mm(xp, g, bp.T)
+            if alpha != 1.0:
+                ga *= t(alpha)
+        if need[1]:
+            gb = _mm(xp, g.T, ap) if transB else _mm(xp, ap.T, g)
+            if alpha != 1.0:
+                gb *= t(alpha)
     if c is not None and len(need) > 2 and need[2]:
         gc = unbroadcast(g * t(beta) if beta != 1.0 else g, c.shape)
     return ga, gb, gc

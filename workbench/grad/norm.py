@@ -5,6 +5,14 @@ LayerNormalization, InstanceNormalization and GroupNormalization.
 Training-mode BatchNormalization follows the ONNX spec (opset 15): the output is normalised with
 the batch mean and the *biased* batch variance, and the running statistics become
 ``running * momentum + batch * (1 - momentum)``.
+
+On numpy (float32/float64, per-channel statistics over the batch and spatial axes) its forward
+and backward run cache-blocked on the worker threads of ``ops.parallel``: blocks of (one image,
+some channels) that fit in L2; a first pass computes per-block sums (the mean and the squared
+deviations from the block's own mean, combined over the batch with Chan's formula, in float64),
+a second pass normalises (or forms dx) block by block. That reads the input twice and writes
+the output once, with no full-size temporaries. ``_bn_train_plain`` / ``_bn_train_grad_plain``
+are the reference paths the tests compare them with.
 """
 
 from __future__ import annotations
@@ -16,7 +24,12 @@ import numpy as np  # dtype constants only
 from workbench.arrays import xp_of
 from workbench.grad import gradient, unbroadcast
 from workbench.ops._common import widen_half
+from workbench.ops.parallel import run_blocks
 from workbench.ops.registry import kernel
+
+_FAST_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_BN_BLOCK = 1 << 16  # elements of one (image, channels) block: in L2 across the block's passes
+_BN_MIN = 1 << 18    # below this many elements the whole tensor stays in cache: plain path
 
 
 def _bn_axes_shape(x, param, spatial=1):
@@ -35,6 +48,69 @@ def batchnorm_train(x, scale, bias, input_mean, input_var, *, epsilon=1e-5, mome
     """BatchNormalization in training mode (the op's registered training form): (Y,
     running_mean, running_var), followed by the batch mean and 1/std (kept for the gradient
     rule; not node outputs). Outputs 1 and 2 are written back into inputs 3 and 4."""
+    if _bn_fast(x, scale, spatial):
+        return _bn_train_cpu(x, scale, bias, input_mean, input_var, epsilon, momentum)
+    return _bn_train_plain(x, scale, bias, input_mean, input_var, epsilon, momentum, spatial)
+
+
+def _bn_fast(x, scale, spatial) -> bool:
+    """Whether the cache-blocked numpy path applies: per-channel statistics over the batch
+    and at least 16 spatial positions per channel (below that, blocks are too small for their
+    Python overhead), float32/64, contiguous, large enough to leave the cache."""
+    return (type(x) is np.ndarray and x.dtype in _FAST_DTYPES and x.ndim >= 3
+            and spatial == 1 and scale.ndim == 1 and x.size >= 16 * x.shape[0] * x.shape[1]
+            and x.size >= _BN_MIN and x.flags.c_contiguous)
+
+
+def _bn_jobs(n, c, s):
+    cb = max(1, min(c, _BN_BLOCK // max(1, s)))
+    return [(i, c0, min(c, c0 + cb)) for i in range(n) for c0 in range(0, c, cb)]
+
+
+def _bn_train_cpu(x, scale, bias, input_mean, input_var, epsilon, momentum):
+    n, c = x.shape[:2]
+    x3 = x.reshape(n, c, -1)
+    s = x3.shape[2]
+    dt = x.dtype
+    jobs = _bn_jobs(n, c, s)
+    part_mean = np.empty((n, c), dtype=np.float64)
+    part_m2 = np.empty((n, c), dtype=np.float64)
+
+    def stats(chunk):
+        for i, c0, c1 in chunk:
+            xb = x3[i, c0:c1]
+            mu = xb.mean(axis=1)
+            dev = xb - mu[:, None]
+            np.square(dev, out=dev)
+            part_mean[i, c0:c1] = mu
+            part_m2[i, c0:c1] = dev.sum(axis=1)
+    run_blocks(np, jobs, stats, 2 * x.size)
+    mean64 = part_mean.mean(axis=0)
+    m2 = part_m2.sum(axis=0) + s * np.square(part_mean - mean64).sum(axis=0)
+    var64 = m2 / (n * s)
+    inv64 = 1.0 / np.sqrt(var64 + epsilon)
+    mean = mean64.astype(dt)
+    a = (inv64 * np.asarray(scale, dtype=np.float64).reshape(c)).astype(dt)
+    b = np.asarray(bias).reshape(c).astype(dt, copy=False)
+    y = np.empty_like(x)
+    y3 = y.reshape(n, c, s)
+
+    def normalise(chunk):
+        for i, c0, c1 in chunk:
+            yb = y3[i, c0:c1]
+            np.subtract(x3[i, c0:c1], mean[c0:c1, None], out=yb)
+            yb *= a[c0:c1, None]
+            yb += b[c0:c1, None]
+    run_blocks(np, jobs, normalise, 3 * x.size)
+    m = dt.type(momentum)
+    run_mean = (input_mean * m + mean.astype(input_mean.dtype) * (1 - m)).astype(
+        input_mean.dtype)
+    run_var = (input_var * m + var64.astype(input_var.dtype) * (1 - m)).astype(input_var.dtype)
+    return (y, run_mean.reshape(input_mean.shape), run_var.reshape(input_var.shape), mean,
+            inv64.astype(dt))
+
+
+def _bn_train_plain(x, scale, bias, input_mean, input_var, epsilon, momentum, spatial):
     axes, bshape = _bn_axes_shape(x, scale, spatial)
     xa = widen_half(x)
     mean = xa.mean(axis=axes)
@@ -49,6 +125,54 @@ def batchnorm_train(x, scale, bias, input_mean, input_var, *, epsilon=1e-5, mome
     run_var = (input_var * m + var.astype(input_var.dtype) * (1 - m)).astype(input_var.dtype)
     return (y.astype(x.dtype, copy=False), run_mean.reshape(input_mean.shape),
             run_var.reshape(input_var.shape), mean, inv)
+
+
+def _bn_train_grad_blocked(x, g, bm, inv, scale, bias, need):
+    """Training BatchNorm backward, cache-blocked and threaded (see the module docstring):
+    pass 1 sums g and g * (x - mean) per block, pass 2 forms dx = k m g - k sum(g) -
+    k inv sum(g xhat) (x - mean) block by block, k = scale * inv / m."""
+    n, c = x.shape[:2]
+    x3, g3 = x.reshape(n, c, -1), g.reshape(n, c, -1)
+    s = x3.shape[2]
+    m = n * s
+    dt = x.dtype
+    jobs = _bn_jobs(n, c, s)
+    mean = np.asarray(bm).reshape(c).astype(dt, copy=False)
+    part_g = np.empty((n, c), dtype=np.float64)
+    part_gd = np.empty((n, c), dtype=np.float64)
+
+    def sums(chunk):
+        for i, c0, c1 in chunk:
+            gb = g3[i, c0:c1]
+            dev = x3[i, c0:c1] - mean[c0:c1, None]
+            dev *= gb
+            part_g[i, c0:c1] = gb.sum(axis=1)
+            part_gd[i, c0:c1] = dev.sum(axis=1)
+    run_blocks(np, jobs, sums, 3 * x.size)
+    iv = np.asarray(inv, dtype=np.float64).reshape(c)
+    sum_g = part_g.sum(axis=0)
+    sum_gxhat = iv * part_gd.sum(axis=0)                  # = dL/dscale
+    gx = None
+    if need[0]:
+        k = np.asarray(scale, dtype=np.float64).reshape(c) * iv / m
+        ca = (k * m).astype(dt)                           # times g
+        cb = (-k * iv * sum_gxhat).astype(dt)             # times (x - mean)
+        cc = (-k * sum_g).astype(dt)                      # constant
+        gx = np.empty_like(g)
+        gx3 = gx.reshape(n, c, s)
+
+        def dx(chunk):
+            for i, c0, c1 in chunk:
+                out = gx3[i, c0:c1]
+                dev = x3[i, c0:c1] - mean[c0:c1, None]
+                dev *= cb[c0:c1, None]
+                np.multiply(g3[i, c0:c1], ca[c0:c1, None], out=out)
+                out += dev
+                out += cc[c0:c1, None]
+        run_blocks(np, jobs, dx, 5 * x.size)
+    gs = sum_gxhat.astype(scale.dtype).reshape(scale.shape) if need[1] else None
+    gb = sum_g.astype(bias.dtype).reshape(bias.shape) if need[2] else None
+    return gx, gs, gb, None, None
 
 
 def _bn_train_grad_cpu(x, g, bm, inv, sc, scale, bias, need):
@@ -99,6 +223,9 @@ def batch_norm_grad(ctx, grads_out, inputs, outputs, *, epsilon=1e-5, training_m
             inv = 1.0 / (x.var(axis=axes).reshape(bshape) + epsilon) ** 0.5
         if ctx.xp.__name__ == "numpy" and x.dtype.kind == "f" and len(axes) == x.ndim - 1 \
                 and axes[0] == 0 and x.ndim >= 2:
+            if _bn_fast(x, scale, spatial) and g.dtype == x.dtype:
+                return _bn_train_grad_blocked(x, np.ascontiguousarray(g), bm, inv, scale,
+                                              bias, need)
             return _bn_train_grad_cpu(x, g, bm, inv, sc, scale, bias, need)
         bm, inv = bm.astype(x.dtype, copy=False), inv.astype(x.dtype, copy=False)
         xhat = (x - bm) * inv

@@ -4,6 +4,14 @@ auto_pad) and GlobalAveragePool / GlobalMaxPool.
 MaxPool sends each output's gradient to the first maximum of its window (row-major scan order,
 as PyTorch does); AveragePool spreads it evenly over the window elements that the forward
 counted.
+
+MaxPool's CPU fast path (numpy, float inputs) finds the first maximum without a padded copy or
+an argmax over window views: tap by tap in scan order, the input positions the tap sees (clipped
+to the unpadded input) are compared with the forward output, and the output gradient goes to
+the first tap that matches; blocks of (one image, some channels) that stay in L2 across the
+taps run on the worker threads of ``ops.parallel``. Where some window has no element equal to
+its output (NaN inputs), the plain path (``_max_pool_grad_plain``, the reference of the tests)
+is taken.
 """
 
 from __future__ import annotations
@@ -11,8 +19,13 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np  # the numpy-only fast path
+
 from workbench.grad import gradient
-from workbench.grad.conv import _as_strided, _ksl, conv_pads
+from workbench.grad.conv import _as_strided, _ksl, _tap_ranges, conv_pads
+from workbench.ops.parallel import run_blocks
+
+_POOL_BLOCK = 1 << 18  # input + output elements of one MaxPool-gradient block
 
 
 def _pool_geometry(x, y, attrs):
@@ -43,6 +56,58 @@ def max_pool_grad(ctx, grads_out, inputs, outputs, **attrs):
     if g is None:  # only the Indices output was used
         return (None,)
     k, s, d, pb, pe = _pool_geometry(x, outputs[0], attrs)
+    if xp.__name__ == "numpy" and x.dtype.kind == "f" and g.dtype == x.dtype \
+            and outputs[0].shape == g.shape:
+        gx = _max_pool_grad_cpu(x, outputs[0], g, k, s, d, pb)
+        if gx is not None:
+            return (gx,)
+    return (_max_pool_grad_plain(xp, x, g, k, s, d, pb, pe),)
+
+
+def _max_pool_grad_cpu(x, y, g, k, s, d, pb):
+    """The first-maximum routing of MaxPool's gradient, tap by tap (see the module docstring);
+    None when some window has no element equal to its output."""
+    sp, out_sp = tuple(x.shape[2:]), tuple(g.shape[2:])
+    n = x.shape[0]
+    taps = [_tap_ranges(kk, s, d, pb, sp, out_sp)
+            for kk in itertools.product(*[range(v) for v in k])]
+    gx = np.empty(x.shape, dtype=g.dtype)
+    missing = []
+    c = x.shape[1]
+    per_channel = int(math.prod(sp)) + int(math.prod(out_sp))
+    # blocks of (one image, some channels) whose input and output stay in L2 over the taps
+    cb = max(1, min(c, _POOL_BLOCK // max(1, per_channel)))
+    jobs = [(i, c0, min(c, c0 + cb)) for i in range(n) for c0 in range(0, c, cb)]
+    allsp = (slice(None),) * (1 + len(sp))
+
+    def work(chunk):
+        for i, c0, c1 in chunk:
+            blk = (slice(i, i + 1), slice(c0, c1))
+            gxb, xb, yb, gb = gx[blk], x[blk], y[blk], g[blk]
+            gxb.fill(0)
+            taken = np.zeros(yb.shape, dtype=bool)
+            eq = np.empty(yb.shape, dtype=bool)
+            part = np.empty(yb.shape, dtype=g.dtype)
+            for rng in taps:
+                if rng is None:
+                    continue
+                osl, isl = rng
+                o = (slice(None), slice(None)) + osl
+                i = (slice(None), slice(None)) + isl
+                e, t, pt = eq[o], taken[o], part[o]
+                np.equal(xb[i], yb[o], out=e)
+                np.greater(e, t, out=e)          # equal and not taken by an earlier tap
+                t |= e
+                np.multiply(gb[o], e, out=pt)
+                tgt = gxb[i]
+                np.add(tgt, pt, out=tgt)
+            if not taken[allsp].all():
+                missing.append((i, c0))
+    run_blocks(np, jobs, work, x.size * len(taps))
+    return None if missing else gx
+
+
+def _max_pool_grad_plain(xp, x, g, k, s, d, pb, pe):
     sp, out_sp = x.shape[2:], g.shape[2:]
     nsp = len(sp)
     ext = _extent(sp, out_sp, k, s, d, pb, pe)
@@ -62,7 +127,7 @@ def max_pool_grad(ctx, grads_out, inputs, outputs, **attrs):
     zero = xp.zeros((), dtype=g.dtype)
     for j, kk in enumerate(itertools.product(*[range(v) for v in k])):
         gxpad[(slice(None), slice(None)) + _ksl(kk, d, s, out_sp)] += xp.where(arg == j, g, zero)
-    return (gxpad[_crop(pb, sp)],)
+    return gxpad[_crop(pb, sp)]
 
 
 @gradient("AveragePool")
