@@ -1317,7 +1317,7 @@ def gather(x, axis: int, indices):
         n = x.shape[axis]
         if n == 0 and a.size:
             raise ShapeError(f"gather: axis {axis} of shape {list(x.shape)} is empty")
-        idx = as_tensor(a % n if n else a, like=x)
+        idx = as_tensor(np.asarray(a % n if n else a, dtype=np.int64), like=x)
     return apply("Gather", [x, idx], {"axis": int(axis)})
 
 

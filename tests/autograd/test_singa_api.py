@@ -226,3 +226,16 @@ def test_separable_conv2d_is_depthwise_then_pointwise_and_exports():
     assert sep.depthwise_conv.W.shape == (3, 1, 3, 3) and sep.point_conv.W.shape == (6, 3, 1, 1)
     model = sonnx.to_onnx([x], [y])
     np.testing.assert_allclose(_ort(model, x.numpy())[0], y.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_gather_with_a_scalar_index_records_int64_indices():
+    """``gather(x, 1, 0)`` (an int, or a 0-d array) records int64 indices, not x's float
+    dtype: the exported Gather is valid ONNX."""
+    from workbench import autograd as ag
+    from workbench.tensor import Tensor
+    x = Tensor(data=np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    for idx in (0, np.asarray(0, dtype=np.int64), -1, [0, 4]):
+        y = ag.gather(x, 1, idx)
+        node = y.creator
+        ind = node.parents[1]
+        assert np.asarray(ind.data).dtype == np.int64, idx
