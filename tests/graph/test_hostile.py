@@ -676,3 +676,24 @@ def test_einsum_equation_with_control_characters_is_refused_before_onnx():
     with pytest.raises(ModelLoadError, match="'e' \\(Einsum\\): equation"):
         load(m)
     assert time.perf_counter() - t0 < 10
+
+
+@pytest.mark.parametrize("mode", ["helper", "inprocess"])
+def test_a_value_outside_its_ops_type_constraints_is_refused(mode, monkeypatch):
+    """Float Gather indices (an exporter bug): refused at load with the op, node and input
+    named, as onnxruntime refuses the graph; never run with indices silently truncated."""
+    from onnx import TensorProto, helper
+
+    import workbench.backend as wbb
+    if mode == "inprocess":
+        monkeypatch.setenv("WORKBENCH_SHAPE_INFERENCE", "inprocess")
+    n = helper.make_node("Gather", ["x", "i"], ["y"], axis=0, name="gather_7")
+    g = helper.make_graph([n], "g", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
+        helper.make_tensor_value_info("i", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    with pytest.raises(ModelLoadError) as e:
+        wbb.prepare(m)
+    msg = str(e.value)
+    assert "Gather" in msg and "gather_7" in msg and "tensor(float)" in msg

@@ -50,6 +50,7 @@ try:
 except Exception:
     pass
 import onnx, onnx.checker, onnx.shape_inference
+TYPE_ERROR = "has unsupported type"   # = isolated.TYPE_ERROR
 rd = os.fdopen(0, "rb", buffering=0)
 wr = os.fdopen(1, "wb", buffering=0)
 def read_exact(n):
@@ -77,11 +78,18 @@ while True:
                 continue
         if flags & 2:
             try:
-                m = onnx.shape_inference.infer_shapes(m, check_type=False, strict_mode=False,
+                m = onnx.shape_inference.infer_shapes(m, check_type=True, strict_mode=False,
                                                       data_prop=True)
             except Exception as e:
-                reply(3, (type(e).__name__ + ": " + str(e)).encode("utf-8", "replace"))
-                continue
+                if TYPE_ERROR in str(e) and "sparse_tensor(" not in str(e):
+                    reply(5, str(e).encode("utf-8", "replace"))
+                    continue
+                try:
+                    m = onnx.shape_inference.infer_shapes(m, check_type=False,
+                                                          strict_mode=False, data_prop=True)
+                except Exception as e:
+                    reply(3, (type(e).__name__ + ": " + str(e)).encode("utf-8", "replace"))
+                    continue
             reply(0, m.SerializeToString())
         else:
             reply(0, b"")
@@ -98,6 +106,18 @@ class CheckFailed(Exception):
 
 class InferenceFailed(Exception):
     """onnx shape inference raised (message: its text)."""
+
+
+class TypeRefused(Exception):
+    """A node's input or output type is outside its op's type constraints (message: onnx's
+    text, naming the op and the input)."""
+
+
+#: what onnx's type check says of a value outside an op's type constraints (the one kind of
+#: inference error that refuses a model: onnxruntime refuses such a graph too). Not for
+#: sparse initializers: onnx types them sparse_tensor, which most ops' constraints leave out,
+#: but they are dense tensors to the engine (and to onnxruntime)
+TYPE_ERROR = "has unsupported type"
 
 
 class _Helper:
@@ -302,6 +322,8 @@ def check_and_infer(m: onnx.ModelProto, *, check: bool, infer: bool,
         raise CheckFailed(text)
     if status == 3:
         raise InferenceFailed(text)
+    if status == 5:
+        raise TypeRefused(text)
     if status == 4:
         raise ModelLoadError("onnx's checker/shape inference ran out of memory on this model "
                              "(in a helper process; this session is unharmed)", path=path)
@@ -335,6 +357,12 @@ def _in_process(m, check, infer):
             raise CheckFailed(str(e)) from None
     if not infer:
         return None
+    try:
+        return onnx.shape_inference.infer_shapes(m, check_type=True, strict_mode=False,
+                                                 data_prop=True)
+    except Exception as e:  # noqa: BLE001
+        if TYPE_ERROR in str(e) and "sparse_tensor(" not in str(e):
+            raise TypeRefused(str(e)) from None
     try:
         return onnx.shape_inference.infer_shapes(m, check_type=False, strict_mode=False,
                                                  data_prop=True)

@@ -254,6 +254,12 @@ def check_and_infer(m: onnx.ModelProto, *, check: bool, infer: bool,
         msg = str(e).strip().splitlines()
         raise ModelLoadError("the model fails onnx.checker: " + " | ".join(msg[:6]),
                              path=path) from None
+    except isolated.TypeRefused as e:
+        msg = str(e).strip().splitlines()
+        raise ModelLoadError(
+            "a node's input or output type is not one its operator accepts (onnx's type "
+            "check; onnxruntime refuses such a graph too): " + " | ".join(msg[:4]),
+            path=path) from None
     except isolated.InferenceFailed as e:
         warnings.warn(f"{path or 'model'}: ONNX shape inference failed ({e}); intermediate "
                       f"shapes will be unknown until the model runs", stacklevel=3)
