@@ -14,15 +14,34 @@ import numpy as np  # host-side shape checks only
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
 from workbench.limits import check_alloc
-from workbench.ops._common import check_matmul, compute_dtype, ensure_array
+from workbench.ops._common import _UNCHECKED_BYTES, check_matmul, compute_dtype, ensure_array
 from workbench.ops.activation import softmax
 from workbench.ops.conv import FUSED_DOMAIN
 from workbench.ops.elementwise import erf_array
-from workbench.ops.parallel import parallel_matmul
+from workbench.ops.parallel import _PARALLEL_GEMM_MIN, parallel_matmul
 from workbench.ops.registry import kernel
+from workbench.ops.shape import reshape, transpose
 
 
 def _matmul(op, a, b):
+    if type(a) is np.ndarray and type(b) is np.ndarray and a.ndim >= 2 and b.ndim >= 2 \
+            and a.shape[-1] == b.shape[-2] and a.shape[-1] > 0:
+        # small host products (the per-token layers of a transformer at batch 1) are one BLAS
+        # call whatever the threads (parallel_matmul's own rule): skip its bookkeeping. The
+        # bound on the output (every batch entry of one operand against every one of the
+        # other) keeps the memory check's rule: only outputs that need no check come here
+        k = a.shape[-1]
+        out_bound = (a.size // k) * (b.size // k)
+        if out_bound * k < _PARALLEL_GEMM_MIN and \
+                out_bound * max(a.dtype.itemsize, b.dtype.itemsize, 4) <= _UNCHECKED_BYTES:
+            try:
+                if a.ndim >= 3 and b.ndim == 2 and a.flags.c_contiguous:
+                    y = np.matmul(a.reshape(-1, k), b)
+                    return y.reshape(a.shape[:-1] + (b.shape[1],))
+                return np.matmul(a, b)
+            except ValueError as e:
+                raise ShapeError(f"{op}: shapes {tuple(a.shape)} and {tuple(b.shape)} do not "
+                                 f"broadcast over their batch dimensions ({e})") from None
     xp = xp_of(a, b)
     if a.ndim == 0 or b.ndim == 0:
         raise ShapeError(f"{op}: inputs must have rank >= 1, got shapes {tuple(a.shape)} and "
@@ -49,6 +68,8 @@ def _matmul(op, a, b):
 @kernel("MatMul", since=1, category="layer")
 def matmul(A, B):
     """numpy.matmul semantics (N-D batch broadcasting, 1-D operands promoted and squeezed)."""
+    if A.dtype.itemsize >= 4 and B.dtype.itemsize >= 4:   # nothing narrower to widen
+        return _matmul("MatMul", A, B)
     cda, cdb = compute_dtype(A.dtype), compute_dtype(B.dtype)
     if cda != A.dtype or cdb != B.dtype:  # float16/bfloat16: BLAS in float32
         return _matmul("MatMul", A.astype(cda), B.astype(cdb)).astype(A.dtype, copy=False)
@@ -260,6 +281,18 @@ def det(X):
 MATMUL_EPILOGUES = ("", "Gelu", "GeluTanh", "Relu")
 
 
+def _broadcasts_into(src, dst) -> bool:
+    """Whether an operand of shape ``src`` broadcasts to exactly ``dst`` (an in-place update
+    of a ``dst``-shaped array may read it)."""
+    off = len(dst) - len(src)
+    if off < 0:
+        return False
+    for i, d in enumerate(src):
+        if d != 1 and d != dst[off + i]:
+            return False
+    return True
+
+
 def _epilogue_inplace(y, activation):
     """GELU (erf or tanh form) or ReLU applied to the float array ``y`` in place."""
     xp = xp_of(y)
@@ -292,8 +325,7 @@ def fused_matmul_epilogue(A, B, bias=None, Z=None, *, activation=""):
     xp = xp_of(A, B)
     y = ensure_array(matmul(A, B), xp)   # a fresh product: the epilogue writes into it
     if bias is not None:
-        if np.broadcast_shapes(tuple(y.shape), tuple(bias.shape)) == tuple(y.shape) \
-                and bias.dtype == y.dtype:
+        if bias.dtype == y.dtype and _broadcasts_into(bias.shape, y.shape):
             y += bias
         else:
             y = ensure_array(y + bias, xp)
@@ -309,8 +341,7 @@ def fused_matmul_epilogue(A, B, bias=None, Z=None, *, activation=""):
         else:
             _epilogue_inplace(y, activation)
     if Z is not None:
-        if np.broadcast_shapes(tuple(y.shape), tuple(Z.shape)) == tuple(y.shape) \
-                and Z.dtype == y.dtype:
+        if Z.dtype == y.dtype and _broadcasts_into(Z.shape, y.shape):
             y += Z
         else:
             y = ensure_array(y + Z, xp)
@@ -321,15 +352,36 @@ def fused_matmul_epilogue(A, B, bias=None, Z=None, *, activation=""):
 # FusedAttention (internal: made by the inference pass workbench.graph.passes.fuse_attention)
 # --------------------------------------------------------------------------------------------
 
-@kernel("FusedAttention", since=1, domain=FUSED_DOMAIN)
-def fused_attention(Q, K, V, M=None, *, scale=1.0, scale_op="", mask="", fill=0.0):
+def _attention_layout(x, shape, perm):
+    """``Transpose(Reshape(x, shape), perm)`` (each step only where given: ``shape`` None, or
+    ``perm`` empty, skips it) with the Reshape-14 and Transpose kernels' own semantics."""
+    if shape is not None:
+        x = reshape(x, shape)
+    if perm:
+        x = transpose(x, perm=perm)
+    return x
+
+
+@kernel("FusedAttention", since=1, domain=FUSED_DOMAIN, host_inputs=(4, 5, 6, 7))
+def fused_attention(Q, K, V, M=None, q_shape=None, k_shape=None, v_shape=None, out_shape=None,
+                    *, scale=1.0, scale_op="", mask="", fill=0.0, q_perm=(), k_perm=(),
+                    v_perm=(), out_perm=()):
     """``Softmax(mask(scale(Q @ K)), axis=-1) @ V`` in one node (``K`` as the graph gives it,
     already transposed): ``scale_op`` "mul" / "div" by ``scale`` or "" (none); ``mask`` ""
     (none), "add" (``+ M``), "fill_where_true" (``Where(M, fill, s)``) or "fill_where_false"
-    (``Where(M, s, fill)``). The scores are scaled, masked and normalised in place."""
+    (``Where(M, s, fill)``). The scores are scaled, masked and normalised in place.
+
+    The head split and merge around it may be folded in (``passes.fuse_attention_layout``):
+    each of Q, K, V is first reshaped to ``q_shape`` / ``k_shape`` / ``v_shape`` (Reshape
+    semantics: 0 copies a dimension, -1 is inferred) where given and then transposed by
+    ``q_perm`` / ``k_perm`` / ``v_perm`` where not empty; the result is transposed by
+    ``out_perm`` and then reshaped to ``out_shape`` (same rules)."""
     if scale_op not in ("", "mul", "div") or mask not in ("", "add", "fill_where_true",
                                                           "fill_where_false"):
         raise InputError(f"FusedAttention: unknown scale_op {scale_op!r} or mask {mask!r}")
+    Q = _attention_layout(Q, q_shape, q_perm)
+    K = _attention_layout(K, k_shape, k_perm)
+    V = _attention_layout(V, v_shape, v_perm)
     xp = xp_of(Q, K)
     s = ensure_array(matmul(Q, K), xp)
     if s.dtype.kind != "f":
@@ -339,15 +391,28 @@ def fused_attention(Q, K, V, M=None, *, scale=1.0, scale_op="", mask="", fill=0.
     elif scale_op == "div":
         s /= s.dtype.type(scale)
     if mask == "add":
-        if np.broadcast_shapes(tuple(s.shape), tuple(M.shape)) == tuple(s.shape) \
-                and M.dtype == s.dtype:
+        if M.dtype == s.dtype and _broadcasts_into(M.shape, s.shape):
             s += M
         else:
             s = ensure_array(s + M, xp)
     elif mask:
         cond = M if mask == "fill_where_true" else xp.logical_not(M)
-        if np.broadcast_shapes(tuple(s.shape), tuple(cond.shape)) == tuple(s.shape):
+        if _broadcasts_into(cond.shape, s.shape):
             xp.copyto(s, s.dtype.type(fill), where=cond)
         else:
             s = xp.where(cond, s.dtype.type(fill), s)
-    return matmul(softmax(s, axis=-1), V)
+    if type(s) is np.ndarray and s.dtype.itemsize >= 4 and s.size:
+        # the scores are this node's own array: Softmax(-1) in place, as Softmax computes it
+        with np.errstate(all="ignore"):
+            np.subtract(s, np.maximum.reduce(s, axis=-1, keepdims=True), out=s)
+            np.exp(s, out=s)
+            s /= np.add.reduce(s, axis=-1, keepdims=True)
+        p = s
+    else:
+        p = softmax(s, axis=-1)
+    y = matmul(p, V)
+    if out_perm:
+        y = transpose(y, perm=out_perm)
+    if out_shape is not None:
+        y = reshape(y, out_shape)
+    return y
