@@ -91,8 +91,13 @@ def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0):
     if a.shape[1] != b.shape[0]:
         raise ShapeError(f"{op}: A' {tuple(a.shape)} and B' {tuple(b.shape)} (after transA="
                          f"{transA}, transB={transB}) have different inner dimensions")
-    check_matmul(op, a.shape, b.shape, 8)
-    y = parallel_matmul(xp, a.astype(cd, copy=False), b.astype(cd, copy=False))
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    if xp is np and a.dtype == cd and b.dtype == cd and m * n * k < _PARALLEL_GEMM_MIN \
+            and m * n * 8 <= _UNCHECKED_BYTES:
+        y = np.matmul(a, b)    # a small product: one BLAS call (parallel_matmul's own rule)
+    else:
+        check_matmul(op, a.shape, b.shape, 8)
+        y = parallel_matmul(xp, a.astype(cd, copy=False), b.astype(cd, copy=False))
     integer = cd.kind in "iu"
     if alpha != 1.0:
         y = (y * alpha).astype(cd) if integer else y * cd.type(alpha)
