@@ -198,3 +198,18 @@ def test_kernel_layout_against_numpy_and_bad_shape():
         fused_attention(q, k, v, None, np.array([b, s, 5, D], np.int64))
     with pytest.raises(ShapeError, match="Transpose"):
         fused_attention(q, k, v, None, shape, q_perm=[0, 1, 2])
+
+
+@pytest.mark.parametrize("shape", [[2, 3, -2, 8], [2, 3, -1, -1], [2, 3, 4, 9], [2, 0, 4, 8]])
+def test_kernel_layout_shape_rules_are_reshape_s(shape):
+    """The node's split follows Reshape's rules (numpy's reshape would take -2 as unknown;
+    0 copies the input dimension)."""
+    q = RNG.standard_normal((2, 3, H * D)).astype(np.float32)
+    sh = np.array(shape, np.int64)
+    if shape[1] == 0:
+        got = fused_attention(q, q, q, None, sh, sh, sh, q_perm=[0, 2, 1, 3],
+                              k_perm=[0, 2, 3, 1], v_perm=[0, 2, 1, 3])
+        assert got.shape == (2, 4, 3, 8)
+    else:
+        with pytest.raises(ShapeError, match="Reshape"):
+            fused_attention(q, q, q, None, sh)

@@ -361,8 +361,19 @@ def _attention_layout(x, shape, perm):
     """``Transpose(Reshape(x, shape), perm)`` (each step only where given: ``shape`` None, or
     ``perm`` empty, skips it) with the Reshape-14 and Transpose kernels' own semantics."""
     if shape is not None:
-        x = reshape(x, shape)
+        dims = shape.tolist() if type(shape) is np.ndarray and shape.ndim == 1 else None
+        try:    # without 0 (copy a dimension) the ONNX and numpy rules are the same
+            if not dims or min(dims) < -1 or 0 in dims or type(x) is not np.ndarray:
+                raise ValueError
+            x = x.reshape(dims)
+        except ValueError:   # the kernel's rules, and its message for a bad shape
+            x = reshape(x, shape)
     if perm:
+        if type(x) is np.ndarray and len(perm) == x.ndim and min(perm) >= 0:
+            try:
+                return x.transpose(perm)
+            except ValueError:
+                pass
         x = transpose(x, perm=perm)
     return x
 
