@@ -129,3 +129,23 @@ def test_broadcasts_into_and_fused_matmul_operands():
         got = fused_matmul_epilogue(a, w, bias, z)
         ref = a @ w + bias + (0 if z is None else z)
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_float32_erf_of_the_gelu_epilogue():
+    """The rational float32 erf of FusedMatMul's erf GELU against float64 erf on a dense
+    grid, its limits, and the epilogue against the GELU formula (float64 takes scipy's erf)."""
+    special = pytest.importorskip("scipy.special")
+    xs = np.linspace(-8, 8, 400001).astype(np.float32)
+    got = linalg._erf_f32(xs)
+    assert got.dtype == np.float32
+    assert np.abs(got - special.erf(xs.astype(np.float64))).max() < 4e-7
+    edge = linalg._erf_f32(np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32))
+    assert np.isnan(edge[0]) and abs(edge[1] - 1) < 2e-7 and abs(edge[2] + 1) < 2e-7
+    assert edge[3] == 0 and np.signbit(edge[4])
+    for dtype, tol in ((np.float32, 2e-6), (np.float64, 1e-14)):
+        y = (_f(4, 64, dtype=np.float64) * 3).astype(dtype)
+        ref = y.astype(np.float64) * 0.5 * (1 + special.erf(y.astype(np.float64) / np.sqrt(2)))
+        out = y.copy()
+        linalg._epilogue_inplace(out, "Gelu")
+        assert out.dtype == dtype
+        np.testing.assert_allclose(out, ref, rtol=tol, atol=tol)
