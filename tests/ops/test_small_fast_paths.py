@@ -136,8 +136,12 @@ def test_float32_erf_of_the_gelu_epilogue():
     grid, its limits, and the epilogue against the GELU formula (float64 takes scipy's erf)."""
     special = pytest.importorskip("scipy.special")
     xs = np.linspace(-8, 8, 400001).astype(np.float32)
+    keep = xs.copy()
     got = linalg._erf_f32(xs)
-    assert got.dtype == np.float32
+    assert got.dtype == np.float32 and np.array_equal(xs, keep)   # x is not written
+    in_place = xs.copy()
+    assert linalg._erf_f32(in_place, out=in_place) is in_place
+    np.testing.assert_array_equal(in_place, got)
     assert np.abs(got - special.erf(xs.astype(np.float64))).max() < 4e-7
     edge = linalg._erf_f32(np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32))
     assert np.isnan(edge[0]) and abs(edge[1] - 1) < 2e-7 and abs(edge[2] + 1) < 2e-7
