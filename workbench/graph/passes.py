@@ -683,7 +683,8 @@ def _fresh(names, base: str) -> str:
 def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bool = True,
              fuse: bool = True, variables=frozenset()) -> Graph:
     """Run the inference passes: identities, constant folding, Conv+BN folding, Conv+Add+
-    activation fusion, MatMul+bias+activation+Add fusion, attention fusion, DCE.
+    activation fusion, MatMul+bias+activation+Add fusion, attention fusion, the attention's
+    head split / merge folded into it, DCE.
 
     The one pipeline behind both ``backend.prepare`` (every initializer a constant) and a
     trainable model's inference runs (``SONNXModel.run``: its parameters and running
