@@ -213,3 +213,28 @@ def test_kernel_layout_shape_rules_are_reshape_s(shape):
     else:
         with pytest.raises(ShapeError, match="Reshape"):
             fused_attention(q, q, q, None, sh)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,left", [("gpt2", {"Transpose": 0, "Reshape": 0}),
+                                       ("bert", {"Transpose": 0, "Reshape": 2})])
+def test_exported_transformers(name, left, torch_exports):
+    """The PyTorch-exported BERT-like / GPT-2-like models: every head split folds (BERT keeps
+    its merge Reshape: the merged context's shape is also read by a Shape node), and the
+    optimised run matches the graph run as written."""
+    from tests.helpers import torch_models
+    from workbench import backend
+    proto = torch_exports.proto(name)
+    g = load(proto).graph
+    opt = passes.optimize(g)
+    ops = [n.op_type for n in opt.nodes]
+    for op, count in left.items():
+        assert ops.count(op) == count, (op, ops)
+    for fa in (n for n in opt.nodes if n.op_type == "FusedAttention"):
+        assert fa.attrs["q_perm"] and fa.attrs["k_perm"] and fa.attrs["v_perm"]
+        assert all(fa.inputs[4:7])
+    feeds = list(torch_models.example_inputs(name, 2, seq=7))
+    got = backend.prepare(proto).run(feeds)
+    plain = backend.prepare(proto, optimize=False).run(feeds)
+    for a, b in zip(got, plain):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
