@@ -595,6 +595,83 @@ def fuse_attention(graph: Graph, variables=frozenset()) -> Graph:
     return g
 
 
+def fuse_attention_layout(graph: Graph, variables=frozenset()) -> Graph:
+    """Fold the head split before a ``com.workbench::FusedAttention`` node and the head merge
+    after it into the node: ``Reshape(x, shape) -> Transpose(perm)`` (either one alone too)
+    feeding its Q, K or V, and ``Transpose(perm) [-> Reshape(shape)]`` reading its output
+    (exported multi-head attention: ``[B, S, H*D] -> [B, H, S, D]`` and back), so that an
+    attention block runs as one step. The shapes stay inputs of the node (computed in the
+    graph from the dynamic batch and sequence length), so nothing is read from a value;
+    Reshape must be opset 5+ without ``allowzero`` and Transpose must give ``perm``. Every
+    value folded away must have a single consumer and not be a graph output; the fused node
+    keeps the attention's name and produces the last folded value."""
+    g = graph.copy()
+    consumers = g.consumers()
+    producers = g.producers()
+    outputs = {v.name for v in g.outputs}
+    sub_used = _uses_in_subgraphs(g)
+
+    def single(value):
+        return len(consumers.get(value, [])) == 1 and value not in outputs \
+            and value not in sub_used
+
+    def is_transpose(n):
+        return n is not None and n.op_type == "Transpose" and not n.domain \
+            and len(n.inputs) == 1 and len(n.outputs) == 1 and bool(n.attrs.get("perm"))
+
+    def is_reshape(n):
+        return n is not None and n.op_type == "Reshape" and not n.domain \
+            and len(n.inputs) == 2 and all(n.inputs) and len(n.outputs) == 1 \
+            and not n.attrs.get("allowzero", 0)
+
+    removed = set()
+    position = {id(n): i for i, n in enumerate(g.nodes)}
+    for fa in list(g.nodes):
+        if fa.op_type != "FusedAttention" or fa.domain != FUSED_DOMAIN or len(fa.inputs) > 4 \
+                or len(fa.outputs) != 1:
+            continue
+        ins = list(fa.inputs) + [""] * (4 - len(fa.inputs))
+        attrs = dict(fa.attrs)
+        shapes, absorbed = ["", "", "", ""], []
+        for k, key in enumerate("qkv"):
+            cur = ins[k]
+            t = producers.get(cur)
+            if ins.count(cur) == 1 and single(cur) and is_transpose(t):
+                attrs[f"{key}_perm"] = [int(p) for p in t.attrs["perm"]]
+                absorbed.append(t)
+                cur = t.inputs[0]
+            r = producers.get(cur)
+            if ins.count(cur) <= 1 and single(cur) and is_reshape(r):
+                shapes[k] = r.inputs[1]
+                absorbed.append(r)
+                cur = r.inputs[0]
+            ins[k] = cur
+        out = fa.outputs[0]
+        users = consumers.get(out, [])
+        if single(out) and is_transpose(users[0]):
+            t = users[0]
+            attrs["out_perm"] = [int(p) for p in t.attrs["perm"]]
+            absorbed.append(t)
+            out = t.outputs[0]
+            users = consumers.get(out, [])
+            if single(out) and is_reshape(users[0]) and users[0].inputs[0] == out:
+                shapes[3] = users[0].inputs[1]
+                absorbed.append(users[0])
+                out = users[0].outputs[0]
+        if not absorbed or any(id(n) in removed for n in absorbed):
+            continue
+        last = max([fa] + absorbed, key=lambda n: position[id(n)])
+        fused = Node("FusedAttention", ins + shapes, [out], attrs, fa.name, FUSED_DOMAIN)
+        removed.update(id(n) for n in absorbed)
+        removed.add(id(fa))
+        g.nodes[position[id(last)]] = fused   # after every value it reads
+        position[id(fused)] = position.pop(id(last))
+    if not removed:
+        return g
+    g.nodes = [n for n in g.nodes if id(n) not in removed]
+    return g
+
+
 def _fresh(names, base: str) -> str:
     name, i = base, 1
     while name in names:
@@ -606,7 +683,8 @@ def _fresh(names, base: str) -> str:
 def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bool = True,
              fuse: bool = True, variables=frozenset()) -> Graph:
     """Run the inference passes: identities, constant folding, Conv+BN folding, Conv+Add+
-    activation fusion, MatMul+bias+activation+Add fusion, attention fusion, DCE.
+    activation fusion, MatMul+bias+activation+Add fusion, attention fusion, the attention's
+    head split / merge folded into it, DCE.
 
     The one pipeline behind both ``backend.prepare`` (every initializer a constant) and a
     trainable model's inference runs (``SONNXModel.run``: its parameters and running
@@ -619,6 +697,7 @@ def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bo
     steps = [(identities, remove_identities), (fold, fold_constants), (bn, fold_batchnorm),
              (fold and bn, fold_constants), (fuse, fuse_conv_activation),
              (fuse, fuse_matmul_epilogue), (fuse, fuse_attention),
+             (fuse, fuse_attention_layout),
              (True, eliminate_dead_code)]
     for enabled, fn in steps:
         if not enabled:

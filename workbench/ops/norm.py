@@ -168,10 +168,40 @@ def _stash_dtype(op, stash_type, x_dtype):
     return compute_dtype(st) if st.name == "bfloat16" else st, st
 
 
+#: dtypes of the host fast path of LayerNormalization (computed in their own precision)
+_LN_FAST = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _layer_norm_last(X, Scale, B, epsilon):
+    """LayerNormalization over the last axis of a float32/float64 host array in its own dtype:
+    the general path's arithmetic (mean, centred values, mean of squares, ``1 / sqrt(var +
+    eps)``, times Scale plus B), each step in place on the arrays it makes."""
+    n = X.shape[-1]
+    mean = np.add.reduce(X, axis=-1, keepdims=True)
+    np.true_divide(mean, n, out=mean)
+    d = X - mean
+    var = np.add.reduce(d * d, axis=-1, keepdims=True)
+    np.true_divide(var, n, out=var)
+    var += X.dtype.type(epsilon)
+    np.sqrt(var, out=var)
+    np.true_divide(1, var, out=var)
+    d *= var
+    d *= Scale
+    if B is not None:
+        d += B
+    return d
+
+
 @kernel("LayerNormalization", since=17, wants_ctx=True, category="normalization")
 def layer_norm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, ctx=None):
     """Normalize over axes [axis, rank); outputs Y and optionally Mean and InvStdDev."""
     op = "LayerNormalization"
+    n_out = ctx.n_outputs if ctx is not None else 1
+    if n_out <= 1 and type(X) is np.ndarray and X.dtype in _LN_FAST and X.ndim \
+            and stash_type == 1 and (axis == -1 or axis == X.ndim - 1) and X.shape[-1] \
+            and type(Scale) is np.ndarray and Scale.dtype == X.dtype \
+            and (B is None or (type(B) is np.ndarray and B.dtype == X.dtype)):
+        return _layer_norm_last(X, Scale, B, epsilon)
     xp = xp_of(X)
     if X.ndim == 0:
         raise ShapeError(f"{op}: X must have rank >= 1")
