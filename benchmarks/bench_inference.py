@@ -48,6 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks._proc import peak_rss_mib  # noqa: E402
+
 ALL_MODELS = ("light_resnet50", "light_squeezenet", "resnet18", "mobilenetv2", "shufflenetv2",
               "bert", "gpt2")
 TORCH_MODELS = ("resnet18", "mobilenetv2", "shufflenetv2", "bert", "gpt2")
@@ -189,20 +191,6 @@ def sgemm_gflops(seconds: float = 3.0) -> float:
 
 
 # ----------------------------------------------------------------------------- workers
-def _peak_rss_mb() -> float:
-    """The process' resident-memory high-water mark in MiB (VmHWM; ru_maxrss elsewhere)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
 def _time_runs(fn, runs: int, warmup: int) -> tuple[list, object]:
     out = None
     for _ in range(warmup):
@@ -255,7 +243,7 @@ def worker(engine: str, model: str, npz: str, runs: int, warmup: int, threads: i
     res["first_s"] = time.perf_counter() - t0
     times, out = _time_runs(fn, runs, warmup)
     res["times_ms"] = times
-    res["peak_mb"] = _peak_rss_mb()
+    res["peak_mb"] = peak_rss_mib()
     if out_npz and engine in ("ours", "ort"):
         np.savez(out_npz, *[np.asarray(o) for o in out])
     if profile and engine == "ours":

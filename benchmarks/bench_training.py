@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from benchmarks._proc import peak_rss_mib  # noqa: E402
 
 MODELS = ("resnet18", "mobilenetv2", "bert")
 TARGET = 1.5
@@ -71,20 +72,6 @@ def _inputs(name, batch, image, seq, seed=0):
 def _labels(name, batch, seed=0):
     n = 3 if name == "bert" else 1000
     return np.random.default_rng(seed).integers(0, n, size=batch).astype(np.int64)
-
-
-def _peak_rss_mib() -> float:
-    """This process's RSS high-water mark: VmHWM on Linux (per address space, so it starts
-    afresh at exec; ``ru_maxrss`` would carry the parent's peak over a fork + exec)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return r / (1024 * 1024) if sys.platform == "darwin" else r / 1024
 
 
 def _limit_threads(threads):
@@ -271,7 +258,7 @@ def child_main(argv) -> int:
     else:
         step = OurStep(a.onnx, xs, labels, a.graph)
     out = sys.stdout
-    setup_rss = _peak_rss_mib()
+    setup_rss = peak_rss_mib()
     out.write(json.dumps({"ready": True, "setup_rss_mib": setup_rss}) + "\n")
     out.flush()
     for line in sys.stdin:
@@ -284,7 +271,7 @@ def child_main(argv) -> int:
         elif cmd["do"] == "profile":
             reply = {"text": step.profile(cmd["steps"])}
         elif cmd["do"] == "rss":
-            reply = {"peak_rss_mib": _peak_rss_mib()}
+            reply = {"peak_rss_mib": peak_rss_mib()}
         else:
             break
         out.write(json.dumps(reply) + "\n")

@@ -1896,14 +1896,11 @@ def back_broadcast(y_shape, x_shape, x):
 
 
 def axis_helper(y_shape, x_shape):
-    """The axes of ``y_shape`` along which ``x_shape`` was broadcast (SINGA's helper)."""
-    res = []
-    j = len(x_shape) - 1
-    for i in range(len(y_shape) - 1, -1, -1):
-        if j < 0 or x_shape[j] != y_shape[i]:
-            res.append(i)
-        j -= 1
-    return tuple(res[::-1])
+    """The axes of ``y_shape`` along which ``x_shape`` was broadcast (SINGA's helper's name):
+    with the shapes aligned on the right, the leading axes ``x_shape`` lacks and those whose
+    sizes differ."""
+    lead = len(y_shape) - len(x_shape)
+    return tuple(i for i, d in enumerate(y_shape) if i < lead or x_shape[i - lead] != d)
 
 
 def ctensor2numpy(x):

@@ -210,44 +210,20 @@ def contiguous(t: Tensor) -> Tensor:
     return t.contiguous()
 
 
-def abs(t: Tensor) -> Tensor:  # noqa: A001 - SINGA's name
-    return autograd.abs(t)
-
-
-def exp(t: Tensor) -> Tensor:
-    return autograd.exp(t)
-
-
-def ceil(t: Tensor) -> Tensor:
-    return autograd.ceil(t)
-
-
-def floor(t: Tensor) -> Tensor:
-    return autograd.floor(t)
-
-
-def log(t: Tensor) -> Tensor:
-    return autograd.log(t)
-
-
-def sigmoid(t: Tensor) -> Tensor:
-    return autograd.sigmoid(t)
-
-
-def sign(t: Tensor) -> Tensor:
-    return autograd.sign(t)
-
-
-def sqrt(t: Tensor) -> Tensor:
-    return autograd.sqrt(t)
+# SINGA's element-wise tensor functions: the autograd functions themselves
+abs = autograd.abs  # noqa: A001 - SINGA's name
+exp = autograd.exp
+ceil = autograd.ceil
+floor = autograd.floor
+log = autograd.log
+sigmoid = autograd.sigmoid
+sign = autograd.sign
+sqrt = autograd.sqrt
+tanh = autograd.tanh
 
 
 def square(t: Tensor) -> Tensor:
     return autograd.mul(t, t)
-
-
-def tanh(t: Tensor) -> Tensor:
-    return autograd.tanh(t)
 
 
 def pow(t: Tensor, x, out=None) -> Tensor:  # noqa: A001 - SINGA's name

@@ -624,14 +624,12 @@ class Plan:
             self.last_peak_bytes = peak
             if self.device is not None:
                 self.device._note_peak(peak)
-        out = []
-        for s in self._out_slots:
-            v = env[s]
-            if isinstance(v, np.generic):
-                v = np.asarray(v)
-            out.append(v)
-        return out
+        return self._outputs(env)
 
+    def _outputs(self, env: list) -> list:
+        """The output slots' values (numpy scalars as 0-d arrays)."""
+        return [np.asarray(v) if isinstance(v, np.generic) else v
+                for v in (env[s] for s in self._out_slots)]
 
     def _execute_fast(self, env: list) -> list:
         """The plain CPU run over the fast schedule (shape segments); any failure is
@@ -654,13 +652,7 @@ class Plan:
                 env[st.outs[0]] = r
             for s in st.free:
                 env[s] = None
-        out = []
-        for s in self._out_slots:
-            v = env[s]
-            if isinstance(v, np.generic):
-                v = np.asarray(v)
-            out.append(v)
-        return out
+        return self._outputs(env)
 
 
 class StepRunner(Protocol):

@@ -271,6 +271,19 @@ def _activation_params(node: Node, inits: dict, opset: int):
     return op, []
 
 
+def _sole_reader(consumers: dict, outputs: set, sub_used: set):
+    """``reader(value)``: the one node reading ``value`` when nothing else does (not a graph
+    output, not read by a subgraph), else None - when a fusion may fold ``value`` away."""
+
+    def reader(value):
+        users = consumers.get(value, [])
+        if len(users) != 1 or value in outputs or value in sub_used:
+            return None
+        return users[0]
+
+    return reader
+
+
 def fuse_conv_activation(graph: Graph, variables=frozenset()) -> Graph:
     """Fuse ``Conv [-> Add(residual)] [-> activation]`` chains into ``FusedConv`` nodes.
 
@@ -285,11 +298,7 @@ def fuse_conv_activation(graph: Graph, variables=frozenset()) -> Graph:
     consts = {k: v for k, v in inits.items() if k not in variables}  # values read
     opset = g.opsets.get("", g.opsets.get("ai.onnx", 1))
 
-    def only_consumer(value):
-        users = consumers.get(value, [])
-        if len(users) != 1 or value in outputs or value in sub_used:
-            return None
-        return users[0]
+    only_consumer = _sole_reader(consumers, outputs, sub_used)
 
     removed = set()
     position = {id(n): i for i, n in enumerate(g.nodes)}  # (list.index compares by value)
@@ -439,11 +448,7 @@ def fuse_matmul_epilogue(graph: Graph, variables=frozenset()) -> Graph:
     consts = {k: v for k, v in inits.items() if k not in variables}  # values read
     opset = g.opsets.get("", g.opsets.get("ai.onnx", 1))
 
-    def only_consumer(value):
-        users = consumers.get(value, [])
-        if len(users) != 1 or value in outputs or value in sub_used:
-            return None
-        return users[0]
+    only_consumer = _sole_reader(consumers, outputs, sub_used)
 
     removed = set()
     position = {id(n): i for i, n in enumerate(g.nodes)}
@@ -514,9 +519,10 @@ def fuse_attention(graph: Graph, variables=frozenset()) -> Graph:
     inits = g.initializers
     consts = {k: v for k, v in inits.items() if k not in variables}  # values read
 
+    only_consumer = _sole_reader(consumers, outputs, sub_used)
+
     def single(value):
-        users = consumers.get(value, [])
-        return len(users) == 1 and value not in outputs and value not in sub_used
+        return only_consumer(value) is not None
 
     def prod(value, op):
         n = producers.get(value)
@@ -611,9 +617,10 @@ def fuse_attention_layout(graph: Graph, variables=frozenset()) -> Graph:
     outputs = {v.name for v in g.outputs}
     sub_used = _uses_in_subgraphs(g)
 
+    only_consumer = _sole_reader(consumers, outputs, sub_used)
+
     def single(value):
-        return len(consumers.get(value, [])) == 1 and value not in outputs \
-            and value not in sub_used
+        return only_consumer(value) is not None
 
     def is_transpose(n):
         return n is not None and n.op_type == "Transpose" and not n.domain \
