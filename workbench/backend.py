@@ -78,10 +78,11 @@ def prepare(model, device: str = "CPU", *, optimize: bool = True,
     dev = _dev(device)
     loaded = load(model, check=kwargs.pop("check", True), base_dir=base_dir)
     graph = loaded.graph
+    if parse_arithmetic(integer_arithmetic) is not IntegerArithmetic.EXACT:
+        # first, so that constant folding computes folded products in the same arithmetic
+        graph = _passes.set_integer_arithmetic(graph, integer_arithmetic)
     if optimize:
         graph = _passes.optimize(graph)
-    if parse_arithmetic(integer_arithmetic) is not IntegerArithmetic.EXACT:
-        graph = _passes.set_integer_arithmetic(graph, integer_arithmetic)
     try:
         plan = Plan(graph, device=dev)   # kernels for the device's array module, weights on it
     except WorkbenchError:

@@ -1,18 +1,39 @@
-"""Independent exact references for the com.microsoft integer-product ops, in int64 and
-float64 numpy, written from the ContribOperators specification (onnx.reference does not run
-these ops): what the engine must compute in its default (exact) arithmetic on any CPU, whatever
-onnxruntime computes on the machine at hand."""
+"""Independent references for the com.microsoft integer-product ops, in int64 and float64
+numpy, written from the ContribOperators specification (onnx.reference does not run these
+ops): what the engine must compute in its default (exact) arithmetic on any CPU, whatever
+onnxruntime computes on the machine at hand - and, with ``saturate=True``, what onnxruntime
+computes on x86 CPUs without VNNI (uint8 x int8 products added in adjacent pairs along the
+reduction, each pair sum clipped to int16, the zero points taken out exactly afterwards), so
+the emulation is checked on every CPU, not only against the onnxruntime at hand."""
 
 from __future__ import annotations
 
 import numpy as np
 
 
-def int_product(a, a_zp, b, b_zp) -> np.ndarray:
-    """(a - a_zp) @ (b - b_zp) in int64; b_zp scalar or per column."""
-    a = a.astype(np.int64) - (0 if a_zp is None else np.asarray(a_zp, np.int64))
-    b = b.astype(np.int64) - (0 if b_zp is None else np.asarray(b_zp, np.int64).reshape(-1))
-    return a @ b
+def int_product(a, a_zp, b, b_zp, saturate=False) -> np.ndarray:
+    """(a - a_zp) @ (b - b_zp) in int64; b_zp scalar or per column. ``saturate``: onnxruntime's
+    arithmetic without VNNI when a is uint8 and b int8 (other types are exact there too)."""
+    az = 0 if a_zp is None else np.asarray(a_zp, np.int64)
+    bz = 0 if b_zp is None else np.asarray(b_zp, np.int64).reshape(-1)
+    if saturate and a.dtype == np.uint8 and b.dtype == np.int8:
+        return pair_saturated(a, b) - az * b.astype(np.int64).sum(0) - \
+            a.astype(np.int64).sum(-1, keepdims=True) * bz + a.shape[-1] * az * bz
+    return (a.astype(np.int64) - az) @ (b.astype(np.int64) - bz)
+
+
+def pair_saturated(a, b) -> np.ndarray:
+    """sum over k of clip(a[..., 2k] b[2k] + a[..., 2k+1] b[2k+1], -32768, 32767), int64, for
+    a (..., K) and b (K, N); an odd K's last product stands alone."""
+    a = a.astype(np.int64)
+    b = b.astype(np.int64)
+    out = np.zeros(a.shape[:-1] + (b.shape[1],), np.int64)
+    for k in range(0, a.shape[-1], 2):
+        pair = a[..., k, None] * b[k]
+        if k + 1 < a.shape[-1]:
+            pair = pair + a[..., k + 1, None] * b[k + 1]
+        out += np.clip(pair, -32768, 32767)
+    return out
 
 
 def requantize(real, scale, zp, dtype) -> np.ndarray:
@@ -33,11 +54,11 @@ def dynamic_u8(x):
     return q, scale, zp
 
 
-def qgemm(d, trans_a, trans_b, alpha=1.0):
+def qgemm(d, trans_a, trans_b, alpha=1.0, saturate=False):
     a = d["A"].T if trans_a else d["A"]
     b = d["B"].T if trans_b else d["B"]
     scale = float(d["As"]) * np.asarray(d["Bs"], np.float64)
-    y = int_product(a, d["Az"], b, d["Bz"]) * alpha * scale
+    y = int_product(a, d["Az"], b, d["Bz"], saturate) * alpha * scale
     if d.get("C") is not None:
         y = y + d["C"].astype(np.float64) * scale
     if d.get("Ys") is None:
@@ -45,15 +66,16 @@ def qgemm(d, trans_a, trans_b, alpha=1.0):
     return requantize(y, d["Ys"], d["Yz"], d["Yz"].dtype)
 
 
-def matmul_integer_to_float(d):
-    y = int_product(d["A"], d["Az"], d["B"], d["Bz"]) * (
+def matmul_integer_to_float(d, saturate=False):
+    y = int_product(d["A"], d["Az"], d["B"], d["Bz"], saturate) * (
         float(d["As"]) * np.asarray(d["Bs"], np.float64))
     return y if d.get("bias") is None else y + d["bias"]
 
 
-def dynamic_quantize_matmul(d):
+def dynamic_quantize_matmul(d, saturate=False):
     q, s, z = dynamic_u8(d["A"])
-    y = int_product(q, z, d["B"], d["Bz"]) * (float(s) * np.asarray(d["Bs"], np.float64))
+    y = int_product(q, z, d["B"], d["Bz"], saturate) * (
+        float(s) * np.asarray(d["Bs"], np.float64))
     return y if d.get("bias") is None else y + d["bias"]
 
 
@@ -61,7 +83,7 @@ def _sigmoid(v):
     return 1 / (1 + np.exp(-v))
 
 
-def dynamic_quantize_lstm(d, direction, hs):
+def dynamic_quantize_lstm(d, direction, hs, saturate=False):
     """Y, Y_h, Y_c of DynamicQuantizeLSTM (default activations, no clip): X quantized to
     uint8 once (the steps up to the longest sequence), the hidden state at every step; a
     reverse direction runs each row reversed within its length; rows past their length keep
@@ -84,7 +106,7 @@ def dynamic_quantize_lstm(d, direction, hs):
     def qmm(v, w):
         q, s, z = dynamic_u8(v)
         mat, zp, sc = w
-        return int_product(q, z, mat, zp) * (float(s) * sc)
+        return int_product(q, z, mat, zp, saturate) * (float(s) * sc)
 
     for k, rev in enumerate(revs):
         times = np.array([[lens[b] - 1 - t if rev and t < lens[b] else t for b in range(batch)]

@@ -34,6 +34,7 @@ from tests.contrib._single import (
 from workbench.errors import WorkbenchError  # noqa: E402
 
 U8, I8 = TensorProto.UINT8, TensorProto.INT8
+SAT = "saturating-u8s8"
 
 
 def _rng(seed=0):
@@ -184,12 +185,16 @@ def test_qgemm(trans_a, trans_b, per_channel, quantized_out):
                            const=("B", "Bs", "Bz", "C"))
     compare(m, feeds, int_step=0, rtol=1e-5, atol=1e-5)
     _check_exact(m, feeds, X.qgemm(dict(ins), trans_a, trans_b))
+    _check_exact(m, feeds, X.qgemm(dict(ins), trans_a, trans_b, saturate=True),
+                 arithmetic=SAT)
 
 
-def _check_exact(model, feeds, expected, *, rtol=1e-5, atol=1e-5, int_step=1):
-    """The workbench's default (exact) arithmetic against the independent exact result
-    (quantized outputs within one step: float64 here vs the kernel's rounding path)."""
-    got = run_wb(model, feeds, integer_arithmetic="exact")
+def _check_exact(model, feeds, expected, *, rtol=1e-5, atol=1e-5, int_step=1,
+                 arithmetic="exact"):
+    """The workbench's default (exact) arithmetic - or ``arithmetic`` - against the
+    independent reference (quantized outputs within one step: float64 here vs the kernel's
+    rounding path)."""
+    got = run_wb(model, feeds, integer_arithmetic=arithmetic)
     expected = expected if isinstance(expected, list) else [expected]
     for g, e in zip(got, expected):
         e = np.asarray(e)
@@ -224,6 +229,8 @@ def test_matmul_integer_to_float(per_column, bias):
     m, feeds = single_node("MatMulIntegerToFloat", ins, const=("B", "Bs", "Bz", "bias"))
     compare(m, feeds, rtol=1e-5, atol=1e-5)
     _check_exact(m, feeds, X.matmul_integer_to_float(dict(ins)))
+    _check_exact(m, feeds, X.matmul_integer_to_float(dict(ins), saturate=True),
+                 arithmetic=SAT)
 
 
 @pytest.mark.parametrize("bdt", [np.uint8, np.int8])
@@ -239,6 +246,8 @@ def test_dynamic_quantize_matmul(bdt, per_column):
     m, feeds = single_node("DynamicQuantizeMatMul", ins, const=("B", "Bs", "Bz", "bias"))
     compare(m, feeds, rtol=1e-5, atol=1e-5)
     _check_exact(m, feeds, X.dynamic_quantize_matmul(dict(ins)))
+    _check_exact(m, feeds, X.dynamic_quantize_matmul(dict(ins), saturate=True),
+                 arithmetic=SAT)
 
 
 def _lstm_inputs(r, dirs, inp=4, hs=5, seq=6, batch=3, wdt=np.int8, per_col=False,
@@ -276,8 +285,9 @@ def test_dynamic_quantize_lstm(direction, per_col, states, wdt):
                                                          "hidden_size": 5}, outputs=3,
                            const=("W", "R", "B", "Ws", "Wz", "Rs", "Rz"))
     got, _ = compare(m, feeds, rtol=0, atol=_lstm_tol(ins))
-    _check_exact(m, feeds, X.dynamic_quantize_lstm(dict(ins), direction, 5), rtol=1e-9,
-                 atol=1e-6)
+    for sat in (False, True):
+        _check_exact(m, feeds, X.dynamic_quantize_lstm(dict(ins), direction, 5, sat),
+                     rtol=1e-9, atol=1e-6, arithmetic=SAT if sat else "exact")
 
 
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
@@ -291,8 +301,9 @@ def test_dynamic_quantize_lstm_sequence_lens_and_peepholes(direction):
                            const=("W", "R", "B", "P", "Ws", "Wz", "Rs", "Rz"))
     got, _ = compare(m, feeds, rtol=0, atol=_lstm_tol(ins))
     assert not got[0][3:, :, 1].any()  # past its length, batch 1 writes zeros
-    _check_exact(m, feeds, X.dynamic_quantize_lstm(dict(ins), direction, 5), rtol=1e-9,
-                 atol=1e-6)
+    for sat in (False, True):
+        _check_exact(m, feeds, X.dynamic_quantize_lstm(dict(ins), direction, 5, sat),
+                     rtol=1e-9, atol=1e-6, arithmetic=SAT if sat else "exact")
 
 
 def _lstm_tol(ins):
