@@ -189,3 +189,52 @@ def test_inspector_explains_or_agrees(tmp_path):
         assert note in repr(insp) and note in insp.table()
     else:
         assert insp.first_diverging == "" and insp.notes == []
+
+
+def _qdq_model(tmp_path):
+    """x -> QuantizeLinear(uint8) -> DequantizeLinear -> MatMul(DequantizeLinear(int8 W)):
+    the QDQ form onnxruntime fuses into an integer operator."""
+    w = np.array([[127, -128, 3], [127, -128, 2], [120, 100, 1], [127, 90, 0]], np.int8)
+    one = numpy_helper.from_array(np.array(1.0 / 255, np.float32), "xs")
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="q"),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="dq"),
+             helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"], name="dqw"),
+             helper.make_node("MatMul", ["xd", "wd"], ["y"], name="mm")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     ["n", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+                          [one, numpy_helper.from_array(np.array(0, np.uint8), "xz"),
+                           numpy_helper.from_array(w, "w"),
+                           numpy_helper.from_array(np.array(0.01, np.float32), "ws")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    path = tmp_path / "qdq.onnx"
+    path.write_bytes(m.SerializeToString())
+    x = np.array([[1.0, 0.99, 0.98, 1.0], [0.2, 0.1, 0.0, 0.3]], np.float32)
+    np.save(tmp_path / "x.npy", x)
+    return path, x
+
+
+def test_qdq_nodes_are_named_and_their_fused_form_reported(tmp_path):
+    pytest.importorskip("onnxruntime")
+    path, x = _qdq_model(tmp_path)
+    rep = saturation_report(str(path), {"x": x})
+    assert rep.qdq_nodes == ["mm"] and rep.nodes == []
+    assert "onnxruntime_optimized_model" in rep.table()
+    fused = quantization.onnxruntime_optimized_model(str(path))
+    rep = saturation_report(fused, {"x": x})
+    assert rep.nodes and rep.nodes[0].saturated > 0       # 255 * 127 * 2 per pair
+    assert not rep.qdq_nodes
+
+
+def test_cli_run_compare_on_a_qdq_model(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    from workbench.cli import main
+    path, _ = _qdq_model(tmp_path)
+    rc = main(["run", str(path), "--input", f"x={tmp_path / 'x.npy'}", "--compare",
+               "onnxruntime", "--repeat", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    if quantization.onnxruntime_arithmetic() is SATURATING_U8S8:
+        assert "optimized form of this QDQ model" in out
+    else:
+        assert "note:" not in out

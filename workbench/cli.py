@@ -174,12 +174,18 @@ def cmd_info(args) -> int:
     loaded = load(args.model, check=not args.no_check)
     describe(loaded)
     if args.saturation:
-        from workbench.quantization import saturation_report
+        from workbench.quantization import onnxruntime_optimized_model, saturation_report
         feeds, notes = _load_inputs(args.input or [], loaded.graph)
         note = ("random calibration inputs (" + "; ".join(notes) + "): give real ones with "
                 "--input NAME=FILE.npy") if notes else "the inputs given"
+        report = saturation_report(loaded.proto, feeds, inputs_note=note)
         print()
-        print(saturation_report(loaded.proto, feeds, inputs_note=note).table())
+        print(report.table())
+        if report.qdq_nodes and _has_onnxruntime():
+            print("\nthe same for onnxruntime's optimized form of the model (its QDQ groups "
+                  "fused into integer operators):")
+            print(saturation_report(onnxruntime_optimized_model(loaded.proto), feeds,
+                                    inputs_note=note).table())
     elif args.input:
         raise WorkbenchError("--input is used with --saturation (workbench info MODEL "
                              "--saturation --input NAME=FILE.npy)")
@@ -253,26 +259,46 @@ def _print_differences(names, outs, ref, quiet: bool = False) -> float:
     return worst
 
 
+def _has_onnxruntime() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("onnxruntime") is not None
+
+
 def _explain_saturation(args, feeds, ref, worst: float) -> bool:
     """When the engine ran the spec's exact integer arithmetic and onnxruntime's saturating
-    u8 x s8 arithmetic (x86 without VNNI) reproduces onnxruntime, say so in one line."""
+    u8 x s8 arithmetic (x86 without VNNI) reproduces onnxruntime, say so in one line. A QDQ
+    model is tried in onnxruntime's optimized form (its QDQ groups fused into integer
+    operators, as onnxruntime runs it)."""
     if args.integer_arithmetic != "exact":
         return False
     import workbench.backend as backend
     from workbench.graph import passes
-    from workbench.quantization import ADVICE, SATURATING_U8S8, onnxruntime_arithmetic
+    from workbench.quantization import (
+        ADVICE,
+        SATURATING_U8S8,
+        onnxruntime_arithmetic,
+        onnxruntime_optimized_model,
+        qdq_product_nodes,
+    )
+    if onnxruntime_arithmetic() is not SATURATING_U8S8:
+        return False
     rep = backend.prepare(args.model, args.device, check=not args.no_check,
                           integer_arithmetic=SATURATING_U8S8)
-    if not passes.integer_product_nodes(rep.loaded.graph) or \
-            onnxruntime_arithmetic() is not SATURATING_U8S8:
-        return False
+    how = "with --integer-arithmetic saturating-u8s8"
+    if not passes.integer_product_nodes(rep.loaded.graph):
+        if not qdq_product_nodes(rep.loaded.graph):
+            return False
+        rep = backend.prepare(onnxruntime_optimized_model(rep.loaded.proto), args.device,
+                              check=not args.no_check, integer_arithmetic=SATURATING_U8S8)
+        how = ("on onnxruntime's optimized form of this QDQ model (its Conv/MatMul/Gemm "
+               "fused into integer operators) with --integer-arithmetic saturating-u8s8")
     sat = _print_differences(rep.output_names, rep.run(feeds), ref, quiet=True)
     if sat > 1e-3 and sat > worst / 10:
         return False
     print(f"note: onnxruntime on this CPU (x86 without VNNI) adds uint8 x int8 products in "
-          f"pairs saturated to int16; the engine follows the ONNX spec (exact). With "
-          f"--integer-arithmetic saturating-u8s8 the worst normalised difference is {sat:.3g} "
-          f"(was {worst:.3g}); {ADVICE} (workbench info MODEL --saturation shows where)")
+          f"pairs saturated to int16; the engine follows the ONNX spec (exact). {how[0].upper()}"
+          f"{how[1:]} the worst normalised difference is {sat:.3g} (was {worst:.3g}); {ADVICE} "
+          f"(workbench info MODEL --saturation shows where)")
     return True
 
 

@@ -39,12 +39,12 @@ SATURATING_U8S8 = IntegerArithmetic.SATURATING_U8S8
 #: what to do about it, as onnxruntime's quantization guide advises ("When and why do I need to
 #: try U8U8?": reduce_range, 7-bit weights, or the U8U8 format)
 ADVICE = ("to avoid it, quantize with reduce_range=True (7-bit weights) or uint8 weights "
-          "(U8U8, weight_type=QuantType.QUInt8)")
+          "(U8U8; per-channel convolutions keep int8 weights)")
 
 __all__ = ["IntegerArithmetic", "EXACT", "SATURATING_U8S8", "ADVICE", "ArithmeticUnknownError",
            "classify_arithmetic", "probe_model", "PROBE_INPUT", "onnxruntime_arithmetic",
-           "NodeSaturation", "SaturationReport", "saturation_report",
-           "explain_onnxruntime_difference"]
+           "NodeSaturation", "SaturationReport", "saturation_report", "qdq_product_nodes",
+           "onnxruntime_optimized_model", "explain_onnxruntime_difference"]
 
 
 class ArithmeticUnknownError(WorkbenchError, RuntimeError):
@@ -123,6 +123,62 @@ def onnxruntime_arithmetic() -> IntegerArithmetic:
                                 providers=["CPUExecutionProvider"])
     observed = sess.run(None, {"a": PROBE_INPUT})[0]
     return classify_arithmetic(observed, *_probe_expectations())
+
+
+# ---------------------------------------------------------------------------------- QDQ
+_QDQ_FUSED = ("Conv", "MatMul", "Gemm")
+
+
+def qdq_product_nodes(graph: Graph) -> list:
+    """Float Conv / MatMul / Gemm nodes that read 8-bit activations and int8 weights through
+    DequantizeLinear (the QDQ format). The engine runs them in float on the dequantized values
+    (the spec); onnxruntime's graph optimizer fuses them into QLinearConv / QLinearMatMul /
+    QGemm (on x86 turning int8 activations into uint8 first), whose uint8 x int8 products
+    saturate like any other on x86 CPUs without VNNI."""
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
+
+    def dq_type(name):
+        n = producer.get(name)
+        if n is None or n.op_type != "DequantizeLinear" or not n.inputs:
+            return None
+        src = n.inputs[0]
+        if src in graph.initializers:
+            return np.asarray(graph.initializers[src]).dtype
+        vi = graph.value(src)
+        if vi is None or vi.dtype is None:
+            return None
+        return np.dtype(helper.tensor_dtype_to_np_dtype(vi.dtype))
+
+    out = []
+    for n in graph.nodes:
+        if n.op_type in _QDQ_FUSED and len(n.inputs) >= 2:
+            a, w = dq_type(n.inputs[0]), dq_type(n.inputs[1])
+            if a in (np.dtype(np.uint8), np.dtype(np.int8)) and w == np.dtype(np.int8):
+                out.append(n)
+    return out
+
+
+def onnxruntime_optimized_model(model) -> onnx.ModelProto:
+    """``model`` (path, bytes or ModelProto) as onnxruntime's CPU provider rewrites it before
+    running it (ORT_ENABLE_EXTENDED: the QDQ groups fused into integer operators, x86's int8
+    activations turned into uint8), read back from the file onnxruntime saves. The engine runs
+    it, and ``integer_arithmetic="saturating-u8s8"`` then reproduces what onnxruntime computes
+    for a QDQ model on an x86 CPU without VNNI."""
+    import tempfile
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise WorkbenchError("onnxruntime_optimized_model needs the onnxruntime package "
+                             "(pip install onnxruntime)") from None
+    if isinstance(model, onnx.ModelProto):
+        model = model.SerializeToString()
+    with tempfile.TemporaryDirectory(prefix="wb-ort-optimized-") as tmp:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        so.optimized_model_filepath = f"{tmp}/optimized.onnx"
+        so.log_severity_level = 3
+        ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        return onnx.load(so.optimized_model_filepath)
 
 
 # ---------------------------------------------------------------------------------- nodes
@@ -225,6 +281,8 @@ class SaturationReport:
     output_scale: dict = field(default_factory=dict)
     batches: int = 0
     inputs_note: str = ""
+    #: names of QDQ-format nodes onnxruntime would fuse into saturating integer operators
+    qdq_nodes: list = field(default_factory=list)
 
     @property
     def saturating_nodes(self) -> list:
@@ -234,8 +292,16 @@ class SaturationReport:
         note = f": {self.inputs_note}" if self.inputs_note else ""
         lines = [f"saturation on x86 CPUs without VNNI (onnxruntime's u8 x s8 arithmetic), "
                  f"{self.batches} input batch(es){note}"]
+        if self.qdq_nodes:
+            lines.append(
+                f"  {len(self.qdq_nodes)} QDQ node(s) ({', '.join(self.qdq_nodes[:4])}"
+                f"{', ...' if len(self.qdq_nodes) > 4 else ''}) read 8-bit activations and "
+                f"int8 weights: the engine runs them in float, onnxruntime fuses them into "
+                f"integer operators that saturate alike; report on "
+                f"quantization.onnxruntime_optimized_model(model) to see those")
         if not self.nodes:
-            lines.append("  no node computes 8-bit integer products: nothing can saturate")
+            lines.append("  no node of the model as written computes 8-bit integer products"
+                         + ("" if self.qdq_nodes else ": nothing can saturate"))
             return "\n".join(lines)
         w = max(len(n.node) for n in self.nodes)
         w = min(max(w, 4), 48)
@@ -310,7 +376,8 @@ def saturation_report(model, inputs, *, inputs_note: str = "") -> SaturationRepo
     wanted = list(dict.fromkeys(out_names + needed))
     plan = Plan(graph, outputs=wanted)
     saturating = Plan(passes.set_integer_arithmetic(graph, SATURATING_U8S8))
-    report = SaturationReport(nodes=list(stats.values()), inputs_note=inputs_note)
+    report = SaturationReport(nodes=list(stats.values()), inputs_note=inputs_note,
+                              qdq_nodes=[n.name for n in qdq_product_nodes(graph)])
     for feeds in _batches(graph, inputs):
         values = dict(feeds)
         values.update(zip(wanted, plan.run(feeds)))
