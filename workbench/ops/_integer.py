@@ -130,7 +130,12 @@ def pair_saturated_matmul(a, b):
 
     ``a`` (..., M, K) and ``b`` (..., K, N) hold integer values (uint8-range and int8-range
     for the instruction it models); the batch dimensions broadcast like ``matmul``. An odd K
-    is padded with a zero product (the last pair has one term, which never saturates)."""
+    is padded with a zero product (the last pair has one term, which never saturates).
+
+    The exact product runs on BLAS (float64 holds every such sum exactly); only the pairs
+    that can leave int16 are formed: pair k of row m can saturate only when
+    ``|a[m,2k]| max|b[2k,:]| + |a[m,2k+1]| max|b[2k+1,:]|`` exceeds 32767, and for those the
+    cut part ``clip(p) - p`` is added to the exact result."""
     xp = xp_of(a, b)
     a = a.astype(np.int32)
     b = b.astype(np.int32)
@@ -143,31 +148,45 @@ def pair_saturated_matmul(a, b):
     nb = int(np.prod(batch)) if batch else 1
     a = xp.broadcast_to(a, batch + a.shape[-2:]).reshape(nb, m, 2 * k2)
     b = xp.broadcast_to(b, batch + b.shape[-2:]).reshape(nb, 2 * k2, n)
-    out = xp.empty((nb, m, n), dtype=np.int64)
-    cols = n if k2 * n <= _CHUNK else max(1, _CHUNK // max(k2, 1))
-    rows = max(1, _CHUNK // max(k2 * cols, 1))
+    out = xp.rint(xp.matmul(a.astype(np.float64), b.astype(np.float64))).astype(np.int64)
     count = _COUNTING.get()
+    if count is not None:
+        count.pairs += nb * m * k2 * n
+        count.dots += nb * m * n
+    if not (m and n and k2):
+        return out.reshape(batch + (m, n))
+    per = max(1, _CHUNK // n)             # candidate pairs formed at once
     for i in range(nb):
         a0, a1 = a[i, :, 0::2], a[i, :, 1::2]
         b0, b1 = b[i, 0::2], b[i, 1::2]
-        for r in range(0, m, rows):
-            for c in range(0, n, cols):
-                p = a0[r:r + rows, :, None] * b0[None, :, c:c + cols]
-                p += a1[r:r + rows, :, None] * b1[None, :, c:c + cols]
-                if count is not None:
-                    _count(count, p)
-                xp.clip(p, _I16_MIN, _I16_MAX, out=p)
-                out[i, r:r + rows, c:c + cols] = p.sum(axis=1, dtype=np.int64)
+        bound = xp.abs(a0) * xp.abs(b0).max(axis=1) + xp.abs(a1) * xp.abs(b1).max(axis=1)
+        rows, pairs = xp.nonzero(bound > _I16_MAX)       # row-major: rows ascending
+        hit = xp.zeros((m, n), dtype=bool) if count is not None else None
+        for c in range(0, int(rows.shape[0]), per):
+            r, q = rows[c:c + per], pairs[c:c + per]
+            p = a0[r, q][:, None] * b0[q] + a1[r, q][:, None] * b1[q]     # (c, N)
+            cut = xp.clip(p, _I16_MIN, _I16_MAX) - p
+            first, total = _segments(xp, r, cut.astype(np.int64))
+            out[i, r[first]] += total
+            if count is not None:
+                over = cut != 0
+                count.saturated += int(over.sum())
+                _, n_over = _segments(xp, r, over.astype(np.int64))
+                hit[r[first]] |= n_over > 0
+        if count is not None:
+            count.dots_affected += int(hit.sum())
     return out.reshape(batch + (m, n))
 
 
-def _count(count: SaturationCount, p) -> None:
-    """Add the pair sums ``p`` (rows, pairs, cols) to ``count``."""
-    over = (p > _I16_MAX) | (p < _I16_MIN)
-    count.pairs += int(p.size)
-    count.saturated += int(over.sum())
-    count.dots += int(p.shape[0] * p.shape[2])
-    count.dots_affected += int(over.any(axis=1).sum())
+def _segments(xp, keys, values):
+    """For ascending ``keys`` (c,), the index of each run's first element and each run's sum
+    of ``values`` (c, N) rows (cumulative sums: no scatter, the same on numpy and cupy)."""
+    first = xp.concatenate([xp.zeros(1, dtype=np.int64),
+                            xp.nonzero(keys[1:] != keys[:-1])[0].astype(np.int64) + 1])
+    last = xp.concatenate([first[1:], xp.asarray([keys.shape[0]], dtype=np.int64)]) - 1
+    cs = xp.cumsum(values, axis=0)
+    before = xp.concatenate([xp.zeros((1,) + values.shape[1:], values.dtype), cs])[first]
+    return first, cs[last] - before
 
 
 def saturated_product(op: str, a, a_zero_point, b, b_zero_point):
