@@ -221,7 +221,7 @@ def explain_onnxruntime_difference(graph: Graph, node, inputs: dict, reference,
     (value name -> array: onnxruntime's own values of its inputs, or the engine's), gives
     ``reference`` in the saturating arithmetic and not in the exact one. None otherwise
     (another op, other types, or a difference the saturation does not explain)."""
-    if node not in passes.integer_product_nodes(graph):
+    if not any(n is node for n in passes.integer_product_nodes(graph)):
         return None
     try:
         exact = _run_node(graph, node, inputs, EXACT)[0]
