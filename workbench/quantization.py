@@ -36,10 +36,12 @@ from workbench.ops._integer import IntegerArithmetic, counting_saturation, parse
 EXACT = IntegerArithmetic.EXACT
 SATURATING_U8S8 = IntegerArithmetic.SATURATING_U8S8
 
-#: what to do about it, as onnxruntime's quantization guide advises ("When and why do I need to
-#: try U8U8?": reduce_range, 7-bit weights, or the U8U8 format)
+#: what to do about it, as onnxruntime documents it: its quantization guide ("When and why do I
+#: need to try U8U8?": reduce_range, 7-bit weights, or the U8U8 format) and its session option
+#: "session.x64quantprecision" (slower U8U8 kernels on x64 CPUs without VNNI)
 ADVICE = ("to avoid it, quantize with reduce_range=True (7-bit weights) or uint8 weights "
-          "(U8U8; per-channel convolutions keep int8 weights)")
+          "(U8U8; per-channel convolutions keep int8 weights), or run onnxruntime with the "
+          "session option session.x64quantprecision=1")
 
 __all__ = ["IntegerArithmetic", "EXACT", "SATURATING_U8S8", "ADVICE", "ArithmeticUnknownError",
            "classify_arithmetic", "probe_model", "PROBE_INPUT", "onnxruntime_arithmetic",
