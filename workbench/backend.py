@@ -19,6 +19,7 @@ from workbench.errors import ModelLoadError, WorkbenchError
 from workbench.graph import passes as _passes
 from workbench.graph.executor import Plan
 from workbench.graph.load import load
+from workbench.ops._integer import IntegerArithmetic, parse_arithmetic
 
 
 class WorkbenchRep(BackendRep):
@@ -63,15 +64,23 @@ def _dev(device) -> _device.Device:
 
 
 def prepare(model, device: str = "CPU", *, optimize: bool = True,
-            base_dir: str | None = None, **kwargs) -> WorkbenchRep:
+            base_dir: str | None = None, integer_arithmetic: str = "exact",
+            **kwargs) -> WorkbenchRep:
     """Load, validate and plan ``model`` (path, bytes or ModelProto) for ``device``.
 
     ``base_dir``: the folder holding external data files of a model given as bytes or a
     ModelProto (a path's own folder is used otherwise; data never comes from elsewhere).
+    ``integer_arithmetic``: ``"exact"`` (the ONNX specification, the default) or
+    ``"saturating-u8s8"``: 8-bit integer products computed as onnxruntime computes them on
+    x86 CPUs without VNNI (uint8 x int8 products added in pairs saturated to int16), to
+    reproduce such a deployment's numbers on any machine (``workbench.quantization``).
     """
     dev = _dev(device)
     loaded = load(model, check=kwargs.pop("check", True), base_dir=base_dir)
     graph = loaded.graph
+    if parse_arithmetic(integer_arithmetic) is not IntegerArithmetic.EXACT:
+        # first, so that constant folding computes folded products in the same arithmetic
+        graph = _passes.set_integer_arithmetic(graph, integer_arithmetic)
     if optimize:
         graph = _passes.optimize(graph)
     try:

@@ -17,7 +17,9 @@
 # under the License.
 #
 #
-# Ported from apache/singa examples/onnx/arcface.py at commit 4ddb5629; only imports changed.
+# Ported from apache/singa examples/onnx/arcface.py at commit 4ddb5629; only imports and
+# the download folder (utils.DOWNLOAD_DIR: /tmp/ unless SINGA_ONNX_DOWNLOAD_DIR names another)
+# changed.
 
 import os
 import numpy as np
@@ -28,7 +30,7 @@ from workbench import device
 from workbench import tensor
 from workbench import sonnx
 import onnx
-from utils import download_model, check_exist_or_download
+from utils import download_model, check_exist_or_download, DOWNLOAD_DIR
 
 import logging
 logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
@@ -70,7 +72,7 @@ class MyModel(sonnx.SONNXModel):
 
 if __name__ == "__main__":
 
-    download_dir = '/tmp'
+    download_dir = DOWNLOAD_DIR
     url = 'https://s3.amazonaws.com/onnx-model-zoo/arcface/resnet100/resnet100.tar.gz'
     model_path = os.path.join(download_dir, 'resnet100', 'resnet100.onnx')
 

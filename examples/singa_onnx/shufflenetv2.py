@@ -16,7 +16,9 @@
 # specific language governing permissions and limitations
 # under th
 #
-# Ported from apache/singa examples/onnx/shufflenetv2.py at commit 4ddb5629; only imports changed.
+# Ported from apache/singa examples/onnx/shufflenetv2.py at commit 4ddb5629; only imports and
+# the download folder (utils.DOWNLOAD_DIR: /tmp/ unless SINGA_ONNX_DOWNLOAD_DIR names another)
+# changed.
 
 import os
 import numpy as np
@@ -26,7 +28,7 @@ from workbench import device
 from workbench import tensor
 from workbench import sonnx
 import onnx
-from utils import download_model, check_exist_or_download
+from utils import download_model, check_exist_or_download, DOWNLOAD_DIR
 
 import logging
 logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
@@ -73,7 +75,7 @@ class MyModel(sonnx.SONNXModel):
 if __name__ == "__main__":
 
     url = 'https://github.com/onnx/models/raw/master/vision/classification/shufflenet/model/shufflenet-v2-10.tar.gz'
-    download_dir = '/tmp/'
+    download_dir = DOWNLOAD_DIR
     model_path = os.path.join(download_dir, 'model', 'test_shufflenetv2',
                               'model.onnx')
 

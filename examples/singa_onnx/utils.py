@@ -16,7 +16,9 @@
 # specific language governing permissions and limitations
 # under th
 #
-# Ported from apache/singa examples/onnx/utils.py at commit 4ddb5629; only imports changed.
+# Ported from apache/singa examples/onnx/utils.py at commit 4ddb5629; only imports changed, and
+# two Workbench additions marked below: the download folder (DOWNLOAD_DIR) and the notice printed
+# when a file there is an untrained stand-in rather than the real download.
 
 import os
 import urllib.request
@@ -26,11 +28,39 @@ import onnx
 import logging
 logging.basicConfig(level=logging.INFO, format='%(asctime)-15s %(message)s')
 
+# Workbench addition: SINGA's programs download into /tmp/; SINGA_ONNX_DOWNLOAD_DIR names another
+# folder (ONNX Workbench's tests use a temporary one, so they never leave files in /tmp/)
+DOWNLOAD_DIR = os.path.join(os.environ.get('SINGA_ONNX_DOWNLOAD_DIR') or '/tmp', '')
+
+# Workbench addition: an untrained stand-in (an ONNX Workbench architecture twin, or a file an
+# earlier test run left with a '.workbench-twin' marker beside it) is never used silently
+_TWIN_KEY = 'workbench.twin_of'
+_STAND_IN_MARKER = '.workbench-twin'
+_TWIN_MAX_BYTES = 64 << 20      # stand-ins are small; real models are not parsed to check
+
+
+def _check_stand_in_model(path, archive):
+    if not path.endswith('.onnx') or os.path.getsize(path) > _TWIN_MAX_BYTES:
+        return
+    try:
+        m = onnx.load(path, load_external_data=False)
+    except Exception:
+        return
+    twin = {p.key: p.value for p in m.metadata_props}.get(_TWIN_KEY)
+    if twin:
+        print("NOTE: %s is an untrained stand-in (ONNX Workbench's architecture twin of %r), "
+              "not the real model: its predictions mean nothing. Delete it and %s to "
+              "download the real one." % (path, twin, archive), flush=True)
+
 
 def download_model(url):
-    download_dir = '/tmp/'
-    with tarfile.open(check_exist_or_download(url), 'r') as t:
+    download_dir = DOWNLOAD_DIR
+    archive = check_exist_or_download(url)
+    with tarfile.open(archive, 'r') as t:
         t.extractall(path=download_dir)
+        names = t.getnames()
+    for name in names:
+        _check_stand_in_model(os.path.join(download_dir, name), archive)
 
 
 def load_dataset(test_data_dir):
@@ -57,10 +87,14 @@ def load_dataset(test_data_dir):
 
 
 def check_exist_or_download(url):
-    download_dir = '/tmp/'
+    download_dir = DOWNLOAD_DIR
     name = url.rsplit('/', 1)[-1]
     filename = os.path.join(download_dir, name)
     if not os.path.isfile(filename):
         logging.info("Downloading %s" % url)
         urllib.request.urlretrieve(url, filename)
+    elif os.path.isfile(filename + _STAND_IN_MARKER):
+        print("NOTE: %s is a stand-in an ONNX Workbench test run left there, not the real "
+              "download: results from it mean nothing. Delete it and %s to download the real "
+              "file." % (filename, filename + _STAND_IN_MARKER), flush=True)
     return filename

@@ -40,13 +40,25 @@ def single_node(op, inputs, attrs=None, outputs=1, out_types=None, *, domain=MS,
 
 
 def run_ort(model, feeds):
+    """onnxruntime's CPU provider, no graph optimisation, one intra-op thread: its
+    DynamicQuantizeLSTM quantizes the hidden state per group of batch rows, one group per
+    thread (ceil(batch / threads) rows) when batch >= 2, so its result depends on the thread
+    count; with one thread each step's hidden state is quantized as one tensor, like ours."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = 1
     sess = ort.InferenceSession(model.SerializeToString(), so,
                                 providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
+
+
+def ort_arithmetic():
+    """The integer arithmetic onnxruntime uses on this CPU (probed once per process)."""
+    from workbench.quantization import onnxruntime_arithmetic
+
+    return onnxruntime_arithmetic()
 
 
 def with_output_ranks(model, ranks):
@@ -63,20 +75,23 @@ def with_output_ranks(model, ranks):
     return m
 
 
-def run_wb(model, feeds, ranks=None):
+def run_wb(model, feeds, ranks=None, integer_arithmetic="exact"):
     from workbench import backend
 
     if ranks is None:
         ranks = [np.ndim(r) for r in run_ort(model, feeds)]
     model = with_output_ranks(model, ranks)
-    return [np.asarray(o) for o in backend.prepare(model, optimize=False).run(feeds)]
+    rep = backend.prepare(model, optimize=False, integer_arithmetic=integer_arithmetic)
+    return [np.asarray(o) for o in rep.run(feeds)]
 
 
 def compare(model, feeds, *, rtol=1e-5, atol=1e-6, int_step=0):
-    """Run both; integer outputs equal (or within ``int_step`` quantization steps), float
-    outputs within rtol/atol. Returns (workbench outputs, onnxruntime outputs)."""
+    """Run both, the workbench in the integer arithmetic onnxruntime uses on this CPU (exact
+    with VNNI, pair-saturating without: ``workbench.quantization``), so the comparison holds
+    on either kind of CPU; integer outputs equal (or within ``int_step`` quantization steps),
+    float outputs within rtol/atol. Returns (workbench outputs, onnxruntime outputs)."""
     ref = run_ort(model, feeds)
-    got = run_wb(model, feeds, [r.ndim for r in ref])
+    got = run_wb(model, feeds, [r.ndim for r in ref], ort_arithmetic())
     assert len(got) == len(ref)
     for i, (g, r) in enumerate(zip(got, ref)):
         assert g.shape == r.shape, f"output {i}: shape {g.shape} vs onnxruntime {r.shape}"
@@ -104,5 +119,5 @@ def scalar(v, dtype=np.float32):
     return np.array(v, dtype=dtype)
 
 
-__all__ = ["single_node", "run_ort", "run_wb", "compare", "q8", "f32", "scalar", "MS",
-           "TensorProto", "onnx"]
+__all__ = ["single_node", "run_ort", "run_wb", "compare", "ort_arithmetic", "q8", "f32",
+           "scalar", "MS", "TensorProto", "onnx"]

@@ -16,7 +16,9 @@
 # under the License.
 # =============================================================================
 # Ported from apache/singa test/python/test_tensor.py at commit 4ddb5629; only imports changed
-# (numpy comes through tests/singa/numpy_compat.py, which keeps np.int, removed in numpy 1.24).
+# (numpy comes through tests/singa/numpy_compat.py, which keeps np.int, removed in numpy 1.24),
+# and the float32 matmul results of _4d_matmul_helper and _matmul_transpose_helper are compared
+# to 4 decimals instead of 6 (see there).
 from __future__ import division
 
 import math
@@ -470,7 +472,12 @@ class TestTensorMethods(unittest.TestCase):
         x2.to_device(dev)
         y = autograd.matmul(x1, x2)
         np_y = np.matmul(np_x1, np_x2)
-        np.testing.assert_array_almost_equal(tensor.to_numpy(y), np_y)
+        # Workbench port: 6 decimals (SINGA's default) is bit equality for these float32 values
+        # of magnitude 10-40, which held in SINGA because its CPU matmul and numpy's call the
+        # same BLAS sgemm the same way; here the engine keeps BLAS single-threaded and splits
+        # the product itself, numpy uses OPENBLAS_NUM_THREADS: the sums differ in their last
+        # bits (about 1e-5). 4 decimals is float32 rounding at this magnitude.
+        np.testing.assert_array_almost_equal(tensor.to_numpy(y), np_y, decimal=4)
 
         np_x1 = np.random.randn(2, 12, 256, 64).astype(np.float32)
         np_x2 = np.random.randn(2, 12, 64, 1024).astype(np.float32)
@@ -480,7 +487,7 @@ class TestTensorMethods(unittest.TestCase):
         x2.to_device(dev)
         y = autograd.matmul(x1, x2)
         np_y = np.matmul(np_x1, np_x2)
-        np.testing.assert_array_almost_equal(tensor.to_numpy(y), np_y)
+        np.testing.assert_array_almost_equal(tensor.to_numpy(y), np_y, decimal=4)
 
     def test_4d_matmul_cpu(self):
         self._4d_matmul_helper(cpu_dev)
@@ -511,7 +518,8 @@ class TestTensorMethods(unittest.TestCase):
 
         np.testing.assert_array_almost_equal(tensor.to_numpy(x), X)
         np.testing.assert_array_almost_equal(tensor.to_numpy(w), W)
-        np.testing.assert_array_almost_equal(tensor.to_numpy(y), Y)
+        # Workbench port: 4 decimals, not 6 (see _4d_matmul_helper)
+        np.testing.assert_array_almost_equal(tensor.to_numpy(y), Y, decimal=4)
 
     def test_matmul_transpose_cpu(self):
         self._matmul_transpose_helper(cpu_dev)

@@ -406,11 +406,27 @@ def _text_case(est, ngrams=(1, 1)):
     return onx, feeds, dict(values=est.transform(DOCS).toarray())
 
 
+def _feature_hasher(alternate_sign: bool):
+    """FeatureHasher on strings: skl2onnx writes com.microsoft::MurmurHash3 (positive=0),
+    then the sign and the modulo in ONNX ops."""
+    from skl2onnx.common.data_types import StringTensorType as S
+    from sklearn.feature_extraction import FeatureHasher
+    words = np.array([d.split()[:3] for d in DOCS if len(d.split()) >= 3], dtype=object)
+    words[0, 0] = "héllo wörld ✓"   # UTF-8 beyond ASCII
+    est = FeatureHasher(n_features=32, input_type="string",
+                        alternate_sign=alternate_sign).fit(words)
+    onx = to_onnx(est, initial_types=[("X", S([None, words.shape[1]]))],
+                  target_opset={"": 17, "ai.onnx.ml": 3})
+    return onx, {"X": words}, dict(values=est.transform(words).toarray())
+
+
 def _text_cases():
     from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
     return {
         "CountVectorizer": lambda: _text_case(CountVectorizer()),
         "TfidfVectorizer-bigrams": lambda: _text_case(TfidfVectorizer(), (1, 2)),
+        "FeatureHasher-strings": lambda: _feature_hasher(True),
+        "FeatureHasher-strings-no-sign": lambda: _feature_hasher(False),
     }
 
 

@@ -18,12 +18,17 @@
 - :func:`fuse_attention`: ``MatMul -> scale -> mask -> Softmax -> MatMul`` (scaled
   dot-product attention) becomes one internal ``com.workbench::FusedAttention`` node.
 - :func:`eliminate_dead_code`: nodes and initializers no output depends on are dropped.
+- :func:`set_integer_arithmetic` (not an optimisation, not run by :func:`optimize`): the nodes
+  whose kernels compute 8-bit integer products run in the chosen arithmetic (exact, the spec,
+  or onnxruntime's saturating u8 x s8 pairs on x86 without VNNI: ``ops/_integer.py``).
 
 :func:`optimize` runs them in a sensible order. Passes never touch the caller's graph.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import warnings
 
 import numpy as np
@@ -31,8 +36,10 @@ import numpy as np
 from workbench.errors import ModelLoadError, WorkbenchError
 from workbench.graph.ir import Graph, Node
 from workbench.limits import temporary_budget
+from workbench.ops._integer import ATTRIBUTE as _INTEGER_ATTRIBUTE
+from workbench.ops._integer import parse_arithmetic
 from workbench.ops.conv import EPILOGUE_ACTIVATIONS, FUSED_DOMAIN
-from workbench.ops.registry import facts
+from workbench.ops.registry import facts, lookup
 
 MAX_FOLDED_BYTES = 64 << 20
 
@@ -685,6 +692,52 @@ def _fresh(names, base: str) -> str:
         name = f"{base}_{i}"
         i += 1
     return name
+
+
+def _takes_arithmetic(op_type: str, domain: str, opset) -> bool:
+    """Whether the kernel of a node computes 8-bit integer products in a selectable
+    arithmetic: it takes the keyword ``integer_arithmetic`` (``ops/_integer.py``)."""
+    try:
+        fn = lookup(op_type, domain, opset).fn
+    except WorkbenchError:
+        return False
+    return _INTEGER_ATTRIBUTE in _keywords(fn)
+
+
+@functools.cache
+def _keywords(fn) -> frozenset:
+    return frozenset(p.name for p in inspect.signature(fn).parameters.values()
+                     if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def integer_product_nodes(graph: Graph) -> list:
+    """The nodes of ``graph`` (not of its subgraphs) whose kernels compute 8-bit integer
+    products in a selectable arithmetic (the nodes :func:`set_integer_arithmetic` marks)."""
+    out = []
+    for n in graph.nodes:
+        opset = graph.opsets.get(n.domain or "", graph.opsets.get("ai.onnx"))
+        if opset is not None and _takes_arithmetic(n.op_type, n.domain or "", opset):
+            out.append(n)
+    return out
+
+
+def set_integer_arithmetic(graph: Graph, mode) -> Graph:
+    """Every node whose kernel computes 8-bit integer products (MatMulInteger, QLinearConv,
+    QGemm, DynamicQuantizeLSTM, ...: found from the kernels' signatures, no list of ops) runs in
+    ``mode`` (an ``IntegerArithmetic`` or its name: ``"exact"``, the specification, or
+    ``"saturating-u8s8"``, onnxruntime's arithmetic on x86 CPUs without VNNI). The mode is an
+    internal node attribute the kernels read; subgraphs are marked too."""
+    mode = parse_arithmetic(mode)
+    g = graph.copy()
+    for n in g.nodes:
+        for k, v in n.attrs.items():
+            if isinstance(v, Graph):
+                n.attrs[k] = set_integer_arithmetic(v, mode)
+            elif isinstance(v, list) and v and isinstance(v[0], Graph):
+                n.attrs[k] = [set_integer_arithmetic(sg, mode) for sg in v]
+    for n in integer_product_nodes(g):
+        n.attrs[_INTEGER_ATTRIBUTE] = mode
+    return g
 
 
 def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bool = True,

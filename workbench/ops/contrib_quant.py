@@ -28,7 +28,15 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops._integer import (
+    IntegerArithmetic,
+    arithmetic_of,
+    saturated_product,
+    saturates,
+)
 from workbench.ops.registry import kernel, lookup
+
+EXACT = IntegerArithmetic.EXACT
 
 MS = "com.microsoft"
 
@@ -249,12 +257,24 @@ def _imatmul(op, a, b):
                          f"{tuple(b.shape)}") from None
 
 
+def _product(op, A, a_zp, B, b_zp, mode, a_name="A", b_name="B"):
+    """(A - a_zp) @ (B - b_zp) in float64: exact, or as onnxruntime sums uint8 x int8 products
+    without VNNI (``mode``: ops/_integer.py). a_zp per tensor; b_zp per tensor or column."""
+    if saturates(arithmetic_of(op, mode), A.dtype, B.dtype):
+        _centered(op, b_name, B, b_zp, per_col=True)  # the same checks as the exact path
+        az = None if a_zp is None else _scalar_param(op, f"{a_name}_zero_point", a_zp)
+        bz = None if b_zp is None else (b_zp.reshape(()) if b_zp.size == 1 else b_zp)
+        return saturated_product(op, A, az, B, bz)
+    a = _centered(op, a_name, A, _scalar_param(op, f"{a_name}_zero_point", a_zp)
+                  if a_zp is not None else None)
+    return _imatmul(op, a, _centered(op, b_name, B, b_zp, per_col=True))
+
+
 @kernel("MatMulIntegerToFloat", since=1, domain=MS)
 def matmul_integer_to_float(A, B, a_scale, b_scale, a_zero_point=None, b_zero_point=None,
-                            bias=None):
+                            bias=None, *, integer_arithmetic=EXACT):
     op = "MatMulIntegerToFloat"
-    acc = _imatmul(op, _centered(op, "A", A, a_zero_point),
-                   _centered(op, "B", B, b_zero_point, per_col=True))
+    acc = _product(op, A, a_zero_point, B, b_zero_point, integer_arithmetic)
     n = B.shape[-1]
     y = acc * (float(_scalar_param(op, "a_scale", a_scale))
                * _col_scale(op, "b_scale", b_scale, n))
@@ -264,11 +284,13 @@ def matmul_integer_to_float(A, B, a_scale, b_scale, a_zero_point=None, b_zero_po
 
 
 @kernel("DynamicQuantizeMatMul", since=1, domain=MS)
-def dynamic_quantize_matmul(A, B, b_scale, b_zero_point=None, bias=None):
+def dynamic_quantize_matmul(A, B, b_scale, b_zero_point=None, bias=None, *,
+                            integer_arithmetic=EXACT):
     op = "DynamicQuantizeMatMul"
+    xp = xp_of(A)
     qa, sa, za = _dynamic_u8(A)
-    acc = _imatmul(op, qa.astype(np.float64) - za,
-                   _centered(op, "B", B, b_zero_point, per_col=True))
+    acc = _product(op, qa, xp.asarray(za, dtype=np.float64), B, b_zero_point,
+                   integer_arithmetic)
     y = acc * (sa * _col_scale(op, "b_scale", b_scale, B.shape[-1]))
     if bias is not None:
         y = y + bias.astype(np.float64)
@@ -277,20 +299,18 @@ def dynamic_quantize_matmul(A, B, b_scale, b_zero_point=None, bias=None):
 
 @kernel("QGemm", since=1, domain=MS)
 def qgemm(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scale=None,
-          y_zero_point=None, *, alpha=1.0, transA=0, transB=0):
+          y_zero_point=None, *, alpha=1.0, transA=0, transB=0, integer_arithmetic=EXACT):
     """Y = alpha * (A' - a_zp)(B' - b_zp) * a_scale * b_scale + C * a_scale * b_scale; C is
     int32 in the product's scale. b_scale/b_zero_point: scalar or one per column N."""
     op = "QGemm"
     if A.ndim != 2 or B.ndim != 2:
         raise ShapeError(f"{op}: A {tuple(A.shape)} and B {tuple(B.shape)} must be 2-D")
-    a = _centered(op, "A", A, _scalar_param(op, "a_zero_point", a_zero_point))
-    a = a.T if transA else a
-    bb = B.T if transB else B
-    b = _centered(op, "B", bb, b_zero_point, per_col=True)
+    a = A.T if transA else A
+    b = B.T if transB else B
     if a.shape[1] != b.shape[0]:
         raise ShapeError(f"{op}: A' {tuple(a.shape)} and B' {tuple(b.shape)} do not multiply "
                          f"(transA={transA}, transB={transB})")
-    acc = a @ b
+    acc = _product(op, a, a_zero_point, b, b_zero_point, integer_arithmetic, "a", "b")
     scale = float(_scalar_param(op, "a_scale", a_scale)) * _col_scale(op, "b_scale", b_scale,
                                                                        b.shape[1])
     y = acc * (float(alpha) * scale)
@@ -302,12 +322,19 @@ def qgemm(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scale=No
 
 
 # ---------------------------------------------------------------------------------- LSTM
+def _step_times(xp, seq, lens):
+    """(seq, batch) time index of step s of each row of a reverse direction: len_b - 1 - s
+    within the row's length, s itself beyond it (ReverseSequence's order; an involution)."""
+    s = xp.arange(seq)[:, None]
+    return xp.where(s < lens[None, :], lens[None, :] - 1 - s, s)
+
+
 @kernel("DynamicQuantizeLSTM", since=1, domain=MS, wants_ctx=True)
 def dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None,
                           P=None, W_scale=None, W_zero_point=None, R_scale=None,
                           R_zero_point=None, *, activation_alpha=None, activation_beta=None,
                           activations=None, clip=None, direction="forward", hidden_size=None,
-                          input_forget=0, ctx):
+                          input_forget=0, integer_arithmetic=EXACT, ctx):
     """W: [dirs, input, 4H], R: [dirs, H, 4H] (transposed against ONNX LSTM), 8-bit, with
     scales/zero points of shape [dirs] or [dirs, 4H]. The products X@W and h@R run on
     dynamically quantized (uint8) activations; the gates follow ONNX LSTM (i, o, f, c)."""
@@ -326,22 +353,29 @@ def dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, i
         raise ShapeError(f"{op}: W {tuple(W.shape)} / R {tuple(R.shape)} do not fit "
                          f"hidden_size {hs} and {dirs} direction(s)")
 
+    mode = arithmetic_of(op, integer_arithmetic)
+
     def params(name, s, z, mat):
         s = s.astype(np.float64).reshape(dirs, -1)
         if s.shape[1] not in (1, 4 * hs):
             raise ShapeError(f"{op}: {name}_scale must have shape [{dirs}] or "
                              f"[{dirs}, {4 * hs}], got {tuple(s.shape)}")
-        z = (xp.zeros_like(s) if z is None else z.astype(np.float64).reshape(dirs, -1))
-        return [(mat[d].astype(np.float64) - z[d][None, :], s[d][None, :])
-                for d in range(dirs)]
+        z = (xp.zeros((dirs, 1), dtype=mat.dtype) if z is None else z.reshape(dirs, -1))
+        return [(mat[d], z[d], s[d][None, :]) for d in range(dirs)]
 
     wq = params("W", W_scale, W_zero_point, W)
     rq = params("R", R_scale, R_zero_point, R)
 
     def qmm(x, mats):
+        """x @ (mat - zp) * scale with x quantized dynamically to uint8 (per call)."""
         q, s, z = _dynamic_u8(x)
-        centered, scale = mats
-        return ((q.astype(np.float64) - z) @ centered) * (s * scale)
+        mat, zp, scale = mats
+        zq = xp.asarray(z, dtype=np.float64)
+        if saturates(mode, q.dtype, mat.dtype):
+            acc = saturated_product(op, q, zq, mat, zp if zp.size > 1 else zp.reshape(()))
+        else:
+            acc = (q.astype(np.float64) - zq) @ (mat.astype(np.float64) - zp.astype(np.float64))
+        return acc * (s * scale)
 
     seq, batch, _ = X.shape
     lens = None if sequence_lens is None else xp.asarray(sequence_lens).astype(np.int64)
@@ -365,17 +399,27 @@ def dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, i
     def clipped(v):
         return v if not clip else xp.clip(v, -clip, clip)
 
+    # the steps run as onnxruntime runs them (its documented quantized LSTM): up to the
+    # longest sequence only, a reverse direction on each row reversed within its own length
+    # (row b's step s is time len_b - 1 - s), and a row past its length feeding zeros (its
+    # zeroed output) to the next step's dynamically quantized hidden-state product
+    full = xp.full((batch,), seq, dtype=np.int64)
+    lens_ = full if lens is None else lens
+    steps = int(lens_.max()) if batch else 0
+    rows = xp.arange(batch)
     for d, rev in enumerate(reverse_dirs):
         f, g, hfn = fns[d]
-        gx = qmm(X.reshape(seq * batch, -1), wq[d]).reshape(seq, batch, 4 * hs)
+        order = _step_times(xp, seq, lens_) if rev else None   # (seq, batch) time of step s
+        xd = X if order is None else X[order, rows[None, :]]
+        gx = qmm(xd[:steps].reshape(steps * batch, -1), wq[d]).reshape(steps, batch, 4 * hs)
         gx = gx + bias[d, :4 * hs] + bias[d, 4 * hs:]
         h = (xp.zeros((batch, hs)) if initial_h is None
              else initial_h[d].astype(np.float64))
         c = (xp.zeros((batch, hs)) if initial_c is None
              else initial_c[d].astype(np.float64))
-        steps = range(seq - 1, -1, -1) if rev else range(seq)
-        for t in steps:
-            gates = gx[t] + qmm(h, rq[d])
+        h_in = h
+        for t in range(steps):
+            gates = gx[t] + qmm(h_in, rq[d])
             gi, go, gf, gc = (gates[:, k * hs:(k + 1) * hs] for k in range(4))
             if peep is not None:
                 gi = gi + peep[d, :hs] * c
@@ -386,14 +430,14 @@ def dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, i
             if peep is not None:
                 go = go + peep[d, hs:2 * hs] * c_new
             h_new = f(clipped(go)) * hfn(c_new)
-            if lens is not None:
-                alive = (t < lens)[:, None]
-                h_new = xp.where(alive, h_new, h)
-                c_new = xp.where(alive, c_new, c)
-                Y[t, d] = xp.where(alive, h_new, 0.0)
+            alive = (t < lens_)[:, None]
+            h = xp.where(alive, h_new, h)
+            c = xp.where(alive, c_new, c)
+            h_in = xp.where(alive, h_new, 0.0)
+            if order is None:
+                Y[t, d] = h_in
             else:
-                Y[t, d] = h_new
-            h, c = h_new, c_new
+                Y[order[t], d, rows] = h_in
         Yh[d], Yc[d] = h, c
     outs = [Y.astype(X.dtype), Yh.astype(X.dtype), Yc.astype(X.dtype)]
     n = max(ctx.n_outputs, 1)
@@ -462,7 +506,7 @@ def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
 def qattention(input, weight, bias, input_scale, weight_scale, mask_index=None,
                input_zero_point=None, weight_zero_point=None, past=None, *, num_heads,
                unidirectional=0, do_rotary=0, past_present_share_buffer=0,
-               mask_filter_value=-10000.0, scale=0.0, ctx):
+               mask_filter_value=-10000.0, scale=0.0, integer_arithmetic=EXACT, ctx):
     """Attention (see contrib_transformer.attention) on 8-bit input and weights: the QKV
     projection is the exact integer product scaled by input_scale * weight_scale
     (weight per tensor or per column)."""
@@ -470,9 +514,9 @@ def qattention(input, weight, bias, input_scale, weight_scale, mask_index=None,
     if input.ndim != 3 or weight.ndim != 2 or weight.shape[0] != input.shape[2]:
         raise ShapeError(f"{op}: input {tuple(input.shape)} must be [batch, seq, hidden] and "
                          f"weight {tuple(weight.shape)} [hidden, 3*hidden]")
-    a = _centered(op, "input", input, _scalar_param(op, "input_zero_point", input_zero_point))
-    w = _centered(op, "weight", weight, weight_zero_point, per_col=True)
-    proj = (a @ w) * (float(_scalar_param(op, "input_scale", input_scale))
+    acc = _product(op, input, input_zero_point, weight, weight_zero_point, integer_arithmetic,
+                   "input", "weight")
+    proj = acc * (float(_scalar_param(op, "input_scale", input_scale))
                       * _col_scale(op, "weight_scale", weight_scale, weight.shape[1]))
     proj = (proj + bias.astype(np.float64)).astype(bias.dtype)
     from workbench.ops.contrib_transformer import attention_from_qkv

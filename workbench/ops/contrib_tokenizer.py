@@ -1,5 +1,8 @@
-"""com.microsoft::Tokenizer (since 1), from onnxruntime's ContribOperators specification:
-what skl2onnx writes for CountVectorizer / TfidfVectorizer.
+"""com.microsoft text-feature kernels that skl2onnx writes, from onnxruntime's
+ContribOperators specification: Tokenizer (since 1; CountVectorizer / TfidfVectorizer) and
+MurmurHash3 (since 1; FeatureHasher).
+
+Tokenizer:
 
 Each string of a [C] or [N, C] string tensor becomes a row of tokens along a new last axis,
 padded with ``pad_value`` to the longest row: [C, D] or [N, C, D]. Two modes:
@@ -77,3 +80,91 @@ def tokenizer(X, *, mark=None, mincharnum=None, pad_value=None, separators=None,
     for i, r in enumerate(rows):
         out[i, :len(r)] = r
     return out.reshape(x.shape + (d,))
+
+
+# ---------------------------------------------------------------------------------- MurmurHash3
+# MurmurHash3_x86_32 (Austin Appleby's published algorithm): 4-byte little-endian blocks mixed
+# into the state, the 1-3 tail bytes mixed once, then the length and the final avalanche
+_C1, _C2 = 0xCC9E2D51, 0x1B873593
+_HASHABLE = ("uint32", "int32", "uint64", "int64", "float32", "float64")
+
+
+def _rotl(x, r: int):
+    return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+
+
+def _mix_block(k):
+    k = k * np.uint32(_C1)
+    return _rotl(k, 15) * np.uint32(_C2)
+
+
+def murmur3_x86_32(data, lengths, seed: int):
+    """MurmurHash3_x86_32 of n byte strings at once: ``data`` uint8 (n, width) holds string i
+    in its first ``lengths[i]`` bytes (zeros after; width a multiple of 4), ``lengths`` (n,).
+    Returns uint32 (n,). Vectorised over the strings; one pass per 4-byte block.
+
+    >>> int(murmur3_x86_32(np.frombuffer(b"abcd", np.uint8)[None], np.array([4]), 0x9747B28C)[0])
+    4031219239
+    """
+    n, width = data.shape
+    lengths = np.asarray(lengths, dtype=np.int64)
+    words = np.ascontiguousarray(data).view("<u4").astype(np.uint32)     # (n, width // 4)
+    h = np.full(n, np.uint32(seed & 0xFFFFFFFF), dtype=np.uint32)
+    full = lengths // 4
+    with np.errstate(over="ignore"):
+        for b in range(width // 4):
+            live = b < full
+            if not live.any():
+                break
+            k = _mix_block(words[:, b])
+            m = h ^ k
+            m = _rotl(m, 13) * np.uint32(5) + np.uint32(0xE6546B64)
+            h = np.where(live, m, h)
+        rem = lengths & 3
+        tail = words[np.arange(n), np.minimum(full, max(width // 4 - 1, 0))] if width else \
+            np.zeros(n, np.uint32)
+        mask = (np.uint64(1) << (8 * rem).astype(np.uint64)) - np.uint64(1)
+        k = (tail.astype(np.uint64) & mask).astype(np.uint32)
+        h = np.where(rem > 0, h ^ _mix_block(k), h)
+        h ^= lengths.astype(np.uint32)
+        h ^= h >> np.uint32(16)
+        h *= np.uint32(0x85EBCA6B)
+        h ^= h >> np.uint32(13)
+        h *= np.uint32(0xC2B2AE35)
+        h ^= h >> np.uint32(16)
+    return h
+
+
+def _as_bytes(X):
+    """(data, lengths) of every element: a string's UTF-8 bytes, a number's own bytes."""
+    flat = X.reshape(-1)
+    if X.dtype.kind in "OUS":
+        raw = [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in flat]
+        lengths = np.array([len(r) for r in raw], dtype=np.int64)
+        width = int(-(-max(lengths.max(initial=0), 1) // 4) * 4)
+        data = np.zeros((len(raw), width), dtype=np.uint8)
+        for i, r in enumerate(raw):
+            data[i, :len(r)] = np.frombuffer(r, dtype=np.uint8)
+        return data, lengths
+    item = X.dtype.itemsize
+    data = np.ascontiguousarray(flat.astype(X.dtype.newbyteorder("<"))).view(np.uint8)
+    return data.reshape(len(flat), item), np.full(len(flat), item, dtype=np.int64)
+
+
+@kernel("MurmurHash3", since=1, domain=MS, host_compute=True)
+def murmur_hash3(X, *, positive=1, seed=0):
+    """The 32-bit MurmurHash3 (x86) of every element: strings hashed over their UTF-8 bytes,
+    numbers over their little-endian bytes (4 for int32/uint32/float, 8 for int64/uint64/
+    double); ``seed`` as an unsigned 32-bit value; uint32 out, or int32 (the same bits) when
+    ``positive`` is 0."""
+    op = "MurmurHash3"
+    if X.dtype.kind not in "OUS" and X.dtype.name not in _HASHABLE:
+        raise InputError(f"{op}: input of type {X.dtype} is not supported (uint32, int32, "
+                         f"uint64, int64, float, double or string)")
+    if not 0 <= int(seed) <= 0xFFFFFFFF and not -(2 ** 31) <= int(seed) < 0:
+        raise InputError(f"{op}: seed {seed} is not a 32-bit value")
+    if X.size == 0:
+        return np.zeros(X.shape, np.uint32 if positive else np.int32)
+    data, lengths = _as_bytes(np.asarray(X))
+    h = murmur3_x86_32(data, lengths, int(seed) & 0xFFFFFFFF).reshape(X.shape)
+    return h if positive else h.view(np.int32)

@@ -15,6 +15,12 @@ from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
 from workbench.limits import check_alloc
 from workbench.ops._common import _UNCHECKED_BYTES, check_matmul, compute_dtype, ensure_array
+from workbench.ops._integer import (
+    IntegerArithmetic,
+    arithmetic_of,
+    saturated_product,
+    saturates,
+)
 from workbench.ops.activation import softmax
 from workbench.ops.conv import FUSED_DOMAIN
 from workbench.ops.elementwise import erf_array
@@ -132,10 +138,18 @@ def _zero_point_rows(op, zp, a):
 
 
 @kernel("MatMulInteger", since=10, category="layer")
-def matmul_integer(A, B, a_zero_point=None, b_zero_point=None):
-    """(A - a_zp) @ (B - b_zp) with exact integer accumulation, int32 output."""
+def matmul_integer(A, B, a_zero_point=None, b_zero_point=None, *,
+                   integer_arithmetic=IntegerArithmetic.EXACT):
+    """(A - a_zp) @ (B - b_zp) with exact integer accumulation, int32 output (or uint8 x int8
+    pairs saturated to int16, ``integer_arithmetic=SATURATING_U8S8``: see ops/_integer.py)."""
     op = "MatMulInteger"
     xp = xp_of(A, B)
+    if saturates(arithmetic_of(op, integer_arithmetic), A.dtype, B.dtype):
+        check_matmul(op, A.shape, B.shape)
+        az = None if a_zero_point is None else _zero_point_rows(op, a_zero_point, A)
+        bz = None if b_zero_point is None else b_zero_point.reshape(-1)
+        acc = saturated_product(op, A, az, B, bz if bz is None or bz.size > 1 else bz[0])
+        return acc.astype(xp.int32)
     # float64 holds every partial sum exactly (|term| < 2**16) and runs on BLAS
     a = A.astype(xp.float64) - _zero_point_rows(op, a_zero_point, A)
     b = B.astype(xp.float64)

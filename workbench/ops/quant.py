@@ -22,6 +22,12 @@ import numpy as np
 from workbench.arrays import np_dtype_of_onnx, xp_of
 from workbench.arrays.geometry import window_geometry
 from workbench.errors import InputError, ShapeError
+from workbench.ops._integer import (
+    IntegerArithmetic,
+    arithmetic_of,
+    saturated_product,
+    saturates,
+)
 from workbench.ops.registry import kernel
 
 try:
@@ -245,17 +251,23 @@ def _row_col(p, per_row: bool, ndim: int):
 
 
 @kernel("QLinearMatMul", since=10, category="layer")
-def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point,
+                   *, integer_arithmetic=IntegerArithmetic.EXACT):
     """y = saturate(round((a - a_zp) @ (b - b_zp) * a_scale * b_scale / y_scale) + y_zp).
 
-    One kernel for opsets 10 and 21 (21 adds float16/bfloat16 scales and float8 types)."""
+    One kernel for opsets 10 and 21 (21 adds float16/bfloat16 scales and float8 types).
+    ``integer_arithmetic``: see ops/_integer.py."""
+    op = "QLinearMatMul"
     xp = xp_of(a, b)
-    try:
-        acc = xp.matmul(_centered(a, a_zero_point, per_row=True),
-                        _centered(b, b_zero_point, per_row=False))
-    except ValueError:
-        raise ShapeError(f"QLinearMatMul: cannot multiply shapes {tuple(a.shape)} and "
-                         f"{tuple(b.shape)}") from None
+    if saturates(arithmetic_of(op, integer_arithmetic), a.dtype, b.dtype):
+        acc = saturated_product(op, a, _row_col(a_zero_point, True, a.ndim), b, b_zero_point)
+    else:
+        try:
+            acc = xp.matmul(_centered(a, a_zero_point, per_row=True),
+                            _centered(b, b_zero_point, per_row=False))
+        except ValueError:
+            raise ShapeError(f"{op}: cannot multiply shapes {tuple(a.shape)} and "
+                             f"{tuple(b.shape)}") from None
     multiplier = (_row_col(a_scale.astype(np.float64), True, a.ndim)
                   * b_scale.astype(np.float64) / y_scale.astype(np.float64))
     real = acc.astype(np.float64) * multiplier
@@ -270,44 +282,93 @@ def _conv_pads(op, in_sp, ks, strides, dilations, pads, auto_pad):
     return pb + pe
 
 
-def _conv_exact(x, w, group, strides, dilations, pads):
-    """N-D grouped convolution of float arrays by im2col (as_strided view) + one batched
-    matmul. x: (N, C, *sp), w: (M, C/group, *k); returns (N, M, *out)."""
-    xp = xp_of(x, w)
+def _im2col(op, x, ks, group, strides, dilations, pads, pad_value=0, channels_last=False):
+    """The windows of ``x`` (N, C, *sp) padded with ``pad_value``, one row per output position:
+    (group, N*P, K) and the output's spatial shape. K runs (C/group, *kernel) - or, with
+    ``channels_last``, (*kernel, C/group): the channels of one tap adjacent, the order of an
+    NHWC convolution such as onnxruntime's."""
+    xp = xp_of(x)
     n, c = x.shape[:2]
-    m, cg = w.shape[:2]
-    ks = tuple(w.shape[2:])
     nd = len(ks)
-    xpad = xp.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + nd]) for i in range(nd)])
+    widths = [(0, 0), (0, 0)] + [(pads[i], pads[i + nd]) for i in range(nd)]
+    xpad = xp.pad(x, widths, constant_values=pad_value) if any(pads) else x
     out_sp = tuple((xpad.shape[2 + i] - dilations[i] * (ks[i] - 1) - 1) // strides[i] + 1
                    for i in range(nd))
     if any(o <= 0 for o in out_sp):
-        raise ShapeError(f"QLinearConv: output spatial shape {out_sp} is empty for input "
+        raise ShapeError(f"{op}: output spatial shape {out_sp} is empty for input "
                          f"{tuple(x.shape)}, kernel {ks}, pads {pads}, strides {strides}")
     xpad = xp.ascontiguousarray(xpad)
     st = xpad.strides
     view = xp.lib.stride_tricks.as_strided(
-        xpad, (n, c) + out_sp + ks,
+        xpad, (n, c) + out_sp + tuple(ks),
         st[:2] + tuple(st[2 + i] * strides[i] for i in range(nd))
         + tuple(st[2 + i] * dilations[i] for i in range(nd)))
-    mg = m // group
+    cg = c // group
     kk = int(np.prod(ks)) if ks else 1
     p = int(np.prod(out_sp)) if out_sp else 1
-    view = view.reshape((n, group, cg) + out_sp + ks)
-    # (group, N, *out, Cg, *k) -> (group, N*P, Cg*K): the im2col copy
-    order = (1, 0) + tuple(range(3, 3 + nd)) + (2,) + tuple(range(3 + nd, 3 + 2 * nd))
-    cols = view.transpose(order).reshape(group, n * p, cg * kk)
-    wg = w.reshape(group, mg, cg * kk).transpose(0, 2, 1)
-    out = xp.matmul(cols, wg)  # (group, N*P, Mg)
-    out = out.reshape((group, n) + out_sp + (mg,))
+    view = view.reshape((n, group, cg) + out_sp + tuple(ks))
+    # (group, N, *out, Cg, *k) or (group, N, *out, *k, Cg) -> (group, N*P, K): the im2col copy
+    taps = tuple(range(3 + nd, 3 + 2 * nd))
+    inner = taps + (2,) if channels_last else (2,) + taps
+    order = (1, 0) + tuple(range(3, 3 + nd)) + inner
+    return view.transpose(order).reshape(group, n * p, cg * kk), out_sp
+
+
+def _weights_as_columns(w, group, channels_last=False):
+    """w (M, C/group, *k) as (group, K, M/group), K ordered like :func:`_im2col`'s."""
+    m, cg = w.shape[:2]
+    nd = w.ndim - 2
+    if channels_last:
+        w = w.transpose((0,) + tuple(range(2, 2 + nd)) + (1,))
+    return w.reshape(group, m // group, -1).transpose(0, 2, 1)
+
+
+def _conv_output(acc, n, out_sp):
+    """(group, N*P, M/group) -> (N, M, *out)."""
+    group, _, mg = acc.shape
+    nd = len(out_sp)
+    out = acc.reshape((group, n) + out_sp + (mg,))
     out = out.transpose((1, 0, 2 + nd) + tuple(range(2, 2 + nd)))
-    return out.reshape((n, m) + out_sp)
+    return out.reshape((n, group * mg) + out_sp)
+
+
+def _conv_exact(x, w, group, strides, dilations, pads):
+    """N-D grouped convolution of float arrays by im2col (as_strided view) + one batched
+    matmul. x: (N, C, *sp), w: (M, C/group, *k); returns (N, M, *out)."""
+    xp = xp_of(x, w)
+    cols, out_sp = _im2col("QLinearConv", x, tuple(w.shape[2:]), group, strides, dilations,
+                           pads)
+    return _conv_output(xp.matmul(cols, _weights_as_columns(w, group)), x.shape[0], out_sp)
+
+
+def _exact_depthwise(w, group, w_zero_point) -> bool:
+    """onnxruntime's depthwise kernel (one input and one output channel per group, one weight
+    zero point for all channels) sums its products exactly, also without VNNI; other grouped
+    convolutions go through its u8 x s8 GEMM."""
+    if w.shape[0] != group or w.shape[1] != 1:
+        return False
+    z = w_zero_point.reshape(-1)
+    return z.size == 1 or bool((z == z[0]).all())
+
+
+def _conv_saturated(x, x_zero_point, w, w_zero_point, group, strides, dilations, pads):
+    """The convolution's (x - x_zp) * (w - w_zp) sums as onnxruntime computes uint8 x int8
+    ones without VNNI (ops/_integer.py): on the raw values in its NHWC order (the channels of
+    one tap adjacent), padding with the zero point, the zero points taken out afterwards."""
+    m = w.shape[0]
+    xz = x_zero_point.reshape(())
+    cols, out_sp = _im2col("QLinearConv", x, tuple(w.shape[2:]), group, strides, dilations,
+                           pads, pad_value=xz, channels_last=True)
+    wz = w_zero_point.reshape(-1)
+    wz = wz.reshape(group, 1, m // group) if wz.size > 1 else wz.reshape(())
+    acc = saturated_product("QLinearConv", cols, xz, _weights_as_columns(w, group, True), wz)
+    return _conv_output(acc, x.shape[0], out_sp)
 
 
 @kernel("QLinearConv", since=10, category="layer")
 def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point,
                  B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
-                 pads=None, strides=None):
+                 pads=None, strides=None, integer_arithmetic=IntegerArithmetic.EXACT):
     op = "QLinearConv"
     xp = xp_of(x, w)
     if x.ndim < 3 or w.ndim != x.ndim:
@@ -325,11 +386,16 @@ def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_
     dilations = list(dilations) if dilations else [1] * nd
     pads = _conv_pads(op, x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
     m = w.shape[0]
-    xc = x.astype(np.float64) - x_zero_point.astype(np.float64).reshape(())
-    wzp = w_zero_point.astype(np.float64)
-    wzp = wzp.reshape((-1,) + (1,) * (nd + 1)) if wzp.size > 1 else wzp.reshape(())
-    wc = w.astype(np.float64) - wzp
-    acc = _conv_exact(xc, wc, group, strides, dilations, pads)
+    if saturates(arithmetic_of(op, integer_arithmetic), x.dtype, w.dtype) \
+            and not _exact_depthwise(w, group, w_zero_point):
+        acc = _conv_saturated(x, x_zero_point, w, w_zero_point, group, strides, dilations,
+                              pads)
+    else:
+        xc = x.astype(np.float64) - x_zero_point.astype(np.float64).reshape(())
+        wzp = w_zero_point.astype(np.float64)
+        wzp = wzp.reshape((-1,) + (1,) * (nd + 1)) if wzp.size > 1 else wzp.reshape(())
+        wc = w.astype(np.float64) - wzp
+        acc = _conv_exact(xc, wc, group, strides, dilations, pads)
     if B is not None:
         acc = acc + B.astype(np.float64).reshape((1, m) + (1,) * nd)
     ws = w_scale.astype(np.float64)

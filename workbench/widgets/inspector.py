@@ -365,9 +365,33 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
                         row["diff_ok"] = st["diff_ok"]
                         if not st["diff_ok"] and not first_div:
                             first_div = o
+                        if not st["diff_ok"] and o == n.outputs[0]:
+                            note = self._explain(n)
+                            if note:
+                                row["note"] = note
                 rows.append(row)
         self.rows = rows
         self.first_diverging = first_div
+
+    def _explain(self, node) -> str | None:
+        """One line on why a quantized node differs from onnxruntime, when it is onnxruntime's
+        saturating u8 x s8 arithmetic on this CPU (workbench.quantization), else None."""
+        from workbench.quantization import explain_onnxruntime_difference
+        feeds = self._feeds
+        if not isinstance(feeds, dict):
+            feeds = {v.name: x for v, x in zip(self.graph.inputs, feeds)}
+        values = {k: to_numpy(v) for k, v in feeds.items()}
+        values.update(self._ref)        # onnxruntime's own inputs of the node
+        try:
+            return explain_onnxruntime_difference(self.graph, node, values,
+                                                  self._ref[node.outputs[0]])
+        except Exception:  # never let the explanation break the inspector
+            return None
+
+    @property
+    def notes(self) -> list:
+        """The explanations found for differing values (one line each)."""
+        return [r["note"] for r in self.rows if r.get("note")]
 
     # ------------------------------------------------------------------ selection
     @traitlets.observe("selected")
@@ -457,6 +481,7 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
         lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths)) for b in body]
         if len(rows) > limit:
             lines.append(f"… {len(rows) - limit} more rows")
+        lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
     def summary(self) -> str:
@@ -477,4 +502,6 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
         elif self.compare_info:
             parts.append(f"vs {self.compare_info.get('engine')}: first diverging "
                          f"{self.first_diverging or 'none'}")
+            if self.notes:
+                parts.append(self.notes[0])
         return "; ".join(parts) + ")"

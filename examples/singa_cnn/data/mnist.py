@@ -28,6 +28,9 @@ def _images(n, rng, templates):
 def load():
     n_train = int(os.environ.get("SYNTHETIC_MNIST_TRAIN", 2048))
     n_val = int(os.environ.get("SYNTHETIC_MNIST_VAL", 512))
+    print(f"NOTE: data.mnist is a synthetic MNIST-shaped stand-in ({n_train} + {n_val} "
+          f"images from ten templates, examples/singa_cnn/data/mnist.py), not the MNIST "
+          f"data set", flush=True)
     rng = np.random.default_rng(1234)
     coarse = rng.random((10, 7, 7)) > 0.6
     templates = np.kron(coarse, np.ones((4, 4))).astype(np.float32)   # 28x28 strokes

@@ -16,7 +16,9 @@
 # specific language governing permissions and limitations
 # under th
 #
-# Ported from apache/singa examples/onnx/bert/bert-squad.py at commit 4ddb5629; only imports changed.
+# Ported from apache/singa examples/onnx/bert/bert-squad.py at commit 4ddb5629; only imports and
+# the download folder (utils.DOWNLOAD_DIR: /tmp/ unless SINGA_ONNX_DOWNLOAD_DIR names another)
+# changed.
 
 import os
 import zipfile
@@ -32,7 +34,7 @@ from run_onnx_squad import read_squad_examples, convert_examples_to_features, Ra
 
 import sys
 sys.path.append(os.path.dirname(__file__) + '/..')
-from utils import download_model, check_exist_or_download
+from utils import download_model, check_exist_or_download, DOWNLOAD_DIR
 
 import logging
 logging.basicConfig(level=logging.INFO, format='%(asctime)-15s %(message)s')
@@ -47,7 +49,7 @@ batch_size = 1
 
 def load_vocab():
     url = 'https://storage.googleapis.com/bert_models/2018_10_18/uncased_L-12_H-768_A-12.zip'
-    download_dir = '/tmp/'
+    download_dir = DOWNLOAD_DIR
     filename = os.path.join(download_dir, 'uncased_L-12_H-768_A-12', '.',
                             'vocab.txt')
     with zipfile.ZipFile(check_exist_or_download(url), 'r') as z:
@@ -104,7 +106,7 @@ class MyModel(sonnx.SONNXModel):
 if __name__ == "__main__":
 
     url = 'https://media.githubusercontent.com/media/onnx/models/master/text/machine_comprehension/bert-squad/model/bertsquad-10.tar.gz'
-    download_dir = '/tmp/'
+    download_dir = DOWNLOAD_DIR
     model_path = os.path.join(download_dir, 'download_sample_10',
                               'bertsquad10.onnx')
 

@@ -17,7 +17,9 @@
 # under the License.
 #
 #
-# Ported from apache/singa examples/onnx/gpt2/gpt2.py at commit 4ddb5629; only imports changed.
+# Ported from apache/singa examples/onnx/gpt2/gpt2.py at commit 4ddb5629; only imports and
+# the download folder (utils.DOWNLOAD_DIR: /tmp/ unless SINGA_ONNX_DOWNLOAD_DIR names another)
+# changed.
 
 import os
 import numpy as np
@@ -30,7 +32,7 @@ import onnx
 
 import sys
 sys.path.append(os.path.dirname(__file__) + '/..')
-from utils import download_model
+from utils import download_model, DOWNLOAD_DIR
 
 import logging
 logging.basicConfig(level=logging.INFO, format='%(asctime)-15s %(message)s')
@@ -68,7 +70,7 @@ class MyModel(sonnx.SONNXModel):
 
 if __name__ == "__main__":
     url = 'https://github.com/onnx/models/raw/master/text/machine_comprehension/gpt-2/model/gpt2-lm-head-10.tar.gz'
-    download_dir = '/tmp/'
+    download_dir = DOWNLOAD_DIR
     model_path = os.path.join(download_dir, 'GPT-2-LM-HEAD', 'model.onnx')
 
     logging.info("onnx load model...")

@@ -17,7 +17,9 @@
 # under the License.
 #
 #
-# Ported from apache/singa examples/onnx/ro_bert_a/ro_bert_a.py at commit 4ddb5629; only imports changed.
+# Ported from apache/singa examples/onnx/ro_bert_a/ro_bert_a.py at commit 4ddb5629; only imports and
+# the download folder (utils.DOWNLOAD_DIR: /tmp/ unless SINGA_ONNX_DOWNLOAD_DIR names another)
+# changed.
 
 import os
 import numpy as np
@@ -30,7 +32,7 @@ import onnx
 
 import sys
 sys.path.append(os.path.dirname(__file__) + '/..')
-from utils import download_model, check_exist_or_download
+from utils import download_model, check_exist_or_download, DOWNLOAD_DIR
 
 import logging
 logging.basicConfig(level=logging.INFO, format='%(asctime)-15s %(message)s')
@@ -60,7 +62,7 @@ class MyModel(sonnx.SONNXModel):
 
 if __name__ == "__main__":
     url = 'https://media.githubusercontent.com/media/onnx/models/master/text/machine_comprehension/roberta/model/roberta-sequence-classification-9.tar.gz'
-    download_dir = '/tmp/'
+    download_dir = DOWNLOAD_DIR
     model_path = os.path.join(download_dir, 'roberta-sequence-classification-9', 'roberta-sequence-classification-9.onnx')
 
     logging.info("onnx load model...")

@@ -17,7 +17,9 @@
 # under the License.
 #
 #
-# Ported from apache/singa examples/onnx/training/train.py at commit 4ddb5629; only imports changed,
+# Ported from apache/singa examples/onnx/training/train.py at commit 4ddb5629; only imports and
+# the download folder (utils.DOWNLOAD_DIR: /tmp/ unless SINGA_ONNX_DOWNLOAD_DIR names another)
+# changed,
 # and the two print lines marked 'NumPy >= 2.4' (SINGA's program fails there the same way).
 
 import sys, os
@@ -40,7 +42,7 @@ from tqdm import tqdm
 logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
 sys.path.append(os.path.dirname(__file__) + '/../../cnn')
 sys.path.append(os.path.dirname(__file__) + '/..')
-from utils import download_model
+from utils import download_model, DOWNLOAD_DIR
 
 # Data Augmentation
 def augmentation(x, batch_size):
@@ -175,7 +177,7 @@ def run(global_rank,
 
     # read and make onnx model
     download_model(model_config['url'])
-    onnx_model = onnx.load(os.path.join('/tmp', model_config['path']))
+    onnx_model = onnx.load(os.path.join(DOWNLOAD_DIR, model_config['path']))
     model = MyModel(onnx_model,
                     num_channels=num_channels,
                     num_classes=num_classes,

@@ -19,6 +19,8 @@ import numpy as np
 def load():
     n_train, n_val = (int(v) for v in
                       os.environ.get("WORKBENCH_CIFAR_TWIN_SIZES", "8,4").split(","))
+    print(f"NOTE: data.cifar10 is a test stand-in ({n_train} + {n_val} random images), not "
+          f"the CIFAR-10 data set", flush=True)
     rng = np.random.default_rng(0)
     train_x = rng.integers(0, 256, (n_train, 3, 32, 32)).astype(np.float32)
     val_x = rng.integers(0, 256, (n_val, 3, 32, 32)).astype(np.float32)
