@@ -38,10 +38,9 @@ from collections import OrderedDict
 
 import onnx
 
-from workbench.errors import InputError, WorkbenchError
+from workbench.errors import InputError
 from workbench.graph.ir import Graph
 from workbench.graph.load import LoadedModel, load
-from workbench.ops import registry
 
 from . import costs as _costs
 from . import shapes as _shapes
@@ -569,4 +568,4 @@ def _frame(rows: list, cols):
     return pd.DataFrame(rows, columns=list(cols))
 
 
-__all__ = ["analyze", "Analysis", "COLUMNS", "WorkbenchError"]
+__all__ = ["analyze", "Analysis", "COLUMNS", "human", "markdown_table"]
