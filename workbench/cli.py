@@ -77,6 +77,8 @@ def describe(loaded, out=None) -> dict:
     where = [f"{w['n_initializers']} initializer(s)"]
     if w["n_constants"]:
         where.append(f"{w['in_constants']:,} in {w['n_constants']} Constant node(s)")
+    if w["n_computed"]:
+        where.append(f"{w['computed']:,} computed from constants by {w['n_computed']} node(s)")
     buffers = f" + {w['buffers']:,} in buffers (running statistics)" if w["buffers"] else ""
     print(f"nodes: {sum(hist.values())} ({len(hist)} op types); parameters: {n_params:,}"
           f"{buffers} in {', '.join(where)}", file=out)

@@ -101,3 +101,19 @@ def test_bert_linear_layers_cost_in_times_out_per_token(torch_exports):
     tail = sum(m.in_features * m.out_features for m in linears[-2:])
     assert mm == batch * seq * (per_token - tail)
     assert gemm == batch * tail
+
+
+def test_onnx_light_resnet50_matches_published_counts():
+    """onnx's own light ResNet-50 (weights made by ConstantOfShape at run time): 25.56 M
+    parameters (torchvision's 25,557,032) and 4.1 GMACs at 224x224."""
+    import os
+
+    import onnx.backend.test
+
+    path = os.path.join(os.path.dirname(onnx.backend.test.__file__), "data", "light",
+                        "light_resnet50.onnx")
+    if not os.path.exists(path):
+        pytest.skip("this onnx package ships no light models")
+    t = analyze(path, default_dim=1).totals()
+    assert t["params"] == 25_557_032
+    assert abs(t["macs"] - 4.09e9) <= 0.01 * 4.09e9

@@ -104,3 +104,29 @@ def test_default_model_info_unchanged():
     assert "parameters: 14,378" in out.getvalue()
     m = onnx.load(default_model_path())
     assert analyze(m, default_dim=1).totals()["params"] == 14378
+
+
+def test_weights_computed_from_constants_count_once():
+    """A weight made by ConstantOfShape from a stored shape is a parameter (onnx's light
+    models write every weight so); a float weight dequantized from stored int8 counts once,
+    as the int8 tensor."""
+    shape = np.array([4, 3], np.int64)
+    q = np.ones((3, 4), np.int8)
+    nodes = [helper.make_node("ConstantOfShape", ["wshape"], ["w"], name="gen",
+                              value=numpy_helper.from_array(np.array([0.1], np.float32))),
+             helper.make_node("DequantizeLinear", ["q", "s"], ["wq"], name="dq"),
+             helper.make_node("MatMul", ["x", "wq"], ["h"], name="mm1"),
+             helper.make_node("MatMul", ["h", "w"], ["y"], name="mm2")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2, 3])],
+                          [helper.make_tensor_value_info("y", F, [2, 3])],
+                          [numpy_helper.from_array(shape, "wshape"),
+                           numpy_helper.from_array(q, "q"),
+                           numpy_helper.from_array(np.array(0.5, np.float32), "s")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    ws = find_weights(load(m).graph)
+    assert set(ws) == {"w", "q"}
+    assert ws["w"].computed and ws["w"].where == "computed by gen (ConstantOfShape)"
+    assert ws["w"].size == 12 and ws["w"].owner == "mm2"
+    assert ws["q"].nbytes == 12 and ws["q"].owner == "mm1"
+    a = analyze(m, {})
+    assert a.totals()["params"] == 24 and a.totals()["params_computed"] == 12

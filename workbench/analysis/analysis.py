@@ -379,7 +379,8 @@ class Analysis:
         out["buffers"] = sum(w.size for w in self.weights.values() if w.kind == "buffer")
         out["param_bytes"] = sum(w.nbytes for w in self.weights.values())
         out["params_in_initializers"] = sum(w.size for w in self.weights.values()
-                                            if not w.in_constant_node)
+                                            if w.where == "initializer")
+        out["params_computed"] = sum(w.size for w in self.weights.values() if w.computed)
         out["params_in_constants"] = sum(w.size for w in self.weights.values()
                                          if w.in_constant_node)
         out["nodes"] = len(self.records)
@@ -461,7 +462,9 @@ class Analysis:
                                                     f"(running statistics)" if t["buffers"]
                                                     else "")
                  + f" ({human(t['param_bytes'], 'B')}): {t['params_in_initializers']:,} in "
-                   f"initializers, {t['params_in_constants']:,} in Constant nodes",
+                   f"initializers, {t['params_in_constants']:,} in Constant nodes"
+                 + (f", {t['params_computed']:,} computed from constants at run time "
+                    f"(ConstantOfShape...)" if t["params_computed"] else ""),
                  f"  activations written {human(t['activation_bytes'], 'B')}; bytes moved "
                  f"{human(t['bytes_read'] + t['bytes_written'], 'B')}; arithmetic intensity "
                  + (f"{t['intensity']:.1f} FLOP/B" if t["intensity"] else "n/a"),

@@ -47,7 +47,12 @@ class Weight:
 
     @property
     def in_constant_node(self) -> bool:
-        return self.where != "initializer"
+        return self.where.startswith("Constant node")
+
+    @property
+    def computed(self) -> bool:
+        """Made at run time from constants (``ConstantOfShape``...), not stored."""
+        return self.where.startswith("computed")
 
 
 def constant_node_value(node):
@@ -144,7 +149,55 @@ def find_weights(graph, consts=None, static=None) -> dict:
                    readers.get(name, []))
         w.owner = _owner(name, consumers, static, order)
         out[name] = w
+    _computed_weights(graph, consts, static, out, consumers, order)
     return out
+
+
+def _computed_weights(graph, consts, static, out, consumers, order) -> None:
+    """Weights no file stores: values computed from constants alone (``ConstantOfShape`` of a
+    stored shape, as onnx's light test models and some exporters write them) that a running
+    node reads as a weight, unless they derive from a weight already counted (a
+    DequantizeLinear of int8 weights is the same weight)."""
+    from .shapes import elem_bits, is_known  # noqa: PLC0415
+
+    producer = {o: n for n in graph.nodes if n.name in static for o in n.outputs if o}
+    for n in graph.nodes:
+        if n.name in static:
+            continue
+        for k, x in enumerate(n.inputs):
+            if not x or x in consts or x in out or x not in producer or _use(n, k) == "setting":
+                continue
+            sources, todo, seen = set(), [x], set()
+            while todo:
+                v = todo.pop()
+                if v in seen:
+                    continue
+                seen.add(v)
+                if v in consts:
+                    sources.add(v)
+                elif v in producer:
+                    todo.extend(i for i in producer[v].inputs if i)
+            if sources & set(out):
+                continue
+            vi = graph.value(x)
+            bits = elem_bits(vi.dtype) if vi is not None else None
+            if vi is None or not is_known(vi.shape) or bits is None:
+                continue
+            size = int(np.prod(vi.shape, dtype=np.int64))
+            if size <= 1 or vi.dtype in (7, 9, 8):          # int64, bool, string
+                continue
+            p = producer[x]
+            out[x] = Weight(x, size, (size * bits + 7) // 8, _type_name(vi.dtype),
+                            f"computed by {p.name} ({p.op_type})",
+                            "buffer" if _use(n, k) == "state" else "parameter",
+                            [c.name for c in consumers.get(x, [])],
+                            _owner(x, consumers, static, order))
+
+
+def _type_name(t) -> str:
+    from workbench.arrays.dtypes import dtype_name  # noqa: PLC0415
+
+    return dtype_name(t)
 
 
 def _owner(name: str, consumers: dict, static: set, order: dict) -> str | None:
@@ -175,13 +228,16 @@ def weight_summary(graph) -> dict:
     ws = find_weights(graph)
     out = {"parameters": 0, "buffers": 0, "parameter_bytes": 0,
            "in_initializers": 0, "n_initializers": 0,
-           "in_constants": 0, "n_constants": 0}
+           "in_constants": 0, "n_constants": 0, "computed": 0, "n_computed": 0}
     for w in ws.values():
         out["parameters" if w.kind == "parameter" else "buffers"] += w.size
         out["parameter_bytes"] += w.nbytes
         if w.in_constant_node:
             out["in_constants"] += w.size
             out["n_constants"] += 1
+        elif w.computed:
+            out["computed"] += w.size
+            out["n_computed"] += 1
         else:
             out["in_initializers"] += w.size
             out["n_initializers"] += 1
