@@ -94,3 +94,40 @@ def test_profile_ort_covers_conv_bn_relu_with_one_kernel():
     assert not [n for n in b.ort.uncovered if n != "/flat/Flatten"]
     table = b.ort.table()
     assert len(table) == len(b.ort.kernels)
+
+
+def test_mapping_follows_a_fused_residual_add_and_activation():
+    """onnxruntime's NCHWc Conv named after the BatchNorm output it started from, with a Sum
+    input and activation=Relu, covers the residual Add and the Relu too (not the next
+    kernel); a Gemm between inserted reshapes takes what the output reshape produced."""
+    graph = load(_conv_bn_relu_pool()).graph
+    # our graph: conv -> bn -> relu -> pool -> flatten; make relu an Add + Relu residual
+    from workbench.analysis import OrtKernel
+    from workbench.graph.ir import Node
+
+    g = graph.copy()
+    g.nodes[2] = Node("Add", ["n", "skip"], ["s"], name="/add/Add")
+    g.nodes.insert(3, Node("Relu", ["s"], ["r"], name="/relu/Relu"))
+    g.nodes.insert(0, Node("Identity", ["x"], ["skip"], name="/skip/Identity"))
+    opt = helper.make_model(helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["skip"], name="/skip/Identity"),
+         helper.make_node("Conv", ["x", "w", "b", "skip"], ["tok0"], domain="com.microsoft.nchwc",
+                          name="n_nchwc", activation="Relu"),
+         helper.make_node("GlobalAveragePool", ["tok0"], ["tok1"], domain="com.microsoft.nchwc",
+                          name="p_nchwc"),
+         helper.make_node("ReorderOutput", ["tok1"], ["p"], domain="com.microsoft.nchwc",
+                          name="ReorderOutput"),
+         helper.make_node("Reshape", ["p", "shape"], ["tok2"], name="gemm_input_reshape"),
+         helper.make_node("Gemm", ["tok2", "w2"], ["tok3"], name="Gemm_fused"),
+         helper.make_node("Reshape", ["tok3", "shape2"], ["y"], name="gemm_output_reshape")],
+        "opt", [], []))
+    ks = [OrtKernel(n.name, n.op_type) for n in opt.graph.node]
+    g.nodes[-1] = Node("MatMul", ["p", "w2"], ["y"], name="/fc/MatMul")
+    left = map_kernels(ks, g, opt)
+    cov = {k.name: k.covers for k in ks}
+    assert cov["n_nchwc"] == ["/conv/Conv", "/bn/BatchNormalization", "/add/Add", "/relu/Relu"]
+    assert cov["p_nchwc"] == ["/pool/Pool"]
+    assert cov["ReorderOutput"] == [] and cov["gemm_output_reshape"] == []
+    assert cov["Gemm_fused"] == ["/fc/MatMul"]
+    assert cov["/skip/Identity"] == ["/skip/Identity"]
+    assert left == []

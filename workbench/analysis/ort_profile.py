@@ -12,9 +12,12 @@ nodes (Conv + BatchNormalization + Relu becomes one NCHWc ``Conv``; MatMul + Add
 2. every kernel's produced values are boundaries; walking back from a kernel's values
    through our producers, up to the boundaries, the graph inputs and the constants, gives
    the nodes it covers (the ones whose values onnxruntime fused away);
-3. our nodes no kernel covers were folded away by onnxruntime (constant folding, Identity
-   elimination) or are our ``static`` nodes; kernels that cover none of ours were inserted
-   by onnxruntime (layout reorders, memory copies).
+3. a node still uncovered whose inputs come from covered nodes is an epilogue fused into the
+   kernel, among those that made its inputs, that ran last (onnxruntime's NCHWc Conv takes
+   a residual Add and a Relu but keeps the name of the BatchNorm output it started from);
+4. our nodes no kernel covers were folded away by onnxruntime (constant folding of shape
+   arithmetic); layout kernels (``ReorderInput`` / ``ReorderOutput``, memory copies) cover
+   none of ours.
 """
 
 from __future__ import annotations
@@ -188,25 +191,92 @@ def parse_events(events, skip_runs: int = 0) -> tuple:
     return kernels, total
 
 
+def _epilogue_end(value: str, on, consumers: dict) -> str:
+    """The value a fused convolution really ends at: onnxruntime names an NCHWc / fused Conv
+    after the value it started from, while its ``Sum`` / ``Z`` input (4th) and its
+    ``activation`` attribute say it also ran the following Add and activation."""
+    if on.op_type not in ("Conv", "FusedConv"):
+        return value
+    act = next((a.s.decode() if isinstance(a.s, bytes) else a.s
+                for a in on.attribute if a.name == "activation"), "")
+    steps = (["Add"] if len(on.input) > 3 and on.input[3] else []) + ([act] if act else [])
+    for op in steps:
+        nxt = consumers.get(value, [])
+        if len(nxt) == 1 and nxt[0].op_type == op and nxt[0].outputs:
+            value = nxt[0].outputs[0]
+    return value
+
+
+def _shape_static(graph, constant_nodes: set) -> set:
+    """Our nodes that only compute with shapes and constants (fixed at bound shapes)."""
+    from workbench.ops import registry  # noqa: PLC0415
+
+    static_vals = set(graph.initializers)
+    static_vals |= {o for n in graph.nodes if n.name in constant_nodes for o in n.outputs}
+    out = set()
+    for n in graph.nodes:
+        if n.name in constant_nodes or n.subgraphs:
+            continue
+        f = registry.facts(n.op_type, n.domain)
+        ins = [x for x in n.inputs if x]
+        if f.random or not ins:
+            continue
+        if f.shape_only or all(x in static_vals for x in ins):
+            out.add(n.name)
+            static_vals.update(o for o in n.outputs if o)
+    return out
+
+
+def _pass_views_back(kernels, ort_nodes, by_name, optimized) -> None:
+    """A reshape onnxruntime inserted after a kernel (``gemm_output_reshape`` around a 3-D
+    MatMul + Add turned into Gemm) hands what it covers to the kernel that fed it."""
+    if optimized is None:
+        return
+    made_by = {o: n.name for n in optimized.graph.node for o in n.output}
+    by_kernel = {k.name: k for k in kernels}
+    for k in kernels:
+        on = ort_nodes.get(k.name)
+        if on is None or k.name in by_name or not k.covers or not on.input:
+            continue
+        if on.op_type not in ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"):
+            continue
+        src = by_kernel.get(made_by.get(on.input[0], ""))
+        if src is not None and not src.covers:
+            src.covers, k.covers = k.covers, set()
+
+
+#: kernels onnxruntime inserts that only change a tensor's layout or device
+LAYOUT_OPS = ("ReorderInput", "ReorderOutput", "MemcpyToHost", "MemcpyFromHost")
+
+
 def map_kernels(kernels: list, graph, optimized: onnx.ModelProto | None) -> list:
     """Fill each kernel's ``covers`` with our node names; returns our nodes no kernel
     covers (see the module docstring for the rules)."""
     producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    consumers: dict = {}
+    for n in graph.nodes:
+        for x in n.inputs:
+            if x:
+                consumers.setdefault(x, []).append(n)
     by_name = {n.name: n for n in graph.nodes}
     order = {n.name: i for i, n in enumerate(graph.nodes)}
-    ort_nodes = {}
-    if optimized is not None:
-        for n in optimized.graph.node:
-            ort_nodes[n.name] = n
+    ort_nodes = {n.name: n for n in optimized.graph.node} if optimized is not None else {}
+    constant_nodes = {n.name for n in graph.nodes
+                      if n.op_type == "Constant" and (n.domain or "") in ("", "ai.onnx")}
     sources = {v.name for v in graph.inputs} | set(graph.initializers)
+    sources |= {o for n in graph.nodes if n.name in constant_nodes for o in n.outputs}
     produced: dict = {}
+    boundary = set(sources)
     for k in kernels:
-        vals = []
         on = ort_nodes.get(k.name)
-        if on is not None:
-            vals = [o for o in on.output if o in producer]
-            if on.domain:
-                k.op = f"{on.domain}::{on.op_type}"
+        outs = [o for o in on.output if o in producer] if on is not None else []
+        if on is not None and on.domain:
+            k.op = f"{on.domain}::{on.op_type}"
+        boundary.update(outs)
+        if k.op.rpartition("::")[2] in LAYOUT_OPS:
+            produced[k.name] = []              # a copy in another layout: computes nothing
+            continue
+        vals = outs
         if not vals:
             stem = k.name
             for suf in _SUFFIXES:
@@ -216,21 +286,42 @@ def map_kernels(kernels: list, graph, optimized: onnx.ModelProto | None) -> list
                 vals = [stem]
         if not vals and k.name in by_name:
             vals = [o for o in by_name[k.name].outputs if o]
+        if on is not None and len(vals) == 1:
+            vals = [_epilogue_end(vals[0], on, consumers)]
         produced[k.name] = vals
-    boundary = set(sources) | {v for vals in produced.values() for v in vals}
-    covered: set = set()
-    for k in kernels:
+        boundary.update(vals)
+    # shape arithmetic (Shape, Size and what is computed from them and constants) is folded
+    # by onnxruntime at these static shapes: not part of any kernel
+    folded = _shape_static(graph, constant_nodes)
+    owner: dict = {}                           # our node -> index of the kernel covering it
+    for i, k in enumerate(kernels):
         seen: set = set()
         todo = list(produced[k.name])
         while todo:
             v = todo.pop()
             n = producer.get(v)
-            if n is None or n.name in seen:
+            if n is None or n.name in seen or n.name in constant_nodes or n.name in folded:
                 continue
             seen.add(n.name)
-            for x in n.inputs:
-                if x and x not in boundary:
-                    todo.append(x)
-        k.covers = sorted(seen, key=lambda s: order.get(s, 0))
-        covered |= seen
-    return [n.name for n in graph.nodes if n.name not in covered]
+            owner.setdefault(n.name, i)
+            todo.extend(x for x in n.inputs if x and x not in boundary)
+        k.covers = seen
+    _pass_views_back(kernels, ort_nodes, by_name, optimized)
+    for i, k in enumerate(kernels):
+        for c in k.covers:
+            owner[c] = i
+    # epilogues fused into a kernel named after an earlier value (onnxruntime's NCHWc Conv
+    # with a residual Add and a Relu keeps the BatchNorm output's name): a node still
+    # uncovered belongs to the kernel, among those that made its inputs, that ran last
+    for n in graph.nodes:
+        if n.name in owner or n.name in constant_nodes or n.name in folded:
+            continue
+        cands = [owner[producer[x].name] for x in n.inputs
+                 if x and x in producer and producer[x].name in owner]
+        if cands and not all(x in sources for x in n.inputs if x):
+            i = max(cands)
+            owner[n.name] = i
+            kernels[i].covers.add(n.name)
+    for k in kernels:
+        k.covers = sorted(k.covers, key=lambda s: order.get(s, 0))
+    return [n.name for n in graph.nodes if n.name not in owner and n.name not in constant_nodes]
