@@ -269,3 +269,39 @@ def test_model_from_path_bytes_and_graph(tmp_path):
     onnx.save(m, p)
     for src in (str(p), m.SerializeToString(), m):
         assert analyze(src, {}).totals()["flops"] == 6
+
+
+def _body(nodes, inputs, outputs):
+    return helper.make_graph(nodes, "body", inputs, outputs)
+
+
+def test_control_flow_bodies_counted():
+    # Loop with a constant trip count: M x the body's cost
+    w = np.zeros((4, 4), np.float32)
+    body = _body([helper.make_node("MatMul", ["h", "w"], ["h2"]),
+                  helper.make_node("Identity", ["c"], ["c2"])],
+                 [_vi("i", [], TensorProto.INT64), _vi("c", [], TensorProto.BOOL),
+                  _vi("h", [2, 4])],
+                 [_vi("c2", [], TensorProto.BOOL), _vi("h2", [2, 4])])
+    loop = helper.make_node("Loop", ["M", "", "x"], ["y"], body=body, name="loop")
+    m = _model([loop], [_vi("x", [2, 4])], [_vi("y", [2, 4])],
+               [("M", np.array(5, np.int64)), ("w", w)])
+    r = _row(analyze(m, {}), "Loop")
+    assert r["macs"] == 5 * 2 * 4 * 4 and "5 iterations" in r["note"]
+    # If: the larger branch
+    big = _body([helper.make_node("MatMul", ["x", "w"], ["a"])], [], [_vi("a", [2, 4])])
+    small = _body([helper.make_node("Relu", ["x"], ["b"])], [], [_vi("b", [2, 4])])
+    iff = helper.make_node("If", ["cond"], ["y"], then_branch=big, else_branch=small)
+    m = _model([iff], [_vi("cond", [], TensorProto.BOOL), _vi("x", [2, 4])],
+               [_vi("y", [2, 4])], [("w", w)])
+    r = _row(analyze(m, {}), "If")
+    assert r["macs"] == 2 * 4 * 4 and "larger branch (then_branch)" in r["note"]
+    # Scan over axis 0 of a [3, 2, 4] sequence
+    sbody = _body([helper.make_node("Add", ["s", "xt"], ["s2"]),
+                   helper.make_node("Identity", ["s2"], ["o"])],
+                  [_vi("s", [2, 4]), _vi("xt", [2, 4])], [_vi("s2", [2, 4]), _vi("o", [2, 4])])
+    scan = helper.make_node("Scan", ["s0", "xs"], ["sf", "ys"], body=sbody, num_scan_inputs=1)
+    m = _model([scan], [_vi("s0", [2, 4]), _vi("xs", [3, 2, 4])],
+               [_vi("sf", [2, 4]), _vi("ys", [3, 2, 4])])
+    r = _row(analyze(m, {}), "Scan")
+    assert r["flops"] == 3 * 8 and "3 iterations" in r["note"]

@@ -130,3 +130,27 @@ def test_weights_computed_from_constants_count_once():
     assert ws["q"].nbytes == 12 and ws["q"].owner == "mm1"
     a = analyze(m, {})
     assert a.totals()["params"] == 24 and a.totals()["params_computed"] == 12
+
+
+def test_weights_inside_a_loop_body_belong_to_the_loop():
+    w = np.ones((4, 4), np.float32)
+    body = helper.make_graph(
+        [helper.make_node("Constant", [], ["wb"], value=numpy_helper.from_array(w, "wb")),
+         helper.make_node("MatMul", ["h", "wb"], ["h2"]),
+         helper.make_node("Identity", ["c"], ["c2"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h", F, [2, 4])],
+        [helper.make_tensor_value_info("c2", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h2", F, [2, 4])])
+    g = helper.make_graph([helper.make_node("Loop", ["M", "", "x"], ["y"], body=body,
+                                            name="loop")], "g",
+                          [helper.make_tensor_value_info("x", F, [2, 4])],
+                          [helper.make_tensor_value_info("y", F, [2, 4])],
+                          [numpy_helper.from_array(np.array(3, np.int64), "M")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    a = analyze(m, {})
+    assert a.totals()["params"] == 16
+    assert a.records[0]["params"] == 16 and a.records[0]["macs"] == 3 * 2 * 4 * 4
+    (wt,) = a.weights.values()
+    assert wt.in_constant_node and wt.where.endswith("in the body of loop")

@@ -223,7 +223,8 @@ class Analysis:
         opset = g_opset(self.graph, dom)
         view = _costs.NodeView(n, self.shape_of, self.type_of, self._const_of, opset)
         try:
-            c = _costs.node_cost(view)
+            c = (_costs.control_flow_cost(view, self._body_cost) if n.subgraphs
+                 else _costs.node_cost(view))
         except _costs.Unknown as e:
             r["note"] = f"cost unknown: {e}"
             c = None
@@ -243,6 +244,43 @@ class Analysis:
                 and r["bytes_written"] is not None:
             r["intensity"] = r["flops"] / moved if moved else (math.inf if r["flops"] else 0.0)
         return r
+
+    def _body_cost(self, body, outer=None) -> tuple:
+        """(MACs, FLOPs, nodes without a count) of one run of a subgraph ``body``; names it
+        does not define come from the enclosing graph(s)."""
+        outer = outer or (self.shape_of, self.type_of, self._const_of)
+        consts = _weights.constants(body)
+
+        def shape_of(name):
+            vi = body.value(name)
+            return vi.shape if vi is not None and vi.shape is not None else outer[0](name)
+
+        def type_of(name):
+            vi = body.value(name)
+            return vi.dtype if vi is not None and vi.dtype else outer[1](name)
+
+        def const_of(name):
+            return consts[name][0] if name in consts else outer[2](name)
+
+        macs = flops = unknown = 0
+        for n in body.nodes:
+            if n.op_type == "Constant" and (n.domain or "") in ("", "ai.onnx"):
+                continue
+            dom = n.domain if n.domain != "ai.onnx" else ""
+            view = _costs.NodeView(n, shape_of, type_of, const_of, g_opset(self.graph, dom))
+            try:
+                c = (_costs.control_flow_cost(
+                    view, lambda g: self._body_cost(g, (shape_of, type_of, const_of)))
+                     if n.subgraphs else _costs.node_cost(view))
+            except (_costs.Unknown, ValueError, TypeError, IndexError, KeyError,
+                    ZeroDivisionError):
+                c = None
+            if c is None or c.flops is None:
+                unknown += 1
+                continue
+            macs += c.macs or 0
+            flops += c.flops
+        return macs, flops, unknown
 
     @staticmethod
     def _bytes(view, names, override):

@@ -30,6 +30,8 @@ Conventions (the same spirit as fvcore and thop, written down so the numbers can
 - Data movement (Reshape, Transpose, Concat, Gather, Slice, Pad, Cast...): 0 FLOPs; their
   bytes count. Views (Reshape, Flatten, Squeeze, Unsqueeze, Identity, inference Dropout) move
   no bytes.
+- If: the larger branch; Loop: trip count x body when the trip count is a constant (else
+  "per iteration" in the note and no total); Scan: sequence length x body.
 - Tree ensembles: one comparison per node visited, estimated as the expected path length
   when each split sends half of the rows each way (``sum(depth * 2^-depth)`` over a tree's
   leaves), plus one add per (row, tree) to aggregate; MACs 0.
@@ -775,8 +777,48 @@ def _expected_depths(v: NodeView) -> tuple:
     return total, len(roots), deepest
 
 
-# -- control flow: the bodies are not counted in phase 1 --------------------------------------
-@rule("If", "Loop", "Scan", "SequenceMap")
-def control_cost(v: NodeView) -> Cost:
-    return Cost(0, None, note=f"{v.node.op_type}: the cost of its body graph(s) is not "
-                              f"counted (iteration counts are data-dependent)")
+# -- control flow ---------------------------------------------------------------------------
+#: a trip count above this is a "run until the condition stops it" sentinel, not a count
+_MAX_TRIPS = 1 << 40
+
+
+def control_flow_cost(v: NodeView, body_cost) -> Cost:
+    """If: the larger branch; Loop: trip count x body where the trip count is a constant;
+    Scan: sequence length x body. ``body_cost(graph) -> (macs, flops, n_unknown)``."""
+    n = v.node
+    subs = n.subgraphs
+    bodies = {k: g for k, g in n.attrs.items() if any(g is s for s in subs)}
+    costs = {k: body_cost(g) for k, g in bodies.items()}
+    unknown = sum(c[2] for c in costs.values())
+    miss = f"; {unknown} body node(s) without a count" if unknown else ""
+    if n.op_type == "If" and costs:
+        big = max(costs, key=lambda k: costs[k][1])
+        other = ", ".join(f"{k} {c[1]:,}" for k, c in costs.items() if k != big)
+        return Cost(costs[big][0], costs[big][1],
+                    note=f"If: the larger branch ({big}); {other} FLOPs{miss}")
+    body = costs.get("body")
+    if body is None:
+        return Cost(0, None, note=f"{n.op_type}: its body graph is not counted")
+    trips, how = None, ""
+    if n.op_type == "Loop":
+        m = v.const(0)
+        if m is not None and np.asarray(m).size == 1 and 0 <= int(np.asarray(m).reshape(-1)[0]) \
+                < _MAX_TRIPS:
+            trips = int(np.asarray(m).reshape(-1)[0])
+            how = (f"{trips} iterations (M; an upper bound: the condition may stop it "
+                   f"earlier)" if v.has(1) else f"{trips} iterations (M)")
+    elif n.op_type == "Scan":
+        k = int(v.attr("num_scan_inputs", 1))
+        ins = [i for i, x in enumerate(n.inputs) if x]
+        first = len(n.inputs) - k
+        axes = list(v.attr("scan_input_axes", []) or [])
+        if first in ins:
+            shape = v.shape(first)
+            axis = int(axes[0]) if axes else 0
+            trips = shape[axis % len(shape)]
+            how = f"{trips} iterations (the scan axis)"
+    if trips is None:
+        return Cost(0, None, note=f"{n.op_type}: {body[1]:,} FLOPs per iteration; the number "
+                                  f"of iterations is data-dependent{miss}")
+    return Cost(trips * body[0], trips * body[1],
+                note=f"{n.op_type}: {how} x {body[1]:,} FLOPs per iteration{miss}")

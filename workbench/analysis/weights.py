@@ -150,6 +150,14 @@ def find_weights(graph, consts=None, static=None) -> dict:
         w.owner = _owner(name, consumers, static, order)
         out[name] = w
     _computed_weights(graph, consts, static, out, consumers, order)
+    for n in graph.nodes:                  # weights stored inside If/Loop/Scan bodies
+        for sg in n.subgraphs:
+            for name, w in find_weights(sg).items():
+                if name in out:            # the body reads an outer weight: counted there
+                    continue
+                w.where = f"{w.where} in the body of {n.name}"
+                w.owner = n.name
+                out[f"{n.name}/{name}"] = w
     return out
 
 
