@@ -520,6 +520,11 @@ class Analysis:
                              f"{t['roof_time_ms']:.3f} ms")
         if t["time_ort_ms"]:
             lines.append(f"  onnxruntime kernels: {t['time_ort_ms']:.3f} ms in total")
+        over = [r for r in self.records if (r["pct_of_roof"] or 0) > 100]
+        if over:
+            lines.append(f"  note: {len(over)} node(s) ran faster than the roofline allows: the "
+                         f"peaks are too low (measured on a busy machine?); measure again "
+                         f"when it is quiet: roofline(recalibrate=True) or --recalibrate")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 

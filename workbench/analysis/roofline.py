@@ -129,33 +129,45 @@ def _key(cpu: str, flags: str, threads: int) -> str:
 
 
 def measure_gemm(budget_s: float = 2.0) -> tuple:
-    """(best FLOP/s, {size: FLOP/s}) of float32 matrix products within ``budget_s``."""
+    """(best FLOP/s, {size: best FLOP/s}) of float32 matrix products: rounds over the sizes
+    until ``budget_s`` is spent (a size whose product would not fit what is left is
+    skipped), so that a quiet moment on a shared machine is likely to be caught."""
     rng = np.random.default_rng(0)
     rates: dict = {}
     t_end = time.perf_counter() + budget_s
-    for n in GEMM_SIZES:
-        a = rng.standard_normal((n, n), dtype=np.float32)
-        b = rng.standard_normal((n, n), dtype=np.float32)
-        c = np.empty((n, n), np.float32)
-        np.matmul(a, b, out=c)                       # warm-up (threads, pages)
-        best = 0.0
-        for _ in range(5):
+    mats: dict = {}
+    cost: dict = {}                                  # seconds of one product per size
+    while True:
+        ran = False
+        for n in GEMM_SIZES:
+            left = t_end - time.perf_counter()
+            if left <= 0:
+                break
+            if n in cost and cost[n] > left:
+                continue
+            if n not in mats:
+                if mats and max(cost.values()) * (n / max(mats)) ** 3 * 2 > left:
+                    continue                         # the first product (plus a warm-up)
+                mats[n] = (rng.standard_normal((n, n), dtype=np.float32),
+                           rng.standard_normal((n, n), dtype=np.float32),
+                           np.empty((n, n), np.float32))
+                np.matmul(mats[n][0], mats[n][1], out=mats[n][2])      # warm-up
+            a, b, c = mats[n]
             t0 = time.perf_counter()
             np.matmul(a, b, out=c)
-            dt = time.perf_counter() - t0
-            best = max(best, 2.0 * n ** 3 / max(dt, 1e-9))
-            if time.perf_counter() > t_end:
-                break
-        rates[n] = best
-        # the next size takes ~8x longer: stop when it would not fit the budget
-        if time.perf_counter() + 8 * (2.0 * n ** 3 / best) * 2 > t_end:
+            dt = max(time.perf_counter() - t0, 1e-9)
+            cost[n] = min(cost.get(n, dt), dt)
+            rates[n] = max(rates.get(n, 0.0), 2.0 * n ** 3 / dt)
+            ran = True
+        if not ran or time.perf_counter() >= t_end:
             break
     return max(rates.values()), rates
 
 
-def measure_bandwidth(budget_s: float = 1.0, nbytes: int = COPY_BYTES) -> tuple:
-    """(best bytes/s, {"1 thread": .., "N threads": ..}) of a large array copy."""
-    n = nbytes // 4
+def measure_bandwidth(budget_s: float = 1.0, nbytes: int | None = None) -> tuple:
+    """(best bytes/s, {"1 thread": .., "N threads": ..}) of a large array copy
+    (``nbytes``: :data:`COPY_BYTES` by default)."""
+    n = (nbytes or COPY_BYTES) // 4
     src = np.ones(n, np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)                              # touch the pages
