@@ -99,3 +99,15 @@ def test_plot_roofline_draws_points_per_op():
     import matplotlib.pyplot as plt
 
     plt.close("all")
+
+
+def test_measured_columns_slot_in():
+    """Phase 2's columns (our per-node times, live memory) join through set_values."""
+    a = analyze(_gemm_and_add(), {}).roofline(PEAKS)
+    a.set_values("live_bytes_after", {"mm": 1024, "add": 512})
+    a.set_values("time_ours_ms", {"mm": 1.0})
+    rows = {r["node"]: r for r in a.records}
+    assert rows["mm"]["live_bytes_after"] == 1024 and rows["add"]["time_ours_ms"] is None
+    assert rows["mm"]["pct_of_roof"] == pytest.approx(100 * rows["mm"]["roof_time_ms"] / 1.0)
+    with pytest.raises(InputError, match="not a measured column"):
+        a.set_values("flops", {"mm": 1})

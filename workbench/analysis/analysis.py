@@ -52,6 +52,9 @@ COLUMNS = ("node", "op", "group", "output_shape", "dtype", "macs", "flops", "par
            "time_ort_ms", "pct_of_roof", "live_bytes_after", "ort_kernel", "static",
            "shapes_from", "note")
 
+#: columns filled by measurements (:meth:`Analysis.set_values`)
+MEASURED = ("time_ours_ms", "time_ort_ms", "live_bytes_after")
+
 #: columns summed in totals and group tables
 SUMMED = ("macs", "flops", "params", "buffers", "param_bytes", "bytes_read", "bytes_written",
           "activation_bytes", "roof_time_ms", "time_ours_ms", "time_ort_ms")
@@ -65,20 +68,18 @@ def _scope_of(name: str) -> list:
 
 
 def _as_model(model, check: bool):
-    """(ModelProto with resolved external data, label) of a path, bytes, ModelProto,
-    LoadedModel or Graph IR."""
+    """(ModelProto with resolved external data, label, declared inputs) of a path, bytes,
+    ModelProto, LoadedModel or Graph IR."""
     if isinstance(model, LoadedModel):
-        return model.proto, model.path or "(in memory)"
+        return model.proto, model.path or "(in memory)", model.graph.inputs
     if isinstance(model, Graph):
         opsets = [onnx.helper.make_opsetid(d, v) for d, v in sorted(model.opsets.items())]
         m = onnx.helper.make_model(model.to_proto(), opset_imports=opsets,
                                    producer_name="workbench.analysis")
-        return m, f"graph {model.name!r}"
-    if isinstance(model, (str, os.PathLike)):
-        pre = load(model, check=check, shape_inference=False)
-        return pre.proto, os.fspath(model)
+        return m, f"graph {model.name!r}", model.inputs
     pre = load(model, check=check, shape_inference=False)
-    return pre.proto, "(in memory)"
+    label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "(in memory)"
+    return pre.proto, label, pre.graph.inputs
 
 
 def analyze(model, shapes: dict | None = None, *, dims: dict | None = None,
@@ -94,10 +95,8 @@ def analyze(model, shapes: dict | None = None, *, dims: dict | None = None,
     written. ``run_unknown``: where onnx's shape inference leaves a shape unknown, run our
     engine once on random inputs at those shapes to find it (rows say which).
     """
-    proto, label = _as_model(model, check)
-    pre = Graph.from_proto(proto.graph, _opsets(proto)) if not isinstance(model, Graph) \
-        else model
-    bound = _shapes.bind(pre.inputs, shapes, dims, default_dim)
+    proto, label, inputs = _as_model(model, check)
+    bound = _shapes.bind(inputs, shapes, dims, default_dim)
     loaded = load(proto, check=False, input_shapes=bound)
     graph = loaded.graph
     notes = []
@@ -126,13 +125,6 @@ def analyze(model, shapes: dict | None = None, *, dims: dict | None = None,
     a = Analysis(graph, bound, source, extra, label, notes)
     a.proto = loaded.proto
     return a
-
-
-def _opsets(proto) -> dict:
-    o = {(x.domain or ""): int(x.version) for x in proto.opset_import}
-    if "ai.onnx" in o:
-        o.setdefault("", o.pop("ai.onnx"))
-    return o
 
 
 def _all_values(graph) -> list:
@@ -295,21 +287,32 @@ class Analysis:
         return total
 
     # ------------------------------------------------------------------ measured columns
+    def set_values(self, column: str, values: dict) -> Analysis:
+        """Fill a measured column (``time_ours_ms``, ``time_ort_ms``, ``live_bytes_after``)
+        from {node name: value}: how measurements made elsewhere (our executor's per-node
+        times and memory, phase 2) join the table. Names not in the graph are refused."""
+        if column not in MEASURED:
+            raise InputError(f"set_values: {column!r} is not a measured column "
+                             f"({', '.join(MEASURED)})")
+        known = {r["node"] for r in self.records}
+        bad = [k for k in values if k not in known]
+        if bad:
+            raise InputError(f"set_values: no node named {bad[:5]} in this graph")
+        for r in self.records:
+            if r["node"] in values:
+                v = values[r["node"]]
+                r[column] = None if v is None else (int(v) if column == "live_bytes_after"
+                                                    else float(v))
+        self._pct()
+        return self
+
     def set_times(self, times: dict, column: str = "time_ours_ms") -> Analysis:
         """Fill ``column`` ("time_ours_ms" or "time_ort_ms") from {node name: milliseconds}
         and recompute ``pct_of_roof``. Names not in the graph are refused."""
         if column not in ("time_ours_ms", "time_ort_ms"):
             raise InputError(f"set_times: column {column!r} is not a time column "
                              f"(time_ours_ms, time_ort_ms)")
-        known = {r["node"] for r in self.records}
-        bad = [k for k in times if k not in known]
-        if bad:
-            raise InputError(f"set_times: no node named {bad[:5]} in this graph")
-        for r in self.records:
-            if r["node"] in times:
-                r[column] = None if times[r["node"]] is None else float(times[r["node"]])
-        self._pct()
-        return self
+        return self.set_values(column, times)
 
     def _pct(self) -> None:
         fused = getattr(self, "_fused", {})
@@ -518,8 +521,15 @@ class Analysis:
             if t["roof_time_ms"] is not None:
                 lines.append(f"  roofline time (the least the peaks allow): "
                              f"{t['roof_time_ms']:.3f} ms")
-        if t["time_ort_ms"]:
-            lines.append(f"  onnxruntime kernels: {t['time_ort_ms']:.3f} ms in total")
+        if self.ort is not None:
+            ks = self.ort.kernels
+            fused = sum(1 for k in ks if len(k.covers) > 1)
+            layout = sum(1 for k in ks if not k.covers)
+            lines.append(f"  onnxruntime {self.ort.version}: {len(ks)} kernels for "
+                         f"{len(self.records)} nodes ({fused} fused kernels covering several "
+                         f"nodes, {layout} layout/copy kernels, {len(self.ort.uncovered)} "
+                         f"nodes folded away); kernels {t['time_ort_ms'] or 0:.3f} ms, a run "
+                         f"{self.ort.total_ms:.3f} ms (medians of {self.ort.runs})")
         over = [r for r in self.records if (r["pct_of_roof"] or 0) > 100]
         if over:
             lines.append(f"  note: {len(over)} node(s) ran faster than the roofline allows: the "
