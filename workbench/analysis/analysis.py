@@ -532,9 +532,10 @@ class Analysis:
                          f"{self.ort.total_ms:.3f} ms (medians of {self.ort.runs})")
         over = [r for r in self.records if (r["pct_of_roof"] or 0) > 100]
         if over:
-            lines.append(f"  note: {len(over)} node(s) ran faster than the roofline allows: the "
-                         f"peaks are too low (measured on a busy machine?); measure again "
-                         f"when it is quiet: roofline(recalibrate=True) or --recalibrate")
+            lines.append(f"  note: {len(over)} node(s) ran faster than the roofline allows: their "
+                         f"data fit in a cache (the memory roof is main-memory bandwidth), or "
+                         f"the peaks are too low (measured on a busy machine? measure again "
+                         f"when it is quiet: roofline(recalibrate=True), --recalibrate)")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 

@@ -14,7 +14,9 @@ A node with arithmetic intensity ``I = flops / bytes`` can reach at most
 ``min(peak_flops, I x bandwidth)``: it is *memory-bound* below the ridge point
 ``peak_flops / bandwidth`` and *compute-bound* above it; the least time the machine allows
 is ``max(flops / peak_flops, bytes / bandwidth)``. ``% of roof`` is that time over the
-measured one.
+measured one. The memory roof is main-memory bandwidth: a node whose operands stay in a
+cache can run above it (over 100 % of its roof); so can any node when the peaks were
+measured while other work was running.
 """
 
 from __future__ import annotations
