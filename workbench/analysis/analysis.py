@@ -515,7 +515,7 @@ class Analysis:
             ops = sorted({r["op"] for r in self.records
                           if r["flops"] is None and not r["static"]})
             lines.append(f"  {t['nodes_without_flops']} node(s) without a FLOP count: "
-                         f"{', '.join(ops)}")
+                         f"{_md_cell('op', ', '.join(ops))}")
         if self.peaks is not None:
             lines.append(f"  roofline: {self.peaks.describe()}")
             if t["roof_time_ms"] is not None:
@@ -606,8 +606,10 @@ def _md_cell(c: str, v) -> str:
         text = f"{v:.3g}"
     else:
         text = str(v)
-    # a model's node names are untrusted text: keep them from breaking the table
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+    # a model's node names are untrusted text: keep them from breaking the table (pipes) or
+    # the terminal (control characters: escape sequences, new lines)
+    text = "".join(" " if ord(ch) < 32 or ord(ch) == 127 else ch for ch in text)
+    return text.replace("\\", "\\\\").replace("|", "\\|")
 
 
 def markdown_table(rows, cols) -> str:
