@@ -117,3 +117,15 @@ def test_onnx_light_resnet50_matches_published_counts():
     t = analyze(path, default_dim=1).totals()
     assert t["params"] == 25_557_032
     assert abs(t["macs"] - 4.09e9) <= 0.01 * 4.09e9
+
+
+def test_bert_optimised_graph_keeps_the_macs(torch_exports):
+    """The engine's FusedAttention (head split and merge folded in, its head shapes computed
+    from Shape ops at run time) and FusedMatMul count the MACs of the nodes they replace."""
+    proto = torch_exports.proto("bert")
+    plain = analyze(proto, dims={"batch": 2, "seq": 16})
+    opt = analyze(proto, dims={"batch": 2, "seq": 16}, optimized=True)
+    ops = {r["op"] for r in opt.records}
+    assert "com.workbench::FusedAttention" in ops
+    assert opt.totals()["nodes_without_flops"] == 0
+    assert opt.totals()["macs"] == plain.totals()["macs"]

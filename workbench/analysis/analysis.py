@@ -111,20 +111,37 @@ def analyze(model, shapes: dict | None = None, *, dims: dict | None = None,
         if vi is not None and _shapes.is_known(vi.shape):
             source[name] = "onnx"
     extra: dict = {}
+    values: dict = {}
     unknown = [o for n in graph.nodes for o in n.outputs if o and o not in source]
-    if unknown and run_unknown:
+    want = _wanted_values(graph)
+    if (unknown or want) and run_unknown:
         run_proto = loaded.proto if not optimized else _as_model(graph, False)[0]
-        found, note = _shapes.complete_by_running(run_proto, graph, unknown, bound)
-        notes.append(note)
+        found, values, note = _shapes.complete_by_running(run_proto, graph, unknown, bound,
+                                                          want)
+        if unknown:
+            notes.append(note)
         for k, (s, t) in found.items():
             extra[k] = (s, t)
             source[k] = "run"
     elif unknown:
         notes.append(f"{len(unknown)} value shape(s) unknown after shape inference "
                      f"(run_unknown=False)")
-    a = Analysis(graph, bound, source, extra, label, notes)
+    a = Analysis(graph, bound, source, extra, label, notes, values)
     a.proto = loaded.proto
     return a
+
+
+def _wanted_values(graph) -> tuple:
+    """Inputs whose values a cost rule reads (``costs.VALUE_INPUTS``) and that are not
+    constants: computed at run time from shapes."""
+    consts = set(graph.initializers) | {o for n in graph.nodes if n.op_type == "Constant"
+                                        for o in n.outputs}
+    out = []
+    for n in graph.nodes:
+        for k in _costs.VALUE_INPUTS.get((n.domain or "", n.op_type), ()):
+            if k < len(n.inputs) and n.inputs[k] and n.inputs[k] not in consts:
+                out.append(n.inputs[k])
+    return tuple(dict.fromkeys(out))
 
 
 def _all_values(graph) -> list:
@@ -137,7 +154,8 @@ def _all_values(graph) -> list:
 class Analysis:
     """Per-node costs of one graph at bound input shapes (see the module docstring)."""
 
-    def __init__(self, graph, bound: dict, source: dict, extra: dict, label: str, notes):
+    def __init__(self, graph, bound: dict, source: dict, extra: dict, label: str, notes,
+                 values: dict | None = None):
         self.graph = graph
         self.input_shapes = dict(bound)
         self.label = label
@@ -148,6 +166,7 @@ class Analysis:
         self.proto = None          # the model at the bound shapes (what profile_ort runs)
         self._source = source
         self._extra = extra
+        self._run_values = dict(values or {})
         consts = _weights.constants(graph)
         self._consts = consts
         self.static = _weights.static_nodes(graph, consts)
@@ -178,7 +197,7 @@ class Analysis:
 
     def _const_of(self, name: str):
         c = self._consts.get(name)
-        return None if c is None else c[0]
+        return self._run_values.get(name) if c is None else c[0]
 
     def _rows(self) -> list:
         g = self.graph

@@ -420,6 +420,11 @@ def gqa_cost(v: NodeView) -> Cost:
     return _attention(b * h * s * total, d, d)
 
 
+#: inputs whose *values* a rule reads, by op: where they are not constants (shape arithmetic
+#: at the bound shapes), the analysis asks our engine's run for them
+VALUE_INPUTS = {("com.workbench", "FusedAttention"): (4, 5, 6, 7)}
+
+
 @rule("com.workbench::FusedAttention")
 def wb_fused_attention_cost(v: NodeView) -> Cost:
     q = _laid_out(v, 0, 4, "q_perm")
@@ -440,7 +445,7 @@ def _laid_out(v: NodeView, i: int, shape_input: int, perm_attr: str) -> tuple:
     if v.has(shape_input):
         target = v.const(shape_input)
         if target is None:
-            raise Unknown(f"the folded head shape (input {shape_input}) is not a constant")
+            raise Unknown(f"the folded head shape (input {shape_input}) is not known")
         target = [int(t) for t in np.asarray(target).reshape(-1)]
         new = [s[j] if t == 0 and j < len(s) else t for j, t in enumerate(target)]
         if -1 in new:

@@ -134,16 +134,19 @@ def random_feeds(inputs, bound: dict, seed: int = 0) -> dict:
     return feeds
 
 
-def complete_by_running(proto: onnx.ModelProto, graph, names: list, bound: dict) -> tuple:
+def complete_by_running(proto: onnx.ModelProto, graph, names: list, bound: dict,
+                        values: tuple = ()) -> tuple:
     """Run our engine on a copy of ``proto`` whose outputs are ``names`` (values of
-    ``graph`` whose shapes inference left unknown). Returns ``({name: (shape, elem_type)},
-    note)``; on failure ``({}, note)`` saying why (the shapes stay unknown)."""
+    ``graph`` whose shapes inference left unknown) and ``values`` (small values a cost rule
+    reads, e.g. a head shape computed from Shape ops). Returns ``({name: (shape,
+    elem_type)}, {name: array}, note)``; on failure ``({}, {}, note)`` saying why."""
     import workbench.backend as backend  # noqa: PLC0415  (the engine, only when needed)
     from workbench.arrays.dtypes import onnx_dtype_of_np  # noqa: PLC0415
 
     m = onnx.ModelProto()
     m.CopyFrom(proto)
     have = {o.name for o in m.graph.output}
+    names = list(dict.fromkeys(list(names) + list(values)))
     for name in names:
         if name not in have:
             m.graph.output.append(helper.make_empty_tensor_value_info(name))
@@ -151,18 +154,20 @@ def complete_by_running(proto: onnx.ModelProto, graph, names: list, bound: dict)
         rep = backend.prepare(m, optimize=False, check=False)
         outs = rep.run(random_feeds(graph.inputs, bound))
     except WorkbenchError as e:
-        return {}, (f"{len(names)} value shape(s) left unknown by shape inference could not be "
-                    f"found by running the model: {str(e).splitlines()[0][:300]}")
+        return {}, {}, (f"{len(names)} value shape(s) left unknown by shape inference could "
+                        f"not be found by running the model: {str(e).splitlines()[0][:300]}")
     except Exception as e:  # noqa: BLE001  (a failed helper run must not stop the analysis)
-        return {}, (f"{len(names)} value shape(s) left unknown by shape inference could not be "
+        return {}, {}, (f"{len(names)} value shape(s) left unknown by shape inference could not be "
                     f"found by running the model: {type(e).__name__}: {str(e)[:300]}")
-    found = {}
+    found, got = {}, {}
     for name, o in zip(rep.output_names, outs):
+        if name in values and isinstance(o, np.ndarray) and o.size <= 64:
+            got[name] = np.array(o)
         if name in names and isinstance(o, np.ndarray):
             try:
                 t = onnx_dtype_of_np(o.dtype)
             except (TypeError, KeyError, ValueError):
                 t = None
             found[name] = (tuple(int(d) for d in o.shape), t)
-    return found, (f"{len(found)} value shape(s) came from running our engine once on random "
+    return found, got, (f"{len(found)} value shape(s) came from running our engine once on random "
                    f"inputs at the bound shapes (shape inference left them unknown)")
