@@ -74,14 +74,18 @@ def describe(loaded, out=None) -> dict:
     print("outputs:", file=out)
     for v in g.outputs:
         print(f"  {v.name}: {_dtype_str(v)} {_shape_str(v.shape)}", file=out)
-    where = [f"{w['n_initializers']} initializer(s)"]
-    if w["n_constants"]:
-        where.append(f"{w['in_constants']:,} in {w['n_constants']} Constant node(s)")
-    if w["n_computed"]:
-        where.append(f"{w['computed']:,} computed from constants by {w['n_computed']} node(s)")
     buffers = f" + {w['buffers']:,} in buffers (running statistics)" if w["buffers"] else ""
+    if not w["n_constants"] and not w["n_computed"]:
+        where = f" in {w['n_initializers']} initializer(s)"
+    else:   # weights held by Constant nodes (paddle2onnx) or made from constants at run time
+        where = f": {w['in_initializers']:,} in {w['n_initializers']} initializer(s)"
+        if w["n_constants"]:
+            where += f", {w['in_constants']:,} in {w['n_constants']} Constant node(s)"
+        if w["n_computed"]:
+            where += (f", {w['computed']:,} computed from constants by {w['n_computed']} "
+                      f"node(s)")
     print(f"nodes: {sum(hist.values())} ({len(hist)} op types); parameters: {n_params:,}"
-          f"{buffers} in {', '.join(where)}", file=out)
+          f"{buffers}{where}", file=out)
     for op, c in hist.most_common():
         flag = "   <- no kernel" if op in missing else ""
         print(f"  {op:28s} {c:6d}{flag}", file=out)

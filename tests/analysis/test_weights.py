@@ -74,8 +74,8 @@ def test_info_counts_constant_held_weights():
     facts = describe(load(_paddle_style()), out)
     text = out.getvalue()
     assert facts["parameters"] == 132
-    assert "parameters: 132 + 8 in buffers (running statistics) in 0 initializer(s), 140 in " \
-           "6 Constant node(s)" in text, text
+    assert "parameters: 132 + 8 in buffers (running statistics): 0 in 0 initializer(s), " \
+           "140 in 6 Constant node(s)" in text, text
 
 
 def test_weight_preparation_chain_attributes_to_the_layer():
