@@ -9,6 +9,8 @@
     workbench demo                            the main job: the embedded default model, offline
     workbench view MODEL                      open the model in Netron (needs the netron package)
     workbench conformance [-k PATTERN]        the ONNX node conformance yardstick
+    workbench profile MODEL --shape NAME=1,3,224,224 [--csv OUT.csv] [--markdown] [--ort]
+                                              per-node FLOPs, parameters, bytes, roofline
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ def describe(loaded, out=None) -> dict:
                 walk(sg)
 
     walk(g)
-    n_params = g.num_parameters()
+    from workbench.analysis.weights import weight_summary
+    w = weight_summary(g)   # initializers and Constant-held weights, each counted once
+    n_params = w["parameters"]
     print(f"model: {loaded.path or '(in memory)'}", file=out)
     print(f"  producer: {p.producer_name} {p.producer_version}".rstrip(), file=out)
     print(f"  IR version: {p.ir_version}; opsets: " + ", ".join(
@@ -73,8 +77,18 @@ def describe(loaded, out=None) -> dict:
     print("outputs:", file=out)
     for v in g.outputs:
         print(f"  {v.name}: {_dtype_str(v)} {_shape_str(v.shape)}", file=out)
-    print(f"nodes: {sum(hist.values())} ({len(hist)} op types); parameters: {n_params:,} in "
-          f"{len(g.initializers)} initializers", file=out)
+    buffers = f" + {w['buffers']:,} in buffers (running statistics)" if w["buffers"] else ""
+    if not w["n_constants"] and not w["n_computed"]:
+        where = f" in {w['n_initializers']} initializer(s)"
+    else:   # weights held by Constant nodes (paddle2onnx) or made from constants at run time
+        where = f": {w['in_initializers']:,} in {w['n_initializers']} initializer(s)"
+        if w["n_constants"]:
+            where += f", {w['in_constants']:,} in {w['n_constants']} Constant node(s)"
+        if w["n_computed"]:
+            where += (f", {w['computed']:,} computed from constants by {w['n_computed']} "
+                      f"node(s)")
+    print(f"nodes: {sum(hist.values())} ({len(hist)} op types); parameters: {n_params:,}"
+          f"{buffers}{where}", file=out)
     for op, c in hist.most_common():
         flag = "   <- no kernel" if op in missing else ""
         print(f"  {op:28s} {c:6d}{flag}", file=out)
@@ -371,6 +385,94 @@ def cmd_conformance(args) -> int:
     return conformance.main(argv)
 
 
+# ---------------------------------------------------------------------------- profile
+def _shape_args(specs, what: str, single_input: str | None = None) -> dict:
+    """``NAME=1,3,224,224`` (or just ``1,3,224,224`` for a one-input model) -> {NAME: dims}."""
+    from workbench.analysis.shapes import parse_shape
+    out = {}
+    for spec in specs or []:
+        name, eq, dims = spec.rpartition("=")
+        if not eq:
+            if what != "--shape" or single_input is None:
+                raise WorkbenchError(f"{what} {spec!r}: expected NAME=VALUE")
+            name, dims = single_input, spec
+        if what == "--dim":
+            try:
+                out[name] = int(dims)
+            except ValueError:
+                raise WorkbenchError(f"--dim {spec!r}: the size must be an integer") from None
+        else:
+            out[name] = parse_shape(dims)
+    return out
+
+
+def cmd_profile(args) -> int:
+    from workbench.analysis import analyze, markdown_table
+    from workbench.analysis.analysis import MARKDOWN_COLUMNS
+    from workbench.graph.load import load
+    pre = load(args.model, check=not args.no_check, shape_inference=False)
+    single = pre.graph.inputs[0].name if len(pre.graph.inputs) == 1 else None
+    a = analyze(pre, _shape_args(args.shape, "--shape", single),
+                dims=_shape_args(args.dim, "--dim"), default_dim=args.default_dim,
+                optimized=args.optimized)
+    a.label = args.model
+    if args.roofline or args.ort:
+        a.roofline(recalibrate=args.recalibrate)
+    if args.ort:
+        a.profile_ort(runs=args.ort_runs)
+    print(a.summary())
+    groups = a.groups(args.group_depth)
+    rows = groups.to_dict("records") if hasattr(groups, "to_dict") else groups
+    rows.sort(key=lambda r: -(r["flops"] or 0))
+    cols = ["group", "nodes", "macs", "flops", "params", "bytes_read", "bytes_written"]
+    if args.ort:
+        cols.append("time_ort_ms")
+    print(f"\nper group (name scope, depth {args.group_depth}), by FLOPs:")
+    print(markdown_table(rows[:args.top], cols))
+    if args.markdown:
+        print("\nevery node:")
+        print(a.to_markdown())
+    else:
+        key = "time_ort_ms" if args.ort else "flops"
+        hide = () if args.ort else ("time_ort_ms", "pct_of_roof") if args.roofline else (
+            "bound", "time_ort_ms", "pct_of_roof")
+        cols = [c for c in MARKDOWN_COLUMNS if c not in hide]
+        print(f"\ntop {args.top} nodes by {key} (--markdown for all):")
+        print(a.to_markdown(cols, top=args.top, sort=key))
+    if args.csv:
+        a.to_csv(args.csv, overwrite=args.force)
+        print(f"\nwrote {len(a.records)} rows to {args.csv}")
+    return 0
+
+
+def _add_profile_parser(sub) -> None:
+    pr = sub.add_parser("profile", help="per-node FLOPs, parameters, bytes and roofline")
+    pr.add_argument("model")
+    pr.add_argument("--shape", action="append", metavar="NAME=1,3,224,224",
+                    help="an input's shape (repeat per input; NAME= may be left out for a "
+                         "one-input model)")
+    pr.add_argument("--dim", action="append", metavar="SYMBOL=N",
+                    help="the size of a symbolic dim, e.g. --dim batch=1 --dim seq=128")
+    pr.add_argument("--default-dim", type=int, metavar="N",
+                    help="size for every dim left unbound (otherwise they are an error)")
+    pr.add_argument("--optimized", action="store_true",
+                    help="analyse the graph the engine runs (folded, fused)")
+    pr.add_argument("--top", type=int, default=15, help="rows in the top tables")
+    pr.add_argument("--group-depth", type=int, default=1, help="scope depth of the groups")
+    pr.add_argument("--markdown", action="store_true", help="print every node (Markdown)")
+    pr.add_argument("--csv", metavar="OUT.csv", help="write the per-node table as CSV")
+    pr.add_argument("--force", action="store_true", help="overwrite an existing --csv file")
+    pr.add_argument("--roofline", action="store_true",
+                    help="place nodes on this machine's roofline (peaks measured once, cached)")
+    pr.add_argument("--recalibrate", action="store_true", help="measure the peaks again")
+    pr.add_argument("--ort", action="store_true",
+                    help="onnxruntime's per-kernel times mapped onto the nodes (implies "
+                         "--roofline; needs onnxruntime)")
+    pr.add_argument("--ort-runs", type=int, default=10)
+    pr.add_argument("--no-check", action="store_true", help="skip onnx.checker")
+    pr.set_defaults(func=cmd_profile)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="workbench", description="ONNX Workbench command line")
     p.add_argument("--debug", action="store_true",
@@ -410,6 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-k", action="append")
     c.add_argument("--failures", action="store_true")
     c.set_defaults(func=cmd_conformance)
+    _add_profile_parser(sub)
     return p
 
 
