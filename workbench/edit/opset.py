@@ -53,7 +53,12 @@ failures, seen = [], {}
 for k, n in enumerate(g.node):
     if n.domain not in ("", "ai.onnx") or n.op_type == "Constant":
         continue
-    key = (n.op_type, n.SerializeToString() if len(n.input) < 8 else n.op_type)
+    label = n.name or f"{n.op_type}({n.output[0] if n.output else k})"
+    key = (n.op_type, len(n.input), tuple(sorted(a.SerializeToString() for a in n.attribute)))
+    if key in seen:
+        if seen[key] is not None:
+            failures.append({"node": label, "op": n.op_type, "error": seen[key]})
+        continue
     ins, init, nodes = [], [], []
     for i in n.input:
         if not i:
@@ -74,9 +79,12 @@ for k, n in enumerate(g.node):
     one.ir_version = m.ir_version
     try:
         convert(one)
+        seen[key] = None
     except Exception as e:
-        failures.append({"node": n.name or f"{n.op_type}({n.output[0] if n.output else k})",
-                         "op": n.op_type, "error": f"{type(e).__name__}: {e}"[:400]})
+        msg = str(e)
+        msg = msg.split("failed: ", 1)[-1].strip()
+        seen[key] = msg[:300]
+        failures.append({"node": label, "op": n.op_type, "error": seen[key]})
 sys.stdout.buffer.write(b"NO" + json.dumps({"whole": whole[:1000],
                                             "nodes": failures}).encode())
 """
@@ -105,15 +113,10 @@ def convert(m: onnx.ModelProto, target: int) -> onnx.ModelProto:
                         + (": " + " | ".join(err) if err else ""))
     if out[:2] == b"NO":
         rep = json.loads(out[2:].decode())
-        lines = [f"  {f['node']} ({f['op']}): {f['error']}" for f in rep["nodes"][:40]]
-        more = len(rep["nodes"]) - 40
-        raise EditError(
-            f"onnx's version converter cannot take this model from opset "
-            f"{opset_of(m, '')} to {target}: {rep['whole']}\n"
-            + (f"nodes it cannot convert ({len(rep['nodes'])}):\n" + "\n".join(lines)
-               + (f"\n  ... and {more} more" if more > 0 else "")
-               if rep["nodes"] else "no single node fails alone; the failure comes from how "
-               "nodes are connected"))
+        raise EditError(f"onnx's version converter cannot take this model from opset "
+                        f"{opset_of(m, '')} to {target}: "
+                        f"{rep['whole'].split('failed: ', 1)[-1].strip()}\n"
+                        + _report(rep["nodes"]))
     conv = onnx.ModelProto()
     conv.ParseFromString(out[2:])
     # put the weights back: the skeleton had them as inputs
@@ -129,6 +132,21 @@ def convert(m: onnx.ModelProto, target: int) -> onnx.ModelProto:
     except Exception:  # noqa: BLE001 - older onnx: keep the converter's choice
         pass
     return conv
+
+
+def _report(failures: list) -> str:
+    """The nodes the converter cannot take, grouped by op and reason."""
+    if not failures:
+        return ("no node fails alone; the failure comes from how the nodes are connected")
+    groups: dict = {}
+    for f in failures:
+        groups.setdefault((f["op"], f["error"]), []).append(f["node"])
+    lines = [f"{len(failures)} node(s) it cannot convert, by op:"]
+    for (op, err), nodes in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        shown = ", ".join(repr(x) for x in nodes[:3]) + (f" and {len(nodes) - 3} more"
+                                                         if len(nodes) > 3 else "")
+        lines.append(f"  {op} ({len(nodes)}: {shown}): {err}")
+    return "\n".join(lines)
 
 
 @edit("set_opset")

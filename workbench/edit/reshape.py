@@ -870,6 +870,10 @@ class Reshaper:
         """A constant fixed at the old size on ``axis``: an arithmetic progression along that
         axis (an exported arange) becomes a Range; any other data cannot follow."""
         arr = np.asarray(self.ev.get("A", value))
+        if arr.ndim and arr.shape[axis] > 1 and \
+                bool(np.all(arr == np.take(arr, [0], axis=axis))):
+            self.rewrite_uniform(value, arr, axis, tsig, sibling)
+            return
         prog = _progression(arr, axis)
         if prog is None or arr.dtype.kind not in "iuf":
             raise _Stuck(
@@ -881,39 +885,58 @@ class Reshaper:
         start, step = prog
         if (self.d.opset("") or 0) < 11:
             raise _Stuck(f"constant {value!r} is a range; rewriting it needs Range (opset 11)")
+        readers = [n for n in self.d.g.node if value in n.input]
         base = f"{value}/range"
         n = self.dim_source(tsig, f"{base}/length", sibling)
-        dt = arr.dtype
-        cast_to = np.int64 if dt.kind in "iu" else np.float32
-        lim = self._node("Add", [self._cast(self.scaled(n, int(step) if float(step).is_integer()
-                                                        else 1, 1, base), cast_to, base),
-                                 self.const([start], cast_to, base=f"{base}/start")],
+        dt = np.dtype(np.int64) if arr.dtype.kind in "iu" else (
+            arr.dtype if arr.dtype in (np.float32, np.float64) else np.dtype(np.float32))
+        if dt.kind in "iu":
+            lim = self.scaled(n, int(step), 1, f"{base}/limit")
+        else:
+            nf = self._node("Cast", [n], f"{base}/length_float", to=int(_onnx_int(dt)))
+            lim = self._node("Mul", [nf, self.const([step], dt, base=f"{base}/step")],
+                             f"{base}/limit")
+        lim = self._node("Add", [lim, self.const([start], dt, base=f"{base}/start")],
                          f"{base}/limit")
-        if not float(step).is_integer():
-            raise _Stuck(f"constant {value!r} is a range with a fractional step")
-        r = self._node("Range", [self.const(start, cast_to, base=f"{base}/start0"),
+        r = self._node("Range", [self.const(start, dt, base=f"{base}/start"),
                                  self.scalar(lim, base),
-                                 self.const(step, cast_to, base=f"{base}/delta")],
-                       f"{base}/Range")
+                                 self.const(step, dt, base=f"{base}/delta")], f"{base}/Range")
         shape = [-1 if k == axis else 1 for k in range(arr.ndim)]
         out = self._node("Reshape", [r, self.const(shape, base=f"{base}/shape")],
                          f"{base}/Reshape")
-        if np.dtype(cast_to) != dt:
-            out = self._node("Cast", [out], f"{base}/Cast", to=int(_onnx_int(dt)))
-        for n_ in self.d.g.node:
-            for k, i in enumerate(n_.input):
-                if i == value and n_ is not None and not n_.output[0].startswith(base):
-                    n_.input[k] = out
+        if dt != arr.dtype:
+            out = self._node("Cast", [out], f"{base}/Cast", to=int(_onnx_int(arr.dtype)))
+        for reader_node in readers:
+            for k, i in enumerate(reader_node.input):
+                if i == value:
+                    reader_node.input[k] = out
         last = start + step * (arr.shape[axis] - 1)
         self.rewrites.append(Rewrite(value, "constant",
                                      f"{list(arr.shape)} range {start}..{last} -> Range over "
                                      f"the new size ({self._sig_text(tsig)})"))
-        self.forget_from([n_ for n_ in self.d.g.node if out in n_.input])
+        self.forget_from(readers)
 
-    def _cast(self, x, dtype, base):
-        if np.dtype(dtype) == np.int64:
-            return x
-        return self._node("Cast", [x], f"{base}/Cast", to=int(_onnx_int(np.dtype(dtype))))
+    def rewrite_uniform(self, value: str, arr, axis: int, tsig, sibling) -> None:
+        """A constant whose slices along ``axis`` are all equal (zeros for a batch, a mask
+        repeated per sample): one slice, broadcast (or expanded) to the new size."""
+        readers = [n for n in self.d.g.node if value in n.input]
+        one = self.d.add_initializer(f"{value}/one", np.take(arr, [0], axis=axis))
+        out = one
+        how = "one slice, broadcast"
+        if not all(n.op_type in BROADCASTING and n.domain in ("", "ai.onnx") for n in readers):
+            base = f"{value}/expand"
+            src = self.dim_source(tsig, f"{base}/size", sibling)
+            shape = self.concat([src if k == axis else int(d) for k, d in enumerate(arr.shape)],
+                                f"{base}/shape")
+            out = self._node("Expand", [one, shape], f"{base}/Expand")
+            how = f"one slice expanded to the new size ({self._sig_text(tsig)})"
+        for n in readers:
+            for k, i in enumerate(n.input):
+                if i == value:
+                    n.input[k] = out
+        self.rewrites.append(Rewrite(value, "constant", f"{arr.dtype}{list(arr.shape)}, the "
+                                                        f"same along axis {axis} -> {how}"))
+        self.forget_from(readers)
 
 
 class _Stuck(Exception):

@@ -519,9 +519,15 @@ def infer_types(m: onnx.ModelProto, names, samples: Samples | None = None) -> di
                 if a.name == "value":
                     known.setdefault(n.output[0], onnx.helper.make_tensor_value_info(
                         n.output[0], a.t.data_type, list(a.t.dims)))
-    missing = [n for n in names if n not in known or not _typed_vi(known[n])]
+    missing = [n for n in names if n not in known or not _typed_vi(known[n])
+               or shape_of(known[n]) is None and known[n].type.HasField("tensor_type")]
     if missing and samples is not None:
-        known.update(_types_by_running(m, missing, samples))
+        ran = _types_by_running(m, missing, samples)
+        for n, vi in ran.items():
+            old = known.get(n)
+            if old is not None and _typed_vi(old) and elem_type(old) != elem_type(vi):
+                continue   # inference and the run disagree: keep inference's type
+            known[n] = vi
     return {n: known[n] for n in names if n in known and _typed_vi(known[n])}
 
 
@@ -576,6 +582,7 @@ def refresh_outputs(m: onnx.ModelProto, samples: Samples | None = None) -> list:
                          f"{dtype_name(old_et)})")
         if new_s is None:
             continue
+        new_s = [None if isinstance(x, str) and x.startswith("unk__") else x for x in new_s]
         if old_s is None or len(old_s) != len(new_s):
             merged = new_s
         else:   # inferred ints win; the user's names stay where inference has no int
