@@ -58,4 +58,4 @@ class Context:
     def types(self, names) -> dict:
         """name -> ValueInfoProto (dtype and shape as far as known)."""
         from workbench.edit import verify  # noqa: PLC0415
-        return verify.infer_types(self.before.model(), list(names), self.checker.samples)
+        return verify.infer_types(self.before, list(names), self.checker.samples)

@@ -131,7 +131,7 @@ class Reshaper:
     def plan_symbols(self) -> dict:
         """Symbols for the input dims; returns the feeds of each probe configuration."""
         d, samples = self.d, self.ctx.checker.samples
-        m = d.model()
+        m = d.state().stub()
         taken_b: set = set()
         bykey: dict = {}
         plan = []   # (k, vi, [per axis: int | Sym])

@@ -142,10 +142,7 @@ class EditSession:
             raise EditError(f"{name} failed: {type(e).__name__}: {e}") from e
         notes = list(draft.notes)
         if intent.kind != KEEPS:
-            full = draft.model()
-            notes += refresh_outputs(full, self.checker.samples)
-            del draft.g.output[:]
-            draft.g.output.extend(full.graph.output)
+            notes += refresh_outputs(draft, self.checker.samples)
         after = draft.state()
         check = self.checker.check(before, after, intent, mode)
         rec = {"edit": name, "args": args}
@@ -305,7 +302,7 @@ class EditSession:
             names = [v.name for v in m.graph.input
                      if v.name not in {t.name for t in m.graph.initializer}]
             inputs = dict(zip(names, inputs))
-        return run(m, inputs)
+        return run(m, inputs, optimize=True)
 
     def save(self, path, *, overwrite: bool = False, external_data: bool | None = None) -> str:
         """Write the edited model to ``path`` atomically (never over an existing file unless

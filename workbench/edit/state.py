@@ -24,6 +24,9 @@ from workbench.arrays.dtypes import dtype_name, np_dtype_of_onnx
 from workbench.edit.errors import EditError
 from workbench.graph.external import tensor_to_array
 
+#: initializers up to this size stay in ``ModelState.light()`` (shape constants)
+LIGHT_BYTES = 4096
+
 
 def subgraphs(node: onnx.NodeProto):
     """The GraphProtos in ``node``'s attributes (If branches, Loop/Scan bodies)."""
@@ -153,6 +156,31 @@ class ModelState:
         m = onnx.ModelProto()
         m.CopyFrom(self.skeleton)
         m.graph.initializer.extend(self.initializers.values())
+        return m
+
+    def light(self) -> onnx.ModelProto:
+        """What onnx.checker and shape inference need, cheaply: the skeleton with the small
+        initializers (shape constants, for data propagation) and the big ones declared as
+        graph inputs of the same type and shape (``workbench.graph.isolated`` does the same
+        before its checks)."""
+        m = onnx.ModelProto()
+        m.CopyFrom(self.skeleton)
+        declared = {v.name for v in m.graph.input}
+        for name, t in self.initializers.items():
+            if t.ByteSize() <= LIGHT_BYTES:
+                m.graph.initializer.append(t)
+            elif name not in declared:
+                m.graph.input.append(onnx.helper.make_tensor_value_info(
+                    name, t.data_type, list(t.dims)))
+        return m
+
+    def stub(self) -> onnx.ModelProto:
+        """The skeleton with every initializer's name, type and dims but no data (what sample
+        inputs are generated from)."""
+        m = onnx.ModelProto()
+        m.CopyFrom(self.skeleton)
+        for name, t in self.initializers.items():
+            m.graph.initializer.add(name=name, data_type=t.data_type, dims=list(t.dims))
         return m
 
     def draft(self) -> Draft:

@@ -108,19 +108,23 @@ class Check:
 
 
 # ---------------------------------------------------------------------------- static checks
-def static_check(model: onnx.ModelProto):
-    """The loader's checks; returns the LoadedModel (inferred shapes merged). Raises EditError
-    with onnx's message when the checker or the type check refuses the model."""
-    from workbench.graph.load import load  # noqa: PLC0415
+def static_check(m: onnx.ModelProto):
+    """The loader's checks of a model (a ``ModelState.light()`` is enough): version and
+    attribute sanity, then onnx.checker, onnx's type check and shape inference in the
+    loader's helper process. Returns (the model with inferred value_info, [messages of a
+    shape-inference failure]); raises EditError when the model is refused."""
+    from workbench.graph.load import check_and_infer, check_attributes, check_versions  # noqa
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            loaded = load(model, check=True, shape_inference=True)
+            check_versions(m)
+            check_attributes(m)
+            inferred = check_and_infer(m, check=True, infer=True)
         except ModelLoadError as e:
             raise EditError(f"the edited model is not valid: {e}") from None
     failed = [str(w.message) for w in caught if "shape inference failed" in str(w.message)]
-    return loaded, failed
+    return inferred, failed
 
 
 # ---------------------------------------------------------------------------- sample inputs
@@ -292,18 +296,19 @@ def with_outputs(m: onnx.ModelProto, names, typed: onnx.ModelProto | None = None
     return out
 
 
-def prepare(m: onnx.ModelProto, *, check: bool = True, optimize: bool = True):
+def prepare(m: onnx.ModelProto, *, check: bool = True, optimize: bool = False):
     import workbench.backend as backend  # noqa: PLC0415
 
     return backend.prepare(m, check=check, optimize=optimize)
 
 
-def run(m: onnx.ModelProto, feeds: dict, *, check: bool = True, optimize: bool = True) -> dict:
-    """Run ``m`` on ``feeds``; the outputs by name."""
+def run(m: onnx.ModelProto, feeds: dict, *, check: bool = True, optimize: bool = False) -> dict:
+    """Run ``m`` on ``feeds``; the outputs by name. The checks run the graph as written
+    (``optimize=False``): every node of the edited model runs, and preparing costs less."""
     return runner(m, check=check, optimize=optimize)(feeds)
 
 
-def runner(m: onnx.ModelProto, *, check: bool = True, optimize: bool = True):
+def runner(m: onnx.ModelProto, *, check: bool = True, optimize: bool = False):
     """``m`` prepared once: a function feeds -> outputs by name."""
     rep = prepare(m, check=check, optimize=optimize)
 
@@ -386,13 +391,15 @@ class Checker:
         hit = self._cache.get(id(state))
         if hit is not None and hit[0] is state:
             return hit[1], hit[2]
-        m = model if model is not None else state.model()
-        feeds = self.samples.feeds(m)
-        outs = run(m, feeds)
+        feeds = self.samples.feeds(state.stub())
+        outs = run(model if model is not None else state.model(), feeds)
+        self._remember(state, feeds, outs)
+        return feeds, outs
+
+    def _remember(self, state, feeds, outs) -> None:
         if len(self._cache) > 4:
             self._cache.pop(next(iter(self._cache)))
         self._cache[id(state)] = (state, feeds, outs)
-        return feeds, outs
 
     def check(self, before: ModelState, after: ModelState, intent: Intent,
               mode: str = "run") -> Check:
@@ -400,11 +407,9 @@ class Checker:
         when the edited model is invalid or does not run where the model before did, or (for
         KEEPS) when its outputs differ."""
         chk = Check(kind=intent.kind, reason=intent.reason)
-        m_after = after.model()
-        loaded, infer_failed = static_check(m_after)
+        _, infer_failed = static_check(after.light())
         if infer_failed:
-            m_before = before.model()
-            _, before_failed = static_check(m_before)
+            _, before_failed = static_check(before.light())
             if not before_failed:
                 chk.static = "shape inference fails"
                 raise EditError("the edited model fails onnx shape inference (the model before "
@@ -416,16 +421,18 @@ class Checker:
             chk.ran = None
             chk.notes.insert(0, "run check switched off")
             return chk
-        m_before = before.model()
+        lazy = _Lazy(before)
         try:
-            feeds_b, outs_b = self._before(before, m_before, intent, loaded.proto)
+            feeds_b, outs_b = self._before(before, lazy, intent)
         except Exception as e:  # noqa: BLE001 - any failure: the model before cannot be run
             chk.ran = None
             chk.notes.insert(0, "the model before the edit did not run on the sample inputs: "
                              + error_text(e) + "; give sample inputs (edit.open(..., "
                              "inputs=...)) to have edits checked by running")
             return chk
-        feeds_a = self._after_feeds(m_after, feeds_b, outs_b, intent)
+        stub_after = after.stub()
+        feeds_a = self._after_feeds(stub_after, feeds_b, outs_b, intent)
+        m_after = after.model()
         try:
             outs_a = run(m_after, feeds_a)
         except Exception as e:  # noqa: BLE001
@@ -433,16 +440,13 @@ class Checker:
             raise EditError("the edited model does not run on the sample inputs (the model "
                             "before the edit did): " + error_text(e), check=chk) from None
         chk.ran = True
-        if id(after) not in self._cache and set(feeds_a) == {
-                v.name for v in m_after.graph.input
-                if v.name not in {t.name for t in m_after.graph.initializer}}:
-            self._cache[id(after)] = (after, feeds_a, outs_a)
+        self._remember(after, feeds_a, outs_a)   # the next edit's "before"
         if intent.kind == CHANGES:
             return chk
         bad = []
         if intent.custom is not None:
             try:
-                errors, notes = intent.custom(self, m_before, m_after)
+                errors, notes = intent.custom(self, lazy.get(), m_after)
             except EditError:
                 raise
             except Exception as e:  # noqa: BLE001
@@ -474,22 +478,25 @@ class Checker:
                             "on the sample inputs: " + "; ".join(bad), check=chk)
         return chk
 
-    def _before(self, state, m_before, intent: Intent, typed_after):
+    def _before(self, state: ModelState, lazy, intent: Intent):
+        outputs = {o.name for o in state.skeleton.graph.output}
         extra = [src for kind, src in intent.inputs.values() if kind == "value"]
         if intent.outputs:
-            extra += [b for b in intent.outputs.values()
-                      if b not in {o.name for o in m_before.graph.output}]
+            extra += [b for b in intent.outputs.values() if b not in outputs]
         if not extra:
-            return self.reference(state, m_before)
-        feeds = self.samples.feeds(m_before)
-        typed = _typed(m_before)
-        m = with_outputs(m_before, extra, typed)
+            hit = self._cache.get(id(state))
+            if hit is not None and hit[0] is state:
+                return hit[1], hit[2]
+            return self.reference(state, lazy.get())
+        feeds = self.samples.feeds(state.stub())
+        typed = _typed(state.light())
+        m = with_outputs(lazy.get(), extra, typed)
         return feeds, run(m, feeds, check=False)
 
-    def _after_feeds(self, m_after, feeds_b, outs_b, intent: Intent) -> dict:
+    def _after_feeds(self, stub_after, feeds_b, outs_b, intent: Intent) -> dict:
         over = {}
-        inits = {t.name for t in m_after.graph.initializer}
-        for vi in m_after.graph.input:
+        inits = {t.name for t in stub_after.graph.initializer}
+        for vi in stub_after.graph.input:
             if vi.name in inits:
                 continue
             src = intent.inputs.get(vi.name)
@@ -501,19 +508,32 @@ class Checker:
                 continue
             if vi.name in feeds_b and _fits(feeds_b[vi.name], vi):
                 over[vi.name] = feeds_b[vi.name]
-        return self.samples.feeds(m_after, over)
+        return self.samples.feeds(stub_after, over)
 
 
-def infer_types(m: onnx.ModelProto, names, samples: Samples | None = None) -> dict:
-    """name -> ValueInfoProto for values of ``m``: from shape inference, else (dtype and rank
-    only) from a run on sample inputs. Names whose type stays unknown are left out."""
-    typed = _typed(m) or m
+class _Lazy:
+    """The full ModelProto of a state, built on first use."""
+
+    def __init__(self, state: ModelState):
+        self.state, self.m = state, None
+
+    def get(self) -> onnx.ModelProto:
+        if self.m is None:
+            self.m = self.state.model()
+        return self.m
+
+
+def infer_types(state: ModelState, names, samples: Samples | None = None) -> dict:
+    """name -> ValueInfoProto for values of ``state``'s model: from shape inference, else
+    (dtype and rank only) from a run on sample inputs. Names whose type stays unknown are
+    left out."""
+    light = state.light()
+    typed = _typed(light) or light
     known = {v.name: v for v in list(typed.graph.value_info) + list(typed.graph.input)
              + list(typed.graph.output)}
-    for t in m.graph.initializer:
-        known.setdefault(t.name, onnx.helper.make_tensor_value_info(t.name, t.data_type,
-                                                                    list(t.dims)))
-    for n in m.graph.node:
+    for name, t in state.initializers.items():
+        known[name] = onnx.helper.make_tensor_value_info(name, t.data_type, list(t.dims))
+    for n in state.skeleton.graph.node:
         if n.op_type == "Constant" and n.output and n.output[0] in names:
             for a in n.attribute:
                 if a.name == "value":
@@ -522,7 +542,7 @@ def infer_types(m: onnx.ModelProto, names, samples: Samples | None = None) -> di
     missing = [n for n in names if n not in known or not _typed_vi(known[n])
                or shape_of(known[n]) is None and known[n].type.HasField("tensor_type")]
     if missing and samples is not None:
-        ran = _types_by_running(m, missing, samples)
+        ran = _types_by_running(state, missing, samples)
         for n, vi in ran.items():
             old = known.get(n)
             if old is not None and _typed_vi(old) and elem_type(old) != elem_type(vi):
@@ -538,10 +558,11 @@ def _typed_vi(vi) -> bool:
     return kind is not None
 
 
-def _types_by_running(m, names, samples: Samples) -> dict:
+def _types_by_running(state: ModelState, names, samples: Samples) -> dict:
     from workbench.arrays.dtypes import onnx_dtype_of_np  # noqa: PLC0415
     try:
-        outs = run(with_outputs(m, names), samples.feeds(m), check=False, optimize=False)
+        outs = run(with_outputs(state.model(), names), samples.feeds(state.stub()),
+                   check=False, optimize=False)
     except Exception:  # noqa: BLE001 - the types stay unknown; the checks will say why
         return {}
     out = {}
@@ -556,18 +577,19 @@ def _types_by_running(m, names, samples: Samples) -> dict:
     return out
 
 
-def refresh_outputs(m: onnx.ModelProto, samples: Samples | None = None) -> list:
-    """Make the declared graph outputs of ``m`` (changed in place) agree with what the graph
-    computes: a declared element type or rank that inference contradicts is replaced, fixed
-    dims it contradicts are replaced, symbolic names the user gave are kept. Returns notes."""
-    probe = onnx.ModelProto()
-    probe.CopyFrom(m)
-    for o in probe.graph.output:
+def refresh_outputs(draft, samples: Samples | None = None) -> list:
+    """Make the declared graph outputs of ``draft`` (changed in place) agree with what the
+    graph computes: an element type or rank that inference (or a run) contradicts is
+    replaced, fixed dims it contradicts are replaced, symbolic names the user gave are kept.
+    Returns notes."""
+    probe_sk = onnx.ModelProto()
+    probe_sk.CopyFrom(draft.m)
+    for o in probe_sk.graph.output:
         o.ClearField("type")
-    names = [o.name for o in m.graph.output]
-    found = infer_types(probe, names, samples)
+    names = [o.name for o in draft.g.output]
+    found = infer_types(ModelState(probe_sk, draft.inits), names, samples)
     notes = []
-    for o in m.graph.output:
+    for o in draft.g.output:
         new = found.get(o.name)
         if new is None or not new.type.HasField("tensor_type"):
             continue
@@ -603,12 +625,12 @@ def _dims_text(dims) -> str:
 
 
 def _typed(m: onnx.ModelProto) -> onnx.ModelProto | None:
-    """``m`` with the types shape inference finds (no checker: ``m`` may be a probe with
-    untyped outputs); None when inference cannot run."""
-    from workbench.graph.load import load  # noqa: PLC0415
+    """``m`` (a light model) with the types shape inference finds (no checker: ``m`` may be a
+    probe with untyped outputs); None when inference cannot run."""
+    from workbench.graph.load import check_and_infer  # noqa: PLC0415
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return load(m, check=False, shape_inference=True).proto
+            return check_and_infer(m, check=False, infer=True)
         except ModelLoadError:
             return None
