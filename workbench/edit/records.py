@@ -95,8 +95,9 @@ def encode(value):
                     f"(use strings, numbers, lists, dicts or numpy arrays)")
 
 
-def decode(value, models: dict | None = None):
-    """The inverse of :func:`encode` (``models``: the session's models by ref)."""
+def decode(value, models: dict | None = None, *, lenient: bool = False):
+    """The inverse of :func:`encode` (``models``: the session's models by ref; ``lenient``: a
+    ref the session does not hold stays a bare reference, for writing it into a script)."""
     if isinstance(value, dict):
         if set(value) == {"__array__"}:
             return _decode_array(value["__array__"])
@@ -108,6 +109,8 @@ def decode(value, models: dict | None = None):
                 raise EditError(f"a model is given as {{'path': ...}} or {{'ref': ...}}, got "
                                 f"{spec!r}")
             if "ref" in spec:
+                if lenient and (not models or spec["ref"] not in models):
+                    return ModelRef(ref=spec["ref"])
                 if not models or spec["ref"] not in models:
                     raise EditError(f"no model {spec['ref']!r} in this session (known: "
                                     f"{sorted(models or {})})")
@@ -115,9 +118,9 @@ def decode(value, models: dict | None = None):
             return ModelRef(path=spec["path"])
         if set(value) == {"__bytes__"}:
             return base64.b64decode(value["__bytes__"])
-        return {k: decode(v, models) for k, v in value.items()}
+        return {k: decode(v, models, lenient=lenient) for k, v in value.items()}
     if isinstance(value, list):
-        return [decode(v, models) for v in value]
+        return [decode(v, models, lenient=lenient) for v in value]
     return value
 
 
@@ -218,7 +221,7 @@ def array(dtype: str, shape, b64: str) -> np.ndarray:
 
 
 def call_line(var: str, record: dict, refs: dict, models: dict | None = None) -> str:
-    args = decode(record.get("args", {}), models)
+    args = decode(record.get("args", {}), models, lenient=True)
     parts = [f"{k}={literal(v, refs)}" for k, v in args.items() if _IDENT.match(k)]
     if len(parts) != len(args):
         raise EditError(f"record arguments must be Python names: {sorted(args)}")

@@ -70,10 +70,11 @@ class EditSession:
     ``inputs``: sample inputs (by name) for the run checks; ``dims``: sizes of symbolic dims
     for generated inputs; ``check``: "run" (default: onnx.checker, shape inference and runs
     before/after) or "static" (checker and shape inference only, for models the engine cannot
-    run)."""
+    run); ``models``: ModelProtos that records name by reference (``{"model_1": proto}``, for
+    replaying records of a session that composed an in-memory model)."""
 
     def __init__(self, model, *, inputs: dict | None = None, dims: dict | None = None,
-                 check: str = "run"):
+                 check: str = "run", models: dict | None = None):
         if check not in CHECK_MODES:
             raise EditError(f"check is one of {CHECK_MODES}, got {check!r}")
         self.source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
@@ -83,6 +84,10 @@ class EditSession:
         self._pos = 0
         self.check_mode = check
         self.models: dict = {}     # ref -> ModelProto used by compose
+        for ref, m in (models or {}).items():
+            if not records._IDENT.match(str(ref)) or not isinstance(m, onnx.ModelProto):
+                raise EditError(f"models maps Python names to onnx.ModelProtos; got {ref!r}")
+            self.models[ref] = m
         self.checker = Checker(Samples(inputs, dims))
 
     # ------------------------------------------------------------------ state
@@ -424,7 +429,7 @@ def _changes(before: ModelState, after: ModelState) -> dict:
 
 
 def open(model, *, inputs: dict | None = None, dims: dict | None = None,   # noqa: A001
-         check: str = "run") -> EditSession:
+         check: str = "run", models: dict | None = None) -> EditSession:
     """Start an edit session over ``model`` (a path, bytes or an onnx.ModelProto; the
-    caller's ModelProto is not changed)."""
-    return EditSession(model, inputs=inputs, dims=dims, check=check)
+    caller's ModelProto is not changed). See :class:`EditSession` for the options."""
+    return EditSession(model, inputs=inputs, dims=dims, check=check, models=models)

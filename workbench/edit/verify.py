@@ -69,6 +69,7 @@ class Check:
     errors: dict = field(default_factory=dict)   # output -> normalised max error
     notes: list = field(default_factory=list)
     reason: str = ""
+    not_run: str = ""              # why the run check did not run
 
     @property
     def ok(self) -> bool:
@@ -81,7 +82,7 @@ class Check:
         if self.ran is True:
             parts.append("runs")
         elif self.ran is None:
-            parts.append("not run" + (f" ({self.notes[0]})" if self.notes else ""))
+            parts.append("not run" + (f" ({self.not_run})" if self.not_run else ""))
         else:
             parts.append("does not run")
         if self.kind == CHANGES:
@@ -100,7 +101,8 @@ class Check:
     def to_dict(self) -> dict:
         return {"static": self.static, "ran": self.ran, "kind": self.kind, "same": self.same,
                 "errors": {k: float(v) for k, v in self.errors.items()},
-                "notes": list(self.notes), "reason": self.reason, "ok": self.ok,
+                "notes": list(self.notes), "reason": self.reason, "not_run": self.not_run,
+                "ok": self.ok,
                 "summary": self.summary()}
 
     def __repr__(self) -> str:
@@ -419,16 +421,16 @@ class Checker:
         chk.static = "ok"
         if mode == "static":
             chk.ran = None
-            chk.notes.insert(0, "run check switched off")
+            chk.not_run = "run check switched off"
             return chk
         lazy = _Lazy(before)
         try:
             feeds_b, outs_b = self._before(before, lazy, intent)
         except Exception as e:  # noqa: BLE001 - any failure: the model before cannot be run
             chk.ran = None
-            chk.notes.insert(0, "the model before the edit did not run on the sample inputs: "
-                             + error_text(e) + "; give sample inputs (edit.open(..., "
-                             "inputs=...)) to have edits checked by running")
+            chk.not_run = ("the model before the edit did not run on the sample inputs: "
+                           + error_text(e) + "; give sample inputs (edit.open(..., inputs=...)) "
+                           "to have edits checked by running")
             return chk
         stub_after = after.stub()
         feeds_a = self._after_feeds(stub_after, feeds_b, outs_b, intent)
