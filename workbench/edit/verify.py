@@ -476,8 +476,13 @@ class Checker:
                         if math.isinf(err) else f"max error {err:.3g}"))
         chk.same = not bad if chk.errors else None
         if bad and intent.kind == KEEPS:
+            hint = ""
+            if any("per sample" in b for b in bad):
+                hint = (" (a sample's outputs depend on the other samples of the batch: this "
+                         "model does not treat that axis as a batch; reshape_inputs changes the "
+                         "shape without the per-sample comparison)")
             raise EditError("the edit should keep what the model computes, but outputs differ "
-                            "on the sample inputs: " + "; ".join(bad), check=chk)
+                            "on the sample inputs: " + "; ".join(bad) + hint, check=chk)
         return chk
 
     def _before(self, state: ModelState, lazy, intent: Intent):
