@@ -169,7 +169,7 @@ class ModelRef:
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def literal(value, refs: dict) -> str:
+def literal(value, refs: dict, short: bool = False) -> str:
     """Python source for a decoded argument value: literals only, strings through repr."""
     if isinstance(value, ModelRef):
         if value.path is not None:
@@ -179,6 +179,8 @@ def literal(value, refs: dict) -> str:
             raise EditError(f"model reference {name!r} is not a Python name")
         return name
     if isinstance(value, np.ndarray):
+        if short and value.size > 16:   # for display: what it is, not its data
+            return f"<{dtype_of(value)} array {list(value.shape)}>"
         return _array_literal(value)
     if isinstance(value, bool) or value is None:
         return repr(value)
@@ -193,9 +195,9 @@ def literal(value, refs: dict) -> str:
     if isinstance(value, (str, bytes)):
         return repr(value)
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(literal(v, refs) for v in value) + "]"
+        return "[" + ", ".join(literal(v, refs, short) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{literal(str(k), refs)}: {literal(v, refs)}"
+        return "{" + ", ".join(f"{literal(str(k), refs)}: {literal(v, refs, short)}"
                                for k, v in value.items()) + "}"
     raise EditError(f"cannot write a {type(value).__name__} into a script")
 
@@ -220,9 +222,11 @@ def array(dtype: str, shape, b64: str) -> np.ndarray:
     return _decode_array({"dtype": dtype, "shape": list(shape), "base64": b64})
 
 
-def call_line(var: str, record: dict, refs: dict, models: dict | None = None) -> str:
+def call_line(var: str, record: dict, refs: dict, models: dict | None = None,
+              short: bool = False) -> str:
+    """The record as one line of Python (``short``: big arrays summarised, for display)."""
     args = decode(record.get("args", {}), models, lenient=True)
-    parts = [f"{k}={literal(v, refs)}" for k, v in args.items() if _IDENT.match(k)]
+    parts = [f"{k}={literal(v, refs, short)}" for k, v in args.items() if _IDENT.match(k)]
     if len(parts) != len(args):
         raise EditError(f"record arguments must be Python names: {sorted(args)}")
     if record.get("check") is not None:

@@ -123,6 +123,7 @@ class Reshaper:
         self.shape_cache: dict = {}
         self.gather_cache: dict = {}
         self.orig_a: dict = {}
+        self._conflicts: set = set()
         if (d.opset("") or 0) < 7:
             raise EditError(f"re-shaping needs ai.onnx opset 7 or newer (the model has "
                             f"{d.opset('')}); set_opset first")
@@ -467,12 +468,12 @@ class Reshaper:
         while k < len(groups):
             I, J = groups[k]
             if I and not J and any(sa[i] != sb[i] for i in I):
-                other = k + 1 if k + 1 < len(groups) else k - 1
-                if other < 0:
+                if len(groups) == 1:
                     raise _Stuck(f"the changed input axes {I} vanish in the output")
-                groups[other][0][:0] = I if other > k else []
-                if other < k:
-                    groups[other][0].extend(I)
+                if k + 1 < len(groups):
+                    groups[k + 1][0][:0] = I       # prepend: the axes keep their order
+                else:
+                    groups[k - 1][0].extend(I)
                 del groups[k]
                 continue
             k += 1
@@ -482,8 +483,10 @@ class Reshaper:
             if not I or all(sa[i] == sb[i] for i in I):
                 continue
             e = self.express(tuple(math.prod(shp[c][i] for i in I) for c in self.configs))
-            if e is None or not any(s.a == 1 for s in e[1]) or len(e[1]) < 2 and len(J) > 1:
+            if e is None or not any(s.a == 1 for s in e[1]):
                 continue
+            if len(e[1]) < 2 and len(J) > 1:
+                continue   # a single symbol already has output axes to go to
             for nb in (k - 1, k + 1):
                 if 0 <= nb < len(groups) and not groups[nb][0] and groups[nb][1]:
                     ones = groups[nb][1]
@@ -681,6 +684,11 @@ class Reshaper:
                      and shapes_b[k][ax] != tsig[1] and (exact or shapes_b[k][ax] != 1)]
             if not stale:
                 continue
+            key = (tuple(node.output), tuple(g), tsig)
+            if key in self._conflicts:
+                raise _Stuck(f"a rewrite did not make its inputs' dims agree ({dims_b} at the "
+                             f"new shape)")
+            self._conflicts.add(key)
             sib = moved[0]
             for k, ax in stale:
                 self.trace(ins[k], ax, tsig, (ins[sib[0]], sib[1]), node, depth=0)

@@ -48,9 +48,10 @@ class Step:
     def edit(self) -> str:
         return self.record["edit"]
 
-    def call(self) -> str:
-        """The edit as a line of Python (as in the replay script)."""
-        return records.call_line("session", self.record, {})
+    def call(self, short: bool = True) -> str:
+        """The edit as a line of Python (as in the replay script; ``short``: big arrays shown
+        as their dtype and shape)."""
+        return records.call_line("session", self.record, {}, short=short)
 
     def to_dict(self) -> dict:
         """JSON-able: the record, the check, the notes and the changes."""
@@ -346,7 +347,8 @@ class EditSession:
     # ------------------------------------------------------------------ display
     def __repr__(self) -> str:
         m = self._states[self._pos].skeleton
-        head = (f"EditSession({self.source!r}): {len(m.graph.node)} nodes, "
+        where = repr(self.source) if self.source is not None else "in-memory model"
+        head = (f"EditSession({where}): {len(m.graph.node)} nodes, "
                 f"{len(self.steps)} edit(s)" + (f", {len(self._steps) - self._pos} undone"
                                                 if self.can_redo() else ""))
         return "\n".join([head] + [repr(s) for s in self.steps])
