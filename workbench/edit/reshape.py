@@ -62,6 +62,8 @@ from workbench.edit.verify import KEEPS, Intent, error_text
 INT64_MAX = np.iinfo(np.int64).max
 #: at most this many rewrites per edit (a safety net against a rule that keeps firing)
 MAX_REWRITES = 2000
+#: rewrites listed in a step's notes (all of them are in ``step.rewrites``)
+SHOWN_REWRITES = 12
 
 
 def _broadcasting_ops() -> frozenset:
@@ -1140,7 +1142,10 @@ def _reshape(d: Draft, ctx, targets: dict, batch_axis, batch_inputs) -> Intent:
     pruned = d.prune(before)
     if r.rewrites:
         d.notes.append(f"{len(r.rewrites)} constant(s) baked from the old shape rewritten:")
-        d.notes.extend(f"  {w}" for w in r.rewrites)
+        d.notes.extend(f"  {w}" for w in r.rewrites[:SHOWN_REWRITES])
+        if len(r.rewrites) > SHOWN_REWRITES:
+            d.notes.append(f"  ... and {len(r.rewrites) - SHOWN_REWRITES} more "
+                           f"(step.rewrites lists them all)")
     else:
         d.notes.append("no constant was baked from the old shape")
     if pruned:

@@ -43,6 +43,7 @@ class Step:
         self.check = check
         self.notes = notes
         self.changes = changes
+        self.rewrites: list = []   # re-shape: every constant rewritten (the notes show some)
 
     @property
     def edit(self) -> str:
@@ -56,7 +57,8 @@ class Step:
     def to_dict(self) -> dict:
         """JSON-able: the record, the check, the notes and the changes."""
         return {"index": self.index, "record": self.record, "check": self.check.to_dict(),
-                "notes": list(self.notes), "changes": self.changes}
+                "notes": list(self.notes), "changes": self.changes,
+                "rewrites": list(self.rewrites)}
 
     def __repr__(self) -> str:
         text = f"[{self.index}] {self.call()}\n    checked: {self.check.summary()}"
@@ -155,6 +157,7 @@ class EditSession:
         if record.get("check") is not None:
             rec["check"] = mode
         step = Step(self._pos + 1, rec, after, check, notes, _changes(before, after))
+        step.rewrites = list(intent.rewrites)
         del self._steps[self._pos:]
         del self._states[self._pos + 1:]
         self._steps.append(step)
