@@ -160,3 +160,21 @@ def test_cnn_view_batch_baked(exports):
     x = np.random.default_rng(0).standard_normal((4, 1, 8, 8)).astype(np.float32)
     want = np.concatenate([torch_run(model, x[i:i + 1])[0] for i in range(4)])
     np.testing.assert_allclose(s.run(x)["y"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_shufflenet_new_image_size_and_batch(exports):
+    """ShuffleNetV2 exported at 64x64, batch 1: its channel shuffle is Reshape(x, [1, 2, 58,
+    8, 8]) -> Transpose -> Reshape(x, [1, -1, 8, 8]) with the batch and the spatial size baked
+    in; a new image size and batch rewrites all of them and matches torch."""
+    from tests.helpers import torch_models  # noqa: PLC0415
+
+    model = exports.torch_model("shufflenetv2")
+    x = __import__("torch").from_numpy(torch_models.example_inputs("shufflenetv2", 1,
+                                                                   image=64)[0])
+    m = torch_models.export_onnx(model, (x,), None, opset=17, dynamic_batch=False)
+    s = edit.open(m)
+    step = s.reshape_inputs({"input": [2, 3, 96, 96]}, batch_axis=0)
+    assert len(step.rewrites) == 32 and step.check.same
+    xx = np.random.default_rng(0).standard_normal((2, 3, 96, 96)).astype(np.float32)
+    ref = torch_run(model, xx)[0]
+    np.testing.assert_allclose(s.run(xx)["logits"], ref, rtol=1e-4, atol=1e-4)
