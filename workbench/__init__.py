@@ -24,7 +24,7 @@ import os
 __version__ = "0.1.0"
 
 _SUBMODULES = {"arrays", "autograd", "backend", "cli", "conformance", "device", "errors",
-               "graph", "layer", "model", "ops", "opt", "sonnx", "tensor", "training",
+               "edit", "graph", "layer", "model", "ops", "opt", "sonnx", "tensor", "training",
                "widgets", "zoo"}
 
 

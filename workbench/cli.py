@@ -513,6 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--failures", action="store_true")
     c.set_defaults(func=cmd_conformance)
     _add_profile_parser(sub)
+    from workbench.edit.cli import add_edit_parser  # model surgery: workbench/edit/cli.py
+    add_edit_parser(sub)
     return p
 
 
