@@ -497,9 +497,14 @@ def compare_array(a: np.ndarray, data: dict, salt: str, *, dtype_rule="exact"):
     want_shape = tuple(data["shape"])
     if tuple(a.shape) != want_shape:
         msg = f"shape {list(a.shape)}, expected {list(want_shape)}"
-        if a.size == int(np.prod(want_shape)):
-            msg += (": the same dims reversed - transposed?" if tuple(a.shape)[::-1] ==
-                    want_shape else ": the same number of elements - reshaped differently?")
+        if a.size == int(np.prod(want_shape)) and a.dtype.kind in "biufUS":
+            if np.all(dg.match_levels(a.reshape(want_shape), data, salt) == 0):
+                msg += ": your values are right, in the wrong shape (a reshape is missing)"
+            elif tuple(a.shape)[::-1] == want_shape and \
+                    np.all(dg.match_levels(np.transpose(a), data, salt) == 0):
+                msg += ": your array is the transpose of the expected one"
+            else:
+                msg += " (the same number of elements)"
         return False, msg
     problems = []
     want = np.dtype(data["dtype"])
