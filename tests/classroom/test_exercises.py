@@ -186,7 +186,7 @@ def test_changed_definition_is_checked_as_given(capsys):
 def test_unknown_exercise_and_instructor_mode():
     q = ValueExercise("x9", "?")
     r = q.evaluate(1)
-    assert r and "instructor's notebook" in r.note                  # nothing loaded
+    assert r and "instructor's version" in r.note                 # nothing loaded
     students_view(ValueExercise("other", "?"), 1)
     assert "has no exercise 'x9'" in messages(q.evaluate(1))
 

@@ -186,8 +186,7 @@ class Exercise:
                 data = cls.reference(prepared, params, STATE.salt)
             except ClassroomError as e:
                 return CheckResult(self.id, False, 0.0, [str(e)], title=self.title)
-            note = ("instructor's notebook: no check data is loaded, so this answer was taken "
-                    "as the reference; `workbench assign` makes the students' version")
+            note = "instructor's version: no check data loaded, this answer is the reference"
         else:
             cls = KINDS.get(spec.get("kind"))
             if cls is None:
@@ -695,17 +694,22 @@ class ModelExercise(Exercise):
     """An ONNX model (a ModelProto, bytes, a path, or a workbench model), run on ``feeds``
     (a dict {input name: array}, or a list of them): it must pass ``onnx.checker`` and give the
     reference's outputs (``rtol``/``atol``). ``input_names``/``output_names=True`` also require
-    the reference's names. With ``nodes=True`` (default), a wrong model gets told which of its
-    nodes is the first to compute something the reference never does."""
+    the reference's names; ``forbidden_ops`` lists operator types the model must not contain.
+    With ``nodes=True`` (default), a wrong model gets told which of its nodes is the first to
+    compute something the reference never does."""
 
     kind = "model"
     defaults = {"feeds": None, "rtol": 1e-4, "atol": 1e-5, "input_names": False,
-                "output_names": False, "nodes": True}
+                "output_names": False, "nodes": True, "forbidden_ops": ()}
 
     @classmethod
     def validate(cls, params):
         _check_tolerance(params)
         params["feeds"] = _feeds(params)
+        ops = params["forbidden_ops"]
+        if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
+            raise ClassroomError("forbidden_ops: a list of operator types, e.g. [\"Dropout\"]")
+        params["forbidden_ops"] = list(ops)
         return params
 
     @classmethod

@@ -210,6 +210,11 @@ def compare_model(data: bytes, params: dict, ref: dict, salt: str, describe_arra
     if params.get("input_names") and graph_inputs(m) != ref["inputs"]:
         msgs.append(f"your model's inputs are named {graph_inputs(m)}, the exercise asks for "
                     f"{ref['inputs']}")
+    for op in params.get("forbidden_ops") or ():
+        found = [n.name or "(unnamed)" for n in m.graph.node if n.op_type == op]
+        if found:
+            msgs.append(f"your model still has {len(found)} {op} node(s): "
+                        f"{', '.join(repr(f) for f in found[:5])}")
     out_names = [o.name for o in m.graph.output]
     if params.get("output_names") and out_names != ref["outputs"]:
         msgs.append(f"your model's outputs are named {out_names}, the exercise asks for "

@@ -128,11 +128,23 @@ def secret_lines(nb: dict, regions: list) -> set:
     return {ln for ln in inside - outside if len(ln) > 3 and not ln.startswith("#")}
 
 
+def _texts(obj):
+    """Every string in a JSON-like object (sources, outputs, metadata)."""
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, list):
+        for x in obj:
+            yield from _texts(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _texts(x)
+
+
 def leaks(student: dict, secrets_: set) -> list:
-    """Solution lines found anywhere in the students' notebook's JSON (sources, outputs,
-    metadata); empty when clean."""
-    text = json.dumps(student, ensure_ascii=False)
-    return sorted(s for s in secrets_ if json.dumps(s, ensure_ascii=False)[1:-1] in text)
+    """Solution lines that appear as a line anywhere in the students' notebook (sources,
+    outputs, metadata); empty when clean."""
+    lines = {ln.strip() for t in _texts(student) for ln in t.split("\n")}
+    return sorted(secrets_ & lines)
 
 
 def _checks_cell(blob: str) -> dict:
@@ -144,7 +156,7 @@ def _checks_cell(blob: str) -> dict:
            "# Run this cell; do not edit it.\n"
            "from workbench import classroom\n\n"
            f"classroom.load_checks(\n{body}\n)\n")
-    return {"cell_type": "code", "execution_count": None,
+    return {"cell_type": "code", "execution_count": None, "id": CHECKS_CELL_TAG,
             "metadata": {"tags": [CHECKS_CELL_TAG], "editable": False},
             "outputs": [], "source": _as_lines(src)}
 
@@ -261,7 +273,12 @@ def assign(instructor, out_dir, *, files=(), overwrite: bool = False,
     exercises = {eid: {k: fr[k] for k in ("kind", "points", "title", "prompt", "params",
                                            "data")} for eid, fr in refs.items()}
     blob = pack({"format": 1, "assignment": stem, "salt": salt, "exercises": exercises})
-    student["cells"].insert(where + 1, _checks_cell(blob))
+    cell = _checks_cell(blob)
+    if nb.get("nbformat_minor", 0) < 5 and nb.get("nbformat", 4) <= 4:
+        del cell["id"]                # cell ids came with nbformat 4.5
+    elif any(c.get("id") == cell["id"] for c in student["cells"]):
+        cell["id"] = f"{CHECKS_CELL_TAG}-{salt[:8]}"
+    student["cells"].insert(where + 1, cell)
     found = leaks(student, secret_lines(nb, regions))
     if found:
         raise ClassroomError(f"{src}: solution code also appears outside the solution regions "
