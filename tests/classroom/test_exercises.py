@@ -319,3 +319,58 @@ def test_strip_solutions_clears_outputs_and_finds_leaks():
     assert "y = secret_value(x)" in secrets
     assert leaks(student, secrets) == []
     assert leaks(nb, secrets)              # the instructor's version does hold it
+
+
+def test_forged_answers_fail_cleanly():
+    """What a hostile notebook could hand in instead of an answer: the grader's check says
+    "could not be read/checked" and never raises."""
+    from workbench.classroom.grading import _decode_and_check
+    q = ArrayExercise("a9", "x")
+    prepared = ArrayExercise.prepare(np.ones(3, np.float32), q.params)
+    spec = {"id": "a9", "kind": "array", "params": encode(q.params),
+            "data": ArrayExercise.reference(prepared, q.params, "s")}
+    deep = []
+    for _ in range(100_000):
+        deep = [deep]
+    for forged in ({"__map__": {"array": "junk"}}, {"__nd__": "AAAA"}, [1, 2], "x", None,
+                   {"__map__": {"array": {"__nd__": "!!"}}}, deep, {"__tuple__": 5},
+                   {"__map__": {"results": 3}}):
+        r = _decode_and_check(spec, forged, "s")
+        assert not r.passed, forged
+    good = _decode_and_check(spec, encode(prepared), "s")
+    assert good.passed
+
+
+@pytest.mark.parametrize("ipython", [True, False])
+def test_runner_runs_cells_past_errors(tmp_path, monkeypatch, ipython):
+    import sys
+
+    from workbench.classroom import runner
+    if not ipython:
+        monkeypatch.setattr(runner, "_shell", lambda: None)     # plain exec, no IPython
+    else:       # an IPython shell replaces sys.modules["__main__"]: put it back afterwards
+        monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
+    q = ValueExercise("r1", "?")
+    blob = students_view(q, 42)
+    nb = {"cells": [
+        {"cell_type": "code", "source": "from workbench import classroom\nx = 41"},
+        {"cell_type": "markdown", "source": "text"},
+        {"cell_type": "code", "source": ["1 / 0"]},
+        {"cell_type": "code", "source": "q = classroom.ValueExercise('r1', '?')\n"
+                                        "q.check(x + 1)"}]}
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(nb))
+    frames_path = tmp_path / "frames"
+    try:
+        with open(frames_path, "wb") as f:
+            errors = runner.run_notebook(str(path), mode="grade", frames_fd=f.fileno(),
+                                         checks=blob)
+    finally:
+        if ipython:
+            from IPython.core.interactiveshell import InteractiveShell
+            InteractiveShell.clear_instance()
+    frames = [json.loads(line) for line in frames_path.read_text().splitlines()]
+    assert errors == 1
+    assert frames[0] == {"type": "cell", "index": 2, "error": "ZeroDivisionError: division by zero"}
+    assert frames[1]["type"] == "answer" and decode(frames[1]["answer"]) == {"value": 42}
+    assert frames[2] == {"type": "done", "errors": 1}

@@ -211,7 +211,7 @@ def read_frames(f, *, limit: int) -> dict:
             continue
         try:
             fr = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):      # garbage, or nested beyond reason
             continue
         if not isinstance(fr, dict):
             continue
@@ -348,7 +348,7 @@ def _decode_and_check(spec: dict, answer, salt: str) -> ex.CheckResult:
         prepared = decode(answer, limit=MAX_ITEM_BYTES)
         if not isinstance(prepared, dict):
             raise ClassroomError("malformed answer")
-    except ClassroomError as e:
+    except (ClassroomError, RecursionError, TypeError, ValueError) as e:
         return ex.CheckResult(spec["id"], False, 0.0, [f"the answer could not be read: {e}"],
                               title=spec.get("title", ""))
     try:
@@ -563,7 +563,9 @@ def grade(submissions, key, out, *, limits: Limits | None = None, jobs: int = 1,
             raise ClassroomError("sandboxed grading is not possible here: "
                                  + iso.describe())
     key_dir = os.path.dirname(k["_path"])
-    hidden = [key_dir, submissions, out] + [os.path.abspath(os.fspath(h)) for h in hide]
+    # the temporary folder holds the other submissions' working copies while they run
+    hidden = [key_dir, submissions, out, tempfile.gettempdir()] + \
+        [os.path.abspath(os.fspath(h)) for h in hide]
     src = k.get("source")
     if isinstance(src, str) and os.path.isfile(src):
         hidden.append(os.path.dirname(src))

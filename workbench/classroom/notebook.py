@@ -212,6 +212,11 @@ def record(path: str, *, salt: str, timeout: float = 900) -> dict:
     return refs
 
 
+def _same_file(a: str, b: str) -> bool:
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        return fa.read() == fb.read()
+
+
 @dataclass
 class Assignment:
     """What :func:`assign` wrote: the students' notebook, the key, the exercises."""
@@ -257,9 +262,13 @@ def assign(instructor, out_dir, *, files=(), overwrite: bool = False,
         if not p.startswith(os.path.realpath(folder) + os.sep) or not os.path.isfile(p):
             raise ClassroomError(f"{f}: not a file inside {folder}")
         rel_files.append(os.path.relpath(p, os.path.realpath(folder)))
-    for p in [student_path, key_path] + [os.path.join(out_dir, r) for r in rel_files]:
+    for p in [student_path, key_path]:
         if os.path.exists(p) and not overwrite:
             raise ClassroomError(f"{p} already exists; pass overwrite=True (--overwrite)")
+    for r in rel_files:          # a file several assignments share may already be there
+        p = os.path.join(out_dir, r)
+        if os.path.exists(p) and not overwrite and not _same_file(p, os.path.join(folder, r)):
+            raise ClassroomError(f"{p} already exists (different); pass overwrite=True")
     student, regions = strip_solutions(nb)
     if not regions:
         raise ClassroomError(f"{src}: no solution is marked ({BEGIN} ... {END})")
