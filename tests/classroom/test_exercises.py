@@ -106,7 +106,8 @@ def test_value_feedback_and_hints(capsys):
     assert q.check([2, 4]) and q.check(np.array([2, 4]))     # a list or an array is fine
     assert not q.check((4, 2))
     out = capsys.readouterr().out
-    assert "2 items of 2 wrong" in out and "Hint: look at the dims" in out
+    assert "the right items, in the wrong order" in out and "Hint: look at the dims" in out
+    assert "1 item of 2 wrong (at index 1)" in messages(q.evaluate((2, 5)))
     r = q.check("2, 4")
     assert "expected a list, got a string" in messages(r)
     assert "Hint: it is (batch, classes)" in capsys.readouterr().out   # the next hint

@@ -74,9 +74,9 @@ def normalize(value, *, ordered: bool = True, case_sensitive: bool = True,
             return norm(v.tolist())
         if isinstance(v, (list, tuple)):
             items = [norm(x) for x in v]
-            return items if ordered else sorted(items, key=_canon)
+            return items if ordered else sorted(items, key=canonical)
         if isinstance(v, (set, frozenset)):
-            return sorted((norm(x) for x in v), key=_canon)
+            return sorted((norm(x) for x in v), key=canonical)
         if isinstance(v, dict):
             return {str(norm(k)): norm(x) for k, x in v.items()}
         raise ClassroomError(f"a {type(v).__name__} cannot be compared as a value; give "
@@ -84,7 +84,8 @@ def normalize(value, *, ordered: bool = True, case_sensitive: bool = True,
     return norm(value)
 
 
-def _canon(v) -> str:
+def canonical(v) -> str:
+    """The canonical JSON text of a normalized value (what is hashed)."""
     return json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -105,7 +106,7 @@ def category(v) -> str:
 
 def value_digest(salt: str, v) -> str:
     """Salted SHA-256 of a normalized value (hex, 32 characters kept)."""
-    h = hashlib.sha256(f"{salt}\x00{_canon(v)}".encode())
+    h = hashlib.sha256(f"{salt}\x00{canonical(v)}".encode())
     return h.hexdigest()[:32]
 
 

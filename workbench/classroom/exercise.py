@@ -26,7 +26,6 @@ changes nothing there) and ``check`` only hands the answer over; the grader deci
 from __future__ import annotations
 
 import copy
-import json
 import math
 import re
 
@@ -194,7 +193,8 @@ class Exercise:
                                      f"in the check data (a newer workbench made it?)")
             params = cls.decode_params(spec["params"])
             data = spec["data"]
-            if cls is not type(self) or _canon(encode(params)) != _canon(encode(self.params)):
+            if cls is not type(self) or \
+                    dg.canonical(encode(params)) != dg.canonical(encode(self.params)):
                 note = ("this exercise's definition was changed in this notebook; it is "
                         "checked as originally given")
             try:
@@ -277,10 +277,6 @@ class _Shown(CheckResult):
         pass
 
 
-def _canon(v) -> str:
-    return json.dumps(v, sort_keys=True, separators=(",", ":"))
-
-
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -327,6 +323,7 @@ def value_data(v, salt: str) -> dict:
     d = {"category": dg.category(v), "digest": dg.value_digest(salt, v)}
     if isinstance(v, list):
         d["items"] = [dg.value_digest(f"{salt}/{i}", x) for i, x in enumerate(v)]
+        d["sorted"] = dg.value_digest(f"{salt}/sorted", sorted(v, key=dg.canonical))
     if isinstance(v, str):
         d["folded"] = dg.value_digest(salt + "/folded", " ".join(v.lower().split()))
     return d
@@ -343,10 +340,13 @@ def compare_value(v, data: dict, salt: str) -> tuple[bool, str]:
         if len(v) != len(items):
             return False, f"expected {_plural(len(items), 'item')}, got {len(v)}"
         wrong = [i for i, x in enumerate(v) if dg.value_digest(f"{salt}/{i}", x) != items[i]]
+        if wrong and data.get("sorted") == dg.value_digest(f"{salt}/sorted",
+                                                           sorted(v, key=dg.canonical)):
+            return False, "the right items, in the wrong order"
         if wrong:
             shown = ", ".join(str(i) for i in wrong[:6]) + (", ..." if len(wrong) > 6 else "")
             return False, (f"{_plural(len(wrong), 'item')} of {len(v)} wrong (at index "
-                           f"{shown})" + ("; the order matters here" if len(wrong) > 1 else ""))
+                           f"{shown})")
     if want == "string" and data.get("folded") == \
             dg.value_digest(salt + "/folded", " ".join(v.lower().split())):
         return False, "almost: the upper/lower case or the spacing differs"
