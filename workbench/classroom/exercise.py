@@ -246,7 +246,11 @@ class Exercise:
 
     @classmethod
     def decode_params(cls, enc) -> dict:
-        return cls.validate(decode(enc))
+        """A definition from check data; settings added since it was made get defaults."""
+        params = decode(enc)
+        if not isinstance(params, dict):
+            raise ClassroomError("malformed exercise definition in the check data")
+        return cls.validate({**cls.defaults, **params})
 
     @classmethod
     def prepare(cls, answer, params):

@@ -90,8 +90,9 @@ class Isolation:
 
     def describe(self) -> str:
         if self.mode == "namespaces":
-            who = "user nobody" if self.uid is not None else \
-                "the grader's user in a user namespace, without capabilities"
+            who = "user nobody" if self.uid is not None else (
+                f"the grader's own user (uid {os.geteuid()}) without capabilities: it can "
+                f"read what that user can read outside the hidden folders")
             text = (f"namespaces (no network, private /tmp, read-only file system, key and "
                     f"submissions hidden), {who}, resource limits")
         else:
@@ -155,7 +156,7 @@ def _run_sandbox(stage: str, notebook: str | None, files: dict, limits: Limits,
         expose = [{"mask": a, "paths": ps} for a, ps in groups.items()]
     workdir = sandbox.WORK if ns else work
     spec = {"workdir": work, "notebook": notebook, "namespaces": ns, "hide": hide,
-            "expose": expose, "uid": iso.uid, "gid": iso.uid, "limits": limits.rlimits(),
+            "expose": expose, "needed": sandbox.needed_paths() if ns else [], "uid": iso.uid, "gid": iso.uid, "limits": limits.rlimits(),
             "tmp_size": limits.tmp, "env": sandbox.limits_env("{WORK}"), "checks": checks,
             "probe": probe}
     if not ns and iso.uid is not None:
@@ -564,7 +565,9 @@ def grade(submissions, key, out, *, limits: Limits | None = None, jobs: int = 1,
                                  + iso.describe())
     key_dir = os.path.dirname(k["_path"])
     # the temporary folder holds the other submissions' working copies while they run
-    hidden = [key_dir, submissions, out, tempfile.gettempdir()] + \
+    # (/tmp and /var/tmp are replaced in the sandbox anyway)
+    tmp = os.path.realpath(tempfile.gettempdir())
+    hidden = [key_dir, submissions, out] + ([] if tmp in ("/tmp", "/var/tmp") else [tmp]) + \
         [os.path.abspath(os.fspath(h)) for h in hide]
     src = k.get("source")
     if isinstance(src, str) and os.path.isfile(src):

@@ -37,6 +37,7 @@ import ctypes.util
 import json
 import os
 import resource
+import secrets
 import shutil
 import stat
 import sys
@@ -160,6 +161,10 @@ def _tmpfs(target: str, size: str, mode: str = "1777", ro: bool = False) -> None
     _mount("tmpfs", target, "tmpfs", flags, f"size={size},mode={mode}")
 
 
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
 def _read_tree(root: str, limit: int = 512 << 20) -> dict:
     files, total = {}, 0
     for dirpath, _dirs, names in os.walk(root):
@@ -187,16 +192,32 @@ def setup_mounts(spec: dict, notes: list) -> str:
                 _remount_ro(mp)
             except OSError as e:
                 notes.append(f"could not make {mp} read-only ({e.strerror})")
+    # what the run needs from a temporary folder about to be replaced (a checkout or a
+    # virtual environment under /tmp): parked under /dev/shm, put back read-only after
+    parked = []
+    for p in spec.get("needed", []):
+        if _under(p, "/tmp") or _under(p, "/var/tmp"):
+            s = f"/dev/shm/.wb-keep-{secrets.token_hex(8)}"   # the host's /dev/shm, still
+            os.mkdir(s, 0o700)
+            _mount(p, s, None, MS_BIND | MS_REC)
+            parked.append((p, s))
     _tmpfs("/tmp", spec.get("tmp_size", "512m"))
-    for extra in ("/var/tmp", "/dev/shm"):
-        if os.path.isdir(extra):
-            try:
-                _tmpfs(extra, "64m")
-            except OSError as e:
-                notes.append(f"could not replace {extra} ({e.strerror})")
+    if os.path.isdir("/var/tmp"):
+        _tmpfs("/var/tmp", "64m")
+    for p, s in parked:
+        os.makedirs(p, mode=0o755, exist_ok=True)
+        _mount(s, p, None, MS_BIND | MS_REC)
+        _remount_ro(p)
+        _umount(s)
+        os.rmdir(s)
+    if os.path.isdir("/dev/shm"):
+        try:
+            _tmpfs("/dev/shm", "64m")
+        except OSError as e:
+            notes.append(f"could not replace /dev/shm ({e.strerror})")
     _expose(spec.get("expose", []), notes)
     for h in spec.get("hide", []):
-        if not os.path.exists(h) or h == "/tmp" or h.startswith("/tmp/"):
+        if not os.path.exists(h):            # gone with /tmp, or under a masked folder
             continue
         try:
             if os.path.isdir(h):
