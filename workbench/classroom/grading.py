@@ -156,9 +156,9 @@ def _run_sandbox(stage: str, notebook: str | None, files: dict, limits: Limits,
         expose = [{"mask": a, "paths": ps} for a, ps in groups.items()]
     workdir = sandbox.WORK if ns else work
     spec = {"workdir": work, "notebook": notebook, "namespaces": ns, "hide": hide,
-            "expose": expose, "needed": sandbox.needed_paths() if ns else [], "uid": iso.uid, "gid": iso.uid, "limits": limits.rlimits(),
-            "tmp_size": limits.tmp, "env": sandbox.limits_env("{WORK}"), "checks": checks,
-            "probe": probe}
+            "expose": expose, "needed": sandbox.needed_paths() if ns else [],
+            "uid": iso.uid, "gid": iso.uid, "limits": limits.rlimits(), "tmp_size": limits.tmp,
+            "env": sandbox.limits_env("{WORK}"), "checks": checks, "probe": probe}
     if not ns and iso.uid is not None:
         for dirpath, dirs, names in os.walk(work):
             for n in [dirpath] + [os.path.join(dirpath, x) for x in dirs + names]:
