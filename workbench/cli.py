@@ -473,6 +473,51 @@ def _add_profile_parser(sub) -> None:
     pr.set_defaults(func=cmd_profile)
 
 
+# --------------------------------------------------------------------------- classroom (issue 27)
+def cmd_assign(args) -> int:
+    from workbench.classroom import assign
+    for nb in args.notebooks:
+        print(assign(nb, args.out, files=args.file or (), overwrite=args.overwrite,
+                     timeout=args.timeout))
+    return 0
+
+
+def cmd_grade(args) -> int:
+    from workbench.classroom.grading import Limits, grade
+    limits = Limits(timeout=args.timeout, cpu=args.cpu, memory=args.memory)
+    rep = grade(args.submissions, args.key, args.out, limits=limits, jobs=args.jobs,
+                hide=args.hide or (), overwrite=args.overwrite,
+                isolation="required" if args.require_isolation else "auto")
+    print(rep)
+    return 0
+
+
+def add_classroom_parsers(sub) -> None:
+    a = sub.add_parser("assign", help="instructor notebook -> students' notebook + answer key")
+    a.add_argument("notebooks", nargs="+", metavar="INSTRUCTOR.ipynb")
+    a.add_argument("--out", required=True, help="folder for the students' notebooks and keys")
+    a.add_argument("--file", action="append", metavar="PATH",
+                   help="a file the notebook reads (relative to it), handed out with it")
+    a.add_argument("--overwrite", action="store_true")
+    a.add_argument("--timeout", type=float, default=900,
+                   help="seconds the instructor's notebook may take to run (default 900)")
+    a.set_defaults(func=cmd_assign)
+    g = sub.add_parser("grade", help="grade a folder of submitted notebooks in a sandbox")
+    g.add_argument("submissions", help="folder of <student>.ipynb or <student>/<notebook>")
+    g.add_argument("--key", required=True, help="the answer key from `workbench assign`")
+    g.add_argument("--out", required=True, help="folder for grades.csv and feedback/")
+    g.add_argument("--timeout", type=float, default=300, help="wall seconds per notebook")
+    g.add_argument("--cpu", type=float, help="CPU seconds per notebook (default: --timeout)")
+    g.add_argument("--memory", default="4GiB", help="memory per notebook (default 4GiB)")
+    g.add_argument("--jobs", type=int, default=1, help="notebooks graded at once")
+    g.add_argument("--hide", action="append", metavar="DIR",
+                   help="another folder the notebooks must not see")
+    g.add_argument("--require-isolation", action="store_true",
+                   help="refuse to grade where namespaces are not available")
+    g.add_argument("--overwrite", action="store_true")
+    g.set_defaults(func=cmd_grade)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="workbench", description="ONNX Workbench command line")
     p.add_argument("--debug", action="store_true",
@@ -515,6 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile_parser(sub)
     from workbench.edit.cli import add_edit_parser  # model surgery: workbench/edit/cli.py
     add_edit_parser(sub)
+
+
+    add_classroom_parsers(sub)
     return p
 
 
