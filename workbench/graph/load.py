@@ -61,7 +61,9 @@ def _read_proto(src, path: str | None) -> onnx.ModelProto:
                 f"hold; models this big keep their weights in external data files next to the "
                 f".onnx file", path=path)
         with open(path, "rb") as f:
-            data = f.read(MAX_PROTO_BYTES + 1)
+            # the file's size (+1 to see a file that grew), not the 2 GiB limit: read(n)
+            # reserves n bytes first, which fails under an address-space limit
+            data = f.read(st.st_size + 1)
     if not data:
         raise ModelLoadError("the file is empty (0 bytes), not an ONNX model", path=path)
     m = onnx.ModelProto()
