@@ -11,7 +11,6 @@ import pytest
 
 from workbench import autograd, layer, model, opt, tensor
 from workbench.dist import (
-    DistMonitor,
     DistributedError,
     LocalCommunicator,
     NcclIdHolder,
@@ -21,6 +20,7 @@ from workbench.dist import (
 )
 from workbench.dist.comm import Communicator
 from workbench.errors import WorkbenchError
+from workbench.widgets import DistMonitor
 
 
 class Net(model.Model):

@@ -29,11 +29,16 @@ Frozen parameters (``requires_grad=False``) are not reached. Updates are in plac
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 
 import numpy as np
 
+from workbench.arrays.device import cpu
+from workbench.autodiff.tape import Tensor
+from workbench.dist import Reducer, get_communicator
 from workbench.errors import WorkbenchError
+from workbench.singa import autograd
 
 
 class DistributedOnlyError(WorkbenchError, NotImplementedError):
@@ -43,7 +48,6 @@ class DistributedOnlyError(WorkbenchError, NotImplementedError):
 # --------------------------------------------------------------------------- schedules
 def _step_number(step) -> float:
     """The step as a number, from an int/float or SINGA's step Tensor of shape (1,)."""
-    from workbench.singa.tensor import Tensor  # noqa: PLC0415
     if isinstance(step, Tensor):
         a = step.numpy().reshape(-1)
         if a.size != 1:
@@ -66,7 +70,6 @@ class DecayScheduler:
         self.init_value = float(init_value)
 
     def __call__(self, step):
-        from workbench.singa.tensor import Tensor  # noqa: PLC0415
         v = float(self.value(_step_number(step)))
         if isinstance(step, Tensor):
             return Tensor(device=step.device, data=np.array([v], np.float32))
@@ -152,7 +155,6 @@ class Optimizer:
     def __init__(self, lr=0.1, dtype=None, *, init_scale: float = 2.0 ** 15,
                  growth_interval: int = 1000, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, max_consecutive_skips: int = 30):
-        from workbench.singa.tensor import Tensor  # noqa: PLC0415
         if lr is None:
             raise TypeError("Wrong learning rate type: None (give a number or an "
                             "opt.DecayScheduler)")
@@ -207,7 +209,6 @@ class Optimizer:
         """Update ``param_value`` (a Tensor, in place) with ``param_grad`` (Tensor or array)
         at the current learning rate; the optimizer's slots for it are kept under
         ``param_name`` (SINGA's ``Optimizer.apply``; ``None`` keys by the parameter)."""
-        from workbench.singa.tensor import Tensor  # noqa: PLC0415
         g = param_grad.data if isinstance(param_grad, Tensor) else param_grad
         if tuple(g.shape) != tuple(param_value.shape):
             raise WorkbenchError(f"apply: the gradient of {param_name!r} has shape "
@@ -259,7 +260,6 @@ class Optimizer:
                 f"clipping); no update was applied")
 
     def _params_of(self, loss, dy=None) -> list:
-        from workbench.singa import autograd
         pairs = [(p, g) for p, g in autograd.backward(loss, dy) if p.stores_grad]
         if not pairs:
             raise WorkbenchError(
@@ -345,7 +345,6 @@ class Optimizer:
         """SINGA's optimizer states: ``{"step_counter": float, <slot>: {name: Tensor}}`` with
         each slot (``moments``, ``m``/``v``, ``running_average``, ``history``) keyed by
         parameter name (copies), plus ``loss_scale`` (mixed precision; ours)."""
-        from workbench.singa.tensor import Tensor  # noqa: PLC0415
         out = {"step_counter": self.step_counter.numpy().reshape(-1)[0],
                "loss_scale": self.loss_scale}
         for slot, singa_name in self._slot_names.items():
@@ -362,7 +361,6 @@ class Optimizer:
     def set_states(self, states: dict) -> None:
         """Restore what :meth:`get_states` returned (SINGA's form; values may be Tensors or
         arrays). Slots are matched to parameters by name at their next update."""
-        from workbench.singa.tensor import Tensor  # noqa: PLC0415
         if "step_counter" not in states:
             raise WorkbenchError(f"set_states: no 'step_counter' in the states (keys "
                                  f"{sorted(map(str, states))[:10]})")
@@ -389,8 +387,7 @@ def _forget(opt_ref, key, st) -> None:
 
 
 def _host_device():
-    from workbench.singa import device  # noqa: PLC0415
-    return device.create_cpu()
+    return cpu()
 
 
 # --------------------------------------------------------------------------- optimizers
@@ -551,7 +548,6 @@ class AdaGrad(Optimizer):
 # --------------------------------------------------------------------------- distributed
 def _arr(t):
     """The array of a Tensor (or the array itself): collectives work on it in place."""
-    from workbench.singa.tensor import Tensor  # noqa: PLC0415
     return t.data if isinstance(t, Tensor) else t
 
 
@@ -571,9 +567,11 @@ class DistOpt:
     * Neither: world size 1, every collective a no-op (the script runs unchanged alone).
 
     Attributes ``world_size``, ``local_rank`` (rank on this machine, the GPU to use),
-    ``global_rank``, ``communicator`` (a :class:`workbench.dist.Communicator`) and
-    ``bytes_communicated`` (payload bytes this rank handed to collectives so far). Other
-    attributes (``lr``, ``step_counter``, ``get_states``...) are the wrapped optimizer's.
+    ``global_rank``, ``communicator`` (a :class:`workbench.dist.Communicator` of its own:
+    each DistOpt has one, with its own ``timeout``), ``reducer`` (the
+    :class:`workbench.dist.Reducer` doing the work) and ``bytes_communicated`` (payload bytes
+    this DistOpt handed to collectives so far). Other attributes (``lr``, ``step_counter``,
+    ``get_states``...) are the wrapped optimizer's.
 
     Beyond SINGA: parameters (and buffers) are broadcast from rank 0 when a model is compiled
     with this optimizer (or given it after compiling) and, as a fallback, at the first step if
@@ -587,7 +585,6 @@ class DistOpt:
     def __init__(self, opt=None, nccl_id=None, local_rank=None, world_size=None,
                  buffSize=4194304, *, timeout: float | None = None,  # noqa: N803
                  communicator=None):
-        from workbench.dist import get_communicator  # noqa: PLC0415
         if opt is None:
             opt = SGD()
         if isinstance(opt, DistOpt):
@@ -596,18 +593,16 @@ class DistOpt:
             raise WorkbenchError(f"DistOpt wraps a workbench optimizer (opt.SGD, opt.Adam, "
                                  f"...), got {type(opt).__name__}")
         self.opt = opt
-        self.communicator = communicator if communicator is not None else get_communicator(
-            nccl_id, local_rank, world_size, timeout)
-        if timeout is not None:
-            self.communicator.timeout = float(timeout)
-        self.world_size = int(self.communicator.world_size)
-        self.local_rank = int(self.communicator.local_rank)
-        self.global_rank = int(self.communicator.global_rank)
+        if communicator is None:
+            communicator = get_communicator(nccl_id, local_rank, world_size, timeout)
+        elif timeout is not None:
+            communicator.timeout = float(timeout)
+        self.communicator = communicator
+        self.world_size = int(communicator.world_size)
+        self.local_rank = int(communicator.local_rank)
+        self.global_rank = int(communicator.global_rank)
         self.buffSize = int(buffSize)
-        self._staged: list = []
-        self._staged_size = 0
-        self._checked = False
-        self._synced = False
+        self.reducer = Reducer(communicator, self.buffSize)
 
     def __getattr__(self, name):
         if name == "opt" or name.startswith("__"):
@@ -636,17 +631,16 @@ class DistOpt:
         """Apply the wrapped optimizer's update with ``grad`` (already summed over the ranks)
         divided by the world size (in place, as SINGA does)."""
         g = _arr(grad)
-        if self.world_size > 1:
-            g /= g.dtype.type(self.world_size)
+        self.reducer.average([g])
         self.opt.update(param, g)
 
     def all_reduce(self, tensor):
         """Sum ``tensor`` (a Tensor or its ``.data`` array) over the ranks, in place."""
-        self.communicator.all_reduce(_arr(tensor))
+        self.reducer.all_reduce(_arr(tensor))
 
     def all_reduce_half(self, tensor):
         """Sum ``tensor`` over the ranks in place, float16 on the wire."""
-        self.communicator.all_reduce(_arr(tensor), half=True)
+        self.reducer.all_reduce(_arr(tensor), half=True)
 
     def fused_all_reduce(self, tensor, send=True):
         """All-reduce a list of tensors through one buffer: ``send=False`` copies them into
@@ -662,37 +656,10 @@ class DistOpt:
     def _fused(self, tensors, send: bool, half: bool) -> None:
         arrays = [_arr(t) for t in (tensors if isinstance(tensors, (list, tuple))
                                     else [tensors])]
-        if not send or not self._staged:
-            for a in arrays:
-                self._staged_size += int(a.size)
-                if self._staged_size > self.buffSize:
-                    n = self._staged_size
-                    self._staged, self._staged_size = [], 0
-                    raise WorkbenchError(
-                        f"fused all-reduce: {n} values buffered, more than buffSize="
-                        f"{self.buffSize}; raise DistOpt(buffSize=...) or lower the fusion "
-                        f"threshold")
-                self._staged.append(a.ravel().copy())
-            if not send:
-                return
-        xp = self._xp(arrays[0])
-        staged, self._staged, self._staged_size = self._staged, [], 0
-        if sum(int(a.size) for a in arrays) != sum(int(s.size) for s in staged):
-            raise WorkbenchError(
-                f"fused all-reduce: send=True got {len(arrays)} tensor(s) of "
-                f"{sum(int(a.size) for a in arrays)} values but {len(staged)} tensor(s) of "
-                f"{sum(int(s.size) for s in staged)} values were buffered with send=False")
-        buf = xp.concatenate(staged) if len(staged) > 1 else staged[0]
-        self.communicator.all_reduce(buf, half=half)
-        off = 0
-        for a in arrays:
-            a[...] = buf[off:off + a.size].reshape(a.shape)
-            off += a.size
-
-    @staticmethod
-    def _xp(a):
-        from workbench.arrays import xp_of  # noqa: PLC0415
-        return xp_of(a)
+        if send:
+            self.reducer.send(arrays, half=half)
+        else:
+            self.reducer.stage(arrays)
 
     def sparsification(self, tensor, accumulation, spars, topK):  # noqa: N803
         """All-reduce ``tensor`` sending only its significant elements: those with
@@ -700,64 +667,13 @@ class DistOpt:
         (``topK=True``). With ``accumulation`` (a float32 Tensor/array of the same size) the
         previous steps' unsent remainder is added first and this step's remainder is kept
         there (local residual accumulation)."""
-        a = _arr(tensor)
-        flat = a.reshape(-1)
-        acc = None if accumulation is None else _arr(accumulation).reshape(-1)
-        out = self._sparse_all_reduce(flat, acc, float(spars), bool(topK))
-        a[...] = out.reshape(a.shape)
+        acc = None if accumulation is None else _arr(accumulation)
+        self.reducer.sparsify([_arr(tensor)], acc, spars, topK)
 
     def fused_sparsification(self, tensor, accumulation, spars, topK):  # noqa: N803
         """:meth:`sparsification` of a list of tensors fused into one buffer."""
-        arrays = [_arr(t) for t in tensor]
-        xp = self._xp(arrays[0])
-        buf = xp.concatenate([a.reshape(-1) for a in arrays])
-        acc = None if accumulation is None else _arr(accumulation).reshape(-1)
-        out = self._sparse_all_reduce(buf, acc, float(spars), bool(topK))
-        off = 0
-        for a in arrays:
-            a[...] = out[off:off + a.size].reshape(a.shape)
-            off += a.size
-
-    def _sparse_all_reduce(self, g, acc, spars: float, topk: bool):
-        xp = self._xp(g)
-        if g.dtype != np.float32:
-            raise WorkbenchError(f"sparsification supports float32 gradients (as SINGA's), "
-                                 f"got {g.dtype}")
-        n = int(g.size)
-        work = g.astype(np.float32, copy=True)
-        if acc is not None:
-            if int(acc.size) != n:
-                raise WorkbenchError(f"sparsification: the accumulation has {acc.size} "
-                                     f"values, the gradient {n}")
-            work += acc
-        if topk:
-            k = min(n, max(0, int(math.ceil(spars * n))))
-            if k == 0:
-                idx = xp.zeros(0, np.int64)
-            elif k == n:
-                idx = xp.arange(n)
-            else:  # the k largest magnitudes (O(n); SINGA sorts them all)
-                idx = xp.sort(xp.argpartition(-xp.abs(work), k - 1)[:k])
-        else:
-            idx = xp.nonzero(xp.abs(work) >= np.float32(spars))[0]
-        idx = idx.astype(np.int32)
-        vals = work[idx]
-        if acc is not None:  # the residual: what this rank did not send
-            acc[...] = work
-            acc[idx] = 0
-        comm = self.communicator
-        counts = comm.all_gather(xp.asarray([idx.size], dtype=np.int64))
-        counts = [int(c) for c in (counts.get() if xp is not np else counts)[:, 0]]
-        m = max(counts)
-        payload = xp.zeros(2 * m, np.float32)
-        payload[:idx.size] = idx.view(np.float32)
-        payload[m:m + idx.size] = vals
-        everyone = comm.all_gather(payload)
-        dense = xp.zeros(n, np.float32)
-        for r, c in enumerate(counts):
-            ii = everyone[r, :c].view(np.int32)
-            dense[ii] += everyone[r, m:m + c]
-        return dense
+        acc = None if accumulation is None else _arr(accumulation)
+        self.reducer.sparsify([_arr(t) for t in tensor], acc, spars, topK)
 
     def wait(self):
         """Wait for the collectives in flight (GPU streams) to finish."""
@@ -777,63 +693,28 @@ class DistOpt:
                 a = a.copy()
                 g.data = a
             seen.add(id(a.base if a.base is not None else a))
-        if not self._checked and self.world_size > 1:
-            self._first_step_check([p for p, _ in pairs])
-        return pairs
-
-    def _first_step_check(self, params) -> None:
-        import zlib  # noqa: PLC0415
-        xp = self._xp(params[0].data)
-        sig = repr([(tuple(p.shape), str(p.dtype)) for p in params])
-        values = 0
-        for p in params:
-            h = p.data.get() if xp is not np else p.data
-            values = zlib.crc32(np.ascontiguousarray(h).tobytes(), values)
-        mine = xp.asarray([zlib.crc32(sig.encode()), values], dtype=np.int64)
-        everyone = self.communicator.all_gather(mine)
-        everyone = everyone.get() if xp is not np else everyone
-        self._checked = True
-        if len(set(everyone[:, 0].tolist())) > 1:
-            raise WorkbenchError(
-                f"DistOpt: the ranks' models differ (rank {self.global_rank} has "
-                f"{len(params)} trainable parameters {sig[:200]}...); every rank must build "
-                f"the same model and freeze the same layers")
-        if len(set(everyone[:, 1].tolist())) > 1 and not self._synced:
-            import warnings  # noqa: PLC0415
-            for p in params:
-                self.communicator.broadcast(p.data, 0)
-            if self.global_rank == 0:
+        if not self.reducer.checked and self.world_size > 1:
+            if self.reducer.check_start([p.data for p, _ in pairs]) and self.global_rank == 0:
                 warnings.warn(
                     "DistOpt: the ranks began with different parameters; rank 0's were "
                     "broadcast at the first step (whose gradients were computed with each "
                     "rank's own values). Compile the model after set_optimizer(DistOpt(...)) "
                     "or call dist_opt.broadcast_model(model) before training.",
-                    RuntimeWarning, stacklevel=4)
-        self._synced = True
+                    RuntimeWarning, stacklevel=3)
+        return pairs
+
+    def _finish(self, pairs) -> None:
+        for p, g in pairs:
+            self.update(p, g)
+        self.opt.step()
 
     def backward_and_update(self, loss, threshold=2097152):
         """Backward pass, all-reduce of the gradients (tensors of at most ``threshold``
         elements fused into buffers of about ``threshold`` elements, larger ones reduced
         alone), then the update with the averaged gradients."""
         pairs = self._begin(loss)
-        plist, glist, acc = [], [], 0
-        for p, g in pairs:
-            if g.size() > threshold:
-                self.all_reduce(g.data)
-            else:
-                glist.append(g.data)
-                self.fused_all_reduce([g.data], send=False)
-                acc += g.size()
-                if acc > threshold:
-                    self.fused_all_reduce(glist)
-                    acc, glist = 0, []
-            plist.append((p, g))
-        if glist:
-            self.fused_all_reduce(glist)
-        self.wait()
-        for p, g in plist:
-            self.update(p, g)
-        self.opt.step()
+        self.reducer.reduce([g.data for _, g in pairs], threshold)
+        self._finish(pairs)
 
     def backward_and_update_half(self, loss, threshold=2097152, clipping=False,
                                  clip_Value=100):  # noqa: N803
@@ -841,7 +722,6 @@ class DistOpt:
         in SINGA); ``clipping`` clips every gradient to ``[-clip_Value, clip_Value]`` before
         it is sent."""
         pairs = self._begin(loss)
-        plist, glist, acc = [], [], 0
         for p, g in pairs:
             if p.dtype != np.float32:
                 raise WorkbenchError(
@@ -849,24 +729,9 @@ class DistOpt:
                     f"DistOpt); parameter {p.name or ''} is {p.dtype}. For a float16 model "
                     f"use backward_and_update (its float16 gradients are reduced as they are)")
             if clipping:
-                xp = self._xp(g.data)
-                xp.clip(g.data, -clip_Value, clip_Value, out=g.data)
-            if g.size() > threshold:
-                self.all_reduce_half(g.data)
-            else:
-                glist.append(g.data)
-                self.fused_all_reduce_half([g.data], send=False)
-                acc += g.size()
-                if acc > threshold:
-                    self.fused_all_reduce_half(glist)
-                    acc, glist = 0, []
-            plist.append((p, g))
-        if glist:
-            self.fused_all_reduce_half(glist)
-        self.wait()
-        for p, g in plist:
-            self.update(p, g)
-        self.opt.step()
+                p.device.xp.clip(g.data, -clip_Value, clip_Value, out=g.data)
+        self.reducer.reduce([g.data for _, g in pairs], threshold, half=True)
+        self._finish(pairs)
 
     def backward_and_partial_update(self, loss, threshold=2097152):
         """Every rank updates its parameters with its own gradient, then one partition of the
@@ -874,41 +739,12 @@ class DistOpt:
         step; tensors above ``threshold`` elements are a partition alone, smaller ones are
         grouped until a group exceeds ``threshold``). A whole cycle averages every
         parameter once."""
-        if not hasattr(self, "partial"):
-            self.partial = 0
-        self.partial += 1
+        self.partial = getattr(self, "partial", 0) + 1
         pairs = self._begin(loss)
-        k, acc = 0, 0
-        plist, tenlist, reduced = [], [], []
         for p, g in pairs:
             self.opt.update(p, g)
-            if p.size() > threshold:
-                k += 1
-                if k == self.partial:
-                    self.all_reduce(p.data)
-                    reduced.append(p)
-            else:
-                plist.append(p.data)
-                tenlist.append(p)
-                acc += p.size()
-                if acc > threshold:
-                    k += 1
-                    if k == self.partial:
-                        self.fused_all_reduce(plist, send=False)
-                        self.fused_all_reduce(plist)
-                        reduced = tenlist
-                    acc, plist, tenlist = 0, [], []
-        if plist:
-            k += 1
-            if k == self.partial:
-                self.fused_all_reduce(plist, send=False)
-                self.fused_all_reduce(plist)
-                reduced = tenlist
-        self.wait()
-        for r in reduced:  # the all-reduced parameters are averaged (in place)
-            r.data /= r.data.dtype.type(self.world_size)
-        if k == self.partial:  # a cycle is complete
-            self.partial = 0
+        if self.reducer.average_bucket([p.data for p, _ in pairs], threshold, self.partial):
+            self.partial = 0  # a cycle is complete
         self.opt.step()
 
     def backward_and_sparse_update(self, loss, threshold=2097152, spars=0.05, topK=False,  # noqa: N803
@@ -916,73 +752,45 @@ class DistOpt:
         """All-reduce of sparsified gradients (see :meth:`sparsification`), fused as in
         :meth:`backward_and_update`; with ``corr`` each fused group keeps a local residual
         (``self.gradAccumulation[k]``) that is added to the next step's gradient."""
-        from workbench.singa.tensor import Tensor  # noqa: PLC0415
         if not hasattr(self, "gradAccumulation"):
             self.gradAccumulation = []
         self.sparsInit = getattr(self, "sparsInit", False)
         pairs = self._begin(loss)
+        dev = pairs[0][0].device
 
-        def accumulation(k, size, p):
-            if not corr:
-                return None
+        def residual(k, size):
             if k == len(self.gradAccumulation):
-                self.gradAccumulation.append(Tensor((size,), p.device, np.float32))
+                self.gradAccumulation.append(Tensor((size,), dev, np.float32))
             a = self.gradAccumulation[k]
             if a.size() != size:
                 raise WorkbenchError(
                     f"backward_and_sparse_update: gradient group {k} has {size} values but "
                     f"its accumulation {a.size()}; the set of trained parameters changed "
                     f"(reset with del dist_opt.gradAccumulation)")
-            return a
+            return a.data
 
-        plist, glist, acc, k = [], [], 0, -1
-        p = None
-        for p, g in pairs:
-            if g.size() > threshold:
-                k += 1
-                self.sparsification(g.data, accumulation(k, g.size(), p), spars, topK)
-            else:
-                glist.append(g.data)
-                acc += g.size()
-                if acc > threshold:
-                    k += 1
-                    self.fused_sparsification(glist, accumulation(k, acc, p), spars, topK)
-                    acc, glist = 0, []
-            plist.append((p, g))
-        if glist:
-            k += 1
-            self.fused_sparsification(glist, accumulation(k, acc, p), spars, topK)
-        self.wait()
-        for p, g in plist:
-            self.update(p, g)
+        self.reducer.reduce_sparse([g.data for _, g in pairs], threshold, spars, topK,
+                                   residual if corr else None)
+        self._finish(pairs)
         self.sparsInit = True
-        self.opt.step()
 
     # ------------------------------------------------------------------ beyond SINGA
     def broadcast_model(self, model, root: int = 0) -> None:
         """Overwrite every parameter and buffer of ``model`` with rank ``root``'s, so the
         ranks begin equal (done by ``Model.compile`` / ``set_optimizer`` with a DistOpt)."""
         states = model.get_states()
-        for name in sorted(states):
-            t = states[name]
-            if not t.data.flags.c_contiguous or not t.data.flags.writeable:
-                t.data = t.data.copy()
-            self.communicator.broadcast(t.data, root)
-        self._synced = True
+        self.reducer.broadcast([_writable(states[name]) for name in sorted(states)], root)
 
     def sync_buffers(self, model) -> None:
         """Average the buffers (BatchNorm running mean/var; not the parameters) over the
         ranks, e.g. before evaluating or saving: during training each rank's BatchNorm keeps
         statistics of its own batches (SINGA's behaviour)."""
         states = model.get_states()
-        for name in sorted(states):
-            t = states[name]
-            if t.stores_grad or t.dtype.kind != "f":
-                continue
-            if not t.data.flags.c_contiguous or not t.data.flags.writeable:
-                t.data = t.data.copy()
-            self.communicator.all_reduce(t.data)
-            t.data /= t.data.dtype.type(self.world_size)
+        bufs = [_writable(states[name]) for name in sorted(states)
+                if not states[name].stores_grad and states[name].dtype.kind == "f"]
+        for a in bufs:
+            self.reducer.all_reduce(a)
+            a /= a.dtype.type(self.world_size)
 
     def _on_model(self, model) -> None:
         """Called by ``Model.compile`` / ``Model.set_optimizer``: rank 0's weights everywhere."""
@@ -994,3 +802,10 @@ class DistOpt:
         a = np.array(value, dtype=np.float64, copy=True).reshape(-1)
         self.communicator.all_reduce(a)
         return (a / self.world_size).reshape(np.shape(value))
+
+
+def _writable(t):
+    """``t``'s array, made C-contiguous and writable first (collectives work in place)."""
+    if not t.data.flags.c_contiguous or not t.data.flags.writeable:
+        t.data = t.data.copy()
+    return t.data
