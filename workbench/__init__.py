@@ -35,7 +35,7 @@ def load(src, *, device=None, allow_twin: bool = False, **kwargs):
     into the cache; with ``allow_twin=True`` an offline machine gets the model's untrained
     architecture twin, with a printed note). ``kwargs`` go to the loader (``batch_size=``...).
     """
-    from workbench.sonnx import SONNXModel
+    from workbench.singa.sonnx import SONNXModel
     if isinstance(src, str) and not os.path.exists(src) and not src.endswith(".onnx"):
         from workbench import zoo
         zoo.get(src)  # unknown names raise with suggestions
