@@ -214,3 +214,8 @@ def test_a_launcher_without_mpi4py_is_an_error(monkeypatch):
     monkeypatch.setenv("PMI_SIZE", "1")
     with pytest.warns(RuntimeWarning, match="mpi4py is not installed"):
         assert opt.DistOpt(opt.SGD()).world_size == 1
+
+
+def test_dist_monitor_moved_to_the_widgets_says_where():
+    with pytest.raises(ImportError, match="from workbench.widgets import DistMonitor"):
+        from workbench.dist import DistMonitor as _  # noqa: F401

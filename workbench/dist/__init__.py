@@ -29,3 +29,10 @@ __all__ = [
     "launched_by_mpi", "mpi4py_available", "partition", "batches_per_rank", "spawn",
     "find_mpiexec", "mpiexec_command", "one_thread_env", "Reducer", "buckets",
 ]
+
+
+def __getattr__(name: str):
+    if name == "DistMonitor":  # moved to the widgets (the UI); say where, not just "missing"
+        raise ImportError("DistMonitor is a widget: from workbench.widgets import DistMonitor "
+                          "(workbench.dist holds no display code)")
+    raise AttributeError(f"module 'workbench.dist' has no attribute {name!r}")
