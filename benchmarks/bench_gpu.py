@@ -219,7 +219,7 @@ def bench_training(dev, torch, args):
                        dev.synchronize, args.runs, 1)
         print(f"profile training resnet18: step {ours:.2f} ms, forward+loss (taped) "
               f"{fw:.2f} ms, backward+update {ours - fw:.2f} ms")
-        from workbench.autodiff import backward as _bw  # backward() calls its run_rule
+        from workbench.autodiff import backprop as _bw  # backward() calls its run_rule
         per_op, count = collections.defaultdict(float), collections.Counter()
         real = _bw.run_rule
 

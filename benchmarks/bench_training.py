@@ -22,7 +22,7 @@ numpy's BLAS a threadpoolctl limit).
     python benchmarks/bench_training.py --models resnet18 --profile   # per-op breakdown
 
 ``--profile`` runs ``--profile-steps`` more steps after the timed ones with every forward kernel
-call (``tape.run_op``), every gradient rule (``backward.run_rule``), the backward engine as a
+call (``tape.run_op``), every gradient rule (``backprop.run_rule``), the backward engine as a
 whole and the optimizer update timed, and prints per op (Conv split by kind: 1x1, kxk, depthwise,
 with its stride) the forward and backward milliseconds per step; beside it PyTorch's own
 profiler table (``torch.profiler``, self CPU time per aten op). Profiled steps are slower than
@@ -158,7 +158,7 @@ def _op_key(op_type, kw, arrays) -> str:
 def _profile_ours(step, steps, top) -> str:
     """Per-op forward / backward time per step (see the module docstring)."""
     from workbench import autograd, opt
-    from workbench.autodiff import backward as _bw
+    from workbench.autodiff import backprop as _bw
     from workbench.autodiff import runner as _runner
     from workbench.autodiff import tape as _tape
     fwd, bwd = defaultdict(float), defaultdict(float)

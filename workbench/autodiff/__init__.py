@@ -3,7 +3,7 @@
 - :mod:`workbench.autodiff.tape`: :class:`Tensor`, :func:`apply` / :func:`run_op` (run a
   kernel and record a :class:`TapeNode`), :func:`no_grad`, :func:`inference_mode`,
   :func:`tape_order`;
-- :mod:`workbench.autodiff.backward`: :func:`backward`, :func:`gradients`;
+- :mod:`workbench.autodiff.backprop`: :func:`backward`, :func:`gradients`;
 - :mod:`workbench.autodiff.runner`: :class:`TapeRunner` (a Plan's steps on Tensors);
 - :mod:`workbench.autodiff.rules`: the gradient rules per op family (``@gradient("Op")``) and
   the training forms of the ops that have one; ``rules.cuda`` their GPU overrides;
@@ -14,7 +14,7 @@ This package is the engine's: it imports the arrays, ops and graph layers, never
 (``workbench.singa``), the widgets or the facade.
 """
 
-from workbench.autodiff.backward import backward, gradients, run_rule
+from workbench.autodiff.backprop import backward, gradients, run_rule
 from workbench.autodiff.runner import StepCall, TapeRunner
 from workbench.autodiff.tape import (
     DEFAULT_OPSET,

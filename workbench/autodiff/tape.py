@@ -4,10 +4,10 @@
 Every differentiable computation goes through :func:`run_op` (:func:`apply` looks the kernel
 up first), which runs the registered ONNX kernel (``workbench.ops``) on the Tensors' arrays
 and records a :class:`TapeNode` holding the op type, domain, opset and attributes: every tape
-node *is* an ONNX node. ``workbench.autodiff.backward`` applies the per-op gradient rules of
-``workbench.autodiff.rules`` over the tape; ``workbench.autodiff.export.to_onnx`` is a plain
-walk back from the output Tensors over the same nodes; ``workbench.autodiff.runner.TapeRunner``
-runs a Plan's steps through :func:`run_op`.
+node *is* an ONNX node. ``workbench.autodiff.backprop.backward`` applies the per-op gradient
+rules of ``workbench.autodiff.rules`` over the tape; ``workbench.autodiff.export.to_onnx`` is a
+plain walk back from the output Tensors over the same nodes;
+``workbench.autodiff.runner.TapeRunner`` runs a Plan's steps through :func:`run_op`.
 
 Recording, and the choice made for export
 -----------------------------------------

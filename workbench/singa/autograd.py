@@ -52,7 +52,7 @@ from workbench.arrays.device import device_of_array, seed_all
 from workbench.arrays.dtypes import onnx_dtype_of_np
 from workbench.autodiff import rules as _rules
 from workbench.autodiff import tape as _tape
-from workbench.autodiff.backward import backward, gradients, run_rule
+from workbench.autodiff.backprop import backward, gradients, run_rule
 from workbench.autodiff.runner import TapeRunner
 from workbench.autodiff.tape import (
     DEFAULT_OPSET,
