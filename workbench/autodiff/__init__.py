@@ -25,6 +25,7 @@ from workbench.autodiff.tape import (
     as_tensor,
     enable_grad,
     inference_mode,
+    is_float_dtype,
     is_grad_enabled,
     no_grad,
     parse_dtype,
@@ -39,7 +40,8 @@ from workbench.autodiff.tape import (
 
 __all__ = [
     "DEFAULT_OPSET", "PlaceHolder", "StepCall", "TapeNode", "TapeRunner", "Tensor", "apply",
-    "as_tensor", "backward", "enable_grad", "gradients", "inference_mode", "is_grad_enabled",
+    "as_tensor", "backward", "enable_grad", "gradients", "inference_mode", "is_float_dtype",
+    "is_grad_enabled",
     "no_grad", "parse_dtype", "run_op", "run_rule", "save_all_enabled", "saving_all",
     "set_node_class", "set_save_all", "tape_order", "walk_tape",
 ]

@@ -732,7 +732,8 @@ def set_node_class(cls: type) -> type:
     return previous
 
 
-def _is_float(dtype) -> bool:
+def is_float_dtype(dtype) -> bool:
+    """Whether values of ``dtype`` are differentiable: the float kinds and bfloat16."""
     return dtype.kind == "f" or dtype.name == "bfloat16"
 
 
@@ -880,7 +881,7 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
     outs = []
     names = out_names or ()
     for i, a in enumerate(r):
-        rg = grad_on and is_array(a) and _is_float(a.dtype)
+        rg = grad_on and is_array(a) and is_float_dtype(a.dtype)
         t = Tensor._make(a, dev, rg, node, i, names[i] if i < len(names) else None)
         if node is None:
             t._untraced = True

@@ -70,6 +70,7 @@ from workbench.autodiff.tape import (
     tape_order,
     walk_tape,
 )
+from workbench.autodiff.tape import is_float_dtype as _is_float
 from workbench.errors import (
     GradientError,
     InputError,
@@ -142,10 +143,6 @@ def manual_seed(seed: int) -> None:
     """Seed the random source of every device in use (``Device.SetRandSeed``): Dropout masks
     in training, random ops without a ``seed`` attribute, initialisers."""
     seed_all(seed)
-
-
-def _is_float(dtype) -> bool:
-    return dtype.kind == "f" or dtype.name == "bfloat16"
 
 
 def _singa_training() -> bool:
