@@ -23,9 +23,9 @@ import os
 
 __version__ = "0.1.0"
 
-_SUBMODULES = {"arrays", "autograd", "backend", "cli", "conformance", "device", "errors",
-               "graph", "layer", "model", "ops", "opt", "sonnx", "tensor", "training",
-               "widgets", "zoo"}
+_SUBMODULES = {"arrays", "autodiff", "autograd", "backend", "cli", "conformance", "device",
+               "dist", "errors", "graph", "layer", "model", "ops", "opt", "singa", "sonnx",
+               "tensor", "training", "widgets", "zoo"}
 
 
 def load(src, *, device=None, allow_twin: bool = False, **kwargs):
