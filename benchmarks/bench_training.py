@@ -22,7 +22,7 @@ numpy's BLAS a threadpoolctl limit).
     python benchmarks/bench_training.py --models resnet18 --profile   # per-op breakdown
 
 ``--profile`` runs ``--profile-steps`` more steps after the timed ones with every forward kernel
-call (``autograd.run_op``), every gradient rule (``autograd._run_rule``), the backward engine as a
+call (``tape.run_op``), every gradient rule (``backprop.run_rule``), the backward engine as a
 whole and the optimizer update timed, and prints per op (Conv split by kind: 1x1, kxk, depthwise,
 with its stride) the forward and backward milliseconds per step; beside it PyTorch's own
 profiler table (``torch.profiler``, self CPU time per aten op). Profiled steps are slower than
@@ -158,11 +158,15 @@ def _op_key(op_type, kw, arrays) -> str:
 def _profile_ours(step, steps, top) -> str:
     """Per-op forward / backward time per step (see the module docstring)."""
     from workbench import autograd, opt
+    from workbench.autodiff import backprop as _bw
+    from workbench.autodiff import runner as _runner
+    from workbench.autodiff import tape as _tape
     fwd, bwd = defaultdict(float), defaultdict(float)
     cpu = defaultdict(float)
     cnt = defaultdict(int)
     totals = defaultdict(float)
-    orig_run_op, orig_rule = autograd.run_op, autograd._run_rule
+    # the tape's apply and the Tensor runner call run_op, backward() calls run_rule
+    orig_run_op, orig_rule = _tape.run_op, _bw.run_rule
     orig_backward, orig_update = autograd.backward, opt.Optimizer.update
     clock, cpu_clock = time.perf_counter, time.process_time
 
@@ -195,7 +199,8 @@ def _profile_ours(step, steps, top) -> str:
         orig_update(self, param, grad)
         totals["optimizer update"] += clock() - t0
 
-    autograd.run_op, autograd._run_rule = run_op, run_rule
+    _tape.run_op = _runner.run_op = run_op
+    _bw.run_rule = run_rule
     autograd.backward, opt.Optimizer.update = backward, update
     try:
         t_all, c_all = clock(), cpu_clock()
@@ -203,7 +208,8 @@ def _profile_ours(step, steps, top) -> str:
             step()
         t_all, c_all = clock() - t_all, cpu_clock() - c_all
     finally:
-        autograd.run_op, autograd._run_rule = orig_run_op, orig_rule
+        _tape.run_op = _runner.run_op = orig_run_op
+        _bw.run_rule = orig_rule
         autograd.backward, opt.Optimizer.update = orig_backward, orig_update
     per = 1e3 / steps
     f_sum, b_sum = sum(fwd.values()), sum(bwd.values())

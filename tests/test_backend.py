@@ -1,4 +1,5 @@
-"""onnx.backend.test.BackendTest runs against workbench.backend (DESIGN 2.1).
+"""onnx.backend.test.BackendTest runs against workbench.backend (docs/architecture.md, "Backend
+and conformance").
 
 The node cases are covered by test_conformance.py (with its expected failures), so here the
 standard runner is exercised on a representative subset, plus the API itself.

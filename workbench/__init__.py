@@ -23,9 +23,10 @@ import os
 
 __version__ = "0.1.0"
 
-_SUBMODULES = {"arrays", "autograd", "backend", "cli", "conformance", "device", "errors",
-               "edit", "graph", "layer", "model", "ops", "opt", "sonnx", "tensor", "training",
-               "widgets", "zoo"}
+_SUBMODULES = {"analysis", "arrays", "autodiff", "autograd", "backend", "classroom", "cli",
+               "conformance", "device", "dist", "edit", "errors", "graph", "layer", "model",
+               "ops", "opt", "quantization", "singa", "sonnx", "tensor", "training", "widgets",
+               "zoo"}
 
 
 def load(src, *, device=None, allow_twin: bool = False, **kwargs):
@@ -35,7 +36,7 @@ def load(src, *, device=None, allow_twin: bool = False, **kwargs):
     into the cache; with ``allow_twin=True`` an offline machine gets the model's untrained
     architecture twin, with a printed note). ``kwargs`` go to the loader (``batch_size=``...).
     """
-    from workbench.sonnx import SONNXModel
+    from workbench.singa.sonnx import SONNXModel
     if isinstance(src, str) and not os.path.exists(src) and not src.endswith(".onnx"):
         from workbench import zoo
         zoo.get(src)  # unknown names raise with suggestions

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
-from workbench import device as _device
+from workbench.arrays import device as _device
 from workbench.errors import ModelLoadError, WorkbenchError
 from workbench.graph import passes as _passes
 from workbench.graph.executor import Plan

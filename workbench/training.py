@@ -27,9 +27,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from workbench import autograd
 from workbench.errors import InputError
-from workbench.tensor import PlaceHolder, Tensor, from_numpy
+from workbench.singa import autograd
+from workbench.singa.tensor import PlaceHolder, Tensor, from_numpy
 
 
 def _scores(out):
@@ -66,7 +66,7 @@ def fit(model, x, y, *, epochs: int = 1, batch_size: int = 32, optimizer=None,
         raise InputError(f"fit: {len(x)} inputs but {len(y)} labels")
     if len(x) < batch_size:
         batch_size = len(x)
-    from workbench import opt as _opt
+    from workbench.singa import opt as _opt
     optimizer = optimizer or getattr(model, "optimizer", None) or _opt.SGD(lr=0.01,
                                                                               momentum=0.9)
     loss = loss or autograd.softmax_cross_entropy

@@ -1,5 +1,5 @@
 """The gradient rules' GPU fast paths (overrides registered for cupy in
-``workbench/arrays/cuda/grads.py``: CUDA kernels for Conv, MaxPool/AveragePool,
+``workbench/autodiff/rules/cuda.py``: CUDA kernels for Conv, MaxPool/AveragePool,
 SoftmaxCrossEntropyLoss and training BatchNormalization) against the portable rules, float32.
 
 Without a GPU the CUDA C is emulated on the CPU (``tests/gpu/emulation.py``: compiled with g++,
@@ -13,6 +13,7 @@ import pytest
 
 from tests.autograd.test_grad_rules import CASES
 from workbench import autograd
+from workbench.autodiff import run_rule
 from workbench.tensor import Tensor
 
 emulation = pytest.importorskip("tests.gpu.emulation")
@@ -30,7 +31,7 @@ def _grads(case, weights):
           for i, a in enumerate(arrays)]
     out = autograd.apply(case.op, ts, case.attrs, n_outputs=case.n_outputs, opset=case.opset)
     outs = out if isinstance(out, tuple) else (out,)
-    return autograd._run_rule(outs[0].creator, weights), outs
+    return run_rule(outs[0].creator, weights), outs
 
 
 @pytest.mark.skipif(emulation.GXX is None, reason="g++ is needed to emulate the CUDA kernels")
@@ -49,7 +50,7 @@ def test_gpu_fast_path_matches_portable_rule(case, monkeypatch):
     portable, _ = _grads(case, weights)
 
     emulation.install(monkeypatch)
-    import workbench.grad as wg
+    import workbench.autodiff.rules as wg
     assert wg.rule_for(case.op, xp=np) is wg.portable_rule(case.op)  # numpy: the portable rule
     fast_rule = wg.rule_for(case.op, xp="cupy")
     assert fast_rule is not wg.portable_rule(case.op)
@@ -57,7 +58,7 @@ def test_gpu_fast_path_matches_portable_rule(case, monkeypatch):
     def no_fallback(op, domain=""):
         raise AssertionError(f"the CUDA override of {op} fell back to the portable rule")
 
-    monkeypatch.setattr("workbench.arrays.cuda.grads.portable_rule", no_fallback)
+    monkeypatch.setattr("workbench.autodiff.rules.cuda.portable_rule", no_fallback)
     # the tape's rule lookup sees numpy arrays: ask for the cupy override instead
     real_rule_for = wg.rule_for
     monkeypatch.setattr(wg, "rule_for", lambda op, domain="", xp=None: real_rule_for(
@@ -73,8 +74,8 @@ def test_gpu_fast_path_matches_portable_rule(case, monkeypatch):
 def test_gpu_batchnorm_training_matches_portable(shape, monkeypatch):
     """Training BatchNorm on the GPU path (statistics kernel, apply kernel; backward reduction
     and dx kernels) against the portable forward and rule, float32."""
-    from workbench.grad import GradContext
-    from workbench.grad import norm as gnorm
+    from workbench.autodiff.rules import GradContext
+    from workbench.autodiff.rules import norm as gnorm
     r = np.random.default_rng(1)
     C = shape[1]
     x = (r.standard_normal(shape) * 2 + 1).astype(np.float32)
@@ -92,8 +93,8 @@ def test_gpu_batchnorm_training_matches_portable(shape, monkeypatch):
         return outs, grads
     want_outs, want_grads = run(gnorm.batchnorm_train, gnorm.batch_norm_grad)
     emulation.install(monkeypatch)
-    from workbench import grad as wg
-    from workbench.arrays.cuda import grads as cuda_grads
+    from workbench.autodiff import rules as wg
+    from workbench.autodiff.rules import cuda as cuda_grads
     from workbench.ops import registry
 
     def no_fallback(*args, **kw):

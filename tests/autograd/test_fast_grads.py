@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from workbench import autograd
-from workbench.grad import conv as gconv
-from workbench.grad import norm as gnorm
-from workbench.grad import pool as gpool
-from workbench.grad.linalg import matmul_grads
+from workbench.autodiff.rules import conv as gconv
+from workbench.autodiff.rules import norm as gnorm
+from workbench.autodiff.rules import pool as gpool
+from workbench.autodiff.rules.linalg import matmul_grads
 from workbench.ops.registry import lookup
 from workbench.tensor import Tensor
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench import autograd, grad
+from workbench import autograd
+from workbench.autodiff import rules as grad
+from workbench.autodiff import run_rule
 from workbench.errors import UnsupportedOperatorError
 from workbench.ops.registry import has_kernel
 from workbench.tensor import Tensor
@@ -244,10 +246,10 @@ def _run(case, arrays, requires):
           for i, a in enumerate(arrays)]
     fn = None
     if case.fn == "batchnorm_train":
-        from workbench.grad.norm import batchnorm_train
+        from workbench.autodiff.rules.norm import batchnorm_train
         fn = batchnorm_train
     out = autograd.apply(case.op, ts, case.attrs, n_outputs=case.n_outputs,
-                         opset=case.opset, fn=fn, training=case.training)
+                         opset=case.opset, fn=fn, training_mode=case.training)
     return out if isinstance(out, tuple) else (out,)
 
 
@@ -274,7 +276,7 @@ def test_gradient_rule(case):
     for k, o in enumerate(outs):
         float_out = o.dtype == np.float64 and not (case.training and k > 0)
         weights.append(R.standard_normal(o.shape) if float_out else None)
-    gins = autograd._run_rule(node, [w for w in weights])
+    gins = run_rule(node, [w for w in weights])
     for i in case.wrt:
         analytic = gins[i]
         assert analytic is not None, f"input {i}: rule returned None"

@@ -11,7 +11,6 @@ import pytest
 
 from workbench import autograd, layer, model, opt, tensor
 from workbench.dist import (
-    DistMonitor,
     DistributedError,
     LocalCommunicator,
     NcclIdHolder,
@@ -21,6 +20,7 @@ from workbench.dist import (
 )
 from workbench.dist.comm import Communicator
 from workbench.errors import WorkbenchError
+from workbench.widgets import DistMonitor
 
 
 class Net(model.Model):
@@ -214,3 +214,8 @@ def test_a_launcher_without_mpi4py_is_an_error(monkeypatch):
     monkeypatch.setenv("PMI_SIZE", "1")
     with pytest.warns(RuntimeWarning, match="mpi4py is not installed"):
         assert opt.DistOpt(opt.SGD()).world_size == 1
+
+
+def test_dist_monitor_moved_to_the_widgets_says_where():
+    with pytest.raises(ImportError, match="from workbench.widgets import DistMonitor"):
+        from workbench.dist import DistMonitor as _  # noqa: F401

@@ -17,6 +17,7 @@ import workbench.backend as backend
 from tests.gpu import emulation
 from workbench import conformance
 from workbench import device as wbdevice
+from workbench.arrays import device as engine_device
 from workbench.graph import executor
 
 PATTERNS = ["test_conv_", "test_convtranspose", "test_maxpool", "test_averagepool",
@@ -31,8 +32,9 @@ def emulated_cuda(monkeypatch):
         pytest.skip("g++ is not installed (needed to emulate the CUDA kernels)")
     fake = emulation.install(monkeypatch)
     dev = wbdevice.Device("CUDA", 0)
-    monkeypatch.setattr(wbdevice, "cupy_module", lambda: fake)
-    monkeypatch.setattr(wbdevice, "create_cuda_gpu", lambda id=0: dev)
+    # the engine's devices (workbench.arrays.device): Device.xp and get_device("CUDA:0")
+    monkeypatch.setattr(engine_device, "cupy_module", lambda: fake)
+    monkeypatch.setattr(engine_device, "cuda", lambda index=0: dev)
     # arrays are numpy arrays here, so the feed-placement check cannot tell them apart
     monkeypatch.setattr(executor, "_check_device", lambda *a: None)
     return dev
@@ -236,6 +238,7 @@ def test_gradient_rule_on_cuda_matches_cpu(cuda, case):
     gradients; reuses the autograd helper's cases."""
     from tests.autograd.test_grad_rules import R
     from workbench import autograd
+    from workbench.autodiff import run_rule
     from workbench.ops.registry import has_kernel
     from workbench.tensor import Tensor
     if not has_kernel(case.op, "", case.opset):
@@ -247,13 +250,13 @@ def test_gradient_rule_on_cuda_matches_cpu(cuda, case):
               for i, a in enumerate(arrays)]
         fn = None
         if case.fn == "batchnorm_train":
-            from workbench.grad.norm import batchnorm_train
+            from workbench.autodiff.rules.norm import batchnorm_train
             fn = batchnorm_train
         out = autograd.apply(case.op, ts, case.attrs, n_outputs=case.n_outputs,
-                             opset=case.opset, fn=fn, training=case.training)
+                             opset=case.opset, fn=fn, training_mode=case.training)
         outs = out if isinstance(out, tuple) else (out,)
-        gins = autograd._run_rule(outs[0].creator,
-                                  [None if w is None else dev.put(w) for w in weights])
+        gins = run_rule(outs[0].creator,
+                        [None if w is None else dev.put(w) for w in weights])
         return [None if g is None else wbdevice.create_cpu().put(g) for g in gins]
 
     cpu = wbdevice.create_cpu()
@@ -261,7 +264,7 @@ def test_gradient_rule_on_cuda_matches_cpu(cuda, case):
     with_outs = autograd.apply(case.op, [None if a is None else Tensor(data=a)
                                          for a in arrays], case.attrs,
                                n_outputs=case.n_outputs, opset=case.opset,
-                               training=case.training)
+                               training_mode=case.training)
     outs = with_outs if isinstance(with_outs, tuple) else (with_outs,)
     weights = [R.standard_normal(o.shape) if o.dtype == np.float64 and
                not (case.training and k > 0) else None for k, o in enumerate(outs)]

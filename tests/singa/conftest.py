@@ -24,7 +24,7 @@
 
 5. SINGA's tests write files into the working directory (``test_model.py`` saves
    ``snapshot1_<test>.zip`` and leaves it there); each test here runs in its own temporary
-   directory so nothing lands in the repository.
+   directory (``_own_working_directory`` below) so nothing lands in the repository.
 """
 
 from __future__ import annotations
@@ -99,6 +99,11 @@ def _test_opt_helper(request, monkeypatch):
     module = request.node.getparent(pytest.Module)
     if module is not None and module.path.name == "test_opt.py":
         monkeypatch.setattr(module.obj, "assertTensorEqual", _assert_tensor_equal)
+
+
+@pytest.fixture(autouse=True)
+def _own_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture(autouse=True)

@@ -250,6 +250,8 @@ def _f16_sum_op(MPI):  # noqa: N803
 
 
 _HOOKED = False
+#: set by the SIGUSR1 handler: the MPI launcher reported that a rank's process failed
+_LAUNCHER_SIGNALLED = False
 
 
 def _install_abort_hook(comm) -> None:
@@ -277,11 +279,15 @@ def _install_abort_hook(comm) -> None:
 
 
 class MPICommunicator(Communicator):
-    """MPI through mpi4py (``MPI.COMM_WORLD`` unless ``comm`` is given)."""
+    """MPI through mpi4py: over ``comm`` when given, else over a duplicate of
+    ``MPI.COMM_WORLD`` of its own (freed by :meth:`close`), so that collectives of two
+    communicators never mix. Creating one is collective: every rank creates its
+    communicators in the same order."""
 
     backend = "mpi"
 
     def __init__(self, comm=None, timeout: float | None = None, abort_on_error: bool = True):
+        self._peer_failed = False
         super().__init__(timeout)
         try:
             from mpi4py import MPI  # noqa: PLC0415
@@ -291,7 +297,8 @@ class MPICommunicator(Communicator):
                 "'onnx-workbench[dist]' (mpi4py and the mpich wheel), then start the script "
                 f"with mpiexec -n N python train.py ({e})") from None
         self.MPI = MPI
-        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self._owns_comm = comm is None
+        self.comm = comm if comm is not None else MPI.COMM_WORLD.Dup()
         self.world_size = self.comm.Get_size()
         self.global_rank = self.comm.Get_rank()
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.global_rank)
@@ -302,7 +309,7 @@ class MPICommunicator(Communicator):
         self._nccl = None
         self.nccl_fallback_reason = None
         if abort_on_error and self.world_size > 1:
-            _install_abort_hook(self.comm)
+            _install_abort_hook(MPI.COMM_WORLD)
         if self.world_size > 1:
             self._watch_launcher()
 
@@ -317,14 +324,20 @@ class MPICommunicator(Communicator):
             return
         try:
             if signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL:
-                return
-
-            def on_usr1(signum, frame):
-                self.peer_failed = True
-
-            signal.signal(signal.SIGUSR1, on_usr1)
+                return  # ours already (another communicator), or the program's own
+            signal.signal(signal.SIGUSR1, _on_usr1)
         except (ValueError, OSError, AttributeError):  # not on this platform / thread
             pass
+
+    @property
+    def peer_failed(self) -> bool:
+        """Set when the launcher signalled a failed rank (for every communicator of this
+        process) or by hand."""
+        return self._peer_failed or _LAUNCHER_SIGNALLED
+
+    @peer_failed.setter
+    def peer_failed(self, value: bool) -> None:
+        self._peer_failed = bool(value)
 
     def _wait(self, req, what: str) -> None:
         def test():
@@ -452,6 +465,14 @@ class MPICommunicator(Communicator):
         if self._nccl:
             self._nccl.close()
             self._nccl = None
+        if self._owns_comm and self.comm is not None:
+            self.comm.Free()
+            self.comm = None
+
+
+def _on_usr1(signum, frame) -> None:
+    global _LAUNCHER_SIGNALLED
+    _LAUNCHER_SIGNALLED = True
 
 
 # ------------------------------------------------------------------ NCCL
@@ -612,15 +633,12 @@ class NcclCommunicator(Communicator):
 
 
 # ------------------------------------------------------------------ choosing one
-_WORLD = None
-
-
 def get_communicator(nccl_id=None, local_rank=None, world_size=None,
                      timeout: float | None = None) -> Communicator:
-    """The communicator for this process: NCCL with ``nccl_id`` (multiprocess on one
-    machine), MPI when started by an MPI launcher (one per process, shared by every
-    DistOpt), otherwise the world-size-1 :class:`LocalCommunicator`."""
-    global _WORLD
+    """A new communicator for this process (each DistOpt has its own: its timeout, step and
+    byte count are its own): NCCL with ``nccl_id`` (multiprocess on one machine), MPI when
+    started by an MPI launcher (over a duplicate of ``MPI.COMM_WORLD``; every rank must ask
+    in the same order), otherwise the world-size-1 :class:`LocalCommunicator`."""
     if nccl_id is not None:
         if local_rank is None or world_size is None:
             raise WorkbenchError("DistOpt(nccl_id=...) also needs local_rank and world_size "
@@ -634,12 +652,7 @@ def get_communicator(nccl_id=None, local_rank=None, world_size=None,
             f"processes with mpiexec -n {world_size} python train.py (MPI), or pass an "
             f"NcclIdHolder from the parent process (GPUs)")
     if launched_by_mpi() and mpi4py_available():
-        if _WORLD is None or (timeout is not None and _WORLD.timeout != float(timeout)):
-            if _WORLD is None:
-                _WORLD = MPICommunicator(timeout=timeout)
-            else:
-                _WORLD.timeout = float(timeout)
-        return _WORLD
+        return MPICommunicator(timeout=timeout)
     if launched_by_mpi() and not mpi4py_available():
         n = _launcher_size()
         if n is not None and n > 1:

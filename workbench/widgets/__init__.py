@@ -4,7 +4,8 @@
 - :class:`GraphCompare` — two graphs side by side, matched nodes paired, the rest ringed.
 - :class:`LayerCutter` — choose ``last_layers`` with a slider or a click; optional new head.
 - :class:`TensorInspector` — per-node output statistics, histograms, feature maps, compare.
-- :class:`TrainingMonitor` — live curves, progress/ETA, Stop button; text bar in scripts.
+- :class:`TrainingMonitor` — live curves, progress/ETA, Stop button; text bar in scripts;
+  :class:`DistMonitor` — the same for a data-parallel job (rank 0 shows, global throughput).
 - :func:`netron` — Netron's own viewer served on 127.0.0.1, shown in an IFrame.
 
 Imports are lazy: ``import workbench.widgets`` does not import anywidget until a widget is
@@ -23,6 +24,7 @@ _EXPORTS = {
     "TensorInspector": "workbench.widgets.inspector",
     "tensor_stats": "workbench.widgets.inspector",
     "TrainingMonitor": "workbench.widgets.monitor",
+    "DistMonitor": "workbench.widgets.monitor",
     "netron": "workbench.widgets.netron_view",
     "NetronView": "workbench.widgets.netron_view",
     "view_main": "workbench.widgets.netron_view",

@@ -1,8 +1,9 @@
 """GPU fast paths of gradient rules and training forms, registered as overrides for cupy.
 
-``autograd.backward`` asks ``grad.rule_for(op, xp=cupy)`` for arrays on a GPU and gets the
-rules below; a Tensor run in training mode on a GPU gets the training forms below
-(``grad.train_form(..., xp=cupy)``). Each falls back to the portable rule or form for the
+A cupy-only module: ``rules.rule_for(op, xp=cupy)`` imports it on the first request for arrays
+on a GPU (``autodiff.backward``), and gets the rules below; a Tensor run in training mode on a
+GPU gets the training forms below (``rules.train_form(..., xp=cupy)``). The CUDA kernels they
+call are ``workbench.arrays.cuda``'s. Each falls back to the portable rule or form for the
 cases its CUDA kernels do not handle (dtypes other than float32/float16, ranks other than
 2-D images, weights...). Nothing here is picked by a device flag inside a portable rule.
 """
@@ -15,10 +16,10 @@ from workbench.arrays.cuda import conv as _conv
 from workbench.arrays.cuda import norm as _norm
 from workbench.arrays.cuda import pool as _pool
 from workbench.arrays.cuda import softmax as _softmax
-from workbench.grad import cuda_dtypes, gradient, portable_rule
-from workbench.grad.conv import _geometry, conv_bias_grad
-from workbench.grad.norm import _bn_axes_shape, batchnorm_train
-from workbench.grad.pool import _pool_geometry
+from workbench.autodiff.rules import cuda_dtypes, gradient, portable_rule
+from workbench.autodiff.rules.conv import _geometry, conv_bias_grad
+from workbench.autodiff.rules.norm import _bn_axes_shape, batchnorm_train
+from workbench.autodiff.rules.pool import _pool_geometry
 from workbench.ops.registry import kernel
 
 

@@ -8,7 +8,7 @@ import math
 
 import onnx.defs
 
-from workbench.grad import gradient, ints
+from workbench.autodiff.rules import gradient, ints
 
 
 @functools.lru_cache(maxsize=256)

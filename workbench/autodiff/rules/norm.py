@@ -22,7 +22,7 @@ import math
 import numpy as np  # dtype constants only
 
 from workbench.arrays import xp_of
-from workbench.grad import gradient, unbroadcast
+from workbench.autodiff.rules import gradient, unbroadcast
 from workbench.ops._common import widen_half
 from workbench.ops.parallel import run_blocks
 from workbench.ops.registry import kernel

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from workbench.grad import gradient, unbroadcast
+from workbench.autodiff.rules import gradient, unbroadcast
 
 
 def _needs(ctx, i):

@@ -1,4 +1,5 @@
-"""Gradient rules, one file per op family, registered per ONNX op type.
+"""Gradient rules (``workbench.autodiff.rules``), one file per op family, registered per ONNX
+op type.
 
 A rule receives the forward node's arrays and returns the gradients of its inputs::
 
@@ -25,10 +26,10 @@ cupy as well. Ops composed of primitives need no rule: the tape records the prim
 
 Device-specific fast paths are *overrides* registered for an array module, as kernels are::
 
-    @gradient("Conv", xp="cupy")          # workbench/arrays/cuda/grads.py
+    @gradient("Conv", xp="cupy")          # workbench/autodiff/rules/cuda.py
     def conv_grad_cuda(ctx, grads_out, inputs, outputs, **attrs): ...
 
-``rule_for(op, domain, xp=cupy)`` (what ``autograd.backward`` asks for arrays on a GPU) returns
+``rule_for(op, domain, xp=cupy)`` (what ``autodiff.backward`` asks for arrays on a GPU) returns
 the override, else the portable rule; an override falls back to ``portable_rule(op)`` for the
 cases its CUDA kernels do not handle (``cuda_dtypes``: they store float32 or float16 only).
 """
@@ -48,7 +49,7 @@ _RULES: dict[tuple[str, str], Callable] = {}
 # array-module name ("cupy") -> (domain, op_type) -> rule
 _OVERRIDES: dict[str, dict[tuple[str, str], Callable]] = {}
 # modules that register the gradient overrides (and training forms) of an array module
-_OVERRIDE_MODULES = {"cupy": "workbench.arrays.cuda.grads"}
+_OVERRIDE_MODULES = {"cupy": "workbench.autodiff.rules.cuda"}
 _overrides_loaded: set = set()
 
 _FAMILIES = ("elementwise", "activation", "linalg", "conv", "pool", "norm", "shape", "reduce",
@@ -89,7 +90,7 @@ def _ensure_loaded() -> None:
         return
     _loaded = True
     for name in _FAMILIES:
-        importlib.import_module(f"workbench.grad.{name}")
+        importlib.import_module(f"workbench.autodiff.rules.{name}")
 
 
 def rule_for(op_type: str, domain: str = "", xp=None) -> Callable | None:

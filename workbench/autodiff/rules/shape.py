@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from workbench.autodiff.rules import gradient, ints, unbroadcast
 from workbench.errors import GradientError
-from workbench.grad import gradient, ints, unbroadcast
 
 
 def scatter_add(xp, target, index, values):

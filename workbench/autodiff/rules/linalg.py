@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 
-from workbench.grad import gradient, unbroadcast
+from workbench.autodiff.rules import gradient, unbroadcast
 from workbench.ops.parallel import blas_controller, n_workers, parallel_matmul, single_threaded_blas
 
 

@@ -30,7 +30,7 @@ import math
 import numpy as np  # dtype constants only
 
 from workbench.arrays.geometry import window_geometry
-from workbench.grad import gradient
+from workbench.autodiff.rules import gradient
 from workbench.ops.parallel import (
     blas_controller,
     n_workers,

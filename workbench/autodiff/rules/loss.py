@@ -3,7 +3,7 @@ ignore_index, reductions none/sum/mean, extra dimensions (N, C, d1, ...))."""
 
 from __future__ import annotations
 
-from workbench.grad import gradient
+from workbench.autodiff.rules import gradient
 
 
 def _per_element(xp, labels, weights, ignore_index, c, dtype):

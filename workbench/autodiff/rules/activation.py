@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from workbench.grad import gradient, unbroadcast
+from workbench.autodiff.rules import gradient, unbroadcast
 from workbench.ops._common import stable_sigmoid
 
 

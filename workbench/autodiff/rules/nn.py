@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.arrays import xp_of
-from workbench.device import host_rng
-from workbench.grad import gradient
+from workbench.arrays.device import host_rng
+from workbench.autodiff.rules import gradient
 from workbench.ops.registry import kernel
 
 

@@ -21,8 +21,8 @@ import math
 
 import numpy as np  # the numpy-only fast path
 
-from workbench.grad import gradient
-from workbench.grad.conv import _as_strided, _ksl, _tap_ranges, conv_pads
+from workbench.autodiff.rules import gradient
+from workbench.autodiff.rules.conv import _as_strided, _ksl, _tap_ranges, conv_pads
 from workbench.ops.parallel import run_blocks
 
 _POOL_BLOCK = 1 << 18  # input + output elements of one MaxPool-gradient block

@@ -1,0 +1,752 @@
+"""``Model`` (SINGA-compatible): forward, train_one_batch, compile, train/eval, states, export;
+and ``SONNXModel``, an imported ONNX graph as a trainable Model (``sonnx.SONNXModel``; it lives
+here because ``Model.cut`` returns one, so neither module imports the other).
+
+>>> import numpy as np
+>>> from workbench import layer, model, tensor, opt, autograd
+>>> class MLP(model.Model):
+...     def __init__(self):
+...         super().__init__()
+...         self.fc1, self.fc2 = layer.Linear(8), layer.Linear(2)
+...     def forward(self, x):
+...         return self.fc2(autograd.relu(self.fc1(x)))
+...     def train_one_batch(self, x, y):
+...         loss = autograd.softmax_cross_entropy(self.forward(x), y)
+...         self.optimizer.backward_and_update(loss)
+...         return loss
+>>> m = MLP()
+>>> m.optimizer = opt.SGD(lr=0.1)
+>>> m.compile([tensor.PlaceHolder((4, 3))], is_train=True, use_graph=False)
+>>> loss = m(tensor.from_numpy(np.ones((4, 3), np.float32)), np.array([0, 1, 0, 1]))
+>>> sorted(m.get_params())
+['fc1.W', 'fc1.b', 'fc2.W', 'fc2.b']
+
+Calling the model runs ``train_one_batch`` in training mode (``model.train()``) and ``forward``
+in eval mode (``model.eval()``), as in SINGA.
+
+Graph mode (``compile(..., use_graph=True)``): the first call of ``forward`` for a given
+training flag and input shapes/dtypes runs eagerly and its tape becomes a static list of
+kernel calls; later calls replay that list (no Python layer code, no kernel lookups). It
+assumes the forward has no data-dependent Python control flow, as SINGA's graph mode does.
+``sequential`` is accepted for compatibility (plans always run in order).
+
+States: ``save_states(path)`` writes an ``.npz`` (no pickle) through a temporary file and an
+atomic rename and refuses to overwrite an existing file unless ``overwrite=True``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+import numpy as np
+import onnx
+
+from workbench.arrays.device import graph_generation
+from workbench.autodiff.export import to_onnx as _to_onnx
+from workbench.autodiff.runner import TapeRunner
+from workbench.autodiff.tape import tape_order
+from workbench.errors import InputError, OverwriteError, ShapeError, WorkbenchError
+from workbench.files import write_atomic
+from workbench.graph import passes as _passes
+from workbench.graph.executor import COUNTINGS, Plan, Step, cut, layer_nodes, resolve_cut
+from workbench.graph.export import save_atomic as _save_atomic
+from workbench.graph.ir import Node, ValueInfo
+from workbench.graph.load import load
+from workbench.ops.registry import facts
+from workbench.singa import autograd
+from workbench.singa import device as _device
+from workbench.singa.layer import Layer
+from workbench.singa.tensor import Tensor, as_tensor
+
+_AUX = "__aux__/"
+
+
+class Model(Layer):
+    """Base class of user models (and of ``sonnx.SONNXModel``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.graph_mode = False
+        self.sequential = False
+        self._placeholders = None
+        self._replays = {}
+        self.optimizer = None
+        self.inference_only = False
+
+    # ------------------------------------------------------------------ SINGA API
+    def set_optimizer(self, optimizer) -> None:
+        self.optimizer = optimizer
+        if self._placeholders is not None:  # already compiled: a DistOpt syncs the ranks now
+            self._optimizer_sees_model()
+
+    def _optimizer_sees_model(self) -> None:
+        hook = getattr(self.optimizer, "_on_model", None)  # opt.DistOpt: broadcast rank 0's
+        if callable(hook):
+            hook(self)
+
+    def _writes_files(self) -> bool:
+        """False on the ranks other than 0 of a data-parallel job (opt.DistOpt)."""
+        return bool(getattr(self.optimizer, "writes_checkpoints", True))
+
+    def forward(self, *inputs):
+        raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
+
+    def train_one_batch(self, *inputs, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__}.train_one_batch is not implemented")
+
+    def __call__(self, *args, **kwargs):
+        if self.training and type(self).train_one_batch is not Model.train_one_batch:
+            return self.train_one_batch(*args, **kwargs)
+        if self.inference_only:
+            with autograd.no_grad():
+                return self.forward(*args, **kwargs)
+        return self.forward(*args, **kwargs)
+
+    def train(self, mode: bool = True):
+        """Training mode (Dropout drops, BatchNorm uses batch statistics); ``train(True)``
+        also ends the inference-only state of ``compile(is_train=False)``. As SINGA's
+        ``Model.train``, it also sets SINGA's global flag ``autograd.training`` (read by
+        ``autograd.dropout``/``batchnorm_2d`` and the operator classes in SINGA code)."""
+        super().train(mode)
+        autograd.training = bool(mode)
+        if mode:
+            object.__setattr__(self, "inference_only", False)
+        return self
+
+    def graph(self, mode: bool = True, sequential: bool = False) -> None:
+        self._set_graph_mode(mode)
+        self.sequential = sequential
+
+    def compile(self, inputs, is_train: bool = True, use_graph: bool = False,
+                sequential: bool = False) -> None:
+        """Fix the input shapes (``tensor.PlaceHolder``s), create lazily-sized parameters by
+        running the forward once (without changing running statistics), and choose eager or
+        graph mode."""
+        inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+        for i, t in enumerate(inputs):
+            if not isinstance(t, Tensor):
+                raise InputError(f"compile: input {i} must be a Tensor (tensor.PlaceHolder), "
+                                 f"got {type(t).__name__}")
+        self._placeholders = inputs
+        self._prepare_inputs(inputs)
+        self._set_graph_mode(False)
+        if self._needs_init_forward():
+            self._init_forward(inputs)
+        self.train(is_train)
+        # compile(is_train=False) is SINGA's inference set-up: forward passes then keep no
+        # arrays for a backward pass (their structure is still recorded, for export) until
+        # model.train() is called
+        object.__setattr__(self, "inference_only", not is_train)
+        self.sequential = sequential
+        self._set_graph_mode(use_graph)
+        self._optimizer_sees_model()
+
+    def _prepare_inputs(self, inputs) -> None:
+        """Hook for subclasses (SONNXModel re-plans for the placeholders' batch size)."""
+
+    def _needs_init_forward(self) -> bool:
+        """True when a sublayer still has to size its parameters from a first input."""
+        return any(not lay._initialized and type(lay).initialize is not Layer.initialize
+                   for _, lay in self._walk() if lay is not self)
+
+    def _init_forward(self, inputs) -> None:
+        saved = {k: t.data.copy() for k, t in self.get_states().items() if not t.stores_grad}
+        was = self.training
+        self.train(False)
+        try:
+            with autograd.no_grad():
+                type(self).forward(self, *inputs)
+        finally:
+            self.train(was)
+            states = self.get_states()
+            for k, a in saved.items():
+                states[k].data = a
+
+    # ------------------------------------------------------------------ graph mode
+    @property
+    def _replays(self) -> dict:
+        """The graph-mode replays recorded since the last ``Device.ResetGraph`` (on any
+        device: ``graph_generation()``): ``{call key: _Replay, or False}``; older ones are
+        dropped here, when the model next looks."""
+        gen, replays = self.__dict__.get("_replay_cache", (None, None))
+        now = graph_generation()
+        if gen != now:
+            replays = {}
+            self.__dict__["_replay_cache"] = (now, replays)
+        return replays
+
+    @_replays.setter
+    def _replays(self, value: dict) -> None:
+        self.__dict__["_replay_cache"] = (graph_generation(), value)
+
+    def _set_graph_mode(self, mode: bool) -> None:
+        self.graph_mode = bool(mode)
+        self._replays = {}
+        if mode:
+            object.__setattr__(self, "forward", self._graph_forward)
+        elif "forward" in self.__dict__:
+            del self.__dict__["forward"]
+
+    def _graph_forward(self, *args, **kwargs):
+        eager = type(self).forward
+        try:
+            key = (self.training,
+                   tuple((tuple(a.shape), a.dtype.str, str(a.device)) if isinstance(a, Tensor)
+                         else ("py", a) for a in args),
+                   tuple(sorted(kwargs.items())))
+            hash(key)
+        except TypeError:
+            return eager(self, *args, **kwargs)
+        rep = self._replays.get(key)
+        if rep is None:
+            out = eager(self, *args, **kwargs)
+            try:
+                self._replays[key] = _Replay([a for a in args if isinstance(a, Tensor)], out)
+            except _NotReplayable:
+                self._replays[key] = False
+            return out
+        if rep is False:
+            return eager(self, *args, **kwargs)
+        return rep.run([a for a in args if isinstance(a, Tensor)])
+
+    # ------------------------------------------------------------------ dtype / device
+    def astype(self, dtype) -> Model:
+        """Convert every float parameter and buffer to ``dtype`` (e.g. float64 for gradient
+        checks, float16 for mixed precision)."""
+        dt = np.dtype(dtype)
+        for t in self.get_states().values():
+            if t.dtype.kind == "f" and t.dtype != dt:
+                t.data = t.data.astype(dt)
+        self._replays = {}
+        return self
+
+    def half(self) -> Model:
+        return self.astype(np.float16)
+
+    def to_device(self, device) -> Model:
+        for t in self.get_states().values():
+            t.to_device(device)
+        self._replays = {}
+        return self
+
+    # ------------------------------------------------------------------ states on disk
+    def save_states(self, fpath, aux_states: dict | None = None, *,
+                    overwrite: bool = False) -> str:
+        """Write parameters, buffers and ``aux_states`` ({name: array/Tensor}) to an .npz.
+        In a data-parallel job (``opt.DistOpt``) only rank 0 writes; the others return the
+        path without writing."""
+        fpath = os.fspath(fpath)
+        if not self._writes_files():
+            return fpath
+        if os.path.exists(fpath) and not overwrite:
+            raise OverwriteError(f"{fpath} already exists; pass overwrite=True to replace it")
+        arrays = OrderedDict((k, t.numpy()) for k, t in self.get_states().items())
+        for k, v in (aux_states or {}).items():
+            arrays[_AUX + k] = v.numpy() if isinstance(v, Tensor) else np.asarray(v)
+        for k, a in arrays.items():
+            if a.dtype == object:
+                raise WorkbenchError(f"save_states: {k!r} is an object array; only numeric "
+                                     f"arrays are saved (no pickle)")
+        return write_atomic(fpath, lambda f: np.savez(f, **arrays), overwrite=overwrite)
+
+    def load_states(self, fpath) -> dict:
+        """Read an .npz written by ``save_states``; returns the aux states as SINGA does
+        (``{name: Tensor}``, on the host)."""
+        with np.load(os.fspath(fpath), allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+        aux = {k[len(_AUX):]: v for k, v in data.items() if k.startswith(_AUX)}
+        states = {k: v for k, v in data.items() if not k.startswith(_AUX)}
+        mine = self.get_states()
+        missing = [k for k in mine if k not in states]
+        if missing:
+            raise InputError(f"load_states: {fpath} lacks {len(missing)} state(s) of this "
+                             f"model, e.g. {missing[:5]}")
+        self.set_states(states)
+        self._replays = {}
+        return {k: Tensor(device=_device.create_cpu(), data=v) for k, v in aux.items()}
+
+    # ------------------------------------------------------------------ export / cut
+    def _example_inputs(self, inputs):
+        if inputs is None:
+            if self._placeholders is None:
+                raise WorkbenchError("give example inputs (or compile the model with "
+                                     "tensor.PlaceHolder inputs first)")
+            return list(self._placeholders)
+        inputs = [inputs] if not isinstance(inputs, (list, tuple)) else list(inputs)
+        return [as_tensor(x) for x in inputs]
+
+    def to_onnx(self, inputs=None, **kwargs):
+        """The model as an ``onnx.ModelProto``: the forward runs in eval mode on ``inputs``
+        (default: the PlaceHolders of ``compile``) and its tape is exported. Keyword
+        arguments go to ``sonnx.to_onnx`` (input_names, output_names, dynamic_axes,
+        opset_version...)."""
+        xs = self._example_inputs(inputs)
+        was = self.training
+        self.train(False)
+        try:
+            with autograd.no_grad():
+                out = type(self).forward(self, *xs)
+        finally:
+            self.train(was)
+        outs = [out] if isinstance(out, Tensor) else list(out)
+        kwargs.setdefault("model_name", type(self).__name__)
+        self._export_defaults(xs, outs, kwargs)
+        return _to_onnx(xs, outs, **kwargs)
+
+    def _export_defaults(self, inputs, outputs, kwargs) -> None:
+        """Hook: fill default export arguments (SONNXModel keeps the file's names)."""
+
+    def export(self, path, inputs=None, *, overwrite: bool = False, **kwargs) -> str:
+        """Write the model to ``path`` as ONNX (atomically; never over an existing file
+        unless ``overwrite=True``). See :meth:`to_onnx` for the arguments. In a data-parallel
+        job (``opt.DistOpt``) only rank 0 writes; the others return the path."""
+        path = os.fspath(path)
+        if not self._writes_files():
+            return path
+        if os.path.exists(path) and not overwrite:
+            raise OverwriteError(f"{path} already exists; pass overwrite=True to replace it")
+        return _save_atomic(self.to_onnx(inputs, **kwargs), path, overwrite=overwrite)
+
+    def cut(self, last_layers, inputs=None):
+        """A NEW model (``sonnx.SONNXModel``) computing only what the outputs at
+        ``last_layers`` (-1, -k or a node/value name, see ``sonnx``) need, with a copy of the
+        current weights."""
+        return SONNXModel(self.to_onnx(inputs)).cut(last_layers)
+
+    def summary(self) -> str:
+        lines = [f"{type(self).__name__}"]
+        total = 0
+        for k, p in self.get_params().items():
+            lines.append(f"  {k:40s} {str(list(p.shape)):20s} {p.dtype}"
+                         f"{'' if p.requires_grad else '  (frozen)'}")
+            total += p.size()
+        lines.append(f"  {total:,} parameters")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- replay
+class _NotReplayable(Exception):
+    pass
+
+
+class _Replay:
+    """A forward's tape as a static schedule of kernel calls (a ``Plan`` of steps over integer
+    slots), re-run on new inputs by the executor's run loop with the Tensor runner."""
+
+    def __init__(self, inputs, out):
+        self.structure = out
+        outs = [out] if isinstance(out, Tensor) else list(out) if isinstance(
+            out, (list, tuple)) else None
+        if outs is None or not all(isinstance(t, Tensor) for t in outs):
+            raise _NotReplayable
+        slots: dict = {}             # source key -> slot
+        constants: dict = {}         # slot -> leaf Tensor
+        stop = set()
+        for k, t in enumerate(inputs):
+            key = ("n", id(t.creator), t._index) if t.creator is not None else ("l", id(t))
+            slots.setdefault(key, k)
+            if t.creator is not None:
+                stop.add((id(t.creator), t._index))
+        n_in = len(inputs)
+
+        n_slots = [n_in]
+
+        def slot_of(key, leaf=None) -> int:
+            s = slots.get(key)
+            if s is None:
+                s = slots[key] = n_slots[0]
+                n_slots[0] += 1
+                if leaf is not None:
+                    constants[s] = leaf
+            return s
+
+        nodes = tape_order(outs, stop)
+        runner = TapeRunner()
+        steps = []
+        for n in nodes:
+            ins = []
+            for p in n.parents:
+                if p is None:
+                    ins.append(-1)
+                elif type(p) is tuple:
+                    ins.append(slot_of(("n", id(p[0]), p[1])))
+                else:
+                    if getattr(p, "_untraced", False):
+                        raise _NotReplayable
+                    ins.append(slot_of(("l", id(p)), p))
+            outs_ = tuple(slot_of(("n", id(n), i)) for i in range(n.n_outputs))
+            # keep what the kernel call needs, not the tape node (it holds saved arrays)
+            node = Node(n.op_type, [], list(n.out_names or ()), n.attrs, n.name, n.domain)
+            step = Step(n.fn, tuple(ins), outs_, n.kw, (), node, opset=n.opset)
+            runner.preset(step, kw=n.kw, wants_ctx=n.wants_ctx, n_outputs=n.n_outputs, fn=n.fn,
+                          training_mode=n.training_mode, state_updates=n.state_updates,
+                          out_names=n.out_names)
+            steps.append(step)
+        out_slots = []
+        for t in outs:
+            if t.creator is not None:
+                out_slots.append(slot_of(("n", id(t.creator), t._index)))
+            else:
+                out_slots.append(slot_of(("l", id(t)), t))
+        self.plan = Plan.of_steps(steps, n_slots=n_slots[0],
+                                  inputs=range(n_in), outputs=out_slots, constants=constants)
+        self.runner = runner
+        self.single = isinstance(out, Tensor)
+        self.kind = type(out)
+
+    def run(self, inputs):
+        dev = next((t.device for t in inputs), None)
+        hook = dev.profile_hook() if dev is not None else None
+        outs = self.plan.execute(inputs, runner=self.runner, hook=hook)
+        if self.single:
+            return outs[0]
+        return self.kind(outs) if self.kind in (list, tuple) else outs
+
+
+# --------------------------------------------------------------------------- imported graphs
+def _coerce_input(name: str, t: Tensor, want: np.dtype, where: str) -> Tensor:
+    """``t`` converted to the integer dtype ``want`` when that loses nothing (a warning says
+    so), else an InputError naming the input, the dtypes and the first value that does not
+    fit."""
+    fix = f"convert it with .astype({want.name!r})"
+    if want.kind not in "iub" or t.dtype.kind not in "iubf":
+        raise InputError(f"{where}: input {name!r} expects dtype {want}, got {t.dtype}; {fix}")
+    a = t.numpy()
+    if want.kind == "b":
+        ok = np.isin(a, (0, 1))
+    else:
+        info = np.iinfo(want)
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(a) & (a == np.round(a)) & (a >= info.min) & (a <= info.max) \
+                if a.dtype.kind == "f" else (a >= info.min) & (a <= info.max)
+    if not bool(np.all(ok)):
+        bad = a[~ok].ravel()[0].item()
+        raise InputError(f"{where}: input {name!r} expects dtype {want}, got {t.dtype} with "
+                         f"a value that {want} cannot hold exactly ({bad!r}); {fix} after "
+                         f"checking the values")
+    import warnings  # noqa: PLC0415
+    warnings.warn(f"{where}: input {name!r} expects {want}, got {t.dtype}; its values are "
+                  f"exact in {want} and were converted (pass {want} to avoid the copy)",
+                  UserWarning, stacklevel=4)
+    return Tensor(device=t.device, data=t.device.put(a.astype(want)), name=t.name)
+
+
+def _is_float(a) -> bool:
+    return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
+
+
+class SONNXModel(Model):
+    """An ONNX model as a trainable ``model.Model`` (SINGA's ``sonnx.SONNXModel``).
+
+    ``last_layers_counting`` says how an integer ``last_layers`` is counted
+    (``graph.executor.resolve_cut``): ``"workbench"`` (the default: -1 is the whole graph,
+    -k cuts after the k-th node from the end) or ``"singa"`` (SINGA's code: node index
+    ``(k+1) % N``, so -1 is the first node, -2 the whole graph, -3 drops the last node).
+    It comes from the constructor argument, else the class attribute, else the environment
+    variable ``WORKBENCH_LAST_LAYERS`` (``singa`` or ``workbench``): SINGA programs run
+    unchanged with ``WORKBENCH_LAST_LAYERS=singa``. Node or value names mean the same in
+    both.
+    """
+
+    #: None: taken from WORKBENCH_LAST_LAYERS (default "workbench")
+    last_layers_counting: str | None = None
+
+    def __init__(self, onnx_model, device=None, *, last_layers_counting: str | None = None):
+        super().__init__()
+        counting = (last_layers_counting or type(self).last_layers_counting
+                    or os.environ.get("WORKBENCH_LAST_LAYERS") or "workbench")
+        counting = counting.strip().lower()
+        if counting not in COUNTINGS:
+            raise InputError(f"last_layers_counting must be one of {COUNTINGS}, got "
+                             f"{counting!r} (argument, class attribute or the environment "
+                             f"variable WORKBENCH_LAST_LAYERS)")
+        self.last_layers_counting = counting
+        self._dev = _device.get_device(device)
+        loaded = load(onnx_model)
+        self._proto = loaded.proto
+        self.onnx_graph = loaded.graph
+        self._weights: OrderedDict[str, Tensor] = OrderedDict()
+        self._tplans: dict = {}
+        stats, trainable = set(), set()
+        for n in self.onnx_graph.nodes:
+            # an op's registered ``state_inputs`` hold running statistics (buffers) and its
+            # ``settings`` inputs settings (Dropout's ratio, Clip's bounds...), not weights
+            f = facts(n.op_type, n.domain)
+            stats.update(i for k, i in enumerate(n.inputs) if i and k in f.state_inputs)
+            fixed = f.settings + f.state_inputs
+            trainable.update(i for k, i in enumerate(n.inputs) if i and k not in fixed)
+            for sg in n.subgraphs:
+                trainable.update(sg.free_variables())
+        for name, arr in self.onnx_graph.initializers.items():
+            a = np.array(arr, copy=True)
+            if _is_float(a) and name not in stats and name in trainable:
+                t = Tensor(device=self._dev, data=a, requires_grad=True, stores_grad=True,
+                           name=name)
+                self._params[name] = t
+            elif name in stats:
+                t = Tensor(device=self._dev, data=a, name=name)
+                self._buffers[name] = t
+            else:
+                t = Tensor(device=self._dev, data=a, name=name)
+            self._weights[name] = t
+        self._share_initializers()
+
+    def _share_initializers(self) -> None:
+        # the graph's initializer arrays are not used by the Tensor runner: share ours
+        for k in list(self.onnx_graph.initializers):
+            self.onnx_graph.initializers[k] = self._weights[k].data
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def input_names(self) -> list:
+        return [v.name for v in self.onnx_graph.inputs]
+
+    @property
+    def output_names(self) -> list:
+        return [v.name for v in self.onnx_graph.outputs]
+
+    def layer_names(self) -> list:
+        """Node names in the order ``last_layers`` counts them (-1 is the last)."""
+        return [n.name for n in layer_nodes(self.onnx_graph)]
+
+    def imported_params(self) -> OrderedDict[str, Tensor]:
+        """The parameters that came from the ONNX file (not appended layers)."""
+        return OrderedDict((k, t) for k, t in self._params.items())
+
+    def freeze_imported(self) -> SONNXModel:
+        """Freeze the imported weights (transfer learning that trains only appended layers)."""
+        for t in self._params.values():
+            t.requires_grad = False
+        return self
+
+    def unfreeze_imported(self) -> SONNXModel:
+        for t in self._params.values():
+            t.requires_grad = True
+        return self
+
+    def run(self, *inputs, last_layers=None, aux_output=()) -> list:
+        """Numpy in, numpy out: the outputs (at ``last_layers``) without recording gradients.
+
+        Runs the imported graph after the inference passes ``backend.prepare`` runs (constant
+        folding, BatchNorm folding, fusions), on the current weights: the same numbers as
+        ``backend.prepare(model).run`` of the same weights. Appended layers are not run (use
+        ``forward``)."""
+        xs = [x if isinstance(x, Tensor) else Tensor(device=self._dev, data=np.asarray(x))
+              for x in inputs]
+        was = self.training
+        self.eval()
+        try:
+            with autograd.no_grad():
+                outs = SONNXModel._forward(self, xs, last_layers, aux_output,
+                                           inference=True)
+        finally:
+            super().train(was)
+        return [o.numpy() for o in outs]
+
+    def _example_inputs(self, inputs):
+        if inputs is None and self._placeholders is None:
+            from workbench.arrays.dtypes import np_dtype_of_onnx
+            from workbench.singa.tensor import PlaceHolder
+            return [PlaceHolder(tuple(d if isinstance(d, int) else 1 for d in (v.shape or ())),
+                                device=self._dev, dtype=np_dtype_of_onnx(v.dtype or 1),
+                                name=v.name) for v in self.onnx_graph.inputs]
+        return super()._example_inputs(inputs)
+
+    def _export_defaults(self, inputs, outputs, kwargs) -> None:
+        """Keep the file's input names and its symbolic (dynamic) dimensions."""
+        names = self.input_names
+        if "input_names" not in kwargs and len(inputs) == len(names):
+            kwargs["input_names"] = names
+        if "dynamic_axes" in kwargs:
+            return
+        declared = {}
+        inits = {t.name for t in self._proto.graph.initializer}
+        for vi in list(self._proto.graph.input) + list(self._proto.graph.output):
+            if vi.name in inits or not vi.type.HasField("tensor_type"):
+                continue
+            dims = {i: d.dim_param for i, d in enumerate(vi.type.tensor_type.shape.dim)
+                    if d.dim_param}
+            if dims:
+                declared[vi.name] = dims
+        in_names = kwargs.get("input_names") or []
+        out_names = list(kwargs.get("output_names") or []) + [
+            t.name for t in outputs[len(kwargs.get("output_names") or []):]]
+        dyn = {k: v for k, v in declared.items() if k in in_names or k in out_names}
+        if dyn:
+            kwargs["dynamic_axes"] = dyn
+
+    def to_device(self, device) -> SONNXModel:
+        """Move every imported weight (constants too) and appended layers to ``device``."""
+        device = _device.get_device(device)
+        for t in self._weights.values():
+            t.to_device(device)
+        super().to_device(device)
+        self._dev = device
+        self._share_initializers()
+        return self
+
+    def _prepare_inputs(self, inputs) -> None:
+        """Re-load with the placeholders' shapes (SINGA: the batch size of the PlaceHolder)."""
+        infos = self.onnx_graph.inputs
+        if len(inputs) != len(infos):
+            raise InputError(f"compile: the model takes {len(infos)} input(s) "
+                             f"{[v.name for v in infos]}, got {len(inputs)} placeholder(s)")
+        changed = {}
+        for info, t in zip(infos, inputs):
+            self._check_input(info, t, where="compile")
+            if info.shape is None or tuple(info.shape) != tuple(t.shape):
+                changed[info.name] = tuple(t.shape)
+        if changed:
+            loaded = load(self._proto, input_shapes=changed)
+            loaded.graph.initializers = {k: self._weights[k].data
+                                         for k in loaded.graph.initializers}
+            self.onnx_graph = loaded.graph
+            self._tplans = {}
+        dev = inputs[0].device if inputs else None
+        if dev is not None and dev != self._dev:
+            self.to_device(dev)
+
+    def _check_input(self, info, t, where="forward") -> Tensor:
+        """dtype and rank always; fixed non-batch dimensions in forward (compile re-declares
+        the input shapes from its placeholders). Returns the Tensor to use: integer or float
+        values given for an integer input (SINGA's programs feed int32/float32 token ids to
+        int64 inputs) are converted when every value is exactly representable, with a
+        warning; otherwise the dtype mismatch is an error."""
+        if info.dtype:
+            from workbench.arrays.dtypes import np_dtype_of_onnx
+            want = np_dtype_of_onnx(info.dtype)
+            if t.dtype != want and not (t.dtype.kind == want.kind == "f"):
+                t = _coerce_input(info.name, t, want, where)
+        if info.shape is not None:
+            if len(info.shape) != t.ndim():
+                raise ShapeError(f"{where}: input {info.name!r} expects rank "
+                                 f"{len(info.shape)} (shape {list(info.shape)}), got shape "
+                                 f"{list(t.shape)}")
+            for d, (want, got) in enumerate(zip(info.shape, t.shape)):
+                if where == "forward" and d > 0 and isinstance(want, int) and want != got:
+                    raise ShapeError(f"{where}: input {info.name!r} expects shape "
+                                     f"{list(info.shape)}, got {list(t.shape)} (dimension {d} "
+                                     f"differs)")
+        return t
+
+    def _outputs_for(self, last_layers, aux_output) -> tuple:
+        try:
+            key = (last_layers, tuple(aux_output))
+            hash(key)
+        except TypeError:
+            return tuple(resolve_cut(self.onnx_graph, last_layers, self.last_layers_counting)
+                         + list(aux_output))
+        key = key + (self.last_layers_counting,)
+        cache = self.__dict__.setdefault("_cut_cache", {})
+        if key not in cache or cache[key][0] is not self.onnx_graph:
+            outs = tuple(resolve_cut(self.onnx_graph, last_layers, self.last_layers_counting)
+                         + list(aux_output))
+            cache[key] = (self.onnx_graph, outs)
+        return cache[key][1]
+
+    def _tplan(self, outputs: tuple, inference: bool = False) -> tuple:
+        """(Plan, TapeRunner) for these outputs in the current mode.
+
+        ``inference`` (eval mode, no gradient recorded): the graph after the inference passes
+        that ``backend.prepare`` runs (``passes.optimize``), with this model's parameters and
+        running statistics as variables, so ``model.run`` and ``prepare(...).run`` execute the
+        same nodes with the same kernels and give the same numbers. Training and recorded
+        forwards run the graph as written (every node has its gradient rule)."""
+        key = (outputs, self.training, inference)
+        tp = self._tplans.get(key)
+        if tp is None:
+            graph = self.onnx_graph
+            if inference:
+                graph = self._inference_graph(outputs)
+            # kernels looked up for the model's device (the CUDA overrides on a GPU); the
+            # weights are this model's Tensors, so the plan's own copies stay where they are
+            plan = Plan(graph, outputs=list(outputs), training=self.training,
+                        check_inputs=False, device=self._dev, move_initializers=inference)
+            tp = (plan, TapeRunner(self._dev, training_mode=self.training))
+            self._tplans[key] = tp
+        return tp
+
+    def _inference_graph(self, outputs: tuple):
+        g = self.onnx_graph.copy()
+        g.outputs = [self._value_info(o) for o in outputs]
+        variables = set(self._params) | set(self._buffers)
+        variables &= set(g.initializers)
+        return _passes.optimize(g, variables=variables)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, *x, last_layers=None, aux_output=()):
+        """Run the graph on Tensors (or arrays); returns the list of output Tensors (the
+        outputs at ``last_layers`` - None, the default, is the whole graph in either
+        counting - then the ``aux_output`` values).
+
+        The graph runs as written, each node recorded (for gradients, and for ``to_onnx``,
+        which exports what was recorded); :meth:`run` runs the optimized inference graph."""
+        return self._forward(x, last_layers, aux_output)
+
+    def _forward(self, x, last_layers, aux_output, inference: bool = False):
+        tp = self._tplan(self._outputs_for(last_layers, aux_output), inference)
+        infos = self.onnx_graph.inputs
+        if len(x) != len(infos):
+            raise InputError(f"the model takes {len(infos)} input(s) "
+                             f"{[v.name for v in infos]}, got {len(x)}")
+        xs = []
+        for info, a in zip(infos, x):
+            t = a if isinstance(a, Tensor) else Tensor(device=self._dev, data=np.asarray(a))
+            if t.device != self._dev:
+                raise InputError(f"input {info.name!r} lives on {t.device} but the model on "
+                                 f"{self._dev}; move it with Tensor.to_device")
+            xs.append(self._check_input(info, t))
+        if self.inference_only:
+            with autograd.no_grad():
+                return self._run(tp, xs)
+        return self._run(tp, xs)
+
+    def _run(self, tp: tuple, xs: list) -> list:
+        plan, runner = tp
+        return plan.execute(xs, runner=runner, values=self._weights,
+                            hook=self._dev.profile_hook())
+
+    # ------------------------------------------------------------------ cut
+    def cut(self, last_layers, inputs=None) -> SONNXModel:
+        """A NEW SONNXModel holding only the nodes the outputs at ``last_layers`` need, with
+        a copy of the current weights (appended layers are not part of it)."""
+        if isinstance(last_layers, (int, np.integer)) and not isinstance(last_layers, bool):
+            last_layers = resolve_cut(self.onnx_graph, last_layers, self.last_layers_counting)
+        g = cut(self.onnx_graph, last_layers, name=self.onnx_graph.name,
+                initializers={k: np.array(t.numpy(), copy=True)
+                              for k, t in self._weights.items()})
+        g.outputs = [self._value_info(v.name) for v in g.outputs]
+        proto = onnx.ModelProto()
+        proto.CopyFrom(self._proto)
+        proto.graph.CopyFrom(g.to_proto())
+        for vi in list(proto.graph.output):
+            if not vi.type.tensor_type.elem_type:
+                self._type_outputs(proto)
+                break
+        return SONNXModel(proto, device=self._dev,
+                          last_layers_counting=self.last_layers_counting)
+
+    def _value_info(self, name: str) -> ValueInfo:
+        v = self.onnx_graph.value(name)
+        if v is not None and v.dtype:
+            return ValueInfo(name, v.dtype, v.shape)
+        return ValueInfo(name, None, None)
+
+    def _type_outputs(self, proto) -> None:
+        """Give untyped graph outputs an element type (run the cut graph once)."""
+        from workbench.arrays.dtypes import np_dtype_of_onnx, onnx_dtype_of_np
+        del proto.graph.value_info[:]
+        tmp = onnx.ModelProto()
+        tmp.CopyFrom(proto)
+        for vi in tmp.graph.output:
+            vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+        feeds = []
+        for v in self.onnx_graph.inputs:
+            if v.name not in {i.name for i in proto.graph.input}:
+                continue
+            shape = [d if isinstance(d, int) else 1 for d in (v.shape or ())]
+            feeds.append(np.zeros(shape, dtype=np_dtype_of_onnx(v.dtype or 1)))
+        outs = Plan(load(tmp, check=False).graph).run(feeds)
+        for vi, o in zip(proto.graph.output, outs):
+            vi.type.tensor_type.elem_type = onnx_dtype_of_np(np.asarray(o).dtype)
