@@ -243,7 +243,7 @@ def skip_simplified_layer_norm(input, skip, gamma, bias=None, *, epsilon=1e-12, 
 def simplified_layer_norm(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, ctx):
     """RMS normalization over the axes from ``axis``: Y = X / sqrt(mean(X^2) + eps) * scale.
     Outputs Y and inv_std_var. onnxruntime writes it in the ONNX domain, which onnx does not
-    define: the loader reads such nodes as com.microsoft (workbench/graph/toposort.py)."""
+    define: the loader reads such nodes as com.microsoft (workbench/graph/quirks.py)."""
     op = "SimplifiedLayerNormalization"
     xp = xp_of(X)
     r = X.ndim
