@@ -13,8 +13,8 @@ from workbench.errors import ShapeError
 from workbench.graph import passes
 from workbench.graph.executor import Plan
 from workbench.graph.load import load
-from workbench.ops.conv import FUSED_DOMAIN
 from workbench.ops.linalg import fused_attention
+from workbench.ops.registry import FUSED_DOMAIN
 
 RNG = np.random.default_rng(0)
 F = TensorProto.FLOAT

@@ -13,7 +13,8 @@ from workbench.ops import registry
 
 def test_facts_given_in_the_decorator():
     f = registry.facts("Reshape")
-    assert f.category == "shape" and f.host_inputs == (1,) and f.host_compute
+    assert f.category == "shape" and f.host_read_inputs == (1,) and f.host_shape_math
+    assert f.host_inputs == (1,) and f.host_compute      # the old spellings still read
     assert registry.facts("Dropout").random and registry.facts("Dropout").settings == (1, 2)
     assert registry.facts("BatchNormalization").state_inputs == (3, 4)
     assert registry.facts("Shape").shape_only and registry.facts("Size").shape_only

@@ -32,8 +32,8 @@ from workbench.errors import ModelLoadError, WorkbenchError
 from workbench.graph.ir import Graph, Node
 from workbench.graph.toposort import needed_nodes, topological_order
 from workbench.limits import temporary_budget
-from workbench.ops.conv import EPILOGUE_ACTIVATIONS, FUSED_DOMAIN
-from workbench.ops.registry import facts
+from workbench.ops.conv import EPILOGUE_ACTIVATIONS
+from workbench.ops.registry import FUSED_DOMAIN, facts
 
 MAX_FOLDED_BYTES = 64 << 20
 

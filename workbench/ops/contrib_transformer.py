@@ -69,7 +69,7 @@ def bias_gelu(A, B):
     return _gelu_erf(_up(A) + _up(B)).astype(A.dtype)
 
 
-@kernel("FastGelu", since=1, domain=MS)
+@kernel("FastGelu", since=1, domain=MS, category="activation")
 def fast_gelu(X, bias=None):
     x = _up(X)
     if bias is not None:
@@ -80,7 +80,7 @@ def fast_gelu(X, bias=None):
     return _gelu_tanh(x).astype(X.dtype)
 
 
-@kernel("QuickGelu", since=1, domain=MS)
+@kernel("QuickGelu", since=1, domain=MS, category="activation")
 def quick_gelu(X, *, alpha=1.702):
     x = _up(X)
     return (x * _sigmoid(x * x.dtype.type(alpha))).astype(X.dtype)
@@ -224,7 +224,7 @@ def _skip_ln(op, input, skip, gamma, beta, bias, epsilon, n_outputs, simplified)
     return outs[0] if n == 1 else tuple(outs[:n])
 
 
-@kernel("SkipLayerNormalization", since=1, domain=MS, wants_ctx=True)
+@kernel("SkipLayerNormalization", since=1, domain=MS, wants_ctx=True, category="normalization")
 def skip_layer_norm(input, skip, gamma, beta=None, bias=None, *, epsilon=1e-12, ctx):
     """Outputs: output, mean, inv_std_var, input_skip_bias_sum."""
     return _skip_ln("SkipLayerNormalization", input, skip, gamma, beta, bias, epsilon,
@@ -239,7 +239,8 @@ def skip_simplified_layer_norm(input, skip, gamma, bias=None, *, epsilon=1e-12, 
                     epsilon, ctx.n_outputs, True)
 
 
-@kernel("SimplifiedLayerNormalization", since=1, domain=MS, wants_ctx=True)
+@kernel("SimplifiedLayerNormalization", since=1, domain=MS, wants_ctx=True,
+        category="normalization")
 def simplified_layer_norm(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, ctx):
     """RMS normalization over the axes from ``axis``: Y = X / sqrt(mean(X^2) + eps) * scale.
     Outputs Y and inv_std_var. onnxruntime writes it in the ONNX domain, which onnx does not
@@ -464,7 +465,7 @@ def ms_attention(input, weights, bias=None, mask_index=None, past=None, attentio
                               n_outputs=ctx.n_outputs, out_dtype=input.dtype)
 
 
-@kernel("MultiHeadAttention", since=1, domain=MS, wants_ctx=True)
+@kernel("MultiHeadAttention", since=1, domain=MS, wants_ctx=True, category="layer")
 def multi_head_attention(query, key=None, value=None, bias=None, key_padding_mask=None,
                          attention_bias=None, past_key=None, past_value=None,
                          past_sequence_length=None, cache_indirection=None, *, num_heads,

@@ -16,10 +16,9 @@ from workbench.errors import InputError, ShapeError
 from workbench.limits import check_alloc
 from workbench.ops._common import _UNCHECKED_BYTES, check_matmul, compute_dtype, ensure_array
 from workbench.ops.activation import softmax
-from workbench.ops.conv import FUSED_DOMAIN
 from workbench.ops.elementwise import erf_array
 from workbench.ops.parallel import _PARALLEL_GEMM_MIN, parallel_matmul
-from workbench.ops.registry import kernel
+from workbench.ops.registry import FUSED_DOMAIN, kernel
 from workbench.ops.shape import reshape, transpose
 
 
@@ -440,7 +439,7 @@ def _attention_layout(x, shape, perm):
     return x
 
 
-@kernel("FusedAttention", since=1, domain=FUSED_DOMAIN, host_inputs=(4, 5, 6, 7))
+@kernel("FusedAttention", since=1, domain=FUSED_DOMAIN, host_read_inputs=(4, 5, 6, 7))
 def fused_attention(Q, K, V, M=None, q_shape=None, k_shape=None, v_shape=None, out_shape=None,
                     *, scale=1.0, scale_op="", mask="", fill=0.0, q_perm=(), k_perm=(),
                     v_perm=(), out_perm=()):

@@ -268,7 +268,7 @@ def global_lp_pool(X, *, p=2):
 # MaxUnpool
 # --------------------------------------------------------------------------------------------
 
-@kernel("MaxUnpool", since=9, category="pooling", host_inputs=(2,))
+@kernel("MaxUnpool", since=9, category="pooling", host_read_inputs=(2,))
 def max_unpool(X, I, output_shape=None, *, kernel_shape=None, pads=None, strides=None):
     """Scatter X into zeros at the flat indices I (as produced by MaxPool's Indices)."""
     op = "MaxUnpool"
