@@ -159,7 +159,7 @@ _REGISTRY: dict[tuple[str, str], list[KernelEntry]] = {}
 # array-module name ("cupy") -> (domain, op_type) -> sorted override entries
 _OVERRIDES: dict[str, dict[tuple[str, str], list[KernelEntry]]] = {}
 # modules that register the overrides of an array module, imported on its first lookup
-_OVERRIDE_MODULES = {"cupy": "workbench.arrays.cuda.overrides"}
+_OVERRIDE_MODULES = {"cupy": "workbench.ops.cuda"}
 _overrides_loaded: set = set()
 
 
