@@ -26,6 +26,7 @@ import numpy as np
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
 from workbench.ops._common import ints
+from workbench.ops.attention import attend
 from workbench.ops.registry import kernel, lookup, register
 
 MS = "com.microsoft"
@@ -318,12 +319,6 @@ register("LayerNormalization", _ms_layer_norm, domain=MS, wants_ctx=True)
 
 
 # ---------------------------------------------------------------------------------- attention
-def _softmax(xp, x):
-    m = x.max(axis=-1, keepdims=True)
-    e = xp.exp(x - m)
-    return e / e.sum(axis=-1, keepdims=True)
-
-
 def _heads(x, n, name, op):
     """[B, S, N*H] -> [B, N, S, H]."""
     b, s, d = x.shape
@@ -368,31 +363,29 @@ def _key_mask(op, xp, mask_index, b, s, t, past_len):
 
 def _attend(op, xp, q, k, v, *, scale, key_mask, causal_offset, mask_filter_value,
             attention_bias=None, softcap=0.0, window=-1):
-    """q [B, N, S, H], k/v [B, N, T, H] (already repeated for grouped heads) -> [B, N, S, Hv]."""
+    """q [B, N, S, H], k/v [B, Nkv, T, H] (N a multiple of Nkv: grouped heads) -> [B, N, S, Hv],
+    through the engine's attention core (:func:`workbench.ops.attention.attend`): the
+    attention bias and the key mask (``mask_filter_value`` where masked) are added, the
+    causal frontier and the local window are blocked with -1e30, as onnxruntime does."""
     h = q.shape[-1]
     sc = float(scale) if scale else 1.0 / math.sqrt(h)
-    scores = (q @ k.swapaxes(-1, -2)) * q.dtype.type(sc)
-    if softcap and softcap > 0:
-        scores = softcap * xp.tanh(scores / softcap)
+    s, t = q.shape[2], k.shape[2]
+    dt = q.dtype.type
+    biases = []
     if attention_bias is not None:
-        try:
-            scores = scores + _up(attention_bias)
-        except ValueError:
-            raise ShapeError(f"{op}: attention_bias {tuple(attention_bias.shape)} does not "
-                             f"broadcast to the scores {tuple(scores.shape)}") from None
-    s, t = scores.shape[-2:]
+        biases.append(("attention_bias", _up(attention_bias)))
     if key_mask is not None:
-        scores = scores + xp.where(key_mask[:, None], scores.dtype.type(mask_filter_value),
-                                   scores.dtype.type(0))
+        biases.append(("mask", xp.where(key_mask[:, None], dt(mask_filter_value), dt(0))))
+    blocked = None
     if causal_offset is not None:
         i = xp.arange(s)[:, None]
         j = xp.arange(t)[None, :]
         off = xp.asarray(causal_offset).reshape(-1, 1, 1, 1)  # per batch or scalar
-        dead = j[None, None] > (i[None, None] + off)
+        blocked = j[None, None] > (i[None, None] + off)
         if window is not None and window > 0:
-            dead = dead | (j[None, None] <= (i[None, None] + off - window))
-        scores = xp.where(dead, scores.dtype.type(-1e30), scores)
-    return _softmax(xp, scores) @ v
+            blocked = blocked | (j[None, None] <= (i[None, None] + off - window))
+    return attend(xp, q, k, v, scale=sc, softcap=softcap, biases=biases, blocked=blocked,
+                  blocked_value=-1e30, op=op)
 
 
 def _merge(x):
@@ -674,12 +667,9 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                              f"present buffer ({cap})")
         pk[bi, :, pl:pl + s] = k[bi]
         pv[bi, :, pl:pl + s] = v[bi]
-    rep = n // nkv
-    kk = xp.repeat(pk, rep, axis=1)
-    vv = xp.repeat(pv, rep, axis=1)
     j = xp.arange(cap)
     key_dead = (j[None, :] >= xp.asarray(lens)[:, None])[:, None, :]
-    out = _attend(op, xp, q, kk, vv, scale=scale, key_mask=key_dead,
+    out = _attend(op, xp, q, pk, pv, scale=scale, key_mask=key_dead,
                   causal_offset=xp.asarray(past_lens), mask_filter_value=-1e30,
                   attention_bias=attention_bias, softcap=softcap, window=local_window_size)
     dt = query.dtype
