@@ -1,9 +1,9 @@
 """The run loop: one loop runs every schedule of a Plan.
 
 :func:`loop` walks a list of steps over a list of slots (``env``): it gathers each step's
-arguments (slot -1 reads None), binds its subgraph bodies, calls it, stores its outputs, lets
-an ``after`` callback see them (per-node hooks, device memory sampling) and frees the slots
-whose last reader it was. How a step is called is decided once per run:
+arguments (slot -1 reads None), binds its subgraph bodies, calls it, stores its outputs and
+frees the slots whose last reader it was. How a step is called is decided once per run (per-node
+hooks and device memory sampling wrap the call):
 
 - :func:`run_steps` - the plan's own steps: plain kernel calls on the CPU, a device step on a
   GPU (:func:`workbench.runtime.placement.run_device_step`), or a step runner's call
@@ -36,14 +36,12 @@ def bind_arrays(plan, scope: dict) -> Callable:
     return body
 
 
-def loop(schedule, env: list, call: Callable | None, bind: Callable,
-         after: Callable | None, device=None) -> None:
+def loop(schedule, env: list, call: Callable | None, bind: Callable, device=None) -> None:
     """Run ``schedule`` (steps with ``fn, ins, outs, attrs, free, subplans``) over ``env``.
 
     ``call(step, args, kw)`` runs a step (None: ``step.fn(*args, **kw)``); ``bind(plan,
-    scope)`` makes a subgraph body; ``after(step, result)`` sees every step's result; errors
-    are named by :func:`~workbench.runtime.errors.node_error` (``device``: where the kernels
-    ran)."""
+    scope)`` makes a subgraph body. Errors are named by
+    :func:`~workbench.runtime.errors.node_error` (``device``: where the kernels ran)."""
     env.append(None)    # slot -1: omitted optional inputs read None
     st = args = None
     try:
@@ -65,8 +63,6 @@ def loop(schedule, env: list, call: Callable | None, bind: Callable,
                 env[outs[0]] = r
             for s in st.free:
                 env[s] = None
-            if after is not None:
-                after(st, r)
     except Exception as e:
         if st is None:
             raise
@@ -106,21 +102,42 @@ def run_steps(plan, env: list, hook: Callable | None, runner) -> list:
         call, bind = None, bind_arrays
     mem = placement.pool_sampler(device) if plan.track_memory else None
     peak = [mem()] if mem is not None else None
-    after = None
-    if hook is not None or mem is not None:
-        def after(st, r):
-            if hook is not None:
-                hook(st.node, r if type(r) is tuple else (r,))
-            if mem is not None:
-                used = mem()
-                if used > peak[0]:
-                    peak[0] = used
-    loop(plan.steps, env, call, bind, after, device)
     if mem is not None:
-        plan.last_peak_bytes = peak[0]
+        call = _sampling(call, mem, peak)
+    if hook is not None:
+        call = _hooked(call, hook)
+    loop(plan.steps, env, call, bind, device)
+    if mem is not None:
+        plan.last_peak_bytes = max(peak[0], mem())
         if device is not None:
-            device._note_peak(peak[0])
+            device._note_peak(plan.last_peak_bytes)
     return plan._outputs(env)
+
+
+def _hooked(call, hook) -> Callable:
+    """``call`` (None: the plain kernel call) followed by ``hook(node, outputs)``."""
+    if call is None:
+        def hooked(st, args, kw):
+            r = st.fn(*args, **kw)
+            hook(st.node, r if type(r) is tuple else (r,))
+            return r
+    else:
+        def hooked(st, args, kw):
+            r = call(st, args, kw)
+            hook(st.node, r if type(r) is tuple else (r,))
+            return r
+    return hooked
+
+
+def _sampling(call, mem, peak: list) -> Callable:
+    """``call`` preceded by a sample of the device memory in use (what the previous step left
+    after freeing its inputs), the highest kept in ``peak[0]``."""
+    def sampling(st, args, kw):
+        used = mem()
+        if used > peak[0]:
+            peak[0] = used
+        return st.fn(*args, **kw) if call is None else call(st, args, kw)
+    return sampling
 
 
 def run_fast(plan, fast: list, make_env: Callable[[], list]) -> list:
@@ -131,7 +148,7 @@ def run_fast(plan, fast: list, make_env: Callable[[], list]) -> list:
     served.clear()
     env = make_env()
     try:
-        loop(fast, env, None, bind_arrays, None)
+        loop(fast, env, None, bind_arrays)
     except Exception:
         stale = {id(seg): seg for seg, k in list(served) if seg.is_stale(k)}
         if not stale:
@@ -140,5 +157,5 @@ def run_fast(plan, fast: list, make_env: Callable[[], list]) -> list:
             seg.forget()
         served.clear()
         env = make_env()
-        loop(fast, env, None, bind_arrays, None)
+        loop(fast, env, None, bind_arrays)
     return plan._outputs(env)
