@@ -199,19 +199,19 @@ def softmax(xp, x, axis: int = -1, *, log: bool = False, dtype=None, overwrite: 
         return xc if xc is not x else xc.copy()
     with quiet():
         m = xp.max(xc, axis=axis, keepdims=True)
-        empty = None
         if zero_empty_rows:
             empty = m == -np.inf
             m = xp.where(empty, xp.zeros((), dtype=dt), m)
-        t = xp.subtract(xc, m, out=xc if xc is x and overwrite else None)
+            if dead is not None:
+                empty = empty | dead
+        else:
+            empty = dead
+        t = xp.subtract(xc, m, out=xc) if overwrite and xc is x else xc - m
         if log:
             t -= xp.log(xp.exp(t).sum(axis=axis, keepdims=True))
         else:
             xp.exp(t, out=t)
             t /= t.sum(axis=axis, keepdims=True)
-        if dead is not None:
-            empty = dead if empty is None else empty | dead
         if empty is not None:
             t = xp.where(empty, xp.zeros((), dtype=dt), t)
     return t
-

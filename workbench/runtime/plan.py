@@ -282,7 +282,7 @@ class Plan:
         self.host_shape_values: frozenset = frozenset()
         #: device plans: graph inputs read on the host as shapes (feed them as numpy)
         self.host_shape_inputs: frozenset = frozenset()
-        if self._on_cuda:
+        if self._on_cuda and self.graph is not None:    # (a tape's schedule is not placed)
             self.host_shape_values, self.host_shape_inputs = placement.plan_host_values(
                 self.graph, self.nodes, self.steps)
             if move_initializers:   # host shape values stay on the host

@@ -67,6 +67,8 @@ def loop(schedule, env: list, call: Callable | None, bind: Callable, device=None
         if st is None:
             raise
         step, args = _failing(st, args)
+        if step is None:    # a segment's own bookkeeping, not one of its members
+            raise
         err = node_error(e, node_name=step.node.name, op_type=step.node.op_type,
                          opset=getattr(step, "opset", 0), args=args or (),
                          input_names=step.node.inputs, device=device)
@@ -77,11 +79,11 @@ def loop(schedule, env: list, call: Callable | None, bind: Callable, device=None
 
 def _failing(entry, args) -> tuple:
     """(the Step that failed, its arguments) for a schedule entry that raised: the member of a
-    shape segment that raised, or the entry's step."""
+    shape segment that raised (None when no member did), or the entry's step."""
     seg = getattr(entry, "segment", None)
-    if seg is not None and seg.failed is not None:
+    if seg is not None:
         failed, seg.failed = seg.failed, None
-        return failed
+        return failed if failed is not None else (None, None)
     return getattr(entry, "step", None) or entry, args
 
 
