@@ -140,3 +140,37 @@ def test_node_error_is_the_one_wrapper():
                       "a: int64[1, 2], <omitted>=None, c: list")
     r = node_error(MemoryError(), node_name=None, op_type="Op")
     assert isinstance(r, ResourceError) and str(r).startswith("Op: out of memory ()")
+
+
+def test_a_failed_run_frees_its_values_without_the_garbage_collector(failing_op):
+    """The error that leaves the run loop holds no reference cycle: once it is dropped, the
+    run's intermediate values are freed at once (a worker under a memory limit that runs many
+    failing models would otherwise run out of address space)."""
+    import gc
+    import weakref
+
+    refs = []
+
+    def keep(x):
+        y = np.ones((256, 256), np.float32) + x.sum()
+        refs.append(weakref.ref(y))
+        return y
+
+    registry.register("KeepRef", keep, domain="test.runtime")
+    g = helper.make_graph(
+        [helper.make_node("KeepRef", ["x"], ["k"], domain="test.runtime", name="keep"),
+         helper.make_node("Fails", ["k"], ["y"], domain="test.runtime", name="bad")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("test.runtime", 1)])
+    plan = Plan(load(m, check=False).graph)
+    gc.disable()
+    try:
+        for hook in (None, lambda node, outs: None):
+            with pytest.raises(KernelError):
+                plan.run([np.ones((2, 3), np.float32)], hook=hook)
+            assert refs[-1]() is None
+    finally:
+        gc.enable()
+        registry.unregister("KeepRef", domain="test.runtime")

@@ -292,7 +292,6 @@ class Plan:
         #: first such run; None when the plan has no shape segment
         self._fast: list | None = None
         self._fast_built = False
-        self._served: list = []
 
     @classmethod
     def of_steps(cls, steps: Sequence[Step], *, n_slots: int, inputs: Sequence[int],
@@ -380,7 +379,7 @@ class Plan:
             if not self._on_cuda:
                 self._fast = fast_schedule(
                     self.steps, {self.slots[k] for k in self._constant_names},
-                    set(self._out_slots), self._served)
+                    set(self._out_slots))
         return self._fast
 
     def _env(self, inputs: Sequence, values: dict | None, outer: dict | None) -> list:

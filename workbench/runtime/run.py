@@ -72,9 +72,14 @@ def loop(schedule, env: list, call: Callable | None, bind: Callable, device=None
         err = node_error(e, node_name=step.node.name, op_type=step.node.op_type,
                          opset=getattr(step, "opset", 0), args=args or (),
                          input_names=step.node.inputs, device=device)
-        if err is e:
-            raise
-        raise err from e
+        # no local may keep the error: error -> traceback -> this frame -> error would be a
+        # cycle holding every value of the run (env) until the garbage collector runs
+        try:
+            if err is e:
+                raise
+            raise err from e
+        finally:
+            err = step = args = None
 
 
 def _failing(entry, args) -> tuple:
@@ -146,18 +151,20 @@ def run_fast(plan, fast: list, make_env: Callable[[], list]) -> list:
     """Run the fast schedule ``fast`` of a CPU plan over a fresh ``make_env()``; on a failure
     after remembered segment results were handed out, the stale ones among them are forgotten
     and the run is made again (once) when there was one."""
-    served = plan._served
-    served.clear()
     env = make_env()
     try:
         loop(fast, env, None, bind_arrays)
     except Exception:
-        stale = {id(seg): seg for seg, k in list(served) if seg.is_stale(k)}
+        env = None
+        # a segment whose last call handed out a remembered result (in this run, or in an
+        # earlier one if the run failed before reaching it: then it is rarely stale, and
+        # checking costs a recomputation of its shape arithmetic)
+        stale = [f.segment for f in fast if f.segment is not None
+                 and f.segment.last_hit is not None and f.segment.is_stale(f.segment.last_hit)]
         if not stale:
             raise
-        for seg in stale.values():
+        for seg in stale:
             seg.forget()
-        served.clear()
         env = make_env()
         loop(fast, env, None, bind_arrays)
     return plan._outputs(env)

@@ -21,8 +21,9 @@ every node, and the training runner records every node on its tape. Errors name 
 segment that fails records the member and its arguments (``ShapeSegment.failed``) for the run
 loop. A remembered result is *stale* when something its key does not see has changed (an
 initializer, keyed by identity, written in place); when a run fails after segments handed out
-remembered results, :meth:`ShapeSegment.is_stale` recomputes each of them from the inputs they
-were computed from, and only a stale one makes the run loop forget it and run again.
+remembered results (``ShapeSegment.last_hit``), :meth:`ShapeSegment.is_stale` recomputes each of
+them from the inputs they were computed from, and only a stale one makes the run loop forget it
+and run again.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class ShapeSegment:
     tuple). ``shape_keyed[k]``: the k-th input is read only for its shape."""
 
     def __init__(self, members: list, ext_in: tuple, ext_out: tuple, shape_keyed: tuple,
-                 value_keyed: tuple, served: list | None = None):
+                 value_keyed: tuple):
         self.members = members
         self.ext_in = ext_in
         self.ext_out = ext_out
@@ -57,9 +58,8 @@ class ShapeSegment:
         self.memo: dict = {}
         self.memo_ok = True     # False once a result was too large or not an array
         self.hits = 0
-        #: (segment, key) of every remembered result handed out, appended on each hit (the
-        #: schedule's list, emptied by the run loop at the start of a run)
-        self.served = served if served is not None else []
+        #: the key of the remembered result the last call handed out (None: it computed)
+        self.last_hit = None
         #: (member step, its arguments) of the member that raised, for the run loop
         self.failed: tuple | None = None
 
@@ -80,8 +80,9 @@ class ShapeSegment:
             hit = self.memo.get(k)
             if hit is not None:
                 self.hits += 1
-                self.served.append((self, k))
+                self.last_hit = k
                 return hit[0]
+        self.last_hit = None
         out = self.compute(vals)
         if self.memo_ok:
             self._remember(k, vals, out)
@@ -182,12 +183,9 @@ class _Unit(NamedTuple):
     produced: list
 
 
-def fast_schedule(steps: list, const_slots: set, keep_slots: set,
-                  served: list | None = None) -> list | None:
+def fast_schedule(steps: list, const_slots: set, keep_slots: set) -> list | None:
     """The fast schedule of a CPU plan's ``steps`` (see the module docstring), or None when it
-    has no shape segment. ``const_slots``: initializer slots; ``keep_slots``: output slots;
-    ``served``: the list the segments note their handed-out results in (see
-    :class:`ShapeSegment`)."""
+    has no shape segment. ``const_slots``: initializer slots; ``keep_slots``: output slots."""
     producer: dict[int, int] = {}
     for i, st in enumerate(steps):
         for s in st.outs:
@@ -249,7 +247,6 @@ def fast_schedule(steps: list, const_slots: set, keep_slots: set,
     for u, unit in enumerate(units):
         for s in unit.reads:
             read_outside.setdefault(s, set()).add(u)
-    served = [] if served is None else served
     fast: list[FastStep] = []
     last_use: dict[int, int] = {}
     for u, (idx, reads, produced) in enumerate(units):
@@ -266,8 +263,7 @@ def fast_schedule(steps: list, const_slots: set, keep_slots: set,
                     for m in members if s in m.ins)
                 shape_keyed.append(only_shape)
             value_keyed = tuple(s in derived for s in reads)
-            seg = ShapeSegment(members, tuple(reads), ext_out, tuple(shape_keyed), value_keyed,
-                               served)
+            seg = ShapeSegment(members, tuple(reads), ext_out, tuple(shape_keyed), value_keyed)
             fast.append(FastStep.of_segment(seg))
             reads = list(reads)
         for s in reads:
