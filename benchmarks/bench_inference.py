@@ -413,8 +413,8 @@ def time_prepare(model, repeat: int = 3) -> dict:
     seconds of this process for the whole (the checks and shape inference run in a helper
     process, whose CPU time is not counted)."""
     from workbench.graph import passes
-    from workbench.graph.executor import Plan
     from workbench.graph.load import load
+    from workbench.runtime import Plan
 
     data = model.SerializeToString()
     best: dict = {}

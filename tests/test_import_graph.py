@@ -51,19 +51,6 @@ LAYERS = [
                          "workbench.analysis", "workbench.classroom")),
 ]
 
-#: Upward imports in files of the other half of issue 22 (the executor split, the graph and
-#: ops items: branch issue-22b), where this branch cannot change them. Resolved at the
-#: issue-22 merge: each entry must then go (the test fails on an entry no longer needed).
-ALLOWED = {
-    # the runtime reads the engine's devices through SINGA's old path until the merge
-    ("workbench.graph.executor", "workbench.device"),
-    # the cupy kernel overrides move from arrays/cuda/ to ops/ on the other branch
-    ("workbench.arrays.cuda.overrides", "workbench.ops.registry"),
-    # the graph queries move to graph/toposort.py on the other branch
-    ("workbench.graph.passes", "workbench.graph.executor"),
-}
-
-
 def _module_name(path: pathlib.Path) -> str:
     rel = path.relative_to(ROOT.parent).with_suffix("")
     parts = list(rel.parts)
@@ -198,18 +185,11 @@ def test_every_module_has_a_layer():
 
 
 def test_imports_point_down_the_layers():
-    bad = [u for u in upward_imports(import_edges()) if (u[0], u[2]) not in ALLOWED]
+    bad = [u for u in upward_imports(import_edges())]
     lines = [f"{mod} (line {line}, layer {a[0]} {a[1]}) imports {dep} (layer {b[0]} {b[1]})"
              for mod, line, dep, a, b in bad]
     assert not bad, ("imports that climb the layers (a module imports only from its own "
                      "layer and those below):\n  " + "\n  ".join(lines))
-
-
-def test_allowed_upward_imports_still_exist():
-    """An allowed exception that no longer occurs must leave ALLOWED."""
-    found = {(u[0], u[2]) for u in upward_imports(import_edges())}
-    stale = sorted(ALLOWED - found)
-    assert not stale, f"ALLOWED lists imports that no longer climb; remove them: {stale}"
 
 
 @pytest.mark.parametrize("module, layer", [

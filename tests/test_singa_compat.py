@@ -14,8 +14,9 @@ from onnx import TensorProto, helper
 
 from workbench import autograd, device, layer, model, opt, sonnx, tensor
 from workbench.errors import DeviceError, InputError
-from workbench.graph.executor import resolve_cut
 from workbench.graph.load import load
+from workbench.runtime.cut import resolve_cut
+from workbench.singa import counting as _singa_counting  # noqa: F401 - registers "singa"
 
 
 def _chain(n: int = 4, int_input: bool = False) -> onnx.ModelProto:

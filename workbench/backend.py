@@ -17,9 +17,9 @@ from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupl
 from workbench.arrays import device as _device
 from workbench.errors import ModelLoadError, WorkbenchError
 from workbench.graph import passes as _passes
-from workbench.graph.executor import Plan
 from workbench.graph.load import load
 from workbench.ops._integer import IntegerArithmetic, parse_arithmetic
+from workbench.runtime.plan import Plan
 
 
 class WorkbenchRep(BackendRep):
@@ -38,7 +38,7 @@ class WorkbenchRep(BackendRep):
             inputs = [inputs]
         elif isinstance(inputs, dict) and self._is_one_map(inputs):
             inputs = [inputs]   # the value of a model's single map input, not feeds by name
-        host = self.plan.host_inputs  # shape-like inputs a device plan reads on the host
+        host = self.plan.host_shape_inputs  # shape-like inputs a device plan reads on the host
         if isinstance(inputs, dict):
             feeds = {k: v if k in host else self.device.put(v) for k, v in inputs.items()}
         else:

@@ -29,9 +29,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from workbench.errors import InputError, WorkbenchError
 from workbench.graph import passes
-from workbench.graph.executor import Plan
 from workbench.graph.ir import Graph, ValueInfo
 from workbench.ops._integer import IntegerArithmetic, counting_saturation, parse_arithmetic
+from workbench.runtime.plan import Plan
 
 EXACT = IntegerArithmetic.EXACT
 SATURATING_U8S8 = IntegerArithmetic.SATURATING_U8S8

@@ -14,10 +14,10 @@ import pytest
 from tests.gpu import emulation
 from tests.gpu.conftest import TOL, cuda_skip_reason
 from workbench.arrays.cuda import conv as cconv
-from workbench.arrays.cuda import overrides as ov
 from workbench.arrays.cuda import pool as cpool
 from workbench.arrays.cuda import softmax as csm
 from workbench.arrays.cuda.elementwise import fuse_elementwise
+from workbench.ops import cuda as ov
 from workbench.ops.registry import NodeContext, portable
 
 R = np.random.default_rng(7)

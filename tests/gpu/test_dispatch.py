@@ -12,11 +12,10 @@ from onnx import TensorProto, helper
 import workbench.backend as backend
 from workbench import device as wbdevice
 from workbench.errors import DeviceError
-from workbench.graph import executor
-from workbench.graph.executor import Plan
 from workbench.graph.load import load
 from workbench.ops import registry
 from workbench.ops.registry import kernel, lookup, portable
+from workbench.runtime import Plan, placement
 
 DOM = "test.gpu.dispatch"
 
@@ -85,7 +84,7 @@ def test_cuda_overrides_are_registered_without_cupy():
         assert ("", op) in over, op
     # and a CPU plan never sees them
     assert lookup("Conv", "", 17).fn.__module__ == "workbench.ops.conv"
-    assert lookup("Conv", "", 17, xp="cupy").fn.__module__ == "workbench.arrays.cuda.overrides"
+    assert lookup("Conv", "", 17, xp="cupy").fn.__module__ == "workbench.ops.cuda"
 
 
 # ----------------------------------------------------------------------------- plan
@@ -126,8 +125,8 @@ def test_cpu_plan_checks_feed_devices_and_backend_builds_device_plan():
 def test_feed_on_another_device_is_a_clear_error():
     cuda0 = wbdevice.Device("CUDA", 0)          # constructed directly: no GPU needed
     with pytest.raises(DeviceError, match=r"input 'x' is on CPU but the plan runs on CUDA:0"):
-        executor._check_device(cuda0, "x", np.zeros(3, np.float32))
-    executor._check_device(wbdevice.create_cpu(), "x", np.zeros(3, np.float32))  # fine
+        placement.check_feed_device(cuda0, "x", np.zeros(3, np.float32))
+    placement.check_feed_device(wbdevice.create_cpu(), "x", np.zeros(3, np.float32))  # fine
 
 
 def test_cuda_without_cupy_or_gpu_is_a_device_error():
@@ -151,7 +150,7 @@ def test_out_of_memory_becomes_device_error_naming_device_node_and_bytes(fake_op
                              f"(allocated so far: {total:,} bytes).")
             self._size = size
 
-    monkeypatch.setattr(executor, "_OOM_TYPES", [FakeOutOfMemoryError])
+    monkeypatch.setattr(placement, "_OOM_TYPES", [FakeOutOfMemoryError])
 
     @kernel("Boom", since=1, domain=DOM)
     def boom(x):
@@ -233,10 +232,7 @@ def test_fuse_elementwise_builds_operation_text():
 
 
 def test_out_of_memory_message_parsed_from_cupy_text():
-    class Step:
-        class node:
-            name, op_type = "conv1", "Conv"
     e = MemoryError("Out of memory allocating 2,048 bytes (allocated so far: 10 bytes).")
-    err = executor._oom_error(e, wbdevice.Device("CUDA", 1), Step)
+    err = placement.oom_error(e, wbdevice.Device("CUDA", 1), "conv1", "Conv")
     assert isinstance(err, DeviceError) and err.bytes_requested == 2048
     assert "out of memory on CUDA:1 in node 'conv1' (Conv): it requested 2,048 bytes" in str(err)

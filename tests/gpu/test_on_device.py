@@ -18,7 +18,7 @@ from tests.gpu import emulation
 from workbench import conformance
 from workbench import device as wbdevice
 from workbench.arrays import device as engine_device
-from workbench.graph import executor
+from workbench.runtime import placement
 
 PATTERNS = ["test_conv_", "test_convtranspose", "test_maxpool", "test_averagepool",
             "test_batchnorm", "test_layer_normalization", "test_softmax", "test_logsoftmax",
@@ -36,7 +36,7 @@ def emulated_cuda(monkeypatch):
     monkeypatch.setattr(engine_device, "cupy_module", lambda: fake)
     monkeypatch.setattr(engine_device, "cuda", lambda index=0: dev)
     # arrays are numpy arrays here, so the feed-placement check cannot tell them apart
-    monkeypatch.setattr(executor, "_check_device", lambda *a: None)
+    monkeypatch.setattr(placement, "check_feed_device", lambda *a: None)
     return dev
 
 
@@ -151,14 +151,14 @@ def test_model_on_device_matches_cpu(device, name):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_model_on_emulated_cuda_uses_the_overrides(emulated_cuda, name, monkeypatch):
-    from workbench.arrays.cuda import overrides as ov
+    from workbench.ops import cuda as ov
 
     def no_fallback(*a, **k):
         raise AssertionError(f"override fell back to the portable kernel: {a}")
     monkeypatch.setattr(ov, "portable", no_fallback)
     rep = _cross_check(name, "CUDA:0")
     mods = {s.fn.__module__ for s in rep.plan.steps}
-    assert "workbench.arrays.cuda.overrides" in mods
+    assert "workbench.ops.cuda" in mods
 
 
 def test_real_model_on_cuda(cuda, torch_exports):
@@ -176,7 +176,7 @@ def test_plan_on_cuda_keeps_arrays_on_the_gpu_and_tracks_memory(cuda):
     import cupy as cp
     model, x = small_cnn()
     rep = backend.prepare(model, str(cuda))
-    host = {rep.plan.slots[n] for n in rep.plan.host_values if n in rep.plan.slots}
+    host = {rep.plan.slots[n] for n in rep.plan.host_shape_values if n in rep.plan.slots}
     assert host == {rep.plan.slots["shape"]}   # the Reshape target stays a host value
     for i, v in enumerate(rep.plan._template):
         if hasattr(v, "dtype"):
@@ -312,11 +312,11 @@ def dynamic_reshape_model():
 def test_shape_logic_stays_on_the_host_in_device_plans(emulated_cuda):
     m, x = dynamic_reshape_model()
     rep = backend.prepare(m, "CUDA:0")
-    hv = rep.plan.host_values
+    hv = rep.plan.host_shape_values
     assert {"sh", "N", "S", "N1", "S1", "target", "Sf", "pos", "i0", "i1", "ax0",
             "tail", "one"} <= hv
     assert not {"x", "r", "scaled", "emb", "pe"} & hv
-    host_ops = {st.node.name for st in rep.plan.steps if st.host_op}
+    host_ops = {st.node.name for st in rep.plan.steps if st.shape_on_host}
     assert host_ops == {"shape", "g0", "g1", "u0", "u1", "cat", "cast", "range"}
     got = rep.run([x])
     want = backend.prepare(m).run([x])

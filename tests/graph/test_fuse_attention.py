@@ -9,9 +9,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from workbench.errors import InputError
 from workbench.graph import passes
-from workbench.graph.executor import Plan
 from workbench.graph.load import load
 from workbench.ops.linalg import fused_attention
+from workbench.runtime import Plan
 
 RNG = np.random.default_rng(0)
 F = TensorProto.FLOAT

@@ -467,9 +467,12 @@ def test_loop_is_interruptible_and_the_process_stays_usable():
                                                                         "v0")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
                                             helper.make_opsetid("com.test.hostile", 1)])
-    rep = backend.prepare(m, check=False)
-    with pytest.raises(KeyboardInterrupt):
-        rep.run([])
+    try:
+        rep = backend.prepare(m, check=False)
+        with pytest.raises(KeyboardInterrupt):
+            rep.run([])
+    finally:
+        registry.unregister("InterruptAt50", domain="com.test.hostile")
     assert calls["n"] == 50
     (y,) = backend.prepare(_loop_model(3)).run([])
     assert y[0] == 3

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from workbench.graph import passes
-from workbench.graph.executor import Plan
 from workbench.graph.load import load
+from workbench.runtime import Plan
 
 from .models import conv_bn, mlp, residual_block
 

@@ -1,4 +1,4 @@
-"""Exporter quirks repaired at load (workbench/graph/toposort.py) and shown by `workbench info`:
+"""Exporter quirks repaired at load (workbench/graph/quirks.py) and shown by `workbench info`:
 nodes out of topological order, input dims written as -1 / 0, unused opset domains,
 half-precision weights behind float32 I/O, onnxruntime's ONNX-domain operators."""
 

@@ -13,7 +13,8 @@ from workbench.ops import registry
 
 def test_facts_given_in_the_decorator():
     f = registry.facts("Reshape")
-    assert f.category == "shape" and f.host_inputs == (1,) and f.host_compute
+    assert f.category == "shape" and f.host_read_inputs == (1,) and f.host_shape_math
+    assert f.host_inputs == (1,) and f.host_compute      # the old spellings still read
     assert registry.facts("Dropout").random and registry.facts("Dropout").settings == (1, 2)
     assert registry.facts("BatchNormalization").state_inputs == (3, 4)
     assert registry.facts("Shape").shape_only and registry.facts("Size").shape_only
@@ -89,3 +90,54 @@ def test_no_op_name_tables_outside_the_ops():
             continue   # the ops' own registrations (kernels, overrides, gradient rules)
         tables += _op_name_tables(p)
     assert not tables, f"tables of op names outside the ops' registration: {tables}"
+
+
+def test_a_second_registration_is_refused_unless_replace():
+    def first(x):
+        return x
+
+    def second(x):
+        return -x
+
+    try:
+        registry.register("Twice", first, domain="com.example", since=3)
+        with pytest.raises(ValueError, match=r"com.example::Twice since opset 3: a kernel is "
+                                             r"already registered \(.*\.first\); registering "
+                                             r".*\.second as well .* replace=True"):
+            registry.register("Twice", second, domain="com.example", since=3)
+        assert registry.lookup("Twice", "com.example", 5).fn is first
+        registry.register("Twice", second, domain="com.example", since=5)   # another version
+        assert registry.lookup("Twice", "com.example", 5).fn is second
+        # the override of an array module and the training form are registrations of their own
+        registry.register("Twice", second, domain="com.example", since=3, xp="cupy")
+        registry.register("Twice", second, domain="com.example", since=3, train=True)
+        registry.register("Twice", second, domain="com.example", since=3, xp="cupy",
+                          train=True)
+        with pytest.raises(ValueError, match=r"training form \(cupy override\) is already"):
+            registry.register("Twice", first, domain="com.example", since=3, xp="cupy",
+                              train=True)
+        with pytest.raises(ValueError, match="already registered"):
+            registry.kernel("Twice", since=3, domain="com.example")(second)
+        registry.kernel("Twice", since=3, domain="com.example", replace=True)(second)
+        assert registry.lookup("Twice", "com.example", 4).fn is second
+    finally:
+        for kw in ({}, {"xp": "cupy"}, {"train": True}, {"xp": "cupy", "train": True}):
+            registry.unregister("Twice", domain="com.example", **kw)
+
+
+def test_the_engines_own_kernels_cannot_be_replaced_by_accident():
+    """Every family and the cupy overrides imported (each registration checked on the way);
+    registering one of the engine's kernels again is refused."""
+    from workbench.ops import cuda  # noqa: F401 - the overrides load on the first cupy lookup
+    assert registry.overrides("cupy")
+    entry = registry.lookup("Relu", "", 14)
+    with pytest.raises(ValueError, match=r"ai.onnx::Relu since opset \d+: a kernel is already"):
+        registry.register("Relu", lambda x: x, since=entry.since)
+    assert registry.lookup("Relu", "", 14) is entry
+
+
+def test_a_missing_family_file_is_an_error():
+    import workbench.ops as ops
+    with pytest.raises(ModuleNotFoundError, match="workbench.ops.no_such_family"):
+        ops.load_families(("no_such_family",))
+    assert "contrib_transformer" in ops._FAMILIES

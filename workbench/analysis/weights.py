@@ -7,7 +7,7 @@ A *constant* is an initializer or the output of a ``Constant`` node (``value``,
   exponent, not a learned weight),
 - its element type is not int64, bool or string (those are indices, shapes and masks), and
 - some node reads it at an input position that is not a shape-like input or a setting of the
-  op (registry facts ``host_inputs`` and ``settings``: Reshape's shape, Clip's bounds...).
+  op (registry facts ``host_read_inputs`` and ``settings``: Reshape's shape, Clip's bounds...).
 
 A weight read only at positions the op declares as running statistics (registry fact
 ``state_inputs``: BatchNormalization's mean and variance) is a **buffer**, as PyTorch calls
@@ -87,7 +87,7 @@ def constants(graph) -> dict:
 def _use(node, k: int) -> str:
     """How ``node`` uses its input ``k``: "weight", "state" or "setting"."""
     f = registry.facts(node.op_type, node.domain)
-    if k in f.host_inputs or k in f.settings:
+    if k in f.host_read_inputs or k in f.settings:
         return "setting"
     if k in f.state_inputs:
         return "state"

@@ -48,7 +48,7 @@ def device_dtype_ok(dtype) -> bool:
     cupy has bool, the (u)int8..64, float16/32/64 and complex64/128. The ml_dtypes types
     (bfloat16, float8, float4, float6, int4, int2) and strings (object arrays) have no cupy
     dtype: values of those types stay on the host in a device plan (see
-    ``workbench.graph.executor``)."""
+    ``workbench.runtime.placement``)."""
     dt = np.dtype(dtype)
     return dt.kind in _DEVICE_KINDS and dt.type.__module__ == "numpy"
 

@@ -181,7 +181,7 @@ class Device:
 
         On CUDA, arrays of dtypes cupy has no counterpart for (bfloat16, float8, int4 and the
         other ml_dtypes types, strings) stay on the host: the executor runs the nodes that
-        touch them on the host (see ``workbench.graph.executor``)."""
+        touch them on the host (see ``workbench.runtime.placement``)."""
         if isinstance(a, list):
             return [self.put(x) for x in a]
         if a is None or isinstance(a, dict):  # maps (ai.onnx.ml) are host Python values

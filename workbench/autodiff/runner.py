@@ -30,7 +30,7 @@ class StepCall(NamedTuple):
 
 
 class TapeRunner:
-    """Runs the steps of a ``graph.executor.Plan`` on Tensors (``plan.execute(xs,
+    """Runs the steps of a ``runtime.plan.Plan`` on Tensors (``plan.execute(xs,
     runner=TapeRunner(device, training_mode=...))``): every node through :func:`run_op`, so
     the tape records it. In training mode every node runs with ``NodeContext.training`` set
     and an op's registered training form (``@kernel(..., train=True)``: BatchNormalization

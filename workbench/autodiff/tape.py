@@ -59,7 +59,6 @@ from workbench.errors import (
     InputError,
     KernelError,
     ShapeError,
-    WorkbenchError,
 )
 from workbench.ops.registry import (
     NodeContext,
@@ -67,6 +66,7 @@ from workbench.ops.registry import (
     attribute_defaults,
     lookup,
 )
+from workbench.runtime.errors import node_error
 
 #: opset of the ai.onnx nodes recorded by :func:`apply` without an explicit ``opset``
 DEFAULT_OPSET = 17
@@ -823,17 +823,12 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
             r = fn(*arrays, **kw, ctx=ctx)
         else:
             r = fn(*arrays, **kw)
-    except WorkbenchError as e:
-        if name and not getattr(e, "_located", False):
-            e.args = (f"node {name!r} ({op_type}): {e}",) + e.args[1:]
-            e._located = True
-        raise
     except Exception as e:
-        shapes = ", ".join("None" if a is None else f"{a.dtype}{list(a.shape)}"
-                           if is_array(a) else type(a).__name__ for a in arrays)
-        raise KernelError(f"{op_type}{f' (node {name!r})' if name else ''} failed: "
-                          f"{type(e).__name__}: {e}; inputs: {shapes}", node_name=name,
-                          op_type=op_type) from e
+        err = node_error(e, node_name=name, op_type=op_type, opset=opset, args=arrays,
+                         device=dev if dev.is_cuda else None)
+        if err is e:
+            raise
+        raise err from e
     if type(r) is not tuple:
         r = (r,)
     if len(r) < n_outputs:

@@ -23,7 +23,7 @@ from workbench.graph import isolated
 from workbench.graph.external import has_external_data, resolve_external_data
 from workbench.graph.functions import inline_functions
 from workbench.graph.ir import Graph
-from workbench.graph.toposort import fix_quirks
+from workbench.graph.quirks import fix_quirks
 
 # protobuf's hard limit on one serialised message
 MAX_PROTO_BYTES = 2**31 - 1

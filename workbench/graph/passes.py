@@ -35,11 +35,12 @@ import numpy as np
 
 from workbench.errors import ModelLoadError, WorkbenchError
 from workbench.graph.ir import Graph, Node
+from workbench.graph.toposort import needed_nodes, topological_order
 from workbench.limits import temporary_budget
 from workbench.ops._integer import ATTRIBUTE as _INTEGER_ATTRIBUTE
 from workbench.ops._integer import parse_arithmetic
-from workbench.ops.conv import EPILOGUE_ACTIVATIONS, FUSED_DOMAIN
-from workbench.ops.registry import facts, lookup
+from workbench.ops.conv import EPILOGUE_ACTIVATIONS
+from workbench.ops.registry import FUSED_DOMAIN, facts, lookup
 
 MAX_FOLDED_BYTES = 64 << 20
 
@@ -90,7 +91,6 @@ def remove_identities(graph: Graph) -> Graph:
 
 def eliminate_dead_code(graph: Graph) -> Graph:
     """Drop nodes no graph output depends on, and unused initializers."""
-    from workbench.graph.executor import needed_nodes, topological_order
     g = graph.copy()
     order = topological_order(g)
     keep = needed_nodes(order, [v.name for v in g.outputs])

@@ -1,28 +1,85 @@
-"""Exporter quirks repaired at load time, before ``onnx.checker`` sees the model.
+"""The topological sort of the engine, and the graph queries built on it.
 
-* :func:`toposort_nodes` - a stable topological sort of a node list: nodes keep their written
-  order wherever that order is valid; a node moves only behind the producers it needs.
-  onnxruntime's float16 converter, for one, writes graphs whose Cast nodes come after their
-  consumers; onnx.checker rejects those, onnxruntime runs them. A dependency cycle is a
-  :class:`ModelLoadError` naming the nodes on it.
-* :func:`fix_quirks` - applies the sort to the graph and its subgraphs, turns input dims
-  written as ``-1`` or ``0`` ("any size" for Paddle, older tf2onnx, some Caffe converters) into
-  free dims, reads onnxruntime's ONNX-domain operators (SimplifiedLayerNormalization,
-  LayerNormalization below opset 17) as com.microsoft, and describes what it changed or
-  noticed (float16/bfloat16 weights behind float32 inputs, opset imports of domains no node
-  uses) as notes for ``workbench info``.
+One algorithm, :func:`stable_order`, serves every caller: it takes what each node reads and
+writes (value names) and returns the node indices in a *stable* topological order: among the
+nodes whose inputs are ready, the one written first goes first, so an already sorted list comes
+back unchanged and a node moves only behind the producers it needs. A node depends on every
+node of the list that writes a name it reads (ONNX graphs write each name once; a graph loaded
+unchecked that writes a name twice waits for both writers). Names no node writes (graph
+inputs, initializers, outer-scope values) are available from the start.
+
+- :func:`toposort_nodes`: NodeProtos, before the model is checked (the loader's exporter-quirk
+  repairs, :mod:`workbench.graph.quirks`); a cycle is a :class:`ModelLoadError` naming its
+  nodes.
+- :func:`topological_order`: the nodes of an IR :class:`~workbench.graph.ir.Graph` (what the
+  Plan, the passes and the widgets run or draw); a value read but defined nowhere, and a cycle,
+  are :class:`ModelLoadError` naming the value and the nodes.
+- :func:`needed_nodes`: the nodes (in order) that some output names depend on.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable, Sequence
 
 import onnx
 
 from workbench.errors import ModelLoadError
+from workbench.graph.ir import Graph, Node
 
 
-def _subgraphs(node):
+def stable_order(reads: Sequence[Iterable[str]], writes: Sequence[Iterable[str]], *,
+                 break_cycles: bool = False) -> tuple[list[int], list[int]]:
+    """``(order, stuck)``: node indices in a stable topological order (see the module
+    docstring), and the indices left out because they wait on each other (a cycle).
+
+    ``reads[i]`` / ``writes[i]``: the value names node ``i`` reads and writes (empty names are
+    ignored). With ``break_cycles`` nothing is left out: when every remaining node waits, the
+    first one written is released (a drawing of an invalid model still shows every node).
+    """
+    n = len(writes)
+    producers: dict[str, list[int]] = {}
+    for i, outs in enumerate(writes):
+        for o in outs:
+            if o:
+                producers.setdefault(o, []).append(i)
+    users: list[list[int]] = [[] for _ in range(n)]
+    waiting = [0] * n
+    for i, names in enumerate(reads):
+        deps = set()
+        for name in names:
+            for p in producers.get(name, ()):
+                if p != i:
+                    deps.add(p)
+        waiting[i] = len(deps)
+        for p in deps:
+            users[p].append(i)
+    ready = [i for i in range(n) if waiting[i] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    placed = [False] * n
+    while True:
+        while ready:
+            i = heapq.heappop(ready)
+            if placed[i]:
+                continue
+            placed[i] = True
+            order.append(i)
+            for u in users[i]:
+                waiting[u] -= 1
+                if waiting[u] == 0:
+                    heapq.heappush(ready, u)
+        if len(order) == n or not break_cycles:
+            break
+        first = next(k for k in range(n) if not placed[k])
+        heapq.heappush(ready, first)
+    stuck = [i for i in range(n) if not placed[i]]
+    return order, stuck
+
+
+# --------------------------------------------------------------------------- NodeProtos
+def subgraphs_of(node):
+    """The GraphProtos of a NodeProto's graph attributes (If/Loop/Scan bodies)."""
     for a in node.attribute:
         if a.type == onnx.AttributeProto.GRAPH:
             yield a.g
@@ -30,53 +87,31 @@ def _subgraphs(node):
             yield from a.graphs
 
 
-def _graph_reads(g) -> set:
-    """Every value name a (sub)graph's nodes read, including nested subgraphs."""
+def graph_reads(g) -> set:
+    """Every value name a (sub)GraphProto's nodes read, including nested subgraphs."""
     out = set()
     for n in g.node:
         out.update(i for i in n.input if i)
-        for sg in _subgraphs(n):
-            out |= _graph_reads(sg)
+        for sg in subgraphs_of(n):
+            out |= graph_reads(sg)
     return out
 
 
-def toposort_nodes(nodes, what: str = "graph", path: str | None = None):
+def toposort_nodes(nodes, what: str = "graph", path: str | None = None) -> list[int]:
     """The indices of ``nodes`` (NodeProtos) in a stable topological order.
 
     A node depends on the nodes of the same list producing its inputs (and the names its
-    subgraphs read). Among the nodes whose inputs are ready, the one written first goes first,
-    so an already sorted list comes back unchanged. Names produced by no node of the list
-    (graph inputs, initializers, outer scope) are available from the start.
+    subgraphs read). Names produced by no node of the list (graph inputs, initializers, outer
+    scope) are available from the start.
     """
-    producer = {}
-    for idx, n in enumerate(nodes):
-        for o in n.output:
-            if o:
-                producer.setdefault(o, idx)
-    deps = []
-    for idx, n in enumerate(nodes):
-        reads = {i for i in n.input if i}
-        for sg in _subgraphs(n):
-            reads |= _graph_reads(sg)
-        deps.append({producer[r] for r in reads if r in producer and producer[r] != idx})
-    users = [[] for _ in nodes]
-    missing = []
-    for idx, ds in enumerate(deps):
-        missing.append(len(ds))
-        for d in ds:
-            users[d].append(idx)
-    ready = [i for i, m in enumerate(missing) if m == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users[i]:
-            missing[u] -= 1
-            if missing[u] == 0:
-                heapq.heappush(ready, u)
-    if len(order) != len(nodes):
-        stuck = [i for i in range(len(nodes)) if missing[i] > 0]
+    reads = []
+    for n in nodes:
+        r = {i for i in n.input if i}
+        for sg in subgraphs_of(n):
+            r |= graph_reads(sg)
+        reads.append(r)
+    order, stuck = stable_order(reads, [n.output for n in nodes])
+    if stuck:
         names = [f"{nodes[i].name or '#' + str(i)} ({nodes[i].op_type})" for i in stuck[:8]]
         more = f" and {len(stuck) - 8} more" if len(stuck) > 8 else ""
         raise ModelLoadError(
@@ -85,159 +120,52 @@ def toposort_nodes(nodes, what: str = "graph", path: str | None = None):
     return order
 
 
-def _sort_graph(g, what: str, path) -> int:
-    """Sort ``g`` (a GraphProto) in place, subgraphs first; returns how many nodes moved."""
-    moved = 0
-    for n in g.node:
-        for sg in _subgraphs(n):
-            moved += _sort_graph(sg, f"subgraph {sg.name or ''} of node {n.name or n.op_type}",
-                                 path)
-    order = toposort_nodes(g.node, what, path)
-    if order != list(range(len(order))):
-        moved += sum(1 for pos, i in enumerate(order) if pos != i)
-        sorted_nodes = [onnx.NodeProto() for _ in order]
-        for dst, i in zip(sorted_nodes, order):
-            dst.CopyFrom(g.node[i])
-        del g.node[:]
-        g.node.extend(sorted_nodes)
-    return moved
+# --------------------------------------------------------------------------- IR graphs
+def node_reads(node: Node) -> list[str]:
+    """The value names ``node`` reads: its inputs and its subgraphs' free variables."""
+    names = [i for i in node.inputs if i]
+    for sg in node.subgraphs:
+        names.extend(sg.free_variables())
+    return names
 
 
-def _needs_sort(g) -> bool:
-    known = {i.name for i in g.input} | {t.name for t in g.initializer}
-    produced_later = {o for n in g.node for o in n.output if o}
-    seen = set()
-    for n in g.node:
-        for i in n.input:
-            if i and i not in known and i not in seen and i in produced_later:
-                return True
-        for sg in _subgraphs(n):
-            if _needs_sort(sg) or any(r in produced_later and r not in seen and r not in known
-                                      for r in _graph_reads(sg)):
-                return True
-        seen.update(o for o in n.output if o)
-    return False
+def topological_order(graph: Graph, *, outer: Sequence[str] = ()) -> list[Node]:
+    """The nodes of ``graph`` in a stable topological order (the file's order wherever it is
+    valid). ``outer``: names an enclosing graph provides (a subgraph's free variables).
 
-
-def _free_dims(m) -> list[str]:
-    """Input dims written as -1 or 0 (output dims as -1) -> free dims; one note per value."""
-    inits = {t.name for t in m.graph.initializer}
-    notes = []
-    for kind, vis in (("input", m.graph.input), ("output", m.graph.output)):
-        for vi in vis:
-            if vi.name in inits or not vi.type.HasField("tensor_type"):
-                continue
-            changed = []
-            for k, d in enumerate(vi.type.tensor_type.shape.dim):
-                if d.HasField("dim_value") and (d.dim_value < 0 or (d.dim_value == 0
-                                                                    and kind == "input")):
-                    changed.append((k, int(d.dim_value)))
-                    d.Clear()
-                    d.dim_param = f"{vi.name}_dim{k}"
-            if changed:
-                desc = ", ".join(f"dim {k} = {v}" for k, v in changed)
-                notes.append(f"{kind} {vi.name!r} declares {desc}: read as 'any size' (the "
-                             f"actual size is accepted)")
-    return notes
-
-
-def _needs_free_dims(m) -> bool:
-    inits = {t.name for t in m.graph.initializer}
-    for vi in m.graph.input:
-        if vi.name in inits or not vi.type.HasField("tensor_type"):
-            continue
-        if any(d.HasField("dim_value") and d.dim_value <= 0
-               for d in vi.type.tensor_type.shape.dim):
-            return True
-    return any(vi.type.HasField("tensor_type") and any(
-        d.HasField("dim_value") and d.dim_value < 0 for d in vi.type.tensor_type.shape.dim)
-        for vi in m.graph.output)
-
-
-def _used_domains(g, out: set) -> set:
-    for n in g.node:
-        out.add(n.domain if n.domain not in ("", "ai.onnx") else "")
-        for sg in _subgraphs(n):
-            _used_domains(sg, out)
-    return out
-
-
-def _observations(m) -> list[str]:
-    """Notes that change nothing: unused opset imports, half-precision weights."""
-    notes = []
-    used = _used_domains(m.graph, set())
-    funcs = {f.domain for f in m.functions}
-    unused = sorted((imp.domain or "ai.onnx") for imp in m.opset_import
-                    if (imp.domain if imp.domain not in ("", "ai.onnx") else "") not in used
-                    and imp.domain not in funcs and (imp.domain or "") not in ("", "ai.onnx"))
-    if unused:
-        notes.append(f"opset imports list domain(s) no node uses: {', '.join(unused)} "
-                     f"(ignored)")
-    half = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
-    counts = {}
-    for t in m.graph.initializer:
-        if t.data_type in half:
-            counts[half[t.data_type]] = counts.get(half[t.data_type], 0) + 1
-    io_types = {vi.type.tensor_type.elem_type for vi in list(m.graph.input) + list(
-        m.graph.output) if vi.type.HasField("tensor_type")}
-    if counts and onnx.TensorProto.FLOAT in io_types:
-        what = ", ".join(f"{c} {k}" for k, c in sorted(counts.items()))
-        notes.append(f"weights stored in half precision ({what} initializers) behind float32 "
-                     f"inputs/outputs: computed as written (Cast nodes convert at the edges)")
-    return notes
-
-
-# ops onnxruntime registers in the ONNX domain although onnx does not define them (there), which
-# its transformer optimizer writes with domain "": read as their com.microsoft equivalents
-_ORT_ONNX_DOMAIN_OPS = ("SimplifiedLayerNormalization", "LayerNormalization")
-
-
-def _onnx_knows(op: str, opset: int) -> bool:
-    try:
-        onnx.defs.get_schema(op, opset, "")
-        return True
-    except Exception:
-        return False
-
-
-def _ort_onnx_domain_nodes(m) -> list:
-    opset = next((imp.version for imp in m.opset_import if imp.domain in ("", "ai.onnx")), 0)
-    return [n for n in m.graph.node if n.domain in ("", "ai.onnx")
-            and n.op_type in _ORT_ONNX_DOMAIN_OPS and not _onnx_knows(n.op_type, opset)]
-
-
-def _move_to_ms(m) -> list[str]:
-    nodes = _ort_onnx_domain_nodes(m)
-    for n in nodes:
-        n.domain = "com.microsoft"
-    if not any(imp.domain == "com.microsoft" for imp in m.opset_import):
-        m.opset_import.add(domain="com.microsoft", version=1)
-    ops = sorted({n.op_type for n in nodes})
-    return [f"{len(nodes)} node(s) of {', '.join(ops)} in the ai.onnx domain, where onnx does "
-            f"not define them at this opset (onnxruntime's own ONNX-domain operators): read as "
-            f"com.microsoft"]
-
-
-def fix_quirks(m: onnx.ModelProto, path: str | None = None, *, owned: bool = True):
-    """Repair what the checker would refuse but onnxruntime runs; returns (model, notes).
-
-    ``owned=False`` (the caller's ModelProto): the model is copied before anything changes.
+    Raises ModelLoadError naming the value and node when an input is never defined, and the
+    nodes involved when the graph has a cycle.
     """
-    notes = []
-    sort = _needs_sort(m.graph)
-    dims = _needs_free_dims(m)
-    ort_ops = bool(_ort_onnx_domain_nodes(m))
-    if (sort or dims or ort_ops) and not owned:
-        m2 = onnx.ModelProto()
-        m2.CopyFrom(m)
-        m = m2
-    if sort:
-        moved = _sort_graph(m.graph, "graph", path)
-        notes.append(f"nodes were not in topological order: sorted at load ({moved} node(s) "
-                     f"moved; the order is otherwise as written)")
-    if dims:
-        notes += _free_dims(m)
-    if ort_ops:
-        notes += _move_to_ms(m)
-    notes += _observations(m)
-    return m, notes
+    available = {v.name for v in graph.inputs} | set(graph.initializers) | set(outer)
+    produced = {o for n in graph.nodes for o in n.outputs if o}
+    reads = []
+    for n in graph.nodes:
+        names = node_reads(n)
+        for name in names:
+            if name not in available and name not in produced:
+                raise ModelLoadError(
+                    f"node {n.name!r} ({n.op_type}) reads {name!r}, which is neither a graph "
+                    f"input, an initializer, nor the output of any node (missing initializer?)")
+        # a name the graph provides is not waited for, even where a node also writes it
+        reads.append([name for name in names if name not in available])
+    order, stuck = stable_order(reads, [n.outputs for n in graph.nodes])
+    if stuck:
+        names = [graph.nodes[i].name for i in stuck]
+        raise ModelLoadError(
+            f"the graph has a cycle: nodes {names[:10]}{' ...' if len(names) > 10 else ''} "
+            f"depend on each other; ONNX graphs must be acyclic")
+    return [graph.nodes[i] for i in order]
+
+
+def needed_nodes(order: list[Node], outputs: Sequence[str]) -> list[Node]:
+    """The nodes (in ``order``) that the given output names depend on."""
+    need = set(outputs)
+    keep = []
+    for n in reversed(order):
+        if any(o in need for o in n.outputs if o):
+            keep.append(n)
+            need.update(i for i in n.inputs if i)
+            for sg in n.subgraphs:
+                need.update(sg.free_variables())
+    keep.reverse()
+    return keep

@@ -174,3 +174,44 @@ def work_dtype(dtype) -> np.dtype:
     """float64 for float64, float32 for every other dtype (the precision of ops that compute in
     single or double precision only)."""
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# the softmax
+
+
+def softmax(xp, x, axis: int = -1, *, log: bool = False, dtype=None, overwrite: bool = False,
+            zero_empty_rows: bool = False, dead=None):
+    """The engine's one softmax (``log=True``: log-softmax) of ``x`` along ``axis``:
+    ``exp(x - max) / sum``, computed in ``dtype`` (default: :func:`compute_dtype` of ``x``,
+    float32 for half floats) and returned in it.
+
+    Used by Softmax/LogSoftmax, every attention kernel and the ML post-transforms. A row whose
+    entries are all ``-inf`` gives NaN, as ONNX's Softmax says; with ``zero_empty_rows`` it
+    gives zeros (nothing to attend to), as do the rows flagged in ``dead`` (a boolean array
+    broadcastable to the result, e.g. rows whose additive mask is all ``-inf``).
+    ``overwrite=True``: ``x`` is the caller's own array, already in ``dtype``, and is computed
+    in place. Floating-point warnings are silenced (``-inf`` rows are expected).
+    """
+    dt = compute_dtype(x.dtype) if dtype is None else np.dtype(dtype)
+    xc = x if overwrite and x.dtype == dt else x.astype(dt, copy=False)
+    if xc.size == 0:
+        return xc if xc is not x else xc.copy()
+    with quiet():
+        m = xp.max(xc, axis=axis, keepdims=True)
+        if zero_empty_rows:
+            empty = m == -np.inf
+            m = xp.where(empty, xp.zeros((), dtype=dt), m)
+            if dead is not None:
+                empty = empty | dead
+        else:
+            empty = dead
+        t = xp.subtract(xc, m, out=xc) if overwrite and xc is x else xc - m
+        if log:
+            t -= xp.log(xp.exp(t).sum(axis=axis, keepdims=True))
+        else:
+            xp.exp(t, out=t)
+            t /= t.sum(axis=axis, keepdims=True)
+        if empty is not None:
+            t = xp.where(empty, xp.zeros((), dtype=dt), t)
+    return t

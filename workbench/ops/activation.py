@@ -14,6 +14,7 @@ import numpy as np  # dtype constants only
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
 from workbench.ops._common import compute_dtype, ensure_array, is_float, quiet
+from workbench.ops._common import softmax as softmax_core
 from workbench.ops.elementwise import erf_array
 from workbench.ops.registry import kernel
 
@@ -281,16 +282,8 @@ def _norm_axis(op: str, axis: int, rank: int, coerce_2d: bool) -> int:
 
 
 def _softmax(xp, x, axis, log):
-    xc = _up(x)
-    with quiet():
-        t = xc - xp.max(xc, axis=axis, keepdims=True)
-        if log:
-            s = xp.exp(t).sum(axis=axis, keepdims=True)
-            t -= xp.log(s)
-        else:
-            xp.exp(t, out=t)
-            t /= t.sum(axis=axis, keepdims=True)
-    return _down(ensure_array(t, xp), x.dtype)
+    """Softmax / LogSoftmax in the input's dtype (the engine's one softmax, _common.softmax)."""
+    return _down(ensure_array(softmax_core(xp, x, axis, log=log), xp), x.dtype)
 
 
 def _hardmax(xp, x, axis):

@@ -14,12 +14,13 @@ Attention-23 (past/present cache, masks, causal, softcap, qk_matmul_output modes
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from workbench.arrays import np_dtype_of_onnx, xp_of
 from workbench.errors import InputError, ShapeError
-from workbench.ops._common import work_dtype
+from workbench.ops._common import softmax, work_dtype
 from workbench.ops.registry import kernel
 
 _SOFTMAX_PRECISIONS = {1: "float", 10: "float16", 11: "double", 16: "bfloat16"}
@@ -35,26 +36,76 @@ def _softmax_dtype(softmax_precision, default):
 
 
 def _masked_softmax(xp, scores, dtype, dead=None):
-    """Softmax over the last axis computed in ``dtype``.
+    """Softmax over the last axis computed in ``dtype``; rows whose maximum is -inf (every key
+    masked), and rows flagged in ``dead``, give all-zero probabilities instead of NaN."""
+    return softmax(xp, scores, -1, dtype=dtype, zero_empty_rows=True, dead=dead)
 
-    Rows whose maximum is -inf (every key masked), and rows flagged in ``dead`` (broadcastable
-    boolean, e.g. decided on the additive bias), give all-zero probabilities instead of NaN.
+
+# --------------------------------------------------------------------------------------------
+# the attention core
+
+
+class Scores(NamedTuple):
+    """The intermediate score tensors of :func:`attend` (``keep_scores=True``): the product
+    ``raw``, after the soft cap ``capped``, after the biases and the blocked positions
+    ``biased``, and the probabilities ``probs`` (all [B, Hq, S, T])."""
+    raw: Any
+    capped: Any
+    biased: Any
+    probs: Any
+
+
+def attend(xp, q, k, v, *, scale: float, split_scale: bool = False, softcap: float = 0.0,
+           biases=(), blocked=None, blocked_value: float = -1e30, softmax_dtype=None,
+           zero_empty_rows: bool = False, dead=None, keep_scores: bool = False, op="Attention"):
+    """Scaled dot-product attention, the one core of the engine's attention kernels: ai.onnx
+    Attention, com.microsoft Attention / MultiHeadAttention / GroupQueryAttention / QAttention.
+
+    ``q`` [B, Hq, S, D], ``k`` [B, Hkv, T, D], ``v`` [B, Hkv, T, Dv], all in the precision to
+    compute in, with Hq a multiple of Hkv: each group of Hq / Hkv query heads attends to one
+    K/V head (grouped-query attention; nothing is copied per query head). Returns [B, Hq, S,
+    Dv] in that precision, and the :class:`Scores` too with ``keep_scores``.
+
+    The scores are ``q @ k^T`` scaled by ``scale`` (``split_scale``: ``q`` and ``k`` are each
+    multiplied by ``sqrt(scale)`` first, as ONNX's Attention specifies), soft-capped
+    (``softcap * tanh(s / softcap)`` when ``softcap > 0``), plus each ``(name, bias)`` of
+    ``biases`` in turn (additive masks broadcastable to [B, Hq, S, T]; ``name`` is used in the
+    error when one does not broadcast), with ``blocked_value`` where ``blocked`` is true
+    (structural masks: causal, windows, padding). Then the engine's one softmax
+    (:func:`workbench.ops._common.softmax`) in ``softmax_dtype`` (default: the scores'),
+    ``zero_empty_rows`` / ``dead`` as there, and the product with ``v``.
     """
-    s = scores.astype(dtype)
-    zero = xp.zeros((), dtype=s.dtype)
-    one = xp.ones((), dtype=s.dtype)
-    if s.shape[-1] == 0:
-        return s
-    m = xp.max(s, axis=-1, keepdims=True)
-    empty = m == -np.inf
-    m = xp.where(empty, zero, m)
-    e = xp.exp(s - m)
-    total = xp.sum(e, axis=-1, keepdims=True)
-    total = xp.where(total == 0, one, total)
-    p = e / total
-    if dead is not None:
-        empty = empty | dead
-    return xp.where(empty, zero, p)
+    b, hq, sq, d = q.shape
+    hkv, total = k.shape[1], k.shape[2]
+    group = hq // hkv
+    if split_scale:
+        root = q.dtype.type(math.sqrt(scale))
+        q, k = q * root, k * root
+    qg = q.reshape(b, hkv, group, sq, d)
+    raw = xp.matmul(qg, xp.swapaxes(k[:, :, None], -1, -2)).reshape(b, hq, sq, total)
+    if not split_scale:
+        raw = raw * raw.dtype.type(scale)
+    s = raw
+    if softcap and softcap > 0:
+        cap = s.dtype.type(softcap)
+        s = cap * xp.tanh(s / cap)
+    capped = s
+    for name, bias in biases:
+        try:
+            s = s + bias
+        except ValueError:
+            raise ShapeError(f"{op}: {name} of shape {tuple(bias.shape)} does not broadcast to "
+                             f"the scores (batch, q_heads, q_len, total_len) = "
+                             f"{(b, hq, sq, total)}") from None
+    if blocked is not None:
+        s = xp.where(blocked, s.dtype.type(blocked_value), s)
+    probs = softmax(xp, s, -1, dtype=s.dtype if softmax_dtype is None else softmax_dtype,
+                    zero_empty_rows=zero_empty_rows, dead=dead)
+    if probs.dtype != s.dtype:
+        probs = probs.astype(s.dtype)
+    y = xp.matmul(probs.reshape(b, hkv, group, sq, total), v[:, :, None])
+    y = y.reshape(b, hq, sq, v.shape[3])
+    return (y, Scores(raw, capped, s, probs)) if keep_scores else y
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,17 +182,6 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
     total = k.shape[2]
     dv = v.shape[3]
     scale_f = float(scale) if scale is not None else 1.0 / math.sqrt(d)
-    root = math.sqrt(scale_f)
-
-    group = hq // hkv
-    qg = (q.astype(wdt) * wdt.type(root)).reshape(b, hkv, group, sq, d)
-    kg = (k.astype(wdt) * wdt.type(root))[:, :, None]
-    qk = xp.matmul(qg, xp.swapaxes(kg, -1, -2)).reshape(b, hq, sq, total)
-    qk_raw = qk
-    if softcap and softcap > 0:
-        cap = wdt.type(softcap)
-        qk = cap * xp.tanh(qk / cap)
-    qk_capped = qk
 
     # structural mask: causal frontier, external-cache padding, sliding window
     allowed = None
@@ -180,27 +220,20 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
         bias = sb if bias is None else bias + sb
     dead = None
     if bias is not None:
-        try:
-            qk = qk + bias
-        except ValueError:
-            raise ShapeError(f"Attention: attn_mask of shape {attn_mask.shape} does not "
-                             f"broadcast to (batch, q_heads, q_len, total_len) = "
-                             f"{(b, hq, sq, total)}") from None
         # a query row whose additive bias is -inf for every key attends nothing: zero row
         dead = (xp.max(bias, axis=-1, keepdims=True) == -np.inf) if total else None
-    qk_biased = qk
-
+    n_out = ctx.n_outputs if ctx is not None else 1
     # softmax in float32/double unless softmax_precision asks for another type
-    sm_dtype = _softmax_dtype(softmax_precision, wdt)
-    probs = _masked_softmax(xp, qk, sm_dtype, dead).astype(wdt)
-    pg = probs.reshape(b, hkv, group, sq, total)
-    y = xp.matmul(pg, v.astype(wdt)[:, :, None]).reshape(b, hq, sq, dv)
+    y, sc = attend(xp, q.astype(wdt), k.astype(wdt), v.astype(wdt), scale=scale_f,
+                   split_scale=True, softcap=softcap,
+                   biases=() if bias is None else (("attn_mask", bias),),
+                   softmax_dtype=_softmax_dtype(softmax_precision, wdt), zero_empty_rows=True,
+                   dead=dead, keep_scores=True)
     if is3d:
         y = y.transpose(0, 2, 1, 3).reshape(b, sq, hq * dv)
     outputs = [y.astype(out_dtype), present_k.astype(K.dtype), present_v.astype(V.dtype)]
-    n_out = ctx.n_outputs if ctx is not None else 1
     if n_out > 3:
-        chosen = {0: qk_raw, 1: qk_capped, 2: qk_biased, 3: probs}.get(qk_matmul_output_mode)
+        chosen = {0: sc.raw, 1: sc.capped, 2: sc.biased, 3: sc.probs}.get(qk_matmul_output_mode)
         if chosen is None:
             raise InputError(f"Attention: qk_matmul_output_mode {qk_matmul_output_mode} is not "
                              f"supported (supported: 0, 1, 2, 3)")

@@ -201,7 +201,7 @@ def _from_strings(x, to, dst, saturate, round_mode, op):
     return cast_to(values, to, saturate=saturate, round_mode=round_mode, op=op)
 
 
-@kernel("Cast", since=6, category="shape", host_compute=True)
+@kernel("Cast", since=6, category="shape", host_shape_math=True)
 def cast(x, *, to, saturate=1, round_mode="up"):
     """Cast to element type ``to``; ``saturate`` (opset 19+) and ``round_mode`` (float8e8m0)."""
     return cast_to(x, to, saturate=saturate, round_mode=round_mode, op="Cast")

@@ -507,9 +507,9 @@ def qattention(input, weight, bias, input_scale, weight_scale, mask_index=None,
                input_zero_point=None, weight_zero_point=None, past=None, *, num_heads,
                unidirectional=0, do_rotary=0, past_present_share_buffer=0,
                mask_filter_value=-10000.0, scale=0.0, integer_arithmetic=EXACT, ctx):
-    """Attention (see contrib_transformer.attention) on 8-bit input and weights: the QKV
-    projection is the exact integer product scaled by input_scale * weight_scale
-    (weight per tensor or per column)."""
+    """Attention (contrib_transformer.ms_attention, through the engine's attention core
+    ops.attention.attend) on 8-bit input and weights: the QKV projection is the exact integer
+    product scaled by input_scale * weight_scale (weight per tensor or per column)."""
     op = "QAttention"
     if input.ndim != 3 or weight.ndim != 2 or weight.shape[0] != input.shape[2]:
         raise ShapeError(f"{op}: input {tuple(input.shape)} must be [batch, seq, hidden] and "

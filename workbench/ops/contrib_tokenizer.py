@@ -151,7 +151,7 @@ def _as_bytes(X):
     return data.reshape(len(flat), item), np.full(len(flat), item, dtype=np.int64)
 
 
-@kernel("MurmurHash3", since=1, domain=MS, host_compute=True)
+@kernel("MurmurHash3", since=1, domain=MS, host_shape_math=True)
 def murmur_hash3(X, *, positive=1, seed=0):
     """The 32-bit MurmurHash3 (x86) of every element: strings hashed over their UTF-8 bytes,
     numbers over their little-endian bytes (4 for int32/uint32/float, 8 for int64/uint64/

@@ -26,6 +26,7 @@ import numpy as np
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
 from workbench.ops._common import ints
+from workbench.ops.attention import attend
 from workbench.ops.registry import kernel, lookup, register
 
 MS = "com.microsoft"
@@ -69,7 +70,7 @@ def bias_gelu(A, B):
     return _gelu_erf(_up(A) + _up(B)).astype(A.dtype)
 
 
-@kernel("FastGelu", since=1, domain=MS)
+@kernel("FastGelu", since=1, domain=MS, category="activation")
 def fast_gelu(X, bias=None):
     x = _up(X)
     if bias is not None:
@@ -80,7 +81,7 @@ def fast_gelu(X, bias=None):
     return _gelu_tanh(x).astype(X.dtype)
 
 
-@kernel("QuickGelu", since=1, domain=MS)
+@kernel("QuickGelu", since=1, domain=MS, category="activation")
 def quick_gelu(X, *, alpha=1.702):
     x = _up(X)
     return (x * _sigmoid(x * x.dtype.type(alpha))).astype(X.dtype)
@@ -224,7 +225,7 @@ def _skip_ln(op, input, skip, gamma, beta, bias, epsilon, n_outputs, simplified)
     return outs[0] if n == 1 else tuple(outs[:n])
 
 
-@kernel("SkipLayerNormalization", since=1, domain=MS, wants_ctx=True)
+@kernel("SkipLayerNormalization", since=1, domain=MS, wants_ctx=True, category="normalization")
 def skip_layer_norm(input, skip, gamma, beta=None, bias=None, *, epsilon=1e-12, ctx):
     """Outputs: output, mean, inv_std_var, input_skip_bias_sum."""
     return _skip_ln("SkipLayerNormalization", input, skip, gamma, beta, bias, epsilon,
@@ -239,11 +240,12 @@ def skip_simplified_layer_norm(input, skip, gamma, bias=None, *, epsilon=1e-12, 
                     epsilon, ctx.n_outputs, True)
 
 
-@kernel("SimplifiedLayerNormalization", since=1, domain=MS, wants_ctx=True)
+@kernel("SimplifiedLayerNormalization", since=1, domain=MS, wants_ctx=True,
+        category="normalization")
 def simplified_layer_norm(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, ctx):
     """RMS normalization over the axes from ``axis``: Y = X / sqrt(mean(X^2) + eps) * scale.
     Outputs Y and inv_std_var. onnxruntime writes it in the ONNX domain, which onnx does not
-    define: the loader reads such nodes as com.microsoft (workbench/graph/toposort.py)."""
+    define: the loader reads such nodes as com.microsoft (workbench/graph/quirks.py)."""
     op = "SimplifiedLayerNormalization"
     xp = xp_of(X)
     r = X.ndim
@@ -317,12 +319,6 @@ register("LayerNormalization", _ms_layer_norm, domain=MS, wants_ctx=True)
 
 
 # ---------------------------------------------------------------------------------- attention
-def _softmax(xp, x):
-    m = x.max(axis=-1, keepdims=True)
-    e = xp.exp(x - m)
-    return e / e.sum(axis=-1, keepdims=True)
-
-
 def _heads(x, n, name, op):
     """[B, S, N*H] -> [B, N, S, H]."""
     b, s, d = x.shape
@@ -367,31 +363,29 @@ def _key_mask(op, xp, mask_index, b, s, t, past_len):
 
 def _attend(op, xp, q, k, v, *, scale, key_mask, causal_offset, mask_filter_value,
             attention_bias=None, softcap=0.0, window=-1):
-    """q [B, N, S, H], k/v [B, N, T, H] (already repeated for grouped heads) -> [B, N, S, Hv]."""
+    """q [B, N, S, H], k/v [B, Nkv, T, H] (N a multiple of Nkv: grouped heads) -> [B, N, S, Hv],
+    through the engine's attention core (:func:`workbench.ops.attention.attend`): the
+    attention bias and the key mask (``mask_filter_value`` where masked) are added, the
+    causal frontier and the local window are blocked with -1e30, as onnxruntime does."""
     h = q.shape[-1]
     sc = float(scale) if scale else 1.0 / math.sqrt(h)
-    scores = (q @ k.swapaxes(-1, -2)) * q.dtype.type(sc)
-    if softcap and softcap > 0:
-        scores = softcap * xp.tanh(scores / softcap)
+    s, t = q.shape[2], k.shape[2]
+    dt = q.dtype.type
+    biases = []
     if attention_bias is not None:
-        try:
-            scores = scores + _up(attention_bias)
-        except ValueError:
-            raise ShapeError(f"{op}: attention_bias {tuple(attention_bias.shape)} does not "
-                             f"broadcast to the scores {tuple(scores.shape)}") from None
-    s, t = scores.shape[-2:]
+        biases.append(("attention_bias", _up(attention_bias)))
     if key_mask is not None:
-        scores = scores + xp.where(key_mask[:, None], scores.dtype.type(mask_filter_value),
-                                   scores.dtype.type(0))
+        biases.append(("mask", xp.where(key_mask[:, None], dt(mask_filter_value), dt(0))))
+    blocked = None
     if causal_offset is not None:
         i = xp.arange(s)[:, None]
         j = xp.arange(t)[None, :]
         off = xp.asarray(causal_offset).reshape(-1, 1, 1, 1)  # per batch or scalar
-        dead = j[None, None] > (i[None, None] + off)
+        blocked = j[None, None] > (i[None, None] + off)
         if window is not None and window > 0:
-            dead = dead | (j[None, None] <= (i[None, None] + off - window))
-        scores = xp.where(dead, scores.dtype.type(-1e30), scores)
-    return _softmax(xp, scores) @ v
+            blocked = blocked | (j[None, None] <= (i[None, None] + off - window))
+    return attend(xp, q, k, v, scale=sc, softcap=softcap, biases=biases, blocked=blocked,
+                  blocked_value=-1e30, op=op)
 
 
 def _merge(x):
@@ -464,7 +458,7 @@ def ms_attention(input, weights, bias=None, mask_index=None, past=None, attentio
                               n_outputs=ctx.n_outputs, out_dtype=input.dtype)
 
 
-@kernel("MultiHeadAttention", since=1, domain=MS, wants_ctx=True)
+@kernel("MultiHeadAttention", since=1, domain=MS, wants_ctx=True, category="layer")
 def multi_head_attention(query, key=None, value=None, bias=None, key_padding_mask=None,
                          attention_bias=None, past_key=None, past_value=None,
                          past_sequence_length=None, cache_indirection=None, *, num_heads,
@@ -673,12 +667,9 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                              f"present buffer ({cap})")
         pk[bi, :, pl:pl + s] = k[bi]
         pv[bi, :, pl:pl + s] = v[bi]
-    rep = n // nkv
-    kk = xp.repeat(pk, rep, axis=1)
-    vv = xp.repeat(pv, rep, axis=1)
     j = xp.arange(cap)
     key_dead = (j[None, :] >= xp.asarray(lens)[:, None])[:, None, :]
-    out = _attend(op, xp, q, kk, vv, scale=scale, key_mask=key_dead,
+    out = _attend(op, xp, q, pk, pv, scale=scale, key_mask=key_dead,
                   causal_offset=xp.asarray(past_lens), mask_filter_value=-1e30,
                   attention_bias=attention_bias, softcap=softcap, window=local_window_size)
     dt = query.dtype

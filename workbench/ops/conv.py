@@ -36,7 +36,7 @@ from workbench.ops.parallel import (
     scratch,
     single_threaded_blas,
 )
-from workbench.ops.registry import kernel
+from workbench.ops.registry import FUSED_DOMAIN, kernel
 from workbench.ops.windows import (
     WideTaps,
     pad_spatial,
@@ -369,8 +369,6 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
 # FusedConv (internal: made by the inference pass workbench.graph.passes.fuse_conv_activation)
 # --------------------------------------------------------------------------------------------
 
-#: the domain of the engine's internal fused ops (never written to exported files)
-FUSED_DOMAIN = "com.workbench"
 #: the activations FusedConv applies in its epilogue (what fuse_conv_activation may fuse)
 EPILOGUE_ACTIVATIONS = frozenset(("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "Tanh"))
 
@@ -570,7 +568,7 @@ def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
                            output_shape, pads, strides, upper_puts_extra_at_end=True)
 
 
-@kernel("Col2Im", since=18, host_inputs=(1, 2))
+@kernel("Col2Im", since=18, host_read_inputs=(1, 2))
 def col2im(input, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
     """ONNX Col2Im: sum column blocks (N, C*prod(block), L) back into (N, C, *image_shape)."""
     op = "Col2Im"

@@ -40,25 +40,25 @@ def legacy_broadcast(op: str, a, b, broadcast, axis):
 # binary arithmetic
 
 
-@kernel("Add", since=6, category="math", elementwise=True, host_compute=True)
+@kernel("Add", since=6, category="math", elementwise=True, host_shape_math=True)
 def add(a, b, *, broadcast=0, axis=None):
     b = legacy_broadcast("Add", a, b, broadcast, axis)
     return ensure_array(xp_of(a, b).add(a, b))
 
 
-@kernel("Sub", since=6, category="math", elementwise=True, host_compute=True)
+@kernel("Sub", since=6, category="math", elementwise=True, host_shape_math=True)
 def sub(a, b, *, broadcast=0, axis=None):
     b = legacy_broadcast("Sub", a, b, broadcast, axis)
     return ensure_array(xp_of(a, b).subtract(a, b))
 
 
-@kernel("Mul", since=6, category="math", elementwise=True, host_compute=True)
+@kernel("Mul", since=6, category="math", elementwise=True, host_shape_math=True)
 def mul(a, b, *, broadcast=0, axis=None):
     b = legacy_broadcast("Mul", a, b, broadcast, axis)
     return ensure_array(xp_of(a, b).multiply(a, b))
 
 
-@kernel("Div", since=6, category="math", elementwise=True, host_compute=True)
+@kernel("Div", since=6, category="math", elementwise=True, host_shape_math=True)
 def div(a, b, *, broadcast=0, axis=None):
     """Float division, or integer division truncating toward zero (C semantics)."""
     b = legacy_broadcast("Div", a, b, broadcast, axis)
@@ -119,7 +119,7 @@ def _int_pow(xp, x, y):
     return ensure_array(xp.power(x, y)).astype(x.dtype, copy=False)
 
 
-@kernel("Mod", since=10, category="math", host_compute=True)
+@kernel("Mod", since=10, category="math", host_shape_math=True)
 def mod(a, b, *, fmod=0):
     """fmod=0: result has the sign of B (floor); fmod=1: sign of A (C fmod)."""
     xp = xp_of(a, b)
@@ -141,12 +141,12 @@ def mod(a, b, *, fmod=0):
 # unary math
 
 
-@kernel("Neg", since=6, category="math", elementwise=True, host_compute=True)
+@kernel("Neg", since=6, category="math", elementwise=True, host_shape_math=True)
 def neg(x):
     return ensure_array(xp_of(x).negative(x))
 
 
-@kernel("Abs", since=6, category="math", elementwise=True, host_compute=True)
+@kernel("Abs", since=6, category="math", elementwise=True, host_shape_math=True)
 def abs_(x):
     return ensure_array(xp_of(x).absolute(x))
 
@@ -178,12 +178,12 @@ def reciprocal(x):
         return ensure_array(xp_of(x).reciprocal(x))
 
 
-@kernel("Floor", since=6, category="math", host_compute=True)
+@kernel("Floor", since=6, category="math", host_shape_math=True)
 def floor(x):
     return ensure_array(xp_of(x).floor(x))
 
 
-@kernel("Ceil", since=6, category="math", host_compute=True)
+@kernel("Ceil", since=6, category="math", host_shape_math=True)
 def ceil(x):
     return ensure_array(xp_of(x).ceil(x))
 
@@ -194,7 +194,7 @@ def round_(x):
     return ensure_array(xp_of(x).rint(x))
 
 
-@kernel("Sign", since=9, category="math", host_compute=True)
+@kernel("Sign", since=9, category="math", host_shape_math=True)
 def sign(x):
     return ensure_array(xp_of(x).sign(x))
 
@@ -404,12 +404,12 @@ def mean(*inputs):
     return r.astype(inputs[0].dtype, copy=False)
 
 
-@kernel("Max", since=6, category="math", host_compute=True)
+@kernel("Max", since=6, category="math", host_shape_math=True)
 def max_(*inputs):
     return _variadic("Max", "maximum", inputs)
 
 
-@kernel("Min", since=6, category="math", host_compute=True)
+@kernel("Min", since=6, category="math", host_shape_math=True)
 def min_(*inputs):
     return _variadic("Min", "minimum", inputs)
 
@@ -504,7 +504,7 @@ def clip(x, lo=None, hi=None):
     return _clip(xp, x, lo, hi)
 
 
-@kernel("Identity", since=1, category="shape", host_compute=True)
+@kernel("Identity", since=1, category="shape", host_shape_math=True)
 def identity(x):
     """Returns its input: a tensor, a sequence (list) or an optional value."""
     if isinstance(x, list):

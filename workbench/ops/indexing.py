@@ -47,7 +47,7 @@ def _along_axis_index(xp, idx, axis):
 
 # Gather family -----------------------------------------------------------------------------------
 
-@kernel("Gather", since=1, category="shape", host_compute=True)
+@kernel("Gather", since=1, category="shape", host_shape_math=True)
 def gather(data, indices, *, axis=0):
     """Take the slices ``indices`` along ``axis``; the index dims replace that axis."""
     xp = xp_of(data)
@@ -281,7 +281,7 @@ def non_zero(x):
     return xp.stack([i.astype(np.int64, copy=False) for i in nz])
 
 
-@kernel("OneHot", since=9, category="shape", host_inputs=(1,), settings=(1, 2))
+@kernel("OneHot", since=9, category="shape", host_read_inputs=(1,), settings=(1, 2))
 def one_hot(indices, depth, values, *, axis=-1):
     """One-hot encode ``indices`` along a new ``axis`` of size ``depth``; ``values`` is
     [off, on]; indices outside [-depth, depth) give all-off rows."""

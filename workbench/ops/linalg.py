@@ -15,6 +15,7 @@ from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
 from workbench.limits import check_alloc
 from workbench.ops._common import _UNCHECKED_BYTES, check_matmul, compute_dtype, ensure_array
+from workbench.ops._common import softmax as softmax_core
 from workbench.ops._integer import (
     IntegerArithmetic,
     arithmetic_of,
@@ -22,10 +23,9 @@ from workbench.ops._integer import (
     saturates,
 )
 from workbench.ops.activation import softmax
-from workbench.ops.conv import FUSED_DOMAIN
 from workbench.ops.elementwise import erf_array
 from workbench.ops.parallel import _PARALLEL_GEMM_MIN, parallel_matmul
-from workbench.ops.registry import kernel
+from workbench.ops.registry import FUSED_DOMAIN, kernel
 from workbench.ops.shape import reshape, transpose
 
 
@@ -454,7 +454,7 @@ def _attention_layout(x, shape, perm):
     return x
 
 
-@kernel("FusedAttention", since=1, domain=FUSED_DOMAIN, host_inputs=(4, 5, 6, 7))
+@kernel("FusedAttention", since=1, domain=FUSED_DOMAIN, host_read_inputs=(4, 5, 6, 7))
 def fused_attention(Q, K, V, M=None, q_shape=None, k_shape=None, v_shape=None, out_shape=None,
                     *, scale=1.0, scale_op="", mask="", fill=0.0, q_perm=(), k_perm=(),
                     v_perm=(), out_perm=()):
@@ -494,12 +494,8 @@ def fused_attention(Q, K, V, M=None, q_shape=None, k_shape=None, v_shape=None, o
         else:
             s = xp.where(cond, s.dtype.type(fill), s)
     if type(s) is np.ndarray and s.dtype.itemsize >= 4 and s.size:
-        # the scores are this node's own array: Softmax(-1) in place, as Softmax computes it
-        with np.errstate(all="ignore"):
-            np.subtract(s, np.maximum.reduce(s, axis=-1, keepdims=True), out=s)
-            np.exp(s, out=s)
-            s /= np.add.reduce(s, axis=-1, keepdims=True)
-        p = s
+        # the scores are this node's own array: Softmax(-1) computed in place on it
+        p = softmax_core(np, s, -1, overwrite=True)
     else:
         p = softmax(s, axis=-1)
     y = matmul(p, V)

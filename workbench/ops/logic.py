@@ -11,7 +11,7 @@ from workbench.ops.elementwise import legacy_broadcast
 from workbench.ops.registry import kernel
 
 
-@kernel("Equal", since=1, category="math", host_compute=True)
+@kernel("Equal", since=1, category="math", host_shape_math=True)
 def equal(a, b, *, broadcast=0, axis=None):
     """Elementwise ==, for numbers, bools and strings."""
     b = legacy_broadcast("Equal", a, b, broadcast, axis)
@@ -19,37 +19,37 @@ def equal(a, b, *, broadcast=0, axis=None):
     return ensure_array(xp.equal(a, b), xp).astype(bool, copy=False)
 
 
-@kernel("Less", since=1, category="math", host_compute=True)
+@kernel("Less", since=1, category="math", host_shape_math=True)
 def less(a, b, *, broadcast=0, axis=None):
     b = legacy_broadcast("Less", a, b, broadcast, axis)
     return ensure_array(xp_of(a, b).less(a, b))
 
 
-@kernel("Greater", since=1, category="math", host_compute=True)
+@kernel("Greater", since=1, category="math", host_shape_math=True)
 def greater(a, b, *, broadcast=0, axis=None):
     b = legacy_broadcast("Greater", a, b, broadcast, axis)
     return ensure_array(xp_of(a, b).greater(a, b))
 
 
-@kernel("LessOrEqual", since=12, category="math", host_compute=True)
+@kernel("LessOrEqual", since=12, category="math", host_shape_math=True)
 def less_or_equal(a, b):
     check_broadcast("LessOrEqual", a, b)
     return ensure_array(xp_of(a, b).less_equal(a, b))
 
 
-@kernel("GreaterOrEqual", since=12, category="math", host_compute=True)
+@kernel("GreaterOrEqual", since=12, category="math", host_shape_math=True)
 def greater_or_equal(a, b):
     check_broadcast("GreaterOrEqual", a, b)
     return ensure_array(xp_of(a, b).greater_equal(a, b))
 
 
-@kernel("And", since=1, category="math", host_compute=True)
+@kernel("And", since=1, category="math", host_shape_math=True)
 def and_(a, b, *, broadcast=0, axis=None):
     b = legacy_broadcast("And", a, b, broadcast, axis)
     return ensure_array(xp_of(a, b).logical_and(a, b))
 
 
-@kernel("Or", since=1, category="math", host_compute=True)
+@kernel("Or", since=1, category="math", host_shape_math=True)
 def or_(a, b, *, broadcast=0, axis=None):
     b = legacy_broadcast("Or", a, b, broadcast, axis)
     return ensure_array(xp_of(a, b).logical_or(a, b))
@@ -61,12 +61,12 @@ def xor(a, b, *, broadcast=0, axis=None):
     return ensure_array(xp_of(a, b).logical_xor(a, b))
 
 
-@kernel("Not", since=1, category="math", host_compute=True)
+@kernel("Not", since=1, category="math", host_shape_math=True)
 def not_(x):
     return ensure_array(xp_of(x).logical_not(x))
 
 
-@kernel("Where", since=9, category="math", host_compute=True)
+@kernel("Where", since=9, category="math", host_shape_math=True)
 def where(condition, x, y):
     """x where condition is true, else y; the three inputs broadcast together."""
     check_broadcast("Where", x, y, condition)

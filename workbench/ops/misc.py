@@ -110,7 +110,7 @@ def _dropout(x, ratio: float, training: bool, seed, ctx, mask_dtype):
 
 
 @kernel("Dropout", since=7, wants_ctx=True,
-        category="normalization", host_inputs=(1, 2), settings=(1, 2), random=True)
+        category="normalization", host_read_inputs=(1, 2), settings=(1, 2), random=True)
 def dropout_7(data, *, ratio=0.5, ctx):
     """Opsets 7-9: ratio attribute, mask of the data's type; random only in training mode."""
     return _dropout(data, float(ratio), bool(ctx.training), None, ctx, data.dtype)

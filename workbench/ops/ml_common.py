@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from workbench.errors import InputError
+from workbench.ops._common import softmax as softmax_core
 
 POST_TRANSFORMS = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
 
@@ -84,8 +85,8 @@ def logistic(s: np.ndarray) -> np.ndarray:
 
 
 def softmax(s: np.ndarray) -> np.ndarray:
-    e = np.exp(s - s.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
+    """Row-wise softmax of a [N, C] score matrix (the engine's one softmax)."""
+    return softmax_core(np, s, 1, dtype=s.dtype if s.dtype.kind == "f" else np.float64)
 
 
 def softmax_zero(s: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ from workbench.arrays import np_dtype_of_onnx, xp_of
 from workbench.errors import InputError, ShapeError
 from workbench.ops._common import compute_dtype, to_compute
 from workbench.ops.parallel import run_blocks
-from workbench.ops.registry import kernel
+from workbench.ops.registry import FUSED_DOMAIN, kernel
 
 
 def _axis(op, axis, ndim, name="axis"):
@@ -351,7 +351,7 @@ def mean_variance_normalization(X, *, axes=(0, 2, 3)):
 
 # --------------------------------------------------------------------------------------------
 # Internal: the weights of a Conv with an inference BatchNormalization folded in
-@kernel("FoldBatchNormWeights", since=1, domain="com.workbench", category="normalization")
+@kernel("FoldBatchNormWeights", since=1, domain=FUSED_DOMAIN, category="normalization")
 def fold_batchnorm_weights(W, scale, B, mean, var, conv_bias=None, *, epsilon=1e-5):
     """(W', B') of ``Conv(X, W', B') == BatchNormalization(Conv(X, W, conv_bias))`` in
     inference mode: ``s = scale / sqrt(var + epsilon)``, ``W' = W * s`` (per output channel),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import NamedTuple
 
 import numpy as np  # dtype constants only
 
@@ -29,7 +30,20 @@ from workbench.ops.windows import (
 )
 
 
-def _pool_setup(op, X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
+class PoolWindow(NamedTuple):
+    """A pooling node's window per spatial axis: kernel size ``ks``, strides ``st``,
+    dilations ``dl``, pads at the beginning ``pb`` and end ``pe``, output size ``out``, and the
+    ``extra`` end padding ceil mode adds (``arrays.geometry.window_geometry``)."""
+    ks: list
+    st: list
+    dl: list
+    pb: list
+    pe: list
+    out: list
+    extra: list
+
+
+def _pool_setup(op, X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode) -> PoolWindow:
     if X.ndim < 3:
         raise ShapeError(f"{op}: input X must have shape (N, C, D1, ...) with at least one "
                          f"spatial axis, got shape {tuple(X.shape)}")
@@ -42,7 +56,7 @@ def _pool_setup(op, X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mo
     dl = spatial_ints(op, "dilations", dilations, nd, 1)
     pb, pe, out, extra = window_geometry(op, X.shape[2:], ks, st, dl, pads, auto_pad,
                                          ceil_mode=bool(ceil_mode))
-    return ks, st, dl, pb, pe, out, extra
+    return PoolWindow(ks, st, dl, pb, pe, out, extra)
 
 
 def _lowest(dtype):
@@ -268,7 +282,7 @@ def global_lp_pool(X, *, p=2):
 # MaxUnpool
 # --------------------------------------------------------------------------------------------
 
-@kernel("MaxUnpool", since=9, category="pooling", host_inputs=(2,))
+@kernel("MaxUnpool", since=9, category="pooling", host_read_inputs=(2,))
 def max_unpool(X, I, output_shape=None, *, kernel_shape=None, pads=None, strides=None):
     """Scatter X into zeros at the flat indices I (as produced by MaxPool's Indices)."""
     op = "MaxUnpool"

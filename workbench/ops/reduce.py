@@ -160,7 +160,7 @@ _CORES = {
 }
 
 
-def _make_reduce(op: str, axes_input_since: int, host_compute: bool = False):
+def _make_reduce(op: str, axes_input_since: int, host_shape_math: bool = False):
     core = _CORES[op]
     fname = "".join("_" + c.lower() if c.isupper() else c for c in op).lstrip("_")
 
@@ -174,17 +174,17 @@ def _make_reduce(op: str, axes_input_since: int, host_compute: bool = False):
     reduce_axes_input.__name__ = reduce_axes_input.__qualname__ = f"{fname}_axes_input"
     reduce_axes_attr.__doc__ = f"{op}-1..{axes_input_since - 1}: axes as an attribute."
     reduce_axes_input.__doc__ = f"{op}-{axes_input_since}+: axes as an optional int64 input."
-    kernel(op, since=1, category="reduction", host_inputs=(1,),
-           host_compute=host_compute)(reduce_axes_attr)
+    kernel(op, since=1, category="reduction", host_read_inputs=(1,),
+           host_shape_math=host_shape_math)(reduce_axes_attr)
     kernel(op, since=axes_input_since)(reduce_axes_input)
     return reduce_axes_attr, reduce_axes_input
 
 
-reduce_sum_axes_attr, reduce_sum_axes_input = _make_reduce("ReduceSum", 13, host_compute=True)
+reduce_sum_axes_attr, reduce_sum_axes_input = _make_reduce("ReduceSum", 13, host_shape_math=True)
 reduce_mean_axes_attr, reduce_mean_axes_input = _make_reduce("ReduceMean", 18)
-reduce_max_axes_attr, reduce_max_axes_input = _make_reduce("ReduceMax", 18, host_compute=True)
-reduce_min_axes_attr, reduce_min_axes_input = _make_reduce("ReduceMin", 18, host_compute=True)
-reduce_prod_axes_attr, reduce_prod_axes_input = _make_reduce("ReduceProd", 18, host_compute=True)
+reduce_max_axes_attr, reduce_max_axes_input = _make_reduce("ReduceMax", 18, host_shape_math=True)
+reduce_min_axes_attr, reduce_min_axes_input = _make_reduce("ReduceMin", 18, host_shape_math=True)
+reduce_prod_axes_attr, reduce_prod_axes_input = _make_reduce("ReduceProd", 18, host_shape_math=True)
 reduce_l1_axes_attr, reduce_l1_axes_input = _make_reduce("ReduceL1", 18)
 reduce_l2_axes_attr, reduce_l2_axes_input = _make_reduce("ReduceL2", 18)
 reduce_log_sum_axes_attr, reduce_log_sum_axes_input = _make_reduce("ReduceLogSum", 18)
@@ -255,7 +255,7 @@ def _cumulative(op, x, axis, exclusive, reverse, is_sum):
     return out.astype(x.dtype, copy=False)
 
 
-@kernel("CumSum", since=11, category="reduction", host_inputs=(1,))
+@kernel("CumSum", since=11, category="reduction", host_read_inputs=(1,))
 def cum_sum(x, axis, *, exclusive=0, reverse=0):
     """Cumulative sum along ``axis`` (a 0-D or 1-element int tensor)."""
     return _cumulative("CumSum", x, axis, exclusive, reverse, True)
@@ -300,7 +300,7 @@ def _k_of(k) -> int:
     return vals[0]
 
 
-@kernel("TopK", since=1, category="reduction", host_inputs=(1,))
+@kernel("TopK", since=1, category="reduction", host_read_inputs=(1,))
 def top_k_attr(x, *, k, axis=-1):
     """TopK-1..9: ``k`` is an attribute; the largest elements, sorted."""
     return _top_k(x, int(k), axis, True)

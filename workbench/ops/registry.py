@@ -31,13 +31,16 @@ falls back to it (``portable(op_type, since)``) for attribute combinations it do
 Facts about an op that the engine needs besides its kernel are given in the same decorator and
 queried with :func:`facts` / :func:`category` (no tables of op names elsewhere)::
 
-    @kernel("Reshape", since=14, host_inputs=(1,), host_compute=True, category="shape")
+    @kernel("Reshape", since=14, host_read_inputs=(1,), host_shape_math=True, category="shape")
 
 - ``category``: the family the graph viewer colours it by ("layer", "activation", "shape"...).
-- ``host_inputs``: input positions a kernel reads on the host as Python ints (shape-like
-  inputs); a device plan keeps such values in numpy and never uploads them for that use.
-- ``host_compute``: cheap integer shape arithmetic that a device plan runs on the host when
+- ``host_read_inputs``: input positions a kernel reads on the host as Python numbers
+  (shape-like inputs such as Reshape's ``shape``, settings such as Dropout's ``ratio``); a
+  device plan keeps such values in numpy and never uploads them for that use.
+- ``host_shape_math``: cheap integer shape arithmetic that a device plan runs on the host when
   every input is a host value (cheaper than a kernel launch, and no device-to-host sync).
+  (Both were called ``host_inputs`` / ``host_compute`` before; those spellings are still
+  accepted by :func:`kernel`/:func:`describe` and readable on :class:`OpFacts`.)
 - ``settings``: input positions that hold settings rather than weights (Dropout's ratio,
   Clip's bounds...): an imported float initializer used only there is not a parameter.
 - ``random``: the output depends on a random draw (never constant-folded).
@@ -51,8 +54,18 @@ queried with :func:`facts` / :func:`category` (no tables of op names elsewhere):
   by the Tensor runner for imported graphs in training mode, with ``state_outputs``
   ``{output: input}`` naming the outputs written back into stateful inputs.
 
-``describe(op_type, domain=..., category=...)`` declares facts of an op the engine shows but
-does not run (contrib ops in the viewer).
+``describe(op_type, domain=..., category=...)`` declares facts of an op without registering a
+kernel (an op the engine only shows).
+
+A second registration of the same kernel -- the same (domain, op_type, since) for the same
+array module and mode (portable, ``xp=`` override, ``train=True`` form) -- is an error naming
+both functions: a renamed or copied kernel never silently replaces another. A custom operator
+that means to replace a kernel says so with ``register(..., replace=True)`` (or
+``@kernel(..., replace=True)``).
+
+``FUSED_DOMAIN`` (``com.workbench``) is the domain of the engine's internal fused operators,
+which only the inference passes write (``FusedConv``, ``FusedMatMul``, ``FusedAttention``,
+``FoldBatchNormWeights``); optimized graphs are never exported.
 """
 
 from __future__ import annotations
@@ -70,6 +83,8 @@ import onnx.helper
 from workbench.errors import UnsupportedOperatorError
 
 DEFAULT_DOMAIN = ""
+#: the domain of the engine's internal fused operators (written by the inference passes only)
+FUSED_DOMAIN = "com.workbench"
 _DOMAIN_ALIASES = {"ai.onnx": ""}
 
 
@@ -92,14 +107,28 @@ class OpFacts:
     """What the engine knows about an op besides its kernels (see the module docstring)."""
 
     category: str = "other"
-    host_inputs: tuple = ()
-    host_compute: bool = False
+    host_read_inputs: tuple = ()   # input positions read on the host as Python numbers
+    host_shape_math: bool = False  # integer shape arithmetic a device plan runs on the host
     settings: tuple = ()
     random: bool = False
     state_inputs: tuple = ()
     state_outputs: tuple = ()      # ((output index, input index), ...) of the training form
     shape_only: bool = False       # reads only its input's shape (Shape, Size)
     elementwise: bool = False      # pointwise: output[i] depends on the inputs' [i] only
+
+    @property
+    def host_inputs(self) -> tuple:
+        """Old name of :attr:`host_read_inputs`."""
+        return self.host_read_inputs
+
+    @property
+    def host_compute(self) -> bool:
+        """Old name of :attr:`host_shape_math`."""
+        return self.host_shape_math
+
+
+#: fact names accepted under their old spellings
+_OLD_FACT_NAMES = {"host_inputs": "host_read_inputs", "host_compute": "host_shape_math"}
 
 
 _NO_FACTS = OpFacts()
@@ -130,7 +159,7 @@ _REGISTRY: dict[tuple[str, str], list[KernelEntry]] = {}
 # array-module name ("cupy") -> (domain, op_type) -> sorted override entries
 _OVERRIDES: dict[str, dict[tuple[str, str], list[KernelEntry]]] = {}
 # modules that register the overrides of an array module, imported on its first lookup
-_OVERRIDE_MODULES = {"cupy": "workbench.arrays.cuda.overrides"}
+_OVERRIDE_MODULES = {"cupy": "workbench.ops.cuda"}
 _overrides_loaded: set = set()
 
 
@@ -142,22 +171,23 @@ def _xp_name(xp) -> str | None:
 
 
 def kernel(op_type: str, since: int = 1, *, domain: str = "", wants_ctx: bool = False,
-           xp=None, train: bool = False, **facts):
+           xp=None, train: bool = False, replace: bool = False, **facts):
     """Register the decorated function as the kernel of ``op_type`` from opset ``since``.
 
     Stack several decorators to register one function for several ops or versions.
     ``xp="cupy"`` registers a device-specific override instead of the portable kernel;
-    ``train=True`` the training-mode form. Keyword ``facts`` (``category``, ``host_inputs``,
-    ``host_compute``, ``settings``, ``random``, ``state_inputs``, ``state_outputs``,
-    ``shape_only``, ``elementwise``) describe the
-    op (see the module docstring).
+    ``train=True`` the training-mode form; ``replace=True`` replaces a kernel registered for
+    the same (domain, op_type, since, xp, train) (otherwise an error). Keyword ``facts``
+    (``category``, ``host_read_inputs``, ``host_shape_math``, ``settings``, ``random``,
+    ``state_inputs``, ``state_outputs``, ``shape_only``, ``elementwise``) describe the op (see
+    the module docstring).
     """
 
     def deco(fn: Callable) -> Callable:
         if fn.__name__ in ("_", "<lambda>"):
             raise ValueError(f"kernel for {op_type} must be a named function")
         register(op_type, fn, since=since, domain=domain, wants_ctx=wants_ctx, xp=xp,
-                 train=train, **facts)
+                 train=train, replace=replace, **facts)
         return fn
 
     return deco
@@ -167,12 +197,13 @@ def describe(op_type: str, *, domain: str = "", **facts) -> None:
     """Record facts about ``op_type`` (merged with those given before; an op registered by
     several decorators may give each fact once)."""
     key = (_norm_domain(domain), op_type)
+    facts = {_OLD_FACT_NAMES.get(k, k): v for k, v in facts.items()}
     unknown = set(facts) - set(OpFacts.__dataclass_fields__)
     if unknown:
         raise TypeError(f"unknown op facts for {op_type}: {sorted(unknown)}")
     if not facts:
         return
-    for k in ("host_inputs", "settings", "state_inputs"):
+    for k in ("host_read_inputs", "settings", "state_inputs"):
         if k in facts:
             facts[k] = tuple(int(i) for i in facts[k])
     if "state_outputs" in facts:
@@ -203,20 +234,37 @@ def category(op_type: str, domain: str | None = None) -> str:
 
 
 def register(op_type: str, fn: Callable, *, since: int = 1, domain: str = "",
-             wants_ctx: bool = False, xp=None, train: bool = False, **facts) -> None:
-    """Register ``fn`` as a kernel (the non-decorator form, for custom operators)."""
+             wants_ctx: bool = False, xp=None, train: bool = False, replace: bool = False,
+             **facts) -> None:
+    """Register ``fn`` as a kernel (the non-decorator form, for custom operators).
+
+    A kernel already registered for the same (domain, op_type, since, xp, train) is an error
+    unless ``replace=True``."""
     key = (_norm_domain(domain), op_type)
-    describe(op_type, domain=domain, **facts)
     xname = _xp_name(xp)
     if train:
         table = _TRAIN if xname is None else _TRAIN_OVERRIDES.setdefault(xname, {})
     else:
         table = _REGISTRY if xname is None else _OVERRIDES.setdefault(xname, {})
+    entries = table.get(key, [])
+    old = next((e for e in entries if e.since == int(since)), None)
+    if old is not None and not replace:
+        kind = ("training form" if train else "kernel") + (f" ({xname} override)" if xname
+                                                            else "")
+        raise ValueError(
+            f"{key[0] or 'ai.onnx'}::{op_type} since opset {since}: a {kind} is already "
+            f"registered ({_qualname(old.fn)}); registering {_qualname(fn)} as well would "
+            f"replace it silently. Pass replace=True to replace it on purpose")
+    describe(op_type, domain=domain, **facts)
     entries = table.setdefault(key, [])
-    entries[:] = [e for e in entries if e.since != since]
+    entries[:] = [e for e in entries if e.since != int(since)]
     entries.append(KernelEntry(op_type, key[0], int(since), fn, wants_ctx))
     entries.sort(key=lambda e: e.since)
     attribute_defaults.cache_clear()
+
+
+def _qualname(fn) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def unregister(op_type: str, *, domain: str = "", since: int | None = None, xp=None,

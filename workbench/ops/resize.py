@@ -252,7 +252,7 @@ def _resize_by_scales(op, X, sc, mode):
     return _resize(X, out_shape, sc, mode=mode, coord_mode="asymmetric", nearest_mode="simple")
 
 
-@kernel("Resize", since=10, category="shape", host_inputs=(1, 2, 3), settings=(1, 2, 3))
+@kernel("Resize", since=10, category="shape", host_read_inputs=(1, 2, 3), settings=(1, 2, 3))
 def resize_10(X, scales, *, mode):
     """Resize-10: scales input only, asymmetric coordinates, nearest by floor."""
     return _resize_by_scales("Resize", X, floats(scales), mode)
@@ -331,7 +331,7 @@ def resize(X, roi=None, scales=None, sizes=None, *, mode, coordinate_transformat
                    antialias=antialias, roi=roi_pairs)
 
 
-@kernel("Upsample", since=7, category="shape", host_inputs=(1,), settings=(1,))
+@kernel("Upsample", since=7, category="shape", host_read_inputs=(1,), settings=(1,))
 def upsample_7(X, *, mode, scales):
     """Upsample-7: scales attribute."""
     return _resize_by_scales("Upsample", X, floats(scales), mode)

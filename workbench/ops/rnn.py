@@ -8,6 +8,8 @@ length are zero. float16/bfloat16 inputs are computed in float32 and cast back.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from workbench.arrays import xp_of
@@ -78,8 +80,22 @@ def _activations(op, names, defaults, num_dirs, alphas, betas, xp):
     return per_dir
 
 
+class _Prepared(NamedTuple):
+    """A recurrent node's inputs checked and in (seq, batch, ...) layout, with its sizes:
+    ``num_dirs`` directions, ``seq`` steps, ``batch`` rows, ``hs`` hidden units, ``lens`` the
+    per-row sequence lengths (int64) or None."""
+    X: object
+    initial_h: object
+    initial_c: object
+    num_dirs: int
+    seq: int
+    batch: int
+    hs: int
+    lens: object
+
+
 def _prepare(op, X, W, R, B, sequence_lens, initial_h, initial_c, n_gates, hidden_size,
-             direction, layout):
+             direction, layout) -> _Prepared:
     if direction not in ("forward", "reverse", "bidirectional"):
         raise InputError(f"{op}: direction {direction!r} must be forward, reverse or "
                          f"bidirectional")
@@ -112,7 +128,7 @@ def _prepare(op, X, W, R, B, sequence_lens, initial_h, initial_c, n_gates, hidde
             raise ShapeError(f"{op}: sequence_lens has shape {tuple(sequence_lens.shape)}, "
                              f"expected ({batch},)")
         lens = sequence_lens.astype(np.int64)
-    return X, initial_h, initial_c, num_dirs, seq, batch, hs, lens
+    return _Prepared(X, initial_h, initial_c, num_dirs, seq, batch, hs, lens)
 
 
 def _finish(Y, Y_h, Y_c, layout, out_dtype, n_outputs):

@@ -54,7 +54,8 @@ def _target_shape(data_shape, shape, allowzero: bool) -> tuple:
     return tuple(out)
 
 
-@kernel("Reshape", since=1, category="shape", host_inputs=(1,), host_compute=True, settings=(1,))
+@kernel("Reshape", since=1, category="shape", host_read_inputs=(1,), host_shape_math=True,
+        settings=(1,))
 def reshape_attr(data, *, shape=None, consumed_inputs=None):
     """Reshape-1..4: the target shape is the ``shape`` attribute."""
     return data.reshape(_target_shape(data.shape, ints(shape), False))
@@ -80,7 +81,7 @@ def transpose(data, *, perm=None):
     return xp.transpose(data, perm)
 
 
-@kernel("Flatten", since=1, category="shape", host_compute=True)
+@kernel("Flatten", since=1, category="shape", host_shape_math=True)
 def flatten(input, *, axis=1):
     """2-D view: dims before ``axis`` into the rows, the rest into the columns."""
     r = input.ndim
@@ -105,7 +106,7 @@ def _squeeze(data, axes):
     return data.reshape(tuple(d for i, d in enumerate(data.shape) if i not in norm))
 
 
-@kernel("Squeeze", since=1, category="shape", host_inputs=(1,), host_compute=True)
+@kernel("Squeeze", since=1, category="shape", host_read_inputs=(1,), host_shape_math=True)
 def squeeze_attr(data, *, axes=None):
     """Squeeze-1..12: remove size-1 axes listed in the ``axes`` attribute (all when absent)."""
     return _squeeze(data, axes)
@@ -130,7 +131,7 @@ def _unsqueeze(data, axes):
     return data.reshape(tuple(shape))
 
 
-@kernel("Unsqueeze", since=1, category="shape", host_inputs=(1,), host_compute=True)
+@kernel("Unsqueeze", since=1, category="shape", host_read_inputs=(1,), host_shape_math=True)
 def unsqueeze_attr(data, *, axes):
     """Unsqueeze-1..12: insert size-1 axes at the positions in the ``axes`` attribute."""
     return _unsqueeze(data, axes)
@@ -169,7 +170,7 @@ def _concat(inputs, axis):
     return xp.concatenate(inputs, axis=ax)
 
 
-@kernel("Concat", since=1, category="shape", host_compute=True)
+@kernel("Concat", since=1, category="shape", host_shape_math=True)
 def concat_v1(*inputs, axis=1):
     """Concat-1..3: ``axis`` defaults to 1."""
     return _concat(inputs, axis)
@@ -211,7 +212,7 @@ def _split(input, sizes, axis, n_outputs, num_outputs=None):
     return tuple(out)
 
 
-@kernel("Split", since=1, wants_ctx=True, category="shape", host_inputs=(1,))
+@kernel("Split", since=1, wants_ctx=True, category="shape", host_read_inputs=(1,))
 def split_v1(input, split_input=None, *, axis=0, split=None, ctx):
     """Split-1: sizes from the optional second input or the ``split`` attribute."""
     sizes = ints(split_input) if split_input is not None else ints(split)
@@ -266,7 +267,8 @@ def _slice(data, starts, ends, axes, steps):
 
 
 @kernel("Slice", since=1,
-        category="shape", host_inputs=(1, 2, 3, 4), host_compute=True, settings=(1, 2, 3, 4))
+        category="shape", host_read_inputs=(1, 2, 3, 4), host_shape_math=True,
+        settings=(1, 2, 3, 4))
 def slice_attr(data, *, starts, ends, axes=None):
     """Slice-1..9: ``starts``/``ends``/``axes`` are attributes, step 1."""
     return _slice(data, starts, ends, axes, None)
@@ -345,7 +347,7 @@ def _pad_source_index(xp, mode, d, before, after):
     return xp.where(j >= d, period - j, j)
 
 
-@kernel("Pad", since=1, category="shape", host_inputs=(1, 3), settings=(1, 2, 3))
+@kernel("Pad", since=1, category="shape", host_read_inputs=(1, 3), settings=(1, 2, 3))
 def pad_attr(data, *, pads=None, paddings=None, mode="constant", value=0.0):
     """Pad-1..10: ``pads`` (``paddings`` at opset 1) and ``value`` are attributes."""
     return _pad(data, pads if pads is not None else paddings, mode, value)
@@ -360,7 +362,7 @@ def pad(data, pads, constant_value=None, axes=None, *, mode="constant"):
 
 # Expand / Tile -----------------------------------------------------------------------------------
 
-@kernel("Expand", since=8, category="shape", host_inputs=(1,), settings=(1,))
+@kernel("Expand", since=8, category="shape", host_read_inputs=(1,), settings=(1,))
 def expand(input, shape):
     """Broadcast ``input`` with ``shape`` (both directions, as ``input * ones(shape)``).
 
@@ -380,7 +382,7 @@ def expand(input, shape):
     return xp.broadcast_to(input, out_shape)
 
 
-@kernel("Tile", since=1, category="shape", host_inputs=(1,), settings=(1,))
+@kernel("Tile", since=1, category="shape", host_read_inputs=(1,), settings=(1,))
 def tile_v1(input, tiles, axis):
     """Tile-1..5: repeat ``tiles`` times along the single ``axis``."""
     xp = xp_of(input)
@@ -477,7 +479,7 @@ def space_to_depth(input, *, blocksize, mode="DCR"):
 
 # CenterCropPad / Trilu / ReverseSequence ---------------------------------------------------------
 
-@kernel("CenterCropPad", since=18, host_inputs=(1,))
+@kernel("CenterCropPad", since=18, host_read_inputs=(1,))
 def center_crop_pad(input_data, shape, *, axes=None):
     """Crop (window start rounded down) or zero-pad (extra pixel on the right) to ``shape``."""
     xp = xp_of(input_data)
@@ -507,7 +509,7 @@ def center_crop_pad(input_data, shape, *, axes=None):
     return out
 
 
-@kernel("Trilu", since=14, category="shape", host_inputs=(1,))
+@kernel("Trilu", since=14, category="shape", host_read_inputs=(1,))
 def trilu(input, k=None, *, upper=1):
     """Keep the upper (j - i >= k) or lower (j - i <= k) triangle of the last two axes."""
     xp = xp_of(input)

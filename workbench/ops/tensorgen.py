@@ -77,7 +77,7 @@ def constant(*, value=None, sparse_value=None, value_float=None, value_floats=No
 
 
 @kernel("ConstantOfShape", since=9, wants_ctx=True,
-        category="shape", host_inputs=(0,), settings=(0,))
+        category="shape", host_read_inputs=(0,), settings=(0,))
 def constant_of_shape(input, *, value=None, ctx=None):
     """A tensor of shape ``input`` filled with the one-element ``value`` (float32 0 by
     default). The shape is read on the host; the tensor is built where the executor runs
@@ -105,7 +105,7 @@ def constant_of_shape(input, *, value=None, ctx=None):
 # Range / EyeLike ---------------------------------------------------------------------------------
 
 @kernel("Range", since=11,
-        category="shape", host_inputs=(0, 1, 2), host_compute=True, settings=(0, 1, 2))
+        category="shape", host_read_inputs=(0, 1, 2), host_shape_math=True, settings=(0, 1, 2))
 def range_(start, limit, delta, *, stash_type=1):
     """``start + i * delta`` for i in [0, max(ceil((limit - start) / delta), 0)); float16 and
     bfloat16 are computed in float32 unless ``stash_type`` is 0 (opset 27)."""

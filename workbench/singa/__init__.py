@@ -1,6 +1,7 @@
 """SINGA's Python API over the engine: ``autograd`` (its functions, ``Operator`` classes and
 ``training`` flag), ``tensor``, ``layer``, ``model`` (``Model``, ``SONNXModel``), ``opt``
-(optimizers, ``DistOpt``), ``sonnx`` and ``device``.
+(optimizers, ``DistOpt``), ``sonnx``, ``device`` and ``counting`` (SINGA's ``last_layers``
+counting).
 
 SINGA programs import them as ``from workbench import device, tensor, sonnx, opt, autograd,
 layer`` (the old paths are the same module objects). The engine below
@@ -10,7 +11,7 @@ layer`` (the old paths are the same module objects). The engine below
 
 import importlib
 
-_MODULES = ("autograd", "device", "layer", "model", "opt", "sonnx", "tensor")
+_MODULES = ("autograd", "counting", "device", "layer", "model", "opt", "sonnx", "tensor")
 
 
 def __getattr__(name: str):

@@ -49,12 +49,14 @@ from workbench.autodiff.tape import tape_order
 from workbench.errors import InputError, OverwriteError, ShapeError, WorkbenchError
 from workbench.files import write_atomic
 from workbench.graph import passes as _passes
-from workbench.graph.executor import COUNTINGS, Plan, Step, cut, layer_nodes, resolve_cut
 from workbench.graph.export import save_atomic as _save_atomic
 from workbench.graph.ir import Node, ValueInfo
 from workbench.graph.load import load
 from workbench.ops.registry import facts
+from workbench.runtime.cut import COUNTINGS, cut, layer_nodes, resolve_cut
+from workbench.runtime.plan import Plan, Step
 from workbench.singa import autograd
+from workbench.singa import counting as _singa_counting  # noqa: F401 - registers "singa"
 from workbench.singa import device as _device
 from workbench.singa.layer import Layer
 from workbench.singa.tensor import Tensor, as_tensor
@@ -440,7 +442,7 @@ class SONNXModel(Model):
     """An ONNX model as a trainable ``model.Model`` (SINGA's ``sonnx.SONNXModel``).
 
     ``last_layers_counting`` says how an integer ``last_layers`` is counted
-    (``graph.executor.resolve_cut``): ``"workbench"`` (the default: -1 is the whole graph,
+    (``runtime.cut.resolve_cut``): ``"workbench"`` (the default: -1 is the whole graph,
     -k cuts after the k-th node from the end) or ``"singa"`` (SINGA's code: node index
     ``(k+1) % N``, so -1 is the first node, -2 the whole graph, -3 drops the last node).
     It comes from the constructor argument, else the class attribute, else the environment

@@ -24,7 +24,7 @@ the whole graph, -k cuts after the k-th layer from the end (all but the last k-1
 counted in topological order without Constant nodes); a node or value name is the robust
 choice. ``aux_output`` adds named values to the returned list.
 
-Two countings of an integer ``last_layers`` (``graph.executor.resolve_cut``):
+Two countings of an integer ``last_layers`` (``runtime.cut.resolve_cut``):
 
 * ``"workbench"`` - the page's rule above: the default of ``SONNXModel``, ``Model.cut``,
   ``wb.load(...)``, the LayerCutter widget and ``workbench.backend``;
@@ -153,7 +153,7 @@ class SingaRep:
     model); with numpy inputs nothing is recorded.
 
     ``last_layers`` is counted as SINGA's code counts it (the ``"singa"`` counting of
-    ``graph.executor.resolve_cut``): the default runs the whole graph, -1 is the *first*
+    ``runtime.cut.resolve_cut``): the default runs the whole graph, -1 is the *first*
     node's output, -2 the whole graph, -3 everything but the last node, L >= 0 node L. This
     is SINGA's entry point, so SINGA's programs and tests get SINGA's counting; the
     workbench's own entry points (``workbench.backend``, ``wb.load``, ``Model.cut``, a
@@ -181,7 +181,7 @@ class SingaRep:
         ``node`` is the graph's node (``name``, ``op_type``, ``inputs``, ``outputs``,
         ``attrs``), ``operator`` runs that node alone on Tensors (its weights are the
         model's), recording the tape."""
-        from workbench.graph.executor import layer_nodes  # noqa: PLC0415
+        from workbench.runtime.cut import layer_nodes  # noqa: PLC0415
         ops = self.__dict__.setdefault("_operators", {})
         out = []
         for n in layer_nodes(self.model.onnx_graph):
@@ -208,7 +208,7 @@ class SingaRep:
         if last_layers is None:
             outputs = self.model.output_names
         else:
-            from workbench.graph.executor import resolve_cut  # noqa: PLC0415
+            from workbench.runtime.cut import resolve_cut  # noqa: PLC0415
             outputs = resolve_cut(self.model.onnx_graph, last_layers, "singa")
         if as_arrays:
             with autograd.no_grad():
@@ -264,8 +264,8 @@ class NodeOperator:
         return f"NodeOperator({self.op_type} {self.name!r})"
 
     def _plan(self):
-        from workbench.graph.executor import Plan  # noqa: PLC0415
         from workbench.graph.ir import Graph, ValueInfo  # noqa: PLC0415
+        from workbench.runtime.plan import Plan  # noqa: PLC0415
         m = self.model
         key = m.training
         plan = self._plans.get(key)

@@ -1,9 +1,10 @@
 """Our CUDA kernels (cupy ``RawKernel``/``RawModule`` and ``ElementwiseKernel``).
 
-They are registered as *cupy overrides* of the portable ONNX kernels
-(``workbench/arrays/cuda/overrides.py``, imported by the registry on the first
-``lookup(..., xp="cupy")``), so a Plan built for a CUDA device uses them and a CPU plan never
-sees them. Importing this package needs neither cupy nor a GPU; calling a kernel needs both.
+Raw kernels only: nothing here knows the op registry or the gradient rules. The ops layer
+registers them as *cupy overrides* of the portable ONNX kernels (``workbench/ops/cuda.py``,
+imported by the registry on the first ``lookup(..., xp="cupy")``), so a Plan built for a CUDA
+device uses them and a CPU plan never sees them. Importing this package needs neither cupy nor
+a GPU; calling a kernel needs both.
 
 Families (each keeps its CUDA C in one ``SOURCE`` string):
 

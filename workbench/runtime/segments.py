@@ -17,12 +17,18 @@ others (initializers) -- and hands out the remembered outputs afterwards (read-o
 at most 1 MiB per key). Values that are graph outputs are never remembered.
 
 The schedule is used only by plain CPU runs (no hook, no step runner, no device): hooks see
-every node, and the training runner records every node on its tape.
+every node, and the training runner records every node on its tape. Errors name the node: a
+segment that fails records the member and its arguments (``ShapeSegment.failed``) for the run
+loop. A remembered result is *stale* when something its key does not see has changed (an
+initializer, keyed by identity, written in place); when a run fails after segments handed out
+remembered results (``ShapeSegment.last_hit``), :meth:`ShapeSegment.is_stale` recomputes each of
+them from the inputs they were computed from, and only a stale one makes the run loop forget it
+and run again.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -52,6 +58,10 @@ class ShapeSegment:
         self.memo: dict = {}
         self.memo_ok = True     # False once a result was too large or not an array
         self.hits = 0
+        #: the key of the remembered result the last call handed out (None: it computed)
+        self.last_hit = None
+        #: (member step, its arguments) of the member that raised, for the run loop
+        self.failed: tuple | None = None
 
     def key(self, vals) -> tuple:
         parts = []
@@ -70,20 +80,52 @@ class ShapeSegment:
             hit = self.memo.get(k)
             if hit is not None:
                 self.hits += 1
+                self.last_hit = k
                 return hit[0]
-        local: dict[int, Any] = dict(zip(self.ext_in, vals))
-        local[-1] = None
-        for st in self.members:
-            r = st.fn(*[local[i] for i in st.ins], **st.attrs)
-            if type(r) is tuple:
-                for s, v in zip(st.outs, r):
-                    local[s] = v
-            else:
-                local[st.outs[0]] = r
-        out = tuple(local[s] for s in self.ext_out)
+        self.last_hit = None
+        out = self.compute(vals)
         if self.memo_ok:
             self._remember(k, vals, out)
         return out
+
+    def compute(self, vals) -> tuple:
+        """Run the members on ``vals`` (the values of ``ext_in``); the values of ``ext_out``.
+        A member that raises is recorded in :attr:`failed` (with its arguments)."""
+        local: dict[int, Any] = dict(zip(self.ext_in, vals))
+        local[-1] = None
+        for st in self.members:
+            args = [local[i] for i in st.ins]
+            try:
+                r = st.fn(*args, **st.attrs)
+            except Exception:
+                self.failed = (st, args)
+                raise
+            if type(r) is tuple:
+                for s, v in zip(st.outs, r):
+                    if s >= 0:      # an omitted output must not become slot -1's value
+                        local[s] = v
+            elif st.outs[0] >= 0:
+                local[st.outs[0]] = r
+        return tuple(local[s] for s in self.ext_out)
+
+    def is_stale(self, k) -> bool:
+        """Whether the result remembered under key ``k`` differs from what the members compute
+        now from the inputs it was computed from (or cannot be computed any more)."""
+        entry = self.memo.get(k)
+        if entry is None:
+            return False
+        out, vals = entry
+        try:
+            fresh = self.compute(vals)
+        except Exception:  # noqa: BLE001 - a result that cannot be recomputed is stale
+            self.failed = None
+            return True
+        return any(type(a) is not type(b) or a.dtype != b.dtype or a.shape != b.shape
+                   or not np.array_equal(a, b) for a, b in zip(out, fresh))
+
+    def forget(self) -> None:
+        """Drop every remembered result."""
+        self.memo.clear()
 
     def _remember(self, k, vals, out) -> None:
         total = 0
@@ -106,21 +148,39 @@ class ShapeSegment:
 
 
 class FastStep:
-    """A step of the fast schedule: the original :class:`~workbench.graph.executor.Step` or a
-    :class:`ShapeSegment`, with the slots it reads and writes and those freed after it."""
+    """A step of the fast schedule: one original :class:`~workbench.runtime.plan.Step`
+    (``step``) or a :class:`ShapeSegment` (``segment``), with the slots it reads and writes and
+    those freed after it (the fields the run loop reads, as on a Step)."""
 
     __slots__ = ("fn", "ins", "outs", "attrs", "free", "subplans", "step", "segment")
 
-    def __init__(self, fn, ins, outs, attrs, free, subplans, step, segment):
+    def __init__(self, *, fn, ins, outs, attrs, subplans=(), step=None, segment=None):
         self.fn, self.ins, self.outs, self.attrs = fn, ins, outs, attrs
-        self.free, self.subplans, self.step, self.segment = free, subplans, step, segment
+        self.free, self.subplans, self.step, self.segment = (), subplans, step, segment
+
+    @classmethod
+    def of_step(cls, st) -> FastStep:
+        return cls(fn=st.fn, ins=st.ins, outs=st.outs, attrs=st.attrs, subplans=st.subplans,
+                   step=st)
+
+    @classmethod
+    def of_segment(cls, seg: ShapeSegment) -> FastStep:
+        return cls(fn=seg, ins=seg.ext_in, outs=seg.ext_out, attrs={}, segment=seg)
 
 
 def _reads(step) -> list:
     out = [i for i in step.ins if i >= 0]
-    for _, _, free in step.subplans:
-        out.extend(s for _, s in free)
+    for sub in step.subplans:
+        out.extend(s for _, s in sub.free)
     return out
+
+
+class _Unit(NamedTuple):
+    """One entry of the new order: step indices (one step, or a segment's members), the slots
+    it reads and those it produces."""
+    idx: list
+    reads: list
+    produced: list
 
 
 def fast_schedule(steps: list, const_slots: set, keep_slots: set) -> list | None:
@@ -172,26 +232,26 @@ def fast_schedule(steps: list, const_slots: set, keep_slots: set) -> list | None
         if i in groups:
             order.append(groups[i])
     # who reads what, in the new order
-    units = []
+    units: list[_Unit] = []
     for idx in order:
         if len(idx) == 1:
-            units.append((idx, _reads(steps[idx[0]]), [s for s in steps[idx[0]].outs if s >= 0]))
+            units.append(_Unit(idx, _reads(steps[idx[0]]),
+                               [s for s in steps[idx[0]].outs if s >= 0]))
             continue
         produced = {s for i in idx for s in steps[i].outs if s >= 0}
         reads = []
         for i in idx:
             reads.extend(s for s in _reads(steps[i]) if s not in produced and s not in reads)
-        units.append((idx, reads, sorted(produced)))
+        units.append(_Unit(idx, reads, sorted(produced)))
     read_outside: dict[int, set] = {}
-    for u, (_, reads, _) in enumerate(units):
-        for s in reads:
+    for u, unit in enumerate(units):
+        for s in unit.reads:
             read_outside.setdefault(s, set()).add(u)
     fast: list[FastStep] = []
     last_use: dict[int, int] = {}
     for u, (idx, reads, produced) in enumerate(units):
         if len(idx) == 1:
-            st = steps[idx[0]]
-            fast.append(FastStep(st.fn, st.ins, st.outs, st.attrs, (), st.subplans, st, None))
+            fast.append(FastStep.of_step(steps[idx[0]]))
         else:
             members = [steps[i] for i in idx]
             ext_out = tuple(s for s in produced
@@ -204,7 +264,7 @@ def fast_schedule(steps: list, const_slots: set, keep_slots: set) -> list | None
                 shape_keyed.append(only_shape)
             value_keyed = tuple(s in derived for s in reads)
             seg = ShapeSegment(members, tuple(reads), ext_out, tuple(shape_keyed), value_keyed)
-            fast.append(FastStep(seg, tuple(reads), ext_out, {}, (), (), None, seg))
+            fast.append(FastStep.of_segment(seg))
             reads = list(reads)
         for s in reads:
             last_use[s] = len(fast) - 1

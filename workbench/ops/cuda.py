@@ -1,9 +1,12 @@
-"""Registration of the CUDA kernels as cupy overrides of the portable ONNX kernels.
+"""The cupy overrides of the portable ONNX kernels: our CUDA kernels registered for ``xp="cupy"``.
 
-Imported by the registry on the first ``lookup(..., xp="cupy")`` (a Plan built for a CUDA
-device). Each override has the portable kernel's signature; it handles float32/float16 cupy
-inputs of the common 2-D / last-axis cases and hands everything else (other ranks, dtypes,
-attribute combinations, or inputs that are not cupy arrays) to the portable kernel.
+The raw kernels (CUDA C in cupy ``RawKernel``/``ElementwiseKernel``s) live in
+``workbench/arrays/cuda/``; this module, in the ops layer, registers them as overrides. The
+registry imports it on the first ``lookup(..., xp="cupy")`` (a Plan built for a CUDA device),
+never for a CPU plan; importing it needs neither cupy nor a GPU. Each override has the portable
+kernel's signature; it handles float32/float16 cupy inputs of the common 2-D / last-axis cases
+and hands everything else (other ranks, dtypes, attribute combinations, or inputs that are not
+cupy arrays) to the portable kernel (``registry.portable``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from workbench.arrays.cuda import elementwise as _ew
 from workbench.arrays.cuda import norm as _norm
 from workbench.arrays.cuda import pool as _pool
 from workbench.arrays.cuda import softmax as _sm
-from workbench.ops.registry import kernel, portable
+from workbench.ops.registry import FUSED_DOMAIN, kernel, portable
 
 CUPY = "cupy"
 
@@ -49,7 +52,7 @@ def conv_cuda(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kerne
                         dilations=_ints(dilations, 2, 1), group=int(group))
 
 
-@kernel("FusedConv", since=1, domain="com.workbench", xp=CUPY)
+@kernel("FusedConv", since=1, domain=FUSED_DOMAIN, xp=CUPY)
 def fused_conv_cuda(X, W, B=None, Z=None, *, activation="", activation_params=(),
                     auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
                     strides=None):
@@ -67,7 +70,7 @@ def fused_conv_cuda(X, W, B=None, Z=None, *, activation="", activation_params=()
                               _ints(dilations, 2, 1), pads, _attr_str(auto_pad)) if ok else None
     if geo is None or min(geo[2]) < 1 or (
             Z is not None and tuple(Z.shape) != (X.shape[0], W.shape[0], *geo[2])):
-        return portable("FusedConv", 1, "com.workbench")(
+        return portable("FusedConv", 1, FUSED_DOMAIN)(
             X, W, B, Z, activation=act, activation_params=activation_params, **kw)
     pb, pe, _ = geo
     p = [float(v) for v in (activation_params or ())] + [0.0, 0.0]

@@ -1,4 +1,4 @@
-"""Shape segments (workbench/graph/segments.py): the fast schedule of plain CPU runs against the
+"""Shape segments (workbench/runtime/segments.py): the fast schedule of plain CPU runs against the
 plain schedule (a run with a hook takes the plain one), on dynamic shapes, data-dependent
 shapes, errors and shape-derived graph outputs."""
 
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from workbench.errors import WorkbenchError
-from workbench.graph.executor import Plan
+from workbench.errors import KernelError, WorkbenchError
 from workbench.graph.load import load
+from workbench.ops import registry
+from workbench.runtime import Plan
 
 
 def _plain(plan, inputs):
@@ -55,8 +56,8 @@ def _attention_like():
 
 def test_fast_schedule_matches_plain_over_changing_shapes():
     plan = Plan(load(_attention_like()).graph)
-    assert plan._fast is not None
-    segs = [f.segment for f in plan._fast if f.segment is not None]
+    assert plan.fast_schedule is not None
+    segs = [f.segment for f in plan.fast_schedule if f.segment is not None]
     assert segs and sum(len(s.members) for s in segs) >= 10
     rng = np.random.default_rng(1)
     for shape in [(1, 5, 8), (3, 7, 8), (1, 5, 8), (2, 1, 8), (3, 7, 8), (1, 64, 8)]:
@@ -83,7 +84,7 @@ def test_remembered_values_are_read_only_and_outputs_writable():
     masked[...] = 0
     again = plan.run([x])
     assert np.array_equal(again[0], _plain(plan, [x])[0])
-    seg = next(f.segment for f in plan._fast if f.segment is not None and f.segment.memo)
+    seg = next(f.segment for f in plan.fast_schedule if f.segment is not None and f.segment.memo)
     for out, _ in seg.memo.values():
         assert all(not v.flags.writeable for v in out)
 
@@ -100,7 +101,7 @@ def test_data_dependent_shape_follows_the_data():
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
     plan = Plan(load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])).graph)
-    assert plan._fast is not None
+    assert plan.fast_schedule is not None
     for x in ([1, 0, 0, 0], [1, 2, 0, 0], [1, 0, 0, 0], [1, 2, 3, 4]):
         x = np.asarray(x, np.float32)
         (y,) = plan.run([x])
@@ -133,3 +134,105 @@ def test_shape_derived_graph_output_is_not_remembered():
         assert list(ss) == [n, 3, n, 3] and ss.flags.writeable
         ss[0] = 99   # must not leak into the next run
         assert y.shape == (n, 3)
+
+
+# --------------------------------------------------------------------------- failures and retries
+DOM = "test.segments"
+
+
+@pytest.fixture
+def test_ops():
+    """Kernels of a test domain: ``Boom`` (counts its calls; raises when told to) and
+    ``CheckDim`` (x, idx, dim: raises unless dim == x.shape[idx])."""
+    calls = {"boom": 0, "check": 0, "fail": True}
+
+    def boom(x):
+        calls["boom"] += 1
+        if calls["fail"]:
+            raise ValueError("boom")
+        return x
+
+    def check_dim(x, idx, dim):
+        calls["check"] += 1
+        if int(np.asarray(dim).reshape(-1)[0]) != x.shape[int(idx[0])]:
+            raise ValueError(f"dim {dim} is not x.shape[{int(idx[0])}] = {x.shape}")
+        return x
+
+    registry.register("Boom", boom, domain=DOM)
+    registry.register("CheckDim", check_dim, domain=DOM)
+    yield calls
+    registry.unregister("Boom", domain=DOM)
+    registry.unregister("CheckDim", domain=DOM)
+
+
+def _shape_then(last_nodes, extra_inits=(), outputs=("z",)):
+    """x [n, 4] -> Reshape by a target computed from Shape(x) (a shape segment) -> the given
+    nodes."""
+    inits = [numpy_helper.from_array(np.asarray(v, dtype=np.int64), k)
+             for k, v in (("i0", 0), ("ax0", [0]), ("four", [4]))] + list(extra_inits)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "i0"], ["b"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "ax0"], ["bu"]),
+        helper.make_node("Concat", ["bu", "four"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["xr"]),
+    ] + list(last_nodes)
+    g = helper.make_graph(
+        nodes, "shape_then",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid(DOM, 1)])
+    return load(m, check=False).graph
+
+
+def test_a_failing_model_runs_once_and_names_the_node(test_ops):
+    plan = Plan(_shape_then([helper.make_node("Boom", ["xr"], ["z"], domain=DOM,
+                                              name="the_boom")]))
+    assert plan.fast_schedule is not None
+    x = np.ones((2, 4), np.float32)
+    for run in (1, 2):      # the second run takes the remembered segment results
+        with pytest.raises(KernelError, match=r"node 'the_boom' \(Boom, opset 1\) failed: "
+                                              r"ValueError: boom; inputs: xr: float32\[2, 4\]"):
+            plan.run([x])
+        assert test_ops["boom"] == run
+    assert sum(f.segment.hits for f in plan.fast_schedule if f.segment is not None) == 1
+    test_ops["fail"] = False
+    np.testing.assert_array_equal(plan.run([x])[0], x)
+
+
+def test_an_unseeded_random_op_draws_once_in_a_failing_run(test_ops):
+    nodes = [helper.make_node("RandomNormalLike", ["xr"], ["noise"]),   # no seed attribute
+             helper.make_node("Add", ["xr", "noise"], ["y"]),
+             helper.make_node("Boom", ["y"], ["z"], domain=DOM)]
+    failing = Plan(_shape_then(nodes), seed=7)
+    assert failing.fast_schedule is not None
+    reference = Plan(_shape_then(nodes[:2], outputs=("y",)), seed=7)
+    x = np.zeros((3, 4), np.float32)
+    with pytest.raises(KernelError):
+        failing.run([x])
+    reference.run([x])                   # one draw of the same shape
+    assert failing._rng.bit_generator.state == reference._rng.bit_generator.state
+
+
+def test_a_stale_remembered_result_is_forgotten_and_the_run_made_again(test_ops):
+    """A remembered segment result keyed by an initializer's identity goes stale when the
+    array given for it is written in place (``execute(values=...)`` with the same array);
+    the failure it causes is retried once, recomputed (a failure that the remembered results
+    do not explain is not retried: test_a_failing_model_runs_once_and_names_the_node)."""
+    idx = numpy_helper.from_array(np.array([0], np.int64), "idx")
+    nodes = [helper.make_node("Gather", ["s", "idx"], ["dim"], axis=0),   # joins the segment
+             helper.make_node("CheckDim", ["xr", "idx", "dim"], ["z"], domain=DOM)]
+    plan = Plan(_shape_then(nodes, [idx]))
+    assert any(f.segment is not None and len(f.segment.members) >= 3
+               for f in plan.fast_schedule)
+    x = np.ones((2, 4), np.float32)
+    weights = {"idx": np.array([0], np.int64)}
+    plan.execute([x], values=weights)
+    plan.execute([x], values=weights)    # remembered
+    assert test_ops["check"] == 2
+    weights["idx"][0] = 1                # in place: the key does not see it
+    np.testing.assert_array_equal(plan.execute([x], values=weights)[0], x)
+    assert test_ops["check"] == 4        # failed on the stale dim, then ran again
+    np.testing.assert_array_equal(plan.execute([x], values=weights)[0], x)
+    assert test_ops["check"] == 5        # the fresh result is remembered now
