@@ -1,7 +1,9 @@
 """Exporter quirks repaired at load time, before ``onnx.checker`` sees the model.
 
-* :func:`toposort_nodes` - a stable topological sort of a node list: nodes keep their written
-  order wherever that order is valid; a node moves only behind the producers it needs.
+* :func:`stable_order` - the one stable topological sort (Kahn's algorithm with a heap) of
+  indices with dependencies; :func:`toposort_nodes` applies it to a node list (nodes keep their
+  written order wherever that order is valid; a node moves only behind the producers it needs),
+  the graph drawing (``workbench.widgets.graph_data``) to Graph IR nodes, breaking cycles.
   onnxruntime's float16 converter, for one, writes graphs whose Cast nodes come after their
   consumers; onnx.checker rejects those, onnxruntime runs them. A dependency cycle is a
   :class:`ModelLoadError` naming the nodes on it.
@@ -40,6 +42,51 @@ def _graph_reads(g) -> set:
     return out
 
 
+def stable_order(deps, *, break_cycles: bool = False):
+    """The indices ``0 .. len(deps) - 1`` in a stable topological order: ``deps[i]`` holds
+    the indices index ``i`` waits for. Among the indices whose dependencies are placed, the
+    smallest goes first, so an already valid order comes back unchanged. Linear in indices +
+    dependencies (times a log for the heap).
+
+    Returns ``(order, stuck)``: ``stuck`` lists the indices on or behind a dependency cycle
+    (empty when there is none; they are then missing from ``order``). ``break_cycles=True``
+    (a drawing of an invalid model) places them anyway: when nothing is ready, the first
+    unplaced index goes next, as if its missing dependencies were met; ``stuck`` still names
+    every index placed that way.
+    """
+    n = len(deps)
+    users = [[] for _ in range(n)]
+    missing = [0] * n
+    for i, ds in enumerate(deps):
+        missing[i] = len(ds)
+        for d in ds:
+            users[d].append(i)
+    ready = [i for i in range(n) if missing[i] == 0]
+    heapq.heapify(ready)
+    order, placed, forced = [], [False] * n, []
+    scan = 0                       # every index below it is placed (cycle breaking)
+    while len(order) < n:
+        if not ready:
+            if not break_cycles:
+                break
+            while placed[scan]:
+                scan += 1
+            forced.append(scan)
+            missing[scan] = 0
+            ready.append(scan)
+        i = heapq.heappop(ready)
+        if placed[i]:
+            continue
+        placed[i] = True
+        order.append(i)
+        for u in users[i]:
+            missing[u] -= 1
+            if missing[u] == 0:
+                heapq.heappush(ready, u)
+    stuck = forced if break_cycles else [i for i in range(n) if not placed[i]]
+    return order, stuck
+
+
 def toposort_nodes(nodes, what: str = "graph", path: str | None = None):
     """The indices of ``nodes`` (NodeProtos) in a stable topological order.
 
@@ -59,24 +106,8 @@ def toposort_nodes(nodes, what: str = "graph", path: str | None = None):
         for sg in _subgraphs(n):
             reads |= _graph_reads(sg)
         deps.append({producer[r] for r in reads if r in producer and producer[r] != idx})
-    users = [[] for _ in nodes]
-    missing = []
-    for idx, ds in enumerate(deps):
-        missing.append(len(ds))
-        for d in ds:
-            users[d].append(idx)
-    ready = [i for i, m in enumerate(missing) if m == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users[i]:
-            missing[u] -= 1
-            if missing[u] == 0:
-                heapq.heappush(ready, u)
-    if len(order) != len(nodes):
-        stuck = [i for i in range(len(nodes)) if missing[i] > 0]
+    order, stuck = stable_order(deps)
+    if stuck:
         names = [f"{nodes[i].name or '#' + str(i)} ({nodes[i].op_type})" for i in stuck[:8]]
         more = f" and {len(stuck) - 8} more" if len(stuck) > 8 else ""
         raise ModelLoadError(
