@@ -12,7 +12,6 @@ inline or in external files, are described (dtype, shape, where their bytes are:
 
 from __future__ import annotations
 
-import mmap
 import os
 import stat
 import warnings
@@ -33,7 +32,7 @@ from workbench.graph.external import (
 )
 from workbench.graph.functions import inline_functions
 from workbench.graph.ir import Graph
-from workbench.graph.structure import read_structure
+from workbench.graph.structure import read_structure, read_structure_file
 from workbench.graph.toposort import fix_quirks
 
 # protobuf's hard limit on one serialised message
@@ -74,9 +73,7 @@ def _read_proto(src, path: str | None, mark: str | None = None) -> onnx.ModelPro
                 f"hold; models this big keep their weights in external data files next to the "
                 f".onnx file", path=path)
         if mark is not None and st.st_size:
-            with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                m = _structure(mm, mark, path)
-            return m
+            return _check_parsed(read_structure_file(path, mark, st.st_size)[0], path)
         with open(path, "rb") as f:
             data = f.read(MAX_PROTO_BYTES + 1)
     if not data:

@@ -3,11 +3,13 @@
 A viewer needs the graph (nodes, names, attributes, value types and shapes) and, of each
 tensor, its type, dims and size, never its values; a 1 GiB initializer should cost what its
 description costs. Protobuf has no lazy fields, so this module walks the file's protobuf wire
-format itself (the file is memory-mapped; only the bytes of the fields it copies are touched)
-and writes a smaller ModelProto in which every tensor holding more than ``keep_bytes`` of
-data has its data fields left out and is marked *described* (``external.set_mark``: where
-its bytes are and how many). The rest of the loader then treats described tensors as
-:class:`~workbench.graph.external.UnreadTensor` (``external.describing``).
+format itself (a big file is read through ``pread`` a window at a time, not mapped: a mapping
+would count against an address-space limit; only the windows holding the fields it reads or
+copies are read) and writes a smaller ModelProto in which every tensor holding more than
+``keep_bytes`` of data has its data fields left out and is marked *described*
+(``external.set_mark``: where its bytes are and how many). The rest of the loader then
+treats described tensors as :class:`~workbench.graph.external.UnreadTensor`
+(``external.describing``).
 
 What it descends into is read from onnx's message descriptors: the fields that can hold a
 tensor (graph, nodes, attributes, subgraphs, sparse tensors, training info, functions).
@@ -20,6 +22,8 @@ the size of the weights.
 
 from __future__ import annotations
 
+import os
+
 import onnx
 
 from workbench.errors import ModelLoadError
@@ -29,6 +33,45 @@ from workbench.graph.external import set_mark
 KEEP_BYTES = 4096
 #: nesting of subgraphs beyond this is refused (protobuf's own parser stops at 100)
 MAX_DEPTH = 100
+#: files up to this size are read whole; bigger ones a window at a time
+READ_WHOLE = 64 << 20
+
+
+class FileBytes:
+    """A file's bytes by index and slice, read with ``pread`` one window at a time (the
+    window holding the last byte asked for is kept): the structure reader touches the
+    fields' headers and the structure, never the bulk of a big tensor."""
+
+    WINDOW = 1 << 20
+
+    def __init__(self, fd: int, size: int):
+        self.fd, self.size = fd, size
+        self.base, self.data = -1, b""
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _read(self, start: int, n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            chunk = os.pread(self.fd, n - len(out), start + len(out))
+            if not chunk:
+                break
+            out += chunk
+        return bytes(out)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            start, stop, _ = k.indices(self.size)
+            return self._read(start, max(0, stop - start))
+        i = k - self.base
+        if 0 <= i < len(self.data):
+            return self.data[i]
+        if not 0 <= k < self.size:
+            raise IndexError(k)
+        self.base = k - k % self.WINDOW
+        self.data = self._read(self.base, self.WINDOW)
+        return self.data[k - self.base]
 
 
 class _Malformed(Exception):
@@ -193,9 +236,17 @@ def read_structure(buf, mark: str, *, keep_bytes: int = KEEP_BYTES,
             f"truncated, corrupt, or not an .onnx file ({len(buf):,} bytes)", path=path) from None
     m = onnx.ModelProto()
     try:
-        m.ParseFromString(bytes(buf) if new is None else new)
+        m.ParseFromString(buf[0:len(buf)] if new is None else new)
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
         raise ModelLoadError(
             f"not a valid ONNX model: the protobuf could not be parsed ({e}); the file may be "
             f"truncated, corrupt, or not an .onnx file ({len(buf):,} bytes)", path=path) from None
     return m, sk.described, sk.described_bytes
+
+
+def read_structure_file(path: str, mark: str, size: int) -> tuple[onnx.ModelProto, int, int]:
+    """:func:`read_structure` of the file at ``path`` (``size`` bytes)."""
+    with open(path, "rb") as f:
+        if size <= READ_WHOLE:
+            return read_structure(f.read(), mark, path=path)
+        return read_structure(FileBytes(f.fileno(), size), mark, path=path)
