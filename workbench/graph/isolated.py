@@ -57,6 +57,9 @@ HELPER_MEMORY_LIMIT = 4 * 2**30
 # what a described tensor's data location becomes in the skeleton (an empty file in the
 # helper's working folder)
 PLACEHOLDER = "workbench-unread.bin"
+# the helper gets a session of its own (see _Helper._start); the JupyterLab viewer's worker
+# processes set this to False so that killing a worker's process group ends its helper too
+NEW_SESSION = True
 # a helper that died with its peak resident memory above this fraction of its limit ran out
 # of memory (its address space also holds the interpreter's and libraries' mappings)
 OOM_FRACTION = 0.6
@@ -261,7 +264,7 @@ class _Helper:
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-c", _WORKER_SOURCE], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, close_fds=True,
-            start_new_session=(os.name == "posix"), cwd=self._workdir())
+            start_new_session=(os.name == "posix" and NEW_SESSION), cwd=self._workdir())
         # -I (isolated mode) keeps the user's cwd and PYTHONPATH out of the helper's imports,
         # but onnx must still be found: it is in this interpreter's site-packages
         ready = self._read(1, time.monotonic() + 60)
@@ -492,7 +495,10 @@ def check_and_infer(m: onnx.ModelProto, *, check: bool, infer: bool,
         return None
     inferred = onnx.ModelProto()
     inferred.ParseFromString(payload)
-    return _merge(m, inferred)
+    out = _merge(m, inferred)
+    if described:
+        _restore_described(m, out)
+    return out
 
 
 def _merge(m: onnx.ModelProto, inferred: onnx.ModelProto) -> onnx.ModelProto:
@@ -506,6 +512,26 @@ def _merge(m: onnx.ModelProto, inferred: onnx.ModelProto) -> onnx.ModelProto:
     out.graph.input.extend(m.graph.input)
     out.graph.initializer.extend(m.graph.initializer)
     return out
+
+
+def _node_tensors(g: onnx.GraphProto) -> list:
+    """Every tensor held by ``g``'s nodes (attributes, subgraphs with their initializers)."""
+    from workbench.graph.external import _iter_node_tensors
+    return [t for n in g.node for t, _ in _iter_node_tensors(n, "")]
+
+
+def _restore_described(m: onnx.ModelProto, out: onnx.ModelProto) -> None:
+    """Put back the marks of the described tensors inside ``out``'s nodes (the skeleton
+    pointed them at the placeholder file); inference changes no node, so the tensors pair up
+    in order."""
+    src, dst = _node_tensors(m.graph), _node_tensors(out.graph)
+    if len(src) != len(dst):          # not expected: keep the nodes as they were, unshaped
+        del out.graph.node[:]
+        out.graph.node.extend(m.graph.node)
+        return
+    for a, b in zip(src, dst):
+        if is_described(a):
+            b.CopyFrom(a)
 
 
 def _in_process(m, check, infer):
