@@ -99,12 +99,13 @@ def scope_of(name: str) -> list:
         return parts[:-1]
     if "." in name and " " not in name:
         raw = [p for p in name.split(".") if p]
-        parts: list = []
-        for p in raw:               # "layers", "0" -> "layers.0"
-            if parts and _NUM.match(p):
-                parts[-1] += "." + p
+        groups: list = []           # "layers", "0" -> "layers.0"
+        for p in raw:
+            if groups and _NUM.match(p):
+                groups[-1].append(p)
             else:
-                parts.append(p)
+                groups.append([p])
+        parts = [".".join(g) for g in groups]
         # generated names (Paddle's ``conv2d_3.tmp_0``, paddle2onnx's ``p2o.Conv.3``) carry a
         # counter, not a scope: two components are a name, not a path
         if len(parts) >= 3:
@@ -323,13 +324,14 @@ class _Builder:
         for i, g in enumerate(self.group):
             members[g].append(i)
         direct = Counter(self.group[i] for i in range(len(self.name)) if self.host[i] == -1)
+        merged_from = {}            # group -> the group merged into it (its label's prefix)
         for g in range(1, n_g):
             if self.g_kind[g] != "scope" or direct[g]:
                 continue
             kids = [c for c in children[g] if self.vsize[c]]
             if len(kids) == 1 and self.g_kind[kids[0]] == "scope":
                 c = kids[0]
-                self.g_label[c] = f"{self.g_label[g]}/{self.g_label[c]}"
+                merged_from[c] = g
                 self.g_parent[c] = self.g_parent[g]
                 children[self.g_parent[g]].append(c)
                 for i in members.pop(g, ()):
@@ -340,6 +342,17 @@ class _Builder:
                         self.g_parent[other] = c
                         children[c].append(other)
                 children[g] = []
+        # labels a/b/c, each built once (building them merge by merge is quadratic in the
+        # depth of a chain: a hostile name can be 100,000 scopes deep)
+        inner = set(merged_from.values())
+        for c in merged_from:
+            if c in inner:
+                continue                        # merged further down: not a survivor
+            chain, x = [], c
+            while x in merged_from:
+                x = merged_from[x]
+                chain.append(self.g_label[x])
+            self.g_label[c] = "/".join(chain[::-1] + [self.g_label[c]])
         self._split()
         self._sizes()
 
