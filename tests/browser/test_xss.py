@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 import xml.dom.minidom
@@ -93,7 +92,7 @@ SCAN = """() => {
         if (n.includes("wbxss")) bad.push(`${where}: <${tag}> attribute ${n}`);
         if (n.startsWith("on") && v.includes("__xss")) bad.push(`${where}: <${tag} ${n}>`);
         if (["href", "src", "xlink:href", "action", "formaction"].includes(n) &&
-            v.trim().toLowerCase().startsWith("javascript:")) bad.push(`${where}: <${tag} ${n}=javascript:>`);
+            v.trim().toLowerCase().startsWith("javascript:")) bad.push(`${where}: <${tag} ${n}>`);
         if (n === "srcdoc" && v.includes("__xss")) bad.push(`${where}: <${tag} srcdoc>`);
       }
       if (tag === "script" && e.textContent.includes("__xss")) bad.push(`${where}: <script>`);
