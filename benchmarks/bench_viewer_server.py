@@ -8,8 +8,10 @@ checkout this script is in) and measures, one request at a time unless said othe
   is in an external file: answer time, status, and the server's RSS (its own, and its
   children's: the viewer's worker processes) before and after;
 - a normal request (a ResNet-18 export, 46 MB; falls back to the default model without
-  PyTorch) alone, then while ``--parallel`` hostile requests run (fan-in files of
-  ``--load-inputs`` inputs and the 1 GiB model), and ``/api/status`` in the middle of that.
+  PyTorch) alone, then while ``--parallel`` hostile requests run (for the fan-in file of
+  ``--load-inputs`` inputs, as in the issue, and the 1 GiB model), and ``/api/status``
+  polled meanwhile. ``--big 0`` leaves the 1 GiB models out (a server that reads them whole
+  may not survive them).
 
 Run: ``python benchmarks/bench_viewer_server.py`` from the checkout to measure (to compare with
 an older version, copy this file and ``tests/helpers/hostile_models.py`` into that checkout).
@@ -79,11 +81,12 @@ def _models(root: Path, fan_ins, load_inputs: int, big: int) -> dict:
         p = root / f"fan_in_{n}.onnx"
         onnx.save(hm.fan_in_concat(n), str(p))
         out[f"fan_in_{n}"] = p.name
-    hm.write_big_initializer_model(root / "big_init.onnx", big)
-    out["big_init"] = "big_init.onnx"
-    (root / "ext").mkdir()
-    hm.write_external_data_model(root / "ext", big)
-    out["big_external"] = "ext/model.onnx"
+    if big:
+        hm.write_big_initializer_model(root / "big_init.onnx", big)
+        out["big_init"] = "big_init.onnx"
+        (root / "ext").mkdir()
+        hm.write_external_data_model(root / "ext", big)
+        out["big_external"] = "ext/model.onnx"
     try:
         from tests.helpers import torch_models as tm
         model, example = tm.build("resnet18")
@@ -100,7 +103,8 @@ def _models(root: Path, fan_ins, load_inputs: int, big: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fan-in", type=int, nargs="*", default=[2500, 5000, 10000, 20000])
-    ap.add_argument("--big", type=int, default=2**30, help="initializer bytes (default 1 GiB)")
+    ap.add_argument("--big", type=int, default=2**30,
+                    help="initializer bytes (default 1 GiB; 0: no big models)")
     ap.add_argument("--parallel", type=int, default=8)
     ap.add_argument("--load-inputs", type=int, default=10_000)
     ap.add_argument("--timeout", type=float, default=300)
@@ -134,12 +138,13 @@ def main() -> None:
         for n in args.fan_in:
             st, dt, msg = get(f"fan_in_{n}")
             print(f"fan-in {n:>6} inputs: {st} in {dt:.2f} s {msg[:160]}; {_tree_rss(pid)}")
-        for name in ("big_init", "big_external"):
+        for name in ("big_init", "big_external") if args.big else ():
             st, dt, msg = get(name)
             print(f"{name} ({args.big / 2**30:g} GiB): {st} in {dt:.2f} s {msg[:200]}; "
                   f"{_tree_rss(pid)}")
         # a normal request while hostile ones run
-        hostile = [f"fan_in_{args.load_inputs}"] * (args.parallel - 1) + ["big_init"]
+        hostile = [f"fan_in_{args.load_inputs}"] * (args.parallel - (1 if args.big else 0))
+        hostile += ["big_init"] if args.big else []
         status_times = []
         stop = threading.Event()
 
