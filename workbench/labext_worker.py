@@ -37,6 +37,7 @@ import collections
 import io
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -82,7 +83,10 @@ def scrub(text: str, root: str | None, full: str | None = None, path: str | None
         text = text.replace(full, path)
     if root:
         for r in {root, os.path.realpath(root)}:
-            text = text.replace(r.rstrip(os.sep) + os.sep, "").replace(r, ".")
+            r = r.rstrip(os.sep)
+            if r:                                 # a server rooted at "/" has nothing to hide
+                text = text.replace(r + os.sep, "")
+                text = re.sub(re.escape(r) + r"(?![\w.-])", ".", text)
     return text
 
 
@@ -321,16 +325,17 @@ class _Worker:
     """One worker process (its own session: killing its group also ends its helper)."""
 
     def __init__(self, memory: int, timeout: float):
+        # an empty working folder: `python -m` puts it first on sys.path, and the served
+        # folder may hold files named like the modules the worker imports; temporary files
+        # (its checker helper's) go there too, removed with it
+        self.cwd = tempfile.mkdtemp(prefix="workbench-viewer-")
         env = dict(os.environ)
-        env.update(WORKBENCH_VIEWER_WORKER_AS=str(memory),
+        env.update(WORKBENCH_VIEWER_WORKER_AS=str(memory), TMPDIR=self.cwd,
                    WORKBENCH_HELPER_MEMORY=str(memory),
                    WORKBENCH_SHAPE_INFERENCE_TIMEOUT=str(max(1.0, timeout)),
                    WORKBENCH_MEMORY_BUDGET=str(memory // 2),
                    OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         self.memory = memory
-        # an empty working folder: `python -m` puts it first on sys.path, and the served
-        # folder may hold files named like the modules the worker imports
-        self.cwd = tempfile.mkdtemp(prefix="workbench-viewer-")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "workbench.labext_worker"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=self.cwd,
