@@ -503,14 +503,18 @@ def check_and_infer(m: onnx.ModelProto, *, check: bool, infer: bool,
 
 def _merge(m: onnx.ModelProto, inferred: onnx.ModelProto) -> onnx.ModelProto:
     """``m`` with the inferred graph (value_info, outputs, subgraphs) but its own initializers
-    and inputs."""
+    (sparse ones too) and inputs."""
     out = onnx.ModelProto()
     g = inferred.graph
     del g.initializer[:]
+    del g.sparse_initializer[:]
     del g.input[:]
     out.CopyFrom(inferred)
     out.graph.input.extend(m.graph.input)
     out.graph.initializer.extend(m.graph.initializer)
+    out.graph.sparse_initializer.extend(m.graph.sparse_initializer)
+    del out.training_info[:]                 # not inferred: as it was
+    out.training_info.extend(m.training_info)
     return out
 
 
