@@ -16,6 +16,7 @@ reporting running out of memory as such.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import os
 import shutil
 import sys
@@ -118,6 +119,24 @@ def _get(server, path, timeout=300):
     return status, d, time.perf_counter() - t0
 
 
+def _get_raw(server, path, timeout=300):
+    """(status, body bytes, seconds): nothing parsed while the clock runs (eight threads of
+    this process parsing megabytes of JSON at once would hold up the others, the /api/status
+    poller among them, and that would be measured as the server's latency)."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+    url = f"{server.url}/{API}?" + urllib.parse.urlencode({"path": path})
+    req = urllib.request.Request(url, headers={"Authorization": f"token {server.token}"})
+    t0 = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, body = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, body = e.code, e.read()
+    return status, body, time.perf_counter() - t0
+
+
 def test_fan_in_of_20000_inputs_answers_within_budget(server):
     """One Concat reading 20,000 graph inputs: the old drawing code was quadratic (399 s on
     this project's 2-core machine); now linear: ~3.5 s there with a warm worker (10 s with
@@ -171,9 +190,10 @@ def test_normal_requests_stay_responsive_under_hostile_load(server):
     project's 2-core machine: ~5-10 s (alone: 0.3 s); before issue 20 the same kind of load kept a
     ResNet-18 request waiting 37 s, and the 1 GiB external-data model alone brought the
     server down (out of memory). /api/status (the rest of JupyterLab) keeps answering: its
-    median under 0.5 s and its worst under 5 s (the event loop never runs model work, which
-    takes seconds of CPU per job: were it on the loop, most polls would wait seconds; the
-    worst case allows for a machine whose 2 cores are shared by several busy processes)."""
+    median under 0.5 s and its worst under 3 s (measured here: ~0.1 s; the event loop never
+    runs model work, which takes seconds of CPU per job: were it on the loop, most polls would
+    wait seconds; the worst case allows for a machine whose 2 cores are shared by several busy
+    processes)."""
     hostile = ["fan_in.onnx"] * 8 + ["big_init.onnx", "ext/model.onnx"]
     status_times, stop = [], threading.Event()
 
@@ -186,19 +206,19 @@ def test_normal_requests_stay_responsive_under_hostile_load(server):
 
     with cf.ThreadPoolExecutor(len(hostile) + 2) as ex:
         poller = ex.submit(poll)
-        futs = [ex.submit(_get, server, h) for h in hostile]
+        futs = [ex.submit(_get_raw, server, h) for h in hostile]
         time.sleep(0.3)
-        status, d, dt = _get(server, "normal.onnx")
+        status, body, dt = _get_raw(server, "normal.onnx")
         results = [f.result() for f in futs]
         stop.set()
         poller.result()
     print(f"\nnormal request under load: {dt:.2f} s; hostile answers "
           f"{[(r[0], round(r[2], 1)) for r in results]}; /api/status max "
           f"{max(status_times):.2f} s over {len(status_times)} requests")
-    assert status == 200 and d["summary"]["nodes"] == 10
+    assert status == 200 and json.loads(body)["summary"]["nodes"] == 10
     assert dt < 70
     assert sorted(status_times)[len(status_times) // 2] < 0.5
-    assert max(status_times) < 5.0
+    assert max(status_times) < 3.0
     assert [r[0] for r in results] == [200] * 10
 
 

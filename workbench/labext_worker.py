@@ -18,11 +18,13 @@ file can starve other requests or the rest of JupyterLab:
   limit); running out is answered as running out of memory, not as a malformed model; a
   worker whose peak resident memory passed a quarter of the budget ends after answering,
   giving the memory back to the system;
-- **a small concurrency limit** (``WORKBENCH_VIEWER_WORKERS``, default 2 workers): more
-  requests wait in line, at most ``WORKBENCH_VIEWER_QUEUE`` (default 16) of them, beyond which
-  the answer is 503 (busy); identical requests in flight (same file, size and modification
-  time) share one job, and an answer that ran out of time or memory is remembered for that
-  version of the file, so a hostile file costs its budget once, not once per reload.
+- **a small concurrency limit** (``WORKBENCH_VIEWER_WORKERS``, default 2 workers, started
+  when the viewer is first used, the second in the background, and ended after 10 idle
+  minutes): more requests wait in line, at most ``WORKBENCH_VIEWER_QUEUE`` (default 16) of
+  them, beyond which the answer is 503 (busy); identical requests in flight (same file, size
+  and modification time) share one job, and an answer that ran out of time or memory is
+  remembered for that version of the file, so a hostile file costs its budget once, not once
+  per reload.
 
 Error messages name the file relative to the server's root (never an absolute server path).
 
@@ -431,9 +433,11 @@ class ViewerPool:
         self.timeout = float(timeout or _env_float("WORKBENCH_VIEWER_TIMEOUT", DEFAULT_TIMEOUT))
         self.memory = int(memory or _env_size("WORKBENCH_VIEWER_MEMORY", DEFAULT_MEMORY))
         self.queue = int(queue or _env_float("WORKBENCH_VIEWER_QUEUE", DEFAULT_QUEUE))
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._idle: list[_Worker] = []
-        self._all: set[_Worker] = set()
+        self._all: set[_Worker] = set()      # started workers, busy or idle
+        self._spawning = 0                   # workers being started
+        self._reaper: threading.Thread | None = None
         self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="wb-viewer")
         self._sem: asyncio.Semaphore | None = None
         self._waiting = 0
@@ -488,18 +492,75 @@ class ViewerPool:
 
     # -- in a pool thread
     def _take(self) -> _Worker:
-        now = time.monotonic()
+        """An idle worker, or a new one; at most ``workers`` exist or are starting."""
         with self._lock:
-            while self._idle:
-                w = self._idle.pop()
-                if w.alive() and now - w.idle_since < IDLE_SECONDS:
-                    return w
-                self._all.discard(w)
-                w.close()
-        w = _Worker(self.memory, self.timeout)
-        with self._lock:
-            self._all.add(w)
+            while True:
+                self._close_stale_locked()
+                if self._idle:
+                    w = self._idle.pop()
+                    break
+                if len(self._all) + self._spawning < self.workers:
+                    self._spawning += 1
+                    w = None
+                    break
+                self._lock.wait(1.0)          # one is starting (prewarm) or finishing
+        if w is None:
+            try:
+                w = _Worker(self.memory, self.timeout)
+            finally:
+                with self._lock:
+                    self._spawning -= 1
+            with self._lock:
+                self._all.add(w)
+        self._prewarm()
         return w
+
+    def _close_stale_locked(self) -> None:
+        now = time.monotonic()
+        keep = []
+        for w in self._idle:
+            if w.alive() and now - w.idle_since < IDLE_SECONDS:
+                keep.append(w)
+            else:
+                self._all.discard(w)
+                threading.Thread(target=w.close, daemon=True).start()
+        self._idle = keep
+
+    def _prewarm(self) -> None:
+        """Start the next worker in the background while there is room, so that the next
+        request does not wait for a worker's start-up (imports, its checker helper)."""
+        with self._lock:
+            if self._closed or len(self._all) + self._spawning >= self.workers:
+                return
+            self._spawning += 1
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap, daemon=True,
+                                                name="wb-viewer-reaper")
+                self._reaper.start()
+
+        def spawn():
+            try:
+                w = _Worker(self.memory, self.timeout)
+            except OSError:
+                w = None
+            with self._lock:
+                self._spawning -= 1
+                if w is not None and not self._closed:
+                    self._all.add(w)
+                    self._idle.append(w)
+                    w = None
+                self._lock.notify_all()
+            if w is not None:
+                w.close()
+
+        threading.Thread(target=spawn, daemon=True, name="wb-viewer-start").start()
+
+    def _reap(self) -> None:
+        """End workers idle for longer than IDLE_SECONDS (their memory goes back)."""
+        while not self._closed:
+            time.sleep(min(60.0, IDLE_SECONDS / 4))
+            with self._lock:
+                self._close_stale_locked()
 
     def _give_back(self, w: _Worker) -> None:
         w.idle_since = time.monotonic()
@@ -509,6 +570,7 @@ class ViewerPool:
                 w.close()
             else:
                 self._idle.append(w)
+            self._lock.notify_all()
 
     def _run(self, full: str, path: str, root: str) -> tuple[int, bytes, bool]:
         """(status, body, whether the answer is an out-of-budget one)."""
@@ -550,12 +612,14 @@ class ViewerPool:
         w.kill()
         with self._lock:
             self._all.discard(w)
+            self._lock.notify_all()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             workers, self._idle = list(self._all), []
             self._all.clear()
+            self._lock.notify_all()
         for w in workers:
             w.kill()
         self._executor.shutdown(wait=False, cancel_futures=True)
