@@ -646,8 +646,9 @@ class Details:
     def _of(self, g):
         got = self._per_graph.get(id(g))
         if got is None:
-            if self._builder is None:
-                self._builder = build_drawing(self.graph)
+            if self._builder is None:         # what is folded is decided while walking the
+                self._builder = _Builder()    # graph; the groups (finish) are not needed
+                self._builder.graph(self.graph, 0, {})
                 self._folded = self._builder.folded_values()
             elif not hasattr(self, "_folded"):
                 self._folded = self._builder.folded_values()
