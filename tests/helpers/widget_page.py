@@ -51,5 +51,11 @@ def widget_html(widget, width: int = 700) -> str:
             buffers[name] = base64.b64encode(bytes(value)).decode("ascii")
         else:
             state[name] = value
-    return PAGE % {"width": width, "state": json.dumps(state), "buffers": json.dumps(buffers),
-                   "esm": json.dumps(widget._esm)}
+    return PAGE % {"width": width, "state": _js(state), "buffers": _js(buffers),
+                   "esm": _js(widget._esm)}
+
+
+def _js(value) -> str:
+    """``value`` as a JavaScript literal inside a <script> element: JSON with "</" written
+    "<\\/" (a model's names may hold "</script>")."""
+    return json.dumps(value).replace("</", "<\\/")

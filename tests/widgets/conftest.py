@@ -18,8 +18,8 @@ def runnable(model) -> bool:
     """True when the engine has kernels for every node of ``model`` (kernels arrive over
     time; tests that need to run a model skip with the missing ops named)."""
     from workbench.errors import UnsupportedOperatorError
-    from workbench.graph.executor import Plan
     from workbench.graph.load import load
+    from workbench.runtime.plan import Plan
     try:
         Plan(load(model, check=False).graph)
     except UnsupportedOperatorError as e:

@@ -3,8 +3,9 @@ import pytest
 import synth
 
 from workbench.errors import InputError
-from workbench.graph.executor import Plan, layer_nodes, resolve_cut
 from workbench.graph.load import load
+from workbench.runtime.cut import layer_nodes, resolve_cut
+from workbench.runtime.plan import Plan
 from workbench.widgets import LayerCutter
 
 

@@ -22,13 +22,24 @@ Rules (a violation is a :class:`~workbench.errors.ModelLoadError` naming the ten
 After resolution every tensor is inline; :func:`tensor_to_array` (the only TensorProto ->
 numpy conversion the loader uses) refuses any tensor still marked external, so no later step
 can read a file on the model's behalf.
+
+Structure only (``load(path, weights=False)``: the viewer): ``resolve_external_data(...,
+read=False)`` checks the same rules except the checksum (which would read the file) and
+reads nothing; it marks each external tensor *described* (as the structure reader marks big
+inline tensors, :mod:`workbench.graph.structure`), and :func:`tensor_to_array`, inside
+:func:`describing`, turns a described tensor into an :class:`UnreadTensor` (dtype, shape and
+where its bytes are, no data). The mark carries a random per-load token after a NUL byte: a
+file cannot forge it (a location with a NUL byte is refused).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import mmap
 import os
+import secrets
 import stat
 from collections.abc import Iterator
 
@@ -178,14 +189,16 @@ def _safe_location(loc: str, root: str, where: str, path: str | None) -> str:
                              f"relative paths inside it)", path=path)
     full = os.path.realpath(os.path.join(root, norm))
     if os.path.commonpath([root, full]) != root:
+        # the message names no folder: it may be shown to someone who must not learn the
+        # server's paths (the JupyterLab viewer); the model's own path is in ``path``
         raise ModelLoadError(f"{where}: external data location {loc!r} leads outside the "
-                             f"model's folder {root!r} (through a symbolic link); refusing it",
+                             f"model's folder (through a symbolic link); refusing it",
                              path=path)
     try:
         st = os.stat(full)
     except OSError:
-        raise ModelLoadError(f"{where}: external data file {loc!r} not found in {root!r}",
-                             path=path) from None
+        raise ModelLoadError(f"{where}: external data file {loc!r} not found in the model's "
+                             f"folder", path=path) from None
     if not stat.S_ISREG(st.st_mode):
         raise ModelLoadError(f"{where}: external data location {loc!r} is not a regular file; "
                              f"refusing it", path=path)
@@ -215,10 +228,16 @@ class _Files:
 
 
 def resolve_external_data(m: onnx.ModelProto, base_dir: str | None,
-                          path: str | None = None) -> int:
+                          path: str | None = None, *, read: bool = True,
+                          mark: str | None = None) -> int:
     """Read every external tensor of ``m`` into its ``raw_data`` (in place), refusing anything
-    the rules above forbid. Returns the number of tensors resolved."""
-    ext = [(t, w) for t, w in iter_model_tensors(m) if uses_external_data(t)]
+    the rules above forbid. Returns the number of tensors resolved.
+
+    ``read=False``: check the same rules but the checksum, read nothing, and mark each tensor
+    described with ``mark`` (:func:`unread_mark`; tensors the structure reader already marked
+    with it are left as they are)."""
+    ext = [(t, w) for t, w in iter_model_tensors(m)
+           if uses_external_data(t) and not (mark and _marked(t, mark))]
     if not ext:
         return 0
     if base_dir is None:
@@ -247,11 +266,14 @@ def resolve_external_data(m: onnx.ModelProto, base_dir: str | None,
                     f"{where}: external data length {length:,} does not match the "
                     f"{need:,} bytes its dims {list(t.dims)} and type "
                     f"{TensorProto.DataType.Name(t.data_type)} need", path=path)
-            _, size = files.get(full)
+            size = os.stat(full).st_size if not read else files.get(full)[1]
             if offset + length > size:
                 raise ModelLoadError(
                     f"{where}: external data asks for bytes {offset:,}..{offset + length:,} of "
                     f"{info['location']!r}, which has only {size:,} bytes", path=path)
+            if not read:
+                plans.append((t, info["location"], offset, length))
+                continue
             if "checksum" in info and full not in files.checked:
                 mm, _ = files.get(full)
                 digest = hashlib.sha1(mm if mm is not None else b"").hexdigest()
@@ -263,6 +285,10 @@ def resolve_external_data(m: onnx.ModelProto, base_dir: str | None,
                 files.checked.add(full)
             check_alloc((length,), itemsize=1, what=f"{where}: external data")
             plans.append((t, full, offset, length))
+        if not read:
+            for t, loc, offset, length in plans:
+                set_mark(t, mark, f"external file {loc!r}", offset, length)
+            return len(plans)
         for t, full, offset, length in plans:
             mm, _ = files.get(full)
             t.raw_data = mm[offset:offset + length] if length else b""
@@ -271,6 +297,118 @@ def resolve_external_data(m: onnx.ModelProto, base_dir: str | None,
     finally:
         files.close()
     return len(plans)
+
+
+# --------------------------------------------------------------------------- described tensors
+_UNREAD = "\x00workbench-unread:"
+_DESCRIBING: contextvars.ContextVar = contextvars.ContextVar("workbench_describing",
+                                                             default=None)
+
+
+def unread_mark() -> str:
+    """A fresh mark for one structure-only load (a file cannot contain it: NUL byte)."""
+    return _UNREAD + secrets.token_hex(8)
+
+
+def set_mark(t: TensorProto, mark: str, source: str, offset: int, length: int) -> None:
+    """Mark ``t`` (its data already left out) as described, not read: its bytes are
+    ``length`` bytes at ``offset`` of ``source``."""
+    del t.external_data[:]
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", mark), ("source", source), ("offset", str(offset)),
+                 ("length", str(length))):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+
+
+def _marked(t: TensorProto, mark: str) -> dict | None:
+    ed = t.external_data
+    if not ed or ed[0].key != "location" or ed[0].value != mark:
+        return None
+    return {e.key: e.value for e in ed}
+
+
+def is_described(t: TensorProto) -> bool:
+    """True for a tensor marked described by a structure-only load."""
+    ed = t.external_data
+    return bool(ed) and ed[0].key == "location" and ed[0].value.startswith(_UNREAD)
+
+
+@contextlib.contextmanager
+def describing(mark: str):
+    """Within it, :func:`tensor_to_array` answers tensors marked with ``mark`` with an
+    :class:`UnreadTensor` instead of refusing them."""
+    token = _DESCRIBING.set(mark)
+    try:
+        yield
+    finally:
+        _DESCRIBING.reset(token)
+
+
+class UnreadTensor:
+    """A tensor described by a structure-only load (``load(path, weights=False)``): its
+    ``dtype``, ``shape``, ``size`` and ``nbytes`` (what the dims need), and where its bytes
+    are (``source``, ``offset``, ``stored`` bytes), never its values. Any attempt to read it
+    as an array raises :class:`~workbench.errors.ModelLoadError`: load the model with its
+    weights to run it."""
+
+    __slots__ = ("shape", "dtype", "source", "offset", "stored", "where")
+
+    def __init__(self, shape, dtype, source: str, offset: int, stored: int, where: str):
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.source, self.offset, self.stored, self.where = source, offset, stored, where
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def __array__(self, *args, **kwargs):
+        raise ModelLoadError(f"{self.where}: the model was loaded without its weights "
+                             f"(structure only); its {self.nbytes:,} bytes in {self.source} "
+                             f"were not read: load it with weights to compute with it")
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return (f"UnreadTensor({self.dtype}{list(self.shape)}, {self.stored:,} bytes in "
+                f"{self.source}, not read)")
+
+
+def _described(t: TensorProto, info: dict, where: str, path: str | None) -> UnreadTensor:
+    for d in t.dims:
+        if d < 0:
+            raise ModelLoadError(f"{where}: negative dimension {d} in dims {list(t.dims)}",
+                                 path=path)
+    if t.data_type == TensorProto.UNDEFINED:
+        raise ModelLoadError(f"{where}: element type is UNDEFINED", path=path)
+    try:
+        np_dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
+    except (KeyError, ValueError, TypeError):
+        raise ModelLoadError(f"{where}: unknown element type {t.data_type}", path=path) from None
+    source = info.get("source", "")
+    stored = int(info.get("length", "0"))
+    if source.startswith("external file") or source == "raw_data":
+        need = expected_nbytes(t, where, path)
+        if stored != need:
+            raise ModelLoadError(
+                f"{where}: {source} has {stored:,} bytes, dims {list(t.dims)} of "
+                f"{TensorProto.DataType.Name(t.data_type)} need {need:,}", path=path)
+    return UnreadTensor(t.dims, np_dt, source, int(info.get("offset", "0")), stored, where)
 
 
 # --------------------------------------------------------------------------- conversion
@@ -284,6 +422,10 @@ def tensor_to_array(t: TensorProto, where: str | None = None,
     data size equal to what dims and dtype need, size within the memory budget."""
     where = where or f"tensor {t.name!r}"
     if uses_external_data(t):
+        mark = _DESCRIBING.get()
+        info = _marked(t, mark) if mark else None
+        if info is not None:
+            return _described(t, info, where, path)
         raise ModelLoadError(f"{where}: external data was not resolved through the model's "
                              f"folder; refusing to read it", path=path)
     if t.HasField("segment"):
@@ -347,6 +489,12 @@ def sparse_to_dense(sp: onnx.SparseTensorProto, where: str | None = None,
     values = tensor_to_array(sp.values, where + " (values)", path)
     indices = tensor_to_array(sp.indices, where + " (indices)", path)
     dims = tuple(int(d) for d in sp.dims)
+    if isinstance(values, UnreadTensor) or isinstance(indices, UnreadTensor):
+        if any(d < 0 for d in dims):
+            raise ModelLoadError(f"{where}: negative dimension in dims {list(dims)}",
+                                 path=path)
+        big = values if isinstance(values, UnreadTensor) else indices
+        return UnreadTensor(dims, values.dtype, big.source, big.offset, big.stored, where)
     if any(d < 0 for d in dims):
         raise ModelLoadError(f"{where}: negative dimension in dims {list(dims)}", path=path)
     if values.ndim != 1:

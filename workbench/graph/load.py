@@ -4,6 +4,10 @@ Checks, in order: the file exists and parses as an ONNX protobuf; the IR version
 opsets are ones the installed onnx package knows; external data stays inside the model's
 folder; ``onnx.checker`` accepts the model; shape inference runs (a failure there is a
 warning, not an error). Input shapes can be overridden (``tensor.PlaceHolder`` batch size).
+
+``weights=False`` reads the structure only (the viewer): tensors holding more than a few KiB,
+inline or in external files, are described (dtype, shape, where their bytes are:
+``external.UnreadTensor``), never read (``workbench.graph.structure``).
 """
 
 from __future__ import annotations
@@ -20,10 +24,16 @@ from google.protobuf.message import DecodeError
 
 from workbench.errors import ModelLoadError, WorkbenchError
 from workbench.graph import isolated
-from workbench.graph.external import has_external_data, resolve_external_data
+from workbench.graph.external import (
+    describing,
+    has_external_data,
+    resolve_external_data,
+    unread_mark,
+)
 from workbench.graph.functions import inline_functions
 from workbench.graph.ir import Graph
 from workbench.graph.quirks import fix_quirks
+from workbench.graph.structure import read_structure, read_structure_file
 
 # protobuf's hard limit on one serialised message
 MAX_PROTO_BYTES = 2**31 - 1
@@ -35,13 +45,15 @@ class LoadedModel:
     graph: Graph
     path: str | None = None
     notes: list = field(default_factory=list)  # exporter quirks repaired / noticed at load
+    weights: bool = True      # False: big tensors described (UnreadTensor), not read
 
     @property
     def opsets(self) -> dict:
         return dict(self.graph.opsets)
 
 
-def _read_proto(src, path: str | None) -> onnx.ModelProto:
+def _read_proto(src, path: str | None, mark: str | None = None) -> onnx.ModelProto:
+    """The parsed model; with ``mark`` (structure only) big tensors are left out, marked."""
     if isinstance(src, onnx.ModelProto):
         return src
     if isinstance(src, (bytes, bytearray, memoryview)):
@@ -60,12 +72,16 @@ def _read_proto(src, path: str | None) -> onnx.ModelProto:
                 f"the file has {st.st_size:,} bytes, more than the 2 GiB a protobuf ONNX file can "
                 f"hold; models this big keep their weights in external data files next to the "
                 f".onnx file", path=path)
+        if mark is not None and st.st_size:
+            return _check_parsed(read_structure_file(path, mark, st.st_size)[0], path)
         with open(path, "rb") as f:
             # the file's size (+1 to see a file that grew), not the 2 GiB limit: read(n)
             # reserves n bytes first, which fails under an address-space limit
             data = f.read(st.st_size + 1)
     if not data:
         raise ModelLoadError("the file is empty (0 bytes), not an ONNX model", path=path)
+    if mark is not None:
+        return _structure(data, mark, path)
     m = onnx.ModelProto()
     try:
         m.ParseFromString(data)
@@ -74,6 +90,15 @@ def _read_proto(src, path: str | None) -> onnx.ModelProto:
             f"not a valid ONNX model: the protobuf could not be parsed ({e}); the file may be "
             f"truncated, corrupt, or not an .onnx file ({len(data):,} bytes read)",
             path=path) from None
+    return _check_parsed(m, path)
+
+
+def _structure(buf, mark: str, path: str | None) -> onnx.ModelProto:
+    m, _, _ = read_structure(buf, mark, path=path)
+    return _check_parsed(m, path)
+
+
+def _check_parsed(m: onnx.ModelProto, path: str | None) -> onnx.ModelProto:
     if not m.HasField("graph") or m.ir_version == 0:
         raise ModelLoadError(
             "not an ONNX model: the data parsed but has no graph or no IR version (is this "
@@ -246,12 +271,14 @@ def check_function_calls(m: onnx.ModelProto, path: str | None = None) -> None:
 
 
 def check_and_infer(m: onnx.ModelProto, *, check: bool, infer: bool,
-                    path: str | None = None) -> onnx.ModelProto:
+                    path: str | None = None, described: bool = False) -> onnx.ModelProto:
     """onnx.checker (a refusal is a ModelLoadError) and shape inference (a failure there is a
     warning), both in a helper process so that a crash in onnx's C++ code cannot take this
-    process down (``workbench.graph.isolated``)."""
+    process down (``workbench.graph.isolated``). ``described``: ``m`` has tensors a
+    structure-only load described without their data."""
     try:
-        inferred = isolated.check_and_infer(m, check=check, infer=infer, path=path)
+        inferred = isolated.check_and_infer(m, check=check, infer=infer, path=path,
+                                            described=described)
     except isolated.CheckFailed as e:
         msg = str(e).strip().splitlines()
         raise ModelLoadError("the model fails onnx.checker: " + " | ".join(msg[:6]),
@@ -266,15 +293,25 @@ def check_and_infer(m: onnx.ModelProto, *, check: bool, infer: bool,
         warnings.warn(f"{path or 'model'}: ONNX shape inference failed ({e}); intermediate "
                       f"shapes will be unknown until the model runs", stacklevel=3)
         return m
+    except isolated.InferenceOutOfMemory:     # the checker, if asked, passed
+        warnings.warn(f"{path or 'model'}: ONNX shape inference failed: it ran out of memory "
+                      f"in its helper process (limit "
+                      f"{isolated.helper_memory_limit() / 2**20:,.0f} MiB, "
+                      f"WORKBENCH_HELPER_MEMORY); intermediate shapes will be unknown until "
+                      f"the model runs", stacklevel=3)
+        return m
     return inferred if inferred is not None else m
 
 
 def load(src: Any, *, check: bool = True, shape_inference: bool = True,
          input_shapes: dict | None = None, batch_size: int | None = None,
-         base_dir: str | None = None) -> LoadedModel:
+         base_dir: str | None = None, weights: bool = True) -> LoadedModel:
     """Load and validate a model from a path, bytes or a ModelProto.
 
     The caller's ModelProto is never modified: a copy is made when anything must change.
+    ``weights=False`` (a path or bytes): the structure only; tensors above a few KiB become
+    ``UnreadTensor`` descriptions and no external data file is read (their locations and
+    sizes are still checked). Such a model can be shown, not run.
     """
     path = None
     if isinstance(src, (str, os.PathLike)):
@@ -283,7 +320,13 @@ def load(src: Any, *, check: bool = True, shape_inference: bool = True,
     elif not isinstance(src, (bytes, bytearray, memoryview, onnx.ModelProto)):
         raise ModelLoadError(f"cannot load a model from a {type(src).__name__}; give a path, "
                              f"bytes or an onnx.ModelProto")
-    m = _read_proto(src, path)
+    mark = None
+    if not weights:
+        if isinstance(src, onnx.ModelProto):
+            raise ModelLoadError("weights=False reads a file or bytes without their weights; "
+                                 "a ModelProto is already in memory: load it as it is")
+        mark = unread_mark()
+    m = _read_proto(src, path, mark)
     check_versions(m, path)
     check_attributes(m, path)
     needs_copy = isinstance(src, onnx.ModelProto) and (
@@ -293,7 +336,7 @@ def load(src: Any, *, check: bool = True, shape_inference: bool = True,
         m2 = onnx.ModelProto()
         m2.CopyFrom(m)
         m = m2
-    resolve_external_data(m, base_dir, path)
+    resolve_external_data(m, base_dir, path, read=weights, mark=mark)
     m, notes = fix_quirks(m, path, owned=m is not src)
     if input_shapes or batch_size is not None:
         set_input_shapes(m, input_shapes, batch_size)
@@ -302,14 +345,18 @@ def load(src: Any, *, check: bool = True, shape_inference: bool = True,
         inline_functions(m, path)
     if check or shape_inference:
         if check and not shape_inference:
-            check_and_infer(m, check=True, infer=False, path=path)
+            check_and_infer(m, check=True, infer=False, path=path, described=not weights)
         else:
-            m = check_and_infer(m, check=check, infer=True, path=path)
+            m = check_and_infer(m, check=check, infer=True, path=path, described=not weights)
     opsets = {(o.domain or ""): int(o.version) for o in m.opset_import}
     if "ai.onnx" in opsets:
         opsets.setdefault("", opsets.pop("ai.onnx"))
     try:
-        graph = Graph.from_proto(m.graph, opsets)
+        if mark is None:
+            graph = Graph.from_proto(m.graph, opsets)
+        else:
+            with describing(mark):
+                graph = Graph.from_proto(m.graph, opsets)
     except WorkbenchError as e:
         if isinstance(e, ModelLoadError) and e.path is None and path:
             raise ModelLoadError(str(e), path=path) from None
@@ -317,4 +364,4 @@ def load(src: Any, *, check: bool = True, shape_inference: bool = True,
     except Exception as e:
         raise ModelLoadError(f"could not read the graph: {type(e).__name__}: {e}",
                              path=path) from e
-    return LoadedModel(m, graph, path, notes)
+    return LoadedModel(m, graph, path, notes, weights)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import onnx
@@ -79,7 +80,10 @@ def fmt_shape(shape) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
+@lru_cache(maxsize=256)
 def dtype_str(dtype) -> str:
+    """numpy's name for an ONNX element type (``1`` -> ``float32``); cached: numpy computes
+    a dtype's name on every request, and a drawing asks once per value."""
     if not dtype:
         return "?"
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 
 from workbench.widgets._base import TextRepr, import_widgets
+from workbench.widgets._html import tag
 from workbench.widgets._model import as_source
 from workbench.widgets.graph_data import graph_payload
 from workbench.widgets.graph_view import GraphView
@@ -98,11 +99,13 @@ class GraphCompare(TextRepr, ipywidgets.VBox):
     def _info_html(self) -> str:
         nl = len(self.matches) + len(self.only_left)
         nr = len(self.matches) + len(self.only_right)
-        return (f"<div><b>{len(self.matches)}</b> matched nodes; "
-                f"<span style='color:#b0006e'>{len(self.only_left)} only on the left</span> "
-                f"(of {nl}), <span style='color:#b0006e'>{len(self.only_right)} only on the "
-                f"right</span> (of {nr}) — ringed. Click a node: its match is selected on the "
-                f"other side.</div>")
+        ring = "color:#b0006e"
+        return tag("div", tag("b", len(self.matches)), " matched nodes; ",
+                   tag("span", f"{len(self.only_left)} only on the left", style=ring),
+                   f" (of {nl}), ",
+                   tag("span", f"{len(self.only_right)} only on the right", style=ring),
+                   f" (of {nr}) — ringed. Click a node: its match is selected on the other "
+                   f"side.")
 
     def summary(self) -> str:
         return (f"GraphCompare({self.left.title!r} vs {self.right.title!r}: "

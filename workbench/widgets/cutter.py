@@ -5,9 +5,9 @@
 >>> cutter.last_layers = -2                     # or a node name: cutter.last_layers = "flatten"
 >>> cutter.outputs, cutter.model                # output names; the cut model
 
-``last_layers`` follows DESIGN §2.2 (the executor's :func:`resolve_cut`): -1 keeps the whole
-graph, -k cuts after the k-th node from the end, counted in topological order without
-``Constant`` nodes; a node or value name is also accepted.
+``last_layers`` follows the engine's counting (:func:`~workbench.runtime.cut.resolve_cut`;
+``docs/architecture.md``, "SINGA's API and ``last_layers``"): -1 keeps the whole graph, -k
+cuts after the k-th node from the end, counted in topological order without ``Constant`` nodes; a node or value name is also accepted.
 """
 
 from __future__ import annotations
@@ -19,15 +19,11 @@ import onnx
 from onnx import helper
 
 from workbench.errors import InputError
-from workbench.graph.executor import (
-    cut,
-    layer_nodes,
-    needed_nodes,
-    resolve_cut,
-    topological_order,
-)
 from workbench.graph.ir import Graph, Node, ValueInfo
+from workbench.graph.toposort import needed_nodes, topological_order
+from workbench.runtime.cut import cut, layer_nodes, resolve_cut
 from workbench.widgets._base import TextRepr, import_widgets
+from workbench.widgets._html import frag, joined, tag
 from workbench.widgets._model import as_source, dtype_str, fmt_shape
 from workbench.widgets.graph_view import GraphView
 
@@ -40,7 +36,7 @@ class CutModel:
 
     ``graph`` keeps only the nodes the new outputs need (plus the head); ``frozen`` names the
     parameters a training loop should not update (all of the base model's when ``freeze``).
-    ``run(feeds)`` runs it with the engine's :class:`~workbench.graph.executor.Plan`.
+    ``run(feeds)`` runs it with the engine's :class:`~workbench.runtime.plan.Plan`.
     """
 
     graph: Graph
@@ -65,7 +61,7 @@ class CutModel:
         return self.to_proto()
 
     def plan(self):
-        from workbench.graph.executor import Plan
+        from workbench.runtime.plan import Plan
         if getattr(self, "_plan", None) is None:
             self._plan = Plan(self.graph, outputs=self.outputs)
         return self._plan
@@ -252,29 +248,34 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
             self._syncing = False
         self.view.dimmed = removed
         self.view.marked = [n.name for n in cut_nodes]
-        where = ", ".join(f"<b>{n.name}</b> ({n.op_type})" for n in cut_nodes) or "inputs"
+        # model strings (names, op types) and error texts become HTML text through tag()
+        # and frag() only (widgets/_html.py): this value is rendered with innerHTML, now and
+        # whenever a saved notebook is opened again
+        where = (joined(", ", [frag(tag("b", n.name), f" ({n.op_type})") for n in cut_nodes])
+                 if cut_nodes else "inputs")
         # the slider counts layers as SINGA does (topological order, Constant nodes not
         # counted); the drawing marks the cut on the folded graph (the node a folded cut
         # point belongs to, or the collapsed group that holds it)
         pos = [self._layer_index[n.name] + 1 for n in cut_nodes if n.name in self._layer_index]
-        count = (f" <span class='wb-muted wb-cut-layer'>· layer {pos[0]} of "
-                 f"{len(self._layers)}</span>" if len(pos) == 1 else "")
-        self.cut_label.value = f"<span class='wb-cut-where'>cut after {where}</span>{count}"
-        rows = "".join(
-            f"<tr><td><code>{o}</code></td><td>{self._desc(o)}</td></tr>" for o in outs)
+        count = (frag(" ", tag("span", f"· layer {pos[0]} of {len(self._layers)}",
+                               cls="wb-muted wb-cut-layer")) if len(pos) == 1 else "")
+        self.cut_label.value = frag(tag("span", "cut after ", where, cls="wb-cut-where"), count)
+        rows = frag(*(tag("tr", tag("td", tag("code", o)), tag("td", self._desc(o)))
+                      for o in outs))
         head = ""
         if self.head_classes:
             try:
                 h = self.cut_graph().head
                 train = ("base frozen, training updates the head only" if self.freeze
                          else "all parameters trainable")
-                head = (f"<div>+ new head: Flatten → Linear({h['in_features']} → "
-                        f"{h['classes']}); output <code>head.logits</code>; {train}</div>")
+                head = tag("div", f"+ new head: Flatten → Linear({h['in_features']} → "
+                                  f"{h['classes']}); output ", tag("code", "head.logits"),
+                           f"; {train}")
             except InputError as e:
-                head = f"<div style='color:#b00'>head: {e}</div>"
-        self.info.value = (
-            f"<div>keeps {len(kept)} of {len(self.graph.nodes)} nodes; "
-            f"new output(s):</div><table>{rows}</table>{head}")
+                head = tag("div", f"head: {e}", style="color:#b00")
+        self.info.value = frag(
+            tag("div", f"keeps {len(kept)} of {len(self.graph.nodes)} nodes; new output(s):"),
+            tag("table", rows), head)
 
     def _desc(self, name: str) -> str:
         vi = self.graph.value(name)

@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import colorsys
 import hashlib
-import heapq
 import math
 import re
 from collections import Counter, defaultdict
 
 import numpy as np
 
+from workbench.graph.ir import ValueInfo
+from workbench.graph.toposort import stable_order
 from workbench.ops import registry
 from workbench.widgets._model import dtype_str, fmt_shape
 
@@ -98,12 +99,13 @@ def scope_of(name: str) -> list:
         return parts[:-1]
     if "." in name and " " not in name:
         raw = [p for p in name.split(".") if p]
-        parts: list = []
-        for p in raw:               # "layers", "0" -> "layers.0"
-            if parts and _NUM.match(p):
-                parts[-1] += "." + p
+        groups: list = []           # "layers", "0" -> "layers.0"
+        for p in raw:
+            if groups and _NUM.match(p):
+                groups[-1].append(p)
             else:
-                parts.append(p)
+                groups.append([p])
+        parts = [".".join(g) for g in groups]
         # generated names (Paddle's ``conv2d_3.tmp_0``, paddle2onnx's ``p2o.Conv.3``) carry a
         # counter, not a scope: two components are a name, not a path
         if len(parts) >= 3:
@@ -123,43 +125,38 @@ def _short(name: str) -> str:
 
 # ---------------------------------------------------------------------------- order
 def _order(nodes, available: set) -> list:
-    """Topological order of ``nodes`` (stable with respect to the file order), tolerant of
-    cycles and undefined inputs (an invalid model is still drawn)."""
-    producers = {}
-    for i, n in enumerate(nodes):
-        for o in n.outputs:
-            if o:
-                producers.setdefault(o, i)
-    preds = []
-    for i, n in enumerate(nodes):
+    """Topological order of ``nodes`` (stable with respect to the file order, the one sort of
+    :func:`workbench.graph.toposort.stable_order`), tolerant of cycles and undefined inputs
+    (an invalid model is still drawn)."""
+    reads = []
+    for n in nodes:
         names = list(n.inputs)
         for sg in n.subgraphs:
             names.extend(sg.free_variables())
-        preds.append({producers[x] for x in names
-                      if x and x not in available and x in producers and producers[x] != i})
-    succs = defaultdict(list)
-    indeg = [len(p) for p in preds]
-    for i, p in enumerate(preds):
-        for j in p:
-            succs[j].append(i)
-    ready = [i for i in range(len(nodes)) if indeg[i] == 0]
-    heapq.heapify(ready)
-    out, placed = [], [False] * len(nodes)
-    while len(out) < len(nodes):
-        if not ready:                       # a cycle: break it at the first unplaced node
-            i = next(k for k in range(len(nodes)) if not placed[k])
-            indeg[i] = 0
-            heapq.heappush(ready, i)
-        while ready:
-            i = heapq.heappop(ready)
-            if placed[i]:
-                continue
-            placed[i] = True
-            out.append(nodes[i])
-            for j in succs[i]:
-                indeg[j] -= 1
-                if indeg[j] == 0:
-                    heapq.heappush(ready, j)
+        reads.append([x for x in names if x and x not in available])
+    order, _ = stable_order(reads, [n.outputs for n in nodes], break_cycles=True)
+    return [nodes[i] for i in order]
+
+
+def _value_index(graph) -> dict:
+    """name -> ValueInfo for every value :meth:`Graph.value` answers for, built once per graph
+    (``Graph.value`` scans the input and output lists on every call: quadratic for a node
+    reading 20,000 graph inputs). The same precedence: inputs, outputs, value_info,
+    initializers."""
+    from workbench.arrays.dtypes import onnx_dtype_of_np
+
+    out = {}
+    for name, a in graph.initializers.items():
+        try:
+            dt = onnx_dtype_of_np(a.dtype)
+        except TypeError:
+            dt = None
+        out[name] = ValueInfo(name, dt, tuple(a.shape))
+    out.update(graph.value_info)
+    for vi in reversed(graph.outputs):
+        out[vi.name] = vi
+    for vi in reversed(graph.inputs):
+        out[vi.name] = vi
     return out
 
 
@@ -167,12 +164,14 @@ def _order(nodes, available: set) -> list:
 class _Builder:
     """Collects the drawing's parallel lists while walking a graph and its subgraphs, then
     settles the groups (:meth:`finish`): folded nodes join their host's scope, single-child
-    scopes merge, big groups split."""
+    scopes merge, big groups split. Linear in nodes + edges (times the depth of the name
+    scopes, which the names' own length bounds)."""
 
     def __init__(self):
         self._root = 0
         self.name, self.op, self.kind, self.group = [], [], [], []
         self.host, self.sources, self.root_of, self.first_out = [], set(), [], []
+        self.node, self.owner_graph = [], []      # the IR node (None for inputs/outputs)
         self.edges: list = []          # (src, dst, label index)
         self.labels: list = []
         self._label_ix: dict = {}
@@ -192,7 +191,7 @@ class _Builder:
         self.g_owner.append(owner)
         return len(self.g_label) - 1
 
-    def add(self, name, op, kind, group) -> int:
+    def add(self, name, op, kind, group, node=None, graph=None) -> int:
         self.name.append(name)
         self.op.append(op)
         self.kind.append(kind)
@@ -200,6 +199,8 @@ class _Builder:
         self.host.append(-1)
         self.root_of.append(self._root)
         self.first_out.append(name)
+        self.node.append(node)
+        self.owner_graph.append(graph)
         return len(self.name) - 1
 
     # -- one (sub)graph
@@ -212,12 +213,13 @@ class _Builder:
         # weights: floating-point initializers with more than one value (a scalar is a
         # constant such as a scale or an epsilon)
         params = {k for k, a in graph.initializers.items()
-                  if np.issubdtype(np.asarray(a).dtype, np.floating) and np.asarray(a).size > 1}
+                  if np.issubdtype(a.dtype, np.floating) and a.size > 1}
+        values = _value_index(graph)
         shapes = {}
 
         def shape_label(v):
             if v not in shapes:
-                vi = graph.value(v)
+                vi = values.get(v)
                 shapes[v] = self.label(
                     "" if vi is None or vi.shape is None else
                     f"{dtype_str(vi.dtype)} {fmt_shape(vi.shape)}" if vi.dtype else
@@ -225,11 +227,11 @@ class _Builder:
             return shapes[v]
 
         for vi in graph.inputs:
-            prod[vi.name] = self.add(vi.name, "Input", 1, root)
+            prod[vi.name] = self.add(vi.name, "Input", 1, root, graph=graph)
         order = _order(graph.nodes, {v.name for v in graph.inputs} | set(graph.initializers)
                        | set(outer))
         out_names = {v.name for v in graph.outputs}
-        scopes: dict = {(): root}
+        scopes: dict = {}              # (parent group, scope component) -> group
         first = len(self.name)
         consumers = defaultdict(list)
         for n in order:
@@ -245,16 +247,13 @@ class _Builder:
                       and not any(o in out_names for o in n.outputs)
                       and (facts.shape_only or all(x in static for x in ins))
                       and (not reads_param or weight_prep))
-            path = tuple(scope_of(n.name))
-            g = scopes.get(path)
-            if g is None:
-                g = root
-                for k in range(1, len(path) + 1):
-                    sub = scopes.get(path[:k])
-                    if sub is None:
-                        sub = scopes[path[:k]] = self.new_group(path[k - 1], g, "scope")
-                    g = sub
-            i = self.add(n.name, n.op_type, 0, g)
+            g = root
+            for part in scope_of(n.name):
+                sub = scopes.get((g, part))
+                if sub is None:
+                    sub = scopes[(g, part)] = self.new_group(part, g, "scope")
+                g = sub
+            i = self.add(n.name, n.op_type, 0, g, n, graph)
             self.first_out[i] = next((o for o in n.outputs if o), n.name)
             if not ins:
                 self.sources.add(n.op_type)
@@ -279,7 +278,7 @@ class _Builder:
                 if o:
                     prod[o] = i
         for vi in graph.outputs:
-            j = self.add(vi.name, "Output", 2, root)
+            j = self.add(vi.name, "Output", 2, root, graph=graph)
             if vi.name in prod:
                 self.edges.append((prod[vi.name], j, shape_label(vi.name)))
                 consumers[prod[vi.name]].append(j)
@@ -294,6 +293,14 @@ class _Builder:
                     best = h
             self.host[i] = best
 
+    def folded_values(self) -> dict:
+        """id(graph) -> the values of that (sub)graph its folded nodes compute."""
+        out: dict = defaultdict(set)
+        for i, h in enumerate(self.host):
+            if h != -1 and self.kind[i] == 0:
+                out[id(self.owner_graph[i])].update(o for o in self.node[i].outputs if o)
+        return out
+
     # -- structure
     def finish(self) -> None:
         n_g = len(self.g_label)
@@ -302,28 +309,44 @@ class _Builder:
             if h >= 0 and self.group[i] == self.root_of[i] == self.root_of[h]:
                 self.group[i] = self.group[h]
         self._sizes()
-        # a scope holding nothing but one other scope: one group labelled a/b
+        # a scope holding nothing but one other scope: one group labelled a/b (groups are
+        # numbered parents first, so a chain a/b/c merges from the top)
         children = defaultdict(list)
         for g in range(1, n_g):
             children[self.g_parent[g]].append(g)
+        members = defaultdict(list)
+        for i, g in enumerate(self.group):
+            members[g].append(i)
         direct = Counter(self.group[i] for i in range(len(self.name)) if self.host[i] == -1)
+        merged_from = {}            # group -> the group merged into it (its label's prefix)
         for g in range(1, n_g):
             if self.g_kind[g] != "scope" or direct[g]:
                 continue
             kids = [c for c in children[g] if self.vsize[c]]
             if len(kids) == 1 and self.g_kind[kids[0]] == "scope":
                 c = kids[0]
-                self.g_label[c] = f"{self.g_label[g]}/{self.g_label[c]}"
+                merged_from[c] = g
                 self.g_parent[c] = self.g_parent[g]
                 children[self.g_parent[g]].append(c)
-                for i in range(len(self.name)):
-                    if self.group[i] == g:
-                        self.group[i] = c
+                for i in members.pop(g, ()):
+                    self.group[i] = c
+                    members[c].append(i)
                 for other in children[g]:
                     if other != c:
                         self.g_parent[other] = c
                         children[c].append(other)
                 children[g] = []
+        # labels a/b/c, each built once (building them merge by merge is quadratic in the
+        # depth of a chain: a hostile name can be 100,000 scopes deep)
+        inner = set(merged_from.values())
+        for c in merged_from:
+            if c in inner:
+                continue                        # merged further down: not a survivor
+            chain, x = [], c
+            while x in merged_from:
+                x = merged_from[x]
+                chain.append(self.g_label[x])
+            self.g_label[c] = "/".join(chain[::-1] + [self.g_label[c]])
         self._split()
         self._sizes()
 
@@ -341,17 +364,41 @@ class _Builder:
                 g = self.g_parent[g]
 
     def _split(self) -> None:
-        """Split every group with more than SPLIT_AT direct items into consecutive parts."""
+        """Split every group with more than SPLIT_AT direct items into consecutive parts.
+
+        Each group's work is proportional to what it holds: the shown nodes of its subtree
+        (listed through the group tree, not by scanning every node) and their edges."""
         pos = list(range(len(self.name)))          # nodes are in topological order
         todo = list(range(len(self.g_label)))
-        direct = defaultdict(list)
+        direct = defaultdict(list)                 # shown op nodes directly in a group
+        shown_in = defaultdict(list)               # shown nodes of any kind directly in it
+        hidden_in = defaultdict(list)              # folded nodes whose group it is
         for i in range(len(self.name)):
-            if self.host[i] == -1 and self.kind[i] == 0:
-                direct[self.group[i]].append(i)
-        kids_of = defaultdict(list)
+            if self.host[i] == -1:
+                shown_in[self.group[i]].append(i)
+                if self.kind[i] == 0:
+                    direct[self.group[i]].append(i)
+            else:
+                hidden_in[self.group[i]].append(i)
+        kids_of = defaultdict(list)                # non-subgraph child groups
+        all_kids = defaultdict(list)               # every child group (subgraphs too)
         for c in range(len(self.g_label)):
-            if self.g_kind[c] != "subgraph" and self.g_parent[c] >= 0:
-                kids_of[self.g_parent[c]].append(c)
+            if self.g_parent[c] >= 0:
+                all_kids[self.g_parent[c]].append(c)
+                if self.g_kind[c] != "subgraph":
+                    kids_of[self.g_parent[c]].append(c)
+        succ = defaultdict(list)
+        for s, d, _ in self.edges:
+            succ[s].append(d)
+
+        def subtree_nodes(c) -> list:
+            out, stack = [], [c]
+            while stack:
+                x = stack.pop()
+                out.extend(shown_in[x])
+                stack.extend(k for k in all_kids[x] if self.g_parent[k] == x)
+            return out
+
         while todo:
             g = todo.pop()
             kid_groups = [c for c in kids_of[g] if self.g_parent[c] == g]
@@ -363,22 +410,11 @@ class _Builder:
             item_of: dict = {}
             for i in members:
                 item_of[i] = ("n", i)
-            under = defaultdict(list)
-            if kid_groups:
-                top = {}
-                for c in kid_groups:
-                    top[c] = c
-                for i in range(len(self.name)):
-                    if self.host[i] != -1:
-                        continue
-                    x = self.group[i]
-                    chain = []
-                    while x >= 0 and x != g and x not in top:
-                        chain.append(x)
-                        x = self.g_parent[x]
-                    if x in top:
-                        under[top[x]].append(i)
-                        item_of[i] = ("g", top[x])
+            under = {}
+            for c in kid_groups:
+                under[c] = subtree_nodes(c)
+                for i in under[c]:
+                    item_of[i] = ("g", c)
             items = [("n", i) for i in members] + [("g", c) for c in kid_groups if under[c]]
             if len(items) <= SPLIT_AT:
                 continue
@@ -390,13 +426,14 @@ class _Builder:
             index = {it: k for k, it in enumerate(items)}
             n = len(items)
             cross = [0] * (n + 1)
-            for s, d, _ in self.edges:
-                a, b = item_of.get(s), item_of.get(d)
-                if a is None or b is None or a == b:
-                    continue
-                lo, hi = sorted((index[a], index[b]))
-                cross[lo] += 1              # crosses every cut after lo, up to hi
-                cross[hi] -= 1
+            for s, a in item_of.items():
+                for d in succ.get(s, ()):
+                    b = item_of.get(d)
+                    if b is None or a == b:
+                        continue
+                    lo, hi = sorted((index[a], index[b]))
+                    cross[lo] += 1              # crosses every cut after lo, up to hi
+                    cross[hi] -= 1
             for k in range(1, n):
                 cross[k] += cross[k - 1]
             parts = max(2, min(MAX_PARTS, math.ceil(n / PART_SIZE)))
@@ -425,22 +462,30 @@ class _Builder:
                         f"{name_of(chunk[0])} … {name_of(chunk[-1])}")
                 pg = self.new_group(f"{p + 1}/{len(bounds) - 1} · {text}", g, "part")
                 kids_of[g].append(pg)
+                all_kids[g].append(pg)
                 for it in chunk:
                     if it[0] == "n":
                         self.group[it[1]] = pg
                         direct[pg].append(it[1])
+                        shown_in[pg].append(it[1])
                     else:
                         self.g_parent[it[1]] = pg
                         kids_of[pg].append(it[1])
+                        all_kids[pg].append(it[1])
                 todo.append(pg)
+            shown_in[g] = [i for i in shown_in[g] if self.group[i] == g]
             # hidden (folded) nodes follow their host into its part
-            for i in range(len(self.name)):
-                if self.group[i] == g and self.host[i] >= 0:
-                    x = self.group[self.host[i]]
-                    while x >= 0 and self.g_parent[x] != g:
-                        x = self.g_parent[x]
-                    if x >= 0:
-                        self.group[i] = x
+            stay = []
+            for i in hidden_in.pop(g, ()):
+                x = self.group[self.host[i]]
+                while x >= 0 and self.g_parent[x] != g:
+                    x = self.g_parent[x]
+                if x >= 0:
+                    self.group[i] = x
+                    hidden_in[x].append(i)
+                else:
+                    stay.append(i)
+            hidden_in[g] = stay
 
     def payload(self) -> dict:
         flat = []
@@ -457,7 +502,16 @@ class _Builder:
                            "size": self.vsize, "size_all": self.asize}}
 
 
-def graph_payload(graph) -> dict:
+def build_drawing(graph) -> _Builder:
+    """Walk ``graph`` once for the drawing (:func:`graph_payload`) and the details
+    (:class:`Details`), which can share it."""
+    b = _Builder()
+    b.graph(graph, 0, {})
+    b.finish()
+    return b
+
+
+def graph_payload(graph, *, builder: _Builder | None = None) -> dict:
     """The drawing's data for ``graph``: parallel lists ``name``/``op``/``kind`` (0 node,
     1 graph input, 2 graph output)/``group`` (index into ``groups``)/``host`` (-1 shown; the
     index of the node it is folded into; -2 folded and unused)/``nfold`` (nodes folded into
@@ -465,10 +519,9 @@ def graph_payload(graph) -> dict:
     ``groups`` (``label``, ``parent``, ``kind`` root/scope/part/subgraph, ``owner``, ``size``
     shown nodes, ``size_all``), ``colors`` (op type -> colour), ``op_counts`` (op type -> count
     over the shown nodes, most common first), ``folded`` (how many nodes are folded) and
-    ``params`` (parameter count)."""
-    b = _Builder()
-    b.graph(graph, 0, {})
-    b.finish()
+    ``params`` (parameter count). ``builder``: :func:`build_drawing` of ``graph``, when the
+    caller also wants the details (:class:`Details`) without walking the graph twice."""
+    b = builder or build_drawing(graph)
     data = b.payload()
     counts = Counter(op for op, k, h in zip(b.op, b.kind, b.host) if k == 0 and h == -1)
     data["colors"] = op_colors(b.op, b.sources - {op for op, h in zip(b.op, b.host) if h == -1})
@@ -486,17 +539,23 @@ def _attr_repr(v, limit: int = 80) -> str:
         return f"tensor {v.dtype}{list(v.shape)}"
     if hasattr(v, "nodes") and hasattr(v, "initializers"):
         return f"graph ({len(v.nodes)} nodes)"
+    if hasattr(v, "dtype") and hasattr(v, "shape"):          # a tensor described, not read
+        return f"tensor {v.dtype}{list(v.shape)}"
     if isinstance(v, bytes):
         v = v[:limit]
+    elif isinstance(v, str):
+        v = v[:limit]
+    elif isinstance(v, (list, tuple)) and len(v) > limit:
+        v = type(v)(v[:limit])
     s = repr(v)
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
 def _array_repr(a) -> str:
-    a = np.asarray(a)
     if a.ndim == 0:
-        return repr(a.item())
+        return repr(np.asarray(a).item())
     if a.size <= 6:
+        a = np.asarray(a)
         body = repr(a.ravel().tolist())
         return body if a.ndim == 1 else f"{body}.reshape{tuple(a.shape)}"
     return f"{a.dtype}{list(a.shape)}"
@@ -504,7 +563,10 @@ def _array_repr(a) -> str:
 
 class _Folds:
     """How a folded value is computed, as a short expression down to the drawn nodes it reads:
-    ``Concat(Unsqueeze(Gather(Shape(ln_1/LayerNormalization), 0), [0]), [-1], [64])``."""
+    ``Concat(Unsqueeze(Gather(Shape(ln_1/LayerNormalization), 0), [0]), [-1], [64])``.
+
+    The expression stops at ``limit`` characters: a folded node that reads the same folded
+    value many times, levels deep, would otherwise spell out exponentially many terms."""
 
     def __init__(self, graph, folded: set = frozenset()):
         self.graph = graph
@@ -512,73 +574,47 @@ class _Folds:
         self.folded = folded       # values computed by folded nodes; others are named
 
     def expr(self, v: str, depth: int = 5, limit: int = 160) -> str:
-        s = self._expr(v, depth)
+        out: list = []
+        self._left = limit + 1
+        self._expr(v, depth, out)
+        s = "".join(out)
         return s if len(s) <= limit else s[: limit - 1] + "…"
 
-    def _expr(self, v, depth) -> str:
+    def _put(self, out: list, text: str) -> bool:
+        """Append ``text``; False once the expression is long enough."""
+        if self._left <= 0:
+            return False
+        text = text[: self._left]
+        out.append(text)
+        self._left -= len(text)
+        return self._left > 0
+
+    def _expr(self, v, depth, out) -> bool:
         if v in self.graph.initializers:
             a = self.graph.initializers[v]
-            return _array_repr(a) if np.asarray(a).size <= 6 else f"{_short(v)}:{_array_repr(a)}"
+            return self._put(out, _array_repr(a) if a.size <= 6 else
+                             f"{_short(v)}:{_array_repr(a)}")
         n = self.prod.get(v)
         if n is None:
-            return _short(v)
+            return self._put(out, _short(v))
         if v not in self.folded:               # a node that is drawn: its name, not its formula
-            return "/".join(n.name.strip("/").split("/")[-2:]) if "/" in n.name else n.name
+            return self._put(out, "/".join(n.name.strip("/").split("/")[-2:])
+                             if "/" in n.name else n.name)
         if not n.inputs:
             val = n.attrs.get("value")
             if isinstance(val, np.ndarray):
-                return _array_repr(val)
+                return self._put(out, _array_repr(val))
             vals = [x for x in n.attrs.values()]
-            return _attr_repr(vals[0], 40) if vals else n.op_type
+            return self._put(out, _attr_repr(vals[0], 40) if vals else n.op_type)
         if depth <= 0:
-            return f"{n.op_type}(…)"
-        args = ", ".join(self._expr(x, depth - 1) if x else "∅" for x in n.inputs)
-        return f"{n.op_type}({args})"
-
-
-def _value_details(graph, v: str, folds=None, folded=()) -> dict:
-    if not v:
-        return {"name": "", "shape": "", "dtype": "", "param": False, "omitted": True}
-    if v in graph.initializers:
-        a = graph.initializers[v]
-        return {"name": v, "shape": fmt_shape(a.shape), "dtype": str(a.dtype),
-                "param": True, "count": int(np.prod(a.shape, dtype=np.int64))}
-    vi = graph.value(v)
-    out = {"name": v, "shape": fmt_shape(vi.shape if vi else None),
-           "dtype": dtype_str(vi.dtype if vi else None), "param": False}
-    if folds is not None and v in folded:
-        out["folded"] = folds.expr(v)
-    return out
-
-
-def _static_values(graph) -> set:
-    """Values the drawing folds (computed from constants and shapes), as in graph_payload."""
-    b = _Builder()
-    b.graph(graph, 0, {})
-    produced = {}
-    for n in graph.nodes:
-        for o in n.outputs:
-            produced[o] = n.name
-    folded_nodes = {b.name[i] for i, h in enumerate(b.host) if h != -1 and b.kind[i] == 0}
-    return {o for o, nm in produced.items() if nm in folded_nodes}
-
-
-def _op_node_details(graph, node, folds=None, folded=()) -> dict:
-    ins = [_value_details(graph, v, folds, folded) for v in node.inputs]
-    return {
-        "name": node.name, "op": node.op_type, "domain": node.domain or "ai.onnx",
-        "category": op_category(node.op_type, node.domain),
-        "attrs": {k: _attr_repr(v) for k, v in sorted(node.attrs.items())},
-        "inputs": ins, "outputs": [_value_details(graph, v) for v in node.outputs],
-        "params": int(sum(i.get("count", 0) for i in ins)),
-        "doc": (node.doc_string or "")[:300],
-    }
-
-
-def _io_details(graph, vi, kind: str) -> dict:
-    return {"name": vi.name, "op": kind, "attrs": {}, "params": 0,
-            "inputs": [], "outputs": [{"name": vi.name, "shape": fmt_shape(vi.shape),
-                                       "dtype": dtype_str(vi.dtype), "param": False}]}
+            return self._put(out, f"{n.op_type}(…)")
+        if not self._put(out, f"{n.op_type}("):
+            return False
+        for k, x in enumerate(n.inputs):
+            if (k and not self._put(out, ", ")) or not (
+                    self._expr(x, depth - 1, out) if x else self._put(out, "∅")):
+                return False
+        return self._put(out, ")")
 
 
 def _walk(graph):
@@ -590,43 +626,108 @@ def _walk(graph):
             yield from _walk(sg)
 
 
+class Details:
+    """What the details panel shows for the nodes of ``graph`` (and of its subgraphs), with
+    what that needs (folded values, value lookups) computed once; linear in the graph size.
+
+    ``builder``: the drawing's :func:`_build` of ``graph`` when the caller has one."""
+
+    def __init__(self, graph, builder: _Builder | None = None):
+        self.graph = graph
+        self._builder = builder
+        self._per_graph: dict = {}          # id(graph) -> (values, folds, folded)
+
+    def _of(self, g):
+        got = self._per_graph.get(id(g))
+        if got is None:
+            if self._builder is None:         # what is folded is decided while walking the
+                self._builder = _Builder()    # graph; the groups (finish) are not needed
+                self._builder.graph(self.graph, 0, {})
+                self._folded = self._builder.folded_values()
+            elif not hasattr(self, "_folded"):
+                self._folded = self._builder.folded_values()
+            folded = self._folded.get(id(g), set())
+            got = self._per_graph[id(g)] = (_value_index(g), _Folds(g, folded), folded)
+        return got
+
+    def folded(self, g=None) -> set:
+        """The values of ``g`` (default: the top graph) that the drawing folds."""
+        return self._of(g if g is not None else self.graph)[2]
+
+    def value(self, g, v: str, with_folds: bool = True) -> dict:
+        if not v:
+            return {"name": "", "shape": "", "dtype": "", "param": False, "omitted": True}
+        values, folds, folded = self._of(g)
+        if v in g.initializers:
+            a = g.initializers[v]
+            return {"name": v, "shape": fmt_shape(a.shape), "dtype": str(a.dtype),
+                    "param": True, "count": int(np.prod(a.shape, dtype=np.int64))}
+        vi = values.get(v)
+        out = {"name": v, "shape": fmt_shape(vi.shape if vi else None),
+               "dtype": dtype_str(vi.dtype if vi else None), "param": False}
+        if with_folds and v in folded:
+            out["folded"] = folds.expr(v)
+        return out
+
+    def node(self, g, node) -> dict:
+        ins = [self.value(g, v) for v in node.inputs]
+        return {
+            "name": node.name, "op": node.op_type, "domain": node.domain or "ai.onnx",
+            "category": op_category(node.op_type, node.domain),
+            "attrs": {k: _attr_repr(v) for k, v in sorted(node.attrs.items())},
+            "inputs": ins, "outputs": [self.value(g, v, False) for v in node.outputs],
+            "params": int(sum(i.get("count", 0) for i in ins)),
+            "doc": (node.doc_string or "")[:300],
+        }
+
+    def of(self, name: str) -> dict:
+        """The details of node (or graph input/output value) ``name``; the first node of that
+        name wins, as in the drawing."""
+        for g, node in _walk(self.graph):
+            if node.name == name:
+                return self.node(g, node)
+        vi = self._of(self.graph)[0].get(name)
+        if vi is None:
+            return {"name": name, "missing": True}
+        kind = "Input" if any(v.name == name for v in self.graph.inputs) else "Output"
+        return _io_details(vi, kind)
+
+    def all(self) -> dict:
+        """:meth:`of` for every name the drawing shows, keyed by name."""
+        graph = self.graph
+        out: dict[str, dict] = {}
+        for vi in graph.inputs:
+            out.setdefault(vi.name, _io_details(vi, "Input"))
+        nodes: dict[str, dict] = {}
+        for g, node in _walk(graph):
+            if node.name not in nodes:
+                nodes[node.name] = self.node(g, node)
+        out.update(nodes)            # a node named like an input: node_by_name finds the node
+        for vi in graph.outputs:
+            out.setdefault(vi.name, _io_details(vi, "Output"))
+        return out
+
+
+def _io_details(vi, kind: str) -> dict:
+    return {"name": vi.name, "op": kind, "attrs": {}, "params": 0,
+            "inputs": [], "outputs": [{"name": vi.name, "shape": fmt_shape(vi.shape),
+                                       "dtype": dtype_str(vi.dtype), "param": False}]}
+
+
 def folded_values(graph) -> set:
-    """The values of ``graph`` (not its subgraphs) that the drawing folds; pass it to
-    :func:`node_details` to answer many selections without recomputing it."""
-    return _static_values(graph)
+    """The values of ``graph`` (not its subgraphs) that the drawing folds."""
+    return Details(graph).folded()
 
 
-def node_details(graph, name: str, folded: set | None = None) -> dict:
+def node_details(graph, name: str) -> dict:
     """What the details panel shows for a node (or a graph input/output value) ``name``;
     inputs computed from constants and shapes carry ``folded``, the expression they fold.
-    ``folded``: :func:`folded_values` of ``graph``, when the caller keeps it."""
-    for g, node in _walk(graph):
-        if node.name == name:
-            static = folded if (folded is not None and g is graph) else _static_values(g)
-            return _op_node_details(g, node, _Folds(g, static), static)
-    vi = graph.value(name)
-    if vi is None:
-        return {"name": name, "missing": True}
-    kind = "Input" if any(v.name == name for v in graph.inputs) else "Output"
-    return _io_details(graph, vi, kind)
+    One question; :class:`Details` answers many without recomputing what they share."""
+    return Details(graph).of(name)
 
 
-def all_node_details(graph) -> dict:
+def all_node_details(graph, builder: _Builder | None = None) -> dict:
     """``node_details`` for every name the drawing shows (graph inputs, nodes, graph outputs,
     the nodes of subgraphs), keyed by name; the first node wins where names repeat (as in
     :func:`node_details`). Linear in the graph size (no per-name search)."""
-    out: dict[str, dict] = {}
-    for vi in graph.inputs:
-        out.setdefault(vi.name, _io_details(graph, vi, "Input"))
-    nodes: dict[str, dict] = {}
-    cache: dict = {}
-    for g, node in _walk(graph):
-        if node.name not in nodes:
-            if id(g) not in cache:
-                static = _static_values(g)
-                cache[id(g)] = (_Folds(g, static), static)
-            nodes[node.name] = _op_node_details(g, node, *cache[id(g)])
-    out.update(nodes)            # a node named like an input: node_by_name finds the node
-    for vi in graph.outputs:
-        out.setdefault(vi.name, _io_details(graph, vi, "Output"))
-    return out
+    return Details(graph, builder).all()

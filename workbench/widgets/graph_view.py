@@ -21,7 +21,7 @@ from collections import Counter
 
 from workbench.widgets._base import TextRepr, esm, import_widgets
 from workbench.widgets._model import Source, as_source
-from workbench.widgets.graph_data import folded_values, graph_payload, node_details
+from workbench.widgets.graph_data import Details, build_drawing, graph_payload, node_details
 
 __all__ = ["GraphView", "node_details"]
 
@@ -60,9 +60,10 @@ class GraphView(TextRepr, anywidget.AnyWidget):
         src = as_source(model)
         self.source: Source = src
         self.graph = src.graph
-        self._folded = None          # values the drawing folds (for details), on first use
         t0 = time.perf_counter()
-        data = graph_payload(src.graph)
+        builder = build_drawing(src.graph)
+        data = graph_payload(src.graph, builder=builder)
+        self._details = Details(src.graph, builder)     # answers selections
         self.payload_seconds = time.perf_counter() - t0
         super().__init__(graph_data=data, height=height,
                          title=title if title is not None else src.name, **kwargs)
@@ -70,9 +71,7 @@ class GraphView(TextRepr, anywidget.AnyWidget):
     @traitlets.observe("selected")
     def _on_selected(self, change) -> None:
         name = change["new"]
-        if name and self._folded is None:
-            self._folded = folded_values(self.graph)
-        self.details = node_details(self.graph, name, self._folded) if name else {}
+        self.details = self._details.of(name) if name else {}
 
     @property
     def node_names(self) -> list:
@@ -100,7 +99,7 @@ class GraphView(TextRepr, anywidget.AnyWidget):
         ``{node: {"ms": ..., "bytes": ...}}`` (also kept in ``profile_data``)."""
         import numpy as np
 
-        from workbench.graph.executor import Plan
+        from workbench.runtime.plan import Plan
         if metric not in ("time", "memory"):
             raise ValueError(f"metric must be 'time' or 'memory', not {metric!r}")
         if repeat < 1:

@@ -23,7 +23,8 @@ import numpy as np
 import onnx
 
 from workbench.errors import KernelError, UnsupportedOperatorError, WorkbenchError
-from workbench.graph.executor import Plan, topological_order
+from workbench.graph.toposort import topological_order
+from workbench.runtime.plan import Plan
 from workbench.widgets._base import TextRepr, esm, import_widgets
 from workbench.widgets._model import as_source, dtype_str, fmt_shape
 

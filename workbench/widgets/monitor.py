@@ -37,6 +37,7 @@ import threading
 import time
 
 from workbench.widgets._base import in_notebook
+from workbench.widgets._html import esc
 
 MAX_POINTS = 600            # per series sent to the browser (older points thinned out)
 PUSH_INTERVAL = 0.2         # seconds between browser updates while training
@@ -90,11 +91,6 @@ def _kernel_id() -> str:
     return ""
 
 
-def _esc(text) -> str:
-    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-            .replace('"', "&quot;"))
-
-
 def _nice_ticks(lo: float, hi: float, n: int = 4) -> list[float]:
     """About ``n`` round tick values covering [lo, hi]."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
@@ -142,7 +138,7 @@ def curves_svg(series: dict, title: str = "training", *, note: str = "",
            f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="10">',
            f'<rect width="{W}" height="{H}" fill="#ffffff"/>',
            f'<text x="6" y="16" font-size="12" fill="#1f2933"><tspan font-weight="bold">'
-           f'{_esc(title)}</tspan><tspan fill="#52606d" dx="10">{_esc(note)}</tspan></text>']
+           f'{esc(title)}</tspan><tspan fill="#52606d" dx="10">{esc(note)}</tspan></text>']
     if not names:
         out.append(f'<text x="6" y="{head + 16}" fill="#6b7785">no values recorded</text>')
     L, R, T, B = 58, 10, 22, 34                  # margins of the plot area in a panel
@@ -153,16 +149,16 @@ def curves_svg(series: dict, title: str = "training", *, note: str = "",
         pts = {ph_: [(float(x), float(y)) for x, y in series[name].get(ph_) or []
                      if y is not None and math.isfinite(float(y))] for ph_ in ("train", "val")}
         allp = pts["train"] + pts["val"]
-        out.append(f'<g class="wb-curve-panel" data-metric="{_esc(name)}">')
+        out.append(f'<g class="wb-curve-panel" data-metric="{esc(name)}">')
         out.append(f'<text x="{ox + 6}" y="{oy + 14}" font-size="11" fill="#1f2933">'
-                   f'{_esc(name)}</text>')
+                   f'{esc(name)}</text>')
         # axis titles: x centred under the tick labels, y rotated along the left edge
         out.append(f'<text class="x-title" x="{x0p + pw / 2:.1f}" y="{oy + panel_height - 4}" '
                    f'text-anchor="middle" fill="#1f2933">{X_TITLE}</text>')
         yc = y0p + ph / 2
         out.append(f'<text class="y-title" x="{ox + 12}" y="{yc:.1f}" text-anchor="middle" '
                    f'transform="rotate(-90 {ox + 12} {yc:.1f})" fill="#1f2933">'
-                   f'{_esc(name)}</text>')
+                   f'{esc(name)}</text>')
         out.append(f'<path d="M{x0p} {y0p}V{y0p + ph}H{x0p + pw}" fill="none" '
                    f'stroke="#9aa5b1"/>')
         if not allp:

@@ -15,6 +15,7 @@ import argparse
 import atexit
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -30,8 +31,9 @@ except ImportError:  # pragma: no cover - IPython is a dependency of the widgets
             self.src, self.width, self.height = src, width, height
 
         def _repr_html_(self):
-            return (f'<iframe width="{self.width}" height="{self.height}" src="{self.src}" '
-                    f'frameborder="0" allowfullscreen></iframe>')
+            from workbench.widgets._html import tag
+            return tag("iframe", width=self.width, height=self.height, src=self.src,
+                       frameborder="0", allowfullscreen="")
 
 _LIVE: weakref.WeakSet[NetronView] = weakref.WeakSet()
 _LOCK = threading.Lock()
@@ -89,7 +91,9 @@ def _model_file(model) -> tuple[str, str | None]:
         raise TypeError(f"cannot show a {type(model).__name__} in Netron: give a path, an "
                         f"onnx.ModelProto, or a workbench model")
     folder = tempfile.mkdtemp(prefix="workbench-netron-")
-    name = (proto.graph.name or "model").replace(os.sep, "_")[:60] or "model"
+    # the graph name is the model's text: only letters, digits, '.', '_' and '-' of it make
+    # the file name (Netron shows it, and it must stay inside the folder)
+    name = re.sub(r"[^\w.-]+", "_", proto.graph.name or "model").strip("._")[:60] or "model"
     path = os.path.join(folder, f"{name}.onnx")
     with open(path, "wb") as f:
         f.write(proto.SerializeToString())
@@ -157,9 +161,13 @@ class NetronView(_IFrame):
         p.text(repr(self))
 
     def _repr_html_(self):
+        from workbench.widgets._html import tag
         if self.closed:
-            return f"<p>Netron view of {os.path.basename(self.path)} was closed.</p>"
-        return super()._repr_html_()
+            return tag("p", f"Netron view of {os.path.basename(self.path)} was closed.")
+        # IPython's IFrame writes its src and sizes unescaped; ours are our own URL and the
+        # caller's sizes, escaped all the same
+        return tag("iframe", width=self.width, height=self.height, src=self.src,
+                   frameborder="0", allowfullscreen="")
 
     def _repr_mimebundle_(self, **kwargs):
         from workbench.widgets._base import in_notebook

@@ -16,7 +16,7 @@ const files = ['graph_core.js', 'graph_view.js'];
 // makes its Web Worker from it, as the Python side does (widgets/_base.py esm(embed=...))
 const embedded = { WB_DAGRE_SRC: 'dagre.min.js' };
 const names = [
-  'wbInjectStyle', 'wbEl', 'wbEsc', 'WbGraphCanvas', 'wbDetailsHTML', 'wbLegend',
+  'wbInjectStyle', 'wbEl', 'wbSvgEl', 'WbGraphCanvas', 'wbDetails', 'wbGroupDetails', 'wbLegend',
   'wbRenderGraphView'
 ];
 
@@ -33,7 +33,8 @@ for (const n of names) {
   const declared = new RegExp(`^(?:function|class)\\s+${n}\\b`, 'm');
   if (!sources.some(s => declared.test(s))) {
     throw new Error(`gen-core: ${n} is no longer defined in ${files.join(' / ')}; ` +
-      'update extensions/jupyterlab-onnx/src/graphview.ts and scripts/gen-core.mjs');
+      'update extensions/jupyterlab-onnx/src/widget.ts (its ICore interface) and ' +
+      'extensions/jupyterlab-onnx/scripts/gen-core.mjs');
   }
 }
 

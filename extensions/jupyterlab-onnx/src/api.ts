@@ -26,6 +26,10 @@ export interface IModelSummary {
   op_types: number;
   parameters: number;
   initializers: number;
+  /** tensors described but not read (the server reads the structure only) */
+  not_read?: { tensors: number; bytes: number };
+  /** the model's metadata_props (values cut at 300 characters, at most 20) */
+  metadata?: { key: string; value: string }[];
   missing: { op: string; count: number }[];
   checker: string | null;
   warnings: string[];

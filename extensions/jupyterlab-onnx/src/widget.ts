@@ -5,6 +5,9 @@
 // module at build time by scripts/gen-core.mjs). GraphView
 // talks to a kernel through an anywidget model; here a small local model stands in for it and
 // answers node selections from the details the server sent with the layout.
+//
+// Everything shown comes from a model file, that is from anyone: it goes into the page only
+// as text nodes and attribute values (core.wbEl), never as HTML.
 import { DocumentRegistry, DocumentWidget } from '@jupyterlab/docregistry';
 import { refreshIcon, ToolbarButton } from '@jupyterlab/ui-components';
 import { Message } from '@lumino/messaging';
@@ -75,6 +78,16 @@ function fmtInt(n: number): string {
   return Number(n || 0).toLocaleString('en-US');
 }
 
+function fmtBytes(n: number): string {
+  const units: [string, number][] = [['GiB', 2 ** 30], ['MiB', 2 ** 20], ['KiB', 2 ** 10]];
+  for (const [u, size] of units) {
+    if (n >= size) {
+      return `${(n / size).toFixed(1)} ${u}`;
+    }
+  }
+  return `${fmtInt(n)} bytes`;
+}
+
 function valueList(title: string, values: { name: string; dtype: string; shape: string }[]) {
   const items = values.length
     ? values.map(v =>
@@ -101,7 +114,13 @@ export function renderSummary(s: IModelSummary): HTMLElement {
     el('span', { class: 'jp-OnnxGraph-fact jp-OnnxGraph-nodecount' }, el('b', null, nodes)),
     el('span', { class: 'jp-OnnxGraph-fact' }, el('b', null, fmtInt(s.op_types)), ' op types'),
     el('span', { class: 'jp-OnnxGraph-fact jp-OnnxGraph-params' },
-      el('b', null, fmtInt(s.parameters)), ` parameters in ${fmtInt(s.initializers)} initializers`)
+      el('b', null, fmtInt(s.parameters)), ` parameters in ${fmtInt(s.initializers)} initializers`),
+    s.not_read && s.not_read.tensors
+      ? el('span', { class: 'jp-OnnxGraph-fact jp-OnnxGraph-notread',
+                     title: `The viewer reads the structure only: ${fmtInt(s.not_read.tensors)} ` +
+                       `tensor${s.not_read.tensors === 1 ? ' is' : 's are'} described (type, shape, size), not read` },
+          el('b', null, fmtBytes(s.not_read.bytes)), ' of weights not read (structure only)')
+      : null
   );
   const head = el('div', { class: 'jp-OnnxGraph-row' },
     el('span', { class: 'jp-OnnxGraph-file' }, s.file),
@@ -117,6 +136,11 @@ export function renderSummary(s: IModelSummary): HTMLElement {
     valueList('Inputs', s.inputs), valueList('Outputs', s.outputs), support);
   for (const w of [...(s.checker ? [`onnx.checker: ${s.checker}`] : []), ...(s.warnings || [])]) {
     box.appendChild(el('div', { class: 'jp-OnnxGraph-row jp-OnnxGraph-warning' }, w));
+  }
+  if (s.metadata && s.metadata.length) {
+    box.appendChild(el('div', { class: 'jp-OnnxGraph-row jp-OnnxGraph-metadata' },
+      el('span', { class: 'jp-OnnxGraph-label' }, 'Metadata'),
+      ...s.metadata.map(m => el('span', { class: 'jp-OnnxGraph-value' }, el('b', null, m.key), ` ${m.value}`))));
   }
   if (s.doc) {
     box.appendChild(el('div', { class: 'jp-OnnxGraph-row wb-muted jp-OnnxGraph-doc' }, s.doc));

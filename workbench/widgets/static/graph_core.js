@@ -50,6 +50,7 @@ const WB_CSS = `
 .wb-side table { border-collapse: collapse; width: 100%; }
 .wb-side td { padding: 1px 4px 1px 0; vertical-align: top; word-break: break-all; }
 .wb-kv td:first-child { color: #52606d; white-space: nowrap; word-break: normal; }
+.wb-doc { white-space: pre-wrap; word-break: break-word; max-height: 12em; overflow: auto; }
 .wb-folded { color: #6b7785; font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 11px; }
 .wb-legend-item { display: flex; align-items: center; gap: 6px; cursor: pointer;
   padding: 1px 2px; border-radius: 3px; }
@@ -70,23 +71,48 @@ function wbInjectStyle() {
   document.head.appendChild(s);
 }
 
+// The one way these front-ends put text in the page. Model data (names, op types,
+// attributes, doc strings, file names: written by whoever made the model) goes in only as
+// text nodes and attribute values, never through innerHTML: `<img src=x onerror=...>` as a
+// node name stays those characters. Event handlers are functions (an "on..." attribute given
+// a string is refused), and links only take our own blob:/data:image URLs or http(s).
+const WB_URL_ATTRS = new Set(["href", "src", "xlink:href", "action", "formaction"]);
+function wbSafeUrl(v) {
+  const s = String(v).trim().toLowerCase();
+  return s.startsWith("blob:") || s.startsWith("data:image/") || s.startsWith("http://") ||
+    s.startsWith("https://") || s.startsWith("#");
+}
+
 function wbEl(tag, attrs, ...children) {
   const e = document.createElement(tag);
   if (attrs) for (const [k, v] of Object.entries(attrs)) {
+    if (v == null) continue;
     if (k === "class") e.className = v;
     else if (k === "style") e.style.cssText = v;
-    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else if (k.startsWith("on")) {
+      if (typeof v !== "function") throw new Error(`wbEl: ${k} must be a function`);
+      e.addEventListener(k.slice(2), v);
+    } else if (WB_URL_ATTRS.has(k) && !wbSafeUrl(v)) throw new Error(`wbEl: refused URL for ${k}`);
     else e.setAttribute(k, v);
   }
   for (const c of children) {
-    if (c == null) continue;
-    e.appendChild(typeof c === "string" ? document.createTextNode(c) : c);
+    if (c == null || c === false) continue;
+    e.appendChild(c instanceof Node ? c : document.createTextNode(String(c)));
   }
   return e;
 }
 
-function wbEsc(s) {
-  return String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
+// SVG elements the same way (the SVG export): attribute values and text only
+const WB_SVG_NS = "http://www.w3.org/2000/svg";
+function wbSvgEl(tag, attrs, text) {
+  const e = document.createElementNS(WB_SVG_NS, tag);
+  if (attrs) for (const [k, v] of Object.entries(attrs)) {
+    if (v == null) continue;
+    if (k.startsWith("on") || WB_URL_ATTRS.has(k)) throw new Error(`wbSvgEl: refused attribute ${k}`);
+    e.setAttribute(k, String(v));
+  }
+  if (text != null) e.textContent = String(text);
+  return e;
 }
 
 // ------------------------------------------------------------------------------ layout engine
@@ -1062,53 +1088,62 @@ class WbGraphCanvas {
   // the current view as a PNG data URL (what is on screen, at the screen's pixel density)
   toPNG() { this.draw(); return this.canvas.toDataURL("image/png"); }
 
-  // the current view as SVG: the same items, edges, frames and shapes, as vector shapes
-  toSVG() {
+  // the current view as SVG: the same items, edges, frames and shapes, as vector shapes.
+  // Built as DOM elements (labels as text content) and serialised by the browser's
+  // XMLSerializer, which escapes what it writes: a label cannot become markup.
+  toSVGElement() {
     const lay = this.lay;
     const [x0, y0] = this.toWorld(0, 0), [x1, y1] = this.toWorld(this.W, this.H);
     const f = (v) => Math.round(v * 10) / 10;
-    const out = [`<svg xmlns="http://www.w3.org/2000/svg" width="${f(this.W)}" height="${f(this.H)}" viewBox="${f(x0)} ${f(y0)} ${f(x1 - x0)} ${f(y1 - y0)}" font-family="Helvetica, Arial, sans-serif">`,
-      `<rect x="${f(x0)}" y="${f(y0)}" width="${f(x1 - x0)}" height="${f(y1 - y0)}" fill="#ffffff"/>`,
-      `<defs><marker id="wbArrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto"><path d="M0,1 L9,5 L0,9 z" fill="#8795a5"/></marker></defs>`];
-    if (!lay) return out.join("") + "</svg>";
+    const svg = wbSvgEl("svg", { xmlns: WB_SVG_NS, width: f(this.W), height: f(this.H),
+      viewBox: `${f(x0)} ${f(y0)} ${f(x1 - x0)} ${f(y1 - y0)}`, "font-family": "Helvetica, Arial, sans-serif" });
+    const add = (tag, attrs, text) => svg.appendChild(wbSvgEl(tag, attrs, text));
+    add("rect", { x: f(x0), y: f(y0), width: f(x1 - x0), height: f(y1 - y0), fill: "#ffffff" });
+    const defs = wbSvgEl("defs");
+    const marker = wbSvgEl("marker", { id: "wbArrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto" });
+    marker.appendChild(wbSvgEl("path", { d: "M0,1 L9,5 L0,9 z", fill: "#8795a5" }));
+    defs.appendChild(marker);
+    svg.appendChild(defs);
+    if (!lay) return svg;
     const inView = (a, b, c, d) => c >= x0 && a <= x1 && d >= y0 && b <= y1;
     for (const fr of lay.frames) {
       if (!inView(fr.x, fr.y, fr.x + fr.w, fr.y + fr.h)) continue;
-      out.push(`<rect x="${f(fr.x)}" y="${f(fr.y)}" width="${f(fr.w)}" height="${f(fr.h)}" rx="8" fill="#f5f8fe" stroke="#c9d3e3"/>`,
-        `<text x="${f(fr.x + 8)}" y="${f(fr.y + 15)}" font-size="11" font-weight="600" fill="#52606d">${wbEsc(this.graph.G.label[fr.g])}</text>`);
+      add("rect", { x: f(fr.x), y: f(fr.y), width: f(fr.w), height: f(fr.h), rx: 8, fill: "#f5f8fe", stroke: "#c9d3e3" });
+      add("text", { x: f(fr.x + 8), y: f(fr.y + 15), "font-size": 11, "font-weight": 600, fill: "#52606d" }, this.graph.G.label[fr.g]);
     }
     for (const { e, pts: p } of lay.edges) {
       if (p.length < 4) continue;
       let d = `M${f(p[0])},${f(p[1])}`;
       for (let i = 2; i < p.length; i += 2) d += ` L${f(p[i])},${f(p[i + 1])}`;
-      out.push(`<path d="${d}" fill="none" stroke="#8795a5" stroke-width="1.1" marker-end="url(#wbArrow)"/>`);
+      add("path", { d, fill: "none", stroke: "#8795a5", "stroke-width": 1.1, "marker-end": "url(#wbArrow)" });
       if (e.label) {
         const m = (p.length / 2) >> 1;
-        out.push(`<text x="${f(p[2 * m] + 5)}" y="${f(p[2 * m + 1] + 3)}" font-size="9" fill="#6b7785">${wbEsc(e.n > 1 ? `${e.label} ×${e.n}` : e.label)}</text>`);
+        add("text", { x: f(p[2 * m] + 5), y: f(p[2 * m + 1] + 3), "font-size": 9, fill: "#6b7785" }, e.n > 1 ? `${e.label} ×${e.n}` : e.label);
       }
     }
     for (const b of lay.items) {
       const bx = b.x - b.w / 2, by = b.y - b.h / 2;
       if (!inView(bx, by, bx + b.w, by + b.h)) continue;
-      const it = b.it, label = wbEsc(wbItemLabel(this.graph, it));
+      const it = b.it, label = wbItemLabel(this.graph, it);
       if (it.type === "node") {
         const r = this.data.kind[it.i] === 0 ? 5 : b.h / 2;
-        out.push(`<rect x="${f(bx)}" y="${f(by)}" width="${f(b.w)}" height="${f(b.h)}" rx="${r}" fill="${this.fillOf(it.i)}"/>`,
-          `<text x="${f(b.x)}" y="${f(b.y + 4)}" text-anchor="middle" font-size="11" font-weight="600" fill="#ffffff">${label}</text>`);
+        add("rect", { x: f(bx), y: f(by), width: f(b.w), height: f(b.h), rx: r, fill: this.fillOf(it.i) });
+        add("text", { x: f(b.x), y: f(b.y + 4), "text-anchor": "middle", "font-size": 11, "font-weight": 600, fill: "#ffffff" }, label);
         const nf = this.graph.showAll ? 0 : this.graph.nfold[it.i];
-        if (nf) out.push(`<text x="${f(bx + b.w - 4)}" y="${f(by + 10)}" text-anchor="end" font-size="8" fill="#ffffff">+${nf}</text>`);
+        if (nf) add("text", { x: f(bx + b.w - 4), y: f(by + 10), "text-anchor": "end", "font-size": 8, fill: "#ffffff" }, `+${nf}`);
       } else if (it.type === "group") {
-        out.push(`<rect x="${f(bx)}" y="${f(by)}" width="${f(b.w)}" height="${f(b.h)}" rx="7" fill="${this.groupFill(it.g)}" stroke="#7f95b8" stroke-width="1.4"/>`,
-          `<text x="${f(b.x)}" y="${f(b.y - 3)}" text-anchor="middle" font-size="11.5" font-weight="600" fill="#1f2933">${label}</text>`,
-          `<text x="${f(b.x)}" y="${f(b.y + 12)}" text-anchor="middle" font-size="10" fill="#52606d">${wbEsc(it.sub || "")}</text>`);
+        add("rect", { x: f(bx), y: f(by), width: f(b.w), height: f(b.h), rx: 7, fill: this.groupFill(it.g), stroke: "#7f95b8", "stroke-width": 1.4 });
+        add("text", { x: f(b.x), y: f(b.y - 3), "text-anchor": "middle", "font-size": 11.5, "font-weight": 600, fill: "#1f2933" }, label);
+        add("text", { x: f(b.x), y: f(b.y + 12), "text-anchor": "middle", "font-size": 10, fill: "#52606d" }, it.sub || "");
       } else {
-        out.push(`<rect x="${f(bx)}" y="${f(by)}" width="${f(b.w)}" height="${f(b.h)}" rx="${b.h / 2}" fill="#f1f3f5" stroke="#b8c0ca" stroke-dasharray="3,3"/>`,
-          `<text x="${f(b.x)}" y="${f(b.y + 3.5)}" text-anchor="middle" font-size="10" fill="#52606d">${label}</text>`);
+        add("rect", { x: f(bx), y: f(by), width: f(b.w), height: f(b.h), rx: b.h / 2, fill: "#f1f3f5", stroke: "#b8c0ca", "stroke-dasharray": "3,3" });
+        add("text", { x: f(b.x), y: f(b.y + 3.5), "text-anchor": "middle", "font-size": 10, fill: "#52606d" }, label);
       }
     }
-    out.push("</svg>");
-    return out.join("\n");
+    return svg;
   }
+
+  toSVG() { return new XMLSerializer().serializeToString(this.toSVGElement()); }
 
   // highlight the path to node i (its upstream edges in the level where it is drawn)
   setPathTo(i) { this.pathTo = i; this._marksDirty = true; }
@@ -1175,50 +1210,64 @@ class WbGraphCanvas {
   }
 }
 
-// Details panel contents for a node (uses Python's details when they are for this node).
-function wbDetailsHTML(data, i, det, late = false) {
-  if (i < 0) return '<div class="wb-muted">Click a node to see its details; double-click a group to open it.</div>';
-  const name = data.name[i], op = data.op[i];
-  let h = `<div class="wb-opname">${wbEsc(op)}</div><div class="wb-muted" style="word-break:break-all">${wbEsc(name)}</div>`;
-  if (data.nfold && data.nfold[i]) h += `<div class="wb-muted">${data.nfold[i]} constant / shape node${data.nfold[i] === 1 ? "" : "s"} folded in (double-click the node to show them)</div>`;
-  if (!det || det.name !== name) {
-    return h + (late
-      ? '<div class="wb-msg wb-nokernel">No details arrived from Python: the kernel may be busy, stopped or restarted. Re-run the cell to reconnect.</div>'
-      : '<div class="wb-muted">(loading details from the kernel…)</div>');
+// Details panel contents for a node (uses Python's details when they are for this node):
+// a fragment of elements, every model string in it as text.
+function wbDetails(data, i, det, late = false) {
+  const out = document.createDocumentFragment();
+  const add = (...els) => { for (const e of els) if (e) out.appendChild(e); };
+  if (i < 0) {
+    add(wbEl("div", { class: "wb-muted" }, "Click a node to see its details; double-click a group to open it."));
+    return out;
   }
-  if (det.domain && det.domain !== "ai.onnx") h += `<div class="wb-muted">domain ${wbEsc(det.domain)}</div>`;
+  const name = data.name[i], op = data.op[i];
+  add(wbEl("div", { class: "wb-opname" }, op),
+    wbEl("div", { class: "wb-muted", style: "word-break:break-all" }, name));
+  if (data.nfold && data.nfold[i]) {
+    add(wbEl("div", { class: "wb-muted" }, `${data.nfold[i]} constant / shape node${data.nfold[i] === 1 ? "" : "s"} folded in (double-click the node to show them)`));
+  }
+  if (!det || det.name !== name) {
+    add(late
+      ? wbEl("div", { class: "wb-msg wb-nokernel" }, "No details arrived from Python: the kernel may be busy, stopped or restarted. Re-run the cell to reconnect.")
+      : wbEl("div", { class: "wb-muted" }, "(loading details from the kernel…)"));
+    return out;
+  }
+  if (det.domain && det.domain !== "ai.onnx") add(wbEl("div", { class: "wb-muted" }, `domain ${det.domain}`));
   const attrs = Object.entries(det.attrs || {});
   if (attrs.length) {
-    h += "<h4>Attributes</h4><table class='wb-kv'>";
-    for (const [k, v] of attrs) h += `<tr><td>${wbEsc(k)}</td><td>${wbEsc(v)}</td></tr>`;
-    h += "</table>";
+    add(wbEl("h4", null, "Attributes"),
+      wbEl("table", { class: "wb-kv" }, ...attrs.map(([k, v]) => wbEl("tr", null, wbEl("td", null, k), wbEl("td", null, v)))));
   }
   const vals = (title, list) => {
-    if (!list || !list.length) return "";
-    let s = `<h4>${title}</h4><table>`;
+    if (!list || !list.length) return;
+    const rows = [];
     for (const v of list) {
-      if (v.omitted) { s += "<tr><td class='wb-muted'>(omitted)</td></tr>"; continue; }
-      s += `<tr><td${v.param ? " class='wb-param'" : ""}>${wbEsc(v.name)}</td><td style="white-space:nowrap">${wbEsc(v.dtype)} ${wbEsc(v.shape)}${v.param ? " · " + Number(v.count).toLocaleString() : ""}</td></tr>`;
-      if (v.folded) s += `<tr><td colspan="2" class="wb-folded">= ${wbEsc(v.folded)}</td></tr>`;
+      if (v.omitted) { rows.push(wbEl("tr", null, wbEl("td", { class: "wb-muted" }, "(omitted)"))); continue; }
+      rows.push(wbEl("tr", null, wbEl("td", { class: v.param ? "wb-param" : null }, v.name),
+        wbEl("td", { style: "white-space:nowrap" }, `${v.dtype} ${v.shape}${v.param ? " · " + Number(v.count).toLocaleString() : ""}`)));
+      if (v.folded) rows.push(wbEl("tr", null, wbEl("td", { colspan: "2", class: "wb-folded" }, `= ${v.folded}`)));
     }
-    return s + "</table>";
+    add(wbEl("h4", null, title), wbEl("table", null, ...rows));
   };
-  h += vals("Inputs", det.inputs) + vals("Outputs", det.outputs);
-  if (det.params) h += `<h4>Parameters</h4><div>${Number(det.params).toLocaleString()} values</div>`;
-  return h;
+  vals("Inputs", det.inputs);
+  vals("Outputs", det.outputs);
+  if (det.params) add(wbEl("h4", null, "Parameters"), wbEl("div", null, `${Number(det.params).toLocaleString()} values`));
+  if (det.doc) add(wbEl("h4", null, "Doc"), wbEl("div", { class: "wb-muted wb-doc" }, det.doc));
+  return out;
 }
 
-function wbGroupHTML(graph, g) {
+function wbGroupDetails(graph, g) {
   const n = graph.size(g);
   const ops = wbGroupOps(graph, g, 8);
-  let h = `<div class="wb-opname">${wbEsc(graph.G.label[g])}</div><div class="wb-muted">${graph.G.kind[g]} · ${n.toLocaleString()} node${n === 1 ? "" : "s"}${graph.showAll ? "" : ` (+${(graph.G.size_all[g] - n).toLocaleString()} folded)`}</div>`;
-  h += "<div class='wb-muted'>Double-click to open it.</div>";
+  const out = document.createDocumentFragment();
+  out.appendChild(wbEl("div", { class: "wb-opname" }, graph.G.label[g]));
+  out.appendChild(wbEl("div", { class: "wb-muted" },
+    `${graph.G.kind[g]} · ${n.toLocaleString()} node${n === 1 ? "" : "s"}${graph.showAll ? "" : ` (+${(graph.G.size_all[g] - n).toLocaleString()} folded)`}`));
+  out.appendChild(wbEl("div", { class: "wb-muted" }, "Double-click to open it."));
   if (ops.length) {
-    h += "<h4>Operators</h4><table class='wb-kv'>";
-    for (const [o, c] of ops) h += `<tr><td>${wbEsc(o)}</td><td>${c}</td></tr>`;
-    h += "</table>";
+    out.appendChild(wbEl("h4", null, "Operators"));
+    out.appendChild(wbEl("table", { class: "wb-kv" }, ...ops.map(([o, c]) => wbEl("tr", null, wbEl("td", null, o), wbEl("td", null, String(c))))));
   }
-  return h;
+  return out;
 }
 
 // the colour scale's legend: title, gradient, min and max

@@ -40,15 +40,15 @@ function wbRenderGraphView(model, el, opts = {}) {
   let matches = [], cursor = -1;
   let lateTimer = 0;
   const showDetails = (i) => {
-    if (i < 0 && gc.selectedGroup >= 0) details.innerHTML = wbGroupHTML(gc.graph, gc.selectedGroup);
-    else details.innerHTML = wbDetailsHTML(data, i, model.get("details"));
+    if (i < 0 && gc.selectedGroup >= 0) details.replaceChildren(wbGroupDetails(gc.graph, gc.selectedGroup));
+    else details.replaceChildren(wbDetails(data, i, model.get("details")));
   };
   const setSelectedLocal = (i, reveal) => {
     gc.selected = i;
     showDetails(i);
     clearTimeout(lateTimer);
     if (i >= 0) lateTimer = setTimeout(() => {
-      if (gc.selected === i) details.innerHTML = wbDetailsHTML(data, i, model.get("details"), true);
+      if (gc.selected === i) details.replaceChildren(wbDetails(data, i, model.get("details"), true));
     }, 4000);
     root.dataset.selected = i >= 0 ? data.name[i] : "";
     if (reveal && i >= 0) gc.reveal(i); else gc.draw();

@@ -103,7 +103,7 @@ function wbDrawHist(canvas, hist, dtype) {
 }
 
 function wbDrawMaps(box, info, dv) {
-  box.innerHTML = "";
+  box.textContent = "";
   if (!info || !info.shape || !dv || !dv.byteLength) return;
   const arr = wbTypedArray(dv, info.dtype);
   if (!arr) { box.textContent = `(cannot show dtype ${info.dtype})`; return; }
@@ -159,7 +159,7 @@ export default {
     let sortCol = null, sortDesc = true;
 
     const drawBanners = () => {
-      banners.innerHTML = "";
+      banners.textContent = "";
       const uns = model.get("unsupported") || [];
       if (uns.length) {
         const ops = [...new Set(uns.map((u) => u.op))].join(", ");
@@ -197,21 +197,28 @@ export default {
       }
       count.textContent = `${rows.length} values`;
       const sel = model.get("selected"), fd = model.get("first_diverging");
-      let h = "<table><thead><tr>" + cs.map((c) => `<th data-col="${c}" class="${c === sortCol ? "wb-sorted" : ""}">${c}${c === sortCol ? (sortDesc ? " ▾" : " ▴") : ""}</th>`).join("") + "</tr></thead><tbody>";
+      // rows as elements, every value as text (names come from the model)
+      const head = wbEl("tr", null, ...cs.map((c) => wbEl("th", { "data-col": c, class: c === sortCol ? "wb-sorted" : "" },
+        c + (c === sortCol ? (sortDesc ? " ▾" : " ▴") : ""))));
+      const body = document.createElement("tbody");
       for (const r of rows) {
-        const cls = ["wb-row", "wb-st-" + r.status.replace(" ", "")];
+        const cls = ["wb-row", "wb-st-" + String(r.status).replace(/[^a-z]/g, "")];
         if (r.nan || r.inf) cls.push("wb-bad");
         if (r.value === sel || r.node === sel) cls.push("wb-sel");
         if (r.diff_ok === false) cls.push(r.value === fd ? "wb-first-diverge" : "wb-diverge");
-        h += `<tr class="${cls.join(" ")}" data-value="${wbEsc(r.value)}">` + cs.map((c) =>
-          `<td class="wb-c-${c}" title="${wbEsc(c === "node" ? r.node + " → " + r.value : wbFmt(r[c]))}">${wbEsc(wbFmt(r[c]))}</td>`).join("") + "</tr>";
+        const tr = wbEl("tr", { class: cls.join(" "), "data-value": r.value });
+        for (const c of cs) {
+          const text = wbFmt(r[c]);
+          tr.appendChild(wbEl("td", { class: "wb-c-" + c, title: c === "node" ? `${r.node} → ${r.value}` : text }, text));
+        }
+        body.appendChild(tr);
       }
-      tableBox.innerHTML = h + "</tbody></table>";
+      tableBox.replaceChildren(wbEl("table", null, wbEl("thead", null, head), body));
     };
 
     const drawDetail = () => {
       const sel = model.get("selected");
-      detail.innerHTML = "";
+      detail.textContent = "";
       if (!sel) { detail.appendChild(wbEl("div", { class: "wb-muted" }, "Click a row for its histogram and feature maps.")); return; }
       const row = (model.get("rows") || []).find((r) => r.value === sel || r.node === sel);
       if (row) {
