@@ -154,3 +154,25 @@ def test_weights_inside_a_loop_body_belong_to_the_loop():
     assert a.records[0]["params"] == 16 and a.records[0]["macs"] == 3 * 2 * 4 * 4
     (wt,) = a.weights.values()
     assert wt.in_constant_node and wt.where.endswith("in the body of loop")
+
+
+def test_structure_only_load_counts_the_same_weights(tmp_path):
+    """The viewer loads structure only (``load(weights=False)``: tensors over 4 KiB described,
+    never read); its weight counts must be those of a full load, Constant-held ones included."""
+    rng = np.random.default_rng(1)
+    big = rng.standard_normal((64, 64)).astype(np.float32)            # 16 KiB: left unread
+    init = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w0")
+    nodes = [_const("w1", big),
+             helper.make_node("MatMul", ["x", "w0"], ["h"], name="fc0"),
+             helper.make_node("MatMul", ["h", "w1"], ["y"], name="fc1")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 64])],
+                              [helper.make_tensor_value_info("y", F, [1, 64])],
+                              initializer=[init])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    light, full = load(str(path), weights=False), load(str(path))
+    assert type(light.graph.initializers["w0"]).__name__ == "UnreadTensor"
+    assert weight_summary(light.graph) == weight_summary(full.graph)
+    assert weight_summary(full.graph)["parameters"] == 2 * 64 * 64
+    a, b = io.StringIO(), io.StringIO()
+    assert describe(light, a) == describe(full, b) and a.getvalue() == b.getvalue()

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from workbench.graph.external import UnreadTensor
 from workbench.ops import registry
 
 #: element types that hold indices, shapes, masks or text, never learned weights
@@ -58,9 +59,9 @@ class Weight:
 def constant_node_value(node):
     """The value of a ``Constant`` node as a numpy array, or None (a string scalar list...)."""
     a = node.attrs
-    if "value" in a and isinstance(a["value"], np.ndarray):
+    if "value" in a and isinstance(a["value"], (np.ndarray, UnreadTensor)):
         return a["value"]
-    if "sparse_value" in a and isinstance(a["sparse_value"], np.ndarray):
+    if "sparse_value" in a and isinstance(a["sparse_value"], (np.ndarray, UnreadTensor)):
         return a["sparse_value"]
     if "value_float" in a:
         return np.asarray(a["value_float"], np.float32)
@@ -73,14 +74,21 @@ def constant_node_value(node):
     return None
 
 
+def _array(v):
+    """``v`` as an array, or as it is when a structure-only load described it without reading
+    it (an ``UnreadTensor`` has the dtype, shape, size and nbytes the counts need)."""
+    return v if isinstance(v, UnreadTensor) else np.asarray(v)
+
+
 def constants(graph) -> dict:
-    """{value name: (array, where)} for the initializers and the Constant nodes' outputs."""
-    out = {k: (np.asarray(v), "initializer") for k, v in graph.initializers.items()}
+    """{value name: (array, where)} for the initializers and the Constant nodes' outputs (an
+    ``UnreadTensor`` in place of the array for a tensor a structure-only load left unread)."""
+    out = {k: (_array(v), "initializer") for k, v in graph.initializers.items()}
     for n in graph.nodes:
         if n.op_type == "Constant" and (n.domain or "") in ("", "ai.onnx") and n.outputs:
             v = constant_node_value(n)
             if v is not None and n.outputs[0]:
-                out[n.outputs[0]] = (np.asarray(v), f"Constant node {n.name}")
+                out[n.outputs[0]] = (_array(v), f"Constant node {n.name}")
     return out
 
 
