@@ -27,6 +27,7 @@ from workbench.arrays.dtypes import dtype_name, np_dtype_of_onnx
 from workbench.edit.errors import EditError
 from workbench.edit.state import ModelState, elem_type, shape_of
 from workbench.errors import ModelLoadError, WorkbenchError, shorten
+from workbench.ops import registry
 
 #: normalised max error (max|after - before| / max|before|) under which float outputs count
 #: as the same (the engine may fuse differently after an edit; float32 rounding differs)
@@ -220,8 +221,13 @@ def _fits(a, vi) -> bool:
     return a.dtype == want or (want == np.dtype(object) and a.dtype.kind in "OUS")
 
 
-_PASS_THROUGH = {"Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Expand",
-                 "Slice", "Transpose", "Concat"}
+def _moves_values(n) -> bool:
+    """Whether node ``n`` only moves, selects or re-types its input's values (the registry's
+    "shape" category: Reshape, Transpose, Slice, Concat, Cast, Split, ...), so integers it
+    passes on stay within the values it read; Shape/Size (``shape_only``) make new ones."""
+    dom = n.domain or ""
+    return registry.category(n.op_type, dom) == "shape" and not registry.facts(
+        n.op_type, dom).shape_only
 
 
 def _index_bound(m: onnx.ModelProto, name: str, depth: int = 0) -> int:
@@ -245,8 +251,7 @@ def _index_bound(m: onnx.ModelProto, name: str, depth: int = 0) -> int:
             if dims:
                 size = dims[axis if axis >= 0 else axis + len(dims)]
                 best = size if best is None else min(best, size)
-        elif n.op_type == "OneHot" or (n.op_type in _PASS_THROUGH and depth < 4
-                                      and n.input[0] == name):
+        elif n.op_type == "OneHot" or (_moves_values(n) and depth < 4 and n.input[0] == name):
             if n.op_type == "OneHot":
                 continue
             for o in n.output:
@@ -265,7 +270,7 @@ def _string_categories(m: onnx.ModelProto, name: str, depth: int = 0) -> list:
             if a.type == onnx.AttributeProto.STRINGS and a.name in (
                     "cats_strings", "keys_strings", "classes_strings"):
                 cats.extend(s.decode("utf-8", "replace") for s in a.strings)
-        if not cats and depth < 3 and n.op_type in _PASS_THROUGH | {"Split"}:
+        if not cats and depth < 3 and _moves_values(n):
             for o in n.output:
                 cats.extend(_string_categories(m, o, depth + 1))
     return list(dict.fromkeys(cats))[:64]
