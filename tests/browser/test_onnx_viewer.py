@@ -134,6 +134,11 @@ def _test(lab, pg):
     panel.wait_for(timeout=90_000)
     pg.wait_for_function("el => el.dataset.status === 'ready'", arg=panel.element_handle(),
                          timeout=60_000)
+    # 'ready' means the data arrived; the first level is laid out in a worker afterwards
+    # (data-ready on the view) and drawn on the next frame
+    pg.wait_for_function("el => el.querySelector('.wb-graphview') && "
+                         "el.querySelector('.wb-graphview').dataset.ready === '1'",
+                         arg=panel.element_handle(), timeout=60_000)
     print(f"\nJupyterLab up and default_model.onnx drawn {time.perf_counter() - t0:.1f} s "
           f"after page load started")
     tab = pg.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel")
@@ -152,10 +157,15 @@ def _test(lab, pg):
     box = view.locator(".wb-canvaswrap").bounding_box()
     assert box["width"] > 600 and box["height"] > 300              # fills the panel
     # the canvas has something drawn on it (not a blank panel)
-    inked = pg.evaluate("""el => { const c = el.querySelector('canvas.wb-main');
+    count_ink = """el => { const c = el.querySelector('canvas.wb-main');
         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-        let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++; return n; }""",
-                        view.element_handle())
+        let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++; return n; }"""
+    try:   # drawn on the frame after the layout: wait for it, however slow the machine
+        pg.wait_for_function(f"el => ({count_ink})(el) > 2000", arg=view.element_handle(),
+                             timeout=30_000)
+    except Exception:
+        pass
+    inked = pg.evaluate(count_ink, view.element_handle())
     assert inked > 2000, inked
     _shot(pg, "onnx-graph")
     # ---- search, then click the centred node: the details panel shows its op type
