@@ -158,7 +158,7 @@ class Model(Layer):
         was = self.training
         self.train(False)
         try:
-            with autograd.no_grad():
+            with autograd.no_grad(), _trunk_cache.bypassed():   # placeholders: not samples
                 type(self).forward(self, *inputs)
         finally:
             self.train(was)
