@@ -346,6 +346,8 @@ def test_memory_budget_and_estimate(capsys):
     net, cache, msgs = _cached_net(budget=16 * 10)     # ten samples of 16 bytes
     assert cache.estimate(100)["per_sample"] is None
     _forward(net, X[:16])
+    assert msgs[0] == ("trunk cache: (memory) 16 bytes per sample ('pooled' float32 "
+                       "[4, 1, 1]); the budget holds about 10 samples")   # at the first use
     assert cache.entries == 10 and cache.nbytes == 160
     assert any("the memory budget (160 bytes) is full with 10 samples" in m for m in msgs)
     e = cache.estimate(100)

@@ -358,6 +358,7 @@ class TrunkCache:
         self._ctx = None            # (tag, indices) of the batch being run
         self._checked: set = set()  # states whose batch independence was checked
         self._folder: str | None = None
+        self._announced = False     # the size per sample said (fit says its estimate)
 
     # ------------------------------------------------------------------ reporting
     def say(self, text: str, key=None) -> None:
@@ -422,13 +423,16 @@ class TrunkCache:
         e = self.estimate(n_samples)
         if e["per_sample"] is None:
             return f"{n_samples:,} samples; the size per sample is known after the first one"
-        outs = ", ".join(f"{n!r} {d} {list(s)}" for n, (d, s) in zip(self.outputs,
-                                                                       self.layout or ()))
+        outs = self._outputs_text()
         where = (f"budget {fmt_bytes(e['limit'])}" if self.storage == "memory"
                  else f"{fmt_bytes(e['limit'])} free in {self._folder or cache_folder()}")
         return (f"({self.storage}) {n_samples:,} samples x {fmt_bytes(e['per_sample'])} = "
                 f"{fmt_bytes(e['total'])} ({where}); per sample: {outs}; the trunk runs once "
                 f"per sample, in inference form")
+
+    def _outputs_text(self) -> str:
+        return ", ".join(f"{n!r} {d} {list(s)}" for n, (d, s) in zip(self.outputs,
+                                                                      self.layout or ()))
 
     # ------------------------------------------------------------------ the batch's indices
     @contextlib.contextmanager
@@ -619,6 +623,15 @@ class TrunkCache:
             if self.layout is None:
                 if not self._set_layout(outs):
                     return None
+                if not self._announced:
+                    self._announced = True
+                    e = self.estimate(1)
+                    self.say(f"({self.storage}) {fmt_bytes(self.sample_bytes)} per sample "
+                             f"({self._outputs_text()}); "
+                             + (f"the budget holds about "
+                                f"{e['limit'] // max(1, self.sample_bytes):,} samples"
+                                if self.storage == "memory" else
+                                f"{fmt_bytes(e['limit'])} free in {self._folder}"))
             for j, i in enumerate(miss):
                 rows[i] = tuple(o[j].copy() for o in outs)
                 if self.enabled:
@@ -806,6 +819,8 @@ class FitCaches:
         live = [c for c in self.caches if c.enabled]
         if not live:
             return
+        for c in live:
+            c._announced = True
         from workbench.singa import autograd
         from workbench.singa.tensor import from_numpy
         was = self.model.training
