@@ -69,6 +69,7 @@ from workbench.files import cache_dir, write_atomic
 from workbench.graph.ir import Graph
 from workbench.graph.toposort import needed_nodes, topological_order
 from workbench.limits import parse_size, usable_memory
+from workbench.ops.parallel import run_blocks
 
 FORMAT = "workbench-trunk-cache/1"
 STORAGES = ("memory", "disk")
@@ -674,16 +675,19 @@ class TrunkCache:
     def _sample_digests(self, host: list, n: int) -> list:
         flat = [np.ascontiguousarray(a).reshape(n, -1) for a in host]
         heads = [(a.dtype.str + repr(a.shape[1:])).encode() for a in host]
-        out = []
-        for i in range(n):
-            h = hashlib.sha256()
-            for head, a in zip(heads, flat):
-                h.update(head)
-                if a.dtype.hasobject:
-                    _feed(h, a[i])
-                else:
-                    h.update(a[i].view(np.uint8))
-            out.append(h.digest())
+        out: list = [None] * n
+
+        def work(rows) -> None:      # hashlib releases the GIL on large buffers
+            for i in rows:
+                h = hashlib.sha256()
+                for head, a in zip(heads, flat):
+                    h.update(head)
+                    if a.dtype.hasobject:
+                        _feed(h, a[i])
+                    else:
+                        h.update(a[i].view(np.uint8))
+                out[i] = h.digest()
+        run_blocks(np, list(range(n)), work, sum(a.nbytes for a in flat))
         return out
 
     def _same_as_before(self, sample: list) -> bool:
