@@ -414,6 +414,83 @@ def test_damaged_disk_files_are_recomputed(tmp_path):
     assert any("not the 16 bytes of a sample" in m for m in msgs)
 
 
+def _any_size_model():
+    """_model() with its input's height and width symbolic (a fully convolutional trunk up
+    to the activation 'a')."""
+    m = _model()
+    dims = m.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "H", "W"
+    return m
+
+
+class _Spatial(Head):
+    def __init__(self, proto):
+        super().__init__(proto, cut="a")
+        self.fc = layer.Linear(4 * 64, 2)
+
+
+@pytest.mark.parametrize("storage", ["memory", "disk"])
+def test_outputs_of_another_layout_turn_the_cache_off(tmp_path, storage):
+    # 4x16 and 16x4 images give trunk outputs of the same size in bytes but another shape:
+    # a disk entry read back with the first layout would be silently wrong
+    tensor.seed(0)
+    net = _Spatial(_any_size_model()).freeze_imported(inference=True)
+    msgs = []
+    cache = net.cache_trunk(storage, log=msgs.append, folder=tmp_path / "tc")
+    wide, tall = X[:8].reshape(8, 1, 4, 16), X[8:16].reshape(8, 1, 16, 4)
+    first = _forward(net, wide)
+    assert cache.layout == [("float32", (4, 4, 16))]
+    got = [_forward(net, tall), _forward(net, tall), _forward(net, wide)]
+    assert not cache.enabled and "float32 [4, 16, 4] per sample" in cache.off_reason
+    assert any("one layout per trunk state" in m for m in msgs)
+    net.cache_trunk(False)
+    for a, b in zip([first] + got, [wide, tall, tall, wide]):
+        np.testing.assert_allclose(a, _forward(net, b), rtol=1e-5)
+
+
+@pytest.mark.parametrize("layout", [[["object", [4, 1, 1]]], [["__class__", [4, 1, 1]]],
+                                    [["float32", [2**30, 2**30]]], [["float32", [-4]]],
+                                    [["float32"]], 7, [["V16", [1]]]])
+def test_a_hostile_meta_json_is_not_trusted(tmp_path, layout):
+    import json
+    folder = tmp_path / "tc"
+    net, cache, _ = _cached_net("disk", folder=folder)
+    first = _forward(net)
+    meta = os.path.join(cache.folder, "meta.json")
+    with open(meta) as f:
+        info = json.load(f)
+    info["layout"] = layout
+    with open(meta, "w") as f:
+        json.dump(info, f)
+    again, cache2, msgs = _cached_net("disk", folder=folder)
+    np.testing.assert_allclose(_forward(again), first, rtol=1e-6)
+    assert any("could not be read" in m for m in msgs)
+    assert any("8 cached file(s)" in m and "removed" in m for m in msgs)
+    assert cache2.computed == 8 and cache2.folder == cache.folder
+    assert os.path.realpath(cache2.folder).startswith(os.path.realpath(folder) + os.sep)
+
+
+def test_entries_without_a_meta_json_are_removed(tmp_path):
+    folder = tmp_path / "tc"
+    net, cache, _ = _cached_net("disk", folder=folder)
+    first = _forward(net)
+    os.remove(os.path.join(cache.folder, "meta.json"))
+    again, cache2, msgs = _cached_net("disk", folder=folder)
+    np.testing.assert_allclose(_forward(again), first, rtol=1e-6)
+    assert cache2.computed == 8 and cache2.reused == 0
+    assert any("had no readable meta.json" in m for m in msgs)
+
+
+def test_the_disk_cache_lives_in_the_workbench_home(tmp_path):
+    net, cache, _ = _cached_net("disk")
+    _forward(net)
+    home = os.path.realpath(tmp_path / "home")
+    assert os.path.realpath(cache.folder).startswith(home + os.sep)
+    assert os.path.basename(cache.folder) == cache.state.digest.hex()[:32]
+    assert all(f == "meta.json" or (f.endswith(".bin") and len(f) == 2 * 16 + 4)
+               for f in os.listdir(cache.folder))
+
+
 # ----------------------------------------------------------------------------- still working
 def test_export_records_the_trunk():
     net, cache, _ = _cached_net()

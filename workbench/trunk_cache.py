@@ -23,8 +23,11 @@ disk: a folder per state, so a later session with the same weights finds its ent
 smaller of 2 GiB and a quarter of the memory this process may use) or ``"disk"`` (one raw
 file per sample under ``$WORKBENCH_HOME/trunk-cache/<state>/``, each written atomically,
 its layout — dtypes and shapes — in the folder's ``meta.json``, its size checked when read
-back, no pickle; the free space is checked against the estimate; a later session with the
-same trunk and data finds the entries there; what fits the budget is also kept in memory).
+back, no pickle; a layout that is not numbers of a sane size, or entries without a readable
+``meta.json``, are recomputed; outputs of another layout for the same trunk — inputs of
+another shape — turn the cache off rather than be misread; the free space is checked
+against the estimate; a later session with the same trunk and data finds the entries
+there; what fits the budget is also kept in memory).
 :meth:`TrunkCache.estimate` gives the size before it starts (``fit`` prints it).
 
 **Skipped, with a message** (the trunk then runs as usual): a trunk parameter is trainable
@@ -163,15 +166,27 @@ def _host(a) -> np.ndarray:
 
 
 def _dtype(name: str) -> np.dtype:
+    """A fixed-size numeric dtype by name (numpy's, or ml_dtypes' bfloat16 and the like);
+    ValueError for anything else (a meta.json is read back with it)."""
     try:
-        return np.dtype(name)
+        dt = np.dtype(name)
     except TypeError:
         import ml_dtypes
-        return np.dtype(getattr(ml_dtypes, name))
+        kind = getattr(ml_dtypes, name, None) if name.isidentifier() else None
+        if not isinstance(kind, type):
+            raise ValueError(f"unknown dtype {name!r}") from None
+        dt = np.dtype(kind)
+    if not (dt.kind in "biufc" or dt.type.__module__.startswith("ml_dtypes")):
+        raise ValueError(f"dtype {name!r} is not a fixed-size number type")
+    return dt
 
 
 def _row_bytes(layout) -> int:
     return sum(int(np.prod(sh, dtype=np.int64)) * _dtype(d).itemsize for d, sh in layout)
+
+
+def _layout_text(layout) -> str:
+    return ", ".join(f"{d} {list(sh)}" for d, sh in layout)
 
 
 def _check_layout(layout):
@@ -476,10 +491,21 @@ class TrunkCache:
         os.makedirs(self._folder, exist_ok=True)
         meta = self._read_meta()
         if meta is None:
+            self._remove_entries()
             self._write_meta(model)
         elif meta.get("layout") is not None:
             self.layout = meta["layout"]
             self.sample_bytes = _row_bytes(self.layout)
+
+    def _remove_entries(self) -> None:
+        """Entries without a readable meta.json have no known layout: they are removed."""
+        stale = [f for f in os.listdir(self._folder) if f.endswith(".bin")]
+        for f in stale:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self._folder, f))
+        if stale:
+            self.say(f"{len(stale):,} cached file(s) in {self._folder} had no readable "
+                     f"meta.json (their layout is unknown): removed, computed again")
 
     def _meta_path(self) -> str:
         return os.path.join(self._folder, "meta.json")
@@ -621,6 +647,8 @@ class TrunkCache:
             outs = run_trunk(model, xs, last_layers, aux_output)
             if not self._first_batch_checked(model, xs, outs, miss, last_layers, aux_output):
                 return None
+            if self.layout is not None and not self._same_layout(outs):
+                return None
             if self.layout is None:
                 if not self._set_layout(outs):
                     return None
@@ -643,6 +671,18 @@ class TrunkCache:
         self.reused += n - len(miss)
         xp = xp_of(rows[0][0])
         return _tensors(model, [xp.stack([r[k] for r in rows]) for k in range(len(rows[0]))])
+
+    def _same_layout(self, outs) -> bool:
+        """The layout of these outputs is the one this state's entries have (a disk entry is
+        read back with it): otherwise the cache turns off rather than misread an entry."""
+        layout = [(o.dtype.name, tuple(int(d) for d in o.shape[1:])) for o in outs]
+        if layout == [(d, tuple(sh)) for d, sh in self.layout]:
+            return True
+        self.disable(f"the trunk's outputs for these inputs are {_layout_text(layout)} per "
+                     f"sample, but the cached ones are {_layout_text(self.layout)}: the "
+                     f"cache holds one layout per trunk state (inputs of another shape, or a "
+                     f"graph whose output shape depends on the data)")
+        return False
 
     def _set_layout(self, outs) -> bool:
         self.layout = [(o.dtype.name, tuple(int(d) for d in o.shape[1:])) for o in outs]
