@@ -470,6 +470,31 @@ def test_a_hostile_meta_json_is_not_trusted(tmp_path, layout):
     assert os.path.realpath(cache2.folder).startswith(os.path.realpath(folder) + os.sep)
 
 
+def test_a_meta_json_claiming_huge_samples_allocates_nothing(tmp_path):
+    import json
+    import tracemalloc
+    folder = tmp_path / "tc"
+    net, cache, _ = _cached_net("disk", folder=folder)
+    first = _forward(net)
+    meta = os.path.join(cache.folder, "meta.json")
+    with open(meta) as f:
+        info = json.load(f)
+    info["layout"] = [["float32", [1 << 30]]]          # 4 GiB a sample, the files 16 bytes
+    with open(meta, "w") as f:
+        json.dump(info, f)
+    again, cache2, msgs = _cached_net("disk", folder=folder)
+    tracemalloc.start()
+    try:
+        out = _forward(again)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_allclose(out, first, rtol=1e-6)
+    assert peak < 64 << 20
+    assert any("holds 16 bytes, not the 4,294,967,296 bytes" in m for m in msgs)
+    assert not cache2.enabled and "one layout per trunk state" in cache2.off_reason
+
+
 def test_entries_without_a_meta_json_are_removed(tmp_path):
     folder = tmp_path / "tc"
     net, cache, _ = _cached_net("disk", folder=folder)

@@ -561,8 +561,9 @@ class TrunkCache:
             return row
         path = self._path(key)
         try:
-            with open(path, "rb") as f:
-                data = f.read(self.sample_bytes + 1)
+            with open(path, "rb") as f:     # the size first: nothing allocated from meta.json
+                size = os.fstat(f.fileno()).st_size
+                data = f.read(self.sample_bytes + 1) if size == self.sample_bytes else b""
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -570,7 +571,7 @@ class TrunkCache:
                      key=("unreadable", path))
             return None
         if len(data) != self.sample_bytes:
-            self.say(f"{path} holds {len(data):,} bytes, not the {self.sample_bytes:,} bytes "
+            self.say(f"{path} holds {size:,} bytes, not the {self.sample_bytes:,} bytes "
                      f"of a sample; it is computed again", key=("size", path))
             return None
         row, at = [], 0
