@@ -319,6 +319,32 @@ def test_trainable_trunk_is_not_cached():
     assert np.isfinite(hist["loss"]).all()
 
 
+def test_a_trunk_that_draws_random_numbers_is_not_cached():
+    m = _model(bn=False)
+    g = m.graph
+    at = [n.name for n in g.node].index("pool")
+    g.node.insert(at, helper.make_node("Add", ["a", "noise"], ["noisy"], name="add_noise"))
+    g.node.insert(at, helper.make_node("RandomNormalLike", ["a"], ["noise"], name="noise",
+                                       scale=0.1))
+    g.node[at + 2].input[0] = "noisy"
+    net, cache, msgs = _cached_net(proto=m)
+    a, b = _forward(net), _forward(net)
+    assert cache.computed == 0 and cache.entries == 0
+    assert not np.allclose(a, b)                 # a new draw on every call, as without a cache
+    assert msgs == ["trunk cache: not used: the trunk draws random numbers (RandomNormalLike "
+                    "'noise'), so its outputs for a sample differ from call to call"]
+    # Dropout is no such node: the cache runs its inference form (passing through)
+    m = _model(bn=False)
+    at = [n.name for n in m.graph.node].index("pool")
+    m.graph.node.insert(at, helper.make_node("Dropout", ["a"], ["dropped"], name="drop"))
+    m.graph.node[at + 1].input[0] = "dropped"
+    net, cache, msgs = _cached_net(proto=m)
+    assert trunk_of(net, (POOL,)).random == []
+    a = _forward(net)
+    np.testing.assert_allclose(_forward(net), a, rtol=1e-6)
+    assert cache.computed == 8 and cache.reused == 8
+
+
 def test_a_trunk_that_mixes_the_batch_is_refused():
     net, cache, msgs = _cached_net(proto=_model(mix=True))
     out = _forward(net)

@@ -31,9 +31,10 @@ there; what fits the budget is also kept in memory).
 :meth:`TrunkCache.estimate` gives the size before it starts (``fit`` prints it).
 
 **Skipped, with a message** (the trunk then runs as usual): a trunk parameter is trainable
-(``requires_grad``: freeze it with ``freeze_imported()``); an input Tensor requires a
-gradient; the inputs have no common batch dimension; data augmentation — ``fit(...,
-augment=fn)``, or the inputs of one sample index differ between epochs (``fit`` tells the
+(``requires_grad``: freeze it with ``freeze_imported()``); the trunk draws random numbers
+(RandomNormal, RandomUniformLike, Bernoulli, Multinomial...; Dropout aside); an input
+Tensor requires a gradient; the inputs have no common batch dimension; data augmentation —
+``fit(..., augment=fn)``, or the inputs of one sample index differ between epochs (``fit`` tells the
 cache which indices a batch holds; a loop of your own can with :meth:`TrunkCache.samples`);
 the trunk mixes the samples of a batch (checked once per state: the first sample run alone
 must give the same outputs as in its batch); inside ``to_onnx``/``export`` (the trunk is
@@ -73,6 +74,7 @@ from workbench.graph.ir import Graph
 from workbench.graph.toposort import needed_nodes, topological_order
 from workbench.limits import parse_size, usable_memory
 from workbench.ops.parallel import run_blocks
+from workbench.ops.registry import facts
 
 FORMAT = "workbench-trunk-cache/1"
 STORAGES = ("memory", "disk")
@@ -213,6 +215,7 @@ class Trunk:
     weights: list           # initializer names the trunk reads (sorted)
     train_forms: dict       # op type -> nodes whose training form differs from inference
     structure: str          # digest of the nodes, attributes, opsets and inputs
+    random: list = None     # "op 'name'" of nodes that draw random numbers (Dropout aside)
 
 
 def trunk_of(model, outputs: tuple) -> Trunk:
@@ -239,9 +242,21 @@ def trunk_of(model, outputs: tuple) -> Trunk:
     _feed(h, [(v.name, v.dtype, v.shape) for v in graph.inputs])
     _feed(h, [(n.op_type, n.domain, n.name, n.inputs, n.outputs, n.attrs) for n in nodes])
     trunk = Trunk(outputs, sorted(r for r in reads if r in graph.initializers), forms,
-                  h.hexdigest())
+                  h.hexdigest(), _random_nodes(nodes))
     memo[outputs] = (graph, trunk)
     return trunk
+
+
+def _random_nodes(nodes) -> list:
+    """The nodes (subgraphs included) whose outputs are a random draw: a cached draw would be
+    the same one every epoch. Dropout is not one here: the cache runs its inference form."""
+    out = []
+    for n in nodes:
+        if n.op_type != "Dropout" and facts(n.op_type, n.domain).random:
+            out.append(f"{n.op_type} {n.name!r}")
+        for sg in n.subgraphs:
+            out += _random_nodes(sg.nodes)
+    return out
 
 
 @dataclass(frozen=True)
@@ -612,6 +627,11 @@ class TrunkCache:
             self.say(f"not used: {len(trainable)} parameter(s) of the trunk are trainable "
                      f"(e.g. {trainable[0]!r}), so its outputs change as it trains; freeze "
                      f"it (freeze_imported()) to cache it", key=("trainable", outputs))
+            return None
+        if trunk.random:
+            self.say(f"not used: the trunk draws random numbers ({', '.join(trunk.random[:3])}"
+                     f"), so its outputs for a sample differ from call to call",
+                     key=("random", outputs))
             return None
         if _inputs_need_grad(x):
             self.say("not used: an input requires a gradient", key="input-grad")
