@@ -368,6 +368,29 @@ def test_disk_cache_is_found_again_by_a_later_session(tmp_path):
     assert not os.listdir(folder)
 
 
+def test_clear_removes_only_the_caches_own_folders(tmp_path):
+    import json
+    folder = tmp_path / "project"                # a folder= the user also keeps things in
+    mine = {"notes/meta.json": "{}", "0123456789abcdef0123456789abcdef/meta.json":
+            json.dumps({"format": "workbench-trunk-cache/1"}),
+            "0123456789abcdef0123456789abcdef/results.csv": "a,b\n",
+            "fedcba9876543210fedcba9876543210/meta.json": json.dumps({"format": "other/1"})}
+    for name, text in mine.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    (folder / "link").symlink_to(folder / "notes")
+    net, cache, _ = _cached_net("disk", folder=folder)
+    _forward(net)
+    damaged, _, _ = _cached_net("disk", proto=_model(act="Sigmoid"), folder=folder)
+    _forward(damaged)
+    with open(os.path.join(damaged.trunk_cache.folder, "meta.json"), "w") as f:
+        f.write("{not json")                     # damaged, but only entries of ours beside it
+    cache.clear()
+    left = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    assert left == sorted(["link", "notes", "0123456789abcdef0123456789abcdef",
+                           "fedcba9876543210fedcba9876543210"] + list(mine))
+
+
 def test_memory_budget_and_estimate(capsys):
     net, cache, msgs = _cached_net(budget=16 * 10)     # ten samples of 16 bytes
     assert cache.estimate(100)["per_sample"] is None

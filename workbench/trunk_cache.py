@@ -59,6 +59,7 @@ import contextvars
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -205,6 +206,30 @@ def _check_layout(layout):
     if _row_bytes(out) > 2**34:
         raise ValueError("a sample larger than 16 GiB")
     return out
+
+
+#: the files of a state folder: meta.json, one file per key, write_atomic's temporaries
+_ENTRY_NAME = re.compile(rf"(\.)?(meta\.json|[0-9a-f]{{{2 * KEY_BYTES}}}\.bin)(?(1)\..+\.tmp)")
+
+
+def _is_state_folder(path: str) -> bool:
+    """A folder this module made: 32 hex digits, a meta.json of this format (or an
+    unreadable one), entries named by their keys."""
+    name = os.path.basename(path)
+    if len(name) != 32 or any(c not in "0123456789abcdef" for c in name) or \
+            os.path.islink(path) or not os.path.isdir(path):
+        return False
+    files = os.listdir(path)
+    if "meta.json" not in files or not all(_ENTRY_NAME.fullmatch(f) for f in files):
+        return False
+    try:
+        with open(os.path.join(path, "meta.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+    except ValueError:                  # damaged, among entries of ours only
+        return True
+    except OSError:
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT
 
 
 # ----------------------------------------------------------------------------- the trunk
@@ -485,14 +510,16 @@ class TrunkCache:
 
     def clear(self) -> None:
         """Forget every entry: in memory, and this cache's disk folders (all states under its
-        root)."""
+        root). Only folders the cache made are removed: a name of 32 hex digits holding a
+        trunk cache's meta.json and nothing but its entries; anything else under the root
+        stays."""
         self._drop()
         if self.storage == "disk":
             root = self.root or cache_folder()
             if os.path.isdir(root):
                 for name in os.listdir(root):
                     p = os.path.join(root, name)
-                    if os.path.isdir(p) and os.path.isfile(os.path.join(p, "meta.json")):
+                    if _is_state_folder(p):
                         shutil.rmtree(p, ignore_errors=True)
         self.state = None
         self._folder = None
