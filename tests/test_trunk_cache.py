@@ -420,6 +420,25 @@ def test_disk_estimate_checks_free_space(monkeypatch, capsys):
     assert "does not fit the free disk space" in out and not hist["trunk_cache"]["on"]
 
 
+def test_an_unusable_disk_folder_turns_the_cache_off(tmp_path, capsys):
+    not_a_folder = tmp_path / "a_file"
+    not_a_folder.write_text("the user's file")
+    net, cache, msgs = _cached_net("disk", folder=not_a_folder)
+    assert cache.estimate(10)["limit"] >= 0          # creates nothing
+    out = _forward(net)
+    assert not cache.enabled and "cannot use the disk cache folder" in cache.off_reason
+    assert not_a_folder.read_text() == "the user's file"
+    net.cache_trunk(False)
+    np.testing.assert_allclose(out, _forward(net), rtol=1e-6)
+    # in fit: said, and training goes on without it
+    hist = _fit(_net(), TrunkCache("disk", folder=not_a_folder, log=print), epochs=1)
+    assert not hist["trunk_cache"]["on"] and "cannot use the disk cache folder" in \
+        capsys.readouterr().out
+    assert not (tmp_path / "nowhere").exists()
+    TrunkCache("disk", folder=tmp_path / "nowhere").estimate(3)
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_disk_writes_are_atomic(tmp_path, monkeypatch):
     folder = tmp_path / "tc"
     net, cache, msgs = _cached_net("disk", folder=folder)

@@ -46,12 +46,14 @@ def write_atomic(path, write: Callable[[IO[bytes]], object], *, overwrite: bool 
     return path
 
 
-def cache_dir() -> str:
-    """The workbench cache folder, created on demand: ``$WORKBENCH_HOME``, else
-    ``$XDG_CACHE_HOME/onnx-workbench``, else ``~/.cache/onnx-workbench``."""
+def cache_dir(create: bool = True) -> str:
+    """The workbench cache folder, created on demand (unless ``create=False``):
+    ``$WORKBENCH_HOME``, else ``$XDG_CACHE_HOME/onnx-workbench``, else
+    ``~/.cache/onnx-workbench``."""
     home = os.environ.get("WORKBENCH_HOME")
     if not home:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         home = os.path.join(base, "onnx-workbench")
-    os.makedirs(home, exist_ok=True)
+    if create:
+        os.makedirs(home, exist_ok=True)
     return home

@@ -103,6 +103,20 @@ def bypassed():
         _BYPASS.reset(token)
 
 
+def _free_space(path: str) -> int:
+    """Free bytes on the disk that holds ``path`` (its nearest existing folder; nothing is
+    created); 0 when none can be found."""
+    path = os.path.abspath(path)
+    while True:
+        try:
+            return int(shutil.disk_usage(path).free)
+        except OSError:
+            parent = os.path.dirname(path)
+            if parent == path:
+                return 0
+            path = parent
+
+
 def fmt_bytes(n: float) -> str:
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
@@ -469,9 +483,8 @@ class TrunkCache:
         if self.storage == "memory":
             limit = self.budget
         else:
-            root = self._folder or self.root or cache_folder()
-            os.makedirs(root, exist_ok=True)
-            limit = max(0, shutil.disk_usage(root).free - DISK_MARGIN)
+            root = self._folder or self.root or os.path.join(cache_dir(create=False), "trunk-cache")
+            limit = max(0, _free_space(root) - DISK_MARGIN)
         return {"samples": int(n_samples), "per_sample": per, "total": total, "limit": limit,
                 "fits": None if total is None else total <= limit}
 
@@ -528,16 +541,20 @@ class TrunkCache:
         self.state = state
         if self.storage != "disk":
             return
-        root = self.root or cache_folder()
-        self._folder = os.path.join(root, state.digest.hex()[:32])
-        os.makedirs(self._folder, exist_ok=True)
-        meta = self._read_meta()
-        if meta is None:
-            self._remove_entries()
-            self._write_meta(model)
-        elif meta.get("layout") is not None:
-            self.layout = meta["layout"]
-            self.sample_bytes = _row_bytes(self.layout)
+        try:
+            root = self.root or cache_folder()
+            self._folder = os.path.join(root, state.digest.hex()[:32])
+            os.makedirs(self._folder, exist_ok=True)
+            meta = self._read_meta()
+            if meta is None:
+                self._remove_entries()
+                self._write_meta(model)
+            elif meta.get("layout") is not None:
+                self.layout = meta["layout"]
+                self.sample_bytes = _row_bytes(self.layout)
+        except (OSError, WorkbenchError) as e:
+            self.disable(f"cannot use the disk cache folder "
+                         f"{self._folder or self.root or 'WORKBENCH_HOME'}: {e}")
 
     def _remove_entries(self) -> None:
         """Entries without a readable meta.json have no known layout: they are removed."""
@@ -673,6 +690,8 @@ class TrunkCache:
         state = state_of(model, trunk)
         if self.state is None or state != self.state or outputs != self.outputs:
             self._new_state(model, state, outputs)
+            if not self.enabled:
+                return None
         if model.training and trunk.train_forms and \
                 not model.__dict__.get("_frozen_inference"):
             forms = ", ".join(f"{k} {op}" for op, k in sorted(trunk.train_forms.items()))
