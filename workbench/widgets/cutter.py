@@ -7,7 +7,8 @@
 
 ``last_layers`` follows the engine's counting (:func:`~workbench.runtime.cut.resolve_cut`;
 ``docs/architecture.md``, "SINGA's API and ``last_layers``"): -1 keeps the whole graph, -k
-cuts after the k-th node from the end, counted in topological order without ``Constant`` nodes; a node or value name is also accepted.
+cuts after the k-th node from the end, counted in topological order without ``Constant``
+nodes; a node or value name is also accepted.
 """
 
 from __future__ import annotations
