@@ -39,8 +39,10 @@ LAYERS = [
     (6, "dist", ("workbench.dist",)),
     (7, "front ends", ("workbench.backend", "workbench.singa", "workbench.training",
                        "workbench.conformance",
-                       # tools over the engine: model surgery, quantization reports
-                       "workbench.edit", "workbench.quantization",
+                       # tools over the engine: model surgery, quantization reports,
+                       # per-node capture and comparison, the trunk cache
+                       "workbench.edit", "workbench.quantization", "workbench.divergence",
+                       "workbench.trunk_cache",
                        # SINGA's old module paths: aliases of workbench.singa.* and of the
                        # gradient rules' package
                        "workbench.autograd", "workbench.tensor", "workbench.layer",

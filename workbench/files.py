@@ -3,7 +3,8 @@
 Every file the engine writes for the user (exported ``.onnx`` models, ``save_states``
 archives) goes through :func:`write_atomic`: a temporary file in the target's folder, then an
 atomic rename, so a reader never sees a half-written file and a failure leaves nothing behind;
-an existing file is replaced only when asked.
+an existing file is replaced only when asked. :func:`cache_dir` is the user's workbench cache
+folder (downloads, the trunk cache).
 """
 
 from __future__ import annotations
@@ -43,3 +44,16 @@ def write_atomic(path, write: Callable[[IO[bytes]], object], *, overwrite: bool 
                               f"data: onnx.save_model(..., save_as_external_data=True))") from e
         raise
     return path
+
+
+def cache_dir(create: bool = True) -> str:
+    """The workbench cache folder, created on demand (unless ``create=False``):
+    ``$WORKBENCH_HOME``, else ``$XDG_CACHE_HOME/onnx-workbench``, else
+    ``~/.cache/onnx-workbench``."""
+    home = os.environ.get("WORKBENCH_HOME")
+    if not home:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        home = os.path.join(base, "onnx-workbench")
+    if create:
+        os.makedirs(home, exist_ok=True)
+    return home

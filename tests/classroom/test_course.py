@@ -7,8 +7,9 @@ students' version raises ``NotImplementedError`` by design (nbval, which runs ev
 under ``notebooks/``, would fail on it), and a key in the repository would sit next to the
 instructor notebooks it is made from anyway. The instructor chapters themselves run under
 nbval with their solutions in place, which exercises every check's recording path; here
-chapter 1 (value, array, function and model exercises) is built and graded end to end, and
-chapter 4 (number exercises, integer arrays) is built.
+chapter 1 (value, array, function and model exercises) is built and graded end to end,
+chapter 4 (number exercises, integer arrays) is built, and chapter 6 (models made with
+``workbench.edit``) is built and its solved version graded.
 """
 
 from __future__ import annotations
@@ -96,3 +97,16 @@ def test_chapter_one_grades_full_and_empty(built, tmp_path):
     rows = {r["student"]: r for r in csv.DictReader((tmp_path / "out" / "grades.csv").open())}
     assert rows["solved"]["total"] == rows["solved"]["max"] == "8"
     assert rows["blank"]["total"] == "0"
+
+
+def test_chapter_six_grades_its_edited_models(tmp_path):
+    # the references are models made with workbench.edit in the assigning process; the
+    # grader's fresh process must make the same ones (no random names, no timestamps)
+    ch6 = assign(COURSE / "06_editing_a_model.ipynb", tmp_path / "release")
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    shutil.copy(COURSE / "06_editing_a_model.ipynb", subs / "solved.ipynb")
+    grade(subs, ch6.key, tmp_path / "out", limits=Limits(timeout=120), jobs=1)
+    rows = list(csv.DictReader((tmp_path / "out" / "grades.csv").open()))
+    assert [(r["student"], r["status"], r["total"], r["max"]) for r in rows] == \
+        [("solved", "ok", "5", "5")]

@@ -6,14 +6,14 @@ inputs, initializers, every node output; a fixed sample of at most ``VALUE_SAMPL
 elements each) are stored. The reference model itself is not stored anywhere a student
 sees.
 
-A student's model is run through the public engine API (``workbench.graph.load`` and
-``workbench.backend.prepare`` on a copy whose every node output is also a graph output) and
-compared: outputs first (shape, dtype, values), and when they differ, node by node in the
+A student's model is run through the public engine API (``workbench.graph.load``, a
+``Plan`` of the graph as written, every node's output captured by the engine's per-node
+hook) and compared: outputs first (shape, dtype, values), and when they differ, node by node in the
 graph's topological order: the first node whose inputs all match values of the reference
-but whose output matches none is where the student's graph goes wrong. This is the
-TensorInspector's "first diverging value" idea with a reference known only by digests (the
-inspector compares with onnxruntime arrays, through engine internals, so its comparison is
-not reusable here as it stands).
+but whose output matches none is where the student's graph goes wrong. The capture
+and the criterion are the TensorInspector's (``workbench.divergence``); only what "matches"
+means differs: here a value matches when it equals, by digest, any value the reference
+computes.
 """
 
 from __future__ import annotations
@@ -124,45 +124,33 @@ def map_feed(m: onnx.ModelProto, feed: dict, *, by_name: bool) -> dict:
 def run(m: onnx.ModelProto, feeds: list, *, capture: bool = False):
     """Outputs for each feed, and (``capture``) every value of the first feed's run:
     ``(outputs_per_feed, values)``; ``values`` maps value names to arrays (graph inputs,
-    initializers and node outputs with a known type)."""
-    from workbench import backend
+    initializers and node outputs). The graph runs as written (no inference rewrites, so
+    every node's output exists), captured by ``workbench.divergence.capture``."""
+    from workbench.divergence import capture as capture_values
     from workbench.graph.load import load
+    from workbench.runtime.plan import Plan
     try:
         loaded = load(m)
     except WorkbenchError as e:
         raise ClassroomError(f"the workbench cannot load your model: {e}") from None
-    n_out = len(m.graph.output)
-    run_proto = m
-    extra = []
-    if capture:
-        run_proto = onnx.ModelProto()
-        run_proto.CopyFrom(loaded.proto)
-        have = {o.name for o in run_proto.graph.output}
-        for node in topo_order(run_proto.graph):
-            for o in node.output:
-                vi = loaded.graph.value(o) if o else None
-                if o and o not in have and vi is not None and vi.dtype and \
-                        vi.shape is not None:
-                    run_proto.graph.output.append(vi.to_proto())
-                    have.add(o)
-                    extra.append(o)
     try:
-        rep = backend.prepare(run_proto, optimize=not capture)
-        outs = []
-        values = {}
+        plan = Plan(loaded.graph)
+    except WorkbenchError as e:
+        raise ClassroomError(f"the workbench cannot run your model: {e}") from None
+    except Exception as e:  # never a raw error from planning a malformed graph
+        raise ClassroomError(f"the workbench cannot plan your model: {type(e).__name__}: "
+                             f"{e}") from None
+    try:
+        outs, values = [], {}
         for k, feed in enumerate(feeds):
-            res = list(rep.run(feed))
-            outs.append([np.asarray(r) for r in res[:n_out]])
             if capture and k == 0:
-                values.update({name: np.asarray(v) for name, v in feed.items()})
-                for t in m.graph.initializer:
-                    try:
-                        values[t.name] = onnx.numpy_helper.to_array(t)
-                    except Exception:   # external data, odd types: not comparable
-                        pass
-                names = [o.name for o in m.graph.output] + extra
-                values.update({nm: np.asarray(r) for nm, r in zip(names, res)
-                               if isinstance(r, np.ndarray)})
+                cap = capture_values(plan, feed)
+                res = cap.outputs
+                values = {name: v for name, v in cap.values.items()
+                          if isinstance(v, np.ndarray)}
+            else:
+                res = plan.run(feed)
+            outs.append([np.asarray(r) for r in res])
     except WorkbenchError as e:
         raise ClassroomError(f"the workbench cannot run your model: {e}") from None
     return outs, values
@@ -249,7 +237,12 @@ def compare_model(data: bytes, params: dict, ref: dict, salt: str, describe_arra
 
 
 def first_difference(m: onnx.ModelProto, values: dict, ref_values: list, salt: str) -> str:
-    """Where the student's graph first computes something the reference never does."""
+    """Where the student's graph first computes something the reference never does: the
+    first node whose inputs all match values of the reference and whose output matches none
+    (``workbench.divergence.first_divergence``, the TensorInspector's criterion), a value
+    matching when it equals *any* value the reference computes (names differ between the
+    student's graph and the reference)."""
+    from workbench.divergence import first_divergence
     by_shape: dict = {}
     for d in ref_values:
         by_shape.setdefault(tuple(d["shape"]), []).append(d)
@@ -265,27 +258,19 @@ def first_difference(m: onnx.ModelProto, values: dict, ref_values: list, salt: s
                               for d in by_shape.get(tuple(a.shape), ()))
         return cache[name]
 
-    inputs = set(graph_inputs(m))
-    inits = {t.name for t in m.graph.initializer}
-    for node in topo_order(m.graph):
-        outs = [o for o in node.output if o and o in values]
-        if not outs or any(known(o) for o in outs):
-            continue
-        ins = [i for i in node.input if i]
-        bad = [i for i in ins if known(i) is False]
-        label = f"{node.name or '(unnamed)'!r} ({node.op_type})"
-        if not bad:
-            return (f"the first node of your graph that goes wrong is {label}: its inputs "
-                    f"({', '.join(repr(i) for i in ins)}) all match values the reference "
-                    f"computes, its output {outs[0]!r} (shape {list(values[outs[0]].shape)}) "
-                    f"matches none. Check its op type, its attributes and the order of its "
-                    f"inputs.")
-        kinds = [("an initializer" if i in inits else "a graph input" if i in inputs
-                  else "computed") for i in bad]
-        return (f"the first node of your graph whose output matches nothing the reference "
-                f"computes is {label}; its input(s) "
-                + ", ".join(f"{i!r} ({k})" for i, k in zip(bad, kinds))
-                + " already match no value of the reference: check those first")
-    return ("every value your graph computes also appears in the reference's computation: "
-            "your output may be a value the reference computes on the way (a node missing "
-            "at the end?), or the right values in the wrong output slot")
+    div = first_divergence(topo_order(m.graph), known, graph_inputs=graph_inputs(m),
+                           initializers=[t.name for t in m.graph.initializer])
+    if div is None:
+        return ("every value your graph computes also appears in the reference's "
+                "computation: your output may be a value the reference computes on the way "
+                "(a node missing at the end?), or the right values in the wrong output slot")
+    if div.inputs_match:
+        return (f"the first node of your graph that goes wrong is {div.label}: its inputs "
+                f"({', '.join(repr(i) for i in div.inputs)}) all match values the reference "
+                f"computes, its output {div.value!r} (shape {list(values[div.value].shape)}) "
+                f"matches none. Check its op type, its attributes and the order of its "
+                f"inputs.")
+    return (f"the first node of your graph whose output matches nothing the reference "
+            f"computes is {div.label}; its input(s) "
+            + ", ".join(f"{i!r} ({k})" for i, k in div.differing)
+            + " already match no value of the reference: check those first")

@@ -42,6 +42,7 @@ from collections import OrderedDict
 import numpy as np
 import onnx
 
+from workbench import trunk_cache as _trunk_cache
 from workbench.arrays.device import graph_generation
 from workbench.autodiff.export import to_onnx as _to_onnx
 from workbench.autodiff.runner import TapeRunner
@@ -157,7 +158,7 @@ class Model(Layer):
         was = self.training
         self.train(False)
         try:
-            with autograd.no_grad():
+            with autograd.no_grad(), _trunk_cache.bypassed():   # placeholders: not samples
                 type(self).forward(self, *inputs)
         finally:
             self.train(was)
@@ -287,7 +288,8 @@ class Model(Layer):
         was = self.training
         self.train(False)
         try:
-            with autograd.no_grad():
+            # the trunk is recorded, never served from a trunk cache (workbench.trunk_cache)
+            with autograd.no_grad(), _trunk_cache.bypassed():
                 out = type(self).forward(self, *xs)
         finally:
             self.train(was)
@@ -516,16 +518,35 @@ class SONNXModel(Model):
         """The parameters that came from the ONNX file (not appended layers)."""
         return OrderedDict((k, t) for k, t in self._params.items())
 
-    def freeze_imported(self) -> SONNXModel:
-        """Freeze the imported weights (transfer learning that trains only appended layers)."""
+    def freeze_imported(self, inference: bool = False) -> SONNXModel:
+        """Freeze the imported weights (transfer learning that trains only appended layers).
+
+        ``inference=True``: the frozen graph also runs in its inference form in training
+        mode (BatchNormalization with its running statistics, left unchanged; Dropout
+        passing through), as a trunk cache runs it (``workbench.trunk_cache``); by default
+        a model in training mode runs every node in its training form."""
         for t in self._params.values():
             t.requires_grad = False
+        self.__dict__["_frozen_inference"] = bool(inference)
         return self
 
     def unfreeze_imported(self) -> SONNXModel:
         for t in self._params.values():
             t.requires_grad = True
+        self.__dict__["_frozen_inference"] = False
         return self
+
+    def cache_trunk(self, storage="memory", **options):
+        """Compute the frozen imported graph's outputs (up to the ``last_layers`` of each
+        forward) once per sample and reuse them: ``storage`` "memory" or "disk" (options:
+        ``folder``, ``budget``, ``log``, ``check_batch``), a ``TrunkCache``, or False to
+        stop. Returns the cache (``trunk_cache``). See ``workbench.trunk_cache``."""
+        return _trunk_cache.attach(self, storage, **options)
+
+    @property
+    def trunk_cache(self):
+        """The ``TrunkCache`` this model's forward uses, or None."""
+        return self.__dict__.get("_trunk_cache")
 
     def run(self, *inputs, last_layers=None, aux_output=()) -> list:
         """Numpy in, numpy out: the outputs (at ``last_layers``) without recording gradients.
@@ -687,6 +708,11 @@ class SONNXModel(Model):
         return self._forward(x, last_layers, aux_output)
 
     def _forward(self, x, last_layers, aux_output, inference: bool = False):
+        if not inference and (self.__dict__.get("_trunk_cache") is not None
+                              or self.__dict__.get("_frozen_inference")):
+            out = _trunk_cache.forward_hook(self, x, last_layers, aux_output)
+            if out is not None:
+                return out
         tp = self._tplan(self._outputs_for(last_layers, aux_output), inference)
         infos = self.onnx_graph.inputs
         if len(x) != len(infos):

@@ -7,7 +7,8 @@
 
 ``last_layers`` follows the engine's counting (:func:`~workbench.runtime.cut.resolve_cut`;
 ``docs/architecture.md``, "SINGA's API and ``last_layers``"): -1 keeps the whole graph, -k
-cuts after the k-th node from the end, counted in topological order without ``Constant`` nodes; a node or value name is also accepted.
+cuts after the k-th node from the end, counted in topological order without ``Constant``
+nodes; a node or value name is also accepted.
 """
 
 from __future__ import annotations
@@ -107,9 +108,12 @@ def cut_graph(graph: Graph, last_layers=-1, *, head_classes: int | None = None,
     return CutModel(g, outputs, last_layers, frozen, head)
 
 
-def with_head(base, classes: int, freeze: bool = False):
+def with_head(base, classes: int, freeze: bool = False, cache_trunk: bool = False):
     """``base`` (a workbench Model returning Tensors) followed by Flatten + ``layer.Linear``
-    with ``classes`` outputs; ``freeze`` freezes the base's imported weights."""
+    with ``classes`` outputs; ``freeze`` freezes the base's imported weights;
+    ``cache_trunk`` (with ``freeze``) computes the frozen base's outputs once per sample and
+    reuses them (``workbench.trunk_cache``; the base then runs in inference form, cached
+    or not)."""
     from workbench import autograd, layer, model
 
     class CutWithHead(model.Model):
@@ -127,7 +131,9 @@ def with_head(base, classes: int, freeze: bool = False):
 
     if freeze:
         if hasattr(base, "freeze_imported"):
-            base.freeze_imported()
+            base.freeze_imported(inference=bool(cache_trunk))
+            if cache_trunk:
+                base.cache_trunk()
         else:
             for p in base.get_params().values():
                 p.requires_grad = False
@@ -138,16 +144,19 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
     """Slider (``last_layers`` -1 .. -N) + graph (click a node to cut after it) + outputs.
 
     Python API: ``last_layers`` (int or node/value name), ``outputs`` (list of names),
-    ``head_classes`` (0 = no new head), ``freeze``, ``model`` (the result), ``removed``.
+    ``head_classes`` (0 = no new head), ``freeze``, ``cache_trunk`` (with a frozen base and
+    a head: the base's outputs computed once per sample, ``workbench.trunk_cache``),
+    ``model`` (the result), ``removed``.
     """
 
     last_layers = traitlets.Union([traitlets.Int(), traitlets.Unicode()], default_value=-1)
     outputs = traitlets.List(traitlets.Unicode())
     head_classes = traitlets.Int(0)
     freeze = traitlets.Bool(False)
+    cache_trunk = traitlets.Bool(False)
 
     def __init__(self, model, *, last_layers=-1, head_classes: int = 0, freeze: bool = False,
-                 height: int = 460):
+                 cache_trunk: bool = False, height: int = 460):
         src = as_source(model)
         self.source = src
         self.graph = src.graph
@@ -171,18 +180,23 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
             layout=ipywidgets.Layout(width="150px"), style={"description_width": "50px"})
         self.freeze_box = ipywidgets.Checkbox(value=freeze, description="freeze base",
                                               indent=False, layout=ipywidgets.Layout(width="110px"))
+        self.cache_box = ipywidgets.Checkbox(value=cache_trunk, description="cache the trunk",
+                                             indent=False,
+                                             layout=ipywidgets.Layout(width="130px"))
         self.info = ipywidgets.HTML()
         self.info.add_class("wb-cut-info")
         controls = ipywidgets.HBox([self.slider, self.cut_label])
-        head = ipywidgets.HBox([self.head_box, self.classes_box, self.freeze_box])
+        head = ipywidgets.HBox([self.head_box, self.classes_box, self.freeze_box,
+                                self.cache_box])
         super().__init__([controls, head, self.view, self.info])
         self.add_class("wb-layer-cutter")
         self.slider.observe(self._on_slider, names="value")
         self.view.observe(self._on_click, names="selected")
-        for w in (self.head_box, self.classes_box, self.freeze_box):
+        for w in (self.head_box, self.classes_box, self.freeze_box, self.cache_box):
             w.observe(self._on_head, names="value")
         self.head_classes = head_classes
         self.freeze = freeze
+        self.cache_trunk = cache_trunk
         self.last_layers = last_layers
         self._update()
 
@@ -205,6 +219,7 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
             return
         self.head_classes = int(self.classes_box.value) if self.head_box.value else 0
         self.freeze = bool(self.freeze_box.value)
+        self.cache_trunk = bool(self.cache_box.value)
 
     @traitlets.validate("last_layers")
     def _check_last_layers(self, proposal):
@@ -212,7 +227,7 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
         resolve_cut(self.graph, value)      # raises InputError with a clear message
         return value
 
-    @traitlets.observe("last_layers", "head_classes", "freeze")
+    @traitlets.observe("last_layers", "head_classes", "freeze", "cache_trunk")
     def _on_change(self, change) -> None:
         if getattr(self, "view", None) is not None:
             self._update()
@@ -244,6 +259,7 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
                 self.classes_box.value = self.head_classes
             self.head_box.value = bool(self.head_classes)
             self.freeze_box.value = self.freeze
+            self.cache_box.value = self.cache_trunk
         finally:
             self._syncing = False
         self.view.dimmed = removed
@@ -271,11 +287,21 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
                 head = tag("div", f"+ new head: Flatten → Linear({h['in_features']} → "
                                   f"{h['classes']}); output ", tag("code", "head.logits"),
                            f"; {train}")
+                if self.cache_trunk:
+                    head = frag(head, tag("div", self._cache_note(), cls="wb-cut-cache"))
             except InputError as e:
                 head = tag("div", f"head: {e}", style="color:#b00")
         self.info.value = frag(
             tag("div", f"keeps {len(kept)} of {len(self.graph.nodes)} nodes; new output(s):"),
             tag("table", rows), head)
+
+    def _cache_note(self) -> str:
+        if not self.freeze:
+            return ("cache the trunk: needs a frozen base (tick 'freeze base'); a trainable "
+                    "base computes new outputs at every step")
+        return ("trunk cache: the frozen base's outputs are computed once per sample and "
+                "reused in later epochs; the base runs in inference form (BatchNormalization "
+                "with its running statistics, no Dropout)")
 
     def _desc(self, name: str) -> str:
         vi = self.graph.value(name)
@@ -301,10 +327,12 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
     def model(self):
         """The resulting model: ``Model.cut(last_layers)`` (a new ``sonnx.SONNXModel`` with
         a copy of the weights), followed by a new ``layer.Linear(head_classes)`` head when one
-        is asked for (imported weights frozen when ``freeze``)."""
+        is asked for (imported weights frozen when ``freeze``; with ``cache_trunk`` too, the
+        cut base caches its outputs per sample: ``workbench.trunk_cache``)."""
         base = self._full_model().cut(self.last_layers)
         if self.head_classes:
-            return with_head(base, self.head_classes, self.freeze)
+            return with_head(base, self.head_classes, self.freeze,
+                             cache_trunk=self.cache_trunk and self.freeze)
         return base
 
     def cut_graph(self) -> CutModel:
@@ -315,8 +343,9 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
 
     def summary(self) -> str:
         outs = ", ".join(f"{o} {self._desc(o)}" for o in self.outputs)
-        head = f"; head {self.head_classes} classes{' (base frozen)' if self.freeze else ''}" \
-            if self.head_classes else ""
+        frozen = (" (base frozen, trunk cached)" if self.freeze and self.cache_trunk
+                  else " (base frozen)" if self.freeze else "")
+        head = f"; head {self.head_classes} classes{frozen}" if self.head_classes else ""
         return (f"LayerCutter({self.source.name!r}: last_layers={self.last_layers!r}, "
                 f"outputs: {outs}; removes {len(self.removed)} of "
                 f"{len(self.graph.nodes) + len(self.graph.outputs)} nodes/outputs{head})")

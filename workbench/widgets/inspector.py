@@ -22,7 +22,8 @@ import time
 import numpy as np
 import onnx
 
-from workbench.errors import KernelError, UnsupportedOperatorError, WorkbenchError
+from workbench.divergence import capture, compare_arrays, first_divergence, to_numpy
+from workbench.errors import UnsupportedOperatorError, WorkbenchError
 from workbench.graph.toposort import topological_order
 from workbench.runtime.plan import Plan
 from workbench.widgets._base import TextRepr, esm, import_widgets
@@ -46,16 +47,6 @@ def _num(v):
 
 def _short(v):
     return None if v is None else float(f"{v:.7g}")
-
-
-def to_numpy(a):
-    if isinstance(a, np.ndarray):
-        return a
-    if hasattr(a, "get") and hasattr(a, "__cuda_array_interface__"):
-        return a.get()
-    if hasattr(a, "numpy") and callable(a.numpy):
-        return a.numpy()
-    return np.asarray(a)
 
 
 def tensor_stats(a, bins: int = HIST_BINS) -> dict:
@@ -212,15 +203,16 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
         if compare:
             self._reference(compare)
         failed = None
+        self._sources = set(self.graph.initializers) | {v.name for v in self.graph.inputs}
         if plan is not None:
             t0 = time.perf_counter()
-            try:
-                plan.run(self._feeds, hook=self._hook)
-            except KernelError as e:
-                failed = e.node_name
-                self.error = str(e)
-            except WorkbenchError as e:
-                self.error = str(e)
+            # the shared per-node capture (workbench.divergence), streaming: statistics and
+            # the comparison per value as it is computed, full arrays only as kept below
+            cap = capture(plan, self._feeds, keep=False, on_value=self._on_value,
+                          raise_errors=False)
+            failed = cap.failed
+            if cap.error:
+                self.error = cap.error
             self.run_seconds = time.perf_counter() - t0
         self._build_rows(order, failed)
 
@@ -244,41 +236,29 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
                 out.add(n.name)
         return out
 
-    def _hook(self, node, outputs) -> None:
+    def _on_value(self, node, name, value) -> None:
         if self._only is not None and node.name not in self._only:
             return
-        for name, value in zip(node.outputs, outputs):
-            if not name:
-                continue
-            st = tensor_stats(value)
-            ref = self._ref.get(name)
-            if ref is not None and st.get("kind") == "tensor":
-                st.update(self._diff(to_numpy(value), ref))
-            self._stats[name] = st
-            if st.get("kind") == "tensor":
-                nb = st["nbytes"]
-                if name in self._keep or node.name in self._keep:
-                    self._arrays[name] = np.array(to_numpy(value), copy=True)
-                elif self._kept_bytes + nb <= self.keep_bytes:
-                    self._arrays[name] = np.array(to_numpy(value), copy=True)
-                    self._kept_bytes += nb
+        st = tensor_stats(value)
+        ref = self._ref.get(name)
+        if ref is not None and st.get("kind") == "tensor":
+            st.update(self._diff(value, ref))
+        self._stats[name] = st
+        if st.get("kind") == "tensor":
+            nb = st["nbytes"]
+            if name in self._keep or node.name in self._keep:
+                self._arrays[name] = np.array(value, copy=True)
+            elif self._kept_bytes + nb <= self.keep_bytes:
+                self._arrays[name] = np.array(value, copy=True)
+                self._kept_bytes += nb
 
     def _diff(self, a: np.ndarray, ref: np.ndarray) -> dict:
-        try:
-            if a.shape != ref.shape:
-                return {"diff": None, "diff_ok": False,
-                        "diff_note": f"shape {list(a.shape)} vs onnxruntime {list(ref.shape)}"}
-            if a.dtype.kind not in "biuf":
-                same = bool(np.array_equal(a, ref))
-                return {"diff": 0.0 if same else None, "diff_ok": same}
-            af, rf = a.astype(np.float64), ref.astype(np.float64)
-            both_nan = np.isnan(af) & np.isnan(rf)
-            d = np.where(both_nan, 0.0, np.abs(af - rf))
-            md = float(np.max(d)) if d.size else 0.0
-            ok = bool(np.all(d <= self.atol + self.rtol * np.abs(np.nan_to_num(rf))))
-            return {"diff": _num(md) if math.isfinite(md) else None, "diff_ok": ok}
-        except Exception as e:  # never let the comparison break the inspector
-            return {"diff": None, "diff_ok": False, "diff_note": f"{type(e).__name__}: {e}"}
+        return compare_arrays(a, ref, rtol=self.rtol, atol=self.atol,
+                              ref_name="onnxruntime").to_dict()
+
+    def _matches(self, name: str) -> bool | None:
+        st = self._stats.get(name)
+        return st["diff_ok"] if st is not None and "diff" in st else None
 
     def _reference(self, compare: str) -> None:
         if compare != "onnxruntime":
@@ -333,7 +313,6 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
         rows = []
         reason = {u["node"]: u["reason"] for u in self.unsupported}
         after_fail = False
-        first_div = ""
         for n in order:
             if self._only is not None and n.name not in self._only:
                 continue
@@ -364,15 +343,18 @@ class TensorInspector(TextRepr, anywidget.AnyWidget):
                     if "diff" in st:
                         row["diff"] = _short(st["diff"])
                         row["diff_ok"] = st["diff_ok"]
-                        if not st["diff_ok"] and not first_div:
-                            first_div = o
                         if not st["diff_ok"] and o == n.outputs[0]:
                             note = self._explain(n)
                             if note:
                                 row["note"] = note
                 rows.append(row)
         self.rows = rows
-        self.first_diverging = first_div
+        # the first node whose output differs, with whether its inputs matched
+        # (workbench.divergence: the same criterion as the classroom's model checks)
+        self.divergence = first_divergence(
+            (n for n in order if self._only is None or n.name in self._only), self._matches,
+            sources=self._sources)
+        self.first_diverging = self.divergence.value if self.divergence else ""
 
     def _explain(self, node) -> str | None:
         """One line on why a quantized node differs from onnxruntime, when it is onnxruntime's
