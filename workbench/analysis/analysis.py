@@ -79,7 +79,7 @@ def _as_model(model, check: bool):
 
 def analyze(model, shapes: dict | None = None, *, dims: dict | None = None,
             default_dim: int | None = None, optimized: bool = False,
-            run_unknown: bool = True, check: bool = False) -> Analysis:
+            run_unknown: bool = True, check: bool = False, weights: bool = True) -> Analysis:
     """Static analysis of ``model`` (a path, bytes, ``onnx.ModelProto``, a loaded model or a
     ``workbench.graph.ir.Graph``, e.g. an optimised one) at concrete input shapes.
 
@@ -89,10 +89,26 @@ def analyze(model, shapes: dict | None = None, *, dims: dict | None = None,
     ``com.workbench::FusedConv`` / ``FusedMatMul`` / ``FusedAttention``) instead of the graph as
     written. ``run_unknown``: where onnx's shape inference leaves a shape unknown, run our
     engine once on random inputs at those shapes to find it (rows say which).
+    ``weights=False`` (a path, or a structure-only ``load(path, weights=False)``): read the
+    structure only, as the JupyterLab viewer does: the counts need the weights' sizes, not
+    their values; nothing can run then (no ``run_unknown``, no measurements).
     """
-    proto, label, inputs = _as_model(model, check)
-    bound = _shapes.bind(inputs, shapes, dims, default_dim)
-    loaded = load(proto, check=False, input_shapes=bound)
+    if isinstance(model, LoadedModel) and not model.weights:
+        weights = False
+    if not weights:
+        path = model.path if isinstance(model, LoadedModel) else model
+        if not isinstance(path, (str, os.PathLike)):
+            raise InputError("analyze(weights=False) reads a model file without its weights: "
+                             "give its path")
+        pre = load(path, check=check, shape_inference=False, weights=False)
+        bound = _shapes.bind(pre.graph.inputs, shapes, dims, default_dim)
+        loaded = load(path, check=False, input_shapes=bound, weights=False)
+        label = os.fspath(path)
+        run_unknown = False
+    else:
+        proto, label, inputs = _as_model(model, check)
+        bound = _shapes.bind(inputs, shapes, dims, default_dim)
+        loaded = load(proto, check=False, input_shapes=bound)
     graph = loaded.graph
     notes = []
     if optimized:
@@ -164,6 +180,8 @@ class Analysis:
         self.ours = None           # timing.PlanTimes of profile_ours
         self._fused_ours: dict = {}  # anchor node -> the nodes one of our fused steps ran
         self._plan = None
+        self.timeline = None       # memory.MemoryTimeline of memory() (inference)
+        self.training_timeline = None
         self._source = source
         self._extra = extra
         self._run_values = dict(values or {})
@@ -470,6 +488,9 @@ class Analysis:
             after = tl.live_after()
             for r in self.records:
                 r["live_bytes_after"] = after.get(r["node"])
+            self.timeline = tl
+        else:
+            self.training_timeline = tl
         if measure:
             given = dict(feeds) if feeds is not None else None
             _mem.measure(tl, plan, self.graph,
@@ -524,6 +545,13 @@ class Analysis:
                         r["node"] for r in rows)
         self._pct()
         return self
+
+    def overlay(self, metric: str | None = None) -> dict:
+        """This analysis as a graph overlay (:func:`workbench.analysis.overlay.
+        overlay_payload`): what ``GraphView.show_analysis`` shows."""
+        from .overlay import overlay_payload  # noqa: PLC0415
+
+        return overlay_payload(self, metric)
 
     def profile_ort(self, *, runs: int = 10, warmup: int = 2, optimization: str = "all",
                     threads: int | None = None) -> Analysis:
