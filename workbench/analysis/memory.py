@@ -35,8 +35,12 @@ bytes after it. So the measured ``live_before`` is what the run holds between st
 measured ``peak_during`` includes the kernel's scratch arrays (an im2col block, a padded copy)
 that no schedule shows: the difference is reported per step as ``scratch``. The feeds are
 made after tracing starts (they count, as predicted); the weights were allocated before
-(they do not, as predicted). For a training step the backward pass is measured as a whole
-(its peak and what is left after it).
+(they do not, as predicted), and so were the workspaces some kernels keep between runs
+(``ops.parallel.scratch``, made in the warm-up run). In a training step's backward pass every
+gradient rule call (``autodiff.run_rule``, watched with ``sys.setprofile`` for that one pass)
+is read the same way. The prediction's peak is compared with the measured peak of what the
+run holds between steps (:meth:`MemoryTimeline.agreement`); the scratch arrays inside kernels
+and rules come on top (``measured["peak_during"]``).
 """
 
 from __future__ import annotations
@@ -56,6 +60,9 @@ VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", 
                       "Expand", "Slice", "Split", "Dropout"})
 #: of those, the ones that copy when their input is a strided view (numpy's reshape)
 _COPY_IF_STRIDED = frozenset({"Reshape", "Flatten"})
+#: gradient rules that hand an input the output's gradient itself when the input has the
+#: output's shape (no broadcast to undo): op -> the inputs concerned (None: all)
+GRAD_PASSES = {"Add": None, "Sum": None, "Sub": (0,)}
 
 
 @dataclass
@@ -136,13 +143,14 @@ class MemoryTimeline:
                          f"scratch arrays, up to {human(m['scratch_max'], 'B')} at "
                          f"{m['scratch_node']!r}, are no value of the schedule")
         elif m:
-            lines.append(f"  measured (tracemalloc, after a warm-up step): peak "
+            lines.append(f"  measured (tracemalloc, after a warm-up step; around every kernel "
+                         f"and every gradient rule): peak held between steps "
                          f"{human(m['peak'], 'B')} (predicted {human(self.peak_bytes, 'B')}: "
-                         f"{100 * self.agreement():+.1f} %), in the backward pass (measured as "
-                         f"a whole, the gradient rules' scratch arrays included); forward "
-                         f"peak between steps {human(m['peak_between'], 'B')}; left after "
-                         f"the step {human(m['after_backward'], 'B')} (parameter gradients, "
-                         f"outputs)")
+                         f"{100 * self.agreement():+.1f} %); peak inside kernels and rules "
+                         f"{human(m['peak_during'], 'B')} (scratch arrays, up to "
+                         f"{human(m['scratch_max'], 'B')} at {m['scratch_node']!r}); left "
+                         f"after the step {human(m['after_backward'], 'B')} (parameter "
+                         f"gradients, outputs)")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -338,10 +346,13 @@ class _Simulation:
             self.best = during
             self.snap = self.B.snapshot()
 
-    def record(self, phase, node, op, before, new, freed) -> None:
+    def record(self, phase, node, op, before, new, freed, extra: int = 0) -> None:
+        """One row; ``extra``: bytes briefly live after the kernel returned (a gradient
+        accumulated: ``prev + g``)."""
         self.rows.append({"step": len(self.rows), "phase": phase, "node": node, "op": op,
                           "new_bytes": new, "freed_bytes": freed, "live_before": before,
-                          "peak_during": before + new, "live_after": self.B.live})
+                          "after_call": before + new, "peak_during": before + new + extra,
+                          "live_after": self.B.live})
 
     def run(self) -> None:
         B = self.B
@@ -395,6 +406,34 @@ class _Simulation:
                 freed += B.unref(b)
         self.record("forward", node.name, op, before, new, freed)
 
+    def backward_order(self, out0) -> list:
+        """The recorded nodes in the order back-propagation visits them: the reverse of the
+        tape's topological order from the loss (``autodiff.tape_order``: depth first through
+        each node's inputs in order, a node after its parents)."""
+        made_by = {}
+        for rec in self.recorded:
+            for o in rec[2]:
+                if o:
+                    made_by[o] = rec
+        root = made_by.get(out0)
+        if root is None:
+            return []
+        order, seen = [], {id(root[0])}
+        stack = [(root, iter(root[1]))]
+        while stack:
+            rec, it = stack[-1]
+            for x in it:
+                p = made_by.get(x) if x else None
+                if p is None or id(p[0]) in seen:
+                    continue
+                seen.add(id(p[0]))
+                stack.append((p, iter(p[1])))
+                break
+            else:
+                stack.pop()
+                order.append(rec)
+        return order[::-1]
+
     def backward(self) -> None:
         B = self.B
         out0 = self.sched.outputs[0]
@@ -413,16 +452,20 @@ class _Simulation:
         grads[out0] = g
         self.mark(B.live)
         self.record("backward", "(loss)", "ReduceSum", before, B.live - before, 0)
-        for node, ins, outs in reversed(self.recorded):
+        for node, ins, outs in self.backward_order(out0):
             before, new = B.live, 0
             gouts = [grads.get(o) if o else None for o in outs]
             made = []
             if any(x is not None for x in gouts):
                 is_view = node.op_type in VIEW_OPS and gouts[0] is not None
+                passes = GRAD_PASSES.get(node.op_type, ()) if gouts[0] is not None else ()
+                out_shape = self.shape_of(outs[0]) if outs and outs[0] else None
                 for k, x in enumerate(ins):
                     if x is None or x not in self.rg:
                         continue
-                    if is_view and k == 0:
+                    if (is_view and k == 0) or ((passes is None or k in passes)
+                                                and out_shape is not None
+                                                and self.shape_of(x) == out_shape):
                         gb = B.view(gouts[0], False)
                     else:
                         n = self.size(x)
@@ -455,7 +498,7 @@ class _Simulation:
                     freed += B.unref(grads.pop(o))
             for b in self.pinned.pop(id(node), ()):
                 freed += B.unref(b)
-            self.record("backward", node.name, node.op_type, before, new + extra, freed)
+            self.record("backward", node.name, node.op_type, before, new, freed, extra)
 
 
 def predict(plan, nbytes, shape_of, *, training: bool = False, params=(), weights=(),
@@ -479,6 +522,52 @@ def predict(plan, nbytes, shape_of, *, training: bool = False, params=(), weight
 
 
 # ---------------------------------------------------------------------- measuring
+class _RuleMeter:
+    """Reads ``tracemalloc`` around every gradient rule the backward pass runs
+    (``autodiff.run_rule``, seen with ``sys.setprofile`` for the one measured pass): the
+    bytes before the rule, the peak during it and right after it, by node name."""
+
+    def __init__(self, n: int):
+        self.rec = np.zeros((n, 3), np.int64)
+        self.names: list = [None] * n
+        self.k = 0
+
+    def run(self, backward, loss):
+        import sys  # noqa: PLC0415
+
+        from workbench.autodiff import run_rule  # noqa: PLC0415
+
+        code = run_rule.__code__
+        rec, names = self.rec, self.names
+        depth = [0]
+
+        def prof(frame, event, arg):
+            if frame.f_code is not code or event not in ("call", "return"):
+                return
+            if event == "call":
+                depth[0] += 1
+                if depth[0] == 1 and self.k < len(rec):
+                    node = frame.f_locals.get("node")
+                    names[self.k] = getattr(node, "name", None)
+                    rec[self.k, 0] = tracemalloc.get_traced_memory()[0]
+                    tracemalloc.reset_peak()
+            else:
+                depth[0] -= 1
+                if depth[0] == 0 and self.k < len(rec):
+                    cur, peak = tracemalloc.get_traced_memory()
+                    rec[self.k, 1] = max(peak, cur, rec[self.k, 0])
+                    rec[self.k, 2] = cur
+                    self.k += 1
+
+        old = sys.getprofile()
+        sys.setprofile(prof)
+        try:
+            backward(loss)
+        finally:
+            sys.setprofile(old)
+        self.names = [nm for nm in names[:self.k]]
+
+
 class _MeasuringRunner:
     """A step runner (``runtime.plan.StepRunner``) that reads ``tracemalloc`` around each
     kernel call: the bytes traced before it, the peak while it ran, and right after it (before
@@ -583,7 +672,8 @@ def measure(timeline: MemoryTimeline, plan, graph, feeds_fn, *, params=()) -> Me
             outs, loss, backward = _training_step(plan, feeds, names, values, runner)
             forward_end = tracemalloc.get_traced_memory()[0]
             tracemalloc.reset_peak()
-            backward(loss)
+            rules = _RuleMeter(len(plan.steps) + 2)
+            rules.run(backward, loss)
             cur, peak = tracemalloc.get_traced_memory()
             extra = {"forward_end": forward_end - base, "backward_peak": peak - base,
                      "after_backward": cur - base}
@@ -593,6 +683,13 @@ def measure(timeline: MemoryTimeline, plan, graph, feeds_fn, *, params=()) -> Me
             tracemalloc.stop()
     rec = runner.rec[:min(runner.k, n)] - base
     steps = [s for s in timeline.steps if s["phase"] == "forward"][:len(rec)]
+    if training:                # the backward steps, matched by node (the loss: its own row)
+        back = {s["node"]: s for s in timeline.steps if s["phase"] == "backward"}
+        for name, (before, peak, after) in zip(rules.names, rules.rec[:len(rules.names)]):
+            s = back.get(name if name in back else "(loss)")
+            if s is not None and "measured_before" not in s:
+                steps.append(s)
+                rec = np.vstack([rec, np.array([[before - base, peak - base, after - base]])])
     scratch_max, scratch_node = 0, ""
     for s, (before, peak, after) in zip(steps, rec):
         s["measured_before"] = int(before)
@@ -606,11 +703,10 @@ def measure(timeline: MemoryTimeline, plan, graph, feeds_fn, *, params=()) -> Me
     if training and extra:
         between = max(between, extra["forward_end"])
         during = max(during, extra["backward_peak"])
-    # what the prediction's peak is compared with: the arrays held between steps for
-    # inference; for a training step the peak of the whole run (the backward pass is measured
-    # as a whole, so its gradient rules' scratch arrays are in it)
-    peak = during if training else between
-    timeline.measured = {"runs": 1, "peak": peak, "peak_between": between,
+    # what the prediction's peak is compared with: the arrays held between the steps (before
+    # a kernel or gradient rule and right after it); the scratch arrays inside them are no
+    # value of the schedule and are reported apart
+    timeline.measured = {"runs": 1, "peak": between, "peak_between": between,
                          "peak_during": during,
                          "scratch_max": scratch_max, "scratch_node": scratch_node,
                          "method": "tracemalloc (numpy's data allocations are traced), a step "
