@@ -674,9 +674,10 @@ def measure(timeline: MemoryTimeline, plan, graph, feeds_fn, *, params=()) -> Me
             tracemalloc.reset_peak()
             rules = _RuleMeter(len(plan.steps) + 2)
             rules.run(backward, loss)
-            cur, peak = tracemalloc.get_traced_memory()
-            extra = {"forward_end": forward_end - base, "backward_peak": peak - base,
-                     "after_backward": cur - base}
+            cur, peak = tracemalloc.get_traced_memory()     # peak: since the last rule
+            top = int(rules.rec[:rules.k, 1].max()) if rules.k else 0
+            extra = {"forward_end": forward_end - base,
+                     "backward_peak": max(peak, top) - base, "after_backward": cur - base}
             del outs, loss, values, feeds
     finally:
         if not was_tracing:
