@@ -719,6 +719,7 @@ def _covers(graph, plan, static) -> list:
     (Conv + BatchNormalization + Add + Relu in one FusedConv). Static nodes (folded at load)
     belong to no step."""
     producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    order = {n.name: i for i, n in enumerate(graph.nodes)}
     boundary = {v.name for v in graph.inputs} | set(graph.initializers)
     steps = []
     for st in plan.steps:
@@ -739,7 +740,7 @@ def _covers(graph, plan, static) -> list:
             owned.add(n.name)
             seen.append(n.name)
             todo.extend(x for x in n.inputs if x and x not in boundary)
-        out.append((name, outs, seen))
+        out.append((name, outs, sorted(seen, key=order.__getitem__)))
     return out
 
 
