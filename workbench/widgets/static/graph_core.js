@@ -61,6 +61,8 @@ const WB_CSS = `
 .wb-msg { padding: 6px 8px; background: #fff8e1; border-bottom: 1px solid #f0e0a0; }
 .wb-err { padding: 6px 8px; background: #fdecea; border-bottom: 1px solid #f5c2bd;
   color: #8a1c12; white-space: pre-wrap; }
+.wb-overlay-metric { width: 100%; max-width: 100%; font-size: 12px; margin-bottom: 4px; }
+.wb-overlay-summary td, .wb-overlay-facts td { word-break: break-word; }
 `;
 
 function wbInjectStyle() {
