@@ -707,8 +707,8 @@ class Analysis:
 
 
 MARKDOWN_COLUMNS = ("node", "op", "group", "output_shape", "macs", "flops", "params",
-                    "bytes_read", "bytes_written", "intensity", "bound", "time_ort_ms",
-                    "pct_of_roof", "note")
+                    "bytes_read", "bytes_written", "intensity", "bound", "time_ours_ms",
+                    "time_ort_ms", "pct_of_roof", "note")
 
 
 def _covers(graph, plan, static) -> list:
