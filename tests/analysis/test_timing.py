@@ -110,7 +110,12 @@ def test_fused_steps_land_on_the_node_with_the_flops():
     assert by["/f/conv/Conv"]["time_ours_ms"] > 0
     assert by["/f/relu/Relu"]["time_ours_ms"] is None
     assert by["/head/fc/MatMul"]["time_ours_ms"] > 0
-    assert a._fused_ours["/f/conv/Conv"] == ["/f/conv/Conv", "/f/relu/Relu"]
+    assert a.fused()["/f/conv/Conv"] == ["/f/conv/Conv", "/f/relu/Relu"]
+    a.fused()["/f/conv/Conv"].append("x")             # a copy
+    assert a.fused("ours")["/f/conv/Conv"] == ["/f/conv/Conv", "/f/relu/Relu"]
+    assert a.fused("ort") == {}                       # onnxruntime not profiled
+    with pytest.raises(InputError, match="'ours' or 'ort'"):
+        a.fused("torch")
     # judged against the roofline of the two together (bytes crossing the pair only)
     conv = by["/f/conv/Conv"]
     group = a.group_roof_ms(["/f/conv/Conv", "/f/relu/Relu"])
@@ -125,7 +130,7 @@ def test_the_graph_as_analysed_is_timed_node_by_node():
     a = analyze(_cnn())
     a.profile_ours(runs=2, warmup=0, engine_graph=False)
     assert all(r["time_ours_ms"] is not None for r in a.records)
-    assert not a._fused_ours
+    assert a.fused() == {}
 
 
 def test_bad_requests():

@@ -546,6 +546,17 @@ class Analysis:
         self._pct()
         return self
 
+    def fused(self, engine: str = "ours") -> dict:
+        """{node: [the nodes whose time that node's time includes, itself among them]} for the
+        steps that ran several nodes as one: our engine's fused steps (``engine="ours"``,
+        after :meth:`profile_ours`) or onnxruntime's fused kernels (``"ort"``, after
+        :meth:`profile_ort`). A node in no list ran alone (or, for onnxruntime, was folded
+        away when ``time_ort_ms`` is None). A copy: changing it changes nothing here."""
+        if engine not in ("ours", "ort"):
+            raise InputError(f"fused: engine is 'ours' or 'ort', not {engine!r}")
+        src = self._fused_ours if engine == "ours" else self._fused
+        return {k: list(v) for k, v in src.items()}
+
     def overlay(self, metric: str | None = None) -> dict:
         """This analysis as a graph overlay (:func:`workbench.analysis.overlay.
         overlay_payload`): what ``GraphView.show_analysis`` shows."""
