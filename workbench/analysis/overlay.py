@@ -62,8 +62,7 @@ def overlay_payload(analysis, metric: str | None = None, *, memory=None) -> dict
     :class:`~workbench.analysis.memory.MemoryTimeline` for the summary (the analysis' last
     one when None)."""
     rows = [r for r in analysis.records if not r["static"]]
-    fused_ours = getattr(analysis, "_fused_ours", {}) or {}
-    fused_ort = getattr(analysis, "_fused", {}) or {}
+    fused_ours, fused_ort = analysis.fused("ours"), analysis.fused("ort")
     out = []
     for key, title, unit, fmt, kind, scale, reverse, group_rule in METRICS:
         m = {"key": key, "title": title, "unit": unit, "format": fmt, "kind": kind,
