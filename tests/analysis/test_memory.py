@@ -154,6 +154,10 @@ def test_training_step_prediction_agrees_with_a_measured_run():
     assert abs(tl.agreement()) <= 0.10, tl.summary()
     _check_per_step(tl)
     assert tl.measured["after_backward"] > 0
+    # the tape's Python objects, told apart from array data (numpy's tracemalloc domain)
+    objects = tl.measured["objects_forward_end"]
+    assert objects is not None and 0 < objects < tl.measured["forward_end"]
+    assert "Python objects, not arrays" in tl.summary()
 
 
 def test_unknown_sizes_are_counted_as_zero_and_named():

@@ -60,6 +60,8 @@ VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", 
                       "Expand", "Slice", "Split", "Dropout"})
 #: of those, the ones that copy when their input is a strided view (numpy's reshape)
 _COPY_IF_STRIDED = frozenset({"Reshape", "Flatten"})
+#: numpy's tracemalloc domain: its array data is traced there (everything else: Python objects)
+NUMPY_DOMAIN = 389047
 #: gradient rules that hand an input the output's gradient itself when the input has the
 #: output's shape (no broadcast to undo): op -> the inputs concerned (None: all)
 GRAD_PASSES = {"Add": None, "Sum": None, "Sub": (0,)}
@@ -151,6 +153,10 @@ class MemoryTimeline:
                          f"{human(m['scratch_max'], 'B')} at {m['scratch_node']!r}); left "
                          f"after the step {human(m['after_backward'], 'B')} (parameter "
                          f"gradients, outputs)")
+            if m.get("objects_forward_end"):
+                lines.append(f"  of what the forward left, {human(m['objects_forward_end'], 'B')} "
+                             f"are Python objects, not arrays (the autodiff tape's Tensors and "
+                             f"nodes): tracemalloc counts them, the prediction does not")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -599,6 +605,14 @@ class _MeasuringRunner:
         return bind_arrays(plan, scope)
 
 
+def _array_bytes() -> int:
+    """Bytes tracemalloc holds in numpy's domain now (array data only; one snapshot, whose
+    own objects are freed before the caller reads the traced memory again)."""
+    snap = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.DomainFilter(True, NUMPY_DOMAIN)])
+    return int(sum(t.size for t in snap.traces))
+
+
 def _training_values(graph, params):
     """{initializer: Tensor} for a training run: the parameters requiring a gradient, the
     other float initializers (running statistics) as plain Tensors."""
@@ -667,16 +681,21 @@ def measure(timeline: MemoryTimeline, plan, graph, feeds_fn, *, params=()) -> Me
             one_run(runner)
         else:
             values = _training_values(graph, params)
+            arrays_base = _array_bytes()
             base = tracemalloc.get_traced_memory()[0]
             feeds = feeds_fn()
             outs, loss, backward = _training_step(plan, feeds, names, values, runner)
             forward_end = tracemalloc.get_traced_memory()[0]
+            arrays_end = _array_bytes() - arrays_base
             tracemalloc.reset_peak()
             rules = _RuleMeter(len(plan.steps) + 2)
             rules.run(backward, loss)
             cur, peak = tracemalloc.get_traced_memory()     # peak: since the last rule
             top = int(rules.rec[:rules.k, 1].max()) if rules.k else 0
-            extra = {"forward_end": forward_end - base,
+            # what the forward left that is no array: the tape's Tensors, nodes, tuples (the
+            # prediction counts array bytes only); None where numpy traces nothing
+            objects = forward_end - base - arrays_end if arrays_end > 0 else None
+            extra = {"forward_end": forward_end - base, "objects_forward_end": objects,
                      "backward_peak": max(peak, top) - base, "after_backward": cur - base}
             del outs, loss, values, feeds
     finally:
