@@ -75,7 +75,8 @@ def worker(path: str, shapes: dict, runs: int, table: bool, top: int) -> dict:
                       "weights": inf.weights_bytes},
         "training": {"predicted": train.peak_bytes, "measured": train.measured["peak"],
                      "inside_kernels": train.measured["peak_during"],
-                     "weights": train.weights_bytes}}
+                     "weights": train.weights_bytes,
+                     "objects": train.measured.get("objects_forward_end")}}
     out["peaks"] = a.peaks.describe()
     if table:
         try:
@@ -180,14 +181,15 @@ def main(argv=None) -> int:
         print(f"| {r['model']} | {t['steps']} | {t['sum_ms']:.2f} | {t['plain_ms']:.2f} | "
               f"{100 * (t['ratio'] - 1):+.1f} % | {100 * (t['paired_ratio'] - 1):+.1f} % |")
     print("\n| model | phase | predicted peak | measured peak (between steps) | error | "
-          "measured inside kernels | weights |")
-    print("|---|---|---|---|---|---|---|")
+          "measured inside kernels | weights | Python objects (tape) |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         for phase in ("inference", "training"):
             m = r["memory"][phase]
             err = 100 * (m["predicted"] / m["measured"] - 1)
+            obj = _mib(m["objects"]) if m.get("objects") else ""
             print(f"| {r['model']} | {phase} | {_mib(m['predicted'])} | {_mib(m['measured'])} | "
-                  f"{err:+.1f} % | {_mib(m['inside_kernels'])} | {_mib(m['weights'])} |")
+                  f"{err:+.1f} % | {_mib(m['inside_kernels'])} | {_mib(m['weights'])} | {obj} |")
     for r in results:
         if "table" in r:
             print(f"\n{r['model']}: the {len(r['table'])} slowest nodes (ours), roofline "
