@@ -137,6 +137,46 @@ def test_large_model(server):
     assert dt < 60
 
 
+def test_static_analysis_overlay(server):
+    """The viewer's colours without running anything: FLOPs, parameters, activation memory
+    per node (symbolic dims bound to 1), a summary naming the file as the user knows it."""
+    status, d = server.get(API, {"path": "models/digits.onnx"})
+    assert status == 200, d
+    ov = d["overlay"]
+    keys = {m["key"] for m in ov["metrics"]}
+    assert {"flops", "params", "activation_bytes", "intensity"} <= keys
+    assert not keys & {"time_ours_ms", "time_ort_ms", "live_bytes_after"}   # nothing ran
+    assert ov["metric"] == "flops" and ov["values"]
+    from workbench.analysis import analyze
+    a = analyze(str(DEFAULT_MODEL), default_dim=1)
+    flops = next(m for m in ov["metrics"] if m["key"] == "flops")["values"]
+    assert sum(flops.values()) == a.totals()["flops"]
+    params = next(m for m in ov["metrics"] if m["key"] == "params")["values"]
+    assert sum(params.values()) == 14378
+    rows = dict(map(tuple, ov["summary"]))
+    assert rows["model"] == "models/digits.onnx" and "bound to 1" in rows["shapes"]
+    assert str(server.root) not in json.dumps(ov)
+
+
+def test_measure_runs_the_model_in_a_worker(server):
+    """The Measure button: our per-node times, onnxruntime's, the memory over the schedule."""
+    status, d = server.get(API, {"path": "models/digits.onnx", "measure": "1"})
+    assert status == 200, d
+    assert set(d) == {"source", "path", "overlay"}
+    ov = d["overlay"]
+    keys = {m["key"] for m in ov["metrics"]}
+    assert {"time_ours_ms", "live_bytes_after", "pct_of_roof", "bound"} <= keys
+    rows = dict(map(tuple, ov["summary"]))
+    assert "a plain run" in rows["time, ours"] and "peak memory" in rows
+    assert str(server.root) not in json.dumps(ov)
+    # a model the engine cannot run: said as such, in the summary, not a failure
+    status, d = server.get(API, {"path": "mystery.onnx", "measure": "1"})
+    assert status == 200, d
+    notes = [t for k, t in d["overlay"]["summary"] if k == "not measured"]
+    assert any(t.startswith("our engine: ") and "Mystery" in t for t in notes), notes
+    assert any(t.startswith("memory: ") for t in notes), notes
+
+
 def test_missing_kernels_are_listed(server):
     status, d = server.get(API, {"path": "mystery.onnx"})
     assert status == 200, d

@@ -10,6 +10,7 @@
     workbench view MODEL                      open the model in Netron (needs the netron package)
     workbench conformance [-k PATTERN]        the ONNX node conformance yardstick
     workbench profile MODEL --shape NAME=1,3,224,224 [--csv OUT.csv] [--markdown] [--ort]
+                      [--ours] [--memory [--train]]
                                               per-node FLOPs, parameters, bytes, roofline
 """
 
@@ -416,15 +417,25 @@ def cmd_profile(args) -> int:
                 dims=_shape_args(args.dim, "--dim"), default_dim=args.default_dim,
                 optimized=args.optimized)
     a.label = args.model
-    if args.roofline or args.ort:
+    if args.roofline or args.ort or args.ours:
         a.roofline(recalibrate=args.recalibrate)
     if args.ort:
         a.profile_ort(runs=args.ort_runs)
+    if args.ours:
+        a.profile_ours(runs=args.ours_runs)
     print(a.summary())
+    if args.ours:
+        print(f"  ours: {a.ours.describe()}")
+    if args.memory or args.train:
+        print(a.memory(measure=True).summary())
+    if args.train:
+        print(a.memory(training=True, measure=True).summary())
     groups = a.groups(args.group_depth)
     rows = groups.to_dict("records") if hasattr(groups, "to_dict") else groups
     rows.sort(key=lambda r: -(r["flops"] or 0))
     cols = ["group", "nodes", "macs", "flops", "params", "bytes_read", "bytes_written"]
+    if args.ours:
+        cols.append("time_ours_ms")
     if args.ort:
         cols.append("time_ort_ms")
     print(f"\nper group (name scope, depth {args.group_depth}), by FLOPs:")
@@ -433,9 +444,14 @@ def cmd_profile(args) -> int:
         print("\nevery node:")
         print(a.to_markdown())
     else:
-        key = "time_ort_ms" if args.ort else "flops"
-        hide = () if args.ort else ("time_ort_ms", "pct_of_roof") if args.roofline else (
-            "bound", "time_ort_ms", "pct_of_roof")
+        key = "time_ours_ms" if args.ours else "time_ort_ms" if args.ort else "flops"
+        hide = set() if args.roofline or args.ort or args.ours else {"bound"}
+        if not args.ours:
+            hide.add("time_ours_ms")
+        if not args.ort:
+            hide.add("time_ort_ms")
+        if not (args.ort or args.ours):
+            hide.add("pct_of_roof")
         cols = [c for c in MARKDOWN_COLUMNS if c not in hide]
         print(f"\ntop {args.top} nodes by {key} (--markdown for all):")
         print(a.to_markdown(cols, top=args.top, sort=key))
@@ -469,6 +485,14 @@ def _add_profile_parser(sub) -> None:
                     help="onnxruntime's per-kernel times mapped onto the nodes (implies "
                          "--roofline; needs onnxruntime)")
     pr.add_argument("--ort-runs", type=int, default=10)
+    pr.add_argument("--ours", action="store_true",
+                    help="our engine's per-node times (kernel calls only; implies --roofline)")
+    pr.add_argument("--ours-runs", type=int, default=20)
+    pr.add_argument("--memory", action="store_true",
+                    help="memory over the engine's schedule: the peak, the values that make it, "
+                         "a measured run beside it")
+    pr.add_argument("--train", action="store_true",
+                    help="with --memory: also a training step (saved activations, gradients)")
     pr.add_argument("--no-check", action="store_true", help="skip onnx.checker")
     pr.set_defaults(func=cmd_profile)
 

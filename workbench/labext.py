@@ -8,7 +8,12 @@ never read), prepares the drawing with :func:`workbench.widgets.graph_data.graph
     {"source": "onnx-workbench", "path": ..., "summary": {...},   # producer, IR, opsets, I/O,
      "graph": {...},          # what the drawing shows (graph_data.graph_payload)
      "details": {name: {...}},                                    # what GraphView shows on click
+     "overlay": {...},        # the static analysis (workbench.analysis.overlay), dims = 1
      "timing": {"load_s": ..., "graph_s": ..., "details_s": ...}}
+
+``...&measure=1`` (the viewer's Measure button) runs the model in a worker, within the same
+budgets, and answers ``{"source", "path", "overlay"}``: our per-node times, onnxruntime's,
+the memory over the schedule and the roofline (``labext_worker.measure_response``).
 
 The work runs in worker processes with a time and a memory budget and a small concurrency
 limit (:mod:`workbench.labext_worker`), never in the server process: a hostile file cannot
@@ -62,6 +67,8 @@ class GraphHandler(APIHandler):
     @authorized
     async def get(self) -> None:
         path = self.get_query_argument("path", "")
+        # measure=1: the viewer's Measure button (the model run in a worker: times, memory)
+        measure = self.get_query_argument("measure", "") in ("1", "true")
         if not path.strip("/"):
             self._send(400, error_body(
                 400, "No file given", "the 'path' query argument is required: the model's "
@@ -89,7 +96,7 @@ class GraphHandler(APIHandler):
         if pool is None:                   # the handler mounted without the extension's loader
             pool = self.settings[POOL_SETTING] = ViewerPool()
         try:
-            status, body = await pool.answer(full, path, root)
+            status, body = await pool.answer(full, path, root, measure=measure)
         except Exception as e:      # a bug on our side: say so, and keep the traceback in the log
             self.log.exception("workbench: showing %s failed", path)
             msg = scrub(f"{path}: the workbench failed to lay out this model "

@@ -187,10 +187,70 @@ def graph_response(full: str, path: str, root: str | None = None) -> dict:
     t3 = time.perf_counter()
     details = Details(loaded.graph, builder).all()
     t4 = time.perf_counter()
+    overlay = static_overlay(loaded, path, summary, root, full)
+    t5 = time.perf_counter()
     return {"source": SOURCE, "path": path, "summary": summary, "graph": graph,
-            "details": details,
+            "details": details, "overlay": overlay,
             "timing": {"load_s": round(t1 - t0, 4), "summary_s": round(t2 - t1, 4),
-                       "graph_s": round(t3 - t2, 4), "details_s": round(t4 - t3, 4)}}
+                       "graph_s": round(t3 - t2, 4), "details_s": round(t4 - t3, 4),
+                       "analysis_s": round(t5 - t4, 4)}}
+
+
+def _dims_note(a) -> list:
+    return [["shapes", "symbolic dims bound to 1 (" + ", ".join(
+        f"{k} {'x'.join(str(d) for d in s)}" for k, s in a.input_shapes.items()) + ")"]]
+
+
+def static_overlay(loaded, path: str, summary: dict, root=None, full=None) -> dict:
+    """The analysis overlay the viewer can show without running anything (FLOPs,
+    parameters, activation memory, intensity; compute- or memory-bound when this machine's
+    peaks are cached), symbolic dims bound to 1; {} (and a warning) when it cannot be made."""
+    from workbench.analysis import analyze
+    from workbench.analysis.roofline import cached_peaks
+    from workbench.errors import WorkbenchError
+
+    try:
+        a = analyze(loaded, default_dim=1)
+        a.label = path                       # never the server's absolute path
+        peaks = cached_peaks()
+        if peaks is not None:
+            a.roofline(peaks)
+        ov = a.overlay("flops")
+    except WorkbenchError as e:
+        summary["warnings"].append(scrub(f"analysis: {e}", root, full, path)[:500])
+        return {}
+    ov["summary"] = ov["summary"][:2] + _dims_note(a) + ov["summary"][2:]
+    if peaks is None:
+        ov["summary"].append(["roofline", "this machine's peaks are not measured yet: press "
+                                          "Measure (or run `workbench profile --roofline`)"])
+    return ov
+
+
+def measure_response(full: str, path: str, root: str | None = None) -> dict:
+    """The viewer's Measure: the model read with its weights and run (symbolic dims bound
+    to 1): our per-node times, onnxruntime's (when installed), the memory over the
+    schedule, this machine's roofline; answered as an analysis overlay."""
+    from workbench.analysis import analyze
+    from workbench.errors import WorkbenchError
+
+    try:
+        a = analyze(full, default_dim=1)
+    except WorkbenchError as e:
+        raise GraphRequestError(422, "Cannot measure this model",
+                                scrub(f"{path}: {e}", root, full, path)) from None
+    a.label = path
+    notes = []
+    a.roofline()
+    for what, fn in (("our engine", lambda: a.profile_ours(runs=5, warmup=1)),
+                     ("onnxruntime", lambda: a.profile_ort(runs=5, warmup=1, threads=1)),
+                     ("memory", a.memory)):
+        try:
+            fn()
+        except (WorkbenchError, ImportError) as e:
+            notes.append(["not measured", scrub(f"{what}: {e}", root, full, path)[:300]])
+    ov = a.overlay()
+    ov["summary"] = ov["summary"][:2] + _dims_note(a) + ov["summary"][2:] + notes
+    return {"source": SOURCE, "path": path, "overlay": ov}
 
 
 def _json_default(o):
@@ -201,10 +261,12 @@ def _json_default(o):
     return str(o)
 
 
-def answer(full: str, path: str, root: str | None) -> tuple[int, bytes]:
-    """(HTTP status, JSON body) for one request; what a worker computes."""
+def answer(full: str, path: str, root: str | None, measure: bool = False) -> tuple[int, bytes]:
+    """(HTTP status, JSON body) for one request; what a worker computes (``measure``: the
+    Measure button's run, :func:`measure_response`)."""
     try:
-        data = graph_response(full, path, root)
+        data = measure_response(full, path, root) if measure else \
+            graph_response(full, path, root)
     except GraphRequestError as e:
         return e.status, error_body(e.status, e.title, str(e), path)
     return 200, json.dumps(data, default=_json_default, separators=(",", ":")).encode("utf-8")
@@ -302,7 +364,8 @@ def main() -> None:
                 pass
         recycle = False
         try:
-            status, body = answer(req["full"], req["path"], req.get("root"))
+            status, body = answer(req["full"], req["path"], req.get("root"),
+                                  bool(req.get("measure")))
         except MemoryError:
             status, body, recycle = 507, b"", True
         except Exception as e:  # noqa: BLE001 - a bug on our side: say so
@@ -364,10 +427,11 @@ class _Worker:
             buf += chunk
         return bytes(buf)
 
-    def request(self, full: str, path: str, root: str, timeout: float) -> tuple[int, bytes]:
+    def request(self, full: str, path: str, root: str, timeout: float,
+                measure: bool = False) -> tuple[int, bytes]:
         deadline = time.monotonic() + timeout
-        msg = json.dumps({"full": full, "path": path, "root": root,
-                          "timeout": timeout}).encode("utf-8")
+        msg = json.dumps({"full": full, "path": path, "root": root, "timeout": timeout,
+                          "measure": measure}).encode("utf-8")
         try:
             self.proc.stdin.write(struct.pack("<Q", len(msg)) + msg)
             self.proc.stdin.flush()
@@ -446,13 +510,15 @@ class ViewerPool:
         self._closed = False
 
     # -- in the event loop
-    async def answer(self, full: str, path: str, root: str) -> tuple[int, bytes]:
-        """(status, JSON body) for the model at ``full`` (``path`` under ``root``)."""
+    async def answer(self, full: str, path: str, root: str,
+                     measure: bool = False) -> tuple[int, bytes]:
+        """(status, JSON body) for the model at ``full`` (``path`` under ``root``);
+        ``measure``: run it and answer the measured overlay (:func:`measure_response`)."""
         try:
             st = os.stat(full)
-            key = (full, path, st.st_size, st.st_mtime_ns, st.st_ino)
+            key = (full, path, st.st_size, st.st_mtime_ns, st.st_ino, measure)
         except OSError:
-            key = (full, path, None, None, None)
+            key = (full, path, None, None, None, measure)
         if key in self._failures:
             self._failures.move_to_end(key)
             return self._failures[key]
@@ -471,7 +537,8 @@ class ViewerPool:
         self._waiting += 1
         try:
             async with self._sem:
-                result = await loop.run_in_executor(self._executor, self._run, full, path, root)
+                result = await loop.run_in_executor(self._executor, self._run, full, path, root,
+                                                    measure)
         except asyncio.CancelledError:
             fut.cancel()
             raise
@@ -572,14 +639,15 @@ class ViewerPool:
                 self._idle.append(w)
             self._lock.notify_all()
 
-    def _run(self, full: str, path: str, root: str) -> tuple[int, bytes, bool]:
+    def _run(self, full: str, path: str, root: str,
+             measure: bool = False) -> tuple[int, bytes, bool]:
         """(status, body, whether the answer is an out-of-budget one)."""
         try:
             w = self._take()
         except OSError as e:
             return 500, error_body(500, "Internal error", f"{path}: {e}", path), False
         try:
-            status, body = w.request(full, path, root, self.timeout)
+            status, body = w.request(full, path, root, self.timeout, measure)
         except TimeoutError:
             self._drop(w)
             msg = (f"{path}: reading this model and laying out its drawing took longer than "

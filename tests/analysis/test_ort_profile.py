@@ -86,6 +86,7 @@ def test_profile_ort_covers_conv_bn_relu_with_one_kernel():
     assert rows["/bn/BatchNormalization"]["time_ort_ms"] is None
     assert rows["/relu/Relu"]["ort_kernel"] == conv.name
     assert rows["/conv/Conv"]["pct_of_roof"] > 0
+    assert set(a.fused("ort")["/conv/Conv"]) == set(conv.covers)
     covered = {n for k in prof.kernels for n in k.covers}
     assert covered | set(prof.uncovered) == set(rows)
     # every level maps every node somewhere (on x86 "all" adds NCHWc layout kernels)

@@ -100,3 +100,16 @@ def test_cli_profile(tmp_path, capsys):
     assert "'x' dim 0 ('B')" in err and "--dim" in err
     assert main(["profile", str(p), "--shape", "x=4,a"]) == 2
     assert "integers" in capsys.readouterr().err
+
+
+def test_cli_profile_ours_and_memory(tmp_path, capsys):
+    """``--ours``: our per-node times (and the roofline); ``--memory --train``: the timelines
+    of inference and of a training step with a measured run beside each."""
+    p = tmp_path / "m.onnx"
+    onnx.save(_scoped(), p)
+    assert main(["profile", str(p), "--dim", "B=4", "--ours", "--ours-runs", "2",
+                 "--memory", "--train"]) == 0
+    text = capsys.readouterr().out
+    assert "ours: per-node times sum to" in text and "time_ours_ms" in text
+    assert "memory over inference" in text and "memory over a training step" in text
+    assert text.count("measured (tracemalloc") == 2

@@ -112,17 +112,29 @@ def test_2500_node_graph_view():
 
 
 def test_profile_colours_nodes_by_time_and_memory(require_runnable, rng):
+    """profile() is the analysis: our kernel times (the fused Conv+Relu step's time on the
+    Conv), the live bytes after each step, every metric in the overlay."""
     m = synth.cnn()
     require_runnable(m)
     gv = GraphView(m)
     x = rng.standard_normal((2, 1, 8, 8)).astype(np.float32)
     prof = gv.profile([x], repeat=2)
     assert set(prof) == {"conv1", "relu1", "pool1", "flatten", "fc"}
-    assert all(p["ms"] >= 0 for p in prof.values())
-    assert prof["conv1"]["bytes"] == 2 * 4 * 8 * 8 * 4          # float32 [2, 4, 8, 8]
-    assert gv.overlay["unit"] == "ms" and set(gv.overlay["values"]) == set(prof)
+    assert prof["conv1"]["ms"] > 0 and prof["fc"]["ms"] > 0
+    assert prof["relu1"]["ms"] is None            # run inside the conv's fused step
+    # the caller's input (2x1x8x8 float32) and the conv's output (2x4x8x8) are live after it
+    assert prof["conv1"]["bytes"] == 2 * 8 * 8 * 4 + 2 * 4 * 8 * 8 * 4
+    assert gv.overlay["metric"] == gv.overlay_metric == "time_ours_ms"
+    assert gv.overlay["unit"] == "ms" and set(gv.overlay["values"]) == \
+        {k for k, p in prof.items() if p["ms"] is not None}
+    keys = {m["key"] for m in gv.overlay["metrics"]}
+    assert {"flops", "params", "activation_bytes", "live_bytes_after", "time_ours_ms",
+            "pct_of_roof", "bound"} <= keys
     gv.show_profile("memory")
-    assert gv.overlay["unit"] == "kB" and gv.overlay["values"]["conv1"] == 2.0
+    assert gv.overlay_metric == "live_bytes_after"
+    assert gv.overlay["values"]["conv1"] == prof["conv1"]["bytes"]
+    gv.show_profile("flops")
+    assert gv.overlay["values"]["conv1"] == 2 * (2 * 4 * 8 * 8 * 9) + 2 * 4 * 8 * 8
     with pytest.raises(ValueError):
         gv.show_profile("speed")
     with pytest.raises(RuntimeError):

@@ -41,10 +41,12 @@ import onnx
 from workbench.errors import InputError
 from workbench.graph.ir import Graph
 from workbench.graph.load import LoadedModel, load
+from workbench.graph.scopes import scope_of
 
 from . import costs as _costs
 from . import shapes as _shapes
 from . import weights as _weights
+from ._units import human
 
 COLUMNS = ("node", "op", "group", "output_shape", "dtype", "macs", "flops", "params",
            "buffers", "param_bytes", "bytes_read", "bytes_written", "activation_bytes",
@@ -58,13 +60,6 @@ MEASURED = ("time_ours_ms", "time_ort_ms", "live_bytes_after")
 #: columns summed in totals and group tables
 SUMMED = ("macs", "flops", "params", "buffers", "param_bytes", "bytes_read", "bytes_written",
           "activation_bytes", "roof_time_ms", "time_ours_ms", "time_ort_ms")
-
-
-def _scope_of(name: str) -> list:
-    # the graph viewer's grouping, so that group totals match its collapsed groups
-    from workbench.widgets.graph_data import scope_of  # noqa: PLC0415
-
-    return scope_of(name)
 
 
 def _as_model(model, check: bool):
@@ -84,7 +79,7 @@ def _as_model(model, check: bool):
 
 def analyze(model, shapes: dict | None = None, *, dims: dict | None = None,
             default_dim: int | None = None, optimized: bool = False,
-            run_unknown: bool = True, check: bool = False) -> Analysis:
+            run_unknown: bool = True, check: bool = False, weights: bool = True) -> Analysis:
     """Static analysis of ``model`` (a path, bytes, ``onnx.ModelProto``, a loaded model or a
     ``workbench.graph.ir.Graph``, e.g. an optimised one) at concrete input shapes.
 
@@ -94,10 +89,26 @@ def analyze(model, shapes: dict | None = None, *, dims: dict | None = None,
     ``com.workbench::FusedConv`` / ``FusedMatMul`` / ``FusedAttention``) instead of the graph as
     written. ``run_unknown``: where onnx's shape inference leaves a shape unknown, run our
     engine once on random inputs at those shapes to find it (rows say which).
+    ``weights=False`` (a path, or a structure-only ``load(path, weights=False)``): read the
+    structure only, as the JupyterLab viewer does: the counts need the weights' sizes, not
+    their values; nothing can run then (no ``run_unknown``, no measurements).
     """
-    proto, label, inputs = _as_model(model, check)
-    bound = _shapes.bind(inputs, shapes, dims, default_dim)
-    loaded = load(proto, check=False, input_shapes=bound)
+    if isinstance(model, LoadedModel) and not model.weights:
+        weights = False
+    if not weights:
+        path = model.path if isinstance(model, LoadedModel) else model
+        if not isinstance(path, (str, os.PathLike)):
+            raise InputError("analyze(weights=False) reads a model file without its weights: "
+                             "give its path")
+        pre = load(path, check=check, shape_inference=False, weights=False)
+        bound = _shapes.bind(pre.graph.inputs, shapes, dims, default_dim)
+        loaded = load(path, check=False, input_shapes=bound, weights=False)
+        label = os.fspath(path)
+        run_unknown = False
+    else:
+        proto, label, inputs = _as_model(model, check)
+        bound = _shapes.bind(inputs, shapes, dims, default_dim)
+        loaded = load(proto, check=False, input_shapes=bound)
     graph = loaded.graph
     notes = []
     if optimized:
@@ -128,6 +139,7 @@ def analyze(model, shapes: dict | None = None, *, dims: dict | None = None,
                      f"(run_unknown=False)")
     a = Analysis(graph, bound, source, extra, label, notes, values)
     a.proto = loaded.proto
+    a.optimized = optimized
     return a
 
 
@@ -164,6 +176,12 @@ class Analysis:
         self.ort = None
         self._fused: dict = {}     # anchor node -> the nodes one onnxruntime kernel ran
         self.proto = None          # the model at the bound shapes (what profile_ort runs)
+        self.optimized = False     # the graph is the engine's optimised one
+        self.ours = None           # timing.PlanTimes of profile_ours
+        self._fused_ours: dict = {}  # anchor node -> the nodes one of our fused steps ran
+        self._plan = None
+        self.timeline = None       # memory.MemoryTimeline of memory() (inference)
+        self.training_timeline = None
         self._source = source
         self._extra = extra
         self._run_values = dict(values or {})
@@ -216,7 +234,7 @@ class Analysis:
         dom = n.domain if n.domain not in ("ai.onnx",) else ""
         op = f"{dom}::{n.op_type}" if dom else n.op_type
         r = dict.fromkeys(COLUMNS)
-        r.update(node=n.name, op=op, group="/".join(_scope_of(n.name)),
+        r.update(node=n.name, op=op, group="/".join(scope_of(n.name)),
                  static=n.name in self.static, note="")
         r["params"] = sum(w.size for w in owned if w.kind == "parameter")
         r["buffers"] = sum(w.size for w in owned if w.kind == "buffer")
@@ -335,12 +353,14 @@ class Analysis:
 
     def _pct(self) -> None:
         fused = getattr(self, "_fused", {})
+        fused_ours = getattr(self, "_fused_ours", {})
         for r in self.records:
             ours = r["time_ours_ms"] is not None
             t = r["time_ours_ms"] if ours else r["time_ort_ms"]
             roof = r["roof_time_ms"]
-            if not ours and r["node"] in fused and self.peaks is not None:
-                roof = self.group_roof_ms(fused[r["node"]])
+            group = (fused_ours if ours else fused).get(r["node"])
+            if group and self.peaks is not None:
+                roof = self.group_roof_ms(group)
             r["pct_of_roof"] = 100.0 * roof / t if t and roof else None
 
     def group_roof_ms(self, names) -> float | None:
@@ -410,6 +430,139 @@ class Analysis:
                     else f"{r['ort_kernel']}, {k.name}"
         self._pct()
         return self
+
+    # ------------------------------------------------------------------ our engine
+    def nbytes(self, name: str) -> int | None:
+        """Bytes of value ``name`` as our engine holds it (elements x the numpy item size;
+        an initializer's own size), None when its shape or type is unknown."""
+        a = self.graph.initializers.get(name)
+        if a is not None:
+            return int(a.nbytes)
+        s, t = self.shape_of(name), self.type_of(name)
+        if s is None or not _shapes.is_known(s) or not t:
+            return None
+        try:
+            from workbench.arrays.dtypes import np_dtype_of_onnx  # noqa: PLC0415
+
+            item = np_dtype_of_onnx(t).itemsize
+        except (TypeError, KeyError, ValueError):
+            return None
+        return int(math.prod(int(d) for d in s)) * int(item)
+
+    def plan(self):
+        """The engine's Plan of the analysed graph (built once): the schedule the memory
+        timeline walks."""
+        if self._plan is None:
+            from .memory import plan_for  # noqa: PLC0415
+
+            self._plan = plan_for(self.graph)
+        return self._plan
+
+    def feeds(self, seed: int = 0) -> dict:
+        """Random inputs at the bound shapes (what the measurements run on)."""
+        return _shapes.random_feeds(self.graph.inputs, self.input_shapes, seed)
+
+    def trainable(self) -> set:
+        """The initializers a training step differentiates: float parameters (not running
+        statistics, not Constant-node weights)."""
+        return {w.name for w in self.weights.values() if w.kind == "parameter"
+                and w.where == "initializer" and w.name in self.graph.initializers}
+
+    def memory(self, *, training: bool = False, measure: bool = False, feeds: dict | None = None,
+               seed: int = 0):
+        """The live bytes over the engine's schedule of this graph, step by step
+        (:class:`~workbench.analysis.memory.MemoryTimeline`: the peak, the values that make
+        it, ``plot()``); for inference it also fills the ``live_bytes_after`` column.
+        ``training``: a training step (forward on the autodiff tape, loss = sum of the first
+        output, backward). ``measure``: also run it under ``tracemalloc`` and put the
+        measured bytes beside the prediction (``feeds``: {input: array}, random at the bound
+        shapes when None). Analyse with ``optimized=True`` to see what ``backend.prepare``
+        runs for inference (BatchNorm folded, fusions); train the graph as written."""
+        from . import memory as _mem  # noqa: PLC0415
+
+        plan = self.plan()
+        params = self.trainable() if training else set()
+        tl = _mem.predict(plan, self.nbytes, self.shape_of, training=training, params=params,
+                          weights=self.graph.initializers, label=self.label)
+        if not training:
+            after = tl.live_after()
+            for r in self.records:
+                r["live_bytes_after"] = after.get(r["node"])
+            self.timeline = tl
+        else:
+            self.training_timeline = tl
+        if measure:
+            given = dict(feeds) if feeds is not None else None
+            _mem.measure(tl, plan, self.graph,
+                         (lambda: {k: v.copy() for k, v in given.items()}) if given else
+                         (lambda: self.feeds(seed)), params=params)
+        return tl
+
+    def profile_ours(self, *, runs: int = 20, warmup: int = 3, feeds: dict | None = None,
+                     seed: int = 0, engine_graph: bool = True) -> Analysis:
+        """Time our engine per node (:mod:`workbench.analysis.timing`: each kernel call
+        timed by a step runner, the run loop's own cost left out, medians of ``runs``
+        alternated with plain runs) and fill ``time_ours_ms`` and ``pct_of_roof``.
+        ``engine_graph``: time what ``backend.prepare`` runs (the optimised graph: a fused
+        step's time goes on the node with the most FLOPs among those it covers, judged
+        against their roofline together); False: the graph as analysed. The timings are
+        ``self.ours`` (``describe()``: per-node sum vs a plain run)."""
+        from workbench.runtime.plan import Plan  # noqa: PLC0415
+
+        from .timing import time_plan  # noqa: PLC0415
+
+        g = self.graph
+        if engine_graph and not self.optimized:
+            from workbench.graph import passes  # noqa: PLC0415
+
+            g = passes.optimize(self.graph)
+        plan = Plan(g)
+        f = dict(feeds) if feeds is not None else self.feeds(seed)
+        missing = [v.name for v in plan.input_infos if v.name not in f]
+        if missing:
+            raise InputError(f"profile_ours: no feed for input(s) {missing}")
+        times = time_plan(plan, [f[v.name] for v in plan.input_infos], runs=runs,
+                          warmup=warmup)
+        self.ours = times
+        by_name = {r["node"]: r for r in self.records}
+        for r in self.records:
+            r["time_ours_ms"] = None
+        self._fused_ours = {}
+        if g is self.graph:
+            for name, ms in times.node_ms.items():
+                if name in by_name:
+                    by_name[name]["time_ours_ms"] = ms
+        else:
+            for st_name, _outs, covers in _covers(self.graph, plan, self.static):
+                rows = [by_name[c] for c in covers if c in by_name]
+                if not rows:
+                    continue
+                anchor = max(rows, key=lambda r: (r["flops"] or 0, r["bytes_read"] or 0))
+                anchor["time_ours_ms"] = (anchor["time_ours_ms"] or 0.0) + \
+                    times.node_ms.get(st_name, 0.0)
+                if len(rows) > 1:
+                    self._fused_ours.setdefault(anchor["node"], []).extend(
+                        r["node"] for r in rows)
+        self._pct()
+        return self
+
+    def fused(self, engine: str = "ours") -> dict:
+        """{node: [the nodes whose time that node's time includes, itself among them]} for the
+        steps that ran several nodes as one: our engine's fused steps (``engine="ours"``,
+        after :meth:`profile_ours`) or onnxruntime's fused kernels (``"ort"``, after
+        :meth:`profile_ort`). A node in no list ran alone (or, for onnxruntime, was folded
+        away when ``time_ort_ms`` is None). A copy: changing it changes nothing here."""
+        if engine not in ("ours", "ort"):
+            raise InputError(f"fused: engine is 'ours' or 'ort', not {engine!r}")
+        src = self._fused_ours if engine == "ours" else self._fused
+        return {k: list(v) for k, v in src.items()}
+
+    def overlay(self, metric: str | None = None) -> dict:
+        """This analysis as a graph overlay (:func:`workbench.analysis.overlay.
+        overlay_payload`): what ``GraphView.show_analysis`` shows."""
+        from .overlay import overlay_payload  # noqa: PLC0415
+
+        return overlay_payload(self, metric)
 
     def profile_ort(self, *, runs: int = 10, warmup: int = 2, optimization: str = "all",
                     threads: int | None = None) -> Analysis:
@@ -565,8 +718,41 @@ class Analysis:
 
 
 MARKDOWN_COLUMNS = ("node", "op", "group", "output_shape", "macs", "flops", "params",
-                    "bytes_read", "bytes_written", "intensity", "bound", "time_ort_ms",
-                    "pct_of_roof", "note")
+                    "bytes_read", "bytes_written", "intensity", "bound", "time_ours_ms",
+                    "time_ort_ms", "pct_of_roof", "note")
+
+
+def _covers(graph, plan, static) -> list:
+    """[(step node name, its outputs, the nodes of ``graph`` it runs)] for a Plan of an
+    optimised copy of ``graph``: the passes keep the names of the values a fused step
+    produces, so walking back from a step's outputs through ``graph``'s producers, up to the
+    values other steps produce, the inputs and the constants, gives the nodes it covers
+    (Conv + BatchNormalization + Add + Relu in one FusedConv). Static nodes (folded at load)
+    belong to no step."""
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    order = {n.name: i for i, n in enumerate(graph.nodes)}
+    boundary = {v.name for v in graph.inputs} | set(graph.initializers)
+    steps = []
+    for st in plan.steps:
+        outs = [o for o in st.node.outputs if o and o in producer]
+        boundary.update(outs)
+        steps.append((st.node.name, outs))
+    owned: set = set()
+    out = []
+    for name, outs in steps:
+        seen: list = []
+        todo = list(outs)
+        while todo:
+            v = todo.pop()
+            n = producer.get(v)
+            if n is None or n.name in owned or n.name in static \
+                    or (n.op_type == "Constant" and (n.domain or "") in ("", "ai.onnx")):
+                continue
+            owned.add(n.name)
+            seen.append(n.name)
+            todo.extend(x for x in n.inputs if x and x not in boundary)
+        out.append((name, outs, sorted(seen, key=order.__getitem__)))
+    return out
 
 
 def g_opset(graph, domain: str) -> int | None:
@@ -590,23 +776,6 @@ def _csv_cell(v):
     if isinstance(v, float):
         return f"{v:.6g}"
     return v
-
-
-def human(v, unit: str = "") -> str:
-    """1823000000 -> '1.82 G'; bytes (unit 'B') in 1024 steps: 46800000 -> '44.6 MiB'."""
-    if v is None:
-        return "?"
-    v = float(v)
-    if unit == "B":
-        for u in ("B", "KiB", "MiB", "GiB", "TiB"):
-            if abs(v) < 1024 or u == "TiB":
-                return f"{v:.0f} B" if u == "B" else f"{v:.3g} {u}"
-            v /= 1024.0
-    for p in ("", "K", "M", "G", "T", "P"):
-        if abs(v) < 1000 or p == "P":
-            return f"{v:.3g} {p}{unit}".strip()
-        v /= 1000.0
-    return str(v)
 
 
 def _md_cell(c: str, v) -> str:

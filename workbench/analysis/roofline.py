@@ -201,22 +201,34 @@ def measure_bandwidth(budget_s: float = 1.0, nbytes: int | None = None) -> tuple
     return max(rates.values()), rates
 
 
+def cached_peaks() -> Peaks | None:
+    """This machine's :class:`Peaks` from the cache, or None when they were never measured
+    here (for this CPU, flags and thread count); measures nothing."""
+    cpu, flags = cpu_identity()
+    threads = _threads()
+    d = _read_cache(cache_path()).get(_key(cpu, flags, threads))
+    if d is None:
+        return None
+    try:
+        return Peaks(float(d["flops_per_s"]), float(d["bytes_per_s"]), cpu, threads,
+                     "cache", dict(d.get("details", {})))
+    except (KeyError, TypeError, ValueError, InputError):
+        return None                                  # a damaged entry
+
+
 def measure_peaks(*, recalibrate: bool = False, budget_s: float = 3.0,
                   cache: bool = True) -> Peaks:
     """This machine's :class:`Peaks`, from the cache unless ``recalibrate`` (or none is
     cached for this CPU, flags and thread count); measuring takes at most ~``budget_s``."""
+    if cache and not recalibrate:
+        p = cached_peaks()
+        if p is not None:
+            return p
     cpu, flags = cpu_identity()
     threads = _threads()
     key = _key(cpu, flags, threads)
     path = cache_path()
     stored = _read_cache(path) if cache else {}
-    if key in stored and not recalibrate:
-        d = stored[key]
-        try:
-            return Peaks(float(d["flops_per_s"]), float(d["bytes_per_s"]), cpu, threads,
-                         "cache", dict(d.get("details", {})))
-        except (KeyError, TypeError, ValueError, InputError):
-            pass                                     # a damaged entry: measure again
     f, gemm = measure_gemm(budget_s * 2 / 3)
     b, copy = measure_bandwidth(budget_s / 3)
     details = {"sgemm_flops_per_s": {str(k): v for k, v in gemm.items()},

@@ -76,6 +76,8 @@ def backward(y: Tensor, dy=None, *, retain_graph: bool = False) -> list:
         if not retain_graph:
             node.saved_in = node.saved_out = None
             node.freed = True
+        # the locals would keep this node's gradients alive during the next node's rule
+        gouts = gins = g = prev = None
     out = []
     for t, g in leaf.values():
         gt = Tensor._make(g, t.device, False, None, 0, None)

@@ -36,6 +36,7 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from workbench.graph.ir import ValueInfo
+from workbench.graph.scopes import scope_of
 from workbench.graph.toposort import stable_order
 from workbench.ops import registry
 from workbench.widgets._model import dtype_str, fmt_shape
@@ -87,30 +88,7 @@ def op_colors(ops, sources=()) -> dict:
 
 
 # ---------------------------------------------------------------------------- scopes
-_NUM = re.compile(r"^\d+$")
-
-
-def scope_of(name: str) -> list:
-    """The scope path a node name gives: ``/h.2/attn/MatMul`` -> ``['h.2', 'attn']``,
-    ``model.layers.0.self_attn.q_proj`` -> ``['model', 'layers.0', 'self_attn']``; [] when the
-    name has no scope (``Conv_3``, Paddle's ``conv2d_3.tmp_0``-style generated names)."""
-    if "/" in name:
-        parts = [p for p in name.split("/") if p]
-        return parts[:-1]
-    if "." in name and " " not in name:
-        raw = [p for p in name.split(".") if p]
-        groups: list = []           # "layers", "0" -> "layers.0"
-        for p in raw:
-            if groups and _NUM.match(p):
-                groups[-1].append(p)
-            else:
-                groups.append([p])
-        parts = [".".join(g) for g in groups]
-        # generated names (Paddle's ``conv2d_3.tmp_0``, paddle2onnx's ``p2o.Conv.3``) carry a
-        # counter, not a scope: two components are a name, not a path
-        if len(parts) >= 3:
-            return parts[:-1]
-    return []
+# scope_of (the one rule of name scopes) lives in workbench.graph.scopes; imported above
 
 
 _PADDLE_VALUE = re.compile(r"^(.+?)\.(tmp|w|b)_\d+$")

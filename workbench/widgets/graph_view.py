@@ -38,8 +38,13 @@ class GraphView(TextRepr, anywidget.AnyWidget):
       ``dimmed``    node names drawn greyed out (LayerCutter uses this for the removed part).
       ``marked``    node names drawn with a thick outline (e.g. the cut point).
       ``overlay``   per-node numbers drawn as a colour scale with a legend:
-                    ``{"title", "unit", "values": {node: number}, "flagged": [node, ...]}``
-                    (set by :meth:`profile` and :meth:`show_differences`; ``{}`` clears it).
+                    ``{"title", "unit", "values": {node: number}, "flagged": [node, ...]}``,
+                    or an analysis' metrics (FLOPs, parameters, memory, times, % of roof,
+                    bound) with group totals and a summary panel
+                    (:func:`workbench.analysis.overlay.overlay_payload`); set by
+                    :meth:`show_analysis`, :meth:`profile` and :meth:`show_differences`;
+                    ``{}`` clears it.
+      ``overlay_metric``  the analysis metric shown (chosen in the legend, or set here).
       ``render_ms`` time the browser took for its first full draw (set by the front-end).
     """
 
@@ -53,6 +58,7 @@ class GraphView(TextRepr, anywidget.AnyWidget):
     dimmed = traitlets.List(traitlets.Unicode()).tag(sync=True)
     marked = traitlets.List(traitlets.Unicode()).tag(sync=True)
     overlay = traitlets.Dict().tag(sync=True)
+    overlay_metric = traitlets.Unicode("").tag(sync=True)
     height = traitlets.Int(520).tag(sync=True)
     render_ms = traitlets.Float(-1.0).tag(sync=True)
 
@@ -92,50 +98,70 @@ class GraphView(TextRepr, anywidget.AnyWidget):
         return hits
 
     # ------------------------------------------------------------------ data on the graph
-    def profile(self, feeds, *, repeat: int = 3, metric: str = "time") -> dict:
-        """Run the model ``repeat`` times on ``feeds`` (a list in input order or a dict) with
-        the engine, timing every node, and colour the drawing by ``metric`` ("time": median
-        milliseconds per node, "memory": bytes of the node's outputs). Returns
-        ``{node: {"ms": ..., "bytes": ...}}`` (also kept in ``profile_data``)."""
-        import numpy as np
+    def show_analysis(self, analysis=None, metric: str | None = None) -> dict:
+        """Colour the drawing by an :class:`~workbench.analysis.Analysis` of this model (made
+        with ``workbench.analysis.analyze``; run its ``roofline()``, ``profile_ours()``,
+        ``profile_ort()``, ``memory()`` first for those metrics): FLOPs, parameters,
+        activation memory, live memory, measured time (ours / onnxruntime), % of roof,
+        compute- or memory-bound; collapsed groups show their totals, the side panel a
+        legend (where the metric is chosen) and a summary. ``analysis`` None: the last one
+        shown. Returns the overlay."""
+        from workbench.analysis.overlay import overlay_payload
 
-        from workbench.runtime.plan import Plan
-        if metric not in ("time", "memory"):
-            raise ValueError(f"metric must be 'time' or 'memory', not {metric!r}")
+        a = analysis if analysis is not None else getattr(self, "analysis", None)
+        if a is None:
+            raise RuntimeError("no analysis yet: gv.show_analysis(analyze(model, shapes)) or "
+                               "gv.profile(feeds)")
+        ov = overlay_payload(a, metric)
+        self.analysis = a
+        self.overlay = ov
+        self.overlay_metric = ov["metric"]
+        return ov
+
+    def profile(self, feeds, *, repeat: int = 20, metric: str = "time") -> dict:
+        """Analyse the model at the shapes of ``feeds`` (a list in input order or a dict),
+        time our engine per node on them (``Analysis.profile_ours``: kernel calls only, the
+        run loop's own cost left out; fused steps on the node that carries their FLOPs) and
+        walk its memory over the schedule (``Analysis.memory``), then colour the drawing by
+        ``metric`` ("time": ms per node, "memory": bytes live after each step, or any
+        analysis metric). Returns ``{node: {"ms": ..., "bytes": ...}}`` (also in
+        ``profile_data``); the analysis is ``self.analysis``."""
+        from workbench.analysis import analyze
+
         if repeat < 1:
             raise ValueError(f"repeat must be at least 1, not {repeat}")
-        plan = Plan(self.graph)
-        times: dict = {}
-        sizes: dict = {}
-        for _ in range(repeat):
-            last = [time.perf_counter()]
-
-            def hook(node, outputs, last=last):
-                now = time.perf_counter()
-                times.setdefault(node.name, []).append((now - last[0]) * 1e3)
-                sizes[node.name] = int(sum(getattr(o, "nbytes", 0) for o in outputs
-                                           if o is not None))
-                last[0] = time.perf_counter()      # the hook's own time is not counted
-            last[0] = time.perf_counter()
-            plan.run(feeds, hook=hook)
-        self.profile_data = {n: {"ms": float(np.median(t)), "bytes": sizes.get(n, 0)}
-                             for n, t in times.items()}
+        names = [v.name for v in self.graph.inputs]
+        if isinstance(feeds, dict):
+            fd = dict(feeds)
+        else:
+            feeds = list(feeds)
+            if len(feeds) != len(names):
+                raise ValueError(f"the model takes {len(names)} input(s) {names}, got "
+                                 f"{len(feeds)}")
+            fd = dict(zip(names, feeds))
+        a = analyze(self.graph, {k: tuple(v.shape) for k, v in fd.items()})
+        a.roofline()
+        a.profile_ours(runs=repeat, warmup=min(3, repeat), feeds=fd)
+        a.memory(feeds=fd)
+        self.profile_data = {r["node"]: {"ms": r["time_ours_ms"],
+                                         "bytes": r["live_bytes_after"]}
+                             for r in a.records if not r["static"]}
+        self.analysis = a
         self.show_profile(metric)
         return self.profile_data
 
     def show_profile(self, metric: str = "time") -> None:
-        """Colour the drawing by the last :meth:`profile` ("time" or "memory")."""
-        data = getattr(self, "profile_data", None)
-        if not data:
+        """Colour the drawing by the last :meth:`profile`: "time" (ours, ms per node),
+        "memory" (bytes live after each step), or an analysis metric."""
+        if getattr(self, "profile_data", None) is None:
             raise RuntimeError("no profile yet: call gv.profile(feeds) first")
-        if metric == "time":
-            self.overlay = {"title": "time per node (median of runs)", "unit": "ms",
-                            "values": {n: d["ms"] for n, d in data.items()}}
-        elif metric == "memory":
-            self.overlay = {"title": "output memory per node", "unit": "kB",
-                            "values": {n: d["bytes"] / 1024 for n, d in data.items()}}
-        else:
-            raise ValueError(f"metric must be 'time' or 'memory', not {metric!r}")
+        from workbench.analysis.overlay import metric_keys
+
+        key = {"time": "time_ours_ms", "memory": "live_bytes_after"}.get(metric, metric)
+        if key not in metric_keys():
+            raise ValueError(f"metric must be 'time', 'memory' or one of {metric_keys()}, "
+                             f"not {metric!r}")
+        self.show_analysis(self.analysis, key)
 
     def show_differences(self, inspector) -> list:
         """Colour the drawing by how far each node's outputs are from the reference of a

@@ -47,7 +47,14 @@ export interface IGraphResponse {
   summary: IModelSummary;
   graph: IGraphData;
   details: { [name: string]: unknown };
+  /** the static analysis as a graph overlay (workbench/analysis/overlay.py); {} when none */
+  overlay?: { [key: string]: unknown };
   timing: { [step: string]: number };
+}
+
+/** The answer of the Measure button (?measure=1): the measured analysis overlay. */
+export interface IMeasureResponse {
+  overlay: { [key: string]: unknown };
 }
 
 /** A failed request, with what the panel should say. */
@@ -74,9 +81,43 @@ export async function fetchGraph(
   path: string,
   settings: ServerConnection.ISettings = ServerConnection.makeSettings()
 ): Promise<IGraphResponse> {
+  const body = await requestGraph(path, {}, settings);
+  if (!body.graph || !body.summary) {
+    throw new GraphLoadError(
+      'Unexpected answer from the server',
+      `GET ${API_PATH} did not return the ONNX Workbench graph JSON.`,
+      200,
+      SERVER_EXTENSION_HINT
+    );
+  }
+  return body as IGraphResponse;
+}
+
+/** Run the model at `path` on the server (in a budgeted worker) and fetch the measured
+ * analysis overlay: per-node times (ours, onnxruntime), memory, roofline. */
+export async function fetchMeasured(
+  path: string,
+  settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+): Promise<IMeasureResponse> {
+  const body = await requestGraph(path, { measure: '1' }, settings);
+  if (!body.overlay) {
+    throw new GraphLoadError(
+      'Unexpected answer from the server',
+      `GET ${API_PATH}?measure=1 did not return a measured overlay.`,
+      200
+    );
+  }
+  return body as IMeasureResponse;
+}
+
+async function requestGraph(
+  path: string,
+  extra: { [key: string]: string },
+  settings: ServerConnection.ISettings
+): Promise<any> {
   const url =
     URLExt.join(settings.baseUrl, API_PATH) +
-    URLExt.objectToQueryString({ path });
+    URLExt.objectToQueryString({ path, ...extra });
   let response: Response;
   try {
     response = await ServerConnection.makeRequest(url, { method: 'GET' }, settings);
@@ -114,7 +155,7 @@ export async function fetchGraph(
       response.status
     );
   }
-  if (!ours || !body.graph || !body.summary) {
+  if (!ours) {
     throw new GraphLoadError(
       'Unexpected answer from the server',
       `GET ${API_PATH} did not return the ONNX Workbench graph JSON.`,
@@ -122,5 +163,5 @@ export async function fetchGraph(
       SERVER_EXTENSION_HINT
     );
   }
-  return body as IGraphResponse;
+  return body;
 }

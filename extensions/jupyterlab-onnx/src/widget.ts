@@ -9,11 +9,11 @@
 // Everything shown comes from a model file, that is from anyone: it goes into the page only
 // as text nodes and attribute values (core.wbEl), never as HTML.
 import { DocumentRegistry, DocumentWidget } from '@jupyterlab/docregistry';
-import { refreshIcon, ToolbarButton } from '@jupyterlab/ui-components';
+import { refreshIcon, runIcon, ToolbarButton } from '@jupyterlab/ui-components';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { fetchGraph, GraphLoadError, IGraphResponse, IModelSummary } from './api';
+import { fetchGraph, fetchMeasured, GraphLoadError, IGraphResponse, IModelSummary } from './api';
 import * as generated from './generated/graph_core.js';
 
 /** The parts of the shared drawing code used here (graph_core.js / graph_view.js). */
@@ -151,6 +151,8 @@ export function renderSummary(s: IModelSummary): HTMLElement {
 /** The document's content: loads from the server, draws, shows errors in place. */
 export class OnnxGraphPanel extends Widget {
   private _view: IGraphViewHandle | null = null;
+  private _model: LocalModel | null = null;
+  private _measureLine: HTMLElement | null = null;
   private _request = 0;
   private _fitted = false;
 
@@ -192,9 +194,40 @@ export class OnnxGraphPanel extends Widget {
     this._render(result);
   }
 
+  /** Run the model on the server (the Measure button) and colour the drawing by the measured
+   * times; the static overlay stays until the answer arrives. */
+  async measure(): Promise<void> {
+    const model = this._model, line = this._measureLine;
+    if (!model || !line) {
+      return;
+    }
+    const request = this._request;
+    this.node.dataset.measure = 'running';
+    line.textContent = 'Measuring: running the model on the server (symbolic dims = 1)…';
+    try {
+      const result = await fetchMeasured(this.path);
+      if (request !== this._request || this._model !== model || this.isDisposed) {
+        return;
+      }
+      model.set('overlay_metric', '');
+      model.set('overlay', result.overlay);
+      line.textContent = 'Measured on the server: choose what the colours show in the side panel.';
+      this.node.dataset.measure = 'done';
+    } catch (err) {
+      if (request !== this._request || this.isDisposed) {
+        return;
+      }
+      const e = err as GraphLoadError;
+      line.textContent = `Measuring failed: ${e.title ? e.title + ': ' : ''}${e.message || String(err)}`;
+      this.node.dataset.measure = 'error';
+    }
+  }
+
   private _clear(): void {
     this._view?.destroy();
     this._view = null;
+    this._model = null;
+    this._measureLine = null;
     this._fitted = false;
     this.node.classList.remove('jp-OnnxGraph-reloading');
     this.node.textContent = '';
@@ -227,8 +260,12 @@ export class OnnxGraphPanel extends Widget {
 
   private _render(result: IGraphResponse): void {
     const header = renderSummary(result.summary);
+    const measureLine = el('div', { class: 'jp-OnnxGraph-row wb-muted jp-OnnxGraph-measure' },
+      'Colours: the static analysis (side panel). Measure runs the model for times and memory.');
+    header.appendChild(measureLine);
     const host = el('div', { class: 'jp-OnnxGraph-graph' });
     this._show(header, host);
+    this._measureLine = measureLine;
     const details = result.details;
     const model = new LocalModel({
       graph_data: result.graph,
@@ -239,9 +276,11 @@ export class OnnxGraphPanel extends Widget {
       highlight: [],
       dimmed: [],
       marked: [],
-      overlay: {},
+      overlay: result.overlay || {},
+      overlay_metric: '',
       render_ms: -1
     });
+    this._model = model;
     // registered before the view's own listeners: details are in place when it redraws
     model.on('change:selected', () => {
       const name = model.get('selected');
@@ -323,6 +362,18 @@ export class OnnxGraphDocument extends DocumentWidget<OnnxGraphPanel> {
         tooltip: 'Re-read the model file from disk',
         className: 'jp-OnnxGraph-reload',
         onClick: () => void content.load()
+      })
+    );
+    this.toolbar.addItem(
+      'measure',
+      new ToolbarButton({
+        icon: runIcon,
+        label: 'Measure',
+        tooltip:
+          'Run the model on the server (symbolic dims = 1): per-node times (ours, onnxruntime), ' +
+          'memory over the schedule, % of roof',
+        className: 'jp-OnnxGraph-measure-button',
+        onClick: () => void content.measure()
       })
     );
     // the server reads the file itself: no need to wait for the document context

@@ -61,6 +61,8 @@ const WB_CSS = `
 .wb-msg { padding: 6px 8px; background: #fff8e1; border-bottom: 1px solid #f0e0a0; }
 .wb-err { padding: 6px 8px; background: #fdecea; border-bottom: 1px solid #f5c2bd;
   color: #8a1c12; white-space: pre-wrap; }
+.wb-overlay-metric { width: 100%; max-width: 100%; font-size: 12px; margin-bottom: 4px; }
+.wb-overlay-summary td, .wb-overlay-facts td { word-break: break-word; }
 `;
 
 function wbInjectStyle() {
@@ -862,7 +864,7 @@ class WbGraphCanvas {
     const ov = this.overlay;
     if (ov && ov.node) {
       const v = ov.node.get(i);
-      return v === undefined ? "#c3c9d1" : wbScale(ov.t(v));
+      return v === undefined ? "#c3c9d1" : ov.color(v);
     }
     return this.colorOf(i);
   }
@@ -871,7 +873,7 @@ class WbGraphCanvas {
     const ov = this.overlay;
     if (ov && ov.group) {
       const v = ov.group.get(g);
-      if (v !== undefined) return wbScale(ov.tg(v), 0.35);
+      if (v !== undefined) return ov.color(v, true);
     }
     return "#f7faff";
   }
@@ -996,6 +998,7 @@ class WbGraphCanvas {
           ctx.fillText(label, b.x, b.y - 7);
           ctx.fillStyle = "#52606d"; ctx.font = font(10, 400);
           ctx.fillText(it.sub || "", b.x, b.y + 9);
+          this._groupTotal(it.g, x0, y0, b.w, font);
         }
       } else {
         ctx.fillStyle = "#f1f3f5"; ctx.strokeStyle = "#b8c0ca"; ctx.lineWidth = 1 / Math.min(1, k);
@@ -1030,6 +1033,19 @@ class WbGraphCanvas {
       if (b) ring(b, "#1463ff", 3, false);
     }
     this.drawMini();
+  }
+
+  // an overlay's total of a collapsed group, as a pill on its top edge
+  _groupTotal(g, x0, y0, w, font) {
+    const text = this.overlay ? this.overlay.groupText(g) : "";
+    if (!text) return;
+    const ctx = this.ctx;
+    ctx.font = font(10, 600);
+    const tw = ctx.measureText(text).width + 10;
+    ctx.fillStyle = "rgba(31, 41, 51, 0.86)";
+    this._roundRect(x0 + w - tw - 6, y0 - 8, tw, 15, 7); ctx.fill();
+    ctx.fillStyle = "#fff"; ctx.textAlign = "center";
+    ctx.fillText(text, x0 + w - tw / 2 - 6, y0 - 0.5);
   }
 
   _roundRect(x, y, w, h, r) {
@@ -1135,6 +1151,8 @@ class WbGraphCanvas {
         add("rect", { x: f(bx), y: f(by), width: f(b.w), height: f(b.h), rx: 7, fill: this.groupFill(it.g), stroke: "#7f95b8", "stroke-width": 1.4 });
         add("text", { x: f(b.x), y: f(b.y - 3), "text-anchor": "middle", "font-size": 11.5, "font-weight": 600, fill: "#1f2933" }, label);
         add("text", { x: f(b.x), y: f(b.y + 12), "text-anchor": "middle", "font-size": 10, fill: "#52606d" }, it.sub || "");
+        const tot = this.overlay ? this.overlay.groupText(it.g) : "";
+        if (tot) add("text", { x: f(bx + b.w - 6), y: f(by - 2), "text-anchor": "end", "font-size": 10, "font-weight": 600, fill: "#1f2933" }, tot);
       } else {
         add("rect", { x: f(bx), y: f(by), width: f(b.w), height: f(b.h), rx: b.h / 2, fill: "#f1f3f5", stroke: "#b8c0ca", "stroke-dasharray": "3,3" });
         add("text", { x: f(b.x), y: f(b.y + 3.5), "text-anchor": "middle", "font-size": 10, fill: "#52606d" }, label);
@@ -1149,39 +1167,34 @@ class WbGraphCanvas {
   setPathTo(i) { this.pathTo = i; this._marksDirty = true; }
 
   // ---------------------------------------------------------------- overlay
-  // per-node numbers drawn as a colour scale (profiled time / memory, differences from a
-  // reference): {title, unit, values: {node name: number}, flagged: [node names]}
-  setOverlay(ov) {
-    if (!ov || !ov.values || !Object.keys(ov.values).length) {
-      this.overlay = null;
-    } else {
-      const node = new Map(), group = new Map();
-      for (const [nm, v] of Object.entries(ov.values)) {
-        const i = this.index.get(nm);
-        if (i === undefined || !Number.isFinite(v)) continue;
-        node.set(i, (node.get(i) || 0) + v);
-        // a folded node's number counts for the node it is folded into, and for its groups
-        const h = this.graph.host[i] >= 0 ? this.graph.host[i] : i;
-        if (h !== i) node.set(h, (node.get(h) || 0) + v);
-        for (let g = this.graph.group[h]; g >= 0; g = this.graph.G.kind[g] === "subgraph" ? this.graph.group[this.graph.G.owner[g]] : this.graph.G.parent[g]) {
-          group.set(g, (group.get(g) || 0) + v);
-          if (g === 0) break;
-        }
-      }
-      const vals = [...node.values()];
-      const lo = Math.min(...vals), hi = Math.max(...vals);
-      const gvals = [...group.entries()].filter(([g]) => g !== 0).map(([, v]) => v);
-      const ghi = gvals.length ? Math.max(...gvals) : 0;
-      const lin = (a, b) => (v) => (b > a ? (v - a) / (b - a) : 1);
-      this.overlay = { title: ov.title || "", unit: ov.unit || "", node, group, lo, hi, ghi,
-        t: lin(Math.min(lo, 0), hi), tg: lin(0, ghi) };
-      this.overlay.groupT = this.overlay.tg;
+  // per-node numbers drawn as colours, with totals on collapsed groups: one series
+  // ({title, unit, values: {node name: number}, flagged: [node names]}: differences from a
+  // reference) or an analysis' metrics ({metrics: [...], metric, summary}: FLOPs, memory,
+  // times, % of roof, bound; workbench/analysis/overlay.py), shown one at a time
+  setOverlay(ov, metric) {
+    const ms = ov && Array.isArray(ov.metrics) ? ov.metrics : null;
+    let m = null;
+    if (ms && ms.length) m = ms.find((x) => x.key === metric) || ms.find((x) => x.key === ov.metric) || ms[0];
+    else if (ov && ov.values && Object.keys(ov.values).length) {
+      m = { key: "", title: ov.title || "", unit: ov.unit || "", format: "", kind: "sum", scale: "linear", values: ov.values, group_rule: "the sum of their nodes" };
     }
+    this.overlaySpec = ms && ms.length ? ov : null;
+    this.overlay = m ? wbOverlayOf(this.graph, this.index, m) : null;
     this.flagged = new Set();
     for (const nm of (ov && ov.flagged) || []) { const i = this.index.get(nm); if (i !== undefined) this.flagged.add(i); }
     this._marksDirty = true;
     this._miniBase = null;
     this.draw();
+  }
+
+  // every metric of the analysis overlay, computed once each (the details panel lists them)
+  overlayMetrics() {
+    const spec = this.overlaySpec;
+    if (!spec) return [];
+    if (this._ovAll && this._ovAll.spec === spec) return this._ovAll.list;
+    const list = spec.metrics.map((m) => wbOverlayOf(this.graph, this.index, m));
+    this._ovAll = { spec, list };
+    return list;
   }
 
   setNames(kind, names) {
@@ -1270,8 +1283,121 @@ function wbGroupDetails(graph, g) {
   return out;
 }
 
-// the colour scale's legend: title, gradient, min and max
-function wbOverlayLegend(gc, spec) {
+// an overlay metric prepared for drawing: node and group values (sums, maxima, ratios of
+// sums, or categories), the colour scale and the text of a value
+function wbOverlayOf(graph, index, m) {
+  const kind = m.kind || "sum", G = graph.G;
+  const nodeAcc = new Map(), groupAcc = new Map();
+  const addTo = (map, key, v) => {
+    const a = map.get(key);
+    if (kind === "max") map.set(key, a === undefined ? v : Math.max(a, v));
+    else if (kind === "sum") map.set(key, (a || 0) + v);
+    else if (a === undefined) map.set(key, v.slice());
+    else { a[0] += v[0]; a[1] += v[1]; }
+  };
+  const spread = (i, v) => {
+    addTo(nodeAcc, i, v);
+    // a folded node counts for the node it is folded into, and for its groups
+    const h = graph.host[i] >= 0 ? graph.host[i] : i;
+    if (h !== i) addTo(nodeAcc, h, v);
+    for (let g = graph.group[h]; g >= 0; g = G.kind[g] === "subgraph" ? graph.group[G.owner[g]] : G.parent[g]) {
+      addTo(groupAcc, g, v);
+      if (g === 0) break;
+    }
+  };
+  const cats = new Map();
+  if (kind === "sum" || kind === "max") {
+    for (const [nm, v] of Object.entries(m.values || {})) {
+      const i = index.get(nm);
+      if (i !== undefined && Number.isFinite(v)) spread(i, v);
+    }
+  } else if (kind === "ratio") {
+    for (const [nm, a] of Object.entries(m.num || {})) {
+      const i = index.get(nm), b = (m.den || {})[nm];
+      if (i !== undefined && Number.isFinite(a) && Number.isFinite(b) && b > 0) spread(i, [a, b]);
+    }
+  } else if (kind === "category") {
+    for (const [nm, c] of Object.entries(m.categories || {})) {
+      const i = index.get(nm);
+      if (i === undefined) continue;
+      cats.set(i, String(c));
+      spread(i, [Number((m.flops || {})[nm]) || 0, Number((m.bytes || {})[nm]) || 0]);
+    }
+  }
+  const times = m.times || 1;
+  const fin = (a) => kind === "ratio" ? times * a[0] / a[1] : kind === "category"
+    ? (a[1] > 0 && a[0] / a[1] >= (m.ridge || 0) ? "compute" : "memory") : a;
+  const node = new Map(), group = new Map();
+  for (const [i, a] of nodeAcc) node.set(i, kind === "category" && cats.has(i) ? cats.get(i) : fin(a));
+  for (const [g, a] of groupAcc) group.set(g, fin(a));
+  const out = { key: m.key, title: m.title || "", unit: m.unit || "", m, kind, node, group };
+  if (kind === "category") {
+    const colors = m.colors || {};
+    out.color = (v, isGroup) => wbMix(colors[v] || "#8a94a0", isGroup ? 0.55 : 0);
+  } else {
+    const range = (vals) => {
+      const pos = vals.filter((v) => v > 0);
+      return [vals.length ? Math.min(...vals) : 0, vals.length ? Math.max(...vals) : 0, pos.length ? Math.min(...pos) : 0];
+    };
+    const nv = [...node.values()], gv = [...group.entries()].filter(([g]) => g !== 0).map(([, v]) => v);
+    [out.lo, out.hi, out.minPos] = range(nv);
+    [out.glo, out.ghi, out.gminPos] = range(gv);
+    const scale = (lo, hi, minPos) => {
+      if (m.format === "pct") return (v) => Math.max(0, Math.min(1, v / 100));
+      if (m.scale === "log" && minPos > 0 && hi > minPos) {
+        const a = Math.log(minPos), b = Math.log(hi);
+        return (v) => (v > 0 ? (Math.log(v) - a) / (b - a) : 0);
+      }
+      const a = Math.min(lo, 0);
+      return (v) => (hi > a ? (v - a) / (hi - a) : 1);
+    };
+    out.t = scale(out.lo, out.hi, out.minPos);
+    out.tg = scale(out.glo, out.ghi, out.gminPos);
+    const rev = m.reverse ? (t) => 1 - t : (t) => t;
+    out.color = (v, isGroup) => isGroup ? wbScale(rev(out.tg(v)), 0.35) : wbScale(rev(out.t(v)));
+  }
+  out.text = (v) => wbFmtMetric(v, m);
+  // the total of group g (not the whole graph's: the summary says that)
+  out.groupText = (g) => { const v = group.get(g); return g > 0 && v !== undefined ? out.text(v) : ""; };
+  return out;
+}
+
+// a CSS hex colour mixed with white
+function wbMix(hex, mix) {
+  const h = String(hex).replace("#", "");
+  if (!/^[0-9a-fA-F]{6}$/.test(h)) return hex;
+  const c = [0, 2, 4].map((k) => parseInt(h.slice(k, k + 2), 16)).map((a) => Math.round(a + (255 - a) * mix));
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+// a metric value as text: 1.23 GFLOP, 4.5 MiB, 12.3 ms, 87 %, compute
+function wbFmtMetric(v, m) {
+  if (typeof v === "string") return v;
+  if (!Number.isFinite(v)) return "—";
+  const unit = (m && m.unit) || "", fmt = (m && m.format) || "";
+  const a = Math.abs(v);
+  const p3 = (x) => (Math.abs(x) >= 100 ? x.toFixed(0) : Math.abs(x) >= 10 ? x.toFixed(1) : x.toFixed(2));
+  if (fmt === "bytes") {
+    const us = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let x = v, k = 0;
+    while (Math.abs(x) >= 1024 && k < us.length - 1) { x /= 1024; k++; }
+    return k ? `${p3(x)} ${us[k]}` : `${Math.round(x)} B`;
+  }
+  if (fmt === "si") {
+    const ps = ["", "k", "M", "G", "T", "P"];
+    let x = v, k = 0;
+    while (Math.abs(x) >= 1000 && k < ps.length - 1) { x /= 1000; k++; }
+    return `${k ? p3(x) : Math.round(x)} ${ps[k]}${unit}`.trim();
+  }
+  if (fmt === "ms") return `${a >= 100 ? v.toFixed(0) : a >= 1 ? v.toFixed(2) : v.toPrecision(2)} ms`;
+  if (fmt === "pct") return `${a >= 10 ? v.toFixed(0) : v.toFixed(1)} %`;
+  if (fmt === "ratio") return `${v.toPrecision(3)} ${unit}`.trim();
+  return `${a >= 100 ? v.toFixed(0) : a >= 1 ? v.toFixed(2) : v.toPrecision(2)} ${unit}`.trim();
+}
+
+// the overlay's legend: the metric (a choice when there are several), its colours and range,
+// how groups total it; rings of flagged nodes
+function wbOverlayLegend(gc, spec, onMetric) {
   const ov = gc.overlay;
   if (!ov) {
     if (!gc.flagged || !gc.flagged.size) return null;      // rings only (GraphCompare)
@@ -1279,16 +1405,65 @@ function wbOverlayLegend(gc, spec) {
       wbEl("h4", null, (spec && spec.title) || "ringed nodes"),
       wbEl("div", { class: "wb-muted" }, `${gc.flagged.size} node${gc.flagged.size === 1 ? "" : "s"} ringed`));
   }
-  const fmt = (v) => (Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 1 ? v.toFixed(2) : v.toPrecision(2));
-  const stops = [0, 0.33, 0.66, 1].map((t) => wbScale(t)).join(", ");
-  return wbEl("div", { class: "wb-overlay-legend" },
-    wbEl("h4", null, ov.title || "overlay"),
-    wbEl("div", { style: `height:10px;border-radius:3px;background:linear-gradient(to right, ${stops})` }),
-    wbEl("div", { style: "display:flex;justify-content:space-between", class: "wb-muted" },
-      wbEl("span", null, `${fmt(Math.min(ov.lo, 0))} ${ov.unit}`), wbEl("span", null, `${fmt(ov.hi)} ${ov.unit} per node`)),
-    ov.ghi ? wbEl("div", { class: "wb-muted" }, `groups: the sum of their nodes (up to ${fmt(ov.ghi)} ${ov.unit})`) : null,
-    wbEl("div", { class: "wb-muted" }, "grey: no number for that node"),
-    gc.flagged && gc.flagged.size ? wbEl("div", { class: "wb-muted" }, `${gc.flagged.size} node${gc.flagged.size === 1 ? "" : "s"} ringed: outputs differ from the reference`) : null);
+  const m = ov.m;
+  const box = wbEl("div", { class: "wb-overlay-legend", "data-metric": ov.key || "" });
+  const metrics = gc.overlaySpec ? gc.overlaySpec.metrics : null;
+  if (metrics && metrics.length > 1 && onMetric) {
+    const sel = wbEl("select", { class: "wb-overlay-metric", title: "what the colours show" },
+      ...metrics.map((x) => { const o = wbEl("option", { value: x.key }, x.title); if (x.key === ov.key) o.selected = true; return o; }));
+    sel.addEventListener("change", () => onMetric(sel.value));
+    box.appendChild(wbEl("h4", null, "Colour by"));
+    box.appendChild(sel);
+  } else box.appendChild(wbEl("h4", null, ov.title || "overlay"));
+  if (ov.kind === "category") {
+    const names = Object.keys(m.colors || {});
+    for (const c of names) {
+      const n = [...ov.node.values()].filter((v) => v === c).length;
+      box.appendChild(wbEl("div", { class: "wb-legend-item wb-overlay-cat", "data-category": c },
+        wbEl("span", { class: "wb-swatch", style: `background:${ov.color(c)}` }),
+        wbEl("span", null, c), wbEl("span", { class: "wb-muted", style: "margin-left:auto" }, String(n))));
+    }
+  } else {
+    const stops = [0, 0.33, 0.66, 1].map((t) => wbScale(m.reverse ? 1 - t : t)).join(", ");
+    const lo = m.format === "pct" ? 0 : m.scale === "log" && ov.minPos > 0 ? ov.minPos : Math.min(ov.lo, 0);
+    const hi = m.format === "pct" ? 100 : ov.hi;
+    box.appendChild(wbEl("div", { class: "wb-overlay-scale", style: `height:10px;border-radius:3px;background:linear-gradient(to right, ${stops})` }));
+    box.appendChild(wbEl("div", { style: "display:flex;justify-content:space-between", class: "wb-muted" },
+      wbEl("span", { class: "wb-overlay-lo" }, ov.text(lo)), wbEl("span", { class: "wb-overlay-hi" }, `${ov.text(hi)} per node`)));
+    if (m.scale === "log" && m.format !== "pct") box.appendChild(wbEl("div", { class: "wb-muted" }, "logarithmic scale"));
+  }
+  if (ov.group.size > 1) {
+    box.appendChild(wbEl("div", { class: "wb-muted wb-overlay-grouprule" },
+      `collapsed groups: ${m.group_rule || "the sum of their nodes"}, shown on their top edge`));
+  }
+  if (m.note) box.appendChild(wbEl("div", { class: "wb-muted" }, m.note));
+  box.appendChild(wbEl("div", { class: "wb-muted" }, "grey: no number for that node"));
+  if (gc.flagged && gc.flagged.size) box.appendChild(wbEl("div", { class: "wb-muted" }, `${gc.flagged.size} node${gc.flagged.size === 1 ? "" : "s"} ringed: outputs differ from the reference`));
+  return box;
+}
+
+// the analysis' summary panel: [label, text] rows, as text
+function wbOverlaySummary(spec) {
+  const rows = spec && Array.isArray(spec.summary) ? spec.summary : [];
+  if (!rows.length) return null;
+  return wbEl("div", { class: "wb-overlay-summary" }, wbEl("h4", null, "Summary"),
+    wbEl("table", { class: "wb-kv" }, ...rows.map((r) => wbEl("tr", null,
+      wbEl("td", null, String(r[0])), wbEl("td", null, String(r[1]))))));
+}
+
+// every analysis metric of node i (or of group g) for the details panel
+function wbOverlayFacts(gc, i, g) {
+  const list = gc.overlayMetrics();
+  if (!list.length) return null;
+  const rows = [];
+  for (const ov of list) {
+    const v = i >= 0 ? ov.node.get(i) : ov.group.get(g);
+    if (v === undefined) continue;
+    rows.push(wbEl("tr", { "data-metric": ov.key }, wbEl("td", null, ov.title), wbEl("td", null, ov.text(v))));
+  }
+  if (!rows.length) return null;
+  return wbEl("div", { class: "wb-overlay-facts" },
+    wbEl("h4", null, i >= 0 ? "Analysis" : "Analysis (group total)"), wbEl("table", { class: "wb-kv" }, ...rows));
 }
 
 function wbLegend(data, onPick) {

@@ -42,6 +42,8 @@ function wbRenderGraphView(model, el, opts = {}) {
   const showDetails = (i) => {
     if (i < 0 && gc.selectedGroup >= 0) details.replaceChildren(wbGroupDetails(gc.graph, gc.selectedGroup));
     else details.replaceChildren(wbDetails(data, i, model.get("details")));
+    const facts = i >= 0 || gc.selectedGroup >= 0 ? wbOverlayFacts(gc, i, gc.selectedGroup) : null;
+    if (facts) details.appendChild(facts);
   };
   const setSelectedLocal = (i, reveal) => {
     gc.selected = i;
@@ -123,12 +125,17 @@ function wbRenderGraphView(model, el, opts = {}) {
   const overlayBox = wbEl("div", { class: "wb-overlay" });
   side.appendChild(overlayBox);
   const onOverlay = () => {
-    gc.setOverlay(model.get("overlay"));
+    const spec = model.get("overlay");
+    gc.setOverlay(spec, model.get("overlay_metric"));
     overlayBox.textContent = "";
-    const lg = wbOverlayLegend(gc, model.get("overlay"));
+    const lg = wbOverlayLegend(gc, spec, (key) => { model.set("overlay_metric", key); model.save_changes(); });
     if (lg) overlayBox.appendChild(lg);
+    const sm = wbOverlaySummary(spec);
+    if (sm) overlayBox.appendChild(sm);
     root.dataset.overlay = gc.overlay ? gc.overlay.title : "";
+    root.dataset.overlayMetric = gc.overlay ? gc.overlay.key : "";
     root.dataset.flagged = String(gc.flagged ? gc.flagged.size : 0);
+    showDetails(gc.selected);
   };
   side.appendChild(legendTitle);
   side.appendChild(wbLegend(data, (op) => {
@@ -157,6 +164,7 @@ function wbRenderGraphView(model, el, opts = {}) {
   model.on("change:dimmed", onD);
   model.on("change:marked", onM);
   model.on("change:overlay", onOverlay);
+  model.on("change:overlay_metric", onOverlay);
   setSelectedLocal(-1, false);
   if (model.get("overlay")) onOverlay();
   const initSel = model.get("selected");
@@ -184,7 +192,7 @@ function wbRenderGraphView(model, el, opts = {}) {
       clearTimeout(lateTimer);
       model.off("change:selected", onSel); model.off("change:details", onDetails);
       model.off("change:highlight", onH); model.off("change:dimmed", onD); model.off("change:marked", onM);
-      model.off("change:overlay", onOverlay);
+      model.off("change:overlay", onOverlay); model.off("change:overlay_metric", onOverlay);
       gc.destroy();
     },
   };
