@@ -387,6 +387,7 @@ class EditController:
             "unsaved": s.state_at(-1) is not self._saved_state,
             "opset": next((int(o.version) for o in s.state_at(-1).skeleton.opset_import
                            if o.domain in ("", "ai.onnx")), None),
+            "save_path": self.shown(self.default_save or self.session.source or ""),
             "actions": ACTIONS,
         }
 

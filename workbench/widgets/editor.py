@@ -76,9 +76,7 @@ class ModelEditor(TextRepr, ipywidgets.VBox):
 
     # ------------------------------------------------------------------ drawing
     def _state(self) -> dict:
-        st = self.controller.state()
-        st["save_path"] = self.controller.default_save or ""
-        return st
+        return self.controller.state()
 
     def _redraw(self, session=None, what=None, step=None) -> None:
         """Draw the session's current model in place, with the marks of its last change."""
