@@ -125,6 +125,8 @@ def _json_or_text(v: str):
     try:
         return json.loads(v)
     except ValueError:
+        if len(v) >= 2 and v[0] == v[-1] == "'":
+            return v[1:-1]
         return v
 
 
@@ -142,7 +144,7 @@ def parse_attrs(text: str | None) -> dict | None:
             raise EditError("attributes: a JSON object such as {\"alpha\": 0.1}")
         return v
     out = {}
-    for part in re.split(r"[;\n]", text):
+    for part in _split_top(text, ";\n"):
         part = part.strip()
         if not part:
             continue
@@ -155,6 +157,27 @@ def parse_attrs(text: str | None) -> dict | None:
             raise EditError(f"attributes: {part!r} has no name before '='")
         out[k] = _json_or_text(v.strip())
     return out or None
+
+
+def _split_top(text: str, seps: str) -> list:
+    """``text`` split at ``seps`` outside quotes and brackets (``s="a;b"; axes=[1, 2]``)."""
+    parts, cur, depth, quote = [], [], 0, None
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth = max(0, depth - 1)
+        elif ch in seps and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    parts.append("".join(cur))
+    return parts
 
 
 def parse_names(text: str | None) -> list:
