@@ -11,9 +11,9 @@ import json
 import numpy as np
 import onnx
 import pytest
+import synth
 from onnx import TensorProto, helper, numpy_helper
 
-import synth
 from tests.helpers import hostile_models as hm
 from workbench import edit
 from workbench.widgets.editing import (
