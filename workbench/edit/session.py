@@ -467,10 +467,25 @@ def _changes(before: ModelState, after: ModelState) -> dict:
     nb, na = nodes(before), nodes(after)
     ib, ia = before.initializers, after.initializers
     g0, g1 = before.skeleton.graph, after.skeleton.graph
+    added = [k for k in na if k not in nb]
+    removed = [k for k in nb if k not in na]
+    changed = [k for k in na if k in nb and na[k] != nb[k]]
+    # a node renamed (same first output, another label) is changed, not removed and added
+    first = {}
+    for k, n in enumerate(g0.node):
+        if n.output and n.output[0]:
+            first.setdefault(n.output[0], _node_key(n, k))
+    for k, n in enumerate(g1.node):
+        lab = _node_key(n, k)
+        old = first.get(n.output[0]) if n.output else None
+        if lab in added and old in removed:
+            added.remove(lab)
+            removed.remove(old)
+            changed.append(lab)
     return {
-        "nodes_added": [k for k in na if k not in nb],
-        "nodes_removed": [k for k in nb if k not in na],
-        "nodes_changed": [k for k in na if k in nb and na[k] != nb[k]],
+        "nodes_added": added,
+        "nodes_removed": removed,
+        "nodes_changed": changed,
         "inputs": {"before": [v.name for v in g0.input if v.name not in ib],
                    "after": [v.name for v in g1.input if v.name not in ia]},
         "outputs": {"before": [v.name for v in g0.output], "after": [v.name for v in g1.output]},
