@@ -153,7 +153,8 @@ function wbEditUI(model, el, opts = {}) {
   wbEditInjectStyle();
   const api = opts.api;
   const engine = new WbLayoutEngine();
-  const root = wbEl("div", { class: "wb-edit" });
+  // JupyterLab opens its own context menu on a right-click unless told not to
+  const root = wbEl("div", { class: "wb-edit", "data-jp-suppress-context-menu": "" });
   const bar = wbEl("div", { class: "wb-editbar" });
   const errBox = wbEl("div", { class: "wb-err wb-edit-err", style: "display:none" });
   const lastBox = wbEl("div", { class: "wb-edit-last" });
@@ -239,8 +240,9 @@ function wbEditUI(model, el, opts = {}) {
       if (m.changed && m.changed.length) bits.push(`${m.changed.length} changed (orange)`);
       if (m.removed_count) bits.push(`${m.removed_count} removed: ${m.removed.join(", ")}${m.removed_count > m.removed.length ? ", …" : ""}`);
       if (bits.length) lastBox.append(wbEl("div", { class: "wb-muted wb-edit-marks" }, "nodes: " + bits.join("; ")));
-      for (const n of (last.notes || []).slice(0, 4)) lastBox.append(wbEl("div", { class: "wb-muted" }, n));
-      if ((last.notes || []).length > 4 || last.more_notes) lastBox.append(wbEl("div", { class: "wb-muted" }, "(more in History)"));
+      const notes = last.what === "undo" ? [] : (last.notes || []);      // the undone edit's notes: in History
+      for (const n of notes.slice(0, 4)) lastBox.append(wbEl("div", { class: "wb-muted" }, n));
+      if (notes.length > 4 || (notes.length && last.more_notes)) lastBox.append(wbEl("div", { class: "wb-muted" }, "(more in History)"));
     }
     if (!busy) status.textContent = st.unsaved ? "unsaved edits" : "";
     if (panelKind === "history") showHistory();
