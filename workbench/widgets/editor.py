@@ -118,7 +118,8 @@ class ModelEditor(TextRepr, ipywidgets.VBox):
             cmp = self.compare(against)
         except EditError as e:
             return {"ok": False, "error": str(e)}
-        close = ipywidgets.Button(description="Close the comparison")
+        close = ipywidgets.Button(description="Close the comparison",
+                                  layout=ipywidgets.Layout(width="auto"))
         close.add_class("wb-edit-compare-close")
         close.on_click(lambda _b: setattr(self.compare_box, "children", ()))
         self.compare_box.children = (close, cmp)
