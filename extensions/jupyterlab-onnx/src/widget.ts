@@ -45,6 +45,8 @@ interface IGraphViewHandle {
 }
 interface IEditHandle {
   root: HTMLElement;
+  /** Resolves once the first version of the edited model is drawn. */
+  ready: Promise<void>;
   readonly view: IGraphViewHandle | null;
   destroy(): void;
 }
@@ -433,9 +435,15 @@ export class OnnxGraphPanel extends Widget {
         view.root.dataset.coreSha256 = core.WB_CORE_SHA256;
       }
     });
-    this._edit = { session, ui, model };
-    this.node.dataset.status = 'editing';
+    const edit = { session, ui, model };
+    this._edit = edit;
     this.onEditingChanged?.(true);
+    // 'editing' once the first frame is drawn (tests and users wait on it), not before
+    void ui.ready.then(() => {
+      if (this._edit === edit) {
+        this.node.dataset.status = 'editing';
+      }
+    });
   }
 
   /** Fit once the panel has a real size (it may be hidden or unattached when data arrives). */

@@ -693,7 +693,7 @@ function wbEditUI(model, el, opts = {}) {
   document.addEventListener("pointerdown", onDocClick, true);
   refreshBar();
   renderChips();
-  renderView();
+  const ready = renderView();          // resolves once the first version is drawn
   root.wbEdit = {
     get view() { return view; }, get values() { return values; }, marks: () => marks,
     edgeMiddle: (value) => {
@@ -705,7 +705,7 @@ function wbEditUI(model, el, opts = {}) {
     },
   };
   return {
-    root,
+    root, ready,
     get view() { return view; },
     destroy() {
       destroyed = true;
