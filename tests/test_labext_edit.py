@@ -53,6 +53,9 @@ def server(tmp_path_factory):
     onnx.save(_pre(), str(root / "pre.onnx"))
     onnx.save(_pre(), str(base / "outside.onnx"))
     (root / "link-out.onnx").symlink_to(base / "outside.onnx")
+    (base / "outdir").mkdir()
+    (root / "dir-out").symlink_to(base / "outdir", target_is_directory=True)
+    (root / "dangling-out.onnx").symlink_to(base / "nowhere.onnx")
     env = {"WORKBENCH_EDIT_WORKERS": "2", "WORKBENCH_EDIT_TIMEOUT": "120"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -135,6 +138,7 @@ def test_edit_save_and_read_back(server):
     ("missing.onnx", 404, "file not found"),
     ("sub", 400, "folder"),
     (".hidden.onnx", 404, "hidden files"),
+    ("a\x00.onnx", 400, "NUL character"),
     ("", 400, "path"),
 ])
 def test_open_refuses(server, path, status, words):
@@ -147,11 +151,17 @@ def test_paths_in_requests_stay_under_the_root(server):
     sid, _ = _open(server, "a.onnx")
     for path, words in (("../a2.onnx", "outside the server's root"),
                         ("link-out.onnx", "outside the server's root"),
+                        ("dir-out/new.onnx", "outside the server's root"),
+                        ("dangling-out.onnx", "outside the server's root"),
+                        ("sub/../../a2.onnx", "outside the server's root"),
+                        ("a\x00.onnx", "NUL character"),
                         ("notes.txt", "saved as an .onnx file"),
                         ("sub", "folder"), (".hidden.onnx", "hidden")):
         st, r = _post(server, {"session": sid, "op": "save", "path": path, "overwrite": True})
         assert r["ok"] is False and words in r["error"], (path, r)
     assert not (server.root.parent / "a2.onnx").exists()
+    assert not (server.root.parent / "nowhere.onnx").exists()
+    assert list((server.root.parent / "outdir").iterdir()) == []
     assert (server.root.parent / "outside.onnx").read_bytes() == _pre().SerializeToString()
     compose = {"kind": "model"}
     for path, words in (("../outside.onnx", "outside"), ("link-out.onnx", "outside"),

@@ -95,6 +95,9 @@ def scrub(text: str, root: str | None, full: str | None = None, path: str | None
 def resolve_path(root_dir: str, path: str) -> str:
     """The absolute, symlink-free file for contents path ``path`` under ``root_dir``; raises
     :class:`GraphRequestError` (403) when it lies outside ``root_dir``."""
+    if "\x00" in path:
+        raise GraphRequestError(400, "Bad path",
+                                f"{path!r}: a file name cannot contain a NUL character")
     root = os.path.realpath(root_dir)
     rel = path.replace("\\", "/").strip("/")
     full = os.path.realpath(os.path.join(root, *rel.split("/"))) if rel else root
