@@ -6,7 +6,7 @@ Debian's Chromium.
   the part between them, undo, an edit the session refuses (its error shown in the menu where
   the action was chosen, nothing changed in Python), Compare (a GraphCompare below).
 - In the JupyterLab ``.onnx`` viewer: Edit, bypass a node, rename another through its form,
-  undo, redo, Save as a new file (the original untouched; the saved model passes the checker
+  undo (Ctrl+Z), redo (the button), Save as a new file (the original untouched; the saved model passes the checker
   and the engine computes what the edited graph should), Save over the open file (a dialog
   asks: Cancel writes nothing, Replace writes it), Done: the viewer shows the saved file.
 - In the ``.onnx`` viewer, a model whose every string is an HTML payload, edited through the
@@ -354,7 +354,8 @@ def _viewer(lab, pg):
     _settled(pg, edit, 2)
     assert edit.get_attribute("data-marks-changed") == "head"       # renamed: changed, in place
     assert "head" in _names(pg, edit) and "fc2" not in _names(pg, edit)
-    edit.locator(".wb-edit-undo").click()
+    pg.evaluate("el => el.wbEdit.view.gc.wrap.focus()", edit.element_handle())
+    pg.keyboard.press("Control+z")                     # the drawing's shortcut, not JupyterLab's
     _settled(pg, edit, 1, undone=1)
     assert "fc2" in _names(pg, edit) and "head" not in _names(pg, edit)
     assert edit.locator(".wb-edit-redo").is_enabled()
