@@ -372,6 +372,7 @@ def _viewer(lab, pg):
                                                   "softmax"]
     onnx.checker.check_model(saved, full_check=True)
     _runs_as_the_mlp_without_relu(saved)
+    pg.locator(".jp-DirListing-item[title*='mlp_edited.onnx']").wait_for(timeout=5_000)
     _shot(pg, "viewer-saved-as")
     # ---- Save over the open file: a dialog asks; Cancel leaves it, Replace writes it
     _save_as(pg, edit, "mlp.onnx")

@@ -190,6 +190,8 @@ export class OnnxGraphPanel extends Widget {
   private _opening = false;
   /** Called when edit mode starts or ends (the document's toolbar follows it). */
   onEditingChanged: ((editing: boolean) => void) | null = null;
+  /** Called with the contents path of each file an edit session saved. */
+  onSaved: ((path: string) => void) | null = null;
 
   constructor(private _context: DocumentRegistry.Context) {
     super();
@@ -408,6 +410,9 @@ export class OnnxGraphPanel extends Widget {
         } else if (r.state) {
           model.set('edit_state', r.state);
         }
+        if (request.op === 'save' && r.ok && typeof r.saved === 'string') {
+          this.onSaved?.(r.saved);
+        }
         return r;
       }
     };
@@ -496,9 +501,10 @@ export class OnnxGraphPanel extends Widget {
 
 /** The document widget: the panel plus a toolbar with Reload. */
 export class OnnxGraphDocument extends DocumentWidget<OnnxGraphPanel> {
-  constructor(context: DocumentRegistry.Context) {
+  constructor(context: DocumentRegistry.Context, onSaved?: (path: string) => void) {
     const content = new OnnxGraphPanel(context);
     super({ context, content });
+    content.onSaved = onSaved || null;
     this.addClass('jp-OnnxGraphDocument');
     this.toolbar.addItem(
       'reload',
