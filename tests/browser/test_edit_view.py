@@ -4,11 +4,14 @@ Debian's Chromium.
 - In a JupyterLab notebook, the ModelEditor widget: right-click a node and bypass it (Python's
   ``session.steps`` has the edit, the drawing marks what changed), click two edges and extract
   the part between them, undo, an edit the session refuses (its error shown in the menu where
-  the action was chosen, nothing changed in Python), Compare (a GraphCompare below).
+  the action was chosen, nothing changed in Python), a rename through a form, Save (then
+  Save again: the drawing asks before replacing; Cancel keeps the file), Compare (a
+  GraphCompare below).
 - In the JupyterLab ``.onnx`` viewer: Edit, bypass a node, rename another through its form,
-  undo (Ctrl+Z), redo (the button), Save as a new file (the original untouched; the saved model passes the checker
-  and the engine computes what the edited graph should), Save over the open file (a dialog
-  asks: Cancel writes nothing, Replace writes it), Done: the viewer shows the saved file.
+  undo (Ctrl+Z), redo (the button), Save as a new file (the original untouched; the saved
+  model passes the checker and the engine computes what the edited graph should; the file
+  browser lists it), Save over the open file (a dialog asks: Cancel writes nothing, Replace
+  writes it), Done: the viewer shows the saved file.
 - In the ``.onnx`` viewer, a model whose every string is an HTML payload, edited through the
   server endpoint (menus, a refused rename quoting payloads, a rename to a payload, History,
   Script, Save as): nothing becomes markup.
@@ -282,6 +285,22 @@ def _notebook(lab, pg):
     edit.locator(".wb-menu input[name='new']").fill("scores")
     edit.locator(".wb-menu .wb-edit-apply").click()
     _settled(pg, edit, 2)
+    # ---- Save (beside the notebook, the kernel's folder); again: asked in the drawing
+    edit.locator(".wb-edit-save").click()
+    assert edit.locator(".wb-menu input[name='path']").input_value() == "edited.onnx"
+    edit.locator(".wb-menu .wb-edit-apply").click()
+    _wait(pg, edit, "el.dataset.saved === 'edited.onnx' && el.dataset.unsaved !== '1'", 30_000)
+    saved = lab.root / "edited.onnx"
+    first = (saved.read_bytes(), os.stat(saved).st_ino)
+    assert "scores" in [v for n in onnx.load_from_string(first[0]).graph.node for v in n.output]
+    edit.locator(".wb-edit-save").click()
+    edit.locator(".wb-menu .wb-edit-apply").click()
+    keep = edit.locator(".wb-menu .wb-edit-keep")
+    keep.wait_for(timeout=30_000)
+    assert "edited.onnx exists already" in edit.locator(".wb-menu-head").inner_text()
+    _shot(pg, "notebook-replace", edit)
+    keep.click()
+    assert (saved.read_bytes(), os.stat(saved).st_ino) == first          # not replaced
     # ---- Compare: a GraphCompare of before/after opens below the editor
     edit.locator(".wb-edit-compare").click()
     cmp = pg.locator(".jp-Notebook .jp-Cell").nth(0).locator(".wb-graph-compare")

@@ -419,7 +419,7 @@ export class OnnxGraphPanel extends Widget {
     const confirm = async (text: string, path: string): Promise<boolean> => {
       const res = await showDialog({
         title: 'Replace the file?',
-        body: `${text} (${path})`,
+        body: text.includes(path) ? text : `${text} (${path})`,
         buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Replace' })]
       });
       return res.button.accept;

@@ -504,6 +504,7 @@ function wbEditUI(model, el, opts = {}) {
     const r = await call({ op: "save", path, overwrite }, "saving…");
     if (r.ok) { closeMenu(); note.textContent = r.message || "saved"; root.dataset.saved = r.saved || path; return; }
     if (r.exists && !overwrite) {
+      if (opts.confirm) closeMenu();       // the host's dialog asks: no "saving…" left behind it
       const yes = opts.confirm ? await opts.confirm(r.error, path) : await inlineConfirm(r.error, x, y);
       if (yes) return save(path, true, x, y);
       closeMenu();
