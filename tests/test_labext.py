@@ -239,6 +239,9 @@ def test_resolve_path(tmp_path):
         with pytest.raises(GraphRequestError) as e:
             resolve_path(str(root), bad)
         assert e.value.status == 403
+    with pytest.raises(GraphRequestError, match="NUL character") as e:     # not a 500
+        resolve_path(str(root), "a/m\x00.onnx")
+    assert e.value.status == 400
 
 
 # ----------------------------------------------------------------------------- packaging
@@ -261,16 +264,17 @@ def test_extension_points():
 
 
 def test_prebuilt_extension_is_up_to_date():
-    """The committed build embeds the sha256 of dagre.min.js + graph_core.js + graph_view.js it
-    was built from (scripts/gen-core.mjs): editing the drawing code needs a rebuild."""
+    """The committed build embeds the sha256 of dagre.min.js + graph_core.js + graph_view.js +
+    graph_edit.js it was built from (scripts/gen-core.mjs): editing the drawing code needs a
+    rebuild."""
     digest = hashlib.sha256()
-    for f in ("dagre.min.js", "graph_core.js", "graph_view.js"):
+    for f in ("dagre.min.js", "graph_core.js", "graph_view.js", "graph_edit.js"):
         digest.update((STATIC / f).read_bytes())
     bundles = [p.read_text(errors="replace") for p in (LABEXT / "static").glob("*.js")]
     assert any(digest.hexdigest() in b for b in bundles), (
         "workbench/labextension was built from other versions of workbench/widgets/static/"
-        "graph_core.js or graph_view.js: rebuild it with scripts/build-labextension.sh "
-        "(needs node and npm) and commit workbench/labextension")
+        "graph_core.js, graph_view.js or graph_edit.js: rebuild it with "
+        "scripts/build-labextension.sh (needs node and npm) and commit workbench/labextension")
 
 
 def _shared_data() -> dict:

@@ -1,4 +1,6 @@
-"""The JupyterLab extension's server side: a jupyter_server extension with one handler.
+"""The JupyterLab extension's server side: a jupyter_server extension with two handlers (the
+viewer's ``GET .../graph`` below, and the edit sessions' ``POST .../edit``:
+:mod:`workbench.labext_edit`).
 
 ``GET {base_url}workbench/api/graph?path=<contents path>`` reads the model's structure with
 :func:`workbench.graph.load.load` (``weights=False``: weights and external data are described,
@@ -31,6 +33,7 @@ workbench``.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 
 import tornado.web
@@ -50,7 +53,30 @@ from workbench.labext_worker import (  # noqa: F401 - re-exported: the handler's
 )
 
 API_PATH = "workbench/api/graph"
+EDIT_PATH = "workbench/api/edit"
 POOL_SETTING = "workbench_viewer_pool"
+EDIT_SETTING = "workbench_edit_pool"
+
+
+def _model_file(handler, path: str) -> tuple[str, str]:
+    """(the file, the server's root) for contents path ``path``; raises GraphRequestError
+    for a path outside the root, a hidden file the contents manager hides, a missing file
+    or a folder."""
+    cm = handler.contents_manager
+    root = getattr(cm, "root_dir", None) or handler.settings.get("server_root_dir") or "."
+    full = resolve_path(root, path)
+    if not getattr(cm, "allow_hidden", True):
+        from jupyter_core.paths import is_hidden
+        if is_hidden(full, os.path.realpath(root)):
+            raise GraphRequestError(404, "File not found",
+                                    f"{path}: hidden files are not served "
+                                    f"(ContentsManager.allow_hidden is False)")
+    if not os.path.exists(full):
+        raise GraphRequestError(404, "File not found", f"{path}: file not found")
+    if os.path.isdir(full):
+        raise GraphRequestError(400, "Not a model file",
+                                f"{path}: is a folder, not an .onnx file")
+    return full, root
 
 
 class GraphHandler(APIHandler):
@@ -74,21 +100,8 @@ class GraphHandler(APIHandler):
                 400, "No file given", "the 'path' query argument is required: the model's "
                 "path relative to the server's root folder", path))
             return
-        cm = self.contents_manager
-        root = getattr(cm, "root_dir", None) or self.settings.get("server_root_dir") or "."
         try:
-            full = resolve_path(root, path)
-            if not getattr(cm, "allow_hidden", True):
-                from jupyter_core.paths import is_hidden
-                if is_hidden(full, os.path.realpath(root)):
-                    raise GraphRequestError(404, "File not found",
-                                            f"{path}: hidden files are not served "
-                                            f"(ContentsManager.allow_hidden is False)")
-            if not os.path.exists(full):
-                raise GraphRequestError(404, "File not found", f"{path}: file not found")
-            if os.path.isdir(full):
-                raise GraphRequestError(400, "Not a model file",
-                                        f"{path}: is a folder, not an .onnx file")
+            full, root = _model_file(self, path)
         except GraphRequestError as e:
             self._send(e.status, error_body(e.status, e.title, str(e), path))
             return
@@ -106,16 +119,79 @@ class GraphHandler(APIHandler):
         self._send(status, body)
 
 
+class EditHandler(APIHandler):
+    """``POST /workbench/api/edit``: the viewer's edit sessions (:mod:`workbench.labext_edit`:
+    one worker process per session, budgets, the session's log kept here)."""
+
+    auth_resource = "contents"       # an edit session reads a model and may save over one
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(body)
+
+    @tornado.web.authenticated
+    @authorized
+    async def post(self) -> None:
+        from workbench.labext_edit import MAX_BODY, EditPool, error
+        if len(self.request.body or b"") > MAX_BODY:
+            self._send(*error(413, f"the edit request is too big ({len(self.request.body):,} "
+                                   f"bytes; at most {MAX_BODY:,})"))
+            return
+        try:
+            req = json.loads(self.request.body or b"{}")
+        except ValueError as e:
+            self._send(*error(400, f"the edit request is not JSON ({e})"))
+            return
+        if not isinstance(req, dict):
+            self._send(*error(400, "the edit request is a JSON object"))
+            return
+        pool = self.settings.get(EDIT_SETTING)
+        if pool is None:                   # the handler mounted without the extension's loader
+            pool = self.settings[EDIT_SETTING] = EditPool()
+        try:
+            if req.get("op") == "open":
+                path = req.get("path")
+                if not isinstance(path, str) or not path.strip("/"):
+                    self._send(*error(400, "'open' needs the model's path relative to the "
+                                           "server's root folder"))
+                    return
+                try:
+                    full, root = _model_file(self, path)
+                except GraphRequestError as e:
+                    self._send(*error(e.status, str(e), title=e.title))
+                    return
+                allow_hidden = bool(getattr(self.contents_manager, "allow_hidden", True))
+                status, body = await pool.open(full, path, root, allow_hidden)
+            else:
+                status, body = await pool.request(req.get("session"),
+                                                  {k: v for k, v in req.items()
+                                                   if k != "session"})
+        except Exception as e:      # a bug on our side: say so, and keep the traceback in the log
+            self.log.exception("workbench: an edit request failed")
+            self._send(*error(500, f"the model editor failed ({type(e).__name__}: {e})"))
+            return
+        self._send(status, body)
+
+
 def _load_jupyter_server_extension(serverapp) -> None:
+    from workbench.labext_edit import EditPool
     web_app = serverapp.web_app
     route = url_path_join(web_app.settings["base_url"], API_PATH)
+    edit_route = url_path_join(web_app.settings["base_url"], EDIT_PATH)
     pool = ViewerPool()
+    edits = EditPool()
     web_app.settings[POOL_SETTING] = pool
+    web_app.settings[EDIT_SETTING] = edits
     atexit.register(pool.close)
-    web_app.add_handlers(".*$", [(route, GraphHandler)])
+    atexit.register(edits.close)
+    web_app.add_handlers(".*$", [(route, GraphHandler), (edit_route, EditHandler)])
     serverapp.log.info("ONNX Workbench server extension: GET %s (models read in up to %d "
                        "worker processes, %g s and %d MiB each)", route, pool.workers,
                        pool.timeout, pool.memory // 2**20)
+    serverapp.log.info("ONNX Workbench server extension: POST %s (edit sessions in up to %d "
+                       "worker processes, %g s per request and %d MiB each)", edit_route,
+                       edits.workers, edits.timeout, edits.memory // 2**20)
 
 
 # the older name, for jupyter_server < 2 and notebook-style loaders

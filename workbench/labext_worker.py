@@ -95,6 +95,9 @@ def scrub(text: str, root: str | None, full: str | None = None, path: str | None
 def resolve_path(root_dir: str, path: str) -> str:
     """The absolute, symlink-free file for contents path ``path`` under ``root_dir``; raises
     :class:`GraphRequestError` (403) when it lies outside ``root_dir``."""
+    if "\x00" in path:
+        raise GraphRequestError(400, "Bad path",
+                                f"{path!r}: a file name cannot contain a NUL character")
     root = os.path.realpath(root_dir)
     rel = path.replace("\\", "/").strip("/")
     full = os.path.realpath(os.path.join(root, *rel.split("/"))) if rel else root
@@ -327,8 +330,10 @@ def _start_checker() -> None:
     del onnx
 
 
-def main() -> None:
-    """The worker: limits itself, then answers requests until its input ends."""
+def limit_self():
+    """A worker's set-up: its address-space limit (``WORKBENCH_VIEWER_WORKER_AS``), a lower
+    priority, stdout kept for the protocol, its checker helper in its own process group.
+    Returns (request stream, answer stream, the ``resource`` module or None, memory)."""
     memory = int(os.environ.get("WORKBENCH_VIEWER_WORKER_AS", "0"))
     try:
         import resource
@@ -345,23 +350,37 @@ def main() -> None:
         pass
     from workbench.graph import isolated
     isolated.NEW_SESSION = False    # the checker helper stays in this worker's process group
+    return rd, wr, resource, memory
+
+
+def next_request(rd, resource) -> dict | None:
+    """The next request (None at the end of input), with the CPU-time backstop set for it."""
+    head = _read_exact(rd, 8)
+    if head is None:
+        return None
+    req = json.loads(_read_exact(rd, struct.unpack("<Q", head)[0]) or b"{}")
+    if resource is not None:                # the server's kill is the rule; this, a net
+        used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+        soft = int(used + 2 * float(req.get("timeout", DEFAULT_TIMEOUT)) + 5)
+        try:
+            resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
+        except (ValueError, OSError):
+            pass
+    return req
+
+
+def main() -> None:
+    """The worker: limits itself, then answers requests until its input ends."""
+    rd, wr, resource, memory = limit_self()
     import workbench.cli  # noqa: F401 - imported before the first request, not during it
     import workbench.graph.load  # noqa: F401
     import workbench.widgets.graph_data  # noqa: F401
     _start_checker()
     wr.write(b"R")
     while True:
-        head = _read_exact(rd, 8)
-        if head is None:
+        req = next_request(rd, resource)
+        if req is None:
             return
-        req = json.loads(_read_exact(rd, struct.unpack("<Q", head)[0]) or b"{}")
-        if resource is not None:                # the server's kill is the rule; this, a net
-            used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
-            soft = int(used + 2 * float(req.get("timeout", DEFAULT_TIMEOUT)) + 5)
-            try:
-                resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
-            except (ValueError, OSError):
-                pass
         recycle = False
         try:
             status, body = answer(req["full"], req["path"], req.get("root"),
@@ -389,11 +408,14 @@ class _Died(Exception):
 class _Worker:
     """One worker process (its own session: killing its group also ends its helper)."""
 
+    #: the module run as the worker (``python -m``)
+    module = "workbench.labext_worker"
+
     def __init__(self, memory: int, timeout: float):
         # an empty working folder: `python -m` puts it first on sys.path, and the served
         # folder may hold files named like the modules the worker imports; temporary files
         # (its checker helper's) go there too, removed with it
-        self.cwd = tempfile.mkdtemp(prefix="workbench-viewer-")
+        self.cwd = tempfile.mkdtemp(prefix=self.module.replace(".", "-") + "-")
         env = dict(os.environ)
         env.update(WORKBENCH_VIEWER_WORKER_AS=str(memory), TMPDIR=self.cwd,
                    WORKBENCH_HELPER_MEMORY=str(memory),
@@ -402,7 +424,7 @@ class _Worker:
                    OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         self.memory = memory
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workbench.labext_worker"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", self.module], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=self.cwd,
             close_fds=True, start_new_session=(os.name == "posix"))
         self.idle_since = time.monotonic()
@@ -429,18 +451,28 @@ class _Worker:
 
     def request(self, full: str, path: str, root: str, timeout: float,
                 measure: bool = False) -> tuple[int, bytes]:
+        return self.call({"full": full, "path": path, "root": root, "timeout": timeout,
+                          "measure": measure}, timeout, parts=1)
+
+    def call(self, req: dict, timeout: float, parts: int = 1) -> tuple:
+        """Send ``req``; the answer is (status, ``parts`` byte strings). Raises TimeoutError
+        (the caller kills the worker) or :class:`_Died`."""
         deadline = time.monotonic() + timeout
-        msg = json.dumps({"full": full, "path": path, "root": root, "timeout": timeout,
-                          "measure": measure}).encode("utf-8")
+        msg = json.dumps(req).encode("utf-8")
         try:
             self.proc.stdin.write(struct.pack("<Q", len(msg)) + msg)
             self.proc.stdin.flush()
-            head = self._read(12, deadline)
+            head = self._read(4 + 8 * parts, deadline)
             if head is not None:
-                status, n = struct.unpack("<IQ", head)
-                body = self._read(n, deadline)
-                if body is not None:
-                    return status, body
+                status, *sizes = struct.unpack("<I" + "Q" * parts, head)
+                out = []
+                for n in sizes:
+                    part = self._read(n, deadline)
+                    if part is None:
+                        break
+                    out.append(part)
+                if len(out) == parts:
+                    return (status, *out)
         except TimeoutError:              # (an OSError too): the caller kills the worker
             raise
         except OSError:                   # a broken pipe: the worker is gone

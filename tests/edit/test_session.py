@@ -159,3 +159,17 @@ def test_static_mode_and_bad_model(tmp_path):
         edit.open(str(bad))
     with pytest.raises(EditError, match="check is one of"):
         edit.open(_hostile_model()[0], check="never")
+
+
+def test_changes_name_a_renamed_node_as_changed():
+    """What a step reports for a viewer to mark: a renamed node is one node changed (not one
+    removed and one added); a bypassed node is removed and its reader changed."""
+    import sys  # noqa: PLC0415
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "widgets"))
+    import synth  # noqa: PLC0415
+    s = edit.open(synth.mlp(), check="static")
+    ch = s.rename_node("relu1", "act").changes
+    assert (ch["nodes_added"], ch["nodes_removed"], ch["nodes_changed"]) == ([], [], ["act"])
+    ch = s.bypass_node("act").changes
+    assert (ch["nodes_added"], ch["nodes_removed"], ch["nodes_changed"]) == ([], ["act"], ["fc2"])
+    assert ch["outputs"] == {"before": ["y"], "after": ["y"]}

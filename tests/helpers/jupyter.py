@@ -66,6 +66,28 @@ class Server:
         except ValueError:
             return status, text
 
+    def post(self, path: str, body, *, token: str | None = "default",
+             timeout: float = 300) -> tuple[int, dict | str]:
+        """POST ``body`` (JSON) to ``path`` -> (status, parsed JSON or text)."""
+        headers = {"Content-Type": "application/json"}
+        if token == "default":
+            token = self.token
+        if token:
+            headers["Authorization"] = f"token {token}"
+        data = body if isinstance(body, bytes) else json.dumps(body).encode("utf-8")
+        req = urllib.request.Request(f"{self.url}/{path.lstrip('/')}", data=data,
+                                     headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                status, raw = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, e.read()
+        text = raw.decode("utf-8", "replace")
+        try:
+            return status, json.loads(text)
+        except ValueError:
+            return status, text
+
     def stop(self) -> None:
         self.proc.terminate()
         try:

@@ -92,6 +92,25 @@ class EditSession:
                 raise EditError(f"models maps Python names to onnx.ModelProtos; got {ref!r}")
             self.models[ref] = m
         self.checker = Checker(Samples(inputs, dims))
+        self._listeners: list = []
+
+    def on_change(self, fn, *, remove: bool = False) -> None:
+        """Call ``fn(session, what, step)`` after every edit, undo and redo (``what`` is
+        "apply", "undo" or "redo"); ``remove=True`` stops calling it. Viewers use this to
+        redraw when code edits the session they show."""
+        if remove:
+            self._listeners = [f for f in self._listeners if f != fn]
+        elif fn not in self._listeners:
+            self._listeners.append(fn)
+
+    def _changed(self, what: str, step) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn(self, what, step)
+            except Exception as e:  # noqa: BLE001 - a viewer's failure is not the edit's
+                import warnings  # noqa: PLC0415
+                warnings.warn(f"a listener of the edit session failed after {what}: "
+                              f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=3)
 
     # ------------------------------------------------------------------ state
     @property
@@ -103,10 +122,33 @@ class EditSession:
     def original(self) -> onnx.ModelProto:
         return self._states[0].model()
 
+    def model_at(self, index: int) -> onnx.ModelProto:
+        """The model after the first ``index`` edits in effect: ``model_at(0)`` is the
+        original, ``model_at(len(session.steps))`` (or ``-1``) the edited model, ``-2`` the
+        model before the last edit (a new ModelProto each time)."""
+        return self.state_at(index).model()
+
+    def state_at(self, index: int) -> ModelState:
+        """The :class:`~workbench.edit.state.ModelState` behind :meth:`model_at`."""
+        n = self._pos
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise EditError(f"a version of the model is an int (0 .. {n}, or negative from "
+                            f"the end), got {index!r}")
+        k = index if index >= 0 else n + 1 + index
+        if not 0 <= k <= n:
+            raise EditError(f"the session has versions 0 .. {n} (the original and one after "
+                            f"each of the {n} edit(s) in effect), not {index}")
+        return self._states[k]
+
     @property
     def steps(self) -> list:
         """The edits in effect (undone ones excluded), oldest first."""
         return self._steps[:self._pos]
+
+    @property
+    def undone(self) -> list:
+        """The edits undone and not dropped since (``redo`` brings them back, first first)."""
+        return self._steps[self._pos:]
 
     def records(self) -> list:
         """The records of the edits in effect (JSON-able dicts)."""
@@ -123,13 +165,17 @@ class EditSession:
         if not self.can_undo():
             raise EditError("nothing to undo")
         self._pos -= 1
-        return self._steps[self._pos]
+        step = self._steps[self._pos]
+        self._changed("undo", step)
+        return step
 
     def redo(self) -> Step:
         if not self.can_redo():
             raise EditError("nothing to redo")
         self._pos += 1
-        return self._steps[self._pos - 1]
+        step = self._steps[self._pos - 1]
+        self._changed("redo", step)
+        return step
 
     # ------------------------------------------------------------------ applying
     def apply(self, record: dict) -> Step:
@@ -163,6 +209,7 @@ class EditSession:
         self._steps.append(step)
         self._states.append(after)
         self._pos += 1
+        self._changed("apply", step)
         return step
 
     def _parse(self, record) -> tuple:
@@ -420,10 +467,25 @@ def _changes(before: ModelState, after: ModelState) -> dict:
     nb, na = nodes(before), nodes(after)
     ib, ia = before.initializers, after.initializers
     g0, g1 = before.skeleton.graph, after.skeleton.graph
+    added = [k for k in na if k not in nb]
+    removed = [k for k in nb if k not in na]
+    changed = [k for k in na if k in nb and na[k] != nb[k]]
+    # a node renamed (same first output, another label) is changed, not removed and added
+    first = {}
+    for k, n in enumerate(g0.node):
+        if n.output and n.output[0]:
+            first.setdefault(n.output[0], _node_key(n, k))
+    for k, n in enumerate(g1.node):
+        lab = _node_key(n, k)
+        old = first.get(n.output[0]) if n.output else None
+        if lab in added and old in removed:
+            added.remove(lab)
+            removed.remove(old)
+            changed.append(lab)
     return {
-        "nodes_added": [k for k in na if k not in nb],
-        "nodes_removed": [k for k in nb if k not in na],
-        "nodes_changed": [k for k in na if k in nb and na[k] != nb[k]],
+        "nodes_added": added,
+        "nodes_removed": removed,
+        "nodes_changed": changed,
         "inputs": {"before": [v.name for v in g0.input if v.name not in ib],
                    "after": [v.name for v in g1.input if v.name not in ia]},
         "outputs": {"before": [v.name for v in g0.output], "after": [v.name for v in g1.output]},

@@ -2,6 +2,8 @@
 
 - :class:`GraphView` — interactive graph: pan/zoom, search, op colours, node details.
 - :class:`GraphCompare` — two graphs side by side, matched nodes paired, the rest ringed.
+- :class:`ModelEditor` — model surgery in the drawing: menus on nodes and values, undo/redo,
+  the replay script, compare before/after, save.
 - :class:`LayerCutter` — choose ``last_layers`` with a slider or a click; optional new head.
 - :class:`TensorInspector` — per-node output statistics, histograms, feature maps, compare.
 - :class:`TrainingMonitor` — live curves, progress/ETA, Stop button; text bar in scripts;
@@ -30,6 +32,7 @@ _EXPORTS = {
     "view_main": "workbench.widgets.netron_view",
     "graph_payload": "workbench.widgets.graph_data",
     "GraphCompare": "workbench.widgets.compare",
+    "ModelEditor": "workbench.widgets.editor",
     "match_graphs": "workbench.widgets.compare",
 }
 

@@ -151,6 +151,7 @@ class _Builder:
         self.host, self.sources, self.root_of, self.first_out = [], set(), [], []
         self.node, self.owner_graph = [], []      # the IR node (None for inputs/outputs)
         self.edges: list = []          # (src, dst, label index)
+        self.edge_value: list = []     # the value each edge carries (parallel to edges)
         self.labels: list = []
         self._label_ix: dict = {}
         self.g_label, self.g_parent, self.g_kind, self.g_owner = ["graph"], [-1], ["root"], [-1]
@@ -243,6 +244,7 @@ class _Builder:
                 if x and x in prod and x not in seen:
                     seen.add(x)
                     self.edges.append((prod[x], i, shape_label(x)))
+                    self.edge_value.append(x)
                     consumers[prod[x]].append(i)
             for sg_i, sg in enumerate(subs):
                 attr = next((k for k, v in n.attrs.items()
@@ -259,6 +261,7 @@ class _Builder:
             j = self.add(vi.name, "Output", 2, root, graph=graph)
             if vi.name in prod:
                 self.edges.append((prod[vi.name], j, shape_label(vi.name)))
+                self.edge_value.append(vi.name)
                 consumers[prod[vi.name]].append(j)
         # hosts: a folded node goes into the first shown node its value reaches
         for i in range(len(self.name) - 1, first - 1, -1):

@@ -48,7 +48,8 @@ class GraphView(TextRepr, anywidget.AnyWidget):
       ``render_ms`` time the browser took for its first full draw (set by the front-end).
     """
 
-    _esm = esm("graph_core.js", "graph_view.js", embed=(("WB_DAGRE_SRC", "dagre.min.js"),))
+    _esm = esm("graph_core.js", "graph_view.js", "graph_edit.js",
+               embed=(("WB_DAGRE_SRC", "dagre.min.js"),))
 
     graph_data = traitlets.Dict().tag(sync=True)
     title = traitlets.Unicode("").tag(sync=True)
@@ -61,6 +62,9 @@ class GraphView(TextRepr, anywidget.AnyWidget):
     overlay_metric = traitlets.Unicode("").tag(sync=True)
     height = traitlets.Int(520).tag(sync=True)
     render_ms = traitlets.Float(-1.0).tag(sync=True)
+    # model surgery (set by workbench.widgets.ModelEditor): the edit bar, menus and marks
+    editable = traitlets.Bool(False).tag(sync=True)
+    edit_state = traitlets.Dict().tag(sync=True)
 
     def __init__(self, model, *, height: int = 520, title: str | None = None, **kwargs):
         src = as_source(model)
@@ -73,6 +77,16 @@ class GraphView(TextRepr, anywidget.AnyWidget):
         self.payload_seconds = time.perf_counter() - t0
         super().__init__(graph_data=data, height=height,
                          title=title if title is not None else src.name, **kwargs)
+
+    def _show_drawing(self, drawing) -> None:
+        """Draw another version of the model in place (a ``workbench.widgets.editing.Drawing``:
+        its graph, the builder that walked it and the payload)."""
+        self.graph = drawing.graph
+        self._details = drawing.details()
+        with self.hold_sync():
+            self.selected = ""
+            self.details = {}
+            self.graph_data = drawing.data
 
     @traitlets.observe("selected")
     def _on_selected(self, change) -> None:

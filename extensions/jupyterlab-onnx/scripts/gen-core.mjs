@@ -1,7 +1,8 @@
 // Generates src/generated/graph_core.js from the GraphView widget's front-end files, so the
 // extension and the widget share one drawing code (workbench/widgets/static/graph_core.js and
 // graph_view.js). Those files are plain scripts concatenated by the Python side; here they are
-// concatenated the same way and named exports are appended. Run by `npm run build`; the output
+// concatenated the same way and named exports are appended (graph_edit.js: the edit front-end,
+// the viewer's edit mode). Run by `npm run build`; the output
 // is not committed (it is regenerated on every build).
 import { createHash } from 'node:crypto';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -11,13 +12,13 @@ import { fileURLToPath } from 'node:url';
 const here = dirname(fileURLToPath(import.meta.url));
 const pkg = join(here, '..');
 const staticDir = join(pkg, '..', '..', 'workbench', 'widgets', 'static');
-const files = ['graph_core.js', 'graph_view.js'];
+const files = ['graph_core.js', 'graph_view.js', 'graph_edit.js'];
 // the layout engine (dagre, MIT: static/dagre.LICENSE.txt) goes in as source text: the drawing
 // makes its Web Worker from it, as the Python side does (widgets/_base.py esm(embed=...))
 const embedded = { WB_DAGRE_SRC: 'dagre.min.js' };
 const names = [
   'wbInjectStyle', 'wbEl', 'wbSvgEl', 'WbGraphCanvas', 'wbDetails', 'wbGroupDetails', 'wbLegend',
-  'wbRenderGraphView'
+  'wbRenderGraphView', 'wbEditUI'
 ];
 
 const sources = files.map(f => readFileSync(join(staticDir, f), 'utf8'));

@@ -165,3 +165,58 @@ async function requestGraph(
   }
   return body;
 }
+
+export const EDIT_PATH = 'workbench/api/edit';
+
+/** An answer of the edit endpoint (workbench/labext_edit.py): `ok`, and what changed. */
+export interface IEditAnswer {
+  ok: boolean;
+  error?: string;
+  session?: string;
+  graph?: IGraphData;
+  details?: { [name: string]: unknown };
+  state?: { [key: string]: unknown };
+  ended?: boolean;
+  exists?: boolean;
+  [key: string]: unknown;
+}
+
+/**
+ * POST one request to the edit endpoint. Never throws: a refused edit, a server error or a
+ * lost connection all come back as `{ok: false, error}` for the viewer to show where the
+ * user acted.
+ */
+export async function postEdit(
+  body: { [key: string]: unknown },
+  settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+): Promise<IEditAnswer> {
+  const url = URLExt.join(settings.baseUrl, EDIT_PATH);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(
+      url,
+      { method: 'POST', body: JSON.stringify(body) },
+      settings
+    );
+  } catch (err) {
+    return { ok: false, error: `The Jupyter server cannot be reached: ${String((err as Error).message || err)}` };
+  }
+  const text = await response.text();
+  let answer: any = null;
+  try {
+    answer = text ? JSON.parse(text) : null;
+  } catch {
+    answer = null;
+  }
+  if (answer && answer.source === 'onnx-workbench') {
+    if (!response.ok && answer.ok !== false) {
+      answer.ok = false;
+    }
+    return answer as IEditAnswer;
+  }
+  if (response.status === 404 || response.status === 405) {
+    return { ok: false, error: `POST ${EDIT_PATH} returned ${response.status}: ${SERVER_EXTENSION_HINT}` };
+  }
+  const msg = (answer && (answer.message || answer.reason)) || response.statusText || text.slice(0, 300);
+  return { ok: false, error: `The server answered ${response.status}: ${msg}` };
+}

@@ -51,8 +51,11 @@ class NoContentModelFactory extends TextModelFactory {
 }
 
 class OnnxGraphFactory extends ABCWidgetFactory<OnnxGraphDocument, DocumentRegistry.IModel> {
+  /** Called after an edit session saved a file (the file browser is refreshed). */
+  onSaved: ((path: string) => void) | undefined;
+
   protected createNewWidget(context: DocumentRegistry.Context): OnnxGraphDocument {
-    return new OnnxGraphDocument(context);
+    return new OnnxGraphDocument(context, this.onSaved);
   }
 }
 
@@ -81,6 +84,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
       readOnly: true,
       canStartKernel: false
     });
+    // the edit endpoint writes the file itself: the file browser would see it only at its next poll
+    factory.onSaved = () => {
+      if (app.commands.hasCommand('filebrowser:refresh')) {
+        void app.commands.execute('filebrowser:refresh');
+      }
+    };
     const tracker = new WidgetTracker<OnnxGraphDocument>({ namespace: 'onnx-workbench-graph' });
     if (restorer) {
       void restorer.restore(tracker, {

@@ -6,14 +6,28 @@
 // talks to a kernel through an anywidget model; here a small local model stands in for it and
 // answers node selections from the details the server sent with the layout.
 //
+// Edit mode (the toolbar's Edit button): an edit session on the server (POST
+// /workbench/api/edit, workbench/labext_edit.py: the model in a worker process of its own)
+// and the edit front-end shared with the notebook's ModelEditor (graph_edit.js: menus on
+// nodes and values, undo/redo, script, compare, Save that asks before replacing the file).
+//
 // Everything shown comes from a model file, that is from anyone: it goes into the page only
 // as text nodes and attribute values (core.wbEl), never as HTML.
+import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { DocumentRegistry, DocumentWidget } from '@jupyterlab/docregistry';
-import { refreshIcon, runIcon, ToolbarButton } from '@jupyterlab/ui-components';
+import { checkIcon, editIcon, refreshIcon, runIcon, ToolbarButton } from '@jupyterlab/ui-components';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { fetchGraph, fetchMeasured, GraphLoadError, IGraphResponse, IModelSummary } from './api';
+import {
+  fetchGraph,
+  fetchMeasured,
+  GraphLoadError,
+  IEditAnswer,
+  IGraphResponse,
+  IModelSummary,
+  postEdit
+} from './api';
 import * as generated from './generated/graph_core.js';
 
 /** The parts of the shared drawing code used here (graph_core.js / graph_view.js). */
@@ -30,11 +44,31 @@ interface IGraphViewHandle {
   ready: Promise<void>;
   destroy(): void;
 }
+interface IEditHandle {
+  root: HTMLElement;
+  /** Resolves once the first version of the edited model is drawn. */
+  ready: Promise<void>;
+  readonly view: IGraphViewHandle | null;
+  destroy(): void;
+}
+interface IEditApi {
+  call(request: { [key: string]: unknown }): Promise<IEditAnswer>;
+}
 interface ICore {
   WB_CORE_SHA256: string;
   wbInjectStyle(): void;
   wbEl(tag: string, attrs?: { [k: string]: any } | null, ...children: any[]): HTMLElement;
   wbRenderGraphView(model: LocalModel, el: HTMLElement, opts?: { [k: string]: any }): IGraphViewHandle;
+  wbEditUI(
+    model: LocalModel,
+    el: HTMLElement,
+    opts: {
+      api: IEditApi;
+      confirm?: (text: string, path: string) => Promise<boolean>;
+      onView?: (view: IGraphViewHandle) => void;
+      reportTiming?: boolean;
+    }
+  ): IEditHandle;
 }
 const core = generated as unknown as ICore;
 const el = core.wbEl;
@@ -155,6 +189,12 @@ export class OnnxGraphPanel extends Widget {
   private _measureLine: HTMLElement | null = null;
   private _request = 0;
   private _fitted = false;
+  private _edit: { session: string; ui: IEditHandle; model: LocalModel } | null = null;
+  private _opening = false;
+  /** Called when edit mode starts or ends (the document's toolbar follows it). */
+  onEditingChanged: ((editing: boolean) => void) | null = null;
+  /** Called with the contents path of each file an edit session saved. */
+  onSaved: ((path: string) => void) | null = null;
 
   constructor(private _context: DocumentRegistry.Context) {
     super();
@@ -168,8 +208,18 @@ export class OnnxGraphPanel extends Widget {
     return this._context.localPath;
   }
 
-  /** (Re-)read the file through the server extension and draw it. */
+  /** Whether an edit session is open. */
+  get editing(): boolean {
+    return this._edit !== null;
+  }
+
+  /** (Re-)read the file through the server extension and draw it (leaving edit mode,
+   * after asking when there are unsaved edits). */
   async load(): Promise<void> {
+    if (this._edit) {
+      await this.stopEditing();
+      return;
+    }
     const request = ++this._request;
     const path = this.path;
     this.node.dataset.path = path;
@@ -224,6 +274,7 @@ export class OnnxGraphPanel extends Widget {
   }
 
   private _clear(): void {
+    this._endEdit();
     this._view?.destroy();
     this._view = null;
     this._model = null;
@@ -301,6 +352,145 @@ export class OnnxGraphPanel extends Widget {
     });
   }
 
+  /** Open an edit session on the file (its model, weights included, in a worker process
+   * on the server) and switch the panel to edit mode. */
+  async startEditing(): Promise<void> {
+    if (this._edit || this._opening) {
+      return;
+    }
+    this._opening = true;
+    this.node.dataset.status = 'opening-editor';
+    this.node.querySelector('.jp-OnnxGraph-editmsg')?.remove();
+    const note = el('div', { class: 'jp-OnnxGraph-editmsg wb-msg' },
+      `Opening ${this.path} for editing (the model is loaded with its weights and checked)…`);
+    this.node.insertBefore(note, this.node.firstChild);
+    let answer: IEditAnswer;
+    try {
+      answer = await postEdit({ op: 'open', path: this.path });
+    } finally {
+      this._opening = false;
+    }
+    if (this.isDisposed) {
+      if (answer.session) {
+        void postEdit({ session: answer.session, op: 'close' });
+      }
+      return;
+    }
+    if (!answer.ok || !answer.session || !answer.graph) {
+      note.className = 'jp-OnnxGraph-editmsg wb-err';
+      note.textContent = `Cannot edit ${this.path}: ${answer.error || 'no answer from the server'}`;
+      this.node.dataset.status = 'ready';
+      return;
+    }
+    this._renderEdit(answer);
+  }
+
+  /** Leave edit mode (asking first when there are unsaved edits) and show the file. */
+  async stopEditing(): Promise<boolean> {
+    const edit = this._edit;
+    if (!edit) {
+      return true;
+    }
+    const st = edit.model.get('edit_state') || {};
+    if (st.unsaved) {
+      const res = await showDialog({
+        title: 'Discard the unsaved edits?',
+        body: `${this.path} has ${(st.steps || []).length} edit(s) that are not saved. ` +
+          'Leaving edit mode discards them (Save first to keep them).',
+        buttons: [Dialog.cancelButton({ label: 'Keep editing' }), Dialog.warnButton({ label: 'Discard' })]
+      });
+      if (!res.button.accept || this._edit !== edit) {
+        return false;
+      }
+    }
+    this._endEdit();
+    await this.load();
+    return true;
+  }
+
+  private _endEdit(): void {
+    const edit = this._edit;
+    if (!edit) {
+      return;
+    }
+    this._edit = null;
+    void postEdit({ session: edit.session, op: 'close' });
+    edit.ui.destroy();
+    this.onEditingChanged?.(false);
+  }
+
+  private _renderEdit(answer: IEditAnswer): void {
+    const session = answer.session as string;
+    let details: { [name: string]: unknown } = answer.details || {};
+    this._clear();
+    const model = new LocalModel({
+      graph_data: answer.graph,
+      title: this.path.split('/').pop() || this.path,
+      height: 400,
+      selected: '',
+      details: {},
+      highlight: [],
+      dimmed: [],
+      marked: [],
+      overlay: {},
+      render_ms: -1,
+      edit_state: answer.state || {}
+    });
+    model.on('change:selected', () => {
+      const name = model.get('selected');
+      model.set('details', (name && details[name]) || {});
+    });
+    const api: IEditApi = {
+      call: async request => {
+        const r = await postEdit({ ...request, session });
+        if (r.graph) {
+          details = r.details || {};
+          model.set('edit_state', r.state || {});
+          model.set('graph_data', r.graph);
+        } else if (r.state) {
+          model.set('edit_state', r.state);
+        }
+        if (request.op === 'save' && r.ok && typeof r.saved === 'string') {
+          this.onSaved?.(r.saved);
+        }
+        return r;
+      }
+    };
+    const confirm = async (text: string, path: string): Promise<boolean> => {
+      const res = await showDialog({
+        title: 'Replace the file?',
+        body: text.includes(path) ? text : `${text} (${path})`,
+        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Replace' })]
+      });
+      return res.button.accept;
+    };
+    const banner = el('div', { class: 'jp-OnnxGraph-editbanner' },
+      'Editing ', el('b', null, this.path),
+      ' — every edit is checked; the file changes only when you Save. Leave edit mode with Done.');
+    const host = el('div', { class: 'jp-OnnxGraph-graph jp-OnnxGraph-edithost' });
+    this.node.appendChild(banner);
+    this.node.appendChild(host);
+    const ui = core.wbEditUI(model, host, {
+      api,
+      confirm,
+      reportTiming: false,
+      onView: view => {
+        view.root.style.height = '';
+        view.root.classList.add('jp-OnnxGraph-view');
+        view.root.dataset.coreSha256 = core.WB_CORE_SHA256;
+      }
+    });
+    const edit = { session, ui, model };
+    this._edit = edit;
+    this.onEditingChanged?.(true);
+    // 'editing' once the first frame is drawn (tests and users wait on it), not before
+    void ui.ready.then(() => {
+      if (this._edit === edit) {
+        this.node.dataset.status = 'editing';
+      }
+    });
+  }
+
   /** Fit once the panel has a real size (it may be hidden or unattached when data arrives). */
   private _refit(): void {
     const view = this._view;
@@ -342,6 +532,7 @@ export class OnnxGraphPanel extends Widget {
       return;
     }
     this._request++;
+    this._endEdit();
     this._view?.destroy();
     this._view = null;
     super.dispose();
@@ -350,9 +541,10 @@ export class OnnxGraphPanel extends Widget {
 
 /** The document widget: the panel plus a toolbar with Reload. */
 export class OnnxGraphDocument extends DocumentWidget<OnnxGraphPanel> {
-  constructor(context: DocumentRegistry.Context) {
+  constructor(context: DocumentRegistry.Context, onSaved?: (path: string) => void) {
     const content = new OnnxGraphPanel(context);
     super({ context, content });
+    content.onSaved = onSaved || null;
     this.addClass('jp-OnnxGraphDocument');
     this.toolbar.addItem(
       'reload',
@@ -364,18 +556,38 @@ export class OnnxGraphDocument extends DocumentWidget<OnnxGraphPanel> {
         onClick: () => void content.load()
       })
     );
-    this.toolbar.addItem(
-      'measure',
-      new ToolbarButton({
-        icon: runIcon,
-        label: 'Measure',
-        tooltip:
-          'Run the model on the server (symbolic dims = 1): per-node times (ours, onnxruntime), ' +
-          'memory over the schedule, % of roof',
-        className: 'jp-OnnxGraph-measure-button',
-        onClick: () => void content.measure()
-      })
-    );
+    const measure = new ToolbarButton({
+      icon: runIcon,
+      label: 'Measure',
+      tooltip:
+        'Run the model on the server (symbolic dims = 1): per-node times (ours, onnxruntime), ' +
+        'memory over the schedule, % of roof',
+      className: 'jp-OnnxGraph-measure-button',
+      onClick: () => void content.measure()
+    });
+    this.toolbar.addItem('measure', measure);
+    const edit = new ToolbarButton({
+      icon: editIcon,
+      label: 'Edit',
+      tooltip: 'Edit the model: right-click nodes and edges for actions; every edit is checked',
+      className: 'jp-OnnxGraph-edit',
+      onClick: () => void content.startEditing()
+    });
+    const done = new ToolbarButton({
+      icon: checkIcon,
+      label: 'Done',
+      tooltip: 'Leave edit mode (asks first when there are unsaved edits)',
+      className: 'jp-OnnxGraph-done',
+      onClick: () => void content.stopEditing()
+    });
+    done.hide();
+    this.toolbar.addItem('edit', edit);
+    this.toolbar.addItem('done', done);
+    content.onEditingChanged = editing => {
+      edit.setHidden(editing);
+      done.setHidden(!editing);
+      measure.setHidden(editing);
+    };
     // the server reads the file itself: no need to wait for the document context
     void content.load();
     context.pathChanged.connect(() => void content.load(), this);

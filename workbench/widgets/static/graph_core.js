@@ -384,10 +384,13 @@ class WbLevel {
       const a = this.itemOf(s), b = this.itemOf(t);
       if (!a && !b) continue;
       if (a === b) continue;
+      // the values an edge carries (the edit front-end selects them): `evalue`, when sent
+      const val = d.evalue ? d.evalue[k] : undefined;
+      const carry = (p) => { if (val !== undefined && !p.vals.includes(val)) p.vals.push(val); return p; };
       if (a && b) {
         const key = a.key + ">" + b.key;
         const p = pairs.get(key);
-        if (p) p.n++; else pairs.set(key, { a, b, label: d.labels ? d.labels[gr.el[k]] : "", n: 1 });
+        if (p) carry(p).n++; else pairs.set(key, carry({ a, b, label: d.labels ? d.labels[gr.el[k]] : "", n: 1, vals: [] }));
       } else if (b) {
         let st = stubsIn.get(s);
         if (!st) {
@@ -396,7 +399,8 @@ class WbLevel {
         }
         st.count++;
         const key = "in" + s + ">" + b.key;
-        if (!pairs.has(key)) pairs.set(key, { a: st, b, label: d.labels ? d.labels[gr.el[k]] : "", n: 1 });
+        if (!pairs.has(key)) pairs.set(key, { a: st, b, label: d.labels ? d.labels[gr.el[k]] : "", n: 1, vals: [] });
+        carry(pairs.get(key));
       } else {
         let st = stubsOut.get(t);
         if (!st) {
@@ -405,7 +409,8 @@ class WbLevel {
         }
         st.count++;
         const key = a.key + ">out" + t;
-        if (!pairs.has(key)) pairs.set(key, { a, b: st, label: d.labels ? d.labels[gr.el[k]] : "", n: 1 });
+        if (!pairs.has(key)) pairs.set(key, { a, b: st, label: d.labels ? d.labels[gr.el[k]] : "", n: 1, vals: [] });
+        carry(pairs.get(key));
       }
     }
     for (const st of [...stubsIn.values(), ...stubsOut.values()]) this.items.push(st);

@@ -200,6 +200,10 @@ function wbRenderGraphView(model, el, opts = {}) {
 
 export default {
   render({ model, el }) {
+    if (model.get("editable")) {      // workbench.widgets.ModelEditor: graph_edit.js
+      const ui = wbEditUI(model, el, { api: wbKernelApi(model) });
+      return () => ui.destroy();
+    }
     const view = wbRenderGraphView(model, el);
     // the first layout can happen before the element is attached: refit once it has a size
     view.ready.then(() => requestAnimationFrame(() => {
