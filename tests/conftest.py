@@ -46,6 +46,21 @@ def torch_exports():
     return _ExportCache()
 
 
+# ----------------------------------------------------------------------------- compiled kernels
+@pytest.fixture(scope="session", autouse=True)
+def compiled_kernels():
+    """The compiled kernels (``workbench.compiled``) are built (once per machine, cached) and
+    loaded before the first test, so every test sees the same kernels from its start to its
+    end: a kernel becoming ready in the middle of a test would change which path runs.
+    ``WORKBENCH_COMPILED=0`` runs the whole suite on numpy; without numba (the ``compiled``
+    extra) only kernels already in the cache load."""
+    from workbench import compiled  # noqa: PLC0415
+
+    if compiled.enabled():
+        compiled.wait()
+    yield
+
+
 # ----------------------------------------------------------------------------- devices
 def cuda_skip_reason() -> str | None:
     """Why CUDA tests cannot run here, or None when cupy sees a GPU."""
