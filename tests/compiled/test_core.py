@@ -246,3 +246,20 @@ def test_stale_objects_are_not_loaded(fresh_home):
     with open(p["meta"], "w") as f:
         json.dump({"source_key": "0" * 32, "exports": {}}, f)
     assert cache.fresh_meta("conv_nhwc", folder) is None
+
+
+def test_warmup_command(capsys):
+    from workbench import cli
+
+    assert cli.main(["warmup", "--status"]) == 0
+    out = capsys.readouterr().out
+    assert "compiled kernels: on" in out and "conv_nhwc:" in out
+    if compiled.can_build() is not None:
+        assert cli.main(["warmup"]) == 2
+        assert "cannot compile kernels here" in capsys.readouterr().err
+        return
+    assert cli.main(["warmup", "conv_nhwc"]) == 0
+    out = capsys.readouterr().out
+    assert "conv_nhwc: up to date" in out or "conv_nhwc: built" in out
+    assert "1 module(s) ready, 0 failed" in out
+    assert compiled.kernel("conv_nhwc.dw_k3s1") is not None

@@ -253,9 +253,10 @@ def main(argv=None) -> int:
         if say:
             if r["status"] == "failed":
                 say(f"{m}: FAILED: {r['error']}")
+            elif r["status"] == "cached":
+                say(f"{m}: up to date ({len(r['exports'])} kernels)")
             else:
-                say(f"{m}: {r['status']} ({len(r['exports'])} kernels, built in "
-                    f"{r['seconds']} s)")
+                say(f"{m}: built {len(r['exports'])} kernels in {r['seconds']} s")
     return 1 if failed else 0
 
 
