@@ -53,9 +53,12 @@ DEFAULT_FASTMATH = frozenset(("contract",))
 _EXPORTS: dict = {}   # module -> [(name, pyfunc, spec string, fastmath)]
 
 
-def export(name: str, args: str, *, fastmath=DEFAULT_FASTMATH):
+def export(name: str, args: str, *, fastmath=DEFAULT_FASTMATH, noalias: bool = True):
     """Mark a kernel for the builder: its name within the module and its argument string
-    (:mod:`workbench.compiled.spec`). ``fastmath``: a subset of :data:`ALLOWED_FASTMATH`."""
+    (:mod:`workbench.compiled.spec`). ``fastmath``: a subset of :data:`ALLOWED_FASTMATH`.
+    ``noalias`` (the default): the kernel's array arguments never overlap one another (an
+    array written in place is one argument), so LLVM may keep loads in registers across
+    stores (weights hoisted out of a loop over outputs); callers must honour it."""
     parse(args)
     fm = frozenset(fastmath)
     if not fm <= ALLOWED_FASTMATH:
@@ -64,7 +67,7 @@ def export(name: str, args: str, *, fastmath=DEFAULT_FASTMATH):
 
     def mark(fn):
         module = fn.__module__.rpartition(".")[2]
-        _EXPORTS.setdefault(module, []).append((name, fn, args, fm))
+        _EXPORTS.setdefault(module, []).append((name, fn, args, fm, noalias))
         return fn
     return mark
 
@@ -92,27 +95,46 @@ def _target_machine():
         opt=3, reloc="pic", codemodel="small")
 
 
-def _entry_module(cf, sym: str):
+def _core_name(ir: str, wrapper: str) -> str:
+    """The name of numba's native function that the cfunc wrapper ``wrapper`` calls."""
+    import llvmlite.binding as llvm  # noqa: PLC0415
+
+    mod = llvm.parse_assembly(ir)
+    for block in mod.get_function(wrapper).blocks:
+        for ins in block.instructions:
+            if ins.opcode == "call":
+                callee = list(ins.operands)[-1]
+                if callee.value_kind == llvm.ValueKind.function and \
+                        not mod.get_function(callee.name).is_declaration:
+                    return callee.name
+    raise RuntimeError(f"cannot find numba's native function behind {wrapper}")
+
+
+def _mark_noalias(ir: str, core: str) -> str:
+    """``ir`` with ``noalias`` on the pointer parameters of function ``core``."""
+    head = "define "
+    for line in ir.splitlines():
+        if line.startswith(head) and f'@"{core}"(' in line or \
+                line.startswith(head) and f"@{core}(" in line:
+            i = line.index("(")
+            params = line[i + 1:line.rindex(")")]
+            new = ", ".join(p if not p.startswith("ptr ") or "noalias" in p
+                            else "ptr noalias " + p[4:] for p in params.split(", "))
+            return ir.replace(line, line[:i + 1] + new + line[line.rindex(")"):], 1)
+    raise RuntimeError(f"cannot find the definition of {core}")
+
+
+def _entry_module(cf, sym: str, noalias: bool):
     """numba's optimised module of cfunc ``cf`` with a C entry point ``sym`` that calls its
     native function; every other symbol made internal."""
     import llvmlite.binding as llvm  # noqa: PLC0415
 
-    mod = llvm.parse_assembly(cf.inspect_llvm())
-    wrapper = mod.get_function(cf.native_name)
-    core = None
-    for block in wrapper.blocks:
-        for ins in block.instructions:
-            if ins.opcode == "call":
-                callee = list(ins.operands)[-1]
-                if callee.value_kind == llvm.ValueKind.function:
-                    fn = mod.get_function(callee.name)
-                    if not fn.is_declaration:
-                        core = fn
-                        break
-        if core is not None:
-            break
-    if core is None:
-        raise RuntimeError(f"cannot find numba's native function behind {cf.native_name}")
+    ir = cf.inspect_llvm()
+    core_name = _core_name(ir, cf.native_name)
+    if noalias:
+        ir = _mark_noalias(ir, core_name)
+    mod = llvm.parse_assembly(ir)
+    core = mod.get_function(core_name)
     params = [str(a.type) for a in core.arguments][2:]  # after (retptr, excinfo)
     formals = ", ".join(f"{t} %a{i}" for i, t in enumerate(params))
     ir = (f'define void @"{sym}"({formals}) {{\n'
@@ -144,12 +166,12 @@ def compile_module(module: str, progress=None) -> tuple:
                            f"@export)")
     linked = None
     described = {}
-    for name, fn, args, fm in exports:
+    for name, fn, args, fm, noalias in exports:
         t0 = time.perf_counter()
         cf = cfunc(_numba_sig(args), nopython=True, error_model="numpy",
                    fastmath=set(fm) if fm else False)(fn)
         sym = symbol(module, name)
-        mod = _entry_module(cf, sym)
+        mod = _entry_module(cf, sym, noalias)
         if linked is None:
             linked = mod
         else:
@@ -158,6 +180,8 @@ def compile_module(module: str, progress=None) -> tuple:
         if progress:
             progress(f"  {module}.{name}: {time.perf_counter() - t0:.1f} s")
     tm = _target_machine()
+    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
+    pb.getModulePassManager().run(linked, pb)  # O3 again: it may use the noalias facts
     pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
     mpm = llvm.create_new_module_pass_manager()
     mpm.add_global_dead_code_eliminate_pass()
