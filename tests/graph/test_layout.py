@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from workbench import backend
+from workbench import autograd, backend, opt, sonnx, tensor
 from workbench.graph import passes
 from workbench.graph.layout import to_channels_last, wants_channels_last
 from workbench.graph.load import load
@@ -213,3 +213,45 @@ def test_real_networks(torch_exports, name, layout, transposes):
         assert ops["NhwcMaxPool"] == 1
         # "auto" leaves a network without depthwise convolutions as it is
         assert "NhwcConv" not in _ops(backend.prepare(proto))
+
+
+class _Classifier(sonnx.SONNXModel):
+    def train_one_batch(self, x, y):
+        out = self.forward(x)[0]
+        loss = autograd.softmax_cross_entropy(out, y)
+        self.optimizer.backward_and_update(loss)
+        return out, loss
+
+
+def _trained(proto, x, y, *, run_first):
+    m = _Classifier(proto)
+    m.set_optimizer(opt.SGD(lr=0.1, momentum=0.9))
+    m.compile([tensor.PlaceHolder(x.shape)], is_train=True)
+    if run_first:   # builds the channels-last inference plan before training
+        m.run(x)
+    m.train()
+    for _ in range(2):
+        m(tensor.from_numpy(x), tensor.from_numpy(y))
+    return m, {k: v.numpy().copy() for k, v in m.get_params().items()}
+
+
+def test_training_runs_as_written_and_inference_sees_the_new_weights():
+    """Training (forward + gradients) runs the NCHW graph as written, untouched by the
+    inference plan's layout; ``model.run`` (channels-last, the weights transposed in its
+    plan) then gives what the trained weights give NCHW."""
+    proto = mobile_block()
+    x = RNG.standard_normal((4, 3, 16, 16)).astype(np.float32)
+    y = np.array([0, 3, 1, 4], np.int32)
+    m, after = _trained(proto, x, y, run_first=True)
+    _, after_plain = _trained(proto, x, y, run_first=False)
+    assert after.keys() == after_plain.keys() and len(after) == 7   # every weight, bias
+    for k in after:
+        np.testing.assert_array_equal(after[k], after_plain[k], err_msg=k)
+    assert any(not np.array_equal(after[k], numpy_helper.to_array(i))
+               for i in proto.graph.initializer for k in after if k == i.name)
+    got = m.run(x)[0]
+    plan, _ = m._tplan(m._outputs_for(None, ()), inference=True)
+    assert any(n.op_type == "NhwcConv" for n in plan.graph.nodes)
+    m.eval()
+    want = m.forward(tensor.from_numpy(x))[0].numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * max(1.0, np.abs(want).max()))
