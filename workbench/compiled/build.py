@@ -241,6 +241,7 @@ def build(module: str, folder: str | None = None, *, force: bool = False,
                          overwrite=True)
             if os.path.exists(p["failed"]):
                 os.unlink(p["failed"])
+            cache.prune(module, folder)
             return dict(meta, status="built")
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)

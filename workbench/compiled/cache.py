@@ -1,8 +1,8 @@
 """Where compiled kernels are cached, and when a cached one is stale.
 
-``<cache home>/compiled/<machine key>/<module>.o`` (the object) and ``<module>.json`` (what it
-exports, which sources it was built from, how long it took); ``<module>.failed.json`` records a
-build that failed (not retried until a source changes). The machine key hashes the CPU's model
+``<cache home>/compiled/<machine key>/<module>-<source key>.o`` (the object) and ``.json``
+(what it exports, which sources it was built from, how long it took); ``.failed.json`` records
+a build that failed (not retried until a source changes). The machine key hashes the CPU's model
 name and feature flags (``/proc/cpuinfo``), so a home folder shared between machines keeps one
 set per CPU; the source key hashes the kernel module's file and the builder's own files, so
 editing either rebuilds. Computing both reads a few small files: no numba, no LLVM.
@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import platform
+import time
 
 from workbench.files import cache_home
 
@@ -81,9 +82,40 @@ def cache_dir(create: bool = True) -> str:
 
 
 def paths(module: str, folder: str | None = None) -> dict:
+    """The files of today's build of ``module``: named by its source key, so that builds of
+    other versions (another checkout, an older install sharing the cache home) stay beside
+    it instead of being rebuilt over one another."""
     folder = folder or cache_dir()
-    base = os.path.join(folder, module)
+    base = os.path.join(folder, f"{module}-{source_key(module)[:16]}")
     return {"object": base + ".o", "meta": base + ".json", "failed": base + ".failed.json"}
+
+
+#: builds of other versions of a module unused for this long are removed by the builder
+STALE_SECONDS = 30 * 24 * 3600
+
+
+def prune(module: str, folder: str, now: float | None = None) -> list:
+    """Remove the files of ``module``'s other versions not modified for
+    :data:`STALE_SECONDS`; returns the removed paths."""
+    keep = set(paths(module, folder).values())
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for n in names:
+        stem = n.split(".", 1)[0]
+        if stem.rpartition("-")[0] != module:
+            continue
+        f = os.path.join(folder, n)
+        try:
+            if f not in keep and now - os.path.getmtime(f) > STALE_SECONDS:
+                os.unlink(f)
+                removed.append(f)
+        except OSError:
+            pass
+    return removed
 
 
 def read_json(path: str):
