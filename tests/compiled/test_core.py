@@ -150,7 +150,9 @@ def test_data_pointer_reads_views():
 # ------------------------------------------------------------------------------ state
 @pytest.fixture
 def fresh_home(tmp_path, monkeypatch):
-    """An empty cache home and a fresh engine state; restored after."""
+    """An empty cache home and a fresh engine state; the session's state restored after
+    (loaded from the cache again, a bounded wait; still off if the session turned it off)."""
+    was_enabled = compiled.enabled()
     monkeypatch.setenv("WORKBENCH_HOME", str(tmp_path))
     monkeypatch.delenv("WORKBENCH_COMPILED", raising=False)
     compiled._forget()
@@ -158,7 +160,9 @@ def fresh_home(tmp_path, monkeypatch):
     compiled._forget()
     monkeypatch.undo()
     compiled._forget()
-    compiled.wait()  # the session's state again (loaded from the real cache)
+    compiled.set_enabled(was_enabled)
+    if was_enabled:
+        compiled.wait(timeout=120)
 
 
 def test_off_switch(fresh_home, monkeypatch):
@@ -196,25 +200,66 @@ def test_without_numba_everything_stays_on_numpy(fresh_home, monkeypatch):
 
 
 @numba_missing
-def test_cold_cache_never_blocks_then_loads(fresh_home):
-    """The first request returns None at once; the builder fills the empty cache in the
-    background; a second process then loads from the cache without building."""
+def test_cold_cache_never_blocks(fresh_home):
+    """The first request in an empty cache returns None at once and starts one builder
+    process in the background (ended by the fixture: the full build from a cold cache is what
+    the session's own wait does on a clean machine, see tests/conftest.py)."""
     t0 = time.perf_counter()
     assert compiled.kernel("conv_nhwc.dw_k3s1") is None
     assert time.perf_counter() - t0 < 1.0
-    assert compiled.status()["modules"]["conv_nhwc"]["state"] in ("queued", "building")
-    assert compiled.wait(["conv_nhwc"], timeout=900), compiled.status()
-    k = compiled.kernel("conv_nhwc.dw_k3s1")
-    assert k is not None and "f32[]!" in k.args
-    meta = cache.fresh_meta("conv_nhwc")
-    assert meta["exports"]["dw_k3s1"]["symbol"] == "wb_conv_nhwc_dw_k3s1"
-    # a fresh process: loaded from the cache in milliseconds, no builder started
+    assert compiled.kernel("conv_nhwc.bias_act") is None   # asked again: still no wait
+    deadline = time.monotonic() + 60
+    while not compiled._PROCS and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(compiled._PROCS) == 1, compiled.status()
+    assert compiled.status()["modules"]["conv_nhwc"]["state"] == "building"
+    assert compiled.wait(["conv_nhwc"], timeout=0.5) is False   # a bounded wait returns
+    assert "conv_nhwc" in compiled.stop_builds("test")
+    assert not compiled._PROCS
+    st = compiled.status()["modules"]["conv_nhwc"]
+    assert st["state"] == "failed" and st["why"] == "test"
+
+
+def test_session_kernels_are_ready_where_numba_is_installed():
+    """On a machine that can build, the session's wait ends with every module ready (a
+    failed build fails here, saying why); skipped when the session runs on numpy."""
+    if not compiled.enabled():
+        pytest.skip("compiled kernels are off in this session (WORKBENCH_COMPILED=0, or the "
+                    "session's wait for the build ran out: see the summary line)")
+    if compiled.can_build() is not None and not all(
+            cache.fresh_meta(m) is not None for m in compiled.modules()):
+        pytest.skip(compiled.can_build())
+    st = compiled.status()["modules"]
+    bad = {m: s for m, s in st.items() if s["state"] != "ready"}
+    assert not bad, f"compiled kernel modules not ready: {bad}"
+
+
+def test_a_cached_module_loads_in_a_fresh_process_without_building():
+    if not compiled.wait(["conv_nhwc"], timeout=30):
+        pytest.skip(f"conv_nhwc is not available: {compiled.status()['modules']}")
     code = ("import time, workbench.compiled as c; t=time.perf_counter(); "
             "ok=c.wait(['conv_nhwc']); print(ok, time.perf_counter()-t, bool(c._PROCS))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ), timeout=120)
     ok, secs, started = out.stdout.split()
     assert ok == "True" and started == "False" and float(secs) < 5, out
+
+
+def test_old_versions_are_pruned(tmp_path):
+    folder = str(tmp_path)
+    today = cache.paths("conv_nhwc", folder)
+    old = os.path.join(folder, "conv_nhwc-0123456789abcdef.o")
+    recent = os.path.join(folder, "conv_nhwc-fedcba9876543210.json")
+    other = os.path.join(folder, "norm_x-0123456789abcdef.o")
+    for f in (today["object"], old, recent, other):
+        with open(f, "wb") as fh:
+            fh.write(b"x")
+    long_ago = time.time() - cache.STALE_SECONDS - 10
+    for f in (today["object"], old, other):
+        os.utime(f, (long_ago, long_ago))
+    assert cache.prune("conv_nhwc", folder) == [old]
+    assert os.path.exists(today["object"]) and os.path.exists(recent)
+    assert os.path.exists(other)
 
 
 def test_a_failed_build_is_recorded_and_not_retried(fresh_home):
@@ -253,7 +298,11 @@ def test_warmup_command(capsys):
 
     assert cli.main(["warmup", "--status"]) == 0
     out = capsys.readouterr().out
-    assert "compiled kernels: on" in out and "conv_nhwc:" in out
+    assert "conv_nhwc:" in out
+    if not compiled.enabled():   # the session runs on numpy: no foreground build here
+        assert "compiled kernels: off" in out
+        return
+    assert "compiled kernels: on" in out
     if compiled.can_build() is not None:
         assert cli.main(["warmup"]) == 2
         assert "cannot compile kernels here" in capsys.readouterr().err

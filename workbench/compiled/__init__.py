@@ -26,8 +26,8 @@ Controls: ``WORKBENCH_COMPILED=0`` (or :func:`set_enabled(False)`, :func:`disabl
 everything on numpy; ``WORKBENCH_COMPILED=wait`` makes the first ``kernel()`` of a module wait
 for it (benchmarks); :func:`wait` waits explicitly (tests, benchmarks); :func:`warmup` /
 ``workbench warmup`` compiles ahead of time; :func:`status` says where each module stands.
-Without numba (the ``compiled`` extra) nothing is built and everything runs on numpy; kernels
-already in the cache still load.
+Without numba (a dependency on Linux x86-64 only; elsewhere the loader is unsupported anyway)
+nothing is built and everything runs on numpy; kernels already in the cache still load.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from workbench.compiled.image import ImageError, load, supported
 from workbench.compiled.spec import ARRAY_DTYPES, parse
 
 __all__ = ["Kernel", "kernel", "wait", "warmup", "status", "enabled", "set_enabled",
-           "disabled", "modules"]
+           "disabled", "modules", "stop_builds"]
 
 _CTYPES = {"i64": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double}
 
@@ -233,9 +233,13 @@ def can_build() -> str | None:
     why = supported()
     if why:
         return why
-    if importlib.util.find_spec("numba") is None:
-        return ("numba is not installed (pip install 'onnx-workbench[compiled]'); the engine "
-                "runs on numpy")
+    try:
+        found = importlib.util.find_spec("numba") is not None
+    except (ImportError, ValueError):   # a broken or blocked installation: as absent
+        found = False
+    if not found:
+        return ("numba is not installed (pip install numba, or reinstall onnx-workbench); the "
+                "engine runs on numpy")
     return None
 
 
@@ -306,8 +310,10 @@ def _work() -> None:
                 if done:
                     err = proc.stderr.read().decode("utf-8", "replace")[-2000:]
                     for m in pending:
-                        _set(m, "failed", why=f"the builder ended (status {proc.returncode}) "
-                                              f"without {m}: {err.strip()}")
+                        if _STATE.get(m, {}).get("state") == "building":  # not stopped
+                            _set(m, "failed", why=f"the builder ended (status "
+                                                  f"{proc.returncode}) without {m}: "
+                                                  f"{err.strip()}")
                     break
                 time.sleep(0.25)
             # the builder goes on with the other modules: they are picked up when asked for
@@ -393,6 +399,29 @@ def warmup(modules_=None, *, force: bool = False, progress=print) -> dict:
             _load_module(m, folder)
     return {"seconds": round(time.perf_counter() - t0, 2), "folder": folder,
             "modules": results}
+
+
+def stop_builds(why: str = "stopped") -> list:
+    """End the builder processes this process started (tests whose bounded wait ran out: a
+    build must not go on competing with them for the CPU); the modules they were building
+    become "failed" with ``why`` for this process (their cache is left as it is, so a later
+    process builds or loads them). Returns the modules stopped."""
+    with _LOCK:
+        procs = list(_PROCS)
+        _PROCS.clear()
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    stopped = []
+    with _LOCK:
+        for m, st in _STATE.items():
+            if st["state"] in ("queued", "building"):
+                _STATE[m] = {"state": "failed", "why": why}
+                stopped.append(m)
+        _QUEUE.clear()
+        _DONE.notify_all()
+    return stopped
 
 
 def _forget() -> None:
