@@ -24,6 +24,7 @@ def path(request):
         return
     if not compiled.wait(["conv_nhwc"], timeout=900):
         pytest.skip(f"compiled kernels unavailable: {compiled.status()['modules']}")
+    assert compiled.kernel("conv_nhwc.dw_k3s1") is not None   # the path really is compiled
     yield "compiled"
 
 
@@ -79,6 +80,17 @@ def test_depthwise_epilogue(path, activation, params, residual):
     x, w, b = data(3, c, 9, 9, c, (3, 3), group=c)
     z = RNG.standard_normal((3, c, 9, 9)).astype(np.float32) if residual else None
     check(x, w, b, z, activation, params, group=c, pads=[1, 1, 1, 1])
+
+
+@pytest.mark.parametrize("n,c,h,w", [(3, 1, 5, 5), (2, 7, 1, 9), (1, 8, 9, 1), (5, 3, 2, 2),
+                                     (1, 33, 17, 3)])
+def test_depthwise_odd_shapes(path, n, c, h, w):
+    """One channel, one-pixel rows and columns, images smaller than the kernel, many images
+    per block of rows (the compiled kernel's row ranges cross image borders)."""
+    for k, s in ((3, 1), (3, 2), (5, 1), (5, 2)):
+        x, wt, b = data(n, c, h, w, c, (k, k), group=c)
+        p = k // 2
+        check(x, wt, b, None, "Clip", (0.0, 6.0), group=c, strides=[s, s], pads=[p, p, p, p])
 
 
 def test_depthwise_dilation_and_asymmetric_strides(path):
