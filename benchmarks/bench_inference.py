@@ -259,6 +259,12 @@ def worker(engine: str, model: str, npz: str, runs: int, warmup: int, threads: i
 def _node_key(node, plan) -> str:
     """The op type, with convolutions told apart by kind (depthwise, grouped, 1x1, kxk)."""
     op = node.op_type
+    if op == "NhwcConv" and len(node.inputs) > 1:   # channels-last: weights (kh, kw, C/g, M)
+        w = plan.graph.initializers.get(node.inputs[1])
+        g = int(node.attrs.get("group", 1))
+        if w is not None:
+            kind = "depthwise " if g > 1 and w.shape[2] == 1 else "grouped " if g > 1 else ""
+            return f"{op} {kind}{'x'.join(map(str, w.shape[:2]))}"
     if op in ("Conv", "FusedConv") and len(node.inputs) > 1:
         w = plan.graph.initializers.get(node.inputs[1])
         g = int(node.attrs.get("group", 1))

@@ -40,8 +40,12 @@ def nhwc_channel_shuffle(X, shape5, shape4, *, allowzero=0):
     g = s5[1]   # the number of groups the channels are shuffled across
     if g >= 1 and C % g == 0 and s5 == (N, g, C // g, H, W) and s4 == logical:
         y = np.empty_like(X)
-        y.reshape(N, H, W, C // g, g)[...] = X.reshape(N, H, W, g, C // g).transpose(
-            0, 1, 2, 4, 3)
+        # one strided copy per group: the inner loop runs over C/g channels (a transposed
+        # copy's inner loop would run over the g groups: 4-5x slower for g = 2)
+        yv = y.reshape(-1, C // g, g)
+        xv = np.ascontiguousarray(X).reshape(-1, g, C // g)
+        for i in range(g):
+            yv[:, :, i] = xv[:, i, :]
         return y
     # not a shuffle of these channels: the ops as written, on the logical layout
     t = X.transpose(0, 3, 1, 2).reshape(s5).transpose(0, 2, 1, 3, 4).reshape(s4)

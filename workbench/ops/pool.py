@@ -135,8 +135,14 @@ def _window_reduce(x, ks, st, dl, pb, out, reduce, channels_last=False):
                 along(cur, dst, a)
                 cur = dst
     per_channel = int(math.prod(x.shape[ax0:ax0 + nd]))
-    run_blocks(xp, blocks(xp, N, C, per_channel, _POOL_BLOCK), work,
-               N * C * per_channel * max(ks))
+    if channels_last and xp is np:
+        # whole images (all channels: the contiguous inner run); a channel block would cut
+        # each pixel's channels into short strided runs
+        nb = max(1, _POOL_BLOCK // max(1, C * per_channel))
+        jobs = [(slice(n, min(N, n + nb)), slice(None)) for n in range(0, N, nb)]
+    else:
+        jobs = blocks(xp, N, C, per_channel, _POOL_BLOCK)
+    run_blocks(xp, jobs, work, N * C * per_channel * max(ks))
     return y
 
 
