@@ -37,7 +37,7 @@ import numpy as np
 
 from workbench.graph.ir import Graph, Node, ValueInfo
 from workbench.graph.toposort import topological_order
-from workbench.ops.registry import FUSED_DOMAIN, facts
+from workbench.ops.registry import FUSED_DOMAIN, facts, has_kernel
 
 TO_NHWC = [0, 2, 3, 1]
 TO_NCHW = [0, 3, 1, 2]
@@ -45,10 +45,20 @@ TO_NCHW = [0, 3, 1, 2]
 AXIS = {0: 0, 1: 3, 2: 1, 3: 2}
 SUFFIX = "__nhwc"
 
-_POOLS = {"MaxPool": "NhwcMaxPool", "AveragePool": "NhwcAveragePool",
-          "GlobalAveragePool": "NhwcGlobalAveragePool", "GlobalMaxPool": "NhwcGlobalMaxPool"}
-_REDUCE = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd",
-           "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
+
+
+def _nhwc_pool(n: Node):
+    """The channels-last form of a standard pooling node (``Nhwc<op>``, registered in
+    ``ops/pool.py``), or None."""
+    if n.domain or facts(n.op_type).category != "pooling":
+        return None
+    name = "Nhwc" + n.op_type
+    return name if has_kernel(name, FUSED_DOMAIN) else None
+
+
+def _is_reduce(n: Node) -> bool:
+    return not n.domain and n.op_type.startswith("Reduce") and \
+        facts(n.op_type).category == "reduction"
 
 
 def _conv_facts(g: Graph, n: Node):
@@ -218,8 +228,8 @@ class _Rewriter:
         return True
 
     def pool(self, n: Node) -> bool:
-        if n.domain or n.op_type not in _POOLS or len(n.outputs) != 1 or \
-                n.inputs[0] not in self.nhwc:
+        op = _nhwc_pool(n)
+        if op is None or len(n.outputs) != 1 or n.inputs[0] not in self.nhwc:
             return False
         if n.op_type in ("MaxPool", "AveragePool"):
             ks = n.attrs.get("kernel_shape")
@@ -227,7 +237,7 @@ class _Rewriter:
                 return False
         attrs = {k: v for k, v in n.attrs.items() if k != "storage_order"}
         y = self.region_output(n.outputs[0])
-        self.out.append(Node(_POOLS[n.op_type], [self.nhwc[n.inputs[0]]], [y], attrs, n.name,
+        self.out.append(Node(op, [self.nhwc[n.inputs[0]]], [y], attrs, n.name,
                              FUSED_DOMAIN, n.doc_string))
         return True
 
@@ -297,7 +307,7 @@ class _Rewriter:
         return True
 
     def reduce(self, n: Node, opset: int) -> bool:
-        if n.op_type not in _REDUCE or n.domain or n.inputs[0] not in self.nhwc or \
+        if not _is_reduce(n) or n.inputs[0] not in self.nhwc or \
                 not int(n.attrs.get("keepdims", 1)):
             return False
         attrs = dict(n.attrs)
@@ -400,14 +410,16 @@ def to_channels_last(graph: Graph, variables=frozenset(), *, mode: str | None = 
             if emit is not None:
                 emit()
             continue
-        before = len(rw.out)
+        before, made = len(rw.out), set(rw.to_nhwc)
         ok = (rw.conv(n) or rw.pointwise(n) or rw.pool(n) or rw.concat(n) or rw.split(n)
               or rw.slice_(n, opset) or rw.reduce(n, opset) or rw.shape(n)
               or rw.shuffle(n, consumers, outputs, pending))
         if ok:
             converted += 1
             continue
-        del rw.out[before:]
+        del rw.out[before:]   # a rule that gave up: its conversions go too
+        for name in set(rw.to_nhwc) - made:
+            del rw.to_nhwc[name]
         # a border: region values this node reads go back to NCHW under their own names
         rw.out.append(n)
     if not converted:
@@ -429,6 +441,4 @@ def to_channels_last(graph: Graph, variables=frozenset(), *, mode: str | None = 
     g.nodes = final
     g.opsets = dict(g.opsets)
     g.opsets.setdefault(FUSED_DOMAIN, 1)
-    from workbench.graph.passes import eliminate_dead_code  # noqa: PLC0415
-
-    return eliminate_dead_code(g)
+    return g   # every node is used: a conversion is made only for a reader
