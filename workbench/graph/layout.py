@@ -24,7 +24,10 @@ to NHWC per value, shared; region values read from outside get one ``Transpose``
 - ``Shape`` of a region value -> ``Shape`` + ``Gather`` (the logical NCHW shape, so shape
   arithmetic in the graph is unchanged);
 - ShuffleNet's channel shuffle ``Reshape -> Transpose(0, 2, 1, 3, 4) -> Reshape`` ->
-  ``com.workbench::NhwcChannelShuffle`` (checked at run time, see ``ops/nhwc.py``).
+  ``com.workbench::NhwcChannelShuffle`` (checked at run time, see ``ops/nhwc.py``);
+- the graph's own layout transposes (ConvNeXt-like blocks: ``Transpose(0, 2, 3, 1)`` before a
+  LayerNorm over channels, ``Transpose(0, 3, 1, 2)`` back): the first of a region value is an
+  ``Identity`` of its array, the second's input is used as the region's form of its output.
 
 Every region value is renamed ``<name>__nhwc``; the original name, where it is still read
 (or is a graph output), is produced by the conversion back, so every name keeps its NCHW
@@ -106,6 +109,7 @@ class _Rewriter:
         self.to_nhwc: dict = {}   # NCHW value -> its Transpose to NHWC (made on demand)
         self.out: list = []
         self.consts: dict = {}    # (name, tag) -> new initializer name
+        self.producer = {o: n for n in g.nodes for o in n.outputs if o}
 
     def fresh(self, base: str) -> str:
         name, i = base, 1
@@ -135,6 +139,11 @@ class _Rewriter:
         """The channels-last form of value ``name`` (a Transpose made once if needed)."""
         if name in self.nhwc:
             return self.nhwc[name]
+        p = self.producer.get(name)
+        if p is not None and _is_transpose(p, TO_NCHW):
+            # the graph's own NHWC -> NCHW transpose (ConvNeXt-like blocks): its input already
+            # is the channels-last array
+            return p.inputs[0]
         if name not in self.to_nhwc:
             t = self.fresh(name + SUFFIX)
             self.out.append(Node("Transpose", [name], [t], {"perm": list(TO_NHWC)},
@@ -142,6 +151,11 @@ class _Rewriter:
             self.info(name, t)
             self.to_nhwc[name] = t
         return self.to_nhwc[name]
+
+    def has_nhwc(self, name: str) -> bool:
+        """Whether a channels-last form of ``name`` exists without a conversion."""
+        p = self.producer.get(name)
+        return name in self.nhwc or (p is not None and _is_transpose(p, TO_NCHW))
 
     def region_output(self, name: str) -> str:
         t = self.fresh(name + SUFFIX)
@@ -205,7 +219,7 @@ class _Rewriter:
         f = facts(n.op_type, n.domain)
         if not f.elementwise or len(n.outputs) != 1 or n.subgraphs:
             return False
-        if not any(i in self.nhwc for i in n.inputs if i):
+        if not any(self.has_nhwc(i) for i in n.inputs if i):
             return False
         new_inputs = []
         for i in n.inputs:
@@ -218,7 +232,7 @@ class _Rewriter:
                 if c is None:
                     return False
                 new_inputs.append(c)
-            elif self.rank(i) == 4:
+            elif self.has_nhwc(i) or self.rank(i) == 4:
                 new_inputs.append(self.nhwc_input(i))
             else:
                 return False  # a value whose broadcast in NHWC is not known here
@@ -330,6 +344,14 @@ class _Rewriter:
         self.out.append(Node(n.op_type, ins, [y], attrs, n.name, "", n.doc_string))
         return True
 
+    def transpose(self, n: Node) -> bool:
+        """The graph's own NCHW -> NHWC transpose of a region value is that value's array."""
+        if not _is_transpose(n, TO_NHWC) or n.inputs[0] not in self.nhwc:
+            return False
+        self.out.append(Node("Identity", [self.nhwc[n.inputs[0]]], [n.outputs[0]], {}, n.name,
+                             "", n.doc_string))
+        return True
+
     def shape(self, n: Node) -> bool:
         if n.op_type != "Shape" or n.domain or n.inputs[0] not in self.nhwc:
             return False
@@ -373,6 +395,11 @@ class _Rewriter:
         return True
 
 
+def _is_transpose(n: Node, perm) -> bool:
+    return n.op_type == "Transpose" and not n.domain and len(n.inputs) == 1 and \
+        [int(p) for p in n.attrs.get("perm", [])] == list(perm)
+
+
 def _only(consumers, outputs, value):
     users = consumers.get(value, [])
     if len(users) != 1 or value in outputs:
@@ -412,7 +439,7 @@ def to_channels_last(graph: Graph, variables=frozenset(), *, mode: str | None = 
             continue
         before, made = len(rw.out), set(rw.to_nhwc)
         ok = (rw.conv(n) or rw.pointwise(n) or rw.pool(n) or rw.concat(n) or rw.split(n)
-              or rw.slice_(n, opset) or rw.reduce(n, opset) or rw.shape(n)
+              or rw.slice_(n, opset) or rw.reduce(n, opset) or rw.shape(n) or rw.transpose(n)
               or rw.shuffle(n, consumers, outputs, pending))
         if ok:
             converted += 1
