@@ -64,14 +64,28 @@ def _is_reduce(n: Node) -> bool:
         facts(n.op_type).category == "reduction"
 
 
-def _conv_facts(g: Graph, n: Node):
+def _weights(g: Graph, name: str, producers=None):
+    """The value info of a convolution's weights: a trainable model's inference graph
+    computes them (``FoldBatchNormWeights``, which keeps the shape and type of its first
+    input), where the graph may not record a shape."""
+    v = g.value(name)
+    if v is not None and v.shape is not None:
+        return v
+    p = (producers or {}).get(name)
+    if p is not None and p.op_type == "FoldBatchNormWeights" and p.domain == FUSED_DOMAIN \
+            and p.outputs and p.outputs[0] == name:
+        return g.value(p.inputs[0])
+    return v
+
+
+def _conv_facts(g: Graph, n: Node, producers=None):
     """(C, M, group, kh, kw) of a 2-D float Conv/FusedConv node, or None."""
     if not ((n.op_type == "Conv" and not n.domain)
             or (n.op_type == "FusedConv" and n.domain == FUSED_DOMAIN)):
         return None
     if len(n.inputs) < 2 or len(n.outputs) != 1:
         return None
-    w = g.value(n.inputs[1])
+    w = _weights(g, n.inputs[1], producers)
     x = g.value(n.inputs[0])
     if w is None or w.shape is None or len(w.shape) != 4 or \
             not all(isinstance(d, int) for d in w.shape):
@@ -89,8 +103,9 @@ def _conv_facts(g: Graph, n: Node):
 
 def wants_channels_last(g: Graph) -> bool:
     """The "auto" rule: the network has a depthwise convolution (group == C == M > 1)."""
+    producers = {o: n for n in g.nodes for o in n.outputs if o}
     for n in g.nodes:
-        f = _conv_facts(g, n)
+        f = _conv_facts(g, n, producers)
         if f is not None:
             C, M, group, kh, kw = f
             if group > 1 and group == C == M and kh * kw > 1:
@@ -185,7 +200,7 @@ class _Rewriter:
 
     # -------------------------------------------------------------------------- rules
     def conv(self, n: Node) -> bool:
-        if _conv_facts(self.g, n) is None:
+        if _conv_facts(self.g, n, self.producer) is None:
             return False
         ins = list(n.inputs) + [""] * (4 - len(n.inputs))
         x = self.nhwc_input(ins[0])
@@ -414,7 +429,8 @@ def to_channels_last(graph: Graph, variables=frozenset(), *, mode: str | None = 
         return graph
     if mode not in ("auto", "nhwc"):
         raise ValueError(f"layout mode {mode!r}: use 'auto', 'nhwc' or None")
-    if not any(_conv_facts(graph, n) is not None for n in graph.nodes):
+    producers = {o: n for n in graph.nodes for o in n.outputs if o}
+    if not any(_conv_facts(graph, n, producers) is not None for n in graph.nodes):
         return graph
     if mode == "auto" and not wants_channels_last(graph):
         return graph
