@@ -1,9 +1,9 @@
-"""Writing files: the one place for atomic writes.
+"""Writing files: the one place for atomic writes, and the workbench's cache folder.
 
 Every file the engine writes for the user (exported ``.onnx`` models, ``save_states``
 archives) goes through :func:`write_atomic`: a temporary file in the target's folder, then an
 atomic rename, so a reader never sees a half-written file and a failure leaves nothing behind;
-an existing file is replaced only when asked. :func:`cache_dir` is the user's workbench cache
+an existing file is replaced only when asked. :func:`cache_home` is the user's workbench cache
 folder (downloads, the trunk cache).
 """
 
@@ -60,10 +60,10 @@ def write_atomic(path, write: Callable[[IO[bytes]], object], *, overwrite: bool 
     return path
 
 
-def cache_dir(create: bool = True) -> str:
-    """The workbench cache folder, created on demand (unless ``create=False``):
-    ``$WORKBENCH_HOME``, else ``$XDG_CACHE_HOME/onnx-workbench``, else
-    ``~/.cache/onnx-workbench``."""
+def cache_home(create: bool = True) -> str:
+    """The workbench cache folder: ``$WORKBENCH_HOME``, else ``$XDG_CACHE_HOME/onnx-workbench``
+    or ``~/.cache/onnx-workbench`` (created on demand unless ``create`` is false). The zoo's
+    downloads and the compiled kernels (``workbench.compiled``) live there."""
     home = os.environ.get("WORKBENCH_HOME")
     if not home:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

@@ -70,7 +70,7 @@ import numpy as np
 from workbench.arrays import xp_of
 from workbench.autodiff.tape import Tensor
 from workbench.errors import InputError, WorkbenchError
-from workbench.files import cache_dir, write_atomic
+from workbench.files import cache_home, write_atomic
 from workbench.graph.ir import Graph
 from workbench.graph.toposort import needed_nodes, topological_order
 from workbench.limits import parse_size, usable_memory
@@ -89,8 +89,8 @@ __all__ = ["TrunkCache", "cache_folder", "bypassed", "FORMAT", "STORAGES"]
 
 
 def cache_folder() -> str:
-    """Where disk caches live: ``$WORKBENCH_HOME/trunk-cache`` (see ``files.cache_dir``)."""
-    return os.path.join(cache_dir(), "trunk-cache")
+    """Where disk caches live: ``$WORKBENCH_HOME/trunk-cache`` (see ``files.cache_home``)."""
+    return os.path.join(cache_home(), "trunk-cache")
 
 
 @contextlib.contextmanager
@@ -483,7 +483,7 @@ class TrunkCache:
         if self.storage == "memory":
             limit = self.budget
         else:
-            root = self._folder or self.root or os.path.join(cache_dir(create=False), "trunk-cache")
+            root = self._folder or self.root or os.path.join(cache_home(create=False), "trunk-cache")
             limit = max(0, _free_space(root) - DISK_MARGIN)
         return {"samples": int(n_samples), "per_sample": per, "total": total, "limit": limit,
                 "fits": None if total is None else total <= limit}

@@ -18,14 +18,14 @@ import urllib.error
 import urllib.request
 
 from workbench.errors import ChecksumError, DownloadError
-from workbench.files import cache_dir as _cache_dir
+from workbench.files import cache_home
 
 CHUNK = 1 << 16
 
 
 def cache_dir() -> str:
-    """The workbench cache folder (created on demand; ``workbench.files.cache_dir``)."""
-    return _cache_dir()
+    """The workbench cache folder (created on demand): :func:`workbench.files.cache_home`."""
+    return cache_home()
 
 
 def is_offline() -> bool:
