@@ -483,7 +483,8 @@ class TrunkCache:
         if self.storage == "memory":
             limit = self.budget
         else:
-            root = self._folder or self.root or os.path.join(cache_home(create=False), "trunk-cache")
+            root = (self._folder or self.root
+                    or os.path.join(cache_home(create=False), "trunk-cache"))
             limit = max(0, _free_space(root) - DISK_MARGIN)
         return {"samples": int(n_samples), "per_sample": per, "total": total, "limit": limit,
                 "fits": None if total is None else total <= limit}
