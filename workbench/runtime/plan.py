@@ -181,12 +181,26 @@ def bind_kernels(graph: Graph, nodes: Sequence[Node], slots: dict, frees: list, 
         if entry.wants_ctx:
             attrs["ctx"] = NodeContext(n.name, n.op_type, opset, len(n.outputs),
                                        tuple(n.outputs), training, rng, extra=dict(extra))
+        prepare = getattr(entry.fn, "prepare", None)
+        if prepare is not None:
+            _prepare_node(prepare, attrs)
         steps.append(Step(
             entry.fn,
             tuple(slots[i] if i else -1 for i in n.inputs),
             tuple(slots[o] if o else -1 for o in n.outputs),
             attrs, tuple(frees[si]), n, tuple(subplans), opset=opset))
     return steps, errors
+
+
+def _prepare_node(prepare: Callable, attrs: dict) -> None:
+    """A kernel's own preparation of its node, ``fn.prepare(**attrs)`` (a tree ensemble
+    builds its node table from the attributes and keeps it in the node's context): done when
+    the plan is made, so the first run does not pay for it. A failure is left to the first
+    run, which makes the same work again and raises the error naming the node."""
+    try:
+        prepare(**attrs)
+    except Exception:   # noqa: BLE001 - raised again, with the node named, by the run
+        pass
 
 
 def raise_missing(errors: list[UnsupportedOperatorError]) -> None:
