@@ -98,7 +98,11 @@ class Forest:
         self._modes = np.unique(self.mode[~self._leaf])
 
     def leaves(self, x: np.ndarray, op: str) -> np.ndarray:
-        """The leaf every row reaches in every tree: an int32 [N, T] matrix."""
+        """The leaf every row reaches in every tree: an int32 [N, T] matrix.
+
+        Blocks of (rows x trees) pairs are walked together: all the rows of a block of trees
+        (up to ``_CHUNK_PAIRS`` pairs), pairs ordered tree by tree, so the nodes of a large
+        forest are read from memory once per block instead of once per row chunk."""
         self._prepare()
         n, t = x.shape[0], self.roots.size
         out = np.empty((n, t), dtype=np.int32)
@@ -109,15 +113,21 @@ class Forest:
         else:
             x, thr = x.astype(np.float64, copy=False), self.threshold
         x = np.ascontiguousarray(x)
-        step = max(1, _CHUNK_PAIRS // t)
-        for r0 in range(0, n, step):
-            out[r0:r0 + step] = self._leaves_chunk(x[r0:r0 + step], thr, op)
+        rstep = min(n, _CHUNK_PAIRS)
+        tstep = max(1, _CHUNK_PAIRS // rstep)
+        roots = self.roots.astype(np.int32)
+        for r0 in range(0, n, rstep):
+            for t0 in range(0, t, tstep):
+                out[r0:r0 + rstep, t0:t0 + tstep] = self._leaves_chunk(
+                    x[r0:r0 + rstep], thr, op, roots[t0:t0 + tstep])
         return out
 
-    def _leaves_chunk(self, x: np.ndarray, thr: np.ndarray, op: str) -> np.ndarray:
+    def _leaves_chunk(self, x: np.ndarray, thr: np.ndarray, op: str,
+                      roots: np.ndarray) -> np.ndarray:
+        """[rows, trees] leaves of ``roots``' trees; pair p = tree * rows + row."""
         n, f = x.shape
-        t = self.roots.size
-        res = np.tile(self.roots.astype(np.int32), n)      # pair p = row * t + tree
+        t = roots.size
+        res = np.repeat(roots, n)
         xflat = x.reshape(-1)
         leaf, child, feat = self._leaf, self._child, self._feat
         modes = self._modes
@@ -125,7 +135,7 @@ class Forest:
         track = self.track_true
         pidx = np.flatnonzero(~leaf[res]).astype(np.int32)
         cur = res[pidx]
-        rb = (pidx // t).astype(np.int32) * f if n * f < 2 ** 31 else (pidx // t) * f
+        rb = (pidx % n).astype(np.int32) * f if n * f < 2 ** 31 else (pidx % n) * f
         limit = self.mode.size + 8
         steps = 0
         while cur.size:
@@ -152,7 +162,7 @@ class Forest:
             if steps > limit:
                 raise InputError(f"{op}: a tree has a cycle (no leaf reached after {limit} "
                                  f"steps)")
-        return res.reshape(n, t)
+        return res.reshape(t, n).T
 
     def _go_mixed(self, nd, v, th):
         m = self.mode[nd]
