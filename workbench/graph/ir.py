@@ -111,7 +111,12 @@ def attr_to_python(a: onnx.AttributeProto, opsets: dict, where: str = ""):
     if t == AttributeProto.INTS:
         return list(a.ints)
     if t == AttributeProto.STRINGS:
-        return [s.decode("utf-8") for s in a.strings]
+        strs = a.strings
+        if len(strs) > 64:   # one decode for all (a tree ensemble's millions of node modes)
+            parts = b"\0".join(strs).decode("utf-8").split("\0")
+            if len(parts) == len(strs):     # (else a string holds a NUL: one by one)
+                return parts
+        return [s.decode("utf-8") for s in strs]
     if t == AttributeProto.TENSORS:
         return [tensor_to_array(x, f"{where}[{k}]") for k, x in enumerate(a.tensors)]
     if t == AttributeProto.SPARSE_TENSORS:
