@@ -48,7 +48,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks._cpu import cpu_description, prepare_compiled  # noqa: E402
 from benchmarks._proc import peak_rss_mib  # noqa: E402
+
+#: environment of each engine's worker processes (set in main: the compiled kernels)
+WORKER_ENV: dict = {}
 
 ALL_MODELS = ("light_resnet50", "light_squeezenet", "resnet18", "mobilenetv2", "shufflenetv2",
               "bert", "gpt2")
@@ -61,6 +65,7 @@ class Row:
     model: str
     batch: int
     ours_ms: float | None = None
+    numpy_ms: float | None = None        # ours with the compiled kernels off (--numpy)
     ort_ms: float | None = None
     torch_ms: float | None = None
     ours_best_ms: float | None = None    # the fastest single run of any round
@@ -209,7 +214,7 @@ def worker(engine: str, model: str, npz: str, runs: int, warmup: int, threads: i
     inputs = _read_inputs(npz)
     res: dict = {"engine": engine}
     t0 = time.perf_counter()
-    if engine == "ours":
+    if engine in ("ours", "ours_np"):
         import workbench.backend as backend
 
         rep = backend.prepare(model)
@@ -246,7 +251,7 @@ def worker(engine: str, model: str, npz: str, runs: int, warmup: int, threads: i
     res["peak_mb"] = peak_rss_mib()
     if out_npz and engine in ("ours", "ort"):
         np.savez(out_npz, *[np.asarray(o) for o in out])
-    if profile and engine == "ours":
+    if profile and engine in ("ours", "ours_np"):
         res["profile"] = profile_plan(rep.plan, inputs, max(3, runs // 2))
     return res
 
@@ -254,6 +259,12 @@ def worker(engine: str, model: str, npz: str, runs: int, warmup: int, threads: i
 def _node_key(node, plan) -> str:
     """The op type, with convolutions told apart by kind (depthwise, grouped, 1x1, kxk)."""
     op = node.op_type
+    if op == "NhwcConv" and len(node.inputs) > 1:   # channels-last: weights (kh, kw, C/g, M)
+        w = plan.graph.initializers.get(node.inputs[1])
+        g = int(node.attrs.get("group", 1))
+        if w is not None:
+            kind = "depthwise " if g > 1 and w.shape[2] == 1 else "grouped " if g > 1 else ""
+            return f"{op} {kind}{'x'.join(map(str, w.shape[:2]))}"
     if op in ("Conv", "FusedConv") and len(node.inputs) > 1:
         w = plan.graph.initializers.get(node.inputs[1])
         g = int(node.attrs.get("group", 1))
@@ -308,7 +319,7 @@ def run_worker(engine, model_path, npz, args, name, out_npz=None, profile=False)
         cmd += ["--out", str(out_npz)]
     if profile:
         cmd += ["--profile"]
-    env = dict(os.environ)
+    env = dict(WORKER_ENV.get(engine) or os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     if p.returncode != 0:
@@ -330,6 +341,8 @@ def bench_one(name, batch, args, folder, cache, rate) -> Row:
     engines = ["ours", "ort"]
     if args.torch and name in TORCH_MODELS:
         engines.append("torch")
+    if args.numpy:
+        engines.append("ours_np")
     res: dict = {e: [] for e in engines}
     outs = {"ours": folder / "ours_out.npz", "ort": folder / "ort_out.npz"}
     for r in range(args.rounds):
@@ -356,6 +369,8 @@ def bench_one(name, batch, args, folder, cache, rate) -> Row:
         elif e == "ort":
             row.ort_ms, row.ort_mb, row.ort_first_s = ms, mb, first
             row.ort_best_ms = best
+        elif e == "ours_np":
+            row.numpy_ms = ms
         else:
             row.torch_ms = ms
     if res.get("ours") and res.get("ort"):
@@ -473,7 +488,7 @@ def _fmt(v, spec="{:.1f}"):
 
 def print_table(rows: list[Row]) -> None:
     head = ("model", "batch", "ours ms", "ort ms", "ours/ort", "best ours/ort", "floor ms",
-            "torch ms",
+            "torch ms", "numpy ms",
             "ours MB", "ort MB", "mem ratio", "first s (ours/ort)", "prepare s", "max err",
             "rounds ours | ort")
     lines = [head]
@@ -483,7 +498,7 @@ def print_table(rows: list[Row]) -> None:
         lines.append((r.model, str(r.batch), _fmt(r.ours_ms), _fmt(r.ort_ms),
                       _fmt(r.ratio, "{:.2f}x"),
                       f"{_fmt(r.ours_best_ms)}/{_fmt(r.ort_best_ms)}",
-                      _fmt(r.floor_ms, "{:.2f}"), _fmt(r.torch_ms),
+                      _fmt(r.floor_ms, "{:.2f}"), _fmt(r.torch_ms), _fmt(r.numpy_ms),
                       _fmt(r.ours_mb, "{:.0f}"), _fmt(r.ort_mb, "{:.0f}"),
                       _fmt(r.mem_ratio, "{:.2f}x"),
                       f"{_fmt(r.ours_first_s, '{:.2f}')}/{_fmt(r.ort_first_s, '{:.2f}')}",
@@ -537,6 +552,7 @@ def environment(threads: int, rate: float | None) -> dict:
         env["torch"] = torch.__version__
     if rate is not None:
         env["sgemm_gflops"] = round(rate, 1)
+    env["cpu_flags"] = cpu_description()
     if hasattr(os, "getloadavg"):
         env["loadavg_1m"] = round(os.getloadavg()[0], 2)
     return env
@@ -554,6 +570,10 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="intra-op threads for onnxruntime and torch (default: os.cpu_count())")
     p.add_argument("--torch", action="store_true", help="also time PyTorch eager")
+    p.add_argument("--numpy", action="store_true",
+                   help="also time ours with the compiled kernels off (the before column)")
+    p.add_argument("--no-compiled", action="store_true",
+                   help="ours on numpy only (WORKBENCH_COMPILED=0 in its workers)")
     p.add_argument("--quick", action="store_true", help="batch 1, 3 runs, 1 warm-up, 1 round")
     p.add_argument("--profile", action="store_true",
                    help="also print our per-node and per-op-type time breakdown")
@@ -597,6 +617,10 @@ def main(argv=None) -> int:
     rate = sgemm_gflops()
     env = environment(args.threads, rate)
     print("environment: " + ", ".join(f"{k}={v}" for k, v in env.items()))
+    compiled_line, WORKER_ENV["ours"] = prepare_compiled(not args.no_compiled)
+    WORKER_ENV["ours_np"] = prepare_compiled(False)[1]
+    env["compiled"] = compiled_line
+    print(f"CPU: {env['cpu_flags']}\n{compiled_line}")
     if env.get("loadavg_1m", 0) > 0.5 * (os.cpu_count() or 1):
         print(f"warning: the machine is busy (load average {env['loadavg_1m']}): timings will "
               "be noisy; compare ratios within one run")

@@ -387,6 +387,10 @@ def main(argv=None) -> int:
         return 0
     threads = args.threads or os.cpu_count() or 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    from benchmarks._cpu import cpu_description  # noqa: PLC0415
+    cpu = cpu_description()
+    print(f"CPU: {cpu}\ncompiled kernels: not used by a training step (it runs the graph as "
+          f"written, NCHW; the channels-last layout and its kernels are inference-only)")
     print(f"batch {args.batch}, images {args.image}x{args.image}, bert seq {args.seq}, "
           f"{threads} threads, median of {args.runs} steps after {args.warmup} warm-up, "
           f"one process per framework and model; load average {load:.2f}")
@@ -411,7 +415,7 @@ def main(argv=None) -> int:
         print(f"\n=== {name}: profile\n{ours_p}\n\nPyTorch ({name}):\n{torch_p}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"batch": args.batch, "image": args.image, "seq": args.seq,
+            json.dump({"cpu": cpu, "batch": args.batch, "image": args.image, "seq": args.seq,
                        "threads": threads, "load_average": load, "rows": rows}, f, indent=2)
     return 0
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,60 @@ def torch_exports():
     """Session cache of the PyTorch-built models: ``.model(name)``, ``.proto(name, opset)``."""
     pytest.importorskip("torch", reason=TORCH_SKIP_REASON)
     return _ExportCache()
+
+
+# ----------------------------------------------------------------------------- compiled kernels
+#: how long the session waits for the compiled kernels before its first test (a cold cache
+#: builds them: about 1.5 min per module on a loaded 2-core machine); past it, the builder is
+#: ended and the whole session runs on numpy (the compiled-path tests skip, saying why)
+COMPILE_WAIT_SECONDS = float(os.environ.get("WORKBENCH_TEST_COMPILE_WAIT", "480"))
+
+#: what the session's wait found (printed in the summary; read by tests/compiled)
+COMPILED_SESSION: dict = {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compiled_kernels():
+    """The compiled kernels (``workbench.compiled``) are loaded, or built once per machine
+    into the user's cache (the same objects ``workbench warmup`` writes: the one thing tests
+    write there on purpose) before the first test, so every test sees the same kernels from
+    its start to its end: a kernel becoming ready in the middle of a test would change which
+    path runs. The wait is bounded (``WORKBENCH_TEST_COMPILE_WAIT`` seconds); when it runs out
+    the builder is ended and compiled kernels are turned off for the session.
+    ``WORKBENCH_COMPILED=0`` runs the whole suite on numpy; without numba only kernels
+    already in the cache load."""
+    from workbench import compiled  # noqa: PLC0415
+
+    if compiled.enabled():
+        t0 = time.monotonic()
+        cold = any(st["state"] == "cold" for st in compiled.status()["modules"].values())
+        done = compiled.wait(timeout=COMPILE_WAIT_SECONDS)
+        states = {m: st["state"] for m, st in compiled.status()["modules"].items()}
+        timed_out = not done and any(s in ("queued", "building") for s in states.values())
+        if timed_out:
+            why = (f"the test session's wait for the compiled kernels ran out "
+                   f"({COMPILE_WAIT_SECONDS:.0f} s, WORKBENCH_TEST_COMPILE_WAIT)")
+            compiled.stop_builds(why)
+            compiled.set_enabled(False)
+        COMPILED_SESSION.update(cold=cold, seconds=round(time.monotonic() - t0, 1),
+                                timed_out=timed_out, states=states)
+    else:
+        COMPILED_SESSION.update(off=True)
+    yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    s = COMPILED_SESSION
+    if not s:
+        return
+    if s.get("off"):
+        line = "compiled kernels: off (WORKBENCH_COMPILED); the suite ran on numpy"
+    else:
+        line = (f"compiled kernels: {s['states']} after {s['seconds']} s "
+                f"({'cold cache' if s['cold'] else 'from the cache'})")
+        if s["timed_out"]:
+            line += "; the wait ran out: the suite ran on numpy"
+    terminalreporter.write_line(line)
 
 
 # ----------------------------------------------------------------------------- devices

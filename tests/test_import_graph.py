@@ -6,11 +6,12 @@ functions (lazy imports), read with ``ast`` (no module is executed). The layers,
 the layers below it:
 
 0 foundation (errors, limits, files) - 1 arrays (numpy/cupy helpers, dtypes, geometry, the
-engine's devices, raw CUDA kernels) - 2 ops (registry, kernels) - 3 graph (IR, load, passes) -
-4 runtime (Plan, the run loop, cutting, placement) - 5 autodiff (the tape, backward, gradient
-rules, export) - 6 dist (communicators, the gradient reducer) - 7 front ends (the onnx.backend
-API, SINGA's API in ``workbench.singa`` and its old paths, ``wb.fit``, conformance) - 8 UI and
-tools (widgets, zoo, command line, JupyterLab server extension, the facade).
+engine's devices, raw CUDA kernels, the compiled CPU kernels) - 2 ops (registry, kernels) -
+3 graph (IR, load, passes) - 4 runtime (Plan, the run loop, cutting, placement) - 5 autodiff
+(the tape, backward, gradient rules, export) - 6 dist (communicators, the gradient reducer) -
+7 front ends (the onnx.backend API, SINGA's API in ``workbench.singa`` and its old paths,
+``wb.fit``, conformance) - 8 UI and tools (widgets, zoo, command line, JupyterLab server
+extension, the facade).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ PKG = "workbench"
 #: matching prefix
 LAYERS = [
     (0, "foundation", ("workbench.errors", "workbench.limits", "workbench.files")),
-    (1, "arrays", ("workbench.arrays",)),
+    (1, "arrays", ("workbench.arrays", "workbench.compiled")),
     (2, "ops", ("workbench.ops",)),
     (3, "graph", ("workbench.graph",)),
     (4, "runtime", ("workbench.runtime", "workbench.graph.executor",

@@ -73,7 +73,7 @@ def _dev(device) -> _device.Device:
 
 def prepare(model, device: str = "CPU", *, optimize: bool = True,
             base_dir: str | None = None, integer_arithmetic: str = "exact",
-            **kwargs) -> WorkbenchRep:
+            layout: str | None = "auto", **kwargs) -> WorkbenchRep:
     """Load, validate and plan ``model`` (path, bytes or ModelProto) for ``device``.
 
     ``base_dir``: the folder holding external data files of a model given as bytes or a
@@ -82,6 +82,9 @@ def prepare(model, device: str = "CPU", *, optimize: bool = True,
     ``"saturating-u8s8"``: 8-bit integer products computed as onnxruntime computes them on
     x86 CPUs without VNNI (uint8 x int8 products added in pairs saturated to int16), to
     reproduce such a deployment's numbers on any machine (``workbench.quantization``).
+    ``layout`` (CPU, with ``optimize``): ``"auto"`` runs networks with depthwise convolutions
+    channels-last (``workbench.graph.layout``), ``"nhwc"`` any convolution network, None as
+    written (NCHW).
     """
     dev = _dev(device)
     loaded = load(model, check=kwargs.pop("check", True), base_dir=base_dir)
@@ -89,8 +92,8 @@ def prepare(model, device: str = "CPU", *, optimize: bool = True,
     if parse_arithmetic(integer_arithmetic) is not IntegerArithmetic.EXACT:
         # first, so that constant folding computes folded products in the same arithmetic
         graph = _passes.set_integer_arithmetic(graph, integer_arithmetic)
-    if optimize:
-        graph = _passes.optimize(graph)
+    if optimize:  # channels-last layout for CPU plans only (the GPU kernels are NCHW)
+        graph = _passes.optimize(graph, layout=None if dev.is_cuda else layout)
     try:
         plan = Plan(graph, device=dev)   # kernels for the device's array module, weights on it
     except WorkbenchError:

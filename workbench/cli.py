@@ -517,6 +517,42 @@ def add_classroom_parsers(sub) -> None:
     g.add_argument("--overwrite", action="store_true")
     g.set_defaults(func=cmd_grade)
 
+def cmd_warmup(args) -> int:
+    from workbench import compiled
+    if args.status:
+        st = compiled.status()
+        print(f"compiled kernels: {'on' if st['enabled'] else 'off (WORKBENCH_COMPILED)'}; "
+              f"cache {st['folder']}")
+        for m, info in st["modules"].items():
+            extra = f": {info['why']}" if info.get("why") else ""
+            print(f"  {m}: {info['state']}{extra}")
+        return 0
+    why = compiled.can_build()
+    if why:
+        raise WorkbenchError(f"cannot compile kernels here: {why}")
+    from workbench.compiled import cache
+    mods = args.modules or compiled.modules()
+    print(f"compiling {len(mods)} kernel module(s) for this CPU into {cache.cache_dir()} "
+          f"(once per machine and engine version; runs use numpy meanwhile)", flush=True)
+    report = compiled.warmup(mods, force=args.force,
+                             progress=lambda line: print(line, flush=True))
+    bad = {m: r for m, r in report["modules"].items() if not r["ok"]}
+    print(f"done in {report['seconds']:.1f} s: {len(mods) - len(bad)} module(s) ready, "
+          f"{len(bad)} failed")
+    for m, r in bad.items():
+        print(f"  {m}: {r['error']}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _add_warmup_parser(sub) -> None:
+    w = sub.add_parser("warmup", help="compile the engine's CPU kernels now (else they are "
+                                      "compiled in the background on first use)")
+    w.add_argument("modules", nargs="*", help="kernel modules (default: all)")
+    w.add_argument("--force", action="store_true", help="rebuild even if cached")
+    w.add_argument("--status", action="store_true", help="only say where each module stands")
+    w.set_defaults(func=cmd_warmup)
+
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="workbench", description="ONNX Workbench command line")
@@ -558,6 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--failures", action="store_true")
     c.set_defaults(func=cmd_conformance)
     _add_profile_parser(sub)
+    _add_warmup_parser(sub)
     from workbench.edit.cli import add_edit_parser  # model surgery: workbench/edit/cli.py
     add_edit_parser(sub)
 

@@ -1,4 +1,4 @@
-"""Writing files: the one place for atomic writes.
+"""Writing files: the one place for atomic writes, and the workbench's cache folder.
 
 Every file the engine writes for the user (exported ``.onnx`` models, ``save_states``
 archives) goes through :func:`write_atomic`: a temporary file in the target's folder, then an
@@ -43,3 +43,16 @@ def write_atomic(path, write: Callable[[IO[bytes]], object], *, overwrite: bool 
                               f"data: onnx.save_model(..., save_as_external_data=True))") from e
         raise
     return path
+
+
+def cache_home(create: bool = True) -> str:
+    """The workbench cache folder: ``$WORKBENCH_HOME``, else ``$XDG_CACHE_HOME/onnx-workbench``
+    or ``~/.cache/onnx-workbench`` (created on demand unless ``create`` is false). The zoo's
+    downloads and the compiled kernels (``workbench.compiled``) live there."""
+    home = os.environ.get("WORKBENCH_HOME")
+    if not home:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        home = os.path.join(base, "onnx-workbench")
+    if create:
+        os.makedirs(home, exist_ok=True)
+    return home

@@ -741,10 +741,12 @@ def set_integer_arithmetic(graph: Graph, mode) -> Graph:
 
 
 def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bool = True,
-             fuse: bool = True, variables=frozenset()) -> Graph:
+             fuse: bool = True, variables=frozenset(), layout: str | None = "auto") -> Graph:
     """Run the inference passes: identities, constant folding, Conv+BN folding, Conv+Add+
     activation fusion, MatMul+bias+activation+Add fusion, attention fusion, the attention's
-    head split / merge folded into it, DCE.
+    head split / merge folded into it, the activation layout (``layout``: "auto" lets
+    ``graph/layout.py`` run depthwise networks channels-last, "nhwc" forces it, None keeps
+    NCHW; CPU plans only: GPU callers pass None), DCE.
 
     The one pipeline behind both ``backend.prepare`` (every initializer a constant) and a
     trainable model's inference runs (``SONNXModel.run``: its parameters and running
@@ -758,6 +760,7 @@ def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bo
              (fold and bn, fold_constants), (fuse, fuse_conv_activation),
              (fuse, fuse_matmul_epilogue), (fuse, fuse_attention),
              (fuse, fuse_attention_layout),
+             (fuse and layout is not None, _channels_last(layout)),
              (True, eliminate_dead_code)]
     for enabled, fn in steps:
         if not enabled:
@@ -772,3 +775,12 @@ def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bo
                 f"{type(e).__name__}: {e}; the model is probably malformed (prepare with "
                 f"optimize=False to run it as written)") from e
     return g
+
+
+def _channels_last(mode):
+    """The layout pass (``workbench.graph.layout``) as an optimize step."""
+    def to_channels_last(g: Graph, variables=frozenset()) -> Graph:
+        from workbench.graph.layout import to_channels_last as rewrite  # noqa: PLC0415
+
+        return rewrite(g, variables, mode=mode)
+    return to_channels_last

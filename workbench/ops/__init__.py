@@ -14,7 +14,7 @@ from workbench.ops.registry import kernel, lookup, register, registered_ops  # n
 
 _FAMILIES = (
     "elementwise", "activation", "logic", "cast",
-    "conv", "pool", "norm", "linalg", "reduce",
+    "conv", "conv_nhwc", "nhwc", "pool", "norm", "linalg", "reduce",
     "shape", "indexing", "tensorgen", "loss",
     "controlflow", "sequence", "quant", "resize", "rnn", "signal", "misc", "nlp",
     "attention", "training", "ml", "ml_linear", "ml_trees", "contrib_tokenizer",

@@ -58,7 +58,7 @@ def relu(x):
     return ensure_array(xp.maximum(x, xp.zeros((), dtype=x.dtype)), xp)
 
 
-@kernel("LeakyRelu", since=6, category="activation")
+@kernel("LeakyRelu", since=6, category="activation", elementwise=True)
 def leaky_relu(x, *, alpha=0.01):
     xp = xp_of(x)
     t = _fresh(xp, x)
@@ -87,14 +87,14 @@ def prelu(x, slope):
     return ensure_array(xp.where(x < 0, x * slope, x), xp)
 
 
-@kernel("ThresholdedRelu", since=10, category="activation")
+@kernel("ThresholdedRelu", since=10, category="activation", elementwise=True)
 def thresholded_relu(x, *, alpha=1.0):
     xp = xp_of(x)
     xc = _up(x)
     return _down(ensure_array(xp.where(xc > alpha, xc, xp.zeros((), xc.dtype)), xp), x.dtype)
 
 
-@kernel("Elu", since=6, category="activation")
+@kernel("Elu", since=6, category="activation", elementwise=True)
 def elu(x, *, alpha=1.0):
     xp = xp_of(x)
     xc = _up(x)
@@ -105,7 +105,7 @@ def elu(x, *, alpha=1.0):
     return _down(ensure_array(xp.where(xc > 0, xc, t), xp), x.dtype)
 
 
-@kernel("Selu", since=6, category="activation")
+@kernel("Selu", since=6, category="activation", elementwise=True)
 def selu(x, *, alpha=1.6732632423543772, gamma=1.0507009873554805):
     xp = xp_of(x)
     xc = _up(x)
@@ -118,7 +118,7 @@ def selu(x, *, alpha=1.6732632423543772, gamma=1.0507009873554805):
     return _down(ensure_array(t, xp), x.dtype)
 
 
-@kernel("Celu", since=12, category="activation")
+@kernel("Celu", since=12, category="activation", elementwise=True)
 def celu(x, *, alpha=1.0):
     """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
     xp = xp_of(x)
@@ -151,7 +151,7 @@ def sigmoid(x):
     return _down(ensure_array(_sigmoid_inplace(xp, _fresh(xp, x)), xp), x.dtype)
 
 
-@kernel("HardSigmoid", since=6, category="activation")
+@kernel("HardSigmoid", since=6, category="activation", elementwise=True)
 def hard_sigmoid(x, *, alpha=0.2, beta=0.5):
     """max(0, min(1, alpha * x + beta))."""
     xp = xp_of(x)
@@ -162,7 +162,7 @@ def hard_sigmoid(x, *, alpha=0.2, beta=0.5):
     return _down(ensure_array(t, xp), x.dtype)
 
 
-@kernel("HardSwish", since=14, category="activation")
+@kernel("HardSwish", since=14, category="activation", elementwise=True)
 def hard_swish(x):
     """x * max(0, min(1, x / 6 + 1 / 2))."""
     xp = xp_of(x)
@@ -190,13 +190,13 @@ def _softplus(xp, xc):
     return ensure_array(t, xp)
 
 
-@kernel("Softplus", since=1, category="activation")
+@kernel("Softplus", since=1, category="activation", elementwise=True)
 def softplus(x):
     xp = xp_of(x)
     return _down(_softplus(xp, _up(x)), x.dtype)
 
 
-@kernel("Softsign", since=1, category="activation")
+@kernel("Softsign", since=1, category="activation", elementwise=True)
 def softsign(x):
     """x / (1 + |x|)."""
     xp = xp_of(x)

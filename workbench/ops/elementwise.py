@@ -484,7 +484,7 @@ def _attr_bound(xp, x, value):
         return xp.asarray(np.asarray(value, dtype=np.float64).astype(x.dtype))
 
 
-@kernel("Clip", since=6, category="activation", settings=(1, 2))
+@kernel("Clip", since=6, category="activation", settings=(1, 2), elementwise=True)
 def clip_6(x, *, min=-3.4028234663852886e38, max=3.4028234663852886e38):  # noqa: A002
     """Clip-6..10: the bounds are float attributes (float types only)."""
     xp = xp_of(x)

@@ -22,7 +22,7 @@ from workbench.arrays.geometry import window_geometry
 from workbench.errors import InputError, ShapeError
 from workbench.ops._common import compute_dtype, to_compute
 from workbench.ops.parallel import blocks, run_blocks
-from workbench.ops.registry import kernel
+from workbench.ops.registry import FUSED_DOMAIN, kernel
 from workbench.ops.windows import (
     pad_spatial,
     spatial_ints,
@@ -71,23 +71,30 @@ def _lowest(dtype):
 _POOL_BLOCK = 1 << 17  # input elements per block (input, one intermediate and output in L2)
 
 
-def _window_reduce(x, ks, st, dl, pb, out, reduce):
+def _window_reduce(x, ks, st, dl, pb, out, reduce, channels_last=False):
     """Max or sum over every window, one spatial axis at a time (both are separable).
 
     Windows are clipped at the input borders, which is the same as padding with the
     reduction's identity (-inf / 0) but needs no padded copy. Along each axis every kernel tap
     is one strided ``maximum``/``add`` over the output range where it lands inside the input;
-    blocks of (image, channels) keep the intermediate results in cache.
+    blocks of (image, channels) keep the intermediate results in cache. ``channels_last``:
+    ``x`` is (N, *spatial, C) (the layout pass' NHWC), and so is the result.
     """
     xp = xp_of(x)
-    N, C = x.shape[:2]
     nd = len(ks)
+    if channels_last:
+        N, C = x.shape[0], x.shape[-1]
+        ax0 = 1
+        y = xp.empty((N,) + tuple(out) + (C,), dtype=x.dtype)
+    else:
+        N, C = x.shape[:2]
+        ax0 = 2
+        y = xp.empty((N, C) + tuple(out), dtype=x.dtype)
     ufunc = xp.maximum if reduce == "max" else xp.add
     identity = _lowest(x.dtype) if reduce == "max" else 0
-    y = xp.empty((N, C) + tuple(out), dtype=x.dtype)
     plans = []
     for a in range(nd):
-        size = int(x.shape[2 + a])
+        size = int(x.shape[ax0 + a])
         taps = []
         for t in range(ks[a]):
             off = t * dl[a] - pb[a]
@@ -100,33 +107,42 @@ def _window_reduce(x, ks, st, dl, pb, out, reduce):
         plans.append((first, [tp for tp in taps if tp is not first]))
 
     def along(src, dst, a):
-        first, rest = plans[a]
-        pre = (slice(None),) * (2 + a)
+        full, rest = plans[a]
+        pre = (slice(None),) * (ax0 + a)
         s_ = st[a]
-        if first is None:
+        if full is None:
             dst.fill(identity)
         else:
-            lo, hi, off = first
+            lo, hi, off = full
             xp.copyto(dst, src[pre + (slice(lo * s_ + off, (hi - 1) * s_ + off + 1, s_),)])
         for lo, hi, off in rest:
             d = dst[pre + (slice(lo, hi),)]
             ufunc(d, src[pre + (slice(lo * s_ + off, (hi - 1) * s_ + off + 1, s_),)], out=d)
 
+    def block(a, bn, bc):
+        return a[bn, ..., bc] if channels_last else a[bn, bc]
+
     def work(chunk):
         for bn, bc in chunk:
-            cur = x[bn, bc]
+            cur = block(x, bn, bc)
             for a in range(nd):  # outermost axis first: its taps read contiguous rows
                 if a == nd - 1:
-                    dst = y[bn, bc]
+                    dst = block(y, bn, bc)
                 else:
                     shape = list(cur.shape)
-                    shape[2 + a] = out[a]
+                    shape[ax0 + a] = out[a]
                     dst = xp.empty(shape, dtype=x.dtype)
                 along(cur, dst, a)
                 cur = dst
-    per_channel = int(math.prod(x.shape[2:]))
-    run_blocks(xp, blocks(xp, N, C, per_channel, _POOL_BLOCK), work,
-               N * C * per_channel * max(ks))
+    per_channel = int(math.prod(x.shape[ax0:ax0 + nd]))
+    if channels_last and xp is np:
+        # whole images (all channels: the contiguous inner run); a channel block would cut
+        # each pixel's channels into short strided runs
+        nb = max(1, _POOL_BLOCK // max(1, C * per_channel))
+        jobs = [(slice(n, min(N, n + nb)), slice(None)) for n in range(0, N, nb)]
+    else:
+        jobs = blocks(xp, N, C, per_channel, _POOL_BLOCK)
+    run_blocks(xp, jobs, work, N * C * per_channel * max(ks))
     return y
 
 
@@ -276,6 +292,73 @@ def global_lp_pool(X, *, p=2):
     else:
         y = (xp.abs(x) ** p).sum(axis=axes, keepdims=True) ** (1.0 / p)
     return y.astype(X.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Channels-last pools (internal: written by the layout pass, workbench.graph.layout)
+# --------------------------------------------------------------------------------------------
+
+def _nhwc_setup(op, X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
+    if X.ndim != 4:
+        raise ShapeError(f"{op}: input must be (N, H, W, C), got shape {tuple(X.shape)}")
+    if kernel_shape is None or len(kernel_shape) != 2:
+        raise ShapeError(f"{op}: attribute kernel_shape={kernel_shape} must give 2 sizes")
+    ks = [int(k) for k in kernel_shape]
+    st = spatial_ints(op, "strides", strides, 2, 1)
+    dl = spatial_ints(op, "dilations", dilations, 2, 1)
+    pb, pe, out, extra = window_geometry(op, X.shape[1:3], ks, st, dl, pads, auto_pad,
+                                         ceil_mode=bool(ceil_mode))
+    return PoolWindow(ks, st, dl, pb, pe, out, extra)
+
+
+@kernel("NhwcMaxPool", since=1, domain=FUSED_DOMAIN, category="pooling")
+def nhwc_max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None,
+                  pads=None, strides=None):
+    """MaxPool on (N, H, W, C) activations (MaxPool's attributes; no Indices output)."""
+    ks, st, dl, pb, _pe, out, _extra = _nhwc_setup("NhwcMaxPool", X, kernel_shape, strides,
+                                                   dilations, pads, auto_pad, ceil_mode)
+    x = X if X.dtype.kind in "iub" else to_compute(X)
+    y = _window_reduce(x, ks, st, dl, pb, out, "max", channels_last=True)
+    return y.astype(X.dtype, copy=False)
+
+
+@kernel("NhwcAveragePool", since=1, domain=FUSED_DOMAIN, category="pooling")
+def nhwc_average_pool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0,
+                      dilations=None, kernel_shape=None, pads=None, strides=None):
+    """AveragePool on (N, H, W, C) activations (AveragePool's attributes)."""
+    op = "NhwcAveragePool"
+    ks, st, dl, pb, pe, out, _extra = _nhwc_setup(op, X, kernel_shape, strides, dilations,
+                                                  pads, auto_pad, ceil_mode)
+    xp = xp_of(X)
+    if X.shape[0] * X.shape[3] == 0:
+        return xp.empty((X.shape[0], *out, X.shape[3]), dtype=X.dtype)
+    x = to_compute(X)
+    acc = _window_reduce(x, ks, st, dl, pb, out, "sum", channels_last=True)
+    counts = _axis_counts(op, X.shape[1:3], pb, pe, ks, st, dl, out, bool(count_include_pad))
+    ch = xp.asarray([1.0 / max(v, 1) for v in counts[0]], dtype=x.dtype).reshape(-1, 1, 1)
+    cw = xp.asarray([1.0 / max(v, 1) for v in counts[1]], dtype=x.dtype).reshape(1, -1, 1)
+    acc *= ch * cw
+    return acc.astype(X.dtype, copy=False)
+
+
+@kernel("NhwcGlobalAveragePool", since=1, domain=FUSED_DOMAIN, category="pooling")
+def nhwc_global_average_pool(X):
+    """GlobalAveragePool on (N, H, W, C): the mean over H and W, kept as size-1 axes."""
+    if X.ndim != 4:
+        raise ShapeError(f"NhwcGlobalAveragePool: input must be (N, H, W, C), got "
+                         f"{tuple(X.shape)}")
+    cd = compute_dtype(X.dtype)
+    return X.mean(axis=(1, 2), keepdims=True, dtype=cd).astype(X.dtype, copy=False)
+
+
+@kernel("NhwcGlobalMaxPool", since=1, domain=FUSED_DOMAIN, category="pooling")
+def nhwc_global_max_pool(X):
+    """GlobalMaxPool on (N, H, W, C): the max over H and W, kept as size-1 axes."""
+    if X.ndim != 4:
+        raise ShapeError(f"NhwcGlobalMaxPool: input must be (N, H, W, C), got "
+                         f"{tuple(X.shape)}")
+    x = X if X.dtype.kind in "iub" else to_compute(X)
+    return x.max(axis=(1, 2), keepdims=True).astype(X.dtype, copy=False)
 
 
 # --------------------------------------------------------------------------------------------

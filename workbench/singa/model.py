@@ -674,7 +674,8 @@ class SONNXModel(Model):
         g.outputs = [self._value_info(o) for o in outputs]
         variables = set(self._params) | set(self._buffers)
         variables &= set(g.initializers)
-        return _passes.optimize(g, variables=variables)
+        return _passes.optimize(g, variables=variables,
+                                layout=None if self._dev.is_cuda else "auto")
 
     # ------------------------------------------------------------------ forward
     def forward(self, *x, last_layers=None, aux_output=()):

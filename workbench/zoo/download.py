@@ -18,18 +18,14 @@ import urllib.error
 import urllib.request
 
 from workbench.errors import ChecksumError, DownloadError
+from workbench.files import cache_home
 
 CHUNK = 1 << 16
 
 
 def cache_dir() -> str:
-    """The workbench cache folder (created on demand)."""
-    home = os.environ.get("WORKBENCH_HOME")
-    if not home:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        home = os.path.join(base, "onnx-workbench")
-    os.makedirs(home, exist_ok=True)
-    return home
+    """The workbench cache folder (created on demand): :func:`workbench.files.cache_home`."""
+    return cache_home()
 
 
 def is_offline() -> bool:

@@ -1,0 +1,69 @@
+"""What the benchmark tables must say about the machine and the compiled kernels.
+
+``cpu_description()``: the CPU's model and the SIMD flags that change our numbers and
+onnxruntime's (AVX2/FMA vs AVX-512, VNNI). ``prepare_compiled()``: the compiled kernels
+(``workbench.compiled``) built or loaded in this process before anything is timed, with
+what that cost (a cold build happens once per machine and engine version: it is reported,
+never mixed into a timed run), and the environment for fresh worker processes so that their
+first run loads the kernels (``WORKBENCH_COMPILED=wait``: milliseconds from the cache)
+instead of running numpy while they load.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+              "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile")
+
+
+def cpu_description() -> str:
+    name, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and name == "unknown CPU":
+                    name = value.strip()
+                elif key == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    have = [f for f in SIMD_FLAGS if f in flags]
+    simd = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    vnni = "VNNI" if {"avx512_vnni", "avx_vnni"} & flags else "no VNNI"
+    return f"{name}, {os.cpu_count()} CPUs, {simd}, {vnni} (flags: {' '.join(have) or '-'})"
+
+
+def prepare_compiled(use: bool = True) -> tuple[str, dict]:
+    """(a line for the report, environment for worker processes). ``use`` False: workers run
+    on numpy (``WORKBENCH_COMPILED=0``), the "before" of a before/after table."""
+    env = dict(os.environ)
+    if not use:
+        env["WORKBENCH_COMPILED"] = "0"
+        return "compiled kernels: off (numpy paths)", env
+    from workbench import compiled
+
+    if not compiled.enabled():
+        return "compiled kernels: off (WORKBENCH_COMPILED=0 in the environment)", env
+    t0 = time.perf_counter()
+    cold = [m for m, st in compiled.status()["modules"].items() if st["state"] == "cold"]
+    if compiled.can_build() is None:
+        report = compiled.warmup(progress=None)
+        ok = [m for m, r in report["modules"].items() if r["ok"]]
+        bad = {m: r["error"] for m, r in report["modules"].items() if not r["ok"]}
+    else:
+        ok = [m for m in compiled.modules() if compiled.wait([m], timeout=60)]
+        bad = {m: compiled.status()["modules"][m].get("why")
+               for m in compiled.modules() if m not in ok}
+    secs = time.perf_counter() - t0
+    line = (f"compiled kernels: {len(ok)} module(s) ready ({', '.join(ok) or '-'}); "
+            + (f"cold build of {', '.join(cold)} took {secs:.1f} s (once per machine and "
+               f"engine version; not in any timed run)" if cold else
+               f"loaded from the cache in {secs:.2f} s"))
+    if bad:
+        line += f"; NOT available: {bad}"
+    env["WORKBENCH_COMPILED"] = "wait"
+    return line, env

@@ -1,0 +1,434 @@
+"""The activation layout of a whole network, chosen once at prepare time (an inference pass).
+
+Depthwise and 1x1 convolutions are memory-bound; in channels-last order (NHWC) a depthwise
+tap is a multiply-add over contiguous channels (vectorised), a 1x1 convolution is one plain
+``(N*H*W, C) @ (C, M)`` product, and a network's elementwise ops, pools and channel concats
+and splits need nothing else. Converting per layer would cost more than the kernels gain
+(a round trip of MobileNetV2's activations costs about what its depthwise layers cost), so
+:func:`to_channels_last` rewrites the whole region of the graph that can stay channels-last
+and converts only at its borders (graph inputs and outputs, and ops without a channels-last
+form). It runs for CPU plans when the network has depthwise convolutions (``layout="auto"``
+in :func:`workbench.graph.passes.optimize`); ``"nhwc"`` forces it on any 2-D convolution
+network (tests, benchmarks), ``None`` keeps the graph as it is.
+
+What becomes channels-last (each node's inputs from outside the region get one ``Transpose``
+to NHWC per value, shared; region values read from outside get one ``Transpose`` back):
+
+- ``Conv`` / ``FusedConv`` (2-D) -> ``com.workbench::NhwcConv`` (weights "HWIO": a constant
+  is transposed here, a trainable one by a ``Transpose`` node in the plan);
+- pointwise ops (registered ``elementwise=True``: Relu, Clip, Add, Mul, ...) whose other
+  inputs are region values, scalars or constants (re-laid-out here);
+- MaxPool (one output) / AveragePool / GlobalAveragePool / GlobalMaxPool -> their ``Nhwc``
+  forms; ``Concat`` and ``Split`` (axis remapped), ``Slice`` with constant axes, ``Reduce*``
+  with ``keepdims`` and constant axes;
+- ``Shape`` of a region value -> ``Shape`` + ``Gather`` (the logical NCHW shape, so shape
+  arithmetic in the graph is unchanged);
+- ShuffleNet's channel shuffle ``Reshape -> Transpose(0, 2, 1, 3, 4) -> Reshape`` ->
+  ``com.workbench::NhwcChannelShuffle`` (checked at run time, see ``ops/nhwc.py``).
+
+Every region value is renamed ``<name>__nhwc``; the original name, where it is still read
+(or is a graph output), is produced by the conversion back, so every name keeps its NCHW
+meaning.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.graph.ir import Graph, Node, ValueInfo
+from workbench.graph.toposort import topological_order
+from workbench.ops.registry import FUSED_DOMAIN, facts
+
+TO_NHWC = [0, 2, 3, 1]
+TO_NCHW = [0, 3, 1, 2]
+#: NCHW axis -> NHWC axis
+AXIS = {0: 0, 1: 3, 2: 1, 3: 2}
+SUFFIX = "__nhwc"
+
+_POOLS = {"MaxPool": "NhwcMaxPool", "AveragePool": "NhwcAveragePool",
+          "GlobalAveragePool": "NhwcGlobalAveragePool", "GlobalMaxPool": "NhwcGlobalMaxPool"}
+_REDUCE = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd",
+           "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
+
+
+def _conv_facts(g: Graph, n: Node):
+    """(C, M, group, kh, kw) of a 2-D float Conv/FusedConv node, or None."""
+    if not ((n.op_type == "Conv" and not n.domain)
+            or (n.op_type == "FusedConv" and n.domain == FUSED_DOMAIN)):
+        return None
+    if len(n.inputs) < 2 or len(n.outputs) != 1:
+        return None
+    w = g.value(n.inputs[1])
+    x = g.value(n.inputs[0])
+    if w is None or w.shape is None or len(w.shape) != 4 or \
+            not all(isinstance(d, int) for d in w.shape):
+        return None
+    if x is not None and x.shape is not None and len(x.shape) != 4:
+        return None
+    if w.dtype not in (1, 10, 11, 16):  # float, float16, double, bfloat16
+        return None
+    if n.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET", "", "VALID", b"VALID"):
+        return None  # SAME_* padding depends on the input size: kept simple, stays NCHW
+    M, Cg, kh, kw = w.shape
+    group = int(n.attrs.get("group", 1))
+    return Cg * group, M, group, kh, kw
+
+
+def wants_channels_last(g: Graph) -> bool:
+    """The "auto" rule: the network has a depthwise convolution (group == C == M > 1)."""
+    for n in g.nodes:
+        f = _conv_facts(g, n)
+        if f is not None:
+            C, M, group, kh, kw = f
+            if group > 1 and group == C == M and kh * kw > 1:
+                return True
+    return False
+
+
+class _Rewriter:
+    def __init__(self, g: Graph, variables):
+        self.g = g
+        self.variables = frozenset(variables)
+        self.names = {v.name for v in g.inputs} | {v.name for v in g.outputs} | \
+            set(g.initializers) | {o for n in g.nodes for o in n.outputs} | \
+            {i for n in g.nodes for i in n.inputs}
+        self.nhwc: dict = {}      # original (NCHW) name -> its channels-last value
+        self.to_nhwc: dict = {}   # NCHW value -> its Transpose to NHWC (made on demand)
+        self.out: list = []
+        self.consts: dict = {}    # (name, tag) -> new initializer name
+
+    def fresh(self, base: str) -> str:
+        name, i = base, 1
+        while name in self.names:
+            name = f"{base}_{i}"
+            i += 1
+        self.names.add(name)
+        return name
+
+    def const(self, name):
+        if name in self.g.initializers and name not in self.variables:
+            return np.asarray(self.g.initializers[name])
+        return None
+
+    def rank(self, name):
+        v = self.g.value(name)
+        return None if v is None or v.shape is None else len(v.shape)
+
+    def info(self, name, new_name):
+        v = self.g.value(name)
+        if v is not None and v.shape is not None and len(v.shape) == 4:
+            s = v.shape
+            self.g.value_info[new_name] = ValueInfo(new_name, v.dtype,
+                                                    (s[0], s[2], s[3], s[1]))
+
+    def nhwc_input(self, name: str) -> str:
+        """The channels-last form of value ``name`` (a Transpose made once if needed)."""
+        if name in self.nhwc:
+            return self.nhwc[name]
+        if name not in self.to_nhwc:
+            t = self.fresh(name + SUFFIX)
+            self.out.append(Node("Transpose", [name], [t], {"perm": list(TO_NHWC)},
+                                 self.fresh(f"{name}/to_nhwc"), ""))
+            self.info(name, t)
+            self.to_nhwc[name] = t
+        return self.to_nhwc[name]
+
+    def region_output(self, name: str) -> str:
+        t = self.fresh(name + SUFFIX)
+        self.info(name, t)
+        self.nhwc[name] = t
+        return t
+
+    def relaid_const(self, name: str):
+        """A constant operand of a pointwise op in channels-last order, or None."""
+        a = self.const(name)
+        if a is None or a.ndim > 4:
+            return None
+        if a.size == 1 or a.ndim <= 1 and (a.ndim == 0 or a.shape[0] == 1):
+            return name
+        key = (name, "nhwc")
+        if key not in self.consts:
+            a4 = a.reshape((1,) * (4 - a.ndim) + a.shape)
+            new = self.fresh(name + SUFFIX)
+            self.g.initializers[new] = np.ascontiguousarray(a4.transpose(TO_NHWC))
+            self.consts[key] = new
+        return self.consts[key]
+
+    def const_ints(self, name: str, values):
+        new = self.fresh(name + SUFFIX)
+        self.g.initializers[new] = np.asarray(values, dtype=np.int64)
+        return new
+
+    # -------------------------------------------------------------------------- rules
+    def conv(self, n: Node) -> bool:
+        if _conv_facts(self.g, n) is None:
+            return False
+        ins = list(n.inputs) + [""] * (4 - len(n.inputs))
+        x = self.nhwc_input(ins[0])
+        w = ins[1]
+        wc = self.const(w)
+        if wc is not None:
+            key = (w, "hwio")
+            if key not in self.consts:
+                new = self.fresh(w + "__hwio")
+                self.g.initializers[new] = np.ascontiguousarray(wc.transpose(2, 3, 1, 0))
+                self.consts[key] = new
+            wn = self.consts[key]
+        else:
+            key = (w, "hwio")
+            if key not in self.consts:
+                new = self.fresh(w + "__hwio")
+                self.out.append(Node("Transpose", [w], [new], {"perm": [2, 3, 1, 0]},
+                                     self.fresh(f"{w}/to_hwio"), ""))
+                self.consts[key] = new
+            wn = self.consts[key]
+        z = self.nhwc_input(ins[3]) if ins[3] else ""
+        attrs = {k: v for k, v in n.attrs.items()}
+        attrs.setdefault("activation", "")
+        attrs.setdefault("activation_params", [])
+        y = self.region_output(n.outputs[0])
+        self.out.append(Node("NhwcConv", [x, wn, ins[2], z], [y], attrs, n.name, FUSED_DOMAIN,
+                             n.doc_string))
+        return True
+
+    def pointwise(self, n: Node) -> bool:
+        f = facts(n.op_type, n.domain)
+        if not f.elementwise or len(n.outputs) != 1 or n.subgraphs:
+            return False
+        if not any(i in self.nhwc for i in n.inputs if i):
+            return False
+        new_inputs = []
+        for i in n.inputs:
+            if not i:
+                new_inputs.append(i)
+            elif i in self.nhwc:
+                new_inputs.append(self.nhwc[i])
+            elif self.const(i) is not None:
+                c = self.relaid_const(i)
+                if c is None:
+                    return False
+                new_inputs.append(c)
+            elif self.rank(i) == 4:
+                new_inputs.append(self.nhwc_input(i))
+            else:
+                return False  # a value whose broadcast in NHWC is not known here
+        y = self.region_output(n.outputs[0])
+        self.out.append(Node(n.op_type, new_inputs, [y], dict(n.attrs), n.name, n.domain,
+                             n.doc_string))
+        return True
+
+    def pool(self, n: Node) -> bool:
+        if n.domain or n.op_type not in _POOLS or len(n.outputs) != 1 or \
+                n.inputs[0] not in self.nhwc:
+            return False
+        if n.op_type in ("MaxPool", "AveragePool"):
+            ks = n.attrs.get("kernel_shape")
+            if ks is None or len(ks) != 2:
+                return False
+        attrs = {k: v for k, v in n.attrs.items() if k != "storage_order"}
+        y = self.region_output(n.outputs[0])
+        self.out.append(Node(_POOLS[n.op_type], [self.nhwc[n.inputs[0]]], [y], attrs, n.name,
+                             FUSED_DOMAIN, n.doc_string))
+        return True
+
+    def concat(self, n: Node) -> bool:
+        if n.op_type != "Concat" or n.domain or not any(i in self.nhwc for i in n.inputs):
+            return False
+        if any(self.rank(i) not in (4, None) and i not in self.nhwc for i in n.inputs):
+            return False
+        if any(i not in self.nhwc and self.rank(i) != 4 for i in n.inputs):
+            return False
+        axis = int(n.attrs.get("axis", 1))
+        axis = axis + 4 if axis < 0 else axis
+        if axis not in AXIS:
+            return False
+        ins = [self.nhwc_input(i) for i in n.inputs]
+        y = self.region_output(n.outputs[0])
+        self.out.append(Node("Concat", ins, [y], {**n.attrs, "axis": AXIS[axis]}, n.name, "",
+                             n.doc_string))
+        return True
+
+    def split(self, n: Node) -> bool:
+        if n.op_type != "Split" or n.domain or n.inputs[0] not in self.nhwc:
+            return False
+        axis = int(n.attrs.get("axis", 0))
+        axis = axis + 4 if axis < 0 else axis
+        if axis not in AXIS:
+            return False
+        ys = [self.region_output(o) if o else "" for o in n.outputs]
+        self.out.append(Node("Split", [self.nhwc[n.inputs[0]]] + list(n.inputs[1:]), ys,
+                             {**n.attrs, "axis": AXIS[axis]}, n.name, "", n.doc_string))
+        return True
+
+    def slice_(self, n: Node, opset: int) -> bool:
+        if n.op_type != "Slice" or n.domain or n.inputs[0] not in self.nhwc:
+            return False
+        if opset < 10:
+            axes = n.attrs.get("axes") or list(range(len(n.attrs.get("starts", []))))
+            axes = [int(a) + 4 if int(a) < 0 else int(a) for a in axes]
+            if any(a not in AXIS for a in axes):
+                return False
+            y = self.region_output(n.outputs[0])
+            self.out.append(Node("Slice", [self.nhwc[n.inputs[0]]], [y],
+                                 {**n.attrs, "axes": [AXIS[a] for a in axes]}, n.name, "",
+                                 n.doc_string))
+            return True
+        ins = list(n.inputs) + [""] * (5 - len(n.inputs))
+        if ins[3]:
+            a = self.const(ins[3])
+            if a is None:
+                return False
+            axes = [int(v) for v in a.reshape(-1)]
+        else:
+            starts = self.g.value(ins[1])
+            if starts is None or starts.shape is None or len(starts.shape) != 1 or \
+                    not isinstance(starts.shape[0], int):
+                return False
+            axes = list(range(starts.shape[0]))
+        axes = [a + 4 if a < 0 else a for a in axes]
+        if any(a not in AXIS for a in axes):
+            return False
+        ins[3] = self.const_ints(ins[3] or n.name + "/axes", [AXIS[a] for a in axes])
+        ins[0] = self.nhwc[ins[0]]
+        while ins and not ins[-1]:
+            ins.pop()
+        y = self.region_output(n.outputs[0])
+        self.out.append(Node("Slice", ins, [y], dict(n.attrs), n.name, "", n.doc_string))
+        return True
+
+    def reduce(self, n: Node, opset: int) -> bool:
+        if n.op_type not in _REDUCE or n.domain or n.inputs[0] not in self.nhwc or \
+                not int(n.attrs.get("keepdims", 1)):
+            return False
+        attrs = dict(n.attrs)
+        ins = list(n.inputs)
+        if "axes" in attrs:
+            axes = [int(a) + 4 if int(a) < 0 else int(a) for a in attrs["axes"]]
+            if any(a not in AXIS for a in axes):
+                return False
+            attrs["axes"] = [AXIS[a] for a in axes]
+        elif len(ins) > 1 and ins[1]:
+            a = self.const(ins[1])
+            if a is None:
+                return False
+            axes = [int(v) + 4 if int(v) < 0 else int(v) for v in a.reshape(-1)]
+            if any(v not in AXIS for v in axes):
+                return False
+            ins[1] = self.const_ints(ins[1], [AXIS[v] for v in axes])
+        ins[0] = self.nhwc[ins[0]]
+        y = self.region_output(n.outputs[0])
+        self.out.append(Node(n.op_type, ins, [y], attrs, n.name, "", n.doc_string))
+        return True
+
+    def shape(self, n: Node) -> bool:
+        if n.op_type != "Shape" or n.domain or n.inputs[0] not in self.nhwc:
+            return False
+        start = int(n.attrs.get("start", 0))
+        end = n.attrs.get("end")
+        idx = list(TO_NCHW)[slice(start, None if end is None else int(end))]
+        s = self.fresh(n.outputs[0] + SUFFIX)
+        self.out.append(Node("Shape", [self.nhwc[n.inputs[0]]], [s], {}, n.name, "",
+                             n.doc_string))
+        ind = self.fresh(n.name + "/nchw_axes")
+        self.g.initializers[ind] = np.asarray(idx, dtype=np.int64)
+        self.out.append(Node("Gather", [s, ind], [n.outputs[0]], {"axis": 0},
+                             self.fresh(n.name + "/nchw_order"), ""))
+        return True
+
+    def shuffle(self, n: Node, consumers, outputs, pending) -> bool:
+        """Reshape -> Transpose(0, 2, 1, 3, 4) -> Reshape of a region value: one
+        NhwcChannelShuffle, placed where the second Reshape was (its shape input may be
+        computed after the first Reshape)."""
+        if n.op_type != "Reshape" or n.domain or n.inputs[0] not in self.nhwc or \
+                len(n.inputs) < 2:
+            return False
+        t = _only(consumers, outputs, n.outputs[0])
+        if t is None or t.op_type != "Transpose" or t.domain or \
+                [int(p) for p in t.attrs.get("perm", [])] != [0, 2, 1, 3, 4]:
+            return False
+        r = _only(consumers, outputs, t.outputs[0])
+        if r is None or r.op_type != "Reshape" or r.domain or len(r.inputs) < 2 or \
+                self.rank(r.outputs[0]) not in (4, None):
+            return False
+        allow = int(n.attrs.get("allowzero", 0)) or int(r.attrs.get("allowzero", 0))
+        x = self.nhwc[n.inputs[0]]
+        name, doc = n.name, n.doc_string
+
+        def emit():
+            y = self.region_output(r.outputs[0])
+            self.out.append(Node("NhwcChannelShuffle", [x, n.inputs[1], r.inputs[1]], [y],
+                                 {"allowzero": allow}, name, FUSED_DOMAIN, doc))
+        pending[id(t)] = None
+        pending[id(r)] = emit
+        return True
+
+
+def _only(consumers, outputs, value):
+    users = consumers.get(value, [])
+    if len(users) != 1 or value in outputs:
+        return None
+    return users[0]
+
+
+def to_channels_last(graph: Graph, variables=frozenset(), *, mode: str | None = "auto"):
+    """Rewrite ``graph`` so that its convolutional region runs channels-last (see the module
+    docstring); returns a new graph (or ``graph`` itself when nothing changes)."""
+    if mode is None or mode == "nchw":
+        return graph
+    if mode not in ("auto", "nhwc"):
+        raise ValueError(f"layout mode {mode!r}: use 'auto', 'nhwc' or None")
+    if not any(_conv_facts(graph, n) is not None for n in graph.nodes):
+        return graph
+    if mode == "auto" and not wants_channels_last(graph):
+        return graph
+    if any(n.subgraphs for n in graph.nodes):
+        return graph  # values read by If/Loop bodies: kept simple, the graph stays NCHW
+    g = graph.copy()
+    g.initializers = dict(g.initializers)
+    g.value_info = dict(g.value_info)
+    rw = _Rewriter(g, variables)
+    consumers = g.consumers()
+    outputs = {v.name for v in g.outputs}
+    opset = g.opsets.get("", g.opsets.get("ai.onnx", 1))
+    pending: dict = {}   # id(node) -> what to emit in its place (None: nothing)
+    converted = 0
+    # earlier passes may leave the list out of order (a fused node sits where its first
+    # member was): a producer must be seen before its readers to keep their reads in NHWC
+    for n in topological_order(g):
+        if id(n) in pending:
+            emit = pending.pop(id(n))
+            if emit is not None:
+                emit()
+            continue
+        before = len(rw.out)
+        ok = (rw.conv(n) or rw.pointwise(n) or rw.pool(n) or rw.concat(n) or rw.split(n)
+              or rw.slice_(n, opset) or rw.reduce(n, opset) or rw.shape(n)
+              or rw.shuffle(n, consumers, outputs, pending))
+        if ok:
+            converted += 1
+            continue
+        del rw.out[before:]
+        # a border: region values this node reads go back to NCHW under their own names
+        rw.out.append(n)
+    if not converted:
+        return graph
+    # the conversions back: one Transpose per region value read outside the region
+    read = {i for m in rw.out for i in m.inputs if i} | outputs
+    final = []
+    produced = {o for m in rw.out for o in m.outputs if o}
+    back_after = {}
+    for name, t in rw.nhwc.items():
+        if name in read and name not in produced:
+            back_after.setdefault(t, []).append(
+                Node("Transpose", [t], [name], {"perm": list(TO_NCHW)},
+                     rw.fresh(f"{name}/to_nchw"), ""))
+    for m in rw.out:
+        final.append(m)
+        for o in m.outputs:
+            final.extend(back_after.get(o, ()))
+    g.nodes = final
+    g.opsets = dict(g.opsets)
+    g.opsets.setdefault(FUSED_DOMAIN, 1)
+    from workbench.graph.passes import eliminate_dead_code  # noqa: PLC0415
+
+    return eliminate_dead_code(g)

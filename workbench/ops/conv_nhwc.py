@@ -1,0 +1,296 @@
+"""Channels-last convolution: ``com.workbench::NhwcConv`` (internal, written by the layout
+pass ``workbench.graph.layout``).
+
+X is (N, H, W, C), the weights (kh, kw, C/group, M) ("HWIO", a Transpose of the ONNX weights
+that constant folding bakes in), Z (a residual) and Y are (N, OH, OW, M). The epilogue is
+FusedConv's: ``activation(conv + B + Z)``, applied to each block of the output in the worker
+that computed it. Three paths, each split over the engine's threads (BLAS single-threaded):
+
+- depthwise (group == C == M): the compiled kernels ``conv_nhwc.dw_k{3,5}s{1,2}`` when they
+  are loaded (float32, dilation 1), else numpy tap by tap on blocks of output rows, every tap
+  a multiply-add over whole (rows, OW, C) slices (channels contiguous);
+- 1x1 (group 1): a plain ``(rows, C) @ (C, M)`` GEMM per block of rows (strided inputs
+  sampled first);
+- the rest: im2col per block of output rows (each window a run of contiguous channels) into a
+  cache-sized workspace, then ``(rows, kh*kw*C/g) @ (kh*kw*C/g, M/g)`` per group.
+
+The bias/residual/clip epilogue runs in the compiled ``conv_nhwc.bias_act`` when loaded. The
+numpy paths are the reference and the fallback; ``tests/ops/test_conv_nhwc.py`` checks both
+against ``Conv`` on NCHW.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workbench import compiled
+from workbench.arrays import xp_of
+from workbench.arrays.geometry import window_geometry
+from workbench.errors import ShapeError
+from workbench.ops._common import to_compute
+from workbench.ops.conv import apply_activation
+from workbench.ops.parallel import (
+    blas_controller,
+    n_workers,
+    run_blocks,
+    scratch,
+    single_threaded_blas,
+)
+from workbench.ops.registry import FUSED_DOMAIN, kernel
+from workbench.ops.windows import spatial_ints
+
+_BLOCK = 1 << 16   # output (or im2col) elements per block: stays in L2 with its inputs
+_CLIPS = ("", "Relu", "Clip")   # activations the compiled epilogue does (as a clip)
+_DW_COMPILED = {(3, 1), (3, 2), (5, 1), (5, 2)}   # (kernel, stride) with a compiled kernel
+
+
+def _bounds(activation, alpha, beta):
+    """(lo, hi) of the clip an activation is, or None."""
+    if activation == "":
+        return -np.inf, np.inf
+    if activation == "Relu":
+        return 0.0, np.inf
+    if activation == "Clip":
+        return alpha, beta
+    return None
+
+
+_ONE = np.zeros(1, np.float32)   # stands for an absent bias or residual in kernel calls
+
+
+class _Epilogue:
+    """``activation(y + b + z)`` on blocks of output rows, compiled when it can be."""
+
+    def __init__(self, b, z, activation, alpha, beta, M):
+        self.b, self.z, self.M = b, z, M
+        self.activation, self.alpha, self.beta = activation, alpha, beta
+        self.clip = _bounds(activation, alpha, beta)
+        self.z2 = None if z is None else z.reshape(-1, M)
+
+    def __call__(self, y2, r0, r1):
+        """Apply to ``y2`` = rows r0:r1 of the (rows, M) output (a contiguous block)."""
+        z = None if self.z2 is None else self.z2[r0:r1]
+        k = compiled.kernel("conv_nhwc.bias_act") if y2.dtype == np.float32 else None
+        if k is not None and (z is None or z.flags.c_contiguous):
+            lo, hi = self.clip if self.clip is not None else (-np.inf, np.inf)
+            k(y2, _ONE if self.b is None else self.b, _ONE if z is None else z, r1 - r0,
+              self.M, int(self.b is not None), int(z is not None), 0, float(lo), float(hi))
+            if self.clip is None:
+                apply_activation(y2, self.activation, self.alpha, self.beta)
+            return
+        if self.b is not None:
+            y2 += self.b
+        if z is not None:
+            y2 += z
+        if self.activation:
+            apply_activation(y2, self.activation, self.alpha, self.beta)
+
+
+
+def _row_jobs(rows, per_row, *, block=_BLOCK):
+    """(r0, r1) ranges of whole output rows, about ``block`` elements each and at least
+    2 per worker thread when there is enough work."""
+    step = max(1, block // max(1, per_row))
+    step = min(step, max(1, -(-rows // (2 * n_workers()))))
+    return [(r, min(rows, r + step)) for r in range(0, rows, step)]
+
+
+def _depthwise(x, w, b, z, act, alpha, beta, S, D, pb, out, y):
+    """y (N, OH, OW, C) = depthwise conv of x (N, H, W, C) with w (kh, kw, 1, C)."""
+    N, H, W, C = (int(v) for v in x.shape)
+    kh, kw = int(w.shape[0]), int(w.shape[1])
+    OH, OW = out
+    rows = N * OH
+    clip = _bounds(act, alpha, beta)
+    name = None
+    if x.dtype == np.float32 and kh == kw and S[0] == S[1] and D == [1, 1] \
+            and (kh, S[0]) in _DW_COMPILED:
+        name = f"conv_nhwc.dw_k{kh}s{S[0]}"
+    k = compiled.kernel(name) if name else None
+    if k is not None:
+        lo, hi = clip if clip is not None else (-np.inf, np.inf)
+        wk = np.ascontiguousarray(w.reshape(kh, kw, C), dtype=np.float32)
+        bk = np.zeros(C, np.float32) if b is None else np.ascontiguousarray(b, np.float32)
+        zk = _ONE if z is None else z
+        args = (x, wk, bk, zk, y, N, H, W, C, OH, OW, int(pb[0]), int(pb[1]),
+                int(z is not None))
+
+        def work(chunk):
+            for r0, r1 in chunk:
+                k(*args, r0, r1, float(lo), float(hi))
+                if clip is None:
+                    apply_activation(y.reshape(rows, -1)[r0:r1], act, alpha, beta)
+        run_blocks(np, _row_jobs(rows, OW * C), work, rows * OW * C * kh * kw)
+        return y
+    # numpy: pad once, then per block of output rows one multiply-add per tap
+    pe = [max(0, (o - 1) * s + (k_ - 1) * d + 1 - i - p)
+          for o, s, k_, d, i, p in zip(out, S, (kh, kw), D, (H, W), pb)]
+    xpad = x
+    if any(pb) or any(pe):
+        xpad = np.zeros((N, H + pb[0] + pe[0], W + pb[1] + pe[1], C), dtype=x.dtype)
+        xpad[:, pb[0]:pb[0] + H, pb[1]:pb[1] + W] = x
+    wt = w.reshape(kh, kw, C)
+    epi = _Epilogue(b, z, act, alpha, beta, C)
+
+    def work_np(chunk):
+        for r0, r1 in chunk:
+            tmp = scratch(np, (r1 - r0, OW, C), x.dtype, slot="nhwc_dw")
+            acc = y.reshape(rows, OW, C)[r0:r1]
+            acc[...] = 0
+            n0, n1 = r0 // OH, (r1 - 1) // OH
+            for n in range(n0, n1 + 1):
+                a = max(r0, n * OH) - n * OH          # output rows of image n in this job
+                e = min(r1, (n + 1) * OH) - n * OH
+                dst = acc[n * OH + a - r0:n * OH + e - r0]
+                t = tmp[:e - a]
+                for i in range(kh):
+                    for j in range(kw):
+                        src = xpad[n, a * S[0] + i * D[0]:(e - 1) * S[0] + i * D[0] + 1:S[0],
+                                   j * D[1]:j * D[1] + (OW - 1) * S[1] + 1:S[1]]
+                        np.multiply(src, wt[i, j], out=t)
+                        dst += t
+            epi(acc.reshape(-1, C), r0 * OW, r1 * OW)
+    run_blocks(np, _row_jobs(rows, OW * C), work_np, rows * OW * C * kh * kw)
+    return y
+
+
+def _pointwise(x, w, epi, S, pb, out, y):
+    """1x1, group 1: rows of (N*OH*OW, C) @ (C, M)."""
+    N, H, W, C = (int(v) for v in x.shape)
+    M = int(w.shape[-1])
+    OH, OW = out
+    if any(pb) or S != [1, 1] or (OH, OW) != (H, W):
+        src = x
+        if any(pb):
+            src = np.zeros((N, H + pb[0], W + pb[1], C), dtype=x.dtype)
+            src[:, pb[0]:, pb[1]:] = x
+        src = src[:, :(OH - 1) * S[0] + 1:S[0], :(OW - 1) * S[1] + 1:S[1]]
+        xs = np.empty((N, OH, OW, C), dtype=x.dtype)
+        if src.shape[1:3] == (OH, OW):
+            xs[...] = src
+        else:  # pads past the input's end: the outputs there read zeros
+            xs[...] = 0
+            xs[:, :src.shape[1], :src.shape[2]] = src
+        x = xs
+    a = x.reshape(-1, C)
+    w2 = w.reshape(C, M)
+    y2 = y.reshape(-1, M)
+    rows = a.shape[0]
+
+    def work(chunk):
+        for r0, r1 in chunk:
+            np.matmul(a[r0:r1], w2, out=y2[r0:r1])
+            epi(y2[r0:r1], r0, r1)
+    with single_threaded_blas(blas_controller()):
+        run_blocks(np, _row_jobs(rows, max(M, C)), work, rows * M * C)
+    return y
+
+
+def _im2col(x, w, group, epi, S, D, pb, out, y):
+    """General (kh x kw, any group): per block of output rows, the windows copied into a
+    workspace (each tap a run of channels), then one GEMM per group."""
+    N, H, W, C = (int(v) for v in x.shape)
+    kh, kw, Cg, M = (int(v) for v in w.shape)
+    Mg = M // group
+    OH, OW = out
+    pe = [max(0, (o - 1) * s + (k_ - 1) * d + 1 - i - p)
+          for o, s, k_, d, i, p in zip(out, S, (kh, kw), D, (H, W), pb)]
+    xpad = x
+    if any(pb) or any(pe):
+        xpad = np.zeros((N, H + pb[0] + pe[0], W + pb[1] + pe[1], C), dtype=x.dtype)
+        xpad[:, pb[0]:pb[0] + H, pb[1]:pb[1] + W] = x
+    sN, sH, sW, sC = xpad.strides
+    win = np.lib.stride_tricks.as_strided(
+        xpad, shape=(N, OH, OW, kh, kw, C),
+        strides=(sN, sH * S[0], sW * S[1], sH * D[0], sW * D[1], sC), writeable=False)
+    K = kh * kw * Cg
+    wg = w.reshape(kh * kw * Cg, M)  # rows in (i, j, c) order, as the windows
+    y2 = y.reshape(-1, M)
+    per_row = OW * K  # im2col elements per output row (one group)
+
+    def work(chunk):
+        for r0, r1 in chunk:  # rows of the output grid (n * OH + oh)
+            n0, n1 = r0 // OH, (r1 - 1) // OH
+            cols = scratch(np, ((r1 - r0) * OW, K), x.dtype, slot="nhwc_cols")
+            for g in range(group):
+                c3 = cols.reshape(r1 - r0, OW, kh, kw, Cg)
+                for n in range(n0, n1 + 1):
+                    a = max(r0, n * OH) - n * OH
+                    e = min(r1, (n + 1) * OH) - n * OH
+                    np.copyto(c3[n * OH + a - r0:n * OH + e - r0],
+                              win[n, a:e, :, :, :, g * Cg:(g + 1) * Cg])
+                dst = y2[r0 * OW:r1 * OW]
+                if group == 1:
+                    np.matmul(cols, wg, out=dst)
+                else:
+                    dst[:, g * Mg:(g + 1) * Mg] = cols @ wg[:, g * Mg:(g + 1) * Mg]
+            epi(y2[r0 * OW:r1 * OW], r0 * OW, r1 * OW)
+    with single_threaded_blas(blas_controller()):
+        run_blocks(np, _row_jobs(N * OH, max(per_row, OW * M)), work,
+                   N * OH * OW * K * M)
+    return y
+
+
+@kernel("NhwcConv", since=1, domain=FUSED_DOMAIN, category="layer")
+def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
+              auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+              strides=None):
+    """Channels-last 2-D convolution (see the module docstring): X (N, H, W, C), W (kh, kw,
+    C/group, M), B (M,), Z and Y (N, OH, OW, M); ``activation`` as FusedConv's."""
+    op = "NhwcConv"
+    group = int(group)
+    if X.ndim != 4 or W.ndim != 4:
+        raise ShapeError(f"{op}: X must be (N, H, W, C) and W (kh, kw, C/group, M), got X "
+                         f"{tuple(X.shape)}, W {tuple(W.shape)}")
+    N, H, Wd, C = (int(v) for v in X.shape)
+    kh, kw, Cg, M = (int(v) for v in W.shape)
+    if group < 1 or Cg * group != C or M % group:
+        raise ShapeError(f"{op}: X has {C} channels and W has shape {tuple(W.shape)} with "
+                         f"group={group}; need W.shape[2] * group == C and W.shape[3] "
+                         f"divisible by group")
+    if B is not None and tuple(B.shape) != (M,):
+        raise ShapeError(f"{op}: bias B must have shape ({M},), got {tuple(B.shape)}")
+    if kernel_shape is not None and len(kernel_shape) and list(kernel_shape) != [kh, kw]:
+        raise ShapeError(f"{op}: kernel_shape={list(kernel_shape)} does not match the "
+                         f"weight's (kh, kw) = ({kh}, {kw})")
+    st = spatial_ints(op, "strides", strides, 2, 1)
+    dl = spatial_ints(op, "dilations", dilations, 2, 1)
+    pb, _pe, out, _extra = window_geometry(op, (H, Wd), (kh, kw), st, dl, pads, auto_pad)
+    xp = xp_of(X, W)
+    x = to_compute(X)
+    dt = x.dtype
+    w = W.astype(dt, copy=False)
+    b = None if B is None else B.astype(dt, copy=False).reshape(M)
+    z = None
+    p = [float(v) for v in (activation_params or ())] + [0.0, 0.0]
+    shape = (N, out[0], out[1], M)
+    late_z = None
+    if Z is not None:
+        if tuple(Z.shape) == shape:
+            z = np.ascontiguousarray(Z, dtype=dt)
+        else:  # a residual that broadcasts: added (and the activation applied) afterwards
+            late_z = Z
+    act = "" if late_z is not None else activation
+    y = xp.empty(shape, dtype=dt)
+    if y.size == 0:
+        pass
+    elif xp is not np:  # pragma: no cover - the layout pass runs for CPU plans only
+        raise ShapeError(f"{op} runs on numpy arrays (CPU plans) only")
+    else:
+        x = np.ascontiguousarray(x)
+        if group == C and M == C and Cg == 1 and kh * kw > 1:
+            _depthwise(x, w, b, z, act, p[0], p[1], st, dl, pb, out, y)
+        else:
+            epi = _Epilogue(b, z, act, p[0], p[1], M)
+            if kh == kw == 1 and group == 1:
+                _pointwise(x, w, epi, st, pb, out, y)
+            else:
+                _im2col(x, w, group, epi, st, dl, pb, out, y)
+    if late_z is not None:
+        if np.broadcast_shapes(shape, tuple(late_z.shape)) == shape:
+            y += late_z.astype(dt, copy=False)
+        else:
+            y = (y + late_z).astype(dt, copy=False)
+        y = apply_activation(y, activation, p[0], p[1])
+    return y if y.dtype == X.dtype else y.astype(X.dtype)
+
