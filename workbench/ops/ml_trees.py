@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from workbench import compiled
 from workbench.errors import InputError, ShapeError
 from workbench.ops.ml_common import (
     apply_post_transform,
@@ -28,6 +29,7 @@ from workbench.ops.ml_common import (
     like_input,
     pt_name,
 )
+from workbench.ops.parallel import n_workers, run_blocks
 from workbench.ops.registry import kernel
 
 ML = "ai.onnx.ml"
@@ -96,6 +98,7 @@ class Forest:
         self._thr32 = t32 if same.all() else None
         self._leaf = self.mode == LEAF
         self._modes = np.unique(self.mode[~self._leaf])
+        self._nodes32 = self._roots32 = None    # the compiled traversal's tables, on first use
 
     def leaves(self, x: np.ndarray, op: str) -> np.ndarray:
         """The leaf every row reaches in every tree: an int32 [N, T] matrix.
@@ -113,6 +116,9 @@ class Forest:
         else:
             x, thr = x.astype(np.float64, copy=False), self.threshold
         x = np.ascontiguousarray(x)
+        done = self._leaves_compiled(x, thr, op)
+        if done is not None:
+            return done
         rstep = min(n, _CHUNK_PAIRS)
         tstep = max(1, _CHUNK_PAIRS // rstep)
         roots = self.roots.astype(np.int32)
@@ -121,6 +127,61 @@ class Forest:
                 out[r0:r0 + rstep, t0:t0 + tstep] = self._leaves_chunk(
                     x[r0:r0 + rstep], thr, op, roots[t0:t0 + tstep])
         return out
+
+    def _leaves_compiled(self, x: np.ndarray, thr: np.ndarray, op: str):
+        """:meth:`leaves` by the compiled traversal (``workbench.compiled.kernels.trees``,
+        one 16-byte record per node), the trees split over the engine's threads; None when it
+        is not loaded (yet), or for forests with BRANCH_MEMBER nodes or features >= 2**24
+        (the numpy path then)."""
+        if self.members or MEMBER in self._modes:
+            return None
+        f32 = thr.dtype == np.float32
+        k = compiled.kernel("trees.leaves_f32" if f32 else "trees.leaves_f64")
+        if k is None or x.dtype != thr.dtype:
+            return None
+        nodes = self._records()
+        if nodes is None:
+            return None
+        n, f = x.shape
+        t, g = self.roots.size, self.mode.size
+        out = np.empty((n, t), dtype=np.int32)
+        args = (x, nodes, nodes.view(np.float32) if f32 else thr, self._roots32, out, n, f, g,
+                t)
+        step = max(1, -(-t // (4 * n_workers())))
+        jobs = [(t0, min(t, t0 + step)) for t0 in range(0, t, step)]
+
+        def work(chunk):
+            for t0, t1 in chunk:
+                k(*args, t0, t1)
+        run_blocks(np, jobs, work, n * t * 16)
+        if n and t and int(out.min()) < 0:
+            raise InputError(f"{op}: a tree has a cycle (no leaf reached after {g + 8} steps)")
+        return out
+
+    def _records(self):
+        """The compiled traversal's node table, made once: int32 (G, 4) records (feature |
+        flags << 24, threshold float32 bits, false child, true child; flags: the comparison
+        code, 7 for a leaf, + 8 when NaN goes to the true branch). None when a feature index
+        or the node count does not fit."""
+        if self._nodes32 is False:
+            return None
+        if self._nodes32 is None:
+            g = self.mode.size
+            branch = ~self._leaf
+            if g >= 2 ** 31 - 8 or (branch.any() and int(self.feature[branch].max()) >= 1 << 24):
+                self._nodes32 = False
+                return None
+            flags = self.mode.astype(np.int32)
+            if self.track_true is not None:
+                flags |= self.track_true.astype(np.int32) << 3
+            rec = np.empty((g, 4), np.int32)
+            rec[:, 0] = np.where(branch, self._feat, 0) | (flags << 24)
+            rec[:, 1] = self._thr32.view(np.int32) if self._thr32 is not None else 0
+            rec[:, 2] = self.false_next
+            rec[:, 3] = self.true_next
+            self._nodes32 = rec
+            self._roots32 = self.roots.astype(np.int32)
+        return self._nodes32
 
     def _leaves_chunk(self, x: np.ndarray, thr: np.ndarray, op: str,
                       roots: np.ndarray) -> np.ndarray:
@@ -214,11 +275,15 @@ class Forest:
         n, t = x.shape[0], self.roots.size
         k = self.n_outputs
         scores = np.zeros((n, k))
-        leaf_has = has[self._leaf]
         # every leaf writes the same targets (the usual case): hits are the same for all rows
-        uniform = leaf_has.shape[0] > 0 and bool((leaf_has == leaf_has[0]).all())
-        if uniform and how in ("SUM", "AVERAGE"):
-            hits = np.broadcast_to(leaf_has[0] if t else np.zeros(k, bool), (n, k)) \
+        # (found once: it scans every leaf)
+        uniform = getattr(self, "_uniform_hits", False)
+        if uniform is False:
+            leaf_has = has[self._leaf]
+            uniform = self._uniform_hits = leaf_has[0].copy() if leaf_has.shape[0] > 0 and \
+                bool((leaf_has == leaf_has[0]).all()) else None
+        if uniform is not None and how in ("SUM", "AVERAGE"):
+            hits = np.broadcast_to(uniform if t else np.zeros(k, bool), (n, k)) \
                 if need_hits else None
             need_hits = False
         else:
