@@ -100,6 +100,14 @@ class Forest:
         self._modes = np.unique(self.mode[~self._leaf])
         self._nodes32 = self._roots32 = None    # the compiled traversal's tables, on first use
 
+    def ready(self) -> Forest:
+        """Build the evaluation tables now (at prepare: the first run then only walks)."""
+        self._prepare()
+        self._dense()
+        if compiled.enabled() and not self.members and MEMBER not in self._modes:
+            self._records()
+        return self
+
     def leaves(self, x: np.ndarray, op: str) -> np.ndarray:
         """The leaf every row reaches in every tree: an int32 [N, T] matrix.
 
@@ -548,7 +556,7 @@ def _regressor_setup(*, aggregate_function="SUM", base_values=None,
     base = _double_or(op, "base_values", base_values, base_values_as_tensor)
     if base is not None and base.size and base.size != k:
         raise InputError(f"{op}: {base.size} base_values for {k} targets")
-    return {"forest": forest, "agg": agg, "pt": pt_name(op, post_transform),
+    return {"forest": forest.ready(), "agg": agg, "pt": pt_name(op, post_transform),
             "base": base if base is not None and base.size else None}
 
 
@@ -623,7 +631,7 @@ def _classifier_setup(*, base_values=None, base_values_as_tensor=None, class_ids
             raise InputError(f"{op}: {base.size} base_values for 2 classes")
     elif base is not None and base.size != k:
         raise InputError(f"{op}: {base.size} base_values for {k} classes")
-    return {"labels": labels, "forest": forest, "used": np.unique(cids),
+    return {"labels": labels, "forest": forest.ready(), "used": np.unique(cids),
             "positive": weights is None or bool((weights >= 0).all()), "base": base,
             "pt": pt_name(op, post_transform)}
 
