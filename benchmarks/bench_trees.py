@@ -276,6 +276,9 @@ def run_worker(engine, model, args, out) -> dict:
     env["WORKBENCH_NUM_THREADS"] = str(args.threads)
     env["OMP_NUM_THREADS"] = str(args.threads)
     env["OPENBLAS_NUM_THREADS"] = str(args.threads)
+    # the compiled kernels come from the cache warmed by scale_part: the worker's first run
+    # waits for them to load (about a millisecond) instead of running that run on numpy
+    env.setdefault("WORKBENCH_COMPILED", "wait")
     cmd = [sys.executable, __file__, "--worker", engine, "--model", str(model), "--runs",
            str(args.runs), "--threads", str(args.threads), "--out", out, "--rows",
            *map(str, args.rows)]
@@ -303,6 +306,15 @@ def scale_part(args) -> None:
     from _proc import cpu_description
 
     model = scale_model(args)
+    from workbench import compiled
+    if compiled.enabled():     # built (once per machine and source version) before timing
+        t0 = time.perf_counter()
+        compiled.wait(["trees"])
+        st = compiled.status()["modules"].get("trees", {})
+        print(f"compiled tree kernels: {st.get('state')} (waited {time.perf_counter() - t0:.1f}"
+              f" s; a cold build is not part of the timings below)")
+    else:
+        print("compiled kernels off (WORKBENCH_COMPILED=0): the numpy traversal")
     print(f"## scale: {model} ({model.stat().st_size / 1e6:.0f} MB); rows {args.rows}; "
           f"{args.runs} runs; threads {args.threads}; {args.rounds} rounds")
     print(cpu_description())
