@@ -147,3 +147,78 @@ def test_a_model_runs_the_same_with_and_without_compiled_kernels():
         b = backend.prepare(m).run(X)
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1], b[1])
+
+
+def with_pairs(forest, seed, k=3):
+    """The forest with 0-3 (target, weight) pairs per leaf (a target may repeat in a leaf)."""
+    rng = np.random.default_rng(seed)
+    g = forest.mode.size
+    count = np.where(forest.mode == LEAF_CODE, rng.integers(0, 4, g), 0).astype(np.int64)
+    forest.leaf_count = count
+    forest.leaf_start = np.cumsum(count) - count
+    forest.targets = rng.integers(0, k, int(count.sum())).astype(np.int64)
+    forest.weights = rng.normal(size=int(count.sum()))
+    forest.n_outputs = k
+    return forest
+
+
+def both_evaluations(forest, x, how):
+    with compiled.disabled():
+        want = forest.evaluate(x, how, "T", need_hits=True)
+    calls = []
+    real = forest._sum_compiled
+
+    def spy(*a):
+        out = real(*a)
+        calls.append(out is not None)
+        return out
+    forest._sum_compiled = spy
+    got = forest.evaluate(x, how, "T", need_hits=True)
+    return got, want, calls
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("how", ["SUM", "AVERAGE"])
+@pytest.mark.parametrize("f64", [False, True])
+def test_fused_sums_match_the_numpy_aggregation(seed, how, f64, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "2")
+    forest = with_pairs(random_forest(seed, trees=9, modes=ALL_MODES, f64=f64), seed)
+    x = np.random.default_rng(seed).normal(size=(23, 5)).astype(np.float32)
+    x[::3, 1] = np.nan
+    (s, h), (s0, h0), calls = both_evaluations(forest, x, how)
+    assert calls == [True], "the compiled sums did not run"
+    np.testing.assert_allclose(s, s0, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(h, h0)
+
+
+def test_fused_sums_without_the_dense_tables(monkeypatch):
+    """Above DENSE_MAX the numpy path aggregates with bincount: the same sums."""
+    monkeypatch.setattr(Forest, "DENSE_MAX", 1)
+    forest = with_pairs(random_forest(5, trees=6), 5)
+    x = np.random.default_rng(5).normal(size=(11, 5)).astype(np.float32)
+    (s, h), (s0, h0), calls = both_evaluations(forest, x, "SUM")
+    assert calls == [True]
+    np.testing.assert_allclose(s, s0, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(h, h0)
+
+
+def test_min_max_and_members_keep_the_numpy_aggregation():
+    forest = with_pairs(random_forest(1), 1)
+    x = np.random.default_rng(1).normal(size=(4, 5)).astype(np.float32)
+    for how in ("MIN", "MAX"):
+        _, _, calls = both_evaluations(forest, x, how)
+        assert calls == []
+    node = int(np.flatnonzero(forest.mode != LEAF_CODE)[0])
+    forest.mode[node] = ml_trees.MEMBER
+    forest.members = {node: np.asarray([0.5])}
+    forest._child = None                                    # tables made again
+    _, _, calls = both_evaluations(forest, x, "SUM")
+    assert calls == [False]
+
+
+def test_fused_sums_name_a_cycle():
+    forest = with_pairs(random_forest(0, trees=1, depth=2, track=0), 0)
+    root = int(forest.roots[0])
+    forest.true_next[root] = forest.false_next[root] = root
+    with pytest.raises(InputError, match="cycle"):
+        forest.evaluate(np.zeros((3, 5), np.float32), "SUM", "T")

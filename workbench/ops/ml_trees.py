@@ -99,6 +99,7 @@ class Forest:
         self._leaf = self.mode == LEAF
         self._modes = np.unique(self.mode[~self._leaf])
         self._nodes32 = self._roots32 = None    # the compiled traversal's tables, on first use
+        self._pairs_ok = False
 
     def ready(self) -> Forest:
         """Build the evaluation tables now (at prepare: the first run then only walks)."""
@@ -166,11 +167,54 @@ class Forest:
             raise InputError(f"{op}: a tree has a cycle (no leaf reached after {g + 8} steps)")
         return out
 
+    def _sum_compiled(self, x: np.ndarray, op: str):
+        """(scores [N, k] float64, hits [N, k] bool) by the compiled walk that sums the leaf
+        weights as it reaches them (``trees.sum_f32``/``sum_f64``), rows split over the
+        engine's threads; None when it cannot run (then :meth:`leaves` and the numpy
+        aggregation)."""
+        if self.members or MEMBER in self._modes:
+            return None
+        n, t, k = x.shape[0], self.roots.size, self.n_outputs
+        x, thr = self._x_thr(x)
+        f32 = thr.dtype == np.float32
+        kern = compiled.kernel("trees.sum_f32" if f32 else "trees.sum_f64")
+        if kern is None or n == 0 or t == 0:
+            return None
+        nodes = self._records()
+        if nodes is None or not self._pairs_ok:
+            return None
+        scores = np.zeros((n, k))
+        hits = np.zeros((n, k), np.uint8)
+        err = np.zeros(1, np.int64)
+        tgt = np.ascontiguousarray(self.targets, dtype=np.int64)
+        wt = np.ascontiguousarray(self.weights, dtype=np.float64)
+        args = (x, nodes, nodes.view(np.float32) if f32 else thr, self._roots32, tgt, wt,
+                scores, hits, err, n, x.shape[1], self.mode.size, t, k, tgt.size)
+        step = max(1, -(-n // (4 * n_workers())))
+        jobs = [(r0, min(n, r0 + step)) for r0 in range(0, n, step)]
+
+        def work(chunk):
+            for r0, r1 in chunk:
+                kern(*args, r0, r1)
+        run_blocks(np, jobs, work, n * t * 16)
+        if err[0]:
+            raise InputError(f"{op}: a tree has a cycle (no leaf reached after "
+                             f"{self.mode.size + 8} steps)")
+        return scores, hits.view(bool)
+
+    def _x_thr(self, x: np.ndarray):
+        """(x, thresholds) in the dtype the walk compares in: float32 when x is and every
+        threshold is exact in float32, else float64; x C-contiguous."""
+        if x.dtype == np.float32 and self._thr32 is not None:
+            return np.ascontiguousarray(x), self._thr32
+        return np.ascontiguousarray(x, dtype=np.float64), self.threshold
+
     def _records(self):
         """The compiled traversal's node table, made once: int32 (G, 4) records (feature |
         flags << 24, threshold float32 bits, false child, true child; flags: the comparison
-        code, 7 for a leaf, + 8 when NaN goes to the true branch). None when a feature index
-        or the node count does not fit."""
+        code, 7 for a leaf, + 8 when NaN goes to the true branch; a leaf's fields 1 and 2: the
+        first of its (target, weight) pairs and their count). None when a feature index or
+        the node count does not fit."""
         if self._nodes32 is False:
             return None
         if self._nodes32 is None:
@@ -187,6 +231,10 @@ class Forest:
             rec[:, 1] = self._thr32.view(np.int32) if self._thr32 is not None else 0
             rec[:, 2] = self.false_next
             rec[:, 3] = self.true_next
+            if self.targets.size < 2 ** 31:     # a leaf: where its (target, weight) pairs are
+                rec[self._leaf, 1] = self.leaf_start[self._leaf]
+                rec[self._leaf, 2] = self.leaf_count[self._leaf]
+                self._pairs_ok = True
             self._nodes32 = rec
             self._roots32 = self.roots.astype(np.int32)
         return self._nodes32
@@ -276,6 +324,13 @@ class Forest:
         in every tree, aggregated per target, chunk by chunk (the leaf matrix of a chunk stays
         in cache). ``hit`` (which targets received a weight) only with ``need_hits``."""
         self._prepare()
+        if how in ("SUM", "AVERAGE"):
+            fused = self._sum_compiled(x, op)
+            if fused is not None:
+                scores, hits = fused
+                if how == "AVERAGE":
+                    scores /= max(self.roots.size, 1)
+                return scores, hits
         dense = self._dense()
         if dense is None:
             return self.aggregate(self.leaves(x, op), how)

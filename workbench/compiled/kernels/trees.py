@@ -73,3 +73,72 @@ def leaves_f32(x, nodes, thr, roots, out, N, F, G, T, t0, t1):
 @export("leaves_f64", _ARGS_F64)
 def leaves_f64(x, nodes, thr, roots, out, N, F, G, T, t0, t1):
     _walk(x, nodes, thr, roots, out, N, F, G, T, t0, t1, G + 8, False)
+
+
+# ----------------------------------------------------------------------------- fused sums
+# the walk and the leaf weights summed per (row, target) in one pass: the leaf's record holds
+# where its (target, weight) pairs start (field 1) and how many it has (field 2)
+_SUM_ARGS = ("{t}[] i32[] {t}[] i32[] i64[] f64[] f64[]! u8[]! i64[]! i64 i64 i64 i64 i64 "
+             "i64 i64 i64")
+
+
+@njit(inline="always", error_model="numpy")
+def _walk_sum(xp, nodesp, thrp, rootsp, tgtp, wtp, scoresp, hitsp, errp, N, F, G, T, K, P,
+              r0, r1, limit, packed_thr):
+    x = carray(xp, (N, F))
+    nodes = carray(nodesp, (G, 4))
+    thr = carray(thrp, (G, 4)) if packed_thr else carray(thrp, (G, 1))
+    roots = carray(rootsp, (T,))
+    tgt = carray(tgtp, (P,))
+    wt = carray(wtp, (P,))
+    scores = carray(scoresp, (N, K))
+    hits = carray(hitsp, (N, K))
+    err = carray(errp, (1,))
+    for t in range(T):
+        root = roots[t]
+        for r in range(r0, r1):
+            nd = root
+            steps = 0
+            while True:
+                w = nodes[nd, 0]
+                m = (w >> 24) & 7
+                if m == 7:
+                    break
+                v = x[r, w & 0xFFFFFF]
+                th = thr[nd, 1] if packed_thr else thr[nd, 0]
+                if m == 0:
+                    go = v <= th
+                elif m == 1:
+                    go = v < th
+                elif m == 2:
+                    go = v >= th
+                elif m == 3:
+                    go = v > th
+                elif m == 4:
+                    go = v == th
+                else:
+                    go = v != th
+                if (w >> 27) & 1 and v != v:
+                    go = True
+                nd = nodes[nd, 3] if go else nodes[nd, 2]
+                steps += 1
+                if steps > limit:
+                    err[0] = 1
+                    return
+            s = nodes[nd, 1]
+            for j in range(s, s + nodes[nd, 2]):
+                k = tgt[j]
+                scores[r, k] += wt[j]
+                hits[r, k] = 1
+
+
+@export("sum_f32", _SUM_ARGS.format(t="f32"))
+def sum_f32(x, nodes, thr, roots, tgt, wt, scores, hits, err, N, F, G, T, K, P, r0, r1):
+    _walk_sum(x, nodes, thr, roots, tgt, wt, scores, hits, err, N, F, G, T, K, P, r0, r1,
+              G + 8, True)
+
+
+@export("sum_f64", _SUM_ARGS.format(t="f64"))
+def sum_f64(x, nodes, thr, roots, tgt, wt, scores, hits, err, N, F, G, T, K, P, r0, r1):
+    _walk_sum(x, nodes, thr, roots, tgt, wt, scores, hits, err, N, F, G, T, K, P, r0, r1,
+              G + 8, False)
