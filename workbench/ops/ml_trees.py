@@ -190,7 +190,9 @@ class Forest:
         wt = np.ascontiguousarray(self.weights, dtype=np.float64)
         args = (x, nodes, nodes.view(np.float32) if f32 else thr, self._roots32, tgt, wt,
                 scores, hits, err, n, x.shape[1], self.mode.size, t, k, tgt.size)
-        step = max(1, -(-n // (4 * n_workers())))
+        # one block of rows per thread: each block is one pass over the whole node table
+        # (streamed from memory for a large forest), so no more blocks than threads
+        step = max(1, -(-n // n_workers()))
         jobs = [(r0, min(n, r0 + step)) for r0 in range(0, n, step)]
 
         def work(chunk):
