@@ -255,3 +255,32 @@ def test_training_runs_as_written_and_inference_sees_the_new_weights():
     m.eval()
     want = m.forward(tensor.from_numpy(x))[0].numpy()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * max(1.0, np.abs(want).max()))
+
+
+def test_convnext_like_blocks_use_the_graphs_own_transposes():
+    """depthwise 7x7 -> Transpose to NHWC -> LayerNorm over channels -> MLP -> Transpose
+    back -> residual Add: the graph's own transposes cost nothing (one conversion in, one
+    out for the whole net)."""
+    c = 8
+    inits = [_w((c, 1, 7, 7), "dw1"), _w((c,), "db1"), _w((c, 1, 3, 3), "dw2"),
+             _t(np.ones(c, np.float32), "g"), _t(np.zeros(c, np.float32), "bt"),
+             _w((c, 4 * c), "m1"), _w((4 * c, c), "m2")]
+    nodes = [
+        helper.make_node("Conv", ["x", "dw1", "db1"], ["d"], name="dw7", group=c,
+                         pads=[3, 3, 3, 3]),
+        helper.make_node("Transpose", ["d"], ["t"], name="to_last", perm=[0, 2, 3, 1]),
+        helper.make_node("LayerNormalization", ["t", "g", "bt"], ["ln"], name="ln", axis=-1),
+        helper.make_node("MatMul", ["ln", "m1"], ["h"], name="fc1"),
+        helper.make_node("Relu", ["h"], ["hr"], name="act"),
+        helper.make_node("MatMul", ["hr", "m2"], ["o"], name="fc2"),
+        helper.make_node("Transpose", ["o"], ["ob"], name="to_first", perm=[0, 3, 1, 2]),
+        helper.make_node("Add", ["ob", "x"], ["r"], name="residual"),
+        helper.make_node("Conv", ["r", "dw2"], ["y"], name="dw3", group=c, pads=[1, 1, 1, 1]),
+    ]
+    m = make_model(nodes, [vi("x", ["N", c, 10, 12])], [vi("y", ["N", c, 10, 12])], inits)
+    x = RNG.standard_normal((2, c, 10, 12)).astype(np.float32)
+    rep = _agree(m, x, atol=2e-5)
+    ops = _ops(rep)
+    assert ops["NhwcConv"] == 2 and ops["Transpose"] == 2 and ops["Identity"] <= 1
+    names = {n.name: n for n in rep.plan.graph.nodes}
+    assert names["residual"].outputs[0].endswith("__nhwc")   # the Add stayed channels-last

@@ -24,7 +24,10 @@ to NHWC per value, shared; region values read from outside get one ``Transpose``
 - ``Shape`` of a region value -> ``Shape`` + ``Gather`` (the logical NCHW shape, so shape
   arithmetic in the graph is unchanged);
 - ShuffleNet's channel shuffle ``Reshape -> Transpose(0, 2, 1, 3, 4) -> Reshape`` ->
-  ``com.workbench::NhwcChannelShuffle`` (checked at run time, see ``ops/nhwc.py``).
+  ``com.workbench::NhwcChannelShuffle`` (checked at run time, see ``ops/nhwc.py``);
+- the graph's own layout transposes (ConvNeXt-like blocks: ``Transpose(0, 2, 3, 1)`` before a
+  LayerNorm over channels, ``Transpose(0, 3, 1, 2)`` back): the first of a region value is an
+  ``Identity`` of its array, the second's input is used as the region's form of its output.
 
 Every region value is renamed ``<name>__nhwc``; the original name, where it is still read
 (or is a graph output), is produced by the conversion back, so every name keeps its NCHW
@@ -37,7 +40,7 @@ import numpy as np
 
 from workbench.graph.ir import Graph, Node, ValueInfo
 from workbench.graph.toposort import topological_order
-from workbench.ops.registry import FUSED_DOMAIN, facts
+from workbench.ops.registry import FUSED_DOMAIN, facts, has_kernel
 
 TO_NHWC = [0, 2, 3, 1]
 TO_NCHW = [0, 3, 1, 2]
@@ -45,20 +48,44 @@ TO_NCHW = [0, 3, 1, 2]
 AXIS = {0: 0, 1: 3, 2: 1, 3: 2}
 SUFFIX = "__nhwc"
 
-_POOLS = {"MaxPool": "NhwcMaxPool", "AveragePool": "NhwcAveragePool",
-          "GlobalAveragePool": "NhwcGlobalAveragePool", "GlobalMaxPool": "NhwcGlobalMaxPool"}
-_REDUCE = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd",
-           "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
 
 
-def _conv_facts(g: Graph, n: Node):
+def _nhwc_pool(n: Node):
+    """The channels-last form of a standard pooling node (``Nhwc<op>``, registered in
+    ``ops/pool.py``), or None."""
+    if n.domain or facts(n.op_type).category != "pooling":
+        return None
+    name = "Nhwc" + n.op_type
+    return name if has_kernel(name, FUSED_DOMAIN) else None
+
+
+def _is_reduce(n: Node) -> bool:
+    return not n.domain and n.op_type.startswith("Reduce") and \
+        facts(n.op_type).category == "reduction"
+
+
+def _weights(g: Graph, name: str, producers=None):
+    """The value info of a convolution's weights: a trainable model's inference graph
+    computes them (``FoldBatchNormWeights``, which keeps the shape and type of its first
+    input), where the graph may not record a shape."""
+    v = g.value(name)
+    if v is not None and v.shape is not None:
+        return v
+    p = (producers or {}).get(name)
+    if p is not None and p.op_type == "FoldBatchNormWeights" and p.domain == FUSED_DOMAIN \
+            and p.outputs and p.outputs[0] == name:
+        return g.value(p.inputs[0])
+    return v
+
+
+def _conv_facts(g: Graph, n: Node, producers=None):
     """(C, M, group, kh, kw) of a 2-D float Conv/FusedConv node, or None."""
     if not ((n.op_type == "Conv" and not n.domain)
             or (n.op_type == "FusedConv" and n.domain == FUSED_DOMAIN)):
         return None
     if len(n.inputs) < 2 or len(n.outputs) != 1:
         return None
-    w = g.value(n.inputs[1])
+    w = _weights(g, n.inputs[1], producers)
     x = g.value(n.inputs[0])
     if w is None or w.shape is None or len(w.shape) != 4 or \
             not all(isinstance(d, int) for d in w.shape):
@@ -76,8 +103,9 @@ def _conv_facts(g: Graph, n: Node):
 
 def wants_channels_last(g: Graph) -> bool:
     """The "auto" rule: the network has a depthwise convolution (group == C == M > 1)."""
+    producers = {o: n for n in g.nodes for o in n.outputs if o}
     for n in g.nodes:
-        f = _conv_facts(g, n)
+        f = _conv_facts(g, n, producers)
         if f is not None:
             C, M, group, kh, kw = f
             if group > 1 and group == C == M and kh * kw > 1:
@@ -96,6 +124,7 @@ class _Rewriter:
         self.to_nhwc: dict = {}   # NCHW value -> its Transpose to NHWC (made on demand)
         self.out: list = []
         self.consts: dict = {}    # (name, tag) -> new initializer name
+        self.producer = {o: n for n in g.nodes for o in n.outputs if o}
 
     def fresh(self, base: str) -> str:
         name, i = base, 1
@@ -125,6 +154,11 @@ class _Rewriter:
         """The channels-last form of value ``name`` (a Transpose made once if needed)."""
         if name in self.nhwc:
             return self.nhwc[name]
+        p = self.producer.get(name)
+        if p is not None and _is_transpose(p, TO_NCHW):
+            # the graph's own NHWC -> NCHW transpose (ConvNeXt-like blocks): its input already
+            # is the channels-last array
+            return p.inputs[0]
         if name not in self.to_nhwc:
             t = self.fresh(name + SUFFIX)
             self.out.append(Node("Transpose", [name], [t], {"perm": list(TO_NHWC)},
@@ -132,6 +166,11 @@ class _Rewriter:
             self.info(name, t)
             self.to_nhwc[name] = t
         return self.to_nhwc[name]
+
+    def has_nhwc(self, name: str) -> bool:
+        """Whether a channels-last form of ``name`` exists without a conversion."""
+        p = self.producer.get(name)
+        return name in self.nhwc or (p is not None and _is_transpose(p, TO_NCHW))
 
     def region_output(self, name: str) -> str:
         t = self.fresh(name + SUFFIX)
@@ -161,7 +200,7 @@ class _Rewriter:
 
     # -------------------------------------------------------------------------- rules
     def conv(self, n: Node) -> bool:
-        if _conv_facts(self.g, n) is None:
+        if _conv_facts(self.g, n, self.producer) is None:
             return False
         ins = list(n.inputs) + [""] * (4 - len(n.inputs))
         x = self.nhwc_input(ins[0])
@@ -195,7 +234,7 @@ class _Rewriter:
         f = facts(n.op_type, n.domain)
         if not f.elementwise or len(n.outputs) != 1 or n.subgraphs:
             return False
-        if not any(i in self.nhwc for i in n.inputs if i):
+        if not any(self.has_nhwc(i) for i in n.inputs if i):
             return False
         new_inputs = []
         for i in n.inputs:
@@ -208,7 +247,7 @@ class _Rewriter:
                 if c is None:
                     return False
                 new_inputs.append(c)
-            elif self.rank(i) == 4:
+            elif self.has_nhwc(i) or self.rank(i) == 4:
                 new_inputs.append(self.nhwc_input(i))
             else:
                 return False  # a value whose broadcast in NHWC is not known here
@@ -218,8 +257,8 @@ class _Rewriter:
         return True
 
     def pool(self, n: Node) -> bool:
-        if n.domain or n.op_type not in _POOLS or len(n.outputs) != 1 or \
-                n.inputs[0] not in self.nhwc:
+        op = _nhwc_pool(n)
+        if op is None or len(n.outputs) != 1 or n.inputs[0] not in self.nhwc:
             return False
         if n.op_type in ("MaxPool", "AveragePool"):
             ks = n.attrs.get("kernel_shape")
@@ -227,7 +266,7 @@ class _Rewriter:
                 return False
         attrs = {k: v for k, v in n.attrs.items() if k != "storage_order"}
         y = self.region_output(n.outputs[0])
-        self.out.append(Node(_POOLS[n.op_type], [self.nhwc[n.inputs[0]]], [y], attrs, n.name,
+        self.out.append(Node(op, [self.nhwc[n.inputs[0]]], [y], attrs, n.name,
                              FUSED_DOMAIN, n.doc_string))
         return True
 
@@ -297,7 +336,7 @@ class _Rewriter:
         return True
 
     def reduce(self, n: Node, opset: int) -> bool:
-        if n.op_type not in _REDUCE or n.domain or n.inputs[0] not in self.nhwc or \
+        if not _is_reduce(n) or n.inputs[0] not in self.nhwc or \
                 not int(n.attrs.get("keepdims", 1)):
             return False
         attrs = dict(n.attrs)
@@ -318,6 +357,14 @@ class _Rewriter:
         ins[0] = self.nhwc[ins[0]]
         y = self.region_output(n.outputs[0])
         self.out.append(Node(n.op_type, ins, [y], attrs, n.name, "", n.doc_string))
+        return True
+
+    def transpose(self, n: Node) -> bool:
+        """The graph's own NCHW -> NHWC transpose of a region value is that value's array."""
+        if not _is_transpose(n, TO_NHWC) or n.inputs[0] not in self.nhwc:
+            return False
+        self.out.append(Node("Identity", [self.nhwc[n.inputs[0]]], [n.outputs[0]], {}, n.name,
+                             "", n.doc_string))
         return True
 
     def shape(self, n: Node) -> bool:
@@ -363,6 +410,11 @@ class _Rewriter:
         return True
 
 
+def _is_transpose(n: Node, perm) -> bool:
+    return n.op_type == "Transpose" and not n.domain and len(n.inputs) == 1 and \
+        [int(p) for p in n.attrs.get("perm", [])] == list(perm)
+
+
 def _only(consumers, outputs, value):
     users = consumers.get(value, [])
     if len(users) != 1 or value in outputs:
@@ -377,7 +429,8 @@ def to_channels_last(graph: Graph, variables=frozenset(), *, mode: str | None = 
         return graph
     if mode not in ("auto", "nhwc"):
         raise ValueError(f"layout mode {mode!r}: use 'auto', 'nhwc' or None")
-    if not any(_conv_facts(graph, n) is not None for n in graph.nodes):
+    producers = {o: n for n in graph.nodes for o in n.outputs if o}
+    if not any(_conv_facts(graph, n, producers) is not None for n in graph.nodes):
         return graph
     if mode == "auto" and not wants_channels_last(graph):
         return graph
@@ -400,14 +453,16 @@ def to_channels_last(graph: Graph, variables=frozenset(), *, mode: str | None = 
             if emit is not None:
                 emit()
             continue
-        before = len(rw.out)
+        before, made = len(rw.out), set(rw.to_nhwc)
         ok = (rw.conv(n) or rw.pointwise(n) or rw.pool(n) or rw.concat(n) or rw.split(n)
-              or rw.slice_(n, opset) or rw.reduce(n, opset) or rw.shape(n)
+              or rw.slice_(n, opset) or rw.reduce(n, opset) or rw.shape(n) or rw.transpose(n)
               or rw.shuffle(n, consumers, outputs, pending))
         if ok:
             converted += 1
             continue
-        del rw.out[before:]
+        del rw.out[before:]   # a rule that gave up: its conversions go too
+        for name in set(rw.to_nhwc) - made:
+            del rw.to_nhwc[name]
         # a border: region values this node reads go back to NCHW under their own names
         rw.out.append(n)
     if not converted:
@@ -429,6 +484,4 @@ def to_channels_last(graph: Graph, variables=frozenset(), *, mode: str | None = 
     g.nodes = final
     g.opsets = dict(g.opsets)
     g.opsets.setdefault(FUSED_DOMAIN, 1)
-    from workbench.graph.passes import eliminate_dead_code  # noqa: PLC0415
-
-    return eliminate_dead_code(g)
+    return g   # every node is used: a conversion is made only for a reader

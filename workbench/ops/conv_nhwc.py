@@ -259,7 +259,10 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
     xp = xp_of(X, W)
     x = to_compute(X)
     dt = x.dtype
-    w = W.astype(dt, copy=False)
+    # contiguous: a trainable model's HWIO weights come from a Transpose (a view) in its
+    # plan, and BLAS given a strided matrix may add the terms in another order than for the
+    # baked constant of backend.prepare (the two must agree bit for bit)
+    w = np.ascontiguousarray(W, dtype=dt) if xp is np else W.astype(dt, copy=False)
     b = None if B is None else B.astype(dt, copy=False).reshape(M)
     z = None
     p = [float(v) for v in (activation_params or ())] + [0.0, 0.0]
