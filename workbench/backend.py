@@ -34,6 +34,14 @@ class WorkbenchRep(BackendRep):
         self._outputs_type = namedtupledict("Outputs", self.output_names)
 
     def run(self, inputs: Any, **kwargs) -> tuple:
+        if not self.device.is_cuda:     # host arrays need no moving: the plan checks them
+            t = type(inputs)
+            if t is np.ndarray:
+                return self._outputs_type(*self.plan.run([inputs]))
+            if (t is list or t is tuple) and all(type(v) is np.ndarray for v in inputs) or \
+                    t is dict and all(type(v) is np.ndarray for v in inputs.values()) \
+                    and not self._is_one_map(inputs):
+                return self._outputs_type(*self.plan.run(inputs))
         if isinstance(inputs, np.ndarray) or not isinstance(inputs, (list, tuple, dict)):
             inputs = [inputs]
         elif isinstance(inputs, dict) and self._is_one_map(inputs):

@@ -104,12 +104,19 @@ def attr_to_python(a: onnx.AttributeProto, opsets: dict, where: str = ""):
         return Graph.from_proto(a.g, opsets)
     if t == AttributeProto.SPARSE_TENSOR:
         return sparse_to_dense(a.sparse_tensor, where)
+    # (list() of a repeated field gives Python floats/ints 5x faster than a comprehension:
+    # seconds for the millions of entries of a large tree ensemble's attributes)
     if t == AttributeProto.FLOATS:
-        return [float(x) for x in a.floats]
+        return list(a.floats)
     if t == AttributeProto.INTS:
-        return [int(x) for x in a.ints]
+        return list(a.ints)
     if t == AttributeProto.STRINGS:
-        return [s.decode("utf-8") for s in a.strings]
+        strs = a.strings
+        if len(strs) > 64:   # one decode for all (a tree ensemble's millions of node modes)
+            parts = b"\0".join(strs).decode("utf-8").split("\0")
+            if len(parts) == len(strs):     # (else a string holds a NUL: one by one)
+                return parts
+        return [s.decode("utf-8") for s in strs]
     if t == AttributeProto.TENSORS:
         return [tensor_to_array(x, f"{where}[{k}]") for k, x in enumerate(a.tensors)]
     if t == AttributeProto.SPARSE_TENSORS:

@@ -14,10 +14,12 @@ a ``bincount`` over (row, target) (SUM, AVERAGE) or a ``ufunc.at`` (MIN, MAX).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from workbench import compiled
 from workbench.errors import InputError, ShapeError
 from workbench.ops.ml_common import (
     apply_post_transform,
@@ -27,6 +29,7 @@ from workbench.ops.ml_common import (
     like_input,
     pt_name,
 )
+from workbench.ops.parallel import n_workers, run_blocks
 from workbench.ops.registry import kernel
 
 ML = "ai.onnx.ml"
@@ -60,18 +63,23 @@ class Forest:
         return self.mode == LEAF
 
     def validate(self, op: str, n_features: int) -> None:
-        branch = self.mode != LEAF
-        if branch.any():
-            fmax = int(self.feature[branch].max())
-            fmin = int(self.feature[branch].min())
-            if fmin < 0 or fmax >= n_features:
-                bad = fmax if fmax >= n_features else fmin
-                raise ShapeError(f"{op}: a node reads feature {bad} but X has {n_features} "
-                                 f"features")
-        if self.targets.size and (int(self.targets.min()) < 0
-                                  or int(self.targets.max()) >= self.n_outputs):
-            raise InputError(f"{op}: a leaf writes to target/class "
-                             f"{int(self.targets.max())}, outside [0, {self.n_outputs})")
+        """Check the forest against X's feature count (the ranges it checks are found once:
+        a run of a 5M-node forest must not scan its nodes again)."""
+        rng = getattr(self, "_feature_range", None)
+        if rng is None:
+            if self.targets.size and (int(self.targets.min()) < 0
+                                      or int(self.targets.max()) >= self.n_outputs):
+                raise InputError(f"{op}: a leaf writes to target/class "
+                                 f"{int(self.targets.max())}, outside [0, {self.n_outputs})")
+            branch = self.mode != LEAF
+            rng = self._feature_range = (int(self.feature[branch].min()),
+                                         int(self.feature[branch].max())) \
+                if branch.any() else (0, -1)
+        fmin, fmax = rng
+        if fmin < 0 or fmax >= n_features:
+            bad = fmax if fmax >= n_features else fmin
+            raise ShapeError(f"{op}: a node reads feature {bad} but X has {n_features} "
+                             f"features")
 
     # ---------------------------------------------------------------- evaluation
     def _prepare(self) -> None:
@@ -90,9 +98,23 @@ class Forest:
         self._thr32 = t32 if same.all() else None
         self._leaf = self.mode == LEAF
         self._modes = np.unique(self.mode[~self._leaf])
+        self._nodes32 = self._roots32 = None    # the compiled traversal's tables, on first use
+        self._pairs_ok = False
+
+    def ready(self) -> Forest:
+        """Build the evaluation tables now (at prepare: the first run then only walks)."""
+        self._prepare()
+        self._dense()
+        if compiled.enabled() and not self.members and MEMBER not in self._modes:
+            self._records()
+        return self
 
     def leaves(self, x: np.ndarray, op: str) -> np.ndarray:
-        """The leaf every row reaches in every tree: an int32 [N, T] matrix."""
+        """The leaf every row reaches in every tree: an int32 [N, T] matrix.
+
+        Blocks of (rows x trees) pairs are walked together: all the rows of a block of trees
+        (up to ``_CHUNK_PAIRS`` pairs), pairs ordered tree by tree, so the nodes of a large
+        forest are read from memory once per block instead of once per row chunk."""
         self._prepare()
         n, t = x.shape[0], self.roots.size
         out = np.empty((n, t), dtype=np.int32)
@@ -103,15 +125,128 @@ class Forest:
         else:
             x, thr = x.astype(np.float64, copy=False), self.threshold
         x = np.ascontiguousarray(x)
-        step = max(1, _CHUNK_PAIRS // t)
-        for r0 in range(0, n, step):
-            out[r0:r0 + step] = self._leaves_chunk(x[r0:r0 + step], thr, op)
+        done = self._leaves_compiled(x, thr, op)
+        if done is not None:
+            return done
+        rstep = min(n, _CHUNK_PAIRS)
+        tstep = max(1, _CHUNK_PAIRS // rstep)
+        roots = self.roots.astype(np.int32)
+        for r0 in range(0, n, rstep):
+            for t0 in range(0, t, tstep):
+                out[r0:r0 + rstep, t0:t0 + tstep] = self._leaves_chunk(
+                    x[r0:r0 + rstep], thr, op, roots[t0:t0 + tstep])
         return out
 
-    def _leaves_chunk(self, x: np.ndarray, thr: np.ndarray, op: str) -> np.ndarray:
+    def _leaves_compiled(self, x: np.ndarray, thr: np.ndarray, op: str):
+        """:meth:`leaves` by the compiled traversal (``workbench.compiled.kernels.trees``,
+        one 16-byte record per node), the trees split over the engine's threads; None when it
+        is not loaded (yet), or for forests with BRANCH_MEMBER nodes or features >= 2**24
+        (the numpy path then)."""
+        if self.members or MEMBER in self._modes:
+            return None
+        f32 = thr.dtype == np.float32
+        k = compiled.kernel("trees.leaves_f32" if f32 else "trees.leaves_f64")
+        if k is None or x.dtype != thr.dtype:
+            return None
+        nodes = self._records()
+        if nodes is None:
+            return None
         n, f = x.shape
-        t = self.roots.size
-        res = np.tile(self.roots.astype(np.int32), n)      # pair p = row * t + tree
+        t, g = self.roots.size, self.mode.size
+        out = np.empty((n, t), dtype=np.int32)
+        args = (x, nodes, nodes.view(np.float32) if f32 else thr, self._roots32, out, n, f, g,
+                t)
+        step = max(1, -(-t // (4 * n_workers())))
+        jobs = [(t0, min(t, t0 + step)) for t0 in range(0, t, step)]
+
+        def work(chunk):
+            for t0, t1 in chunk:
+                k(*args, t0, t1)
+        run_blocks(np, jobs, work, n * t * 16)
+        if n and t and int(out.min()) < 0:
+            raise InputError(f"{op}: a tree has a cycle (no leaf reached after {g + 8} steps)")
+        return out
+
+    def _sum_compiled(self, x: np.ndarray, op: str):
+        """(scores [N, k] float64, hits [N, k] bool) by the compiled walk that sums the leaf
+        weights as it reaches them (``trees.sum_f32``/``sum_f64``), rows split over the
+        engine's threads; None when it cannot run (then :meth:`leaves` and the numpy
+        aggregation)."""
+        if self.members or MEMBER in self._modes:
+            return None
+        n, t, k = x.shape[0], self.roots.size, self.n_outputs
+        x, thr = self._x_thr(x)
+        f32 = thr.dtype == np.float32
+        kern = compiled.kernel("trees.sum_f32" if f32 else "trees.sum_f64")
+        if kern is None or n == 0 or t == 0:
+            return None
+        nodes = self._records()
+        if nodes is None or not self._pairs_ok:
+            return None
+        scores = np.zeros((n, k))
+        hits = np.zeros((n, k), np.uint8)
+        err = np.zeros(1, np.int64)
+        tgt = np.ascontiguousarray(self.targets, dtype=np.int64)
+        wt = np.ascontiguousarray(self.weights, dtype=np.float64)
+        args = (x, nodes, nodes.view(np.float32) if f32 else thr, self._roots32, tgt, wt,
+                scores, hits, err, n, x.shape[1], self.mode.size, t, k, tgt.size)
+        # one block of rows per thread: each block is one pass over the whole node table
+        # (streamed from memory for a large forest), so no more blocks than threads
+        step = max(1, -(-n // n_workers()))
+        jobs = [(r0, min(n, r0 + step)) for r0 in range(0, n, step)]
+
+        def work(chunk):
+            for r0, r1 in chunk:
+                kern(*args, r0, r1)
+        run_blocks(np, jobs, work, n * t * 16)
+        if err[0]:
+            raise InputError(f"{op}: a tree has a cycle (no leaf reached after "
+                             f"{self.mode.size + 8} steps)")
+        return scores, hits.view(bool)
+
+    def _x_thr(self, x: np.ndarray):
+        """(x, thresholds) in the dtype the walk compares in: float32 when x is and every
+        threshold is exact in float32, else float64; x C-contiguous."""
+        if x.dtype == np.float32 and self._thr32 is not None:
+            return np.ascontiguousarray(x), self._thr32
+        return np.ascontiguousarray(x, dtype=np.float64), self.threshold
+
+    def _records(self):
+        """The compiled traversal's node table, made once: int32 (G, 4) records (feature |
+        flags << 24, threshold float32 bits, false child, true child; flags: the comparison
+        code, 7 for a leaf, + 8 when NaN goes to the true branch; a leaf's fields 1 and 2: the
+        first of its (target, weight) pairs and their count). None when a feature index or
+        the node count does not fit."""
+        if self._nodes32 is False:
+            return None
+        if self._nodes32 is None:
+            g = self.mode.size
+            branch = ~self._leaf
+            if g >= 2 ** 31 - 8 or (branch.any() and int(self.feature[branch].max()) >= 1 << 24):
+                self._nodes32 = False
+                return None
+            flags = self.mode.astype(np.int32)
+            if self.track_true is not None:
+                flags |= self.track_true.astype(np.int32) << 3
+            rec = np.empty((g, 4), np.int32)
+            rec[:, 0] = np.where(branch, self._feat, 0) | (flags << 24)
+            rec[:, 1] = self._thr32.view(np.int32) if self._thr32 is not None else 0
+            rec[:, 2] = self.false_next
+            rec[:, 3] = self.true_next
+            if self.targets.size < 2 ** 31:     # a leaf: where its (target, weight) pairs are
+                rec[self._leaf, 1] = self.leaf_start[self._leaf]
+                rec[self._leaf, 2] = self.leaf_count[self._leaf]
+                self._pairs_ok = True
+            self._nodes32 = rec
+            self._roots32 = self.roots.astype(np.int32)
+        return self._nodes32
+
+    def _leaves_chunk(self, x: np.ndarray, thr: np.ndarray, op: str,
+                      roots: np.ndarray) -> np.ndarray:
+        """[rows, trees] leaves of ``roots``' trees; pair p = tree * rows + row."""
+        n, f = x.shape
+        t = roots.size
+        res = np.repeat(roots, n)
         xflat = x.reshape(-1)
         leaf, child, feat = self._leaf, self._child, self._feat
         modes = self._modes
@@ -119,7 +254,7 @@ class Forest:
         track = self.track_true
         pidx = np.flatnonzero(~leaf[res]).astype(np.int32)
         cur = res[pidx]
-        rb = (pidx // t).astype(np.int32) * f if n * f < 2 ** 31 else (pidx // t) * f
+        rb = (pidx % n).astype(np.int32) * f if n * f < 2 ** 31 else (pidx % n) * f
         limit = self.mode.size + 8
         steps = 0
         while cur.size:
@@ -146,7 +281,7 @@ class Forest:
             if steps > limit:
                 raise InputError(f"{op}: a tree has a cycle (no leaf reached after {limit} "
                                  f"steps)")
-        return res.reshape(n, t)
+        return res.reshape(t, n).T
 
     def _go_mixed(self, nd, v, th):
         m = self.mode[nd]
@@ -191,6 +326,13 @@ class Forest:
         in every tree, aggregated per target, chunk by chunk (the leaf matrix of a chunk stays
         in cache). ``hit`` (which targets received a weight) only with ``need_hits``."""
         self._prepare()
+        if how in ("SUM", "AVERAGE"):
+            fused = self._sum_compiled(x, op)
+            if fused is not None:
+                scores, hits = fused
+                if how == "AVERAGE":
+                    scores /= max(self.roots.size, 1)
+                return scores, hits
         dense = self._dense()
         if dense is None:
             return self.aggregate(self.leaves(x, op), how)
@@ -198,11 +340,15 @@ class Forest:
         n, t = x.shape[0], self.roots.size
         k = self.n_outputs
         scores = np.zeros((n, k))
-        leaf_has = has[self._leaf]
         # every leaf writes the same targets (the usual case): hits are the same for all rows
-        uniform = leaf_has.shape[0] > 0 and bool((leaf_has == leaf_has[0]).all())
-        if uniform and how in ("SUM", "AVERAGE"):
-            hits = np.broadcast_to(leaf_has[0] if t else np.zeros(k, bool), (n, k)) \
+        # (found once: it scans every leaf)
+        uniform = getattr(self, "_uniform_hits", False)
+        if uniform is False:
+            leaf_has = has[self._leaf]
+            uniform = self._uniform_hits = leaf_has[0].copy() if leaf_has.shape[0] > 0 and \
+                bool((leaf_has == leaf_has[0]).all()) else None
+        if uniform is not None and how in ("SUM", "AVERAGE"):
+            hits = np.broadcast_to(uniform if t else np.zeros(k, bool), (n, k)) \
                 if need_hits else None
             need_hits = False
         else:
@@ -300,6 +446,24 @@ def _ints(values):
     return np.asarray(values if values is not None else [], dtype=np.int64).reshape(-1)
 
 
+#: node modes by name, as str and as bytes
+_MODE_LOOKUP = {**_MODE_CODES, **{k.encode(): v for k, v in _MODE_CODES.items()}}
+
+
+def _mode_codes(op: str, modes) -> np.ndarray:
+    """The int8 code of every node mode (names as str or bytes), in one pass over the list."""
+    if isinstance(modes, np.ndarray):
+        modes = modes.reshape(-1).tolist()
+    codes = np.fromiter(map(_MODE_LOOKUP.get, modes, itertools.repeat(-1)), dtype=np.int8,
+                        count=len(modes))
+    if (codes < 0).any():
+        bad = modes[int(np.flatnonzero(codes < 0)[0])]
+        bad = bad.decode(errors="replace") if isinstance(bad, bytes) else bad
+        raise InputError(f"{op}: unknown node mode {bad!r}; expected one of "
+                         f"{sorted(_MODE_CODES)}")
+    return codes
+
+
 def forest_from_v3(op: str, *, treeids, nodeids, featureids, modes, values, truenodeids,
                    falsenodeids, missing_tracks, w_treeids, w_nodeids, w_ids, w_weights,
                    n_outputs: int) -> Forest:
@@ -308,24 +472,20 @@ def forest_from_v3(op: str, *, treeids, nodeids, featureids, modes, values, true
     tree = _ints(treeids)
     node = _ints(nodeids)
     g = tree.size
-    for name, arr in (("nodes_nodeids", node), ("nodes_featureids", _ints(featureids)),
-                      ("nodes_modes", np.asarray(modes or [], dtype=object)),
-                      ("nodes_truenodeids", _ints(truenodeids)),
-                      ("nodes_falsenodeids", _ints(falsenodeids))):
-        if arr.size != g:
-            raise InputError(f"{op}: {name} has {arr.size} entries, nodes_treeids has {g}")
+    modes = modes if modes is not None else []
+    truenodeids, falsenodeids = _ints(truenodeids), _ints(falsenodeids)
+    for name, size in (("nodes_nodeids", node.size), ("nodes_featureids", _ints(featureids).size),
+                       ("nodes_modes", len(modes)), ("nodes_truenodeids", truenodeids.size),
+                       ("nodes_falsenodeids", falsenodeids.size)):
+        if size != g:
+            raise InputError(f"{op}: {name} has {size} entries, nodes_treeids has {g}")
     if g == 0:
         raise InputError(f"{op}: the ensemble has no nodes")
-    try:
-        mode = np.array([_MODE_CODES[m.decode() if isinstance(m, bytes) else m]
-                         for m in modes], dtype=np.int8)
-    except KeyError as e:
-        raise InputError(f"{op}: unknown node mode {e.args[0]!r}; expected one of "
-                         f"{sorted(_MODE_CODES)}") from None
+    mode = _mode_codes(op, modes)
     thr = values if values is not None else np.zeros(g)
     if thr.size != g:
         raise InputError(f"{op}: nodes_values has {thr.size} entries for {g} nodes")
-    span = int(max(node.max(), _ints(truenodeids).max(), _ints(falsenodeids).max(), 0)) + 1
+    span = int(max(node.max(), truenodeids.max(), falsenodeids.max(), 0)) + 1
     keys = tree * span + node
     order = np.argsort(keys, kind="stable")
     sorted_keys = keys[order]
@@ -348,20 +508,21 @@ def forest_from_v3(op: str, *, treeids, nodeids, featureids, modes, values, true
     idx = np.arange(g, dtype=np.int64)
     tnext, fnext = idx.copy(), idx.copy()
     if branch.any():
-        tnext[branch], _ = find(tree[branch], _ints(truenodeids)[branch], "a true branch")
-        fnext[branch], _ = find(tree[branch], _ints(falsenodeids)[branch], "a false branch")
+        tnext[branch], _ = find(tree[branch], truenodeids[branch], "a true branch")
+        fnext[branch], _ = find(tree[branch], falsenodeids[branch], "a false branch")
     # roots: per tree, the first node (in attribute order) that no branch points to
     child = np.zeros(g, dtype=bool)
     child[tnext[branch]] = True
     child[fnext[branch]] = True
-    tree_ids, first = np.unique(tree, return_index=True)
-    roots = []
-    for tid in tree_ids:
-        cand = np.flatnonzero((tree == tid) & ~child)
-        if cand.size == 0:
-            raise InputError(f"{op}: tree {int(tid)} has no root (every node is a child)")
-        roots.append(int(cand[0]))
-    roots = np.asarray(roots, dtype=np.int64)
+    # (one sort over all nodes: a loop over the trees scanning every node is quadratic, hours
+    # for a 10,000-tree model)
+    nonchild = np.flatnonzero(~child)
+    root_tids, first = np.unique(tree[nonchild], return_index=True)
+    tree_ids = np.unique(tree)
+    if root_tids.size != tree_ids.size:
+        tid = int(np.setdiff1d(tree_ids, root_tids)[0])
+        raise InputError(f"{op}: tree {tid} has no root (every node is a child)")
+    roots = nonchild[first].astype(np.int64)
     track = None
     if missing_tracks is not None and len(missing_tracks):
         tr = np.asarray(missing_tracks, dtype=bool).reshape(-1)
@@ -403,13 +564,57 @@ _AGGREGATES = ("SUM", "AVERAGE", "MIN", "MAX")
 
 
 def _cached(ctx, build, key="forest"):
-    """The node's Forest, built on its first run and kept in the node's context."""
+    """What ``build()`` makes for the node (its Forest, its setup), made at prepare (see
+    :func:`_prepare_with`) or on its first run, and kept in the node's context."""
     if ctx is None:
         return build()
     forest = ctx.extra.get(key)
     if forest is None:
         forest = ctx.extra[key] = build()
     return forest
+
+
+def _prepare_with(setup):
+    """A kernel's ``prepare(**attrs)`` (called once when a plan binds the node, see
+    ``workbench.runtime.plan.bind_kernels``): the node's setup built from its attributes and
+    kept in its context, so the first run does not pay for it (a 5M-node forest)."""
+    def prepare(*, ctx=None, **attrs):
+        if ctx is not None and ctx.extra.get("setup") is None:
+            ctx.extra["setup"] = setup(**attrs)
+    return prepare
+
+
+def _regressor_setup(*, aggregate_function="SUM", base_values=None,
+                     base_values_as_tensor=None, n_targets=None, nodes_falsenodeids=None,
+                     nodes_featureids=None, nodes_hitrates=None, nodes_hitrates_as_tensor=None,
+                     nodes_missing_value_tracks_true=None, nodes_modes=None, nodes_nodeids=None,
+                     nodes_treeids=None, nodes_truenodeids=None, nodes_values=None,
+                     nodes_values_as_tensor=None, post_transform="NONE", target_ids=None,
+                     target_nodeids=None, target_treeids=None, target_weights=None,
+                     target_weights_as_tensor=None) -> dict:
+    """Everything a TreeEnsembleRegressor node's runs need from its attributes: the forest,
+    the aggregate, the base values, the post transform."""
+    op = "TreeEnsembleRegressor"
+    agg = aggregate_function.decode() if isinstance(aggregate_function, bytes) else \
+        str(aggregate_function)
+    if agg not in _AGGREGATES:
+        raise InputError(f"{op}: aggregate_function {agg!r} must be one of {_AGGREGATES}")
+    tids = _ints(target_ids)
+    k = int(n_targets) if n_targets is not None else (int(tids.max()) + 1 if tids.size else 1)
+    forest = forest_from_v3(
+        op, treeids=nodes_treeids, nodeids=nodes_nodeids, featureids=nodes_featureids,
+        modes=nodes_modes, values=_double_or(op, "nodes_values", nodes_values,
+                                             nodes_values_as_tensor),
+        truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
+        missing_tracks=nodes_missing_value_tracks_true, w_treeids=target_treeids,
+        w_nodeids=target_nodeids, w_ids=tids,
+        w_weights=_double_or(op, "target_weights", target_weights, target_weights_as_tensor),
+        n_outputs=k)
+    base = _double_or(op, "base_values", base_values, base_values_as_tensor)
+    if base is not None and base.size and base.size != k:
+        raise InputError(f"{op}: {base.size} base_values for {k} targets")
+    return {"forest": forest.ready(), "agg": agg, "pt": pt_name(op, post_transform),
+            "base": base if base is not None and base.size else None}
 
 
 @kernel("TreeEnsembleRegressor", since=1, domain=ML, wants_ctx=True)
@@ -428,32 +633,64 @@ def tree_ensemble_regressor(X, *, aggregate_function="SUM", base_values=None,
     base_values, post-transformed. [N, n_targets] float32."""
     op = "TreeEnsembleRegressor"
     x = _x_for_trees(op, X)
-    agg = aggregate_function.decode() if isinstance(aggregate_function, bytes) else \
-        str(aggregate_function)
-    if agg not in _AGGREGATES:
-        raise InputError(f"{op}: aggregate_function {agg!r} must be one of {_AGGREGATES}")
-    tids = _ints(target_ids)
-    k = int(n_targets) if n_targets is not None else (int(tids.max()) + 1 if tids.size else 1)
-    forest = _cached(ctx, lambda: forest_from_v3(
+    s = _cached(ctx, lambda: _regressor_setup(
+        aggregate_function=aggregate_function, base_values=base_values,
+        base_values_as_tensor=base_values_as_tensor, n_targets=n_targets,
+        nodes_falsenodeids=nodes_falsenodeids, nodes_featureids=nodes_featureids,
+        nodes_missing_value_tracks_true=nodes_missing_value_tracks_true,
+        nodes_modes=nodes_modes, nodes_nodeids=nodes_nodeids, nodes_treeids=nodes_treeids,
+        nodes_truenodeids=nodes_truenodeids, nodes_values=nodes_values,
+        nodes_values_as_tensor=nodes_values_as_tensor, post_transform=post_transform,
+        target_ids=target_ids, target_nodeids=target_nodeids, target_treeids=target_treeids,
+        target_weights=target_weights, target_weights_as_tensor=target_weights_as_tensor),
+        "setup")
+    forest = s["forest"]
+    forest.validate(op, x.shape[1])
+    scores, _ = forest.evaluate(x, s["agg"], op)
+    if s["base"] is not None:
+        scores = scores + s["base"]
+    if s["pt"] != "NONE":
+        scores = apply_post_transform(scores, s["pt"])
+    return like_input(scores.astype(np.float32), X)
+
+
+tree_ensemble_regressor.prepare = _prepare_with(_regressor_setup)
+
+
+def _classifier_setup(*, base_values=None, base_values_as_tensor=None, class_ids=None,
+                      class_nodeids=None, class_treeids=None, class_weights=None,
+                      class_weights_as_tensor=None, classlabels_int64s=None,
+                      classlabels_strings=None, nodes_falsenodeids=None, nodes_featureids=None,
+                      nodes_hitrates=None, nodes_hitrates_as_tensor=None,
+                      nodes_missing_value_tracks_true=None, nodes_modes=None,
+                      nodes_nodeids=None, nodes_treeids=None, nodes_truenodeids=None,
+                      nodes_values=None, nodes_values_as_tensor=None,
+                      post_transform="NONE") -> dict:
+    """Everything a TreeEnsembleClassifier node's runs need from its attributes: labels,
+    forest, the classes the leaves vote for, whether all weights are positive, base values,
+    the post transform."""
+    op = "TreeEnsembleClassifier"
+    labels, _ = labels_of(op, classlabels_int64s, classlabels_strings)
+    k = len(labels)
+    cids = _ints(class_ids)
+    weights = _double_or(op, "class_weights", class_weights, class_weights_as_tensor)
+    forest = forest_from_v3(
         op, treeids=nodes_treeids, nodeids=nodes_nodeids, featureids=nodes_featureids,
         modes=nodes_modes, values=_double_or(op, "nodes_values", nodes_values,
                                              nodes_values_as_tensor),
         truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
-        missing_tracks=nodes_missing_value_tracks_true, w_treeids=target_treeids,
-        w_nodeids=target_nodeids, w_ids=tids,
-        w_weights=_double_or(op, "target_weights", target_weights, target_weights_as_tensor),
-        n_outputs=k))
-    forest.validate(op, x.shape[1])
-    scores, _ = forest.evaluate(x, agg, op)
+        missing_tracks=nodes_missing_value_tracks_true, w_treeids=class_treeids,
+        w_nodeids=class_nodeids, w_ids=cids, w_weights=weights, n_outputs=k)
     base = _double_or(op, "base_values", base_values, base_values_as_tensor)
-    if base is not None and base.size:
-        if base.size != k:
-            raise InputError(f"{op}: {base.size} base_values for {k} targets")
-        scores = scores + base
-    pt = pt_name(op, post_transform)
-    if pt != "NONE":
-        scores = apply_post_transform(scores, pt)
-    return like_input(scores.astype(np.float32), X)
+    base = base if base is not None and base.size else None
+    if k == 2:
+        if base is not None and base.size > 2:
+            raise InputError(f"{op}: {base.size} base_values for 2 classes")
+    elif base is not None and base.size != k:
+        raise InputError(f"{op}: {base.size} base_values for {k} classes")
+    return {"labels": labels, "forest": forest.ready(), "used": np.unique(cids),
+            "positive": weights is None or bool((weights >= 0).all()), "base": base,
+            "pt": pt_name(op, post_transform)}
 
 
 @kernel("TreeEnsembleClassifier", since=1, domain=ML, wants_ctx=True)
@@ -474,28 +711,23 @@ def tree_ensemble_classifier(X, *, base_values=None, base_values_as_tensor=None,
     (margins), and the two score columns are built as onnxruntime does."""
     op = "TreeEnsembleClassifier"
     x = _x_for_trees(op, X)
-    labels, _ = labels_of(op, classlabels_int64s, classlabels_strings)
-    k = len(labels)
-    cids = _ints(class_ids)
-    weights = _double_or(op, "class_weights", class_weights, class_weights_as_tensor)
-    forest = _cached(ctx, lambda: forest_from_v3(
-        op, treeids=nodes_treeids, nodeids=nodes_nodeids, featureids=nodes_featureids,
-        modes=nodes_modes, values=_double_or(op, "nodes_values", nodes_values,
-                                             nodes_values_as_tensor),
-        truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
-        missing_tracks=nodes_missing_value_tracks_true, w_treeids=class_treeids,
-        w_nodeids=class_nodeids, w_ids=cids, w_weights=weights, n_outputs=k))
+    s = _cached(ctx, lambda: _classifier_setup(
+        base_values=base_values, base_values_as_tensor=base_values_as_tensor,
+        class_ids=class_ids, class_nodeids=class_nodeids, class_treeids=class_treeids,
+        class_weights=class_weights, class_weights_as_tensor=class_weights_as_tensor,
+        classlabels_int64s=classlabels_int64s, classlabels_strings=classlabels_strings,
+        nodes_falsenodeids=nodes_falsenodeids, nodes_featureids=nodes_featureids,
+        nodes_missing_value_tracks_true=nodes_missing_value_tracks_true,
+        nodes_modes=nodes_modes, nodes_nodeids=nodes_nodeids, nodes_treeids=nodes_treeids,
+        nodes_truenodeids=nodes_truenodeids, nodes_values=nodes_values,
+        nodes_values_as_tensor=nodes_values_as_tensor, post_transform=post_transform),
+        "setup")
+    forest, labels, base, pt = s["forest"], s["labels"], s["base"], s["pt"]
     forest.validate(op, x.shape[1])
     scores, hits = forest.evaluate(x, "SUM", op, need_hits=True)
-    base = _double_or(op, "base_values", base_values, base_values_as_tensor)
-    base = base if base is not None and base.size else None
-    pt = pt_name(op, post_transform)
-    used = np.unique(cids)
-    if k == 2:
-        return _binary_trees(X, scores, used, base, weights, pt, labels)
+    if len(labels) == 2:
+        return _binary_trees(X, scores, s["used"], base, s["positive"], pt, labels)
     if base is not None:
-        if base.size != k:
-            raise InputError(f"{op}: {base.size} base_values for {k} classes")
         scores = scores + base
     # classes that no reached leaf votes for are not candidates for the label
     masked = np.where(hits | (base is not None), scores, -np.inf)
@@ -504,7 +736,10 @@ def tree_ensemble_classifier(X, *, base_values=None, base_values_as_tensor=None,
     return like_input(y, X), like_input(z.astype(np.float32), X)
 
 
-def _binary_trees(X, scores, used, base, weights, pt, labels):
+tree_ensemble_classifier.prepare = _prepare_with(_classifier_setup)
+
+
+def _binary_trees(X, scores, used, base, positive, pt, labels):
     """Two classes, onnxruntime's conventions (what converters target):
 
     - two base values and class 1 scored: the scores become ``[-(b1 + s0), b1 + s0]``;
@@ -530,7 +765,6 @@ def _binary_trees(X, scores, used, base, weights, pt, labels):
         raise InputError(f"TreeEnsembleClassifier: {base.size} base_values for 2 classes")
     else:
         one_column = not has1
-    positive = weights is None or bool((weights >= 0).all())
     single = used.size == 1
     pos = s1 if has1 else (s0 if has0 else np.zeros_like(s0))
     thr = 0.5 if single and positive else 0.0

@@ -174,6 +174,35 @@ def blas_controller():
         return _BLAS["state"] or None
 
 
+def _thread_accessors(ctl) -> tuple:
+    """(get, set) of a BLAS controller's thread count: OpenBLAS' own C functions called
+    directly (0.2-0.3 us a call; threadpoolctl's wrappers cost 1-3 us, paid twice per run of
+    every plan) when it uses its own threads, threadpoolctl's methods otherwise (an OpenMP
+    build, MKL, BLIS: per-thread limits and other rules threadpoolctl knows)."""
+    key = id(ctl)
+    acc = _ACCESSORS.get(key)
+    if acc is None:
+        acc = (ctl.get_num_threads, ctl.set_num_threads)
+        if getattr(ctl, "internal_api", None) == "openblas" and \
+                getattr(ctl, "threading_layer", None) == "pthreads":
+            lib = getattr(ctl, "dynlib", None)
+            for prefix in ("", "scipy_"):
+                for suffix in ("", "64_", "_64"):
+                    get = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
+                    put = getattr(lib, f"{prefix}openblas_set_num_threads{suffix}", None)
+                    if get is not None and put is not None:
+                        acc = (get, put)
+                        break
+                else:
+                    continue
+                break
+        _ACCESSORS[key] = acc
+    return acc
+
+
+_ACCESSORS: dict = {}
+
+
 class single_threaded_blas:
     """Context manager: the BLAS libraries run single-threaded inside, restored on exit.
 
@@ -186,27 +215,42 @@ class single_threaded_blas:
 
     def __init__(self, ctls):
         self.ctls = ctls or ()
+        self._acc = tuple(_thread_accessors(c) for c in self.ctls)
 
+    # (straight loops, no comprehensions: every CPU run of a plan passes here twice)
     def __enter__(self):
-        if self.ctls:
+        if self._acc:
             with _BLAS_LOCK:
                 if _BLAS["users"] == 0:
-                    _BLAS["saved"] = [c.get_num_threads() for c in self.ctls]
-                    for c, n in zip(self.ctls, _BLAS["saved"]):
+                    saved = []
+                    for get, put in self._acc:
+                        n = get()
+                        saved.append(n)
                         if n != 1:
-                            c.set_num_threads(1)
+                            put(1)
+                    _BLAS["saved"] = saved
                 _BLAS["users"] += 1
         return self
 
     def __exit__(self, *exc):
-        if self.ctls:
+        if self._acc:
             with _BLAS_LOCK:
                 _BLAS["users"] -= 1
                 if _BLAS["users"] == 0:
-                    for c, n in zip(self.ctls, _BLAS["saved"] or ()):
-                        if n != 1:
-                            c.set_num_threads(n)
+                    k = 0
+                    for n in _BLAS["saved"] or ():
+                        if n is not None and n != 1:
+                            self._acc[k][1](n)
+                        k += 1
         return False
+
+
+def one_blas_thread() -> single_threaded_blas:
+    """A reusable :class:`single_threaded_blas` for the loaded BLAS libraries (made once)."""
+    ctx = _BLAS.get("ctx")
+    if ctx is None:
+        ctx = _BLAS["ctx"] = single_threaded_blas(blas_controller())
+    return ctx
 
 
 _PARALLEL_GEMM_MIN = 1 << 22  # multiply-adds under which a product stays one BLAS call

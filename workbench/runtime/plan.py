@@ -43,7 +43,7 @@ from workbench.errors import InputError, ModelLoadError, ShapeError, Unsupported
 from workbench.graph.ir import Graph, Node, ValueInfo
 from workbench.graph.toposort import needed_nodes, node_reads, topological_order
 from workbench.graph.values import check_feed
-from workbench.ops.parallel import blas_controller, single_threaded_blas
+from workbench.ops.parallel import one_blas_thread
 from workbench.ops.registry import NodeContext, attribute_defaults, lookup
 from workbench.runtime import placement, run
 from workbench.runtime.segments import fast_schedule
@@ -181,12 +181,26 @@ def bind_kernels(graph: Graph, nodes: Sequence[Node], slots: dict, frees: list, 
         if entry.wants_ctx:
             attrs["ctx"] = NodeContext(n.name, n.op_type, opset, len(n.outputs),
                                        tuple(n.outputs), training, rng, extra=dict(extra))
+        prepare = getattr(entry.fn, "prepare", None)
+        if prepare is not None:
+            _prepare_node(prepare, attrs)
         steps.append(Step(
             entry.fn,
             tuple(slots[i] if i else -1 for i in n.inputs),
             tuple(slots[o] if o else -1 for o in n.outputs),
             attrs, tuple(frees[si]), n, tuple(subplans), opset=opset))
     return steps, errors
+
+
+def _prepare_node(prepare: Callable, attrs: dict) -> None:
+    """A kernel's own preparation of its node, ``fn.prepare(**attrs)`` (a tree ensemble
+    builds its node table from the attributes and keeps it in the node's context): done when
+    the plan is made, so the first run does not pay for it. A failure is left to the first
+    run, which makes the same work again and raises the error naming the node."""
+    try:
+        prepare(**attrs)
+    except Exception:   # noqa: BLE001 - raised again, with the node named, by the run
+        pass
 
 
 def raise_missing(errors: list[UnsupportedOperatorError]) -> None:
@@ -292,6 +306,11 @@ class Plan:
         #: first such run; None when the plan has no shape segment
         self._fast: list | None = None
         self._fast_built = False
+        #: the pre-bound forms of ``steps`` and of the fast schedule (``run.bind_steps``)
+        self._bound: list | None = None
+        self._bound_fast: list | None = None
+        #: per input, what a feed that needs no conversion looks like (built on first use)
+        self._feed_patterns: list | None = None
 
     @classmethod
     def of_steps(cls, steps: Sequence[Step], *, n_slots: int, inputs: Sequence[int],
@@ -362,12 +381,25 @@ class Plan:
         # CPU kernels split their large products and loops over the engine's own threads
         # (workbench.ops.parallel); BLAS' own threads would only add to them, and on a busy
         # machine they stall every small product of a transformer by whole time slices
-        with single_threaded_blas(blas_controller()):
+        with one_blas_thread():
             if hook is None:
                 fast = self.fast_schedule
                 if fast is not None:
-                    return run.run_fast(self, fast, lambda: self._env(inputs, values, outer))
+                    return run.run_fast(self, fast, lambda: self._env(inputs, values, outer),
+                                        self._bound_fast)
+                env = self._env(inputs, values, outer)
+                run.run_bound(self.bound_steps, env)
+                return self._outputs(env)
             return run.run_steps(self, self._env(inputs, values, outer), hook, None)
+
+    @property
+    def bound_steps(self) -> list:
+        """``steps`` pre-bound for the lean run loop (:func:`workbench.runtime.run.bind_steps`),
+        made on first use."""
+        b = self._bound
+        if b is None:
+            b = self._bound = run.bind_steps(self.steps)
+        return b
 
     @property
     def fast_schedule(self) -> list | None:
@@ -380,6 +412,8 @@ class Plan:
                 self._fast = fast_schedule(
                     self.steps, {self.slots[k] for k in self._constant_names},
                     set(self._out_slots))
+                if self._fast is not None:
+                    self._bound_fast = run.bind_steps(self._fast)
         return self._fast
 
     def _env(self, inputs: Sequence, values: dict | None, outer: dict | None) -> list:
@@ -400,9 +434,26 @@ class Plan:
     def _outputs(self, env: list) -> list:
         """The output slots' values (numpy scalars as 0-d arrays)."""
         return [np.asarray(v) if isinstance(v, np.generic) else v
-                for v in (env[s] for s in self._out_slots)]
+                for v in [env[s] for s in self._out_slots]]
 
     def _feeds_to_slots(self, feeds) -> list:
+        pats = self._feed_patterns
+        if pats is None:
+            pats = self._feed_patterns = _feed_patterns(self)
+        if pats:    # the common case first: arrays of the declared dtype, rank and sizes
+            values = feeds if type(feeds) is list else \
+                list(feeds) if type(feeds) is tuple else None
+            if values is None and type(feeds) is dict and len(feeds) == len(pats):
+                try:
+                    values = [feeds[name] for name, *_ in pats]
+                except KeyError:
+                    values = None
+            if values is not None and len(values) == len(pats) and all(
+                    type(v) is np.ndarray and v.dtype == dt and (
+                        shp is None or v.shape == shp or free and len(v.shape) == len(shp)
+                        and all(w is None or w == d for w, d in zip(shp, v.shape)))
+                    for v, (_, dt, shp, free) in zip(values, pats)):
+                return values
         infos = self.input_infos
         if isinstance(feeds, dict):
             names = [v.name for v in infos]
@@ -430,6 +481,29 @@ class Plan:
                 if info.name not in self.host_shape_inputs:
                     placement.check_feed_device(self.device, info.name, v)
         return values
+
+
+def _feed_patterns(plan) -> list:
+    """``(name, dtype, shape, has a free dimension)`` per input (None in ``shape`` for a free
+    dimension; ``shape`` None for an unknown rank) when every input is a plain tensor of a
+    known numeric dtype on a CPU plan that checks its inputs: a feed that matches needs no
+    check or conversion. Empty otherwise."""
+    if not plan.check_inputs or plan._on_cuda:
+        return []
+    pats = []
+    for info in plan.input_infos:
+        if (info.type_proto is not None and not info.is_tensor) or not info.dtype:
+            return []
+        try:
+            dt = np_dtype_of_onnx(info.dtype)
+        except TypeError:
+            return []
+        if dt.kind not in "biufc":
+            return []
+        shp = None if info.shape is None else \
+            tuple(d if isinstance(d, int) else None for d in info.shape)
+        pats.append((info.name, dt, shp, shp is not None and None in shp))
+    return pats
 
 
 def _check_input(info, v) -> None:

@@ -66,20 +66,92 @@ def loop(schedule, env: list, call: Callable | None, bind: Callable, device=None
     except Exception as e:
         if st is None:
             raise
-        step, args = _failing(st, args)
-        if step is None:    # a segment's own bookkeeping, not one of its members
+        _raise_named(e, st, args, device)
+
+
+# --------------------------------------------------------------------------- pre-bound steps
+#: how a pre-bound step gathers its arguments: one input, two, any number, or (with
+#: subgraph bodies to bind) through the general path of :func:`_call_general`
+_ONE, _TWO, _ANY, _GENERAL = 1, 2, 0, 3
+
+
+def bind_steps(schedule) -> list[tuple]:
+    """The pre-bound form of ``schedule`` that :func:`run_bound` runs: one flat tuple per step,
+    ``(how, fn, in0, in1, ins, out, attrs, free, entry)``, everything the loop needs decided
+    once (how many arguments, which slot a single output goes to: -2 when the step has several
+    outputs or omits its first one)."""
+    prog = []
+    for st in schedule:
+        ins, outs = tuple(st.ins), tuple(st.outs)
+        how = _GENERAL if st.subplans else _ONE if len(ins) == 1 else \
+            _TWO if len(ins) == 2 else _ANY
+        out = outs[0] if len(outs) == 1 and outs[0] >= 0 else -2
+        prog.append((how, st.fn, ins[0] if ins else -1, ins[1] if len(ins) > 1 else -1, ins,
+                     out, st.attrs, tuple(st.free), st))
+    return prog
+
+
+def run_bound(prog: list, env: list) -> None:
+    """Run a pre-bound schedule (:func:`bind_steps`) of plain kernel calls over ``env``: the
+    lean loop of plain CPU runs (no hook, no runner, no memory sampling). Errors are named as
+    in :func:`loop`."""
+    env.append(None)    # slot -1: omitted optional inputs read None
+    entry = None
+    try:
+        for how, fn, i0, i1, ins, out, kw, free, entry in prog:
+            if how == 2:
+                r = fn(env[i0], env[i1], **kw)
+            elif how == 1:
+                r = fn(env[i0], **kw)
+            elif how == 0:
+                r = fn(*[env[i] for i in ins], **kw)
+            else:
+                r = _call_general(entry, env)
+            if out >= 0 and type(r) is not tuple:
+                env[out] = r
+            else:
+                _store(entry.outs, r, env)
+            for s in free:
+                env[s] = None
+    except Exception as e:
+        if entry is None:
             raise
-        err = node_error(e, node_name=step.node.name, op_type=step.node.op_type,
-                         opset=getattr(step, "opset", 0), args=args or (),
-                         input_names=step.node.inputs, device=device)
-        # no local may keep the error: error -> traceback -> this frame -> error would be a
-        # cycle holding every value of the run (env) until the garbage collector runs
-        try:
-            if err is e:
-                raise
-            raise err from e
-        finally:
-            err = step = args = None
+        _raise_named(e, entry, [env[i] for i in entry.ins], None)
+
+
+def _call_general(st, env: list):
+    """A step with subgraph bodies: the bodies bound to the outer values they read."""
+    kw = dict(st.attrs)
+    for sub in st.subplans:
+        kw[sub.attr] = bind_arrays(sub.plan, {f: env[s] for f, s in sub.free})
+    return st.fn(*[env[i] for i in st.ins], **kw)
+
+
+def _store(outs, r, env: list) -> None:
+    if type(r) is tuple:
+        for s, v in zip(outs, r):
+            if s >= 0:
+                env[s] = v
+    elif outs[0] >= 0:
+        env[outs[0]] = r
+
+
+def _raise_named(e: Exception, st, args, device) -> None:
+    """Raise ``e`` named after the node of schedule entry ``st`` (called with ``args``)."""
+    step, args = _failing(st, args)
+    if step is None:    # a segment's own bookkeeping, not one of its members
+        raise e
+    err = node_error(e, node_name=step.node.name, op_type=step.node.op_type,
+                     opset=getattr(step, "opset", 0), args=args or (),
+                     input_names=step.node.inputs, device=device)
+    # no local may keep the error: error -> traceback -> this frame -> error would be a
+    # cycle holding every value of the run (env) until the garbage collector runs
+    try:
+        if err is e:
+            raise e
+        raise err from e
+    finally:
+        err = step = args = e = None
 
 
 def _failing(entry, args) -> tuple:
@@ -113,7 +185,10 @@ def run_steps(plan, env: list, hook: Callable | None, runner) -> list:
         call = _sampling(call, mem, peak)
     if hook is not None:
         call = _hooked(call, hook)
-    loop(plan.steps, env, call, bind, device)
+    if call is None and bind is bind_arrays:
+        run_bound(plan.bound_steps, env)
+    else:
+        loop(plan.steps, env, call, bind, device)
     if mem is not None:
         plan.last_peak_bytes = max(peak[0], mem())
         if device is not None:
@@ -147,13 +222,17 @@ def _sampling(call, mem, peak: list) -> Callable:
     return sampling
 
 
-def run_fast(plan, fast: list, make_env: Callable[[], list]) -> list:
-    """Run the fast schedule ``fast`` of a CPU plan over a fresh ``make_env()``; on a failure
-    after remembered segment results were handed out, the stale ones among them are forgotten
-    and the run is made again (once) when there was one."""
+def run_fast(plan, fast: list, make_env: Callable[[], list], bound: list | None = None,
+             ) -> list:
+    """Run the fast schedule ``fast`` of a CPU plan (pre-bound: ``bound``, see
+    :func:`bind_steps`) over a fresh ``make_env()``; on a failure after remembered segment
+    results were handed out, the stale ones among them are forgotten and the run is made again
+    (once) when there was one."""
+    if bound is None:
+        bound = bind_steps(fast)
     env = make_env()
     try:
-        loop(fast, env, None, bind_arrays)
+        run_bound(bound, env)
     except Exception:
         env = None
         # a segment whose last call handed out a remembered result (in this run, or in an
@@ -166,5 +245,5 @@ def run_fast(plan, fast: list, make_env: Callable[[], list]) -> list:
         for seg in stale:
             seg.forget()
         env = make_env()
-        loop(fast, env, None, bind_arrays)
+        run_bound(bound, env)
     return plan._outputs(env)
