@@ -256,3 +256,29 @@ def test_input_files_npy_npz_pb_and_what_else_is_said(tmp_path, capsys):
     np.savez(tmp_path / "many.npz", a=img, b=img)
     assert main(["run", default_model_path(), "--input", f"image={tmp_path / 'many.npz'}"]) == 2
     assert "holds the arrays ['a', 'b']" in capsys.readouterr().err
+
+
+def test_demo_saves_its_model_and_digits_for_the_other_commands(tmp_path, capsys,
+                                                                monkeypatch):
+    """README's "Command line": the files `demo --save-model/--save-images` writes are what
+    the other commands' examples read; an existing different file is kept unless --force."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--save-model", "model.onnx", "--save-images", "digits.npy"]) == 0
+    with open(default_model_path(), "rb") as f:
+        assert (tmp_path / "model.onnx").read_bytes() == f.read()
+    digits = np.load(tmp_path / "digits.npy", allow_pickle=False)
+    assert digits.shape == (32, 1, 8, 8) and digits.dtype == np.float32
+    assert "wrote model.onnx" in capsys.readouterr().out
+    assert main(["run", "model.onnx", "--input", "image=digits.npy"]) == 0
+    # the same again: kept, said so
+    assert main(["demo", "--save-model", "model.onnx"]) == 0
+    assert "model.onnx: already there" in capsys.readouterr().out
+    # a different file of the user's is not replaced...
+    (tmp_path / "mine.onnx").write_bytes(b"the user's own model")
+    assert main(["demo", "--save-model", "mine.onnx"]) == 2
+    err = capsys.readouterr().err
+    assert "mine.onnx exists" in err and "--force" in err
+    assert (tmp_path / "mine.onnx").read_bytes() == b"the user's own model"
+    # ...unless asked
+    assert main(["demo", "--save-model", "mine.onnx", "--force"]) == 0
+    assert (tmp_path / "mine.onnx").read_bytes() == (tmp_path / "model.onnx").read_bytes()

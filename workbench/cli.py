@@ -479,12 +479,13 @@ def cmd_demo(args) -> int:
     import workbench.backend as backend
     from workbench.graph.load import load
     path = default_model_path()
-    print("ONNX Workbench demo: the embedded default model (a digits CNN), offline\n")
-    loaded = load(path)
-    describe(loaded)
     sample = np.load(os.path.join(os.path.dirname(path), "digits_sample.npz"),
                      allow_pickle=False)
     images, labels = sample["images"], sample["labels"]
+    _save_demo_files(args, path, images)
+    print("ONNX Workbench demo: the embedded default model (a digits CNN), offline\n")
+    loaded = load(path)
+    describe(loaded)
     rep = backend.prepare(path)
     print(f"\noptimised plan: {len(rep.plan.steps)} steps (from {len(loaded.graph.nodes)} nodes"
           f" after constant folding, BatchNorm folding, Identity/Dropout removal and "
@@ -508,6 +509,33 @@ def cmd_demo(args) -> int:
     except ImportError:
         print("\n(onnxruntime is not installed: skipping the cross-check)")
     return 0 if acc > 0.9 else 1
+
+
+def _save_demo_files(args, model_path: str, images: np.ndarray) -> None:
+    """``--save-model`` / ``--save-images``: the embedded model and digits, to try the other
+    commands on. Written atomically; an existing file is kept when it holds the same bytes
+    and refused otherwise (unless ``--force``)."""
+    import io
+
+    from workbench.files import write_atomic
+    with open(model_path, "rb") as f:
+        model_bytes = f.read()
+    buf = io.BytesIO()
+    np.save(buf, images, allow_pickle=False)
+    for target, data, what in ((args.save_model, model_bytes, "the model"),
+                               (args.save_images, buf.getvalue(),
+                                f"{len(images)} digits, float32 {list(images.shape)}")):
+        if not target:
+            continue
+        if os.path.isfile(target) and not args.force:
+            with open(target, "rb") as f:
+                if f.read() == data:
+                    print(f"{target}: already there ({what})")
+                    continue
+            raise WorkbenchError(f"{target} exists and holds something else; give another "
+                                 f"path, or --force to replace it")
+        write_atomic(target, lambda f, d=data: f.write(d), overwrite=args.force)
+        print(f"wrote {target} ({what})")
 
 
 def cmd_view(args) -> int:
@@ -717,6 +745,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Load the embedded digits CNN, describe it, classify 32 "
                                    "held-out digits and cross-check with onnxruntime (when "
                                    "installed); offline.")
+    d.add_argument("--save-model", metavar="PATH.onnx",
+                   help="also write the embedded model (input 'image', float32 [batch, 1, 8, "
+                        "8]) there, to try the other commands on")
+    d.add_argument("--save-images", metavar="PATH.npy",
+                   help="also write its 32 held-out digits there (an --input for workbench run)")
+    d.add_argument("--force", action="store_true",
+                   help="replace existing files given to --save-model/--save-images")
     d.set_defaults(func=cmd_demo)
     v = sub.add_parser("view", add_help=False, help="open a model in Netron (needs the lab extra)",
                        description="Serve a model in Netron, the model viewer, on 127.0.0.1 "
