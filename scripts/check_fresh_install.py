@@ -215,7 +215,7 @@ def way_editable(work: Path, report: dict) -> None:
     venv, out = start_here(clone)
     report["time"] = f"{time.perf_counter() - t0:.0f} s"
     report["venv"] = size(venv)
-    report["demo"] = next(ln.strip() for ln in out.splitlines() if "accuracy" in ln)
+    report["demo"] = next(ln.strip() for ln in out.splitlines() if "classified" in ln)
     where = sh("python3 -c 'import workbench; print(workbench.__file__)'", work,
                clean_env(venv), "import")
     if not where.strip().startswith(str(clone)):
