@@ -14,7 +14,11 @@ docs belongs to one, which ``tests/test_docs.py`` checks):
   "<wheel>[lab]"``) in a new venv: the wheel holds LICENSE and the JupyterLab extension;
   ``jupyter labextension list`` / ``jupyter server extension list`` show the ONNX Graph viewer
   enabled; ``jupyter lab --allow-root`` serves a folder holding the embedded model and Chromium
-  opens it in the viewer, drawn, with no error dialog.
+  opens it in the viewer, drawn, with no error dialog;
+- ``dist``: "Start here", then the README's ``dist`` install block: the README's ``train.py``
+  (its ``docs-test: file`` block) under ``mpiexec -n 2`` trains on two ranks, and JupyterLab,
+  with ipyparallel's lab extension now installed, opens notebook 01 with no error dialog (the
+  "IPP Extension Server Error" a lab extension without its server side shows).
 
 ``jupyter lab`` lines of a block are started in the background (the script stops them): on
 127.0.0.1, a free port, a token, private config/runtime folders (nothing of the user's own
@@ -52,6 +56,8 @@ PLAN = {
                   ("README.md", 'pip install -e ".[notebooks]"\njupyter lab notebooks/01'),
                   ("notebooks/README.md", 'pip install -e ".[notebooks]"')],
     "wheel": [("README.md", "pip wheel . --no-deps -w dist/")],
+    "dist": [("README.md", "pip install -e . && workbench demo"),
+             ("README.md", 'pip install -e ".[dist]"')],
 }
 #: the README's "Start here" block, which makes the clone's .venv (the others run in it)
 START = ("README.md", "pip install -e . && workbench demo")
@@ -294,7 +300,40 @@ def way_wheel(work: Path, report: dict) -> None:
     report["workbench imported from"] = where.strip()
 
 
-WAYS = {"editable": way_editable, "notebooks": way_notebooks, "wheel": way_wheel}
+def way_dist(work: Path, report: dict) -> None:
+    clone = docblocks.copy_checkout(work / "clone")
+    t0 = time.perf_counter()
+    venv, _ = start_here(clone)
+    b = block(*PLAN["dist"][1])
+    log = sh(b.code, clone, clean_env(venv), b.where)
+    bad = packaging_warnings(log)
+    if bad:
+        raise CheckFailed(f"{b.where}: pip warned about the packaging: {bad}")
+    report["install time"] = f"{time.perf_counter() - t0:.0f} s"
+    report["venv"] = size(venv)
+    readme = docblocks.parse(ROOT / "README.md")
+    script = next(x for x in readme if x.marker == "file" and x.arg == "train.py")
+    run = next(x for x in readme if x.runs and "mpiexec -n 2 python3 train.py" in x.code)
+    (clone / "train.py").write_text(script.code)
+    env = clean_env(venv)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    t0 = time.perf_counter()
+    out = sh(run.code, clone, env, f"{run.where} (mpiexec)", timeout=600)
+    ranks = sorted({ln.split(":")[0] for ln in out.splitlines() if ln.startswith("rank ")})
+    if ranks != ["rank 0 of 2", "rank 1 of 2"]:
+        raise CheckFailed(f"{run.where}: expected ranks 0 and 1 of 2, saw {ranks}:\n{out[-2000:]}")
+    report["mpiexec -n 2 python3 train.py"] = \
+        f"{', '.join(ranks)} trained in {time.perf_counter() - t0:.0f} s"
+    srv = start_lab(venv, clone, [], work / "lab-dist")
+    try:
+        seen = lab_page(srv, "notebooks/01_getting_started.ipynb", "dist", notebook_ready)
+    finally:
+        srv.stop()
+    report["jupyter lab (ipyparallel installed)"] = f"no error dialog: {seen}"
+
+
+WAYS = {"editable": way_editable, "notebooks": way_notebooks, "wheel": way_wheel,
+        "dist": way_dist}
 
 
 def main() -> int:
