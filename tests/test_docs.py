@@ -207,3 +207,24 @@ def test_notebooks_readme_counts_the_notebooks_there_are():
     for key, m in said.items():
         assert m, f"notebooks/README.md no longer says how many {key}: update this test"
         assert number(m.group(1)) == counts[key], (key, m.group(0), counts[key])
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_contents_lists_every_section():
+    """The README's Contents line names every ``##`` section, in order, and every link in it
+    reaches a heading (sections added by other branches slot in with their line here)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    body = re.sub(r"```.*?```", "", text, flags=re.S)
+    sections = [_anchor(h) for h in re.findall(r"^## (.+)$", body, re.M)]
+    headings = set(sections) | {_anchor(h) for h in re.findall(r"^#{3,} (.+)$", body, re.M)}
+    contents = re.search(r"^Contents: (.*?)\n\n", text, re.M | re.S)
+    assert contents, "the README starts with a 'Contents: ...' line"
+    links = re.findall(r"\]\(#([^)]+)\)", contents.group(1))
+    assert [a for a in links if a not in headings] == [], "Contents links without a heading"
+    assert [s for s in sections if s not in links] == [], \
+        "README sections missing from its Contents line (add them there, in order)"
+    assert links == [s for s in sections if s in links], "Contents is not in the page's order"
