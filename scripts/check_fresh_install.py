@@ -15,8 +15,8 @@ docs belongs to one, which ``tests/test_docs.py`` checks):
   ``jupyter labextension list`` / ``jupyter server extension list`` show the ONNX Graph viewer
   enabled; ``jupyter lab --allow-root`` serves a folder holding the embedded model and Chromium
   opens it in the viewer, drawn, with no error dialog;
-- ``dist``: "Start here", "In JupyterLab", then the README's ``dist`` install block: the README's ``train.py``
-  (its ``docs-test: file`` block) under ``mpiexec -n 2`` trains on two ranks, and JupyterLab,
+- ``dist``: "Start here", "In JupyterLab", then the README's ``dist`` install block: the
+  README's ``train.py`` (its ``docs-test: file`` block) under ``mpiexec -n 2`` trains on two ranks, and JupyterLab,
   with ipyparallel's lab extension now installed, opens notebook 01 with no error dialog (the
   "IPP Extension Server Error" a lab extension without its server side shows).
 
