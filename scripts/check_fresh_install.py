@@ -16,9 +16,10 @@ docs belongs to one, which ``tests/test_docs.py`` checks):
   enabled; ``jupyter lab --allow-root`` serves a folder holding the embedded model and Chromium
   opens it in the viewer, drawn, with no error dialog;
 - ``dist``: "Start here", "In JupyterLab", then the README's ``dist`` install block: the
-  README's ``train.py`` (its ``docs-test: file`` block) under ``mpiexec -n 2`` trains on two ranks, and JupyterLab,
-  with ipyparallel's lab extension now installed, opens notebook 01 with no error dialog (the
-  "IPP Extension Server Error" a lab extension without its server side shows).
+  README's ``train.py`` (its ``docs-test: file`` block) under ``mpiexec -n 2`` trains on two
+  ranks, and JupyterLab, with ipyparallel's lab extension now installed, opens notebook 01
+  with no error dialog (the "IPP Extension Server Error" a lab extension without its server
+  side shows).
 
 ``jupyter lab`` lines of a block are started in the background (the script stops them): on
 127.0.0.1, a free port, a token, private config/runtime folders (nothing of the user's own
