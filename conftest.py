@@ -8,6 +8,11 @@ must reproduce their committed output after the sanitizers of
 Python running pytest (``--nbval-current-env``), so the notebooks see the installed package;
 ``WORKBENCH_NOTEBOOK_OFFLINE=1`` (unless set otherwise) keeps them on the offline twins.
 Passing ``--nbval`` (strict) or other nbval options on the command line still works.
+
+``slow`` (the day-to-day ``python3 -m pytest -m "not slow"`` leaves it out) is given here, in
+one place, to whole groups besides the tests marked one by one: the notebooks, the real-browser
+tests, the multi-process MPI tests, the ONNX conformance sweep, and the folders in
+:data:`SLOW_FOLDERS`. The full test command runs everything.
 """
 
 from __future__ import annotations
@@ -16,6 +21,13 @@ import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
+
+#: test folders that are slow as a whole (real models, zoo twins, fuzzing, SINGA's ported
+#: suites and example programs)
+SLOW_FOLDERS = ("tests/zoo", "tests/zoo_sklearn", "tests/fuzz", "tests/singa",
+                "tests/browser", "tests/dist")
+#: marks that make a test slow as well
+SLOW_MARKS = ("browser", "dist", "conformance")
 
 
 def pytest_configure(config):
@@ -32,3 +44,16 @@ def pytest_configure(config):
         opt.nbval_sanitize_with = str(ROOT / "notebooks" / "nbval_sanitize.cfg")
     if not opt.nbval_kernel_name:
         opt.nbval_current_env = True
+
+
+def pytest_collection_modifyitems(config, items):
+    """``slow`` on the notebooks, the groups of :data:`SLOW_MARKS` and the folders of
+    :data:`SLOW_FOLDERS` (see the module docstring)."""
+    import pytest
+
+    folders = [ROOT / f for f in SLOW_FOLDERS]
+    for item in items:
+        path = Path(str(getattr(item, "path", None) or item.fspath))
+        if (path.suffix == ".ipynb" or any(item.get_closest_marker(m) for m in SLOW_MARKS)
+                or any(path.is_relative_to(f) for f in folders)):
+            item.add_marker(pytest.mark.slow)

@@ -11,6 +11,7 @@ build backend's shared-data).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -333,7 +334,9 @@ def installs(tmp_path_factory):
     environment running the tests keeps its own installation (checked after)."""
     base = tmp_path_factory.mktemp("installs")
     before = _installed_here()
-    _pip("wheel", str(ROOT), "-w", str(base / "wheel"), cwd=base)
+    # offline when the build backend is installed (the test extra has hatchling)
+    isolation = ["--no-build-isolation"] if importlib.util.find_spec("hatchling") else []
+    _pip("wheel", str(ROOT), "-w", str(base / "wheel"), *isolation, cwd=base)
     wheel = next((base / "wheel").glob("onnx_workbench-*.whl"))
     # --ignore-installed: without it pip first uninstalls the package from the environment
     # running the tests (a prefix install still "replaces" what it finds installed)
@@ -377,6 +380,13 @@ def test_wheel_contents(installs):
         assert "workbench = workbench.cli:main" in z.read(meta).decode()
         metadata = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         assert "Provides-Extra: lab" in metadata and "License-Expression: Apache-2.0" in metadata
+        assert "Provides-Extra: notebooks" in metadata
+        assert re.search(r"Requires-Dist: pillow.*extra == .dist.", metadata, re.I), \
+            "the dist extra needs Pillow (SINGA's examples/cnn programs read images with it)"
+        # the licence travels with the package
+        assert "License-File: LICENSE" in metadata
+        lic = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))
+        assert z.read(lic) == (ROOT / "LICENSE").read_bytes()
 
 
 @pytest.mark.parametrize("kind", ["wheel", "editable"])

@@ -129,12 +129,122 @@ def _domain_support(hist, missing, opsets) -> dict:
     return dict(sorted(out.items(), key=lambda kv: (kv[0] != "ai.onnx", kv[0])))
 
 
-def _random_inputs(graph, seed: int = 0) -> dict:
+INPUT_FORMATS = ("--input takes NAME=FILE with FILE a NumPy .npy file (np.save(path, array)), "
+                 "an .npz archive (np.savez; FILE.npz:KEY picks one of its arrays) or an ONNX "
+                 "TensorProto .pb file (as in ONNX's test_data_set_* folders)")
+
+
+def _read_input(spec: str, name: str, path: str) -> np.ndarray:
+    """The array of ``--input NAME=FILE`` (.npy, .npz[:KEY], ONNX TensorProto .pb)."""
+    key = None
+    if not os.path.exists(path) and ":" in path:
+        path, key = path.rsplit(":", 1)
+    if not os.path.exists(path):
+        raise WorkbenchError(f"--input {spec!r}: file {path!r} not found")
+    if os.path.isdir(path):
+        raise WorkbenchError(f"--input {spec!r}: {path!r} is a folder. {INPUT_FORMATS}")
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if path.endswith(".pb") and not head.startswith(b"\x93NUMPY"):
+        import onnx
+        from onnx import numpy_helper
+        t = onnx.TensorProto()
+        try:
+            with open(path, "rb") as f:
+                t.ParseFromString(f.read())
+            return numpy_helper.to_array(t)
+        except Exception as e:  # noqa: BLE001 - protobuf's and onnx's errors alike
+            raise WorkbenchError(f"--input {spec!r}: {path!r} is not an ONNX TensorProto "
+                                 f"({type(e).__name__}: {e}). {INPUT_FORMATS}") from None
+    try:
+        data = np.load(path, allow_pickle=False)
+    except ValueError as e:
+        if head.startswith(b"\x93NUMPY"):
+            why = f"a .npy file whose array needs pickle to load (object dtype; refused): {e}"
+        elif head.startswith(b"\x80"):
+            why = "a Python pickle (refused: unpickling runs code)"
+        elif head.startswith(b"PK"):
+            why = "a ZIP archive that is not an .npz of arrays"
+        else:
+            text = head.decode("utf-8", "replace")
+            printable = all(c.isprintable() or c.isspace() for c in text)
+            why = (f"a text file (it starts with {text[:30]!r}); convert it once in Python, "
+                   f"e.g. np.save('x.npy', np.loadtxt(path, dtype=np.float32).reshape(...))"
+                   if printable else "not a NumPy file")
+        raise WorkbenchError(f"--input {spec!r}: {path!r} is {why}. {INPUT_FORMATS}") from None
+    except OSError as e:
+        raise WorkbenchError(f"--input {spec!r}: cannot read {path!r}: {e}") from None
+    if isinstance(data, np.ndarray):
+        if key is not None:
+            raise WorkbenchError(f"--input {spec!r}: {path!r} is an .npy file holding one "
+                                 f"array; ':{key}' picks an array of an .npz archive")
+        return data
+    with data:     # an .npz archive
+        keys = list(data.keys())
+        if key is None:
+            key = keys[0] if len(keys) == 1 else name if name in keys else None
+        if key not in keys:
+            raise WorkbenchError(
+                f"--input {spec!r}: {path!r} holds the arrays {keys}"
+                + (f", not {key!r}" if key is not None else
+                   f"; pick one with {name}={path}:KEY"))
+        return data[key]
+
+
+def _input_shapes(graph, skip, shapes: dict, dims: dict) -> tuple[dict, dict]:
+    """({input name: shape}, {input name: [guessed dim positions]}) for the inputs not in
+    ``skip`` (given as files): ``--shape`` first, then ``--dim`` for symbolic dims; any other
+    dim that is not a fixed size is a guess (1)."""
+    names = [v.name for v in graph.inputs]
+    unknown = [k for k in shapes if k not in names]
+    if unknown:
+        raise WorkbenchError(f"--shape {unknown[0]}=...: the model has no input "
+                             f"{unknown[0]!r} (its inputs are {names})")
+    symbols = {d for v in graph.inputs for d in (v.shape or ()) if isinstance(d, str)}
+    stray = [k for k in dims if k not in symbols]
+    if stray:
+        have = (f"its symbolic dims are {sorted(symbols)}" if symbols else
+                "it has no named symbolic dims (use --shape NAME=1,3,224,224)")
+        raise WorkbenchError(f"--dim {stray[0]}=...: the model's inputs have no dim named "
+                             f"{stray[0]!r}; {have}")
+    out, guessed = {}, {}
+    for v in graph.inputs:
+        if v.name in skip:
+            continue
+        if v.name in shapes:
+            from workbench.analysis.shapes import bind
+            out[v.name] = bind([v], {v.name: shapes[v.name]})[v.name]   # rank and fixed dims
+            continue
+        if v.shape is None:
+            raise WorkbenchError(f"input {v.name!r}: the model does not declare its shape; "
+                                 f"give it with --shape {v.name}=D0,D1,... or --input "
+                                 f"{v.name}=FILE.npy")
+        s, g = [], []
+        for i, d in enumerate(v.shape):
+            if isinstance(d, int) and d > 0:
+                s.append(d)
+            elif isinstance(d, str) and d in dims:
+                s.append(int(dims[d]))
+            else:
+                s.append(1)
+                g.append(i)
+        out[v.name] = tuple(s)
+        if g:
+            guessed[v.name] = g
+    return out, guessed
+
+
+def _random_inputs(graph, shapes: dict, seed: int = 0) -> dict:
     from workbench.arrays.dtypes import np_dtype_of_onnx
     rng = np.random.default_rng(seed)
     feeds = {}
     for v in graph.inputs:
-        shape = [d if isinstance(d, int) else 1 for d in (v.shape or ())]
+        if v.name not in shapes:
+            continue
+        shape = shapes[v.name]
+        if v.type_proto is not None and not v.is_tensor:
+            raise WorkbenchError(f"cannot make a random value for input {v.name!r} (not a "
+                                 f"tensor); give it with --input {v.name}=FILE.npy")
         dt = np_dtype_of_onnx(v.dtype or 1)
         if dt.kind == "f":
             feeds[v.name] = rng.standard_normal(shape).astype(dt)
@@ -148,30 +258,52 @@ def _random_inputs(graph, seed: int = 0) -> dict:
     return feeds
 
 
-def _load_inputs(specs, graph) -> tuple[dict, list]:
-    feeds = _random_inputs(graph) if len(specs) < len(graph.inputs) else {}
-    notes = []
+def _load_inputs(args, graph) -> tuple[dict, list, list]:
+    """(feeds, notes, guesses) from ``--input``, ``--shape`` and ``--dim``: files where given,
+    random values elsewhere; ``guesses`` says which shapes were guessed (for error hints)."""
+    specs = getattr(args, "input", None) or []
     names = [v.name for v in graph.inputs]
+    feeds = {}
     for spec in specs:
         if "=" not in spec:
-            raise WorkbenchError(f"--input {spec!r}: expected NAME=FILE.npy")
+            raise WorkbenchError(f"--input {spec!r}: expected NAME=FILE. {INPUT_FORMATS}")
         name, path = spec.split("=", 1)
         if name not in names:
             raise WorkbenchError(f"--input {spec!r}: the model has no input {name!r} "
                                  f"(its inputs are {names})")
-        try:
-            feeds[name] = np.load(path, allow_pickle=False)
-        except FileNotFoundError:
-            raise WorkbenchError(f"--input {spec!r}: file {path!r} not found") from None
-        except ValueError as e:
-            raise WorkbenchError(f"--input {spec!r}: {path!r} is not a plain .npy array ({e})"
-                                 ) from None
-    given = {s.split("=", 1)[0] for s in specs}
+        feeds[name] = _read_input(spec, name, path)
+    single = names[0] if len(names) == 1 else None
+    shapes = _shape_args(getattr(args, "shape", None), "--shape", single)
+    dims = _shape_args(getattr(args, "dim", None), "--dim")
+    both = sorted(set(shapes) & set(feeds))
+    if both:
+        raise WorkbenchError(f"input {both[0]!r} is given twice, by --input and --shape")
+    bound, guessed = _input_shapes(graph, set(feeds), shapes, dims)
+    feeds.update(_random_inputs(graph, bound))
+    notes, guesses = [], []
+    decl = {v.name: v.shape for v in graph.inputs}
     for n in names:
-        if n not in given:
-            notes.append(f"input {n!r}: random values of shape {list(feeds[n].shape)} "
-                         f"(symbolic dims set to 1)")
-    return feeds, notes
+        if n in feeds and n not in bound:
+            continue
+        shape = list(feeds[n].shape)
+        if n in guessed:
+            syms = [decl[n][i] for i in guessed[n]]
+            what = ", ".join(repr(d) if isinstance(d, str) else f"dim {i}"
+                             for i, d in zip(guessed[n], syms))
+            guesses.append(f"{n} {shape}")
+            notes.append(f"input {n!r}: random values of shape {shape}; its symbolic "
+                         f"dim(s) {what} were set to 1, a guess: give the real shape with "
+                         f"--shape {n}={','.join(str(d) for d in _example_dims(decl[n]))}"
+                         + (f" or --dim {syms[0]}=N" if isinstance(syms[0], str) else ""))
+        else:
+            notes.append(f"input {n!r}: random values of shape {shape}")
+    return feeds, notes, guesses
+
+
+def _example_dims(shape) -> list:
+    """The declared dims for a --shape hint, symbolic ones as <name> (<?> when unnamed)."""
+    return [d if isinstance(d, int) and d > 0 else f"<{d}>" if isinstance(d, str) else "<?>"
+            for d in shape]
 
 
 def _time(fn, repeat: int) -> tuple[float, object]:
@@ -190,7 +322,7 @@ def cmd_info(args) -> int:
     describe(loaded)
     if args.saturation:
         from workbench.quantization import onnxruntime_optimized_model, saturation_report
-        feeds, notes = _load_inputs(args.input or [], loaded.graph)
+        feeds, notes, _ = _load_inputs(args, loaded.graph)
         note = ("random calibration inputs (" + "; ".join(notes) + "): give real ones with "
                 "--input NAME=FILE.npy") if notes else "the inputs given"
         report = saturation_report(loaded.proto, feeds, inputs_note=note)
@@ -201,24 +333,32 @@ def cmd_info(args) -> int:
                   "fused into integer operators):")
             print(saturation_report(onnxruntime_optimized_model(loaded.proto), feeds,
                                     inputs_note=note).table())
-    elif args.input:
-        raise WorkbenchError("--input is used with --saturation (workbench info MODEL "
-                             "--saturation --input NAME=FILE.npy)")
+    elif args.input or args.shape or args.dim:
+        raise WorkbenchError("--input, --shape and --dim are used with --saturation "
+                             "(workbench info MODEL --saturation --input NAME=FILE.npy)")
     return 0
 
 
 def cmd_run(args) -> int:
     import workbench.backend as backend
+    ort = _onnxruntime_for_compare() if args.compare else None   # before any timed run
     rep = backend.prepare(args.model, args.device, check=not args.no_check,
                           integer_arithmetic=args.integer_arithmetic)
     graph = rep.loaded.graph
     if args.integer_arithmetic != "exact":
         print(f"note: integer products computed as '{args.integer_arithmetic}' (onnxruntime's "
               f"arithmetic on x86 CPUs without VNNI), not exactly as the ONNX spec says")
-    feeds, notes = _load_inputs(args.input or [], graph)
+    feeds, notes, guesses = _load_inputs(args, graph)
     for n in notes:
         print("note:", n)
-    t, outs = _time(lambda: rep.run(feeds), args.repeat)
+    try:
+        t, outs = _time(lambda: rep.run(feeds), args.repeat)
+    except WorkbenchError as e:
+        if not guesses:
+            raise
+        raise WorkbenchError(f"{e} -- the input shape(s) {'; '.join(guesses)} were guessed "
+                             f"(symbolic dims set to 1): give real ones with --shape "
+                             f"NAME=D0,D1,... or --dim SYMBOL=N") from e
     print(f"workbench ({args.device}): {t * 1e3:.2f} ms per run (median of {args.repeat})")
     for name, o in zip(rep.output_names, outs):
         a = np.asarray(o) if not isinstance(o, list) else o
@@ -231,14 +371,7 @@ def cmd_run(args) -> int:
     if args.save:
         np.savez(args.save, **{n: np.asarray(o) for n, o in zip(rep.output_names, outs)})
         print("saved outputs to", args.save)
-    if args.compare:
-        if args.compare != "onnxruntime":
-            raise WorkbenchError(f"--compare {args.compare!r}: only 'onnxruntime' is supported")
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            raise WorkbenchError("--compare onnxruntime needs the onnxruntime package "
-                                 "(pip install onnxruntime)") from None
+    if ort is not None:
         sess = ort.InferenceSession(rep.loaded.proto.SerializeToString(),
                                     providers=["CPUExecutionProvider"])
         t2, ref = _time(lambda: sess.run(None, feeds), args.repeat)
@@ -251,6 +384,17 @@ def cmd_run(args) -> int:
             print("warning: outputs differ from onnxruntime by more than 1e-3 (normalised)")
             return 1
     return 0
+
+
+def _onnxruntime_for_compare():
+    """onnxruntime for ``--compare onnxruntime``, or an error before anything runs."""
+    try:
+        import onnxruntime
+    except ImportError as e:
+        raise WorkbenchError(f"--compare onnxruntime needs the onnxruntime package, which "
+                             f"cannot be imported here ({e}): pip install onnxruntime (or the "
+                             f"test extra), or leave out --compare") from None
+    return onnxruntime
 
 
 def _print_differences(names, outs, ref, quiet: bool = False) -> float:
@@ -336,12 +480,13 @@ def cmd_demo(args) -> int:
     import workbench.backend as backend
     from workbench.graph.load import load
     path = default_model_path()
-    print("ONNX Workbench demo: the embedded default model (a digits CNN), offline\n")
-    loaded = load(path)
-    describe(loaded)
     sample = np.load(os.path.join(os.path.dirname(path), "digits_sample.npz"),
                      allow_pickle=False)
     images, labels = sample["images"], sample["labels"]
+    _save_demo_files(args, path, images)
+    print("ONNX Workbench demo: the embedded default model (a digits CNN), offline\n")
+    loaded = load(path)
+    describe(loaded)
     rep = backend.prepare(path)
     print(f"\noptimised plan: {len(rep.plan.steps)} steps (from {len(loaded.graph.nodes)} nodes"
           f" after constant folding, BatchNorm folding, Identity/Dropout removal and "
@@ -367,23 +512,45 @@ def cmd_demo(args) -> int:
     return 0 if acc > 0.9 else 1
 
 
+def _save_demo_files(args, model_path: str, images: np.ndarray) -> None:
+    """``--save-model`` / ``--save-images``: the embedded model and digits, to try the other
+    commands on. Written atomically; an existing file is kept when it holds the same bytes
+    and refused otherwise (unless ``--force``)."""
+    import io
+
+    from workbench.files import write_atomic
+    with open(model_path, "rb") as f:
+        model_bytes = f.read()
+    buf = io.BytesIO()
+    np.save(buf, images, allow_pickle=False)
+    for target, data, what in ((args.save_model, model_bytes, "the model"),
+                               (args.save_images, buf.getvalue(),
+                                f"{len(images)} digits, float32 {list(images.shape)}")):
+        if not target:
+            continue
+        if os.path.isfile(target) and not args.force:
+            with open(target, "rb") as f:
+                if f.read() == data:
+                    print(f"{target}: already there ({what})")
+                    continue
+            raise WorkbenchError(f"{target} exists and holds something else; give another "
+                                 f"path, or --force to replace it")
+        write_atomic(target, lambda f, d=data: f.write(d), overwrite=args.force)
+        print(f"wrote {target} ({what})")
+
+
 def cmd_view(args) -> int:
     try:
         from workbench.widgets.netron_view import view_main
     except ImportError as e:
-        raise WorkbenchError(f"workbench view needs the widgets extra ({e}); "
-                             f"pip install 'onnx-workbench[lab]'") from None
-    return view_main([args.model] + args.rest)
+        raise WorkbenchError(f"workbench view needs the lab extra ({e}); "
+                             f"pip install -e '.[lab]'") from None
+    return view_main(args.argv)
 
 
 def cmd_conformance(args) -> int:
     from workbench import conformance
-    argv = []
-    for k in args.k or []:
-        argv += ["-k", k]
-    if args.failures:
-        argv.append("--failures")
-    return conformance.main(argv)
+    return conformance.run(args)
 
 
 # ---------------------------------------------------------------------------- profile
@@ -463,7 +630,7 @@ def cmd_profile(args) -> int:
 
 def _add_profile_parser(sub) -> None:
     pr = sub.add_parser("profile", help="per-node FLOPs, parameters, bytes and roofline")
-    pr.add_argument("model")
+    pr.add_argument("model", help=MODEL_HELP)
     pr.add_argument("--shape", action="append", metavar="NAME=1,3,224,224",
                     help="an input's shape (repeat per input; NAME= may be left out for a "
                          "one-input model)")
@@ -484,10 +651,12 @@ def _add_profile_parser(sub) -> None:
     pr.add_argument("--ort", action="store_true",
                     help="onnxruntime's per-kernel times mapped onto the nodes (implies "
                          "--roofline; needs onnxruntime)")
-    pr.add_argument("--ort-runs", type=int, default=10)
+    pr.add_argument("--ort-runs", type=int, default=10,
+                    help="onnxruntime runs profiled for --ort (default 10)")
     pr.add_argument("--ours", action="store_true",
                     help="our engine's per-node times (kernel calls only; implies --roofline)")
-    pr.add_argument("--ours-runs", type=int, default=20)
+    pr.add_argument("--ours-runs", type=int, default=20,
+                    help="runs timed for --ours (default 20)")
     pr.add_argument("--memory", action="store_true",
                     help="memory over the engine's schedule: the peak, the values that make it, "
                          "a measured run beside it")
@@ -518,11 +687,12 @@ def cmd_grade(args) -> int:
 
 def add_classroom_parsers(sub) -> None:
     a = sub.add_parser("assign", help="instructor notebook -> students' notebook + answer key")
-    a.add_argument("notebooks", nargs="+", metavar="INSTRUCTOR.ipynb")
+    a.add_argument("notebooks", nargs="+", metavar="INSTRUCTOR.ipynb",
+                   help="instructor notebooks: exercises with solutions between markers")
     a.add_argument("--out", required=True, help="folder for the students' notebooks and keys")
     a.add_argument("--file", action="append", metavar="PATH",
                    help="a file the notebook reads (relative to it), handed out with it")
-    a.add_argument("--overwrite", action="store_true")
+    a.add_argument("--overwrite", action="store_true", help="replace existing files in --out")
     a.add_argument("--timeout", type=float, default=900,
                    help="seconds the instructor's notebook may take to run (default 900)")
     a.set_defaults(func=cmd_assign)
@@ -538,7 +708,7 @@ def add_classroom_parsers(sub) -> None:
                    help="another folder the notebooks must not see")
     g.add_argument("--require-isolation", action="store_true",
                    help="refuse to grade where namespaces are not available")
-    g.add_argument("--overwrite", action="store_true")
+    g.add_argument("--overwrite", action="store_true", help="replace existing files in --out")
     g.set_defaults(func=cmd_grade)
 
 def cmd_warmup(args) -> int:
@@ -578,57 +748,102 @@ def _add_warmup_parser(sub) -> None:
 
 
 
+MODEL_HELP = "path to an .onnx file"
+
+
+def _add_input_options(p, input_help: str) -> None:
+    p.add_argument("--input", action="append", metavar="NAME=FILE", help=input_help)
+    p.add_argument("--shape", action="append", metavar="NAME=1,3,224,224",
+                   help="random values of this shape for an input (repeat per input; NAME= "
+                        "may be left out for a one-input model)")
+    p.add_argument("--dim", action="append", metavar="SYMBOL=N",
+                   help="the size of a symbolic dim of the inputs, e.g. --dim batch=1 "
+                        "--dim seq=128 (symbolic dims set neither way are 1, a guess)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="workbench", description="ONNX Workbench command line")
     p.add_argument("--debug", action="store_true",
                    help="print the full traceback of an error (also WORKBENCH_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
-    a = sub.add_parser("info", help="describe a model")
-    a.add_argument("model")
+    a = sub.add_parser("info", help="describe a model",
+                       description="Inputs and outputs, opsets, the op histogram, parameters "
+                                   "and which ops the engine lacks.")
+    a.add_argument("model", help=MODEL_HELP)
     a.add_argument("--no-check", action="store_true", help="skip onnx.checker")
     a.add_argument("--saturation", action="store_true",
                    help="report where the model's uint8 x int8 products would saturate on x86 "
                         "CPUs without VNNI (onnxruntime's arithmetic there), on the --input "
                         "files or random inputs")
-    a.add_argument("--input", action="append", metavar="NAME=FILE.npy",
-                   help="calibration input for --saturation (random values otherwise)")
+    _add_input_options(a, "calibration input for --saturation (random values otherwise)")
     a.set_defaults(func=cmd_info)
-    r = sub.add_parser("run", help="run a model (random inputs unless given)")
-    r.add_argument("model")
-    r.add_argument("--input", action="append", metavar="NAME=FILE.npy")
-    r.add_argument("--compare", metavar="onnxruntime")
-    r.add_argument("--repeat", type=int, default=5)
-    r.add_argument("--device", default="CPU")
-    r.add_argument("--save", metavar="OUT.npz", help="save the outputs")
-    r.add_argument("--no-check", action="store_true")
+    r = sub.add_parser("run", help="run a model (random inputs unless given)",
+                       description="Run a model on the engine: the given inputs, or random "
+                                   "values at the declared shapes (symbolic dims from --shape "
+                                   "or --dim, else 1, a guess the output says); time it and "
+                                   "optionally compare with onnxruntime.",
+                       epilog="example: workbench run ocr.onnx --shape x=1,3,48,320 "
+                              "--compare onnxruntime")
+    r.add_argument("model", help=MODEL_HELP)
+    _add_input_options(r, "an input's value from a file (repeat per input; the others get "
+                          "random values). " + INPUT_FORMATS)
+    r.add_argument("--compare", choices=["onnxruntime"],
+                   help="also run onnxruntime (checked before anything runs) and print the "
+                        "time ratio and each output's largest difference")
+    r.add_argument("--repeat", type=int, default=5,
+                   help="timed runs after one warm-up; the median is printed (default 5)")
+    r.add_argument("--device", default="CPU",
+                   help="CPU (default) or CUDA:0 (needs a GPU and the gpu-cuda12 or "
+                        "gpu-cuda13 extra)")
+    r.add_argument("--save", metavar="OUT.npz", help="save the outputs (np.savez)")
+    r.add_argument("--no-check", action="store_true", help="skip onnx.checker")
     r.add_argument("--integer-arithmetic", default="exact",
                    choices=["exact", "saturating-u8s8"],
                    help="8-bit integer products: exact (the ONNX spec, default) or as "
                         "onnxruntime computes them on x86 CPUs without VNNI")
     r.set_defaults(func=cmd_run)
-    d = sub.add_parser("demo", help="the main job on the embedded default model")
+    d = sub.add_parser("demo", help="the main job on the embedded default model",
+                       description="Load the embedded digits CNN, describe it, classify 32 "
+                                   "held-out digits and cross-check with onnxruntime (when "
+                                   "installed); offline.")
+    d.add_argument("--save-model", metavar="PATH.onnx",
+                   help="also write the embedded model (input 'image', float32 [batch, 1, 8, "
+                        "8]) there, to try the other commands on")
+    d.add_argument("--save-images", metavar="PATH.npy",
+                   help="also write its 32 held-out digits there (an --input for workbench run)")
+    d.add_argument("--force", action="store_true",
+                   help="replace existing files given to --save-model/--save-images")
     d.set_defaults(func=cmd_demo)
-    v = sub.add_parser("view", help="open a model in Netron")
-    v.add_argument("model")
-    v.add_argument("rest", nargs=argparse.REMAINDER,
-                   help="--port N, --host ADDR, --no-browser, --timeout S (see workbench view -h)")
-    v.set_defaults(func=cmd_view)
-    c = sub.add_parser("conformance", help="run the ONNX node conformance cases")
-    c.add_argument("-k", action="append")
-    c.add_argument("--failures", action="store_true")
+    v = sub.add_parser("view", add_help=False, help="open a model in Netron (needs the lab extra)",
+                       description="Serve a model in Netron, the model viewer, on 127.0.0.1 "
+                                   "until Ctrl-C (needs the lab extra, which installs netron). "
+                                   "In JupyterLab, double-clicking an .onnx file opens the "
+                                   "workbench's own viewer instead.")
+    # its arguments (MODEL, --port, --host, --no-browser, --timeout) are view_main's own:
+    # main() hands them over as they are, so `workbench view -h` prints them
+    v.set_defaults(func=cmd_view, passes_arguments_on=True)
+    c = sub.add_parser("conformance", help="run the ONNX node conformance cases",
+                       description="Run the ONNX node test cases of the installed onnx "
+                                   "package through the engine; print passed/total overall "
+                                   "and per operator.")
+    from workbench.conformance import add_arguments
+    add_arguments(c)
     c.set_defaults(func=cmd_conformance)
     _add_profile_parser(sub)
     _add_warmup_parser(sub)
     from workbench.edit.cli import add_edit_parser  # model surgery: workbench/edit/cli.py
     add_edit_parser(sub)
-
-
     add_classroom_parsers(sub)
     return p
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if getattr(args, "passes_arguments_on", False):
+        args.argv = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     debug = args.debug or os.environ.get("WORKBENCH_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)

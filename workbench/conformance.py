@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import re
 import signal
 import sys
@@ -37,33 +38,54 @@ class CaseResult:
     seconds: float = 0.0
 
 
-def collect(patterns=None) -> list:
-    """The node test cases of the installed onnx package, filtered by name substrings."""
+_EXPANDED = re.compile(r"_expanded(_ver\d+)?$")
+
+
+@functools.lru_cache(maxsize=1)
+def _all_cases() -> tuple:
     from onnx.backend.test.case.node import collect_testcases
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cases = collect_testcases()
+        return tuple(collect_testcases())
+
+
+@functools.lru_cache(maxsize=1)
+def _cases_by_name() -> dict:
+    return {c.name: c for c in _all_cases()}
+
+
+def collect(patterns=None) -> list:
+    """The node test cases of the installed onnx package, filtered by name substrings."""
+    cases = list(_all_cases())
     if patterns:
         cases = [c for c in cases if any(p in c.name for p in patterns)]
     return sorted(cases, key=lambda c: c.name)
 
 
 def primary_op(case) -> str:
-    """The operator a case tests: the single op of one-node models, else from the case name."""
+    """The operator a case tests: the single op of one-node models, else from the case name.
+    An expanded case (``test_x_expanded``: the op's function body in its place) is labelled
+    with the op of its unexpanded twin (``test_x``) and "(expanded)"."""
+    base = _EXPANDED.sub("", case.name)
+    if base != case.name:
+        twin = _cases_by_name().get(base)
+        if twin is not None and not _EXPANDED.search(twin.name):
+            return primary_op(twin) + " (expanded)"
     types = [n.op_type for n in case.model.graph.node if n.op_type != "Constant"]
     uniq = sorted(set(types))
     if len(uniq) == 1:
         return uniq[0]
     if not uniq:
         return "Constant"
-    name = re.sub(r"^test_", "", case.name)
+    name = re.sub(r"^test_", "", case.name).lower()
+    flat = name.replace("_", "")
     best = None
     for t in uniq:
         snake = re.sub(r"(?<!^)(?=[A-Z])", "_", t).lower()
-        if name.startswith(snake) or name.startswith(t.lower()):
+        if name.startswith(snake) or flat.startswith(t.lower()):
             if best is None or len(t) > len(best):
                 best = t
-    return (best or uniq[0]) + " (expanded)" if "expanded" in case.name else (best or uniq[0])
+    return (best or uniq[0]) + (" (expanded)" if base != case.name else "")
 
 
 def _norm(x):
@@ -173,7 +195,8 @@ def load_expected_failures(path: str = EXPECTED_FAILURES_FILE) -> dict[str, str]
     return out
 
 
-def summarize(results: list[CaseResult], out=sys.stdout, per_op: bool = True) -> None:
+def summarize(results: list[CaseResult], out=None, per_op: bool = True) -> None:
+    out = out or sys.stdout
     by_op = collections.defaultdict(list)
     for r in results:
         by_op[r.op].append(r)
@@ -190,23 +213,28 @@ def summarize(results: list[CaseResult], out=sys.stdout, per_op: bool = True) ->
           f"fully passing)", file=out)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m workbench.conformance", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-k", action="append", default=[], help="only cases whose name contains this")
-    p.add_argument("--device", default="CPU")
-    p.add_argument("-v", "--verbose", action="store_true", help="print every case")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``python -m workbench.conformance`` and ``workbench conformance``."""
+    p.add_argument("-k", action="append", default=[], metavar="PATTERN",
+                   help="only cases whose name contains this (repeat for several)")
+    p.add_argument("--device", default="CPU", help="CPU (default) or CUDA:0")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print every case as it runs: PASS/FAIL, seconds, the reason")
     p.add_argument("--failures", action="store_true", help="print each failing case and reason")
-    p.add_argument("--no-per-op", action="store_true")
+    p.add_argument("--no-per-op", action="store_true", help="leave out the per-operator table")
     p.add_argument("--write-expected", metavar="FILE",
                    help="write the failing cases as an expected-failures file")
-    args = p.parse_args(argv)
+
+
+def run(args) -> int:
+    """Run the cases ``args`` select (options of :func:`add_arguments`); prints as it goes."""
     results = []
     for c in collect(args.k):
         r = run_case(c, args.device)
         results.append(r)
         if args.verbose:
-            print(f"{'PASS' if r.ok else 'FAIL'} {r.name} ({r.seconds:.2f}s) {r.message}")
+            print(f"{'PASS' if r.ok else 'FAIL'} {r.name} [{r.op}] ({r.seconds:.2f}s) "
+                  f"{r.message}".rstrip(), flush=True)
     if args.failures and not args.verbose:
         for r in results:
             if not r.ok:
@@ -219,6 +247,13 @@ def main(argv=None) -> int:
                 if not r.ok:
                     f.write(f"{r.name}  # {r.message}\n")
     return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m workbench.conformance", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

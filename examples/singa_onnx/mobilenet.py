@@ -18,7 +18,7 @@
 #
 # Ported from apache/singa examples/onnx/mobilenet.py at commit 4ddb5629; only imports and
 # the download folder (utils.DOWNLOAD_DIR: /tmp/ unless SINGA_ONNX_DOWNLOAD_DIR names another)
-# changed.
+# changed, and the device (utils.pick_device: the GPU when there is one, else the CPU).
 
 import os
 import numpy as np
@@ -28,7 +28,7 @@ from workbench import device
 from workbench import tensor
 from workbench import sonnx
 import onnx
-from utils import download_model, check_exist_or_download, DOWNLOAD_DIR
+from utils import download_model, check_exist_or_download, DOWNLOAD_DIR, pick_device
 
 import logging
 logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
@@ -91,7 +91,7 @@ if __name__ == "__main__":
     # y = sg_ir.run([img])
 
     logging.info("model compling...")
-    dev = device.create_cuda_gpu()
+    dev = pick_device()  # workbench: the GPU if there is one, else the CPU
     x = tensor.PlaceHolder(img.shape, device=dev)
     model = MyModel(onnx_model)
     model.compile([x], is_train=False, use_graph=True, sequential=True)

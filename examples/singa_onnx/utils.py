@@ -17,8 +17,9 @@
 # under th
 #
 # Ported from apache/singa examples/onnx/utils.py at commit 4ddb5629; only imports changed, and
-# two Workbench additions marked below: the download folder (DOWNLOAD_DIR) and the notice printed
-# when a file there is an untrained stand-in rather than the real download.
+# three Workbench additions marked below: the download folder (DOWNLOAD_DIR), the notice printed
+# when a file there is an untrained stand-in rather than the real download, and the device the
+# programs run on (pick_device: the GPU when there is one, else the CPU).
 
 import os
 import urllib.request
@@ -26,6 +27,7 @@ import tarfile
 import glob
 import onnx
 import logging
+from workbench import device
 logging.basicConfig(level=logging.INFO, format='%(asctime)-15s %(message)s')
 
 # Workbench addition: SINGA's programs download into /tmp/; SINGA_ONNX_DOWNLOAD_DIR names another
@@ -51,6 +53,23 @@ def _check_stand_in_model(path, archive):
         print("NOTE: %s is an untrained stand-in (ONNX Workbench's architecture twin of %r), "
               "not the real model: its predictions mean nothing. Delete it and %s to "
               "download the real one." % (path, twin, archive), flush=True)
+
+
+# Workbench addition: SINGA's programs hard-code the GPU (device.create_cuda_gpu()), which fails
+# on a machine without one; the ports call pick_device(), which takes the GPU when cupy sees one
+# and the CPU otherwise, and says which
+def pick_device(id=0):
+    if device.cuda_available():
+        dev = device.create_cuda_gpu_on(id)
+        print("device: CUDA GPU %d (cupy)" % id, flush=True)
+        return dev
+    try:
+        import cupy  # noqa: F401
+        why = "cupy sees no CUDA GPU"
+    except ImportError:
+        why = "cupy is not installed: pip install -e '.[gpu-cuda12]' or '.[gpu-cuda13]'"
+    print("device: the CPU (no GPU: %s)" % why, flush=True)
+    return device.create_cpu()
 
 
 def download_model(url):

@@ -170,6 +170,10 @@ def test_imagenet_classifiers(program, archive, tmp_path, downloads):
     _probabilities(out, 5)
     assert "class=n000" in out
     _says_stand_in(out, archive)
+    # SINGA's programs hard-code the GPU; the ports take what there is and say which
+    from workbench import device
+    said = "device: CUDA GPU 0" if device.cuda_available() else "device: the CPU (no GPU: "
+    assert said in out, out[-3000:]
 
 
 def test_tiny_yolov2(tmp_path, downloads):

@@ -57,3 +57,22 @@ def test_a_fused_graph_pairs_what_is_left():
         fused_graph = load(fused, check=False).graph
     pairs = match_graphs(load(m, check=False).graph, fused_graph)
     assert pairs == [("pool1", "pool1"), ("flatten", "flatten"), ("fc", "fc")]
+
+
+def test_arrangement_side_by_side_or_stacked():
+    """Half-width panes are cramped in a narrow notebook: "auto" lets the right drawing wrap
+    under the left one below MIN_PANE_PX each; "rows" stacks them; "columns" keeps halves."""
+    import pytest
+    m = synth.mlp()
+    box = lambda c: c.children[1]                       # noqa: E731 - [info, panes]
+    auto = GraphCompare(m, m)
+    assert box(auto).layout.flex_flow == "row wrap"
+    assert {p.layout.flex for p in (auto.left, auto.right)} == \
+        {f"1 1 {GraphCompare.MIN_PANE_PX}px"}
+    rows = GraphCompare(m, m, arrange="rows")
+    assert box(rows).layout.flex_flow == "column nowrap"
+    assert rows.left.layout.width == rows.right.layout.width == "100%"
+    cols = GraphCompare(m, m, arrange="columns")
+    assert box(cols).layout.flex_flow == "row nowrap" and cols.left.layout.width == "50%"
+    with pytest.raises(ValueError, match="'auto', 'columns', 'rows'"):
+        GraphCompare(m, m, arrange="grid")

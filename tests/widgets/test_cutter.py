@@ -14,7 +14,9 @@ def test_slider_range_and_outputs_match_resolve_cut():
     g = load(m).graph
     cutter = LayerCutter(m)
     n = len(layer_nodes(g))
-    assert (cutter.slider.min, cutter.slider.max, cutter.slider.value) == (-n, -1, -1)
+    # every node of an MLP is drawn: a position each
+    assert (cutter.slider.options[0][1], cutter.slider.options[-1][1]) == (-n, -1)
+    assert cutter.slider.value == -1 and len(cutter.slider.options) == n
     for k in range(-1, -n - 1, -1):
         cutter.slider.value = k                    # moving the slider
         assert cutter.last_layers == k
@@ -55,7 +57,8 @@ def test_slider_counts_layers_without_constants_and_marks_the_folded_graph():
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
                            helper.make_tensor_value_info("s", TensorProto.INT64, [2])])
     cutter = LayerCutter(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
-    assert cutter.slider.min == -4                # relu, shape_of, reshape, sig: not const
+    # relu, shape_of (a graph output), reshape, sig: not const
+    assert [v for _, v in cutter.slider.options] == [-4, -3, -2, -1]
     d = cutter.view.graph_data
     host = dict(zip(d["name"], d["host"]))
     assert host["const"] == d["name"].index("reshape")       # folded in the drawing
@@ -153,4 +156,76 @@ def test_cutter_on_graph_without_nodes():
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])])
     cutter = LayerCutter(helper.make_model(g))
-    assert cutter.outputs == ["x"] and cutter.slider.min == -1
+    assert cutter.outputs == ["x"] and [v for _, v in cutter.slider.options] == [-1]
+
+
+def _exported_blocks(blocks=3):
+    """Blocks as exporters write them: a MatMul, then the batch size read back with
+    Shape -> Gather -> Unsqueeze -> Concat (with Constant nodes) to Reshape, then a Relu."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for b in range(blocks):
+        p = f"/blocks.{b}/"
+
+        def node(op, ins, name, p=p, **kw):
+            nodes.append(helper.make_node(op, ins, [p + name + "_output_0"], name=p + name, **kw))
+            return p + name + "_output_0"
+
+        inits.append(numpy_helper.from_array(
+            rng.standard_normal((6, 6)).astype(np.float32), p + "w"))
+        mm = node("MatMul", [x, p + "w"], "MatMul")
+        shp = node("Shape", [mm], "Shape")
+        idx = node("Constant", [], "Constant",
+                   value=numpy_helper.from_array(np.array(0, np.int64)))
+        n = node("Gather", [shp, idx], "Gather", axis=0)
+        ax = node("Constant", [], "Constant_1",
+                  value=numpy_helper.from_array(np.array([0], np.int64)))
+        n = node("Unsqueeze", [n, ax], "Unsqueeze")
+        rest = node("Constant", [], "Constant_2",
+                    value=numpy_helper.from_array(np.array([2, 3], np.int64)))
+        to = node("Concat", [n, rest], "Concat", axis=0)
+        r = node("Reshape", [mm, to], "Reshape")
+        x = node("Relu", [r], "Relu")
+        if b < blocks - 1:
+            to6 = node("Constant", [], "Constant_3",
+                       value=numpy_helper.from_array(np.array([-1, 6], np.int64)))
+            x = node("Reshape", [x, to6], "Flat")
+    g = helper.make_graph(nodes, "blocks",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["N", 2, 3])],
+                          inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_slider_steps_over_drawn_layers_not_shape_arithmetic(rng):
+    """A transformer export has hundreds of shape-arithmetic nodes between its layers (issue
+    26: 814 positions on a 12-block GPT-2): the slider stops only at nodes the drawing shows,
+    its readout is still the last_layers value, and every stop cuts as resolve_cut says."""
+    m = _exported_blocks(3)
+    g = load(m).graph
+    layers = layer_nodes(g)
+    cutter = LayerCutter(m)
+    stops = [v for _, v in cutter.slider.options]
+    assert [label for label, _ in cutter.slider.options] == [str(v) for v in stops]
+    at = [layers[k].name.rsplit("/", 1)[1] for k in stops]
+    # 3 blocks of MatMul, Reshape, Relu (+ the Flat reshape between blocks), the last being -1
+    assert at == ["MatMul", "Reshape", "Relu", "Flat"] * 2 + ["MatMul", "Reshape", "Relu"]
+    assert len(stops) < len(layers) / 2
+    x = rng.standard_normal((2, 6)).astype(np.float32)
+    for k in stops:
+        cutter.slider.value = k
+        assert cutter.last_layers == k and cutter.outputs == resolve_cut(g, k)
+        assert cutter.cut_graph().run({"x": x})[0].dtype == np.float32
+    # a cut given on a folded node (by its count or name) still cuts there; the slider and
+    # the drawing show it at the node it is drawn in
+    k_unsq = next(i for i, n in enumerate(layers)
+                  if n.name == "/blocks.1/Unsqueeze") - len(layers)
+    cutter.last_layers = k_unsq
+    assert cutter.outputs == resolve_cut(g, k_unsq) == ["/blocks.1/Unsqueeze_output_0"]
+    assert cutter.view.marked == ["/blocks.1/Unsqueeze"]
+    reshape = next(i for i, n in enumerate(layers)
+                   if n.name == "/blocks.1/Reshape") - len(layers)
+    assert cutter.slider.value == reshape
+    cutter.last_layers = "/blocks.0/Concat"
+    assert cutter.slider.value == stops[1]                 # /blocks.0/Reshape

@@ -19,7 +19,7 @@ def add_edit_parser(sub) -> None:
     e = sub.add_parser("edit", help="edit a model (batch, input shapes, outputs, opset...), "
                                     "every edit checked by running it",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    e.add_argument("model")
+    e.add_argument("model", help="path to an .onnx file")
     e.add_argument("-o", "--output", required=True, help="where to write the edited model")
     e.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     e.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",

@@ -12,6 +12,7 @@ inline or in external files, are described (dtype, shape, where their bytes are:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import warnings
@@ -30,6 +31,7 @@ from workbench.graph.external import (
     resolve_external_data,
     unread_mark,
 )
+from workbench.graph.formats import identify, identify_folder
 from workbench.graph.functions import inline_functions
 from workbench.graph.ir import Graph
 from workbench.graph.quirks import fix_quirks
@@ -62,7 +64,8 @@ def _read_proto(src, path: str | None, mark: str | None = None) -> onnx.ModelPro
         if not os.path.exists(path):
             raise ModelLoadError("file not found", path=path)
         if os.path.isdir(path):
-            raise ModelLoadError("is a folder, not an .onnx file", path=path)
+            raise ModelLoadError(identify_folder(path) or "is a folder, not an .onnx file",
+                                 path=path)
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
             raise ModelLoadError("is not a regular file (a device, FIFO or socket); refusing to "
@@ -73,24 +76,40 @@ def _read_proto(src, path: str | None, mark: str | None = None) -> onnx.ModelPro
                 f"hold; models this big keep their weights in external data files next to the "
                 f".onnx file", path=path)
         if mark is not None and st.st_size:
-            return _check_parsed(read_structure_file(path, mark, st.st_size)[0], path)
+            with _naming_other_formats(path, None):
+                return _check_parsed(read_structure_file(path, mark, st.st_size)[0], path)
         with open(path, "rb") as f:
             # the file's size (+1 to see a file that grew), not the 2 GiB limit: read(n)
             # reserves n bytes first, which fails under an address-space limit
             data = f.read(st.st_size + 1)
     if not data:
         raise ModelLoadError("the file is empty (0 bytes), not an ONNX model", path=path)
-    if mark is not None:
-        return _structure(data, mark, path)
-    m = onnx.ModelProto()
+    with _naming_other_formats(path, data):
+        if mark is not None:
+            return _structure(data, mark, path)
+        m = onnx.ModelProto()
+        try:
+            m.ParseFromString(data)
+        except (DecodeError, RuntimeError, ValueError) as e:
+            raise ModelLoadError(
+                f"not a valid ONNX model: the protobuf could not be parsed ({e}); the file may "
+                f"be truncated, corrupt, or not an .onnx file ({len(data):,} bytes read)",
+                path=path) from None
+        return _check_parsed(m, path)
+
+
+@contextlib.contextmanager
+def _naming_other_formats(path: str | None, data: bytes | None):
+    """A file that does not parse as ONNX: say what it is when it is a known other format
+    (a PyTorch checkpoint, a TensorFlow or Keras model, a web page...) and how to export it
+    to ONNX (``workbench.graph.formats``); otherwise the parser's error stands."""
     try:
-        m.ParseFromString(data)
-    except (DecodeError, RuntimeError, ValueError) as e:
-        raise ModelLoadError(
-            f"not a valid ONNX model: the protobuf could not be parsed ({e}); the file may be "
-            f"truncated, corrupt, or not an .onnx file ({len(data):,} bytes read)",
-            path=path) from None
-    return _check_parsed(m, path)
+        yield
+    except ModelLoadError:
+        what = identify(path, data if path is None else None)
+        if what is None:
+            raise
+        raise ModelLoadError(f"this is {what}", path=path) from None
 
 
 def _structure(buf, mark: str, path: str | None) -> onnx.ModelProto:

@@ -54,11 +54,22 @@ class GraphCompare(TextRepr, ipywidgets.VBox):
     """Two :class:`GraphView` side by side; unmatched nodes ringed; selecting a node in one
     selects (and reveals) its match in the other.
 
+    ``arrange``: ``"auto"`` (side by side while each drawing gets at least
+    :data:`MIN_PANE_PX` of width, one above the other in a narrower notebook), ``"columns"``
+    (always side by side) or ``"rows"`` (always one above the other, each the full width).
+
     Attributes: ``left`` / ``right`` (the GraphViews), ``matches`` (pairs of names),
     ``only_left`` / ``only_right`` (names without a match).
     """
 
-    def __init__(self, left, right, *, height: int = 560, titles=None):
+    #: the narrowest a drawing gets side by side under ``arrange="auto"`` (below: stacked)
+    MIN_PANE_PX = 480
+    ARRANGEMENTS = ("auto", "columns", "rows")
+
+    def __init__(self, left, right, *, height: int = 560, titles=None, arrange: str = "auto"):
+        if arrange not in self.ARRANGEMENTS:
+            raise ValueError(f"GraphCompare(arrange={arrange!r}): use one of "
+                             f"{', '.join(map(repr, self.ARRANGEMENTS))}")
         ls, rs = as_source(left), as_source(right)
         t = titles or (ls.name, rs.name)
         self.left = GraphView(ls, height=height, title=t[0])
@@ -79,10 +90,16 @@ class GraphCompare(TextRepr, ipywidgets.VBox):
         self._syncing = False
         self.left.observe(lambda ch: self._follow(ch, self._l2r, self.right), names="selected")
         self.right.observe(lambda ch: self._follow(ch, self._r2l, self.left), names="selected")
+        # flex items: two columns while both fit MIN_PANE_PX ("auto" wraps the right one
+        # under the left one in a narrower output area), or fixed columns/rows
+        flow = {"auto": "row wrap", "columns": "row nowrap", "rows": "column nowrap"}[arrange]
         box = ipywidgets.HBox([self.left, self.right],
-                              layout=ipywidgets.Layout(width="100%"))
-        self.left.layout = ipywidgets.Layout(width="50%")
-        self.right.layout = ipywidgets.Layout(width="50%")
+                              layout=ipywidgets.Layout(width="100%", flex_flow=flow))
+        for pane in (self.left, self.right):
+            pane.layout = (ipywidgets.Layout(width="100%") if arrange == "rows" else
+                           ipywidgets.Layout(flex=f"1 1 {self.MIN_PANE_PX}px", min_width="0")
+                           if arrange == "auto" else ipywidgets.Layout(width="50%"))
+        self.arrange = arrange
         super().__init__([self.info, box])
         self.add_class("wb-graph-compare")
 

@@ -8,7 +8,10 @@
 ``last_layers`` follows the engine's counting (:func:`~workbench.runtime.cut.resolve_cut`;
 ``docs/architecture.md``, "SINGA's API and ``last_layers``"): -1 keeps the whole graph, -k
 cuts after the k-th node from the end, counted in topological order without ``Constant``
-nodes; a node or value name is also accepted.
+nodes; a node or value name is also accepted. The slider steps over the layers a person sees:
+the nodes the drawing shows, with constants and shape computations (folded in the drawing)
+skipped, so a 12-block transformer export has a few positions per block rather than hundreds;
+its readout is the ``last_layers`` value of each position.
 """
 
 from __future__ import annotations
@@ -163,12 +166,13 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
         self._layers = layer_nodes(self.graph)
         self._order = topological_order(self.graph)
         self._layer_index = {n.name: i for i, n in enumerate(self._layers)}
-        n = max(1, len(self._layers))
         self._syncing = False
         self._sonnx = None
         self.view = GraphView(src, height=height, title=f"{src.name} — cut")
-        self.slider = ipywidgets.IntSlider(
-            value=-1, min=-n, max=-1, step=1, description="last_layers",
+        self._stops, self._shown_as = self._slider_stops()
+        self._stops_by_name = {self._layers[k].name: k for k in self._stops if self._layers}
+        self.slider = ipywidgets.SelectionSlider(
+            options=[(str(k), k) for k in self._stops], value=-1, description="last_layers",
             continuous_update=True, layout=ipywidgets.Layout(width="420px"),
             style={"description_width": "80px"})
         self.slider.add_class("wb-cut-slider")
@@ -199,6 +203,20 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
         self.cache_trunk = cache_trunk
         self.last_layers = last_layers
         self._update()
+
+    def _slider_stops(self) -> tuple[list, dict]:
+        """The slider's positions, as ``last_layers`` values in ascending order: -1 (the whole
+        graph) and a cut after each node the drawing shows (constants and shape computations
+        are folded into the node they feed: not a place a person cuts). Also, for each node
+        the drawing folds, the shown node it is drawn in (where the slider goes for a cut
+        given there by value or name)."""
+        d = self.view.graph_data
+        names, hosts, kinds = d.get("name", []), d.get("host", []), d.get("kind", [])
+        shown = {nm for nm, h, k in zip(names, hosts, kinds) if k == 0 and h == -1}
+        shown_as = {nm: names[h] for nm, h, k in zip(names, hosts, kinds) if k == 0 and h >= 0}
+        n = len(self._layers)
+        stops = [i - n for i, node in enumerate(self._layers[:-1]) if node.name in shown]
+        return stops + [-1], shown_as
 
     # ------------------------------------------------------------------ events
     def _on_slider(self, change) -> None:
@@ -249,11 +267,15 @@ class LayerCutter(TextRepr, ipywidgets.VBox):
         self._syncing = True
         try:
             k = self.last_layers
-            if isinstance(k, str) and len(cut_nodes) == 1 and cut_nodes[0].name in \
-                    self._layer_index:
-                idx = self._layer_index[cut_nodes[0].name]
-                k = idx - len(self._layers)
-            if isinstance(k, int) and self.slider.min <= k <= -1:
+            if len(cut_nodes) == 1 and k != -1:
+                # the slider shows the cut at its node, or at the shown node a folded one is
+                # drawn in (the drawing marks the same one)
+                name = cut_nodes[0].name
+                if name not in self._stops_by_name and \
+                        self._shown_as.get(name) in self._stops_by_name:
+                    name = self._shown_as[name]
+                k = self._stops_by_name.get(name, k)
+            if k in self._stops:
                 self.slider.value = k
             if self.head_classes:
                 self.classes_box.value = self.head_classes

@@ -18,7 +18,7 @@
 #
 # Ported from apache/singa examples/onnx/bert/bert-squad.py at commit 4ddb5629; only imports and
 # the download folder (utils.DOWNLOAD_DIR: /tmp/ unless SINGA_ONNX_DOWNLOAD_DIR names another)
-# changed.
+# changed, and the device (utils.pick_device: the GPU when there is one, else the CPU).
 
 import os
 import zipfile
@@ -34,7 +34,7 @@ from run_onnx_squad import read_squad_examples, convert_examples_to_features, Ra
 
 import sys
 sys.path.append(os.path.dirname(__file__) + '/..')
-from utils import download_model, check_exist_or_download, DOWNLOAD_DIR
+from utils import download_model, check_exist_or_download, DOWNLOAD_DIR, pick_device
 
 import logging
 logging.basicConfig(level=logging.INFO, format='%(asctime)-15s %(message)s')
@@ -119,7 +119,7 @@ if __name__ == "__main__":
     input_ids, input_mask, segment_ids, extra_data, eval_examples = preprocess()
 
     m = None
-    dev = device.create_cuda_gpu()
+    dev = pick_device()  # workbench: the GPU if there is one, else the CPU
     n = len(input_ids)
     bs = batch_size
     all_results = []

@@ -19,7 +19,7 @@
 #
 # Ported from apache/singa examples/onnx/training/train.py at commit 4ddb5629; only imports and
 # the download folder (utils.DOWNLOAD_DIR: /tmp/ unless SINGA_ONNX_DOWNLOAD_DIR names another)
-# changed,
+# changed, and the device (utils.pick_device: the GPU when there is one, else the CPU),
 # and the two print lines marked 'NumPy >= 2.4' (SINGA's program fails there the same way).
 
 import sys, os
@@ -42,7 +42,7 @@ from tqdm import tqdm
 logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
 sys.path.append(os.path.dirname(__file__) + '/../../cnn')
 sys.path.append(os.path.dirname(__file__) + '/..')
-from utils import download_model, DOWNLOAD_DIR
+from utils import download_model, DOWNLOAD_DIR, pick_device
 
 # Data Augmentation
 def augmentation(x, batch_size):
@@ -159,7 +159,7 @@ def run(global_rank,
         verbosity,
         dist_option='fp32',
         spars=None):
-    dev = device.create_cuda_gpu_on(local_rank)
+    dev = pick_device(local_rank)  # workbench: the GPU if there is one, else the CPU
     dev.SetRandSeed(0)
     np.random.seed(0)
 

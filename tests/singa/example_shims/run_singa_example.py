@@ -7,8 +7,6 @@ architecture twins; this runner only adapts the environment, never the program:
 
 - ``urllib.request.urlretrieve`` fails with a clear message (no network: a file the test did not
   provide is an error, not a download);
-- without a GPU, ``device.create_cuda_gpu``/``create_cuda_gpu_on`` give the CPU device (SINGA's
-  programs hard-code a GPU; they print "CPU" in that case);
 - ``PIL.Image.ANTIALIAS`` (removed in Pillow 10; ``fer_emotion.py`` uses it) is Pillow's
   ``LANCZOS``, the filter it was an alias of;
 - the folder holding this runner (stand-ins for ``transformers`` and SINGA's ``data``
@@ -43,14 +41,6 @@ def main(argv: list) -> None:
     from PIL import Image
     if not hasattr(Image, "ANTIALIAS"):
         Image.ANTIALIAS = Image.LANCZOS
-
-    from workbench import device
-    if not device.cuda_available():
-        def cpu_instead(id=0):  # noqa: A002 - SINGA's parameter name
-            return device.create_cpu()
-        device.create_cuda_gpu = cpu_instead
-        device.create_cuda_gpu_on = cpu_instead
-        print("run_singa_example: no GPU, create_cuda_gpu gives the CPU", file=sys.stderr)
 
     sys.argv = [program] + list(argv[1:])
     runpy.run_path(program, run_name="__main__")

@@ -464,6 +464,21 @@ function wbScale(t, mix = 0) {
 
 // ------------------------------------------------------------------------------ canvas
 const WB_NODE_H = 28, WB_GROUP_H = 42, WB_STUB_H = 20;
+// text is never drawn smaller than this on screen (a smaller zoom draws it at this size, cut to
+// its box with an ellipsis, or leaves it out where it cannot fit)
+const WB_MIN_TEXT_PX = 9;
+
+// ``text`` cut with an ellipsis to at most ``maxW`` wide in ``ctx``'s current font ("" when
+// not even one letter fits)
+function wbClipText(ctx, text, maxW) {
+  if (ctx.measureText(text).width <= maxW) return text;
+  let lo = 0, hi = text.length;
+  while (lo < hi) {
+    const mid = (lo + hi + 1) >> 1;
+    if (ctx.measureText(text.slice(0, mid) + "…").width <= maxW) lo = mid; else hi = mid - 1;
+  }
+  return lo ? text.slice(0, lo) + "…" : "";
+}
 
 class WbGraphCanvas {
   constructor(wrap, data, opts = {}) {
@@ -894,14 +909,18 @@ class WbGraphCanvas {
     const pad = 40;
     const visible = (x0, y0, x1, y1) => x1 >= vx0 - pad && x0 <= vx1 + pad && y1 >= vy0 - pad && y0 <= vy1 + pad;
     const font = (size, weight = 600) => `${weight} ${size}px -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif`;
+    // a font size in world units that is at least WB_MIN_TEXT_PX on screen at this zoom
+    const px = (size) => Math.max(size, WB_MIN_TEXT_PX / k);
     // frames of groups opened in place
     for (const f of lay.frames) {
       if (!visible(f.x, f.y, f.x + f.w, f.y + f.h)) continue;
       ctx.fillStyle = "rgba(20, 99, 255, 0.035)"; ctx.strokeStyle = "#c9d3e3"; ctx.lineWidth = 1 / Math.min(1, k);
       this._roundRect(f.x, f.y, f.w, f.h, 8); ctx.fill(); ctx.stroke();
-      if (k * 11 >= 6) {
-        ctx.fillStyle = "#52606d"; ctx.font = font(11); ctx.textAlign = "left"; ctx.textBaseline = "top";
-        ctx.fillText(this.graph.G.label[f.g], f.x + 8, f.y + 5);
+      const fs = px(11);
+      if (fs + 6 <= Math.max(f.h, 0)) {
+        ctx.fillStyle = "#52606d"; ctx.font = font(fs); ctx.textAlign = "left"; ctx.textBaseline = "top";
+        const cap = wbClipText(ctx, this.graph.G.label[f.g], f.w - 16);
+        if (cap) ctx.fillText(cap, f.x + 8, f.y + 5);
       }
     }
     // edges
@@ -947,16 +966,38 @@ class WbGraphCanvas {
     if (this.pathEdges && this.pathEdges.size) {
       drawEdges(normE.filter((ed) => this.pathEdges.has(ed)), "#e0a800", 2.4);
     }
-    // tensor shapes on edges
+    // tensor shapes on edges: a label that would overlap one already drawn, or a node, is
+    // left out (hover or click the node for its shapes)
     if (k >= 0.7) {
-      ctx.font = font(9.5, 400); ctx.textAlign = "left"; ctx.textBaseline = "middle"; ctx.fillStyle = "#6b7785";
+      const fs = px(9.5);
+      ctx.font = font(fs, 400); ctx.textAlign = "left"; ctx.textBaseline = "middle"; ctx.fillStyle = "#6b7785";
+      const cell = 120, grid = new Map();
+      const cells = (r, add) => {
+        const out = [];
+        for (let gx = Math.floor(r[0] / cell); gx <= Math.floor(r[2] / cell); gx++) {
+          for (let gy = Math.floor(r[1] / cell); gy <= Math.floor(r[3] / cell); gy++) {
+            const key = gx + "," + gy;
+            if (add) { if (!grid.has(key)) grid.set(key, []); grid.get(key).push(r); } else out.push(...(grid.get(key) || []));
+          }
+        }
+        return out;
+      };
+      const clash = (r) => cells(r, false).some((q) => r[0] < q[2] && q[0] < r[2] && r[1] < q[3] && q[1] < r[3]);
+      for (const b of lay.items) {
+        const x0 = b.x - b.w / 2, y0 = b.y - b.h / 2;
+        if (visible(x0, y0, x0 + b.w, y0 + b.h)) cells([x0, y0, x0 + b.w, y0 + b.h], true);
+      }
       for (const { e, pts: p } of normE) {
         if (!e.label) continue;
         const m = (p.length / 2) >> 1;
         const x = p[2 * m], y = p[2 * m + 1];
         const yy = p.length === 4 ? (p[1] + p[3]) / 2 : y;
         const xx = p.length === 4 ? (p[0] + p[2]) / 2 : x;
-        ctx.fillText(e.n > 1 ? `${e.label} ×${e.n}` : e.label, xx + 5, yy);
+        const text = e.n > 1 ? `${e.label} ×${e.n}` : e.label;
+        const r = [xx + 5, yy - fs * 0.6, xx + 5 + ctx.measureText(text).width, yy + fs * 0.6];
+        if (clash(r)) continue;
+        cells(r, true);
+        ctx.fillText(text, xx + 5, yy);
       }
     }
     // items
@@ -976,16 +1017,17 @@ class WbGraphCanvas {
         ctx.fill();
         const nf = this.graph.showAll ? 0 : this.graph.nfold[it.i];
         if (showText) {
-          ctx.fillStyle = "#fff"; ctx.font = font(11);
+          ctx.fillStyle = "#fff"; ctx.font = font(px(11));
           let label = wbItemLabel(this.graph, it);
           if (label.length > 28) label = label.slice(0, 26) + "…";
+          label = wbClipText(ctx, label, b.w - (nf ? 30 : 8));
           ctx.fillText(label, b.x - (nf ? 10 : 0), b.y + 0.5);
         }
         if (nf) {      // folded constants / shape computations: a badge
           const open = this.graph.expanded.has(it.i);
           ctx.fillStyle = open ? "#1463ff" : "rgba(255,255,255,.9)";
           this._roundRect(x0 + b.w - 22, y0 + 6, 17, b.h - 12, 4); ctx.fill();
-          if (showText) {
+          if (showText && k * 9 >= WB_MIN_TEXT_PX - 1) {
             ctx.fillStyle = open ? "#fff" : "#334"; ctx.font = font(9);
             ctx.fillText(nf > 99 ? "99+" : "+" + nf, x0 + b.w - 13.5, b.y + 0.5);
           }
@@ -999,11 +1041,14 @@ class WbGraphCanvas {
         if (showText) {
           let label = wbItemLabel(this.graph, it);
           if (label.length > 34) label = label.slice(0, 32) + "…";
-          ctx.fillStyle = "#1f2933"; ctx.font = font(11.5);
-          ctx.fillText(label, b.x, b.y - 7);
-          ctx.fillStyle = "#52606d"; ctx.font = font(10, 400);
-          ctx.fillText(it.sub || "", b.x, b.y + 9);
-          this._groupTotal(it.g, x0, y0, b.w, font);
+          const f1 = px(11.5), f2 = px(10), both = f1 + f2 + 6 <= b.h;
+          ctx.fillStyle = "#1f2933"; ctx.font = font(f1);
+          ctx.fillText(wbClipText(ctx, label, b.w - 8), b.x, both ? b.y - 7 * f1 / 11.5 : b.y + 0.5);
+          if (both) {
+            ctx.fillStyle = "#52606d"; ctx.font = font(f2, 400);
+            ctx.fillText(wbClipText(ctx, it.sub || "", b.w - 8), b.x, b.y + 9 * f2 / 10);
+          }
+          this._groupTotal(it.g, x0, y0, b.w, (size, weight) => font(px(size), weight));
         }
       } else {
         ctx.fillStyle = "#f1f3f5"; ctx.strokeStyle = "#b8c0ca"; ctx.lineWidth = 1 / Math.min(1, k);
@@ -1011,8 +1056,8 @@ class WbGraphCanvas {
         this._roundRect(x0, y0, b.w, b.h, b.h / 2); ctx.fill(); ctx.stroke();
         ctx.setLineDash([]);
         if (showText) {
-          ctx.fillStyle = "#52606d"; ctx.font = font(10, 400);
-          ctx.fillText(wbItemLabel(this.graph, it), b.x, b.y + 0.5);
+          ctx.fillStyle = "#52606d"; ctx.font = font(px(10), 400);
+          ctx.fillText(wbClipText(ctx, wbItemLabel(this.graph, it), b.w - 8), b.x, b.y + 0.5);
         }
       }
     }
