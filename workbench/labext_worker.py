@@ -218,9 +218,14 @@ def static_overlay(loaded, path: str, summary: dict, root=None, full=None) -> di
         peaks = cached_peaks()
         if peaks is not None:
             a.roofline(peaks)
-        ov = a.overlay("flops")
+        ov = a.overlay()                     # FLOPs when the model has any, else what it has
     except WorkbenchError as e:
         summary["warnings"].append(scrub(f"analysis: {e}", root, full, path)[:500])
+        return {}
+    except Exception as e:  # noqa: BLE001 - the overlay is optional: never fail the drawing
+        summary["warnings"].append(scrub(f"analysis failed ({type(e).__name__}: {e}); the "
+                                         f"drawing is shown without its overlay",
+                                         root, full, path)[:500])
         return {}
     ov["summary"] = ov["summary"][:2] + _dims_note(a) + ov["summary"][2:]
     if peaks is None:

@@ -5,8 +5,9 @@ with the slots it reads, writes and frees after its last use) and keeps, for eve
 run creates, how many values refer to it:
 
 - a step's outputs are new arrays of their inferred size (shape x item size), except where the
-  kernel returns a *view* of its first input (:data:`VIEW_OPS`: Reshape, Transpose, Slice,
-  Split...; a Reshape or Flatten of a value that is itself a strided view copies);
+  kernel returns a *view* of its first input (the op's ``output_view`` fact in the registry:
+  Reshape, Transpose, Slice, Split...; a Reshape or Flatten of a value that is itself a
+  strided view copies);
 - an array is freed when the last value referring to it is freed (the Plan frees each value
   right after its last reader; graph outputs are kept);
 - the weights (initializers) stay for the whole run: they are reported apart
@@ -55,14 +56,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from workbench.errors import InputError
+from workbench.ops import registry
 
 from ._units import human
 
-#: ops whose kernels return a view of input 0 (every output): no new array
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose",
-                      "Expand", "Slice", "Split", "Dropout"})
-#: of those, the ones that copy when their input is a strided view (numpy's reshape)
-_COPY_IF_STRIDED = frozenset({"Reshape", "Flatten"})
+
+def _output_view(node) -> str:
+    """The registry's ``output_view`` fact of ``node``'s op ("" for a new array)."""
+    if (node.domain or "") not in ("", "ai.onnx"):
+        return ""
+    return registry.facts(node.op_type).output_view
+
+
 #: numpy's tracemalloc domain: its array data is traced there (everything else: Python objects)
 NUMPY_DOMAIN = 389047
 #: gradient rules that hand an input the output's gradient itself when the input has the
@@ -378,8 +383,9 @@ class _Simulation:
         B = self.B
         before, new, op = B.live, 0, node.op_type
         src = self.buffer_of(ins[0]) if ins and ins[0] is not None else None
-        view = (op in VIEW_OPS and (node.domain or "") in ("", "ai.onnx") and src is not None
-                and not (op in _COPY_IF_STRIDED and B.strided[src])
+        kind = _output_view(node)
+        view = (kind != "" and src is not None
+                and not (kind == "view-unless-strided" and B.strided[src])
                 and not (op == "Dropout" and sum(1 for o in outs if o) > 1))
         made = []
         for o in outs:
@@ -466,7 +472,7 @@ class _Simulation:
             gouts = [grads.get(o) if o else None for o in outs]
             made = []
             if any(x is not None for x in gouts):
-                is_view = node.op_type in VIEW_OPS and gouts[0] is not None
+                is_view = _output_view(node) != "" and gouts[0] is not None
                 passes = GRAD_PASSES.get(node.op_type, ()) if gouts[0] is not None else ()
                 out_shape = self.shape_of(outs[0]) if outs and outs[0] else None
                 for k, x in enumerate(ins):

@@ -9,7 +9,7 @@ import numpy as np
 
 from workbench.arrays import to_numpy, xp_of
 from workbench.errors import InputError, ShapeError, UnsupportedOperatorError
-from workbench.ops.registry import kernel
+from workbench.ops.registry import describe, kernel
 
 # ---------------------------------------------------------------------------------------------
 # NonMaxSuppression
@@ -166,3 +166,6 @@ def image_decoder(encoded_stream, *, pixel_format="RGB"):
     elif pixel_format == "BGR":
         arr = arr[:, :, ::-1]
     return xp.asarray(np.ascontiguousarray(arr))
+
+
+describe("Dropout", output_view="view")    # inference: its input itself (a mask is new)

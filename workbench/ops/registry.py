@@ -115,6 +115,8 @@ class OpFacts:
     state_outputs: tuple = ()      # ((output index, input index), ...) of the training form
     shape_only: bool = False       # reads only its input's shape (Shape, Size)
     elementwise: bool = False      # pointwise: output[i] depends on the inputs' [i] only
+    output_view: str = ""          # "view": the kernel returns views of input 0 (no new array);
+                                   # "view-unless-strided": a view, a copy of a strided input
 
     @property
     def host_inputs(self) -> tuple:

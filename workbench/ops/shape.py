@@ -14,7 +14,7 @@ from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
 from workbench.limits import check_alloc
 from workbench.ops._common import ints, norm_axis, prod
-from workbench.ops.registry import kernel
+from workbench.ops.registry import describe, kernel
 
 # Reshape -----------------------------------------------------------------------------------------
 
@@ -542,3 +542,11 @@ def reverse_sequence(input, sequence_lens, *, batch_axis=1, time_axis=0):
     src = src.reshape(src.shape + (1,) * (input.ndim - 2))
     src = xp.broadcast_to(src, input.shape)
     return xp.take_along_axis(input, src, axis=time_axis)
+
+
+# what the memory analysis needs to know (workbench.analysis.memory): these kernels hand back
+# views of their first input (numpy's reshape copies an input that is itself a strided view)
+for _op in ("Transpose", "Squeeze", "Unsqueeze", "Expand", "Slice", "Split"):
+    describe(_op, output_view="view")
+for _op in ("Reshape", "Flatten"):
+    describe(_op, output_view="view-unless-strided")

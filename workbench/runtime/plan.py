@@ -388,7 +388,7 @@ class Plan:
                     return run.run_fast(self, fast, lambda: self._env(inputs, values, outer),
                                         self._bound_fast)
                 env = self._env(inputs, values, outer)
-                run.run_bound(self.bound_steps, env)
+                run.run_bound(self.bound_steps, env, self.device)
                 return self._outputs(env)
             return run.run_steps(self, self._env(inputs, values, outer), hook, None)
 

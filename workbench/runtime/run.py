@@ -91,7 +91,7 @@ def bind_steps(schedule) -> list[tuple]:
     return prog
 
 
-def run_bound(prog: list, env: list) -> None:
+def run_bound(prog: list, env: list, device=None) -> None:
     """Run a pre-bound schedule (:func:`bind_steps`) of plain kernel calls over ``env``: the
     lean loop of plain CPU runs (no hook, no runner, no memory sampling). Errors are named as
     in :func:`loop`."""
@@ -116,7 +116,7 @@ def run_bound(prog: list, env: list) -> None:
     except Exception as e:
         if entry is None:
             raise
-        _raise_named(e, entry, [env[i] for i in entry.ins], None)
+        _raise_named(e, entry, [env[i] for i in entry.ins], device)
 
 
 def _call_general(st, env: list):
@@ -186,7 +186,7 @@ def run_steps(plan, env: list, hook: Callable | None, runner) -> list:
     if hook is not None:
         call = _hooked(call, hook)
     if call is None and bind is bind_arrays:
-        run_bound(plan.bound_steps, env)
+        run_bound(plan.bound_steps, env, device)
     else:
         loop(plan.steps, env, call, bind, device)
     if mem is not None:
@@ -232,7 +232,7 @@ def run_fast(plan, fast: list, make_env: Callable[[], list], bound: list | None 
         bound = bind_steps(fast)
     env = make_env()
     try:
-        run_bound(bound, env)
+        run_bound(bound, env, plan.device)
     except Exception:
         env = None
         # a segment whose last call handed out a remembered result (in this run, or in an
@@ -245,5 +245,5 @@ def run_fast(plan, fast: list, make_env: Callable[[], list], bound: list | None 
         for seg in stale:
             seg.forget()
         env = make_env()
-        run_bound(bound, env)
+        run_bound(bound, env, plan.device)
     return plan._outputs(env)
