@@ -21,6 +21,38 @@ _ARGS_F64 = "f64[] i32[] f64[] i32[] i32[]! i64 i64 i64 i64 i64 i64"
 
 
 @njit(inline="always", error_model="numpy")
+def _leaf_of(x, nodes, thr, r, nd, limit, packed_thr):
+    """The leaf row ``r`` of ``x`` reaches from node ``nd``; -1 past ``limit`` steps (a cycle
+    in a malformed forest)."""
+    steps = 0
+    while True:
+        w = nodes[nd, 0]
+        m = (w >> 24) & 7
+        if m == 7:
+            return nd
+        v = x[r, w & 0xFFFFFF]
+        th = thr[nd, 1] if packed_thr else thr[nd, 0]
+        if m == 0:
+            go = v <= th
+        elif m == 1:
+            go = v < th
+        elif m == 2:
+            go = v >= th
+        elif m == 3:
+            go = v > th
+        elif m == 4:
+            go = v == th
+        else:
+            go = v != th
+        if (w >> 27) & 1 and v != v:
+            go = True
+        nd = nodes[nd, 3] if go else nodes[nd, 2]
+        steps += 1
+        if steps > limit:
+            return -1
+
+
+@njit(inline="always", error_model="numpy")
 def _walk(xp, nodesp, thrp, rootsp, outp, N, F, G, T, t0, t1, limit, packed_thr):
     """``nodes`` (G, 4) int32 per node: feature | flags << 24 (flags: the comparison code in
     bits 0-2, 7 for a leaf; bit 3: NaN goes to the true branch), the threshold's float32 bits
@@ -34,35 +66,7 @@ def _walk(xp, nodesp, thrp, rootsp, outp, N, F, G, T, t0, t1, limit, packed_thr)
     for t in range(t0, t1):
         root = roots[t]
         for r in range(N):
-            nd = root
-            steps = 0
-            while True:
-                w = nodes[nd, 0]
-                m = (w >> 24) & 7
-                if m == 7:
-                    break
-                v = x[r, w & 0xFFFFFF]
-                th = thr[nd, 1] if packed_thr else thr[nd, 0]
-                if m == 0:
-                    go = v <= th
-                elif m == 1:
-                    go = v < th
-                elif m == 2:
-                    go = v >= th
-                elif m == 3:
-                    go = v > th
-                elif m == 4:
-                    go = v == th
-                else:
-                    go = v != th
-                if (w >> 27) & 1 and v != v:
-                    go = True
-                nd = nodes[nd, 3] if go else nodes[nd, 2]
-                steps += 1
-                if steps > limit:
-                    nd = -1
-                    break
-            out[r, t] = nd
+            out[r, t] = _leaf_of(x, nodes, thr, r, root, limit, packed_thr)
 
 
 @export("leaves_f32", _ARGS_F32)
@@ -97,34 +101,10 @@ def _walk_sum(xp, nodesp, thrp, rootsp, tgtp, wtp, scoresp, hitsp, errp, N, F, G
     for t in range(T):
         root = roots[t]
         for r in range(r0, r1):
-            nd = root
-            steps = 0
-            while True:
-                w = nodes[nd, 0]
-                m = (w >> 24) & 7
-                if m == 7:
-                    break
-                v = x[r, w & 0xFFFFFF]
-                th = thr[nd, 1] if packed_thr else thr[nd, 0]
-                if m == 0:
-                    go = v <= th
-                elif m == 1:
-                    go = v < th
-                elif m == 2:
-                    go = v >= th
-                elif m == 3:
-                    go = v > th
-                elif m == 4:
-                    go = v == th
-                else:
-                    go = v != th
-                if (w >> 27) & 1 and v != v:
-                    go = True
-                nd = nodes[nd, 3] if go else nodes[nd, 2]
-                steps += 1
-                if steps > limit:
-                    err[0] = 1
-                    return
+            nd = _leaf_of(x, nodes, thr, r, root, limit, packed_thr)
+            if nd < 0:
+                err[0] = 1
+                return
             s = nodes[nd, 1]
             for j in range(s, s + nodes[nd, 2]):
                 k = tgt[j]
