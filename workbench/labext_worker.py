@@ -438,21 +438,8 @@ class _Worker:
             raise OSError("the viewer's worker process did not start")
 
     def _read(self, n: int, deadline: float) -> bytes | None:
-        import select
-        fd = self.proc.stdout.fileno()
-        buf = bytearray()
-        while len(buf) < n:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            r, _, _ = select.select([fd], [], [], min(left, 1.0))
-            if not r:
-                continue
-            chunk = os.read(fd, min(n - len(buf), 1 << 20))
-            if not chunk:
-                return None
-            buf += chunk
-        return bytes(buf)
+        from workbench.graph.isolated import read_exactly
+        return read_exactly(self.proc.stdout.fileno(), n, deadline)
 
     def request(self, full: str, path: str, root: str, timeout: float,
                 measure: bool = False) -> tuple[int, bytes]:

@@ -217,6 +217,24 @@ class TypeRefused(Exception):
 TYPE_ERROR = "has unsupported type"
 
 
+def read_exactly(fd: int, n: int, deadline: float) -> bytes | None:
+    """``n`` bytes from pipe ``fd`` (a helper process's stdout) before ``deadline``
+    (``time.monotonic()``): None when the process closed it first, TimeoutError past it."""
+    buf = bytearray()
+    while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        r, _, _ = select.select([fd], [], [], min(left, 1.0))
+        if not r:
+            continue
+        chunk = os.read(fd, min(n - len(buf), 1 << 20))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
 class _Helper:
     def __init__(self):
         self.proc: subprocess.Popen | None = None
@@ -288,20 +306,7 @@ class _Helper:
                     pass
 
     def _read(self, n: int, deadline: float) -> bytes | None:
-        fd = self.proc.stdout.fileno()
-        buf = bytearray()
-        while len(buf) < n:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            r, _, _ = select.select([fd], [], [], min(left, 1.0))
-            if not r:
-                continue
-            chunk = os.read(fd, min(n - len(buf), 1 << 20))
-            if not chunk:
-                return None
-            buf += chunk
-        return bytes(buf)
+        return read_exactly(self.proc.stdout.fileno(), n, deadline)
 
     def request(self, flags: int, data: bytes, timeout: float) -> tuple[int, bytes]:
         with self.lock:
