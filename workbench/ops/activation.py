@@ -13,6 +13,7 @@ import numpy as np  # dtype constants only
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops import rowwise
 from workbench.ops._common import compute_dtype, ensure_array, is_float, quiet
 from workbench.ops._common import softmax as softmax_core
 from workbench.ops.elementwise import erf_array
@@ -221,7 +222,12 @@ def mish(x):
 
 @kernel("Gelu", since=20, category="activation")
 def gelu(x, *, approximate="none"):
-    """0.5 x (1 + erf(x / sqrt 2)), or the tanh approximation with ``approximate='tanh'``."""
+    """0.5 x (1 + erf(x / sqrt 2)), or the tanh approximation with ``approximate='tanh'``
+    (float32: the compiled ``transformer.gelu`` when loaded)."""
+    if x.dtype == np.float32 and approximate in ("none", "tanh"):
+        y = rowwise.gelu(x, "Gelu" if approximate == "none" else "GeluTanh")
+        if y is not None:
+            return y
     xp = xp_of(x)
     xc = _up(x)
     if approximate == "tanh":
@@ -282,7 +288,12 @@ def _norm_axis(op: str, axis: int, rank: int, coerce_2d: bool) -> int:
 
 
 def _softmax(xp, x, axis, log):
-    """Softmax / LogSoftmax in the input's dtype (the engine's one softmax, _common.softmax)."""
+    """Softmax / LogSoftmax in the input's dtype (the engine's one softmax, _common.softmax;
+    float32 Softmax over the last axis: the compiled ``transformer.softmax`` when loaded)."""
+    if not log and axis == x.ndim - 1 and x.dtype == np.float32:
+        y = rowwise.softmax(x)
+        if y is not None:
+            return y
     return _down(ensure_array(softmax_core(xp, x, axis, log=log), xp), x.dtype)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from workbench.arrays import np_dtype_of_onnx, xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops import rowwise
 from workbench.ops._common import softmax, work_dtype
 from workbench.ops.registry import kernel
 
@@ -83,6 +84,13 @@ def attend(xp, q, k, v, *, scale: float, split_scale: bool = False, softcap: flo
         q, k = q * root, k * root
     qg = q.reshape(b, hkv, group, sq, d)
     raw = xp.matmul(qg, xp.swapaxes(k[:, :, None], -1, -2)).reshape(b, hq, sq, total)
+    if not (keep_scores or split_scale or zero_empty_rows or dead is not None
+            or (softcap and softcap > 0)) and (softmax_dtype is None
+                                               or np.dtype(softmax_dtype) == raw.dtype):
+        probs = _compiled_probs(raw, scale, biases, blocked, blocked_value)
+        if probs is not None:
+            y = xp.matmul(probs.reshape(b, hkv, group, sq, total), v[:, :, None])
+            return y.reshape(b, hq, sq, v.shape[3])
     if not split_scale:
         raw = raw * raw.dtype.type(scale)
     s = raw
@@ -106,6 +114,28 @@ def attend(xp, q, k, v, *, scale: float, split_scale: bool = False, softcap: flo
     y = xp.matmul(probs.reshape(b, hkv, group, sq, total), v[:, :, None])
     y = y.reshape(b, hq, sq, v.shape[3])
     return (y, Scores(raw, capped, s, probs)) if keep_scores else y
+
+
+def _compiled_probs(raw, scale, biases, blocked, blocked_value):
+    """:func:`attend`'s scale, biases, blocked positions and softmax in place on the fresh
+    float32 scores ``raw`` by the compiled kernel (``transformer.softmax``): the biases are
+    summed into one additive mask first (numpy broadcasting; they are small). None when it
+    does not apply (the scores are then untouched)."""
+    if not rowwise.is_f32(raw) or not raw.size or not raw.flags.c_contiguous:
+        return None
+    add = None
+    for _name, bias in biases:
+        if not rowwise.is_f32(bias) or bias.ndim > raw.ndim:
+            return None
+        try:
+            add = bias if add is None else add + bias
+        except ValueError:   # numpy's path names the bias that does not broadcast
+            return None
+    if blocked is not None and (type(blocked) is not np.ndarray or blocked.dtype != np.bool_
+                                or blocked.ndim > raw.ndim):
+        return None
+    return rowwise.softmax(raw, out=raw, scale=scale, add=add, fill_where=blocked,
+                           fill=blocked_value)
 
 
 # --------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import numpy as np
 
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
+from workbench.ops import rowwise
 from workbench.ops._common import ints
 from workbench.ops.attention import attend
 from workbench.ops.registry import kernel, lookup, register
@@ -57,9 +58,17 @@ def _sigmoid(x):
 
 
 # ---------------------------------------------------------------------------------- activations
+def _compiled_gelu(x, activation, bias=None):
+    """GELU of a float32 host array by the compiled kernel (``transformer.gelu``), or None."""
+    if x.dtype != np.float32 or (bias is not None and bias.dtype != np.float32):
+        return None
+    return rowwise.gelu(x, activation, bias=bias)
+
+
 @kernel("Gelu", since=1, domain=MS)
 def ms_gelu(X):
-    return _gelu_erf(_up(X)).astype(X.dtype)
+    y = _compiled_gelu(X, "Gelu")
+    return y if y is not None else _gelu_erf(_up(X)).astype(X.dtype)
 
 
 @kernel("BiasGelu", since=1, domain=MS)
@@ -67,16 +76,20 @@ def bias_gelu(A, B):
     if B.ndim != 1 or A.shape[-1] != B.shape[0]:
         raise ShapeError(f"BiasGelu: bias B {tuple(B.shape)} must be 1-D with A's last "
                          f"dimension ({A.shape[-1]}); A is {tuple(A.shape)}")
-    return _gelu_erf(_up(A) + _up(B)).astype(A.dtype)
+    y = _compiled_gelu(A, "Gelu", B)
+    return y if y is not None else _gelu_erf(_up(A) + _up(B)).astype(A.dtype)
 
 
 @kernel("FastGelu", since=1, domain=MS, category="activation")
 def fast_gelu(X, bias=None):
+    if bias is not None and (bias.ndim != 1 or X.ndim == 0 or X.shape[-1] != bias.shape[0]):
+        raise ShapeError(f"FastGelu: bias {tuple(bias.shape)} must be 1-D with X's last "
+                         f"dimension; X is {tuple(X.shape)}")
+    y = _compiled_gelu(X, "GeluTanh", bias)
+    if y is not None:
+        return y
     x = _up(X)
     if bias is not None:
-        if bias.ndim != 1 or X.shape[-1] != bias.shape[0]:
-            raise ShapeError(f"FastGelu: bias {tuple(bias.shape)} must be 1-D with X's last "
-                             f"dimension ({X.shape[-1]}); X is {tuple(X.shape)}")
         x = x + _up(bias)
     return _gelu_tanh(x).astype(X.dtype)
 
@@ -215,13 +228,22 @@ def _skip_ln(op, input, skip, gamma, beta, bias, epsilon, n_outputs, simplified)
     for name, p in (("gamma", gamma), ("beta", beta), ("bias", bias)):
         if p is not None and p.shape[-1:] != (h,):
             raise ShapeError(f"{op}: {name} {tuple(p.shape)} must have hidden size {h}")
+    n = max(n_outputs, 1)
+    if input.dtype == np.float32 and skip.ndim <= input.ndim and n in (1, 4):
+        done = rowwise.layer_norm(input, gamma, beta, epsilon, skip=skip, bias=bias,
+                                  simplified=simplified, want_sum=n == 4)
+        if done is not None:
+            if n == 1:
+                return done
+            y, s = done     # mean and inv_std_var from the sum, as below
+            _, mean, inv = _layer_norm(s, gamma, None, epsilon, simplified)
+            return y, mean.astype(np.float32), inv.astype(np.float32), s
     s = _up(input) + _up(skip)
     if bias is not None:
         s = s + _up(bias)
     y, mean, inv = _layer_norm(s, gamma, beta, epsilon, simplified)
     dt = input.dtype
     outs = [y.astype(dt), mean.astype(np.float32), inv.astype(np.float32), s.astype(dt)]
-    n = max(n_outputs, 1)
     return outs[0] if n == 1 else tuple(outs[:n])
 
 
@@ -252,6 +274,10 @@ def simplified_layer_norm(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, ctx)
     if not -r <= axis < r:
         raise ShapeError(f"{op}: axis {axis} out of range for input of shape {tuple(X.shape)}")
     ax = axis % r
+    if ax == r - 1 and ctx.n_outputs <= 1 and X.dtype == np.float32:
+        y = rowwise.layer_norm(X, scale, None, epsilon, simplified=True)
+        if y is not None:
+            return y
     axes = tuple(range(ax, r))
     x = X.astype(np.float64) if X.dtype == np.float64 else X.astype(np.float32)
     inv = 1.0 / xp.sqrt((x * x).mean(axis=axes, keepdims=True) + x.dtype.type(epsilon))

@@ -14,6 +14,7 @@ import numpy as np  # host-side shape checks only
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
 from workbench.limits import check_alloc
+from workbench.ops import rowwise
 from workbench.ops._common import _UNCHECKED_BYTES, check_matmul, compute_dtype, ensure_array
 from workbench.ops._common import softmax as softmax_core
 from workbench.ops._integer import (
@@ -395,6 +396,16 @@ def fused_matmul_epilogue(A, B, bias=None, Z=None, *, activation=""):
                          f"{', '.join(repr(a) for a in MATMUL_EPILOGUES)})")
     xp = xp_of(A, B)
     y = ensure_array(matmul(A, B), xp)   # a fresh product: the epilogue writes into it
+    if activation in ("Gelu", "GeluTanh") and rowwise.is_f32(y) and y.ndim \
+            and y.flags.c_contiguous and (bias is None or (rowwise.is_f32(bias)
+                                                           and bias.ndim <= y.ndim)) \
+            and (Z is None or rowwise.is_f32(Z)):
+        # float32 GELU: bias, activation and residual in one compiled pass when loaded
+        z = Z if Z is None or Z.shape == y.shape else None
+        if rowwise.gelu(y, activation, bias=bias, residual=z, out=y) is not None:
+            if Z is not None and z is None:
+                y = _add_into(y, Z, xp)
+            return y
     if bias is not None:
         if bias.dtype == y.dtype and _broadcasts_into(bias.shape, y.shape):
             y += bias
@@ -412,11 +423,16 @@ def fused_matmul_epilogue(A, B, bias=None, Z=None, *, activation=""):
         else:
             _epilogue_inplace(y, activation)
     if Z is not None:
-        if Z.dtype == y.dtype and _broadcasts_into(Z.shape, y.shape):
-            y += Z
-        else:
-            y = ensure_array(y + Z, xp)
+        y = _add_into(y, Z, xp)
     return y
+
+
+def _add_into(y, Z, xp):
+    """``y + Z``, in place on ``y`` when Z broadcasts into it."""
+    if Z.dtype == y.dtype and _broadcasts_into(Z.shape, y.shape):
+        y += Z
+        return y
+    return ensure_array(y + Z, xp)
 
 
 # --------------------------------------------------------------------------------------------
@@ -478,6 +494,9 @@ def fused_attention(Q, K, V, M=None, q_shape=None, k_shape=None, v_shape=None, o
     s = ensure_array(matmul(Q, K), xp)
     if s.dtype.kind != "f":
         raise InputError(f"FusedAttention: the scores must be float, got {s.dtype}")
+    p = _compiled_scores(s, M, scale, scale_op, mask, fill)
+    if p is not None:
+        return _attention_out(p, V, out_perm, out_shape)
     if scale_op == "mul":
         s *= s.dtype.type(scale)
     elif scale_op == "div":
@@ -498,6 +517,44 @@ def fused_attention(Q, K, V, M=None, q_shape=None, k_shape=None, v_shape=None, o
         p = softmax_core(np, s, -1, overwrite=True)
     else:
         p = softmax(s, axis=-1)
+    return _attention_out(p, V, out_perm, out_shape)
+
+
+def _compiled_scores(s, M, scale, scale_op, mask, fill):
+    """FusedAttention's scale, mask and softmax in place on the fresh float32 scores ``s`` by
+    the compiled kernel (``transformer.softmax``); None when it does not apply (the numpy
+    path then runs on the untouched scores)."""
+    if not rowwise.is_f32(s) or not s.ndim or not s.size or not s.flags.c_contiguous:
+        return None
+    add = where = None
+    if mask == "add":
+        if not rowwise.is_f32(M) or not _broadcasts_into(M.shape, s.shape):
+            return None
+        add = M
+    elif mask:
+        if type(M) is not np.ndarray or M.dtype != np.bool_ \
+                or not _broadcasts_into(M.shape, s.shape):
+            return None
+        where = M if mask == "fill_where_true" else np.logical_not(M)
+    return rowwise.softmax(s, out=s, scale=scale if scale_op else None,
+                           divide=scale_op == "div", add=add, fill_where=where, fill=fill)
+
+
+def _attention_out(p, V, out_perm, out_shape):
+    """``p @ V``, then ``out_perm`` and ``out_shape``. The usual head merge (perm (0, 2, 1, 3)
+    then a reshape) is written by the product itself: float32 BLAS writes each head's rows
+    straight into a (B, S, H, Dv) buffer, so the merge costs no copy."""
+    if tuple(out_perm) == (0, 2, 1, 3) and rowwise.is_f32(p) and rowwise.is_f32(V) \
+            and p.ndim == 4 and V.ndim >= 2 and p.shape[-1] == V.shape[-2]:
+        try:
+            batch = np.broadcast_shapes(p.shape[:-2], V.shape[:-2])
+        except ValueError:
+            batch = None
+        if batch is not None and len(batch) == 2:
+            b, h = batch
+            buf = np.empty((b, p.shape[2], h, V.shape[-1]), np.float32)
+            np.matmul(p, V, out=buf.transpose(0, 2, 1, 3))
+            return buf if out_shape is None else _layout_reshape(buf, out_shape)
     y = matmul(p, V)
     if out_perm:
         y = _layout_transpose(y, out_perm)

@@ -1,0 +1,254 @@
+"""Transformer kernels on float32 rows (the last axis): LayerNorm, softmax, GELU.
+
+Every kernel works on a (rows, n) view of C-contiguous arrays and computes the rows
+``r0 <= r < r1``, so the engine's threads split the work by rows. Arrays never overlap (the
+builder's noalias contract): a kernel that may work in place has a separate source array and a
+``from_x`` flag (0: the output already holds the input; the source is then a dummy).
+
+- ``layer_norm``: ``y = (s - mean(s)) / sqrt(var(s) + eps) * gamma + beta`` per row, where
+  ``s = x + skip + bias`` (skip and bias optional; ``skip`` has ``skip_rows`` rows, repeated:
+  a (S, n) skip for a (B, S, n) input, or one row); ``simplified``: the RMS form
+  ``s / sqrt(mean(s^2) + eps) * gamma`` (no centring, no beta); ``write_sum``: ``s`` is also
+  written to ``ysum`` (SkipLayerNormalization's fourth output). Two passes for the statistics
+  (mean, then the centred sum of squares), as the numpy path, so a large common offset does
+  not cancel the variance; the statistics and the normalised value are computed in float64,
+  so rows of magnitude 1e20 (whose squares overflow float32) still normalise.
+- ``softmax``: ``y = softmax(t)`` per row with ``t = x * scale`` (or ``/ scale``, or neither),
+  plus an additive mask ``madd`` and then ``fill`` where a uint8 mask ``mfill`` is non-zero:
+  attention's scale + mask + softmax in one pass over the scores. The masks are broadcast by
+  element strides over the row's (a, b, c) coordinates (the output seen as (A, Bd, C, n)) and
+  the column (stride 0 or 1). A row whose maximum is -inf or that holds NaN/+inf gives NaN, as
+  numpy's ``exp(t - max) / sum``.
+- ``gelu``: ``y = act(x + b) + z`` with act 0 none, 1 GELU (erf form), 2 GELU (tanh
+  approximation), 3 ReLU; ``b`` one row (bias), ``z`` of y's shape (a residual).
+
+``exp`` and ``erf`` are evaluated here (not by libm calls) so that the loops vectorise: exp by
+range reduction to ``2^k * p(r)``, ``|r| <= ln2 / 2``, with a degree-7 Taylor polynomial
+(relative error below 2 ulp); erf by the engine's fitted rational function (the same constants
+as ``workbench.ops.linalg._erf_f32``, 3.8e-7 max error).
+"""
+
+import numpy as np
+from llvmlite import ir as llir
+from numba import carray, njit, types
+from numba.extending import intrinsic
+
+from workbench.compiled.build import export
+
+_FM = ("contract", "reassoc", "nsz", "arcp")
+
+F = np.float32
+_ZERO, _ONE, _HALF = F(0.0), F(1.0), F(0.5)
+_LOG2E = F(1.4426950408889634)
+_LN2_HI, _LN2_LO = F(0.693359375), F(-2.12194440e-4)
+_EXP_HI, _EXP_LO = F(88.72), F(-87.33)
+_INF = F(np.inf)
+_C2, _C3, _C4, _C5, _C6, _C7 = (F(1 / 2), F(1 / 6), F(1 / 24), F(1 / 120), F(1 / 720),
+                                F(1 / 5040))
+_INV_SQRT2 = F(0.7071067811865476)
+_TANH_C = F(0.7978845608028654)      # sqrt(2 / pi)
+_TANH_K = F(0.044715)
+_ERF_CLIP = F(3.92)
+_P0, _P1, _P2, _P3, _P4, _P5, _P6 = (F(1.1283791693956282), F(0.18509064252532423),
+                                     F(0.054274654535022344), F(0.003841616395394747),
+                                     F(0.00037832482008210284), F(4.651756233475595e-06),
+                                     F(-1.3015525557788096e-08))
+_Q0, _Q1, _Q2, _Q3, _Q4 = (F(0.4973657248727226), F(0.11388771287004174),
+                           F(0.015441401574945961), F(0.0013042510080971189),
+                           F(6.280339323636985e-05))
+
+
+@intrinsic
+def _f32_from_bits(typingctx, bits):
+    """The float32 whose bit pattern is the int32 ``bits``."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], llir.FloatType())
+    return sig, codegen
+
+
+@njit(inline="always", fastmath=_FM)
+def _exp(x):
+    xc = x
+    if xc > _EXP_HI:
+        xc = _EXP_HI
+    if xc < _EXP_LO:
+        xc = _EXP_LO
+    k = np.floor(xc * _LOG2E + _HALF)
+    r = xc - k * _LN2_HI - k * _LN2_LO
+    p = _ONE + r * (_ONE + r * (_C2 + r * (_C3 + r * (_C4 + r * (_C5 + r * (_C6 + r * _C7))))))
+    e = p * _f32_from_bits(np.int32((np.int32(k) + np.int32(127)) << np.int32(23)))
+    if x > _EXP_HI:
+        e = _INF
+    if x < _EXP_LO:
+        e = _ZERO
+    if x != x:
+        e = x
+    return e
+
+
+@njit(inline="always", fastmath=_FM)
+def _erf(x):
+    c = x
+    if c > _ERF_CLIP:
+        c = _ERF_CLIP
+    if c < -_ERF_CLIP:
+        c = -_ERF_CLIP
+    s = c * c
+    p = _P0 + s * (_P1 + s * (_P2 + s * (_P3 + s * (_P4 + s * (_P5 + s * _P6)))))
+    q = _ONE + s * (_Q0 + s * (_Q1 + s * (_Q2 + s * (_Q3 + s * _Q4))))
+    return c * p / q
+
+
+# ------------------------------------------------------------------------------ LayerNorm
+@export("layer_norm", "f32[] f32[] f32[] f32[] f32[] f32[]! f32[]! i64 i64 i64 i64 i64 i64 "
+                      "i64 i64 i64 i64 f32", fastmath=_FM)
+def layer_norm(xp, skipp, biasp, gammap, betap, yp, sump, rows, n, skip_rows, has_skip,
+               has_bias, has_beta, simplified, write_sum, r0, r1, eps):
+    x = carray(xp, (rows, n))
+    y = carray(yp, (rows, n))
+    g = carray(gammap, (n,))
+    skip = carray(skipp, (skip_rows, n)) if has_skip else carray(skipp, (1, 1))
+    bias = carray(biasp, (n,)) if has_bias else carray(biasp, (1,))
+    beta = carray(betap, (n,)) if has_beta else carray(betap, (1,))
+    ysum = carray(sump, (rows, n)) if write_sum else carray(sump, (1, 1))
+    for r in range(r0, r1):
+        src = x[r]
+        if has_skip or has_bias:
+            dst = ysum[r] if write_sum else y[r]
+            if has_skip:
+                sk = skip[r % skip_rows]
+                for j in range(n):
+                    dst[j] = src[j] + sk[j]
+                if has_bias:
+                    for j in range(n):
+                        dst[j] += bias[j]
+            else:
+                for j in range(n):
+                    dst[j] = src[j] + bias[j]
+            src = dst
+        out = y[r]
+        if simplified:
+            ss = 0.0
+            for j in range(n):
+                v = np.float64(src[j])
+                ss += v * v
+            inv = 1.0 / np.sqrt(ss / n + np.float64(eps))
+            for j in range(n):
+                out[j] = F(src[j] * inv) * g[j]
+            continue
+        m = 0.0
+        for j in range(n):
+            m += np.float64(src[j])
+        m = m / n
+        ss = 0.0
+        for j in range(n):
+            d = np.float64(src[j]) - m
+            ss += d * d
+        inv = 1.0 / np.sqrt(ss / n + np.float64(eps))
+        if has_beta:
+            for j in range(n):
+                out[j] = F((src[j] - m) * inv) * g[j] + beta[j]
+        else:
+            for j in range(n):
+                out[j] = F((src[j] - m) * inv) * g[j]
+
+
+# ------------------------------------------------------------------------------ softmax
+@export("softmax", "f32[] f32[]! f32[] u8[] i64 i64 i64 i64 i64 i64 i64 i64 i64 i64 i64 i64 "
+                   "i64 i64 i64 i64 i64 i64 i64 i64 f32 f32", fastmath=_FM)
+def softmax(xp, yp, maddp, mfillp, rows, n, C, Bd, sa, sb, sc, st, fa, fb, fc, ft, madd_size,
+            mfill_size, from_x, scale_mode, has_add, has_fill, r0, r1, scale, fill):
+    x = carray(xp, (rows, n)) if from_x else carray(xp, (1, 1))
+    y = carray(yp, (rows, n))
+    madd = carray(maddp, (madd_size,))
+    mfill = carray(mfillp, (mfill_size,))
+    for r in range(r0, r1):
+        out = y[r]
+        if from_x:
+            src = x[r]
+            if scale_mode == 1:
+                for j in range(n):
+                    out[j] = src[j] * scale
+            elif scale_mode == 2:
+                for j in range(n):
+                    out[j] = src[j] / scale
+            else:
+                for j in range(n):
+                    out[j] = src[j]
+        elif scale_mode == 1:
+            for j in range(n):
+                out[j] *= scale
+        elif scale_mode == 2:
+            for j in range(n):
+                out[j] /= scale
+        if has_add or has_fill:
+            c = r % C
+            q = r // C
+            b = q % Bd
+            a = q // Bd
+            if has_add:
+                o = a * sa + b * sb + c * sc
+                if st:
+                    for j in range(n):
+                        out[j] += madd[o + j]
+                else:
+                    v = madd[o]
+                    for j in range(n):
+                        out[j] += v
+            if has_fill:
+                o = a * fa + b * fb + c * fc
+                if ft:
+                    for j in range(n):
+                        if mfill[o + j]:
+                            out[j] = fill
+                elif mfill[o]:
+                    for j in range(n):
+                        out[j] = fill
+        m = -_INF
+        for j in range(n):
+            v = out[j]
+            m = v if v > m else m
+        s = _ZERO
+        for j in range(n):
+            e = _exp(out[j] - m)
+            out[j] = e
+            s += e
+        inv = _ONE / s
+        for j in range(n):
+            out[j] *= inv
+
+
+# ------------------------------------------------------------------------------ GELU
+@export("gelu", "f32[] f32[]! f32[] f32[] i64 i64 i64 i64 i64 i64 i64 i64", fastmath=_FM)
+def gelu(xp, yp, bp, zp, rows, n, from_x, has_b, has_z, act, r0, r1):
+    x = carray(xp, (rows, n)) if from_x else carray(xp, (1, 1))
+    y = carray(yp, (rows, n))
+    b = carray(bp, (n,)) if has_b else carray(bp, (1,))
+    z = carray(zp, (rows, n)) if has_z else carray(zp, (1, 1))
+    for r in range(r0, r1):
+        out = y[r]
+        if from_x:
+            src = x[r]
+            for j in range(n):
+                out[j] = src[j]
+        if has_b:
+            for j in range(n):
+                out[j] += b[j]
+        if act == 1:
+            for j in range(n):
+                v = out[j]
+                out[j] = v * (_ONE + _erf(v * _INV_SQRT2)) * _HALF
+        elif act == 2:
+            for j in range(n):
+                v = out[j]
+                out[j] = v / (_ONE + _exp(F(-2.0) * _TANH_C * (v + _TANH_K * v * v * v)))
+        elif act == 3:
+            for j in range(n):
+                v = out[j]
+                out[j] = v if v > _ZERO or v != v else _ZERO
+        if has_z:
+            zr = z[r]
+            for j in range(n):
+                out[j] += zr[j]

@@ -1,0 +1,241 @@
+"""Calls into the compiled transformer kernels (``workbench/compiled/kernels/transformer.py``):
+LayerNorm (plain, RMS, with skip/bias), softmax (with attention's scale and masks) and GELU
+(erf, tanh; bias and residual fused) over the last axis of float32 host arrays.
+
+Each function returns its result, or None when the compiled kernel is not loaded or the
+arguments are outside what it does (another dtype, a device array, a broadcast it does not
+take): the caller then runs its numpy path, which stays the reference. Work is split by rows
+over the engine's threads (``run_blocks``) when it is large enough. The kernels are called
+through their bare ctypes entry (``Kernel.raw``) with the checks made here: on a [32, 64]
+LayerNorm the checked call costs more than the kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workbench import compiled
+from workbench.compiled import data_pointer
+from workbench.ops.parallel import n_workers, run_blocks
+
+_F32 = np.dtype(np.float32)
+_DUMMY = np.zeros(1, np.float32)
+_DUMMY_U8 = np.zeros(1, np.uint8)
+_BLOCK = 1 << 15          # elements per job when the rows are split over threads
+_PARALLEL_MIN = 1 << 17   # elements under which one call on this thread does it
+
+#: GELU-type epilogues of :func:`gelu`: name -> the kernel's activation code
+ACTIVATIONS = {"": 0, "Gelu": 1, "GeluTanh": 2, "Relu": 3}
+
+
+def _kernel(name):
+    k = compiled.kernel("transformer." + name)
+    return None if k is None else k.raw
+
+
+def is_f32(a) -> bool:
+    """A float32 numpy array (host)."""
+    return type(a) is np.ndarray and a.dtype == _F32
+
+
+def _c(a):
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _vector(p, n):
+    """``p`` as a contiguous float32 (n,) array when it is one (any leading 1s), else None."""
+    if p is None or not is_f32(p) or p.size != n or (p.ndim and p.shape[-1] != n):
+        return None
+    return _c(p).reshape(n)
+
+
+def _run(call, rows, n, cost=1):
+    """``call(r0, r1)`` over the rows, split over the worker threads when large."""
+    if rows * n * cost < _PARALLEL_MIN or n_workers() == 1 or rows < 2:
+        call(0, rows)
+        return
+    step = max(1, min(_BLOCK // max(1, n), -(-rows // (2 * n_workers()))))
+    jobs = [(r, min(rows, r + step)) for r in range(0, rows, step)]
+
+    def work(chunk):
+        for r0, r1 in chunk:
+            call(r0, r1)
+    run_blocks(np, jobs, work, rows * n * cost)
+
+
+# ------------------------------------------------------------------------------ LayerNorm
+def layer_norm(x, gamma, beta, eps, *, skip=None, bias=None, simplified=False,
+               want_sum=False):
+    """LayerNorm over the last axis of ``x + skip + bias`` (``simplified``: the RMS form,
+    ``beta`` ignored); returns y, or (y, sum) with ``want_sum``; None when not compiled here.
+    ``skip`` may have x's shape, x's last two dimensions, or be one row."""
+    raw = _kernel("layer_norm")
+    if raw is None or not is_f32(x) or x.ndim == 0 or x.shape[-1] == 0:
+        return None
+    n = int(x.shape[-1])
+    rows = x.size // n
+    if gamma is None or gamma.ndim > x.ndim or (beta is not None and beta.ndim > x.ndim):
+        return None     # a result of higher rank than x: numpy's broadcasting
+    g = _vector(gamma, n)
+    b = None if beta is None or simplified else _vector(beta, n)
+    bs = None if bias is None else _vector(bias, n)
+    if g is None or (beta is not None and not simplified and b is None) or \
+            (bias is not None and bs is None):
+        return None
+    sk, skip_rows = None, 1
+    if skip is not None:
+        if not is_f32(skip):
+            return None
+        if skip.shape == x.shape:
+            skip_rows = rows
+        elif skip.size == n and skip.shape[-1] == n:
+            skip_rows = 1
+        elif x.ndim >= 2 and skip.ndim >= 2 and skip.shape[-2:] == x.shape[-2:] \
+                and skip.size == n * x.shape[-2]:
+            skip_rows = int(x.shape[-2])
+        else:
+            return None
+        sk = _c(skip)
+    xc = _c(x)
+    y = np.empty(x.shape, _F32)
+    s = np.empty(x.shape, _F32) if want_sum else None
+    if rows:
+        args = (data_pointer(xc), data_pointer(_DUMMY if sk is None else sk),
+                data_pointer(_DUMMY if bs is None else bs), data_pointer(g),
+                data_pointer(_DUMMY if b is None else b), data_pointer(y),
+                data_pointer(_DUMMY if s is None else s), rows, n, skip_rows,
+                int(sk is not None), int(bs is not None), int(b is not None), int(simplified),
+                int(want_sum))
+        e = float(eps)
+        _run(lambda r0, r1: raw(*args, r0, r1, e), rows, n, 4)
+    return (y, s) if want_sum else y
+
+
+# ------------------------------------------------------------------------------ softmax
+def _mask_strides(m, shape):
+    """Element strides (a, b, c, j) of mask ``m`` broadcast to ``shape`` seen as (A, Bd, C,
+    n); None when it does not broadcast or its leading dimensions do not merge."""
+    nd = len(shape)
+    if m.ndim > nd or any(d not in (1, s) for d, s in zip(m.shape[::-1], shape[::-1])):
+        return None
+    try:
+        st = np.broadcast_to(m, shape).strides
+    except ValueError:
+        return None
+    st = [v // m.itemsize for v in st]
+    dims = list(shape)
+    while len(dims) < 4:
+        dims.insert(0, 1)
+        st.insert(0, 0)
+    while len(dims) > 4:   # merge the two leading dims where the strides allow it
+        if dims[0] == 1:
+            d, s0 = dims[1], st[1]
+        elif dims[1] == 1:
+            d, s0 = dims[0], st[0]
+        elif st[0] == st[1] * dims[1]:
+            d, s0 = dims[0] * dims[1], st[1]
+        else:
+            return None
+        dims[:2], st[:2] = [d], [s0]
+    if st[3] not in (0, 1):
+        return None
+    return dims, st
+
+
+def _grid(shape):
+    dims = [int(d) for d in shape]
+    while len(dims) < 4:
+        dims.insert(0, 1)
+    while len(dims) > 4:
+        dims[:2] = [dims[0] * dims[1]]
+    return dims
+
+
+def softmax(x, *, out=None, scale=None, divide=False, add=None, fill_where=None,
+            fill=0.0):
+    """Softmax over the last axis of ``t``, where ``t = x * scale`` (``/ scale`` with
+    ``divide``), ``+ add`` (an additive mask broadcast to x), then ``fill`` where the boolean
+    ``fill_where`` (broadcast to x) is true. ``out``: the array to write (``out is x``: in
+    place; x must then be C-contiguous). None when not compiled here."""
+    raw = _kernel("softmax")
+    if raw is None or not is_f32(x) or x.ndim == 0 or x.shape[-1] == 0:
+        return None
+    shape = x.shape
+    n = int(shape[-1])
+    rows = x.size // n
+    madd = mfill = None
+    sa = sf = (0, 0, 0, 0)
+    if add is not None:
+        if not is_f32(add):
+            return None
+        madd = _c(add)
+        g = _mask_strides(madd, shape)
+        if g is None:
+            return None
+        sa = g[1]
+    if fill_where is not None:
+        if type(fill_where) is not np.ndarray or fill_where.dtype != np.bool_:
+            return None
+        mfill = _c(fill_where).view(np.uint8)
+        g = _mask_strides(mfill, shape)
+        if g is None:
+            return None
+        sf = g[1]
+    _, Bd, C, _ = _grid(shape)
+    in_place = out is x
+    if in_place:
+        if not x.flags.c_contiguous or not x.flags.writeable:
+            return None
+        y, xc = x, _DUMMY
+    else:
+        y = np.empty(shape, _F32) if out is None else out
+        xc = _c(x)
+    if rows:
+        mode = 0 if scale is None else (2 if divide else 1)
+        args = (data_pointer(xc), data_pointer(y),
+                data_pointer(_DUMMY if madd is None else madd),
+                data_pointer(_DUMMY_U8 if mfill is None else mfill), rows, n, C, Bd,
+                sa[0], sa[1], sa[2], sa[3], sf[0], sf[1], sf[2], sf[3],
+                1 if madd is None else madd.size, 1 if mfill is None else mfill.size,
+                int(not in_place), mode, int(madd is not None), int(mfill is not None))
+        post = (float(1.0 if scale is None else scale), float(fill))
+        _run(lambda r0, r1: raw(*args, r0, r1, *post), rows, n, 8)
+    return y
+
+
+# ------------------------------------------------------------------------------ GELU
+def gelu(x, activation, *, bias=None, residual=None, out=None):
+    """``activation(x + bias) + residual`` over the last axis (activation a key of
+    :data:`ACTIVATIONS`); ``out is x`` works in place (x C-contiguous and writeable).
+    ``bias``: one row; ``residual``: x's shape. None when not compiled here."""
+    raw = _kernel("gelu")
+    act = ACTIVATIONS.get(activation)
+    if raw is None or act is None or not is_f32(x) or x.ndim == 0:
+        return None
+    n = int(x.shape[-1]) if x.ndim else 1
+    rows = x.size // n if n else 0
+    b = None
+    if bias is not None:
+        b = _vector(bias, n)
+        if b is None:
+            return None
+    z = None
+    if residual is not None:
+        if not is_f32(residual) or residual.shape != x.shape or residual is x \
+                or residual is out:
+            return None
+        z = _c(residual)
+    in_place = out is x
+    if in_place:
+        if not x.flags.c_contiguous or not x.flags.writeable:
+            return None
+        y, xc = x, _DUMMY
+    else:
+        y = np.empty(x.shape, _F32) if out is None else out
+        xc = _c(x)
+    if rows:
+        args = (data_pointer(xc), data_pointer(y), data_pointer(_DUMMY if b is None else b),
+                data_pointer(_DUMMY if z is None else z), rows, n, int(not in_place),
+                int(b is not None), int(z is not None), act)
+        _run(lambda r0, r1: raw(*args, r0, r1), rows, n, 16 if act in (1, 2) else 1)
+    return y
