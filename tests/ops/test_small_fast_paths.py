@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from workbench import compiled
 from workbench.errors import ShapeError
 from workbench.ops import linalg
 from workbench.ops.activation import softmax
@@ -75,11 +76,13 @@ def test_layer_norm_last_axis_equals_the_general_path(shape, dtype, with_bias, a
     s = _f(shape[-1], dtype=dtype)
     b = _f(shape[-1], dtype=dtype) if with_bias else None
     ax = -1 if axis == -1 else len(shape) - 1
-    fast = layer_norm(x, s, b, axis=ax, epsilon=1e-12)
+    with compiled.disabled():   # the numpy fast path (float32 may run compiled otherwise)
+        fast = layer_norm(x, s, b, axis=ax, epsilon=1e-12)
     # asking for the Mean / InvStdDev outputs takes the general path
     general = layer_norm(x, s, b, axis=ax, epsilon=1e-12, ctx=SimpleNamespace(n_outputs=3))[0]
     assert fast.dtype == general.dtype == dtype
     np.testing.assert_array_equal(fast, general)
+    fast = layer_norm(x, s, b, axis=ax, epsilon=1e-12)   # compiled when loaded (float32)
     d = x.astype(np.float64) - x.astype(np.float64).mean(-1, keepdims=True)
     ref = d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-12) * s + (0 if b is None else b)
     np.testing.assert_allclose(fast, ref, rtol=2e-5 if dtype == np.float32 else 1e-12,
@@ -102,14 +105,17 @@ def test_attention_in_place_softmax_equals_the_softmax_kernel(mask):
     q, k, v = _f(2, 3, 6, 8), _f(2, 3, 8, 6), _f(2, 3, 6, 8)
     m = {"add": _f(2, 1, 1, 6), "fill_where_false": np.tril(np.ones((6, 6), bool)),
          "": None}[mask]
-    got = fused_attention(q, k, v, m, scale=3.0, scale_op="div", mask=mask, fill=-1e9)
     s = np.matmul(q, k) / np.float32(3.0)
     if mask == "add":
         s = s + m
     elif mask:
         s = np.where(m, s, np.float32(-1e9))
-    ref = np.matmul(softmax(s, axis=-1), v)
+    with compiled.disabled():   # the numpy paths: bit for bit
+        got = fused_attention(q, k, v, m, scale=3.0, scale_op="div", mask=mask, fill=-1e9)
+        ref = np.matmul(softmax(s, axis=-1), v)
     np.testing.assert_array_equal(got, ref)
+    got = fused_attention(q, k, v, m, scale=3.0, scale_op="div", mask=mask, fill=-1e9)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)   # compiled when loaded
     # a row masked everywhere with -inf is NaN, as Softmax gives it, with no warning raised
     minf = np.zeros((2, 1, 1, 6), np.float32)
     minf[0] = -np.inf
