@@ -151,6 +151,28 @@ def test_fused_attention(mask):
                                                                   "v_perm")}))
 
 
+def test_softmax_rows_split_anywhere():
+    """The rows split over threads start anywhere in the (a, b, c) grid of the masks."""
+    x = rnd(3, 4, 5, 16, scale=3)
+    add, where = rnd(3, 1, 5, 16, seed=1), rnd(1, 4, 1, 16, seed=2) > 1
+    whole = rowwise.softmax(x, scale=0.5, add=add, fill_where=where, fill=-1e9)
+    with compiled.disabled():
+        ref = activation.softmax(np.where(where, np.float32(-1e9), x * np.float32(0.5) + add))
+    close(whole, ref)
+    k = compiled.kernel("transformer.softmax")
+    st_add, st_fill = rowwise._mask_strides(add, x.shape)[1], \
+        rowwise._mask_strides(where.view(np.uint8), x.shape)[1]
+    y = np.empty_like(x)
+    for r0, r1 in ((0, 7), (7, 33), (33, 60)):
+        k(x, y, add, np.ascontiguousarray(where).view(np.uint8), 60, 16, 5, 4, *st_add,
+          *st_fill, add.size, where.size, 1, 1, 1, 1, r0, r1, 0.5, -1e9)
+    np.testing.assert_array_equal(y, whole)
+    big = rnd(2, 8, 64, 128, seed=3)                 # large enough for the engine's threads
+    got = rowwise.softmax(big, add=add[:1, :1, :1, :1].reshape(1))
+    with compiled.disabled():
+        close(got, activation.softmax(big + add[0, 0, 0, 0]))
+
+
 def test_contrib_attention_core():
     b, n, s, t, hd = 2, 4, 3, 6, 8
     q, k, v = rnd(b, n, s, hd), rnd(b, 2, t, hd, seed=1), rnd(b, 2, t, hd, seed=2)

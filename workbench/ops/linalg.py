@@ -544,17 +544,13 @@ def _attention_out(p, V, out_perm, out_shape):
     """``p @ V``, then ``out_perm`` and ``out_shape``. The usual head merge (perm (0, 2, 1, 3)
     then a reshape) is written by the product itself: float32 BLAS writes each head's rows
     straight into a (B, S, H, Dv) buffer, so the merge costs no copy."""
-    if tuple(out_perm) == (0, 2, 1, 3) and rowwise.is_f32(p) and rowwise.is_f32(V) \
-            and p.ndim == 4 and V.ndim >= 2 and p.shape[-1] == V.shape[-2]:
-        try:
-            batch = np.broadcast_shapes(p.shape[:-2], V.shape[:-2])
-        except ValueError:
-            batch = None
-        if batch is not None and len(batch) == 2:
-            b, h = batch
-            buf = np.empty((b, p.shape[2], h, V.shape[-1]), np.float32)
-            np.matmul(p, V, out=buf.transpose(0, 2, 1, 3))
-            return buf if out_shape is None else _layout_reshape(buf, out_shape)
+    if len(out_perm) == 4 and tuple(out_perm) == (0, 2, 1, 3) and rowwise.is_f32(p) \
+            and rowwise.is_f32(V) and p.ndim == 4 and V.ndim == 4 \
+            and p.shape[:2] == V.shape[:2] and p.shape[-1] == V.shape[-2]:
+        b, h, s = p.shape[:3]
+        buf = np.empty((b, s, h, V.shape[-1]), np.float32)
+        np.matmul(p, V, out=buf.transpose(0, 2, 1, 3))
+        return buf if out_shape is None else _layout_reshape(buf, out_shape)
     y = matmul(p, V)
     if out_perm:
         y = _layout_transpose(y, out_perm)

@@ -118,11 +118,12 @@ def _mask_strides(m, shape):
     nd = len(shape)
     if m.ndim > nd or any(d not in (1, s) for d, s in zip(m.shape[::-1], shape[::-1])):
         return None
-    try:
-        st = np.broadcast_to(m, shape).strides
-    except ValueError:
-        return None
-    st = [v // m.itemsize for v in st]
+    ms = (1,) * (nd - m.ndim) + tuple(m.shape)     # m is C-contiguous: its strides in
+    st, step = [0] * nd, 1                         # elements, 0 where it is broadcast
+    for i in range(nd - 1, -1, -1):
+        if ms[i] != 1:
+            st[i] = step
+        step *= ms[i]
     dims = list(shape)
     while len(dims) < 4:
         dims.insert(0, 1)

@@ -164,7 +164,19 @@ def softmax(xp, yp, maddp, mfillp, rows, n, C, Bd, sa, sb, sc, st, fa, fb, fc, f
     y = carray(yp, (rows, n))
     madd = carray(maddp, (madd_size,))
     mfill = carray(mfillp, (mfill_size,))
+    # the row's coordinates (a, b, c) in the (A, Bd, C) grid, stepped along (no divisions)
+    c = r0 % C
+    b = (r0 // C) % Bd
+    a = r0 // (C * Bd)
     for r in range(r0, r1):
+        if r > r0:
+            c += 1
+            if c == C:
+                c = 0
+                b += 1
+                if b == Bd:
+                    b = 0
+                    a += 1
         out = y[r]
         if from_x:
             src = x[r]
@@ -184,10 +196,6 @@ def softmax(xp, yp, maddp, mfillp, rows, n, C, Bd, sa, sb, sc, st, fa, fb, fc, f
             for j in range(n):
                 out[j] /= scale
         if has_add or has_fill:
-            c = r % C
-            q = r // C
-            b = q % Bd
-            a = q // Bd
             if has_add:
                 o = a * sa + b * sb + c * sc
                 if st:
