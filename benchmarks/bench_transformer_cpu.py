@@ -71,7 +71,7 @@ def profile(plan, inputs, reps):
         last[0] = time.process_time()
         plan.run(inputs, hook=hook)
     by_type = collections.defaultdict(lambda: [0.0, 0])
-    for (dom, op, _), v in per.items():
+    for (_dom, op, _), v in per.items():
         by_type[op][0] += statistics.median(v)
         by_type[op][1] += 1
     return sorted(by_type.items(), key=lambda kv: -kv[1][0])
@@ -113,11 +113,13 @@ def main() -> int:
                     rep.run(inputs)
                 sess.run(None, feeds)
             t = {"c": [], "n": [], "o": []}
+            ours = lambda r=rep, i=inputs: r.run(i)                # noqa: E731
+            theirs = lambda s=sess, f=feeds: s.run(None, f)         # noqa: E731
             for _ in range(args.reps):
-                t["c"].append(_cpu(lambda: rep.run(inputs)))
+                t["c"].append(_cpu(ours))
                 with compiled.disabled():
-                    t["n"].append(_cpu(lambda: rep.run(inputs)))
-                t["o"].append(_cpu(lambda: sess.run(None, feeds)))
+                    t["n"].append(_cpu(ours))
+                t["o"].append(_cpu(theirs))
             c, n, o = (statistics.median(t[k]) for k in "cno")
             ref = sess.run(None, feeds)[0]
             err = float(np.abs(rep.run(inputs)[0] - ref).max() / max(np.abs(ref).max(), 1e-30))
