@@ -108,6 +108,16 @@ def test_skip_layer_norms():
                 epsilon=1e-6, ctx=CTX1))
 
 
+def test_embed_layer_norm():
+    ids = np.array([[1, 4, 2], [0, 3, 3]], np.int32)
+    seg = np.array([[0, 1, 1], [1, 0, 0]], np.int32)
+    words, pos, segs = rnd(5, 16), rnd(4, 16, seed=1), rnd(2, 16, seed=2)
+    ctx = SimpleNamespace(n_outputs=3)
+    close(*both(contrib_transformer.embed_layer_norm, ids, seg, words, pos, segs,
+                rnd(16, seed=3), rnd(16, seed=4), np.array([[1, 1, 0], [1, 1, 1]], np.int32),
+                epsilon=1e-5, ctx=ctx))
+
+
 # ------------------------------------------------------------------------------ softmax
 def test_softmax_op():
     x = rnd(3, 4, 37, scale=5)

@@ -323,7 +323,11 @@ def embed_layer_norm(input_ids, segment_ids, word_embedding, position_embedding,
             raise InputError(f"{op}: segment_ids must be in [0, "
                              f"{segment_embedding.shape[0]})")
         emb = emb + _up(segment_embedding)[seg]
-    y, _, _ = _layer_norm(emb, gamma, beta, epsilon, False)
+    y = None
+    if emb.dtype == np.float32 and gamma is not None:
+        y = rowwise.layer_norm(emb, gamma, beta, epsilon)    # compiled when loaded
+    if y is None:
+        y, _, _ = _layer_norm(emb, gamma, beta, epsilon, False)
     dt = word_embedding.dtype
     if mask is None:
         mask_index = xp.zeros((b,), dtype=np.int32)
