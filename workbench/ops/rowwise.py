@@ -113,21 +113,24 @@ def layer_norm(x, gamma, beta, eps, *, skip=None, bias=None, simplified=False,
 
 # ------------------------------------------------------------------------------ softmax
 def _mask_strides(m, shape):
-    """Element strides (a, b, c, j) of mask ``m`` broadcast to ``shape`` seen as (A, Bd, C,
-    n); None when it does not broadcast or its leading dimensions do not merge."""
-    nd = len(shape)
-    if m.ndim > nd or any(d not in (1, s) for d, s in zip(m.shape[::-1], shape[::-1])):
+    """Element strides (a, b, c, j) of the C-contiguous mask ``m`` broadcast to ``shape`` seen
+    as (A, Bd, C, n); None when it does not broadcast or its leading dimensions do not merge."""
+    nd, ms = len(shape), m.shape
+    if len(ms) > nd:
         return None
-    ms = (1,) * (nd - m.ndim) + tuple(m.shape)     # m is C-contiguous: its strides in
-    st, step = [0] * nd, 1                         # elements, 0 where it is broadcast
-    for i in range(nd - 1, -1, -1):
-        if ms[i] != 1:
-            st[i] = step
-        step *= ms[i]
+    st, step = [0] * nd, 1          # 0 where m is broadcast
+    for i in range(1, len(ms) + 1):
+        d = ms[-i]
+        if d != 1:
+            if d != shape[-i]:
+                return None
+            st[-i] = step
+            step *= d
+    if nd == 4:
+        return shape, st
     dims = list(shape)
-    while len(dims) < 4:
-        dims.insert(0, 1)
-        st.insert(0, 0)
+    if nd < 4:
+        return [1] * (4 - nd) + dims, [0] * (4 - nd) + st
     while len(dims) > 4:   # merge the two leading dims where the strides allow it
         if dims[0] == 1:
             d, s0 = dims[1], st[1]
@@ -138,12 +141,12 @@ def _mask_strides(m, shape):
         else:
             return None
         dims[:2], st[:2] = [d], [s0]
-    if st[3] not in (0, 1):
-        return None
     return dims, st
 
 
 def _grid(shape):
+    if len(shape) == 4:
+        return shape
     dims = [int(d) for d in shape]
     while len(dims) < 4:
         dims.insert(0, 1)
