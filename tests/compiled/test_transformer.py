@@ -175,7 +175,7 @@ def test_softmax_rows_split_anywhere():
     y = np.empty_like(x)
     for r0, r1 in ((0, 7), (7, 33), (33, 60)):
         k(x, y, add, np.ascontiguousarray(where).view(np.uint8), 60, 16, 5, 4, *st_add,
-          *st_fill, add.size, where.size, 1, 1, 1, 1, r0, r1, 0.5, -1e9)
+          *st_fill, add.size, where.size, 1, 1, 1, 1, 0, r0, r1, 0.5, -1e9)
     np.testing.assert_array_equal(y, whole)
     for shape, mshape in (((2, 3, 4, 5, 8), (2, 3, 1, 5, 8)), ((2, 3, 4, 5, 8), (4, 5, 8)),
                           ((6, 8), (6, 1)), ((2, 3, 4, 5, 8), (2, 1, 4, 1, 8)),
@@ -208,6 +208,38 @@ def test_contrib_attention_core():
     x, w = rnd(b, s, 24), rnd(24, 72, seed=5, scale=0.2)
     close(*both(contrib_transformer.ms_attention, x, w, rnd(72, seed=6),
                 np.array([3, 2], np.int32), num_heads=4, unidirectional=1, ctx=out))
+
+
+@pytest.mark.parametrize("case", ["bool_causal", "float_past", "3d_window", "scores"])
+def test_onnx_attention(case, monkeypatch):
+    """ai.onnx Attention (opset 23): compiled unless the scores are asked for (4 outputs)."""
+    ran = []
+    real = rowwise.softmax
+    monkeypatch.setattr(attention.rowwise, "softmax",
+                        lambda *a, **k: ran.append(real(*a, **k)) or ran[-1])
+    b, h, s, d = 2, 4, 5, 8
+    q, k, v = rnd(b, h, s, d), rnd(b, h, s, d, seed=1), rnd(b, h, s, d, seed=2)
+    kw = dict(is_causal=0, qk_matmul_output_mode=0, softcap=0.0)
+    args = [q, k, v]
+    n_out = 1
+    if case == "bool_causal":
+        mask = rnd(b, 1, s, s, seed=3) > -0.5
+        mask[0, 0, 2] = False                      # a query row that attends nothing: zeros
+        args.append(mask)
+        kw["is_causal"] = 1
+    elif case == "float_past":
+        args += [rnd(1, 1, s, s + 3, seed=3), rnd(b, h, 3, d, seed=4), rnd(b, h, 3, d, seed=5)]
+        n_out = 3
+    elif case == "3d_window":
+        args = [x.transpose(0, 2, 1, 3).reshape(b, s, h * d) for x in (q, k, v)]
+        kw.update(q_num_heads=h, kv_num_heads=h, left_window_size=1, scale=0.2)
+    else:
+        kw["qk_matmul_output_mode"] = 3
+        n_out = 4
+    ctx = SimpleNamespace(n_outputs=n_out)
+    got, ref = both(attention.attention, *args, **kw, ctx=ctx)
+    close(got, ref)
+    assert (ran and ran[0] is not None) if n_out < 4 else not ran   # compiled, then numpy
 
 
 # ------------------------------------------------------------------------------ GELU

@@ -84,10 +84,11 @@ def attend(xp, q, k, v, *, scale: float, split_scale: bool = False, softcap: flo
         q, k = q * root, k * root
     qg = q.reshape(b, hkv, group, sq, d)
     raw = xp.matmul(qg, xp.swapaxes(k[:, :, None], -1, -2)).reshape(b, hq, sq, total)
-    if not (keep_scores or split_scale or zero_empty_rows or dead is not None
-            or (softcap and softcap > 0)) and (softmax_dtype is None
-                                               or np.dtype(softmax_dtype) == raw.dtype):
-        probs = _compiled_probs(raw, scale, biases, blocked, blocked_value)
+    if not (keep_scores or (softcap and softcap > 0)) and (
+            softmax_dtype is None or np.dtype(softmax_dtype) == raw.dtype):
+        # (split_scale: q and k were scaled above, as the numpy path does)
+        probs = _compiled_probs(raw, None if split_scale else scale, biases, blocked,
+                                blocked_value, zero_empty_rows, dead)
         if probs is not None:
             y = xp.matmul(probs.reshape(b, hkv, group, sq, total), v[:, :, None])
             return y.reshape(b, hq, sq, v.shape[3])
@@ -116,12 +117,18 @@ def attend(xp, q, k, v, *, scale: float, split_scale: bool = False, softcap: flo
     return (y, Scores(raw, capped, s, probs)) if keep_scores else y
 
 
-def _compiled_probs(raw, scale, biases, blocked, blocked_value):
+def _compiled_probs(raw, scale, biases, blocked, blocked_value, zero_empty_rows=False,
+                    dead=None):
     """:func:`attend`'s scale, biases, blocked positions and softmax in place on the fresh
     float32 scores ``raw`` by the compiled kernel (``transformer.softmax``): the biases are
-    summed into one additive mask first (numpy broadcasting; they are small). None when it
-    does not apply (the scores are then untouched)."""
+    summed into one additive mask first (numpy broadcasting; they are small); rows flagged in
+    ``dead`` are zeroed after. None when it does not apply (the scores are then untouched)."""
     if not rowwise.is_f32(raw) or not raw.size or not raw.flags.c_contiguous:
+        return None
+    if dead is not None and (type(dead) is not np.ndarray or dead.dtype != np.bool_
+                             or dead.ndim > raw.ndim or any(
+                                 d not in (1, r) for d, r in zip(dead.shape[::-1],
+                                                                 raw.shape[::-1]))):
         return None
     add = None
     for _name, bias in biases:
@@ -134,8 +141,11 @@ def _compiled_probs(raw, scale, biases, blocked, blocked_value):
     if blocked is not None and (type(blocked) is not np.ndarray or blocked.dtype != np.bool_
                                 or blocked.ndim > raw.ndim):
         return None
-    return rowwise.softmax(raw, out=raw, scale=scale, add=add, fill_where=blocked,
-                           fill=blocked_value)
+    probs = rowwise.softmax(raw, out=raw, scale=scale, add=add, fill_where=blocked,
+                            fill=blocked_value, zero_empty_rows=zero_empty_rows)
+    if probs is not None and dead is not None:
+        np.copyto(probs, np.float32(0), where=dead)
+    return probs
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,12 +263,14 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
         # a query row whose additive bias is -inf for every key attends nothing: zero row
         dead = (xp.max(bias, axis=-1, keepdims=True) == -np.inf) if total else None
     n_out = ctx.n_outputs if ctx is not None else 1
-    # softmax in float32/double unless softmax_precision asks for another type
-    y, sc = attend(xp, q.astype(wdt), k.astype(wdt), v.astype(wdt), scale=scale_f,
-                   split_scale=True, softcap=softcap,
-                   biases=() if bias is None else (("attn_mask", bias),),
-                   softmax_dtype=_softmax_dtype(softmax_precision, wdt), zero_empty_rows=True,
-                   dead=dead, keep_scores=True)
+    # softmax in float32/double unless softmax_precision asks for another type; the scores
+    # are kept only when the fourth output asks for them (else float32 may run compiled)
+    r = attend(xp, q.astype(wdt), k.astype(wdt), v.astype(wdt), scale=scale_f,
+               split_scale=True, softcap=softcap,
+               biases=() if bias is None else (("attn_mask", bias),),
+               softmax_dtype=_softmax_dtype(softmax_precision, wdt), zero_empty_rows=True,
+               dead=dead, keep_scores=n_out > 3)
+    y, sc = r if n_out > 3 else (r, None)
     if is3d:
         y = y.transpose(0, 2, 1, 3).reshape(b, sq, hq * dv)
     outputs = [y.astype(out_dtype), present_k.astype(K.dtype), present_v.astype(V.dtype)]

@@ -156,11 +156,12 @@ def _grid(shape):
 
 
 def softmax(x, *, out=None, scale=None, divide=False, add=None, fill_where=None,
-            fill=0.0):
+            fill=0.0, zero_empty_rows=False):
     """Softmax over the last axis of ``t``, where ``t = x * scale`` (``/ scale`` with
     ``divide``), ``+ add`` (an additive mask broadcast to x), then ``fill`` where the boolean
     ``fill_where`` (broadcast to x) is true. ``out``: the array to write (``out is x``: in
-    place; x must then be C-contiguous). None when not compiled here."""
+    place; x must then be C-contiguous); ``zero_empty_rows``: a row of only -inf gives zeros
+    (not NaN). None when not compiled here."""
     raw = _kernel("softmax")
     if raw is None or not is_f32(x) or x.ndim == 0 or x.shape[-1] == 0:
         return None
@@ -201,7 +202,8 @@ def softmax(x, *, out=None, scale=None, divide=False, add=None, fill_where=None,
                 data_pointer(_DUMMY_U8 if mfill is None else mfill), rows, n, C, Bd,
                 sa[0], sa[1], sa[2], sa[3], sf[0], sf[1], sf[2], sf[3],
                 1 if madd is None else madd.size, 1 if mfill is None else mfill.size,
-                int(not in_place), mode, int(madd is not None), int(mfill is not None))
+                int(not in_place), mode, int(madd is not None), int(mfill is not None),
+                int(bool(zero_empty_rows)))
         post = (float(1.0 if scale is None else scale), float(fill))
         _run(lambda r0, r1: raw(*args, r0, r1, *post), rows, n, 8)
     return y

@@ -18,7 +18,7 @@ builder's noalias contract): a kernel that may work in place has a separate sour
   attention's scale + mask + softmax in one pass over the scores. The masks are broadcast by
   element strides over the row's (a, b, c) coordinates (the output seen as (A, Bd, C, n)) and
   the column (stride 0 or 1). A row whose maximum is -inf or that holds NaN/+inf gives NaN, as
-  numpy's ``exp(t - max) / sum``.
+  numpy's ``exp(t - max) / sum``; with ``zero_empty`` a row of only -inf gives zeros.
 - ``gelu``: ``y = act(x + b) + z`` with act 0 none, 1 GELU (erf form), 2 GELU (tanh
   approximation), 3 ReLU; ``b`` one row (bias), ``z`` of y's shape (a residual).
 
@@ -157,9 +157,9 @@ def layer_norm(xp, skipp, biasp, gammap, betap, yp, sump, rows, n, skip_rows, ha
 
 # ------------------------------------------------------------------------------ softmax
 @export("softmax", "f32[] f32[]! f32[] u8[] i64 i64 i64 i64 i64 i64 i64 i64 i64 i64 i64 i64 "
-                   "i64 i64 i64 i64 i64 i64 i64 i64 f32 f32", fastmath=_FM)
+                   "i64 i64 i64 i64 i64 i64 i64 i64 i64 f32 f32", fastmath=_FM)
 def softmax(xp, yp, maddp, mfillp, rows, n, C, Bd, sa, sb, sc, st, fa, fb, fc, ft, madd_size,
-            mfill_size, from_x, scale_mode, has_add, has_fill, r0, r1, scale, fill):
+            mfill_size, from_x, scale_mode, has_add, has_fill, zero_empty, r0, r1, scale, fill):
     x = carray(xp, (rows, n)) if from_x else carray(xp, (1, 1))
     y = carray(yp, (rows, n))
     madd = carray(maddp, (madd_size,))
@@ -218,6 +218,15 @@ def softmax(xp, yp, maddp, mfillp, rows, n, C, Bd, sa, sb, sc, st, fa, fb, fc, f
         for j in range(n):
             v = out[j]
             m = v if v > m else m
+        if zero_empty and m == -_INF:
+            nan = False
+            for j in range(n):
+                if out[j] != out[j]:
+                    nan = True
+            if not nan:     # every entry -inf: nothing to attend to, zeros
+                for j in range(n):
+                    out[j] = _ZERO
+                continue
         s = _ZERO
         for j in range(n):
             e = _exp(out[j] - m)
