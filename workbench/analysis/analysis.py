@@ -48,6 +48,10 @@ from . import shapes as _shapes
 from . import weights as _weights
 from ._units import human
 
+#: ONNX element types of float tensors (FLOAT16, FLOAT, DOUBLE, BFLOAT16)
+_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT,
+                          onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16})
+
 COLUMNS = ("node", "op", "group", "output_shape", "dtype", "macs", "flops", "params",
            "buffers", "param_bytes", "bytes_read", "bytes_written", "activation_bytes",
            "intensity", "bound", "roof_flops_per_s", "roof_time_ms", "time_ours_ms",
@@ -449,6 +453,16 @@ class Analysis:
             return None
         return int(math.prod(int(d) for d in s)) * int(item)
 
+    def is_float(self, name: str) -> bool:
+        """Whether value ``name`` is a float tensor (a gradient can flow through it); True
+        when its type is unknown."""
+        a = self.graph.initializers.get(name)
+        if a is not None:
+            dt = getattr(a, "dtype", None)
+            return dt is None or dt.kind == "f" or dt.name == "bfloat16"
+        t = self.type_of(name)
+        return not t or int(t) in _FLOAT_TYPES
+
     def plan(self):
         """The engine's Plan of the analysed graph (built once): the schedule the memory
         timeline walks."""
@@ -483,7 +497,8 @@ class Analysis:
         plan = self.plan()
         params = self.trainable() if training else set()
         tl = _mem.predict(plan, self.nbytes, self.shape_of, training=training, params=params,
-                          weights=self.graph.initializers, label=self.label)
+                          weights=self.graph.initializers, label=self.label,
+                          is_float=self.is_float)
         if not training:
             after = tl.live_after()
             for r in self.records:
