@@ -143,3 +143,36 @@ def test_bad_requests():
     with pytest.raises(InputError, match="runs"):
         time_plan(Plan(load(_cnn(), check=False).graph), [np.zeros((2, 3, 16, 16), np.float32)],
                   runs=0)
+
+
+def test_the_timed_runs_run_what_a_plain_run_runs():
+    """Like for like: the timed runs take the plain run's own schedule (shape arithmetic in
+    a remembered segment, its time shared by the segment's members), so the nodes add up to
+    a plain run's time; the garbage collector is left as it was found."""
+    import gc
+
+    from workbench.analysis.timing import _entries
+    from workbench.graph.load import load
+    from workbench.runtime.plan import Plan
+
+    nodes = [helper.make_node("Sleep", ["x"], ["s"], name="/sleep", domain=DOMAIN, ms=4.0),
+             helper.make_node("Shape", ["x"], ["sh"], name="/shape/Shape"),
+             helper.make_node("Identity", ["sh"], ["sh2"], name="/shape/Identity"),
+             helper.make_node("Reshape", ["s", "sh2"], ["y"], name="/Reshape")]
+    g = helper.make_graph(nodes, "shapes",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid(DOMAIN, 1)])
+    m.ir_version = 8
+    plan = Plan(load(m, check=False).graph)
+    x = np.ones((2, 4), np.float32)
+    assert gc.isenabled()
+    t = time_plan(plan, [x], runs=6, warmup=1)
+    assert gc.isenabled()
+    prog, covers = _entries(plan)
+    assert len(prog) == 3 and ["/shape/Shape", "/shape/Identity"] in covers
+    assert set(t.node_ms) == {n.name for n in nodes}
+    assert t.node_ms["/shape/Shape"] == t.node_ms["/shape/Identity"]
+    assert t.node_ms["/sleep"] >= 3.9
+    assert abs(t.ratio - 1) <= 0.10, t.describe()
