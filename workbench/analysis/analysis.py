@@ -393,12 +393,16 @@ class Analysis:
                 return None
         return _roof.place(flops, moved, self.peaks).time_s * 1e3
 
-    def roofline(self, peaks=None, *, recalibrate: bool = False) -> Analysis:
+    def roofline(self, peaks=None, *, recalibrate: bool = False,
+                 threads: int | None = None) -> Analysis:
         """Place every node against this machine's roofline (``peaks`` a
-        :class:`~workbench.analysis.roofline.Peaks`; measured once and cached when None)."""
+        :class:`~workbench.analysis.roofline.Peaks`; measured once and cached when None, on
+        ``threads`` threads: by default the engine's worker threads with BLAS on one thread
+        in each, as :meth:`profile_ours` times; ``threads=1`` for one core)."""
         from . import roofline as _roof  # noqa: PLC0415
 
-        peaks = peaks if peaks is not None else _roof.measure_peaks(recalibrate=recalibrate)
+        peaks = peaks if peaks is not None else _roof.measure_peaks(recalibrate=recalibrate,
+                                                                    threads=threads)
         self.peaks = peaks
         for r in self.records:
             if r["flops"] is None or r["bytes_read"] is None or r["bytes_written"] is None:
