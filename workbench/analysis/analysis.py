@@ -747,13 +747,20 @@ def _covers(graph, plan, static) -> list:
     produces, so walking back from a step's outputs through ``graph``'s producers, up to the
     values other steps produce, the inputs and the constants, gives the nodes it covers
     (Conv + BatchNormalization + Add + Relu in one FusedConv). Static nodes (folded at load)
-    belong to no step."""
+    belong to no step. A value the channels-last layout pass renamed (``<name>__nhwc``,
+    ``graph.layout``) is the analysed graph's ``<name>``; the layout's own conversions
+    cover no node."""
+    from workbench.graph.layout import SUFFIX  # noqa: PLC0415
+
+    def original(v):
+        return v[:-len(SUFFIX)] if v.endswith(SUFFIX) else v
+
     producer = {o: n for n in graph.nodes for o in n.outputs if o}
     order = {n.name: i for i, n in enumerate(graph.nodes)}
     boundary = {v.name for v in graph.inputs} | set(graph.initializers)
     steps = []
     for st in plan.steps:
-        outs = [o for o in st.node.outputs if o and o in producer]
+        outs = [original(o) for o in st.node.outputs if o and original(o) in producer]
         boundary.update(outs)
         steps.append((st.node.name, outs))
     owned: set = set()
