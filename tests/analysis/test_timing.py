@@ -203,3 +203,18 @@ def test_channels_last_steps_land_on_their_nodes():
     plan = Plan(passes.optimize(a.graph))
     assert any(o.endswith("__nhwc") for st in plan.steps for o in st.node.outputs)
     assert by["/dw/Conv"]["time_ours_ms"] > 0 and by["/pw/Conv"]["time_ours_ms"] > 0
+
+
+def test_the_cpu_clock_on_both_sides():
+    """``clock="cpu"``: the process' CPU time on both sides (a sleeping kernel takes none)."""
+    from workbench.graph.load import load
+    from workbench.runtime.plan import Plan
+
+    plan = Plan(load(_cnn(), check=False).graph)
+    t = time_plan(plan, [np.ones((2, 3, 16, 16), np.float32)], runs=4, warmup=1, clock="cpu")
+    assert t.clock == "cpu" and "CPU time" in t.describe() and t.plain_ms > 0
+    sleepy = Plan(load(_sleepy((8.0,)), check=False).graph)
+    s = time_plan(sleepy, [np.zeros(4, np.float32)], runs=2, warmup=0, clock="cpu")
+    assert s.node_ms["/part0/sleep0"] < 4.0          # 8 ms asleep, little CPU
+    with pytest.raises(InputError, match="clock"):
+        time_plan(plan, [np.ones((2, 3, 16, 16), np.float32)], runs=1, clock="tsc")

@@ -518,14 +518,17 @@ class Analysis:
         return tl
 
     def profile_ours(self, *, runs: int = 20, warmup: int = 3, feeds: dict | None = None,
-                     seed: int = 0, engine_graph: bool = True) -> Analysis:
+                     seed: int = 0, engine_graph: bool = True,
+                     clock: str = "wall") -> Analysis:
         """Time our engine per node (:mod:`workbench.analysis.timing`: each kernel call
         timed by a step runner, the run loop's own cost left out, medians of ``runs``
         alternated with plain runs) and fill ``time_ours_ms`` and ``pct_of_roof``.
         ``engine_graph``: time what ``backend.prepare`` runs (the optimised graph: a fused
         step's time goes on the node with the most FLOPs among those it covers, judged
-        against their roofline together); False: the graph as analysed. The timings are
-        ``self.ours`` (``describe()``: per-node sum vs a plain run)."""
+        against their roofline together); False: the graph as analysed. ``clock``: "wall",
+        or "cpu" (the process' CPU time, for a machine shared with other jobs; see
+        :mod:`~workbench.analysis.timing`). The timings are ``self.ours`` (``describe()``:
+        per-node sum vs a plain run)."""
         from workbench.runtime.plan import Plan  # noqa: PLC0415
 
         from .timing import time_plan  # noqa: PLC0415
@@ -541,7 +544,7 @@ class Analysis:
         if missing:
             raise InputError(f"profile_ours: no feed for input(s) {missing}")
         times = time_plan(plan, [f[v.name] for v in plan.input_infos], runs=runs,
-                          warmup=warmup)
+                          warmup=warmup, clock=clock)
         self.ours = times
         by_name = {r["node"]: r for r in self.records}
         for r in self.records:

@@ -18,10 +18,18 @@ kernel call and counts for that node.
 Timed runs alternate with plain runs (``plan.execute``, which they are compared with), after
 warm-up runs (kernel caches, the segments' remembered results), with Python's garbage
 collector paused so that no collection lands in one run only. A node's time is its mean over
-the *middle* timed runs (the half whose totals lie between the quartiles), a plain run's
-time the mean of the middle plain runs: robust to a busy machine's delays and still additive
-(per-node medians are not: each run's delays hit other nodes, and the medians' sum falls
-below every real run). ``paired_ratio`` is the median over neighbouring pairs of runs of
+the *middle* pairs of neighbouring (timed, plain) runs (the half whose pair totals lie
+between the quartiles), a plain run's time the mean of the plain runs of the same pairs:
+like for like, robust to a busy machine's delays, still additive (per-node medians are not:
+each run's delays hit other nodes, and the medians' sum falls below every real run).
+
+``clock="cpu"`` reads the process' CPU time (``time.process_time``: every thread of the
+process, the kernels' workers included) instead of the wall clock, on both sides. On a
+machine shared with other jobs a run of a few milliseconds is either clean or loses a whole
+time slice (3-4 ms here) waiting for a core, and the wall-clock comparison becomes a coin
+toss; CPU time does not count the waits. It counts a kernel split over two threads twice,
+though: use it to check the accounting on a busy machine, the wall clock for times to read
+against the roofline. ``paired_ratio`` is the median over neighbouring pairs of runs of
 (sum of the nodes) / (the plain run): both runs of a pair see the same load. The difference
 between the plain run and the sum of the nodes is the loop's own cost (``overhead_ms``).
 
@@ -41,19 +49,25 @@ import numpy as np
 from workbench.errors import InputError
 
 _clock = time.perf_counter
+#: the clocks :func:`time_plan` reads: wall time, or the CPU time of the whole process (all
+#: its threads: the kernels' workers included; a busy machine's waits for a core not in it)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def clock_cost(n: int = 2000) -> float:
-    """Seconds between two back-to-back clock reads around an empty call (the median of
-    ``n``): what each timed step adds that is not the kernel's."""
+def clock_cost(n: int = 2000, read=None) -> float:
+    """Seconds between two back-to-back clock reads (``read``: ``time.perf_counter`` by
+    default) around an empty call (the median of ``n``): what each timed step adds that is
+    not the kernel's."""
+    read = read or _clock
+
     def empty():
         return None
 
     d = []
     for _ in range(n):
-        t0 = _clock()
+        t0 = read()
         empty()
-        d.append(_clock() - t0)
+        d.append(read() - t0)
     return float(statistics.median(d))
 
 
@@ -103,6 +117,8 @@ class PlanTimes:
     #: per pair of neighbouring runs: (sum of the nodes in the timed run) / (the plain run);
     #: its median is robust on a busy machine (both runs of a pair see the same load)
     paired: list = None
+    #: the clock both sides were read on: "wall" or "cpu" (the process' CPU time)
+    clock: str = "wall"
 
     @property
     def sum_ms(self) -> float:
@@ -127,8 +143,9 @@ class PlanTimes:
         return (f"per-node times sum to {self.sum_ms:.3f} ms, a plain run takes "
                 f"{self.plain_ms:.3f} ms ({100 * (self.ratio - 1):+.1f} %; run by run "
                 f"{100 * (self.paired_ratio - 1):+.1f} %; the run loop's own cost about "
-                f"{self.overhead_ms:.3f} ms over {len(self.steps)} steps); means of the "
-                f"middle half of {self.runs} runs each")
+                f"{self.overhead_ms:.3f} ms over {len(self.steps)} steps); means over the "
+                f"middle half of {self.runs} pairs of runs, "
+                + ("wall clock" if self.clock == "wall" else "the process' CPU time"))
 
 
 def _entries(plan) -> tuple:
@@ -149,7 +166,8 @@ def _entries(plan) -> tuple:
     return prog, names
 
 
-def _run_timed(prog, env: list, seconds: np.ndarray, clock: float, device=None) -> None:
+def _run_timed(prog, env: list, seconds: np.ndarray, clock: float, device=None,
+               _clock=_clock) -> None:
     """:func:`workbench.runtime.run.run_bound` with each kernel call timed (added into
     ``seconds[k]`` for entry ``k``, less ``clock``): the same pre-bound entries, argument
     gathering, stores and frees as a plain run, so the only difference is the clock reads."""
@@ -194,9 +212,13 @@ def _run_timed(prog, env: list, seconds: np.ndarray, clock: float, device=None) 
         _run._raise_named(e, entry, [env[i] for i in entry.ins], device)
 
 
-def time_plan(plan, inputs, *, runs: int = 20, warmup: int = 3) -> PlanTimes:
+def time_plan(plan, inputs, *, runs: int = 20, warmup: int = 3,
+              clock: str = "wall") -> PlanTimes:
     """Per-node kernel times of ``plan`` (a CPU Plan) on ``inputs`` (a list in input order)
-    and a plain run's time; see the module docstring."""
+    and a plain run's time, both on ``clock`` ("wall" or "cpu"); see the module
+    docstring."""
+    if clock not in CLOCKS:
+        raise InputError(f"clock is one of {sorted(CLOCKS)}, not {clock!r}")
     if getattr(plan, "device", None) is not None and plan.device.is_cuda:
         raise InputError("time_plan times CPU plans (a GPU kernel returns before it is done)")
     if runs < 1:
@@ -205,7 +227,8 @@ def time_plan(plan, inputs, *, runs: int = 20, warmup: int = 3) -> PlanTimes:
 
     from workbench.ops.parallel import one_blas_thread  # noqa: PLC0415
 
-    clock = clock_cost()
+    read = CLOCKS[clock]
+    cost = clock_cost(read=read)
     plan.execute(inputs)                  # builds the fast schedule the plain runs take
     prog, covers = _entries(plan)
     seconds = np.zeros(len(prog))
@@ -215,17 +238,17 @@ def time_plan(plan, inputs, *, runs: int = 20, warmup: int = 3) -> PlanTimes:
 
     def timed_run():
         seconds[:] = 0.0
-        t0 = _clock()
+        t0 = read()
         with blas:
             env = plan._env(inputs, None, None)
-            _run_timed(prog, env, seconds, clock, plan.device)
+            _run_timed(prog, env, seconds, cost, plan.device, read)
             plan._outputs(env)
-        return _clock() - t0
+        return read() - t0
 
     def plain_run():
-        t0 = _clock()
+        t0 = read()
         plan.execute(inputs)
-        return _clock() - t0
+        return read() - t0
 
     for _ in range(max(0, warmup)):
         plain_run()
@@ -248,19 +271,20 @@ def time_plan(plan, inputs, *, runs: int = 20, warmup: int = 3) -> PlanTimes:
             gc.enable()
     paired = [float(per[r].sum() / plain[r]) if plain[r] else float("nan")
               for r in range(runs)]
-    # per entry: the mean over the middle runs (by their total), so that the nodes add up to
-    # a typical run (medians per node would not: a busy machine's delays hit a different node
-    # in every run, and the sum of the medians falls below any real run)
-    med = per[_middle(per.sum(axis=1))].mean(axis=0) * 1e3
+    # the middle pairs of runs (by the pair's total time: the same pairs on both sides); per
+    # entry the mean over them, so that the nodes add up to a typical run (medians per node
+    # would not: a busy machine's delays hit a different node in every run, and the sum of
+    # the medians falls below any real run)
+    plain_a, timed_a = np.asarray(plain), np.asarray(timed)
+    mid = _middle(per.sum(axis=1) + plain_a)
+    med = per[mid].mean(axis=0) * 1e3
     names = [st.node.name for st in plan.steps]
     node_ms: dict = {n: 0.0 for n in names}
     for ms, members in zip(med, covers):
         for name in members:              # a shape segment: its time shared by its members
             node_ms[name] = node_ms.get(name, 0.0) + float(ms) / len(members)
-    plain_a, timed_a = np.asarray(plain), np.asarray(timed)
-    return PlanTimes(node_ms, names, float(plain_a[_middle(plain_a)].mean()) * 1e3,
-                     float(timed_a[_middle(timed_a)].mean()) * 1e3, runs, clock * 1e9,
-                     paired)
+    return PlanTimes(node_ms, names, float(plain_a[mid].mean()) * 1e3,
+                     float(timed_a[mid].mean()) * 1e3, runs, cost * 1e9, paired, clock)
 
 
 def _middle(totals) -> np.ndarray:
