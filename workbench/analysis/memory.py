@@ -93,8 +93,9 @@ GRAD_PASSES = {"Add": None, "Sum": None, "Sub": (0,)}
 
 
 # ---------------------------------------------------------------------- the tape's objects
-#: {(inputs, inputs made by a recorded node, output ndims, saves): (held, saved)} bytes per
-#: recorded entry, measured in this process (see :func:`tape_entry_bytes`)
+#: measured costs, by key: (inputs, inputs made by a recorded node, outputs, saves) ->
+#: (held, saved) bytes per tape entry (:func:`tape_entry_bytes`); ("array", ndim) -> bytes of
+#: an array's object; ("leaf", 0) -> bytes of a leaf-gradient entry
 _TAPE_COSTS: dict = {}
 #: entries recorded per measurement (their mean is the cost); more average out the
 #: allocator's over-allocation of the lists an entry holds
