@@ -930,6 +930,10 @@ def measure(timeline: MemoryTimeline, plan, graph, feeds_fn, *, params=()) -> Me
         backward(loss)
         del outs, loss, values, feeds
     else:
+        # twice: the engine's worker threads keep per-thread workspaces (ops.parallel.scratch)
+        # made the first time a thread gets work, which on a busy machine one run may not give
+        # every thread; made in the measured run, one would count as held between steps
+        one_run(_MeasuringRunner(n))
         one_run(_MeasuringRunner(n))
     # a training step: CPython's free lists emptied before tracing starts (and kept empty by
     # holding what emptied them), so that the tape's objects are traced allocations, not
