@@ -80,6 +80,16 @@ def test_measure_peaks_cached_per_cpu(tmp_path, monkeypatch):
     assert measure_peaks(budget_s=0.3, recalibrate=True).source == "measured"
     path.write_text("{not json")                  # a damaged cache is measured over
     assert measure_peaks(budget_s=0.3).source == "measured"
+    # measured on the threads our timed runs use (the engine's workers, BLAS on one thread
+    # in each) and saying so; another thread count is another entry
+    from workbench.ops.parallel import n_workers
+
+    assert p.threads == n_workers() and "x 1 BLAS thread" in key
+    assert "as the engine's timed runs" in measure_peaks(budget_s=0.3).describe()
+    one = measure_peaks(budget_s=0.3, threads=1)
+    assert one.threads == 1 and one.source == "measured"
+    assert measure_peaks(budget_s=0.3, threads=1).source == "cache"
+    assert len(json.loads(path.read_text())) == (1 if n_workers() == 1 else 2)
 
 
 def test_plot_roofline_draws_points_per_op():

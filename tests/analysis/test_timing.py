@@ -143,3 +143,78 @@ def test_bad_requests():
     with pytest.raises(InputError, match="runs"):
         time_plan(Plan(load(_cnn(), check=False).graph), [np.zeros((2, 3, 16, 16), np.float32)],
                   runs=0)
+
+
+def test_the_timed_runs_run_what_a_plain_run_runs():
+    """Like for like: the timed runs take the plain run's own schedule (shape arithmetic in
+    a remembered segment, its time shared by the segment's members), so the nodes add up to
+    a plain run's time; the garbage collector is left as it was found."""
+    import gc
+
+    from workbench.analysis.timing import _entries
+    from workbench.graph.load import load
+    from workbench.runtime.plan import Plan
+
+    nodes = [helper.make_node("Sleep", ["x"], ["s"], name="/sleep", domain=DOMAIN, ms=4.0),
+             helper.make_node("Shape", ["x"], ["sh"], name="/shape/Shape"),
+             helper.make_node("Identity", ["sh"], ["sh2"], name="/shape/Identity"),
+             helper.make_node("Reshape", ["s", "sh2"], ["y"], name="/Reshape")]
+    g = helper.make_graph(nodes, "shapes",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid(DOMAIN, 1)])
+    m.ir_version = 8
+    plan = Plan(load(m, check=False).graph)
+    x = np.ones((2, 4), np.float32)
+    assert gc.isenabled()
+    t = time_plan(plan, [x], runs=6, warmup=1)
+    assert gc.isenabled()
+    prog, covers = _entries(plan)
+    assert len(prog) == 3 and ["/shape/Shape", "/shape/Identity"] in covers
+    assert set(t.node_ms) == {n.name for n in nodes}
+    assert t.node_ms["/shape/Shape"] == t.node_ms["/shape/Identity"]
+    assert t.node_ms["/sleep"] >= 3.9
+    assert abs(t.ratio - 1) <= 0.10, t.describe()
+
+
+def test_channels_last_steps_land_on_their_nodes():
+    """The layout pass runs convolutions channels-last under renamed values (``x__nhwc``):
+    their times still land on the analysed graph's nodes."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 1, 3, 3)).astype(np.float32), "dw"),
+             numpy_helper.from_array(rng.standard_normal((8, 8, 1, 1)).astype(np.float32), "pw")]
+    nodes = [helper.make_node("Conv", ["x", "dw"], ["d"], name="/dw/Conv", group=8,
+                              pads=[1] * 4),
+             helper.make_node("Relu", ["d"], ["r"], name="/dw/Relu"),
+             helper.make_node("Conv", ["r", "pw"], ["y"], name="/pw/Conv")]
+    g = helper.make_graph(nodes, "dw",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+                          inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    a = analyze(m)
+    a.profile_ours(runs=2, warmup=1)
+    by = {r["node"]: r for r in a.records}
+    from workbench.graph import passes
+    from workbench.runtime.plan import Plan
+
+    plan = Plan(passes.optimize(a.graph))
+    assert any(o.endswith("__nhwc") for st in plan.steps for o in st.node.outputs)
+    assert by["/dw/Conv"]["time_ours_ms"] > 0 and by["/pw/Conv"]["time_ours_ms"] > 0
+
+
+def test_the_cpu_clock_on_both_sides():
+    """``clock="cpu"``: the process' CPU time on both sides (a sleeping kernel takes none)."""
+    from workbench.graph.load import load
+    from workbench.runtime.plan import Plan
+
+    plan = Plan(load(_cnn(), check=False).graph)
+    t = time_plan(plan, [np.ones((2, 3, 16, 16), np.float32)], runs=4, warmup=1, clock="cpu")
+    assert t.clock == "cpu" and "CPU time" in t.describe() and t.plain_ms > 0
+    sleepy = Plan(load(_sleepy((8.0,)), check=False).graph)
+    s = time_plan(sleepy, [np.zeros(4, np.float32)], runs=2, warmup=0, clock="cpu")
+    assert s.node_ms["/part0/sleep0"] < 4.0          # 8 ms asleep, little CPU
+    with pytest.raises(InputError, match="clock"):
+        time_plan(plan, [np.ones((2, 3, 16, 16), np.float32)], runs=1, clock="tsc")

@@ -48,6 +48,10 @@ from . import shapes as _shapes
 from . import weights as _weights
 from ._units import human
 
+#: ONNX element types of float tensors (FLOAT16, FLOAT, DOUBLE, BFLOAT16)
+_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT,
+                          onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16})
+
 COLUMNS = ("node", "op", "group", "output_shape", "dtype", "macs", "flops", "params",
            "buffers", "param_bytes", "bytes_read", "bytes_written", "activation_bytes",
            "intensity", "bound", "roof_flops_per_s", "roof_time_ms", "time_ours_ms",
@@ -389,12 +393,16 @@ class Analysis:
                 return None
         return _roof.place(flops, moved, self.peaks).time_s * 1e3
 
-    def roofline(self, peaks=None, *, recalibrate: bool = False) -> Analysis:
+    def roofline(self, peaks=None, *, recalibrate: bool = False,
+                 threads: int | None = None) -> Analysis:
         """Place every node against this machine's roofline (``peaks`` a
-        :class:`~workbench.analysis.roofline.Peaks`; measured once and cached when None)."""
+        :class:`~workbench.analysis.roofline.Peaks`; measured once and cached when None, on
+        ``threads`` threads: by default the engine's worker threads with BLAS on one thread
+        in each, as :meth:`profile_ours` times; ``threads=1`` for one core)."""
         from . import roofline as _roof  # noqa: PLC0415
 
-        peaks = peaks if peaks is not None else _roof.measure_peaks(recalibrate=recalibrate)
+        peaks = peaks if peaks is not None else _roof.measure_peaks(recalibrate=recalibrate,
+                                                                    threads=threads)
         self.peaks = peaks
         for r in self.records:
             if r["flops"] is None or r["bytes_read"] is None or r["bytes_written"] is None:
@@ -449,6 +457,16 @@ class Analysis:
             return None
         return int(math.prod(int(d) for d in s)) * int(item)
 
+    def is_float(self, name: str) -> bool:
+        """Whether value ``name`` is a float tensor (a gradient can flow through it); True
+        when its type is unknown."""
+        a = self.graph.initializers.get(name)
+        if a is not None:
+            dt = getattr(a, "dtype", None)
+            return dt is None or dt.kind == "f" or dt.name == "bfloat16"
+        t = self.type_of(name)
+        return not t or int(t) in _FLOAT_TYPES
+
     def plan(self):
         """The engine's Plan of the analysed graph (built once): the schedule the memory
         timeline walks."""
@@ -483,7 +501,8 @@ class Analysis:
         plan = self.plan()
         params = self.trainable() if training else set()
         tl = _mem.predict(plan, self.nbytes, self.shape_of, training=training, params=params,
-                          weights=self.graph.initializers, label=self.label)
+                          weights=self.graph.initializers, label=self.label,
+                          is_float=self.is_float)
         if not training:
             after = tl.live_after()
             for r in self.records:
@@ -499,14 +518,17 @@ class Analysis:
         return tl
 
     def profile_ours(self, *, runs: int = 20, warmup: int = 3, feeds: dict | None = None,
-                     seed: int = 0, engine_graph: bool = True) -> Analysis:
+                     seed: int = 0, engine_graph: bool = True,
+                     clock: str = "wall") -> Analysis:
         """Time our engine per node (:mod:`workbench.analysis.timing`: each kernel call
         timed by a step runner, the run loop's own cost left out, medians of ``runs``
         alternated with plain runs) and fill ``time_ours_ms`` and ``pct_of_roof``.
         ``engine_graph``: time what ``backend.prepare`` runs (the optimised graph: a fused
         step's time goes on the node with the most FLOPs among those it covers, judged
-        against their roofline together); False: the graph as analysed. The timings are
-        ``self.ours`` (``describe()``: per-node sum vs a plain run)."""
+        against their roofline together); False: the graph as analysed. ``clock``: "wall",
+        or "cpu" (the process' CPU time, for a machine shared with other jobs; see
+        :mod:`~workbench.analysis.timing`). The timings are ``self.ours`` (``describe()``:
+        per-node sum vs a plain run)."""
         from workbench.runtime.plan import Plan  # noqa: PLC0415
 
         from .timing import time_plan  # noqa: PLC0415
@@ -522,7 +544,7 @@ class Analysis:
         if missing:
             raise InputError(f"profile_ours: no feed for input(s) {missing}")
         times = time_plan(plan, [f[v.name] for v in plan.input_infos], runs=runs,
-                          warmup=warmup)
+                          warmup=warmup, clock=clock)
         self.ours = times
         by_name = {r["node"]: r for r in self.records}
         for r in self.records:
@@ -728,13 +750,20 @@ def _covers(graph, plan, static) -> list:
     produces, so walking back from a step's outputs through ``graph``'s producers, up to the
     values other steps produce, the inputs and the constants, gives the nodes it covers
     (Conv + BatchNormalization + Add + Relu in one FusedConv). Static nodes (folded at load)
-    belong to no step."""
+    belong to no step. A value the channels-last layout pass renamed (``<name>__nhwc``,
+    ``graph.layout``) is the analysed graph's ``<name>``; the layout's own conversions
+    cover no node."""
+    from workbench.graph.layout import SUFFIX  # noqa: PLC0415
+
+    def original(v):
+        return v[:-len(SUFFIX)] if v.endswith(SUFFIX) else v
+
     producer = {o: n for n in graph.nodes for o in n.outputs if o}
     order = {n.name: i for i, n in enumerate(graph.nodes)}
     boundary = {v.name for v in graph.inputs} | set(graph.initializers)
     steps = []
     for st in plan.steps:
-        outs = [o for o in st.node.outputs if o and o in producer]
+        outs = [original(o) for o in st.node.outputs if o and original(o) in producer]
         boundary.update(outs)
         steps.append((st.node.name, outs))
     owned: set = set()

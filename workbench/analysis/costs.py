@@ -726,14 +726,20 @@ def tree_ensemble_cost(v: NodeView) -> Cost:
                      f"split sending half the rows each way), deepest path {deepest}")
 
 
+def _as_list(v) -> list:
+    """An attribute's entries as a list (a tree node table may be a numpy array,
+    ``graph.ir.AttrArray``: ``tolist`` gives Python numbers, fast)."""
+    return v.tolist() if hasattr(v, "tolist") else list(v)
+
+
 def _expected_depths(v: NodeView) -> tuple:
     """(sum over trees of the expected path length, number of trees, deepest path)."""
     a = v.attrs
     if "tree_roots" in a:                     # TreeEnsemble (ai.onnx.ml 5)
-        true_ids = list(a.get("nodes_truenodeids", []))
-        false_ids = list(a.get("nodes_falsenodeids", []))
-        true_leaf = list(a.get("nodes_trueleafs", [])) or [0] * len(true_ids)
-        false_leaf = list(a.get("nodes_falseleafs", [])) or [0] * len(false_ids)
+        true_ids = _as_list(a.get("nodes_truenodeids", []))
+        false_ids = _as_list(a.get("nodes_falsenodeids", []))
+        true_leaf = _as_list(a.get("nodes_trueleafs", [])) or [0] * len(true_ids)
+        false_leaf = _as_list(a.get("nodes_falseleafs", [])) or [0] * len(false_ids)
         total, deepest = 0.0, 0
         for root in a["tree_roots"]:
             stack = [(int(root), 1)]
@@ -747,11 +753,11 @@ def _expected_depths(v: NodeView) -> tuple:
                     else:
                         stack.append((int(child), d + 1))
         return total, len(a["tree_roots"]), deepest
-    tree_ids = list(a.get("nodes_treeids", []))
-    node_ids = list(a.get("nodes_nodeids", []))
-    modes = list(a.get("nodes_modes", []))
-    t_ids = list(a.get("nodes_truenodeids", []))
-    f_ids = list(a.get("nodes_falsenodeids", []))
+    tree_ids = _as_list(a.get("nodes_treeids", []))
+    node_ids = _as_list(a.get("nodes_nodeids", []))
+    modes = _as_list(a.get("nodes_modes", []))
+    t_ids = _as_list(a.get("nodes_truenodeids", []))
+    f_ids = _as_list(a.get("nodes_falsenodeids", []))
     if not tree_ids:
         raise Unknown("the tree ensemble has no nodes_treeids attribute")
     index = {(t, n): i for i, (t, n) in enumerate(zip(tree_ids, node_ids))}

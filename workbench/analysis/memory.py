@@ -42,14 +42,31 @@ gradient rule call (``autodiff.run_rule``, watched with ``sys.setprofile`` for t
 is read the same way. The prediction's peak is compared with the measured peak of what the
 run holds between steps (:meth:`MemoryTimeline.agreement`); the scratch arrays inside kernels
 and rules come on top (``measured["peak_during"]``). tracemalloc counts Python objects too: in
-a training step the tape's Tensors and nodes (about 0.8 KB per recorded node) are measured but
-not predicted; one snapshot of numpy's own domain (array data) at the end of the forward tells
-them apart (``measured["objects_forward_end"]``).
+a training step the autodiff tape's objects; one snapshot of numpy's own domain (array data)
+at the end of the forward tells them apart (``measured["objects_forward_end"]``). The
+training runner the measured step uses is the warm-up's (its per-step call records are made
+once, as in a training loop).
+
+**The tape's objects** (a training step): every forward step leaves one tape entry (the
+node, its links to its parents, its outputs' metadata and, when an input requires a
+gradient, the lists of arrays it saved for the backward and the output arrays' Python
+objects). The prediction adds their bytes (``tape_bytes`` per step, ``peak_tape_bytes`` at
+the peak, a "tape bookkeeping" line among the peak's values): the cost of one entry of each
+form (inputs, inputs from recorded nodes, output ranks, saving or not) is measured in this
+process by recording such entries through the tape's own recording code under
+``tracemalloc`` (:func:`tape_entry_bytes`), not assumed; the backward releases each node's
+saved part when it has processed the node and holds the list of nodes it walks
+(:func:`tape_order_bytes`) and, per parameter gradient, the gradient's array object and its
+entry in the table of leaf gradients (:func:`gradient_entry_bytes`). What is still not
+predicted: the Python objects of the values live at a moment (a few hundred bytes per array
+and Tensor) and the backward's transient bookkeeping (the gradients in flight).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 import tracemalloc
 from dataclasses import dataclass, field
 
@@ -75,6 +92,167 @@ NUMPY_DOMAIN = 389047
 GRAD_PASSES = {"Add": None, "Sum": None, "Sub": (0,)}
 
 
+# ---------------------------------------------------------------------- the tape's objects
+#: measured costs, by key: (inputs, inputs made by a recorded node, outputs, saves) ->
+#: (held, saved) bytes per tape entry (:func:`tape_entry_bytes`); ("array", ndim) -> bytes of
+#: an array's object; ("leaf", 0) -> bytes of a leaf-gradient entry
+_TAPE_COSTS: dict = {}
+#: entries recorded per measurement (their mean is the cost); more average out the
+#: allocator's over-allocation of the lists an entry holds
+_TAPE_SAMPLE = 16
+
+
+def tape_entry_bytes(n_inputs: int, linked: int, n_outputs: int, saves: bool) -> tuple:
+    """(held, saved): the bytes of Python objects one entry of the autodiff tape holds, as
+    recorded by the code that records it (``autodiff.tape.run_op``, what the training runner
+    calls for every step), measured with ``tracemalloc`` in this process and remembered.
+
+    The entry: a node with ``n_inputs`` inputs of which ``linked`` come from earlier
+    recorded nodes (the rest leaf Tensors) and ``n_outputs`` outputs, saving its arrays for
+    the backward when ``saves`` (an input requires a gradient). ``held``: what stays once the
+    step's output Tensors are gone (the node, its parent links, its outputs' metadata, the
+    lists of saved arrays), until the tape itself is dropped; ``saved``: the part the
+    backward releases when it frees the node's saved arrays (their ``sys.getsizeof``).
+    Measured with CPython's free lists drained (:func:`_tracing`). The arrays' own Python objects
+    are apart (:func:`array_object_bytes`: an entry that saves keeps them alive), their data
+    too (predicted from the shapes)."""
+    key = (int(n_inputs), int(min(linked, n_inputs)), max(1, int(n_outputs)), bool(saves))
+    got = _TAPE_COSTS.get(key)
+    if got is None:
+        got = _TAPE_COSTS[key] = _measure_tape_entry(*key)
+    return got
+
+
+def array_object_bytes(ndim: int) -> int:
+    """Bytes of one numpy array's Python object of ``ndim`` dimensions without its data (the
+    object, its shape and strides), measured with ``tracemalloc`` in this process."""
+    key = ("array", int(ndim))
+    got = _TAPE_COSTS.get(key)
+    if got is None:
+        base = np.zeros((1,) * int(ndim), np.float32)
+        held: list = [None] * (2 * _TAPE_SAMPLE)
+
+        def make(k0):
+            for k in range(k0, k0 + _TAPE_SAMPLE):
+                held[k] = base.view()           # a new object, no new data
+
+        with _tracing():
+            got = _TAPE_COSTS[key] = max(0, min(_per_item(make)))
+    return got
+
+
+def gradient_entry_bytes(ndim: int) -> int:
+    """Bytes of Python objects the backward holds per parameter gradient until it returns:
+    the gradient array's object (:func:`array_object_bytes`) and its entry in the
+    backward's table of leaf gradients (``{id(leaf): (leaf, gradient)}``, measured)."""
+    key = ("leaf", 0)
+    got = _TAPE_COSTS.get(key)
+    if got is None:
+        leaves = [object() for _ in range(2 * _TAPE_SAMPLE)]
+        grads = [np.zeros(1, np.float32) for _ in range(2 * _TAPE_SAMPLE)]
+        table: dict = {}
+
+        def add(k0):
+            for k in range(k0, k0 + _TAPE_SAMPLE):
+                table[id(leaves[k])] = (leaves[k], grads[k])
+
+        with _tracing():
+            got = _TAPE_COSTS[key] = max(0, min(_per_item(add)))
+    return got + array_object_bytes(ndim)
+
+
+@contextlib.contextmanager
+def _tracing():
+    """``tracemalloc`` on for the block (left as it was found), with CPython's free lists
+    drained: a list or tuple taken from a free list is no new allocation (and one freed into
+    it no free) for tracemalloc, so what a measurement saw would depend on what ran before;
+    with them empty, every object the measured code makes is a new, traced allocation (what
+    a training step's hundreds of entries, beyond any free list's length, are)."""
+    started = not tracemalloc.is_tracing()
+    drained = _drain_free_lists()               # before tracing starts: quicker
+    if started:
+        tracemalloc.start()
+    try:
+        yield
+    finally:
+        drained = None  # noqa: F841  (held through the block)
+        if started:
+            tracemalloc.stop()
+
+
+def _drain_free_lists() -> list:
+    """Objects that empty the free lists of lists, dicts, tuples (up to 8 items; CPython
+    keeps up to 2000 of each length) and numpy's cache of small shape/stride blocks; the
+    caller holds them while it measures."""
+    held: list = [[] for _ in range(100)]
+    held += [{} for _ in range(100)]
+    held += [tuple(range(n)) for n in range(1, 9) for _ in range(2010)]
+    for nd in range(8):
+        base = np.zeros((1,) * nd, np.float32)
+        held += [base.view() for _ in range(40)]
+    return held
+
+
+def _per_item(change) -> list:
+    """The traced bytes per item that ``change(k0)`` (acting on :data:`_TAPE_SAMPLE` items
+    from ``k0``) adds, for two batches (``k0`` = 0 and :data:`_TAPE_SAMPLE`): a one-time
+    allocation (a free list, a cache filled) shows in one of them only."""
+    got = []
+    for k0 in (0, _TAPE_SAMPLE):
+        before = tracemalloc.get_traced_memory()[0]
+        change(k0)
+        got.append(round((tracemalloc.get_traced_memory()[0] - before) / _TAPE_SAMPLE))
+    return got
+
+
+def _measure_tape_entry(n_inputs: int, linked: int, n_outputs: int, saves: bool) -> tuple:
+    from workbench.autodiff.tape import Tensor, enable_grad, run_op  # noqa: PLC0415
+
+    outs_fixed = tuple(np.zeros((1, 1), np.float32) for _ in range(n_outputs))
+    one = np.zeros(1, np.float32)
+
+    def kernel(*_args):             # arrays made once: their objects are not the entry's
+        return outs_fixed if n_outputs > 1 else outs_fixed[0]
+
+    def producer(*_args):
+        return one
+
+    kw: dict = {}
+    names = ("out",) * n_outputs
+    with enable_grad(), _tracing():
+        leaf = Tensor(data=np.zeros(1, np.float32), requires_grad=saves)
+        ins = [run_op("Identity", "", 13, producer, False, kw, kw, [leaf], 1, "producer",
+                      None)[0] if k < linked else
+               Tensor(data=np.zeros(1, np.float32), requires_grad=saves)
+               for k in range(n_inputs)]
+        nodes: list = [None] * (2 * _TAPE_SAMPLE + 4)
+
+        def record(k0, n=_TAPE_SAMPLE):
+            for k in range(k0, k0 + n):
+                outs = run_op("Op", "", 13, kernel, False, kw, kw, ins, n_outputs, "node",
+                              names)
+                nodes[k] = outs[0].creator      # the outputs' Tensors go, the node stays
+
+        record(2 * _TAPE_SAMPLE, 4)             # caches settle
+        held = min(_per_item(record))
+        # what the backward frees: the two lists of saved arrays (a freed list may go to a
+        # free list, invisible to tracemalloc: their sizes are read directly)
+        node = nodes[0]
+        saved = sys.getsizeof(node.saved_in) + sys.getsizeof(node.saved_out) \
+            if node.saved_in is not None else 0
+        nodes = ins = node = None
+    return max(0, held), max(0, saved)
+
+
+def tape_order_bytes(n: int) -> int:
+    """Bytes of the list of the ``n`` nodes a backward pass walks (``autodiff.tape_order``,
+    grown one node at a time), held through the backward."""
+    order: list = []
+    for _ in range(int(n)):
+        order.append(None)
+    return sys.getsizeof(order)
+
+
 @dataclass
 class MemoryTimeline:
     """Live bytes over one run of a schedule (see the module docstring).
@@ -97,6 +275,10 @@ class MemoryTimeline:
     unknown: list = field(default_factory=list)     # values whose size is unknown (counted 0)
     label: str = ""
     measured: dict | None = None                    # see :func:`measure`
+    #: of ``peak_bytes``: the autodiff tape's Python objects (a training step; 0 otherwise)
+    peak_tape_bytes: int = 0
+    #: tape entries a training step records (its forward steps and the loss)
+    tape_nodes: int = 0
 
     # ------------------------------------------------------------------ views
     @property
@@ -131,8 +313,11 @@ class MemoryTimeline:
         what = "a training step (forward, loss = sum of the first output, backward)" \
             if self.training else "inference"
         at = self.steps[self.peak_step] if self.steps else None
+        tape = (f" (arrays {human(self.peak_bytes - self.peak_tape_bytes, 'B')}, tape "
+                f"bookkeeping {human(self.peak_tape_bytes, 'B')}: {self.tape_nodes} nodes' "
+                f"Python objects)" if self.peak_tape_bytes else " of arrays")
         lines = [f"memory over {what}: {len(self.steps)} steps",
-                 f"  peak {human(self.peak_bytes, 'B')} of arrays live"
+                 f"  peak {human(self.peak_bytes, 'B')}{tape} live"
                  + (f" at step {self.peak_step} ({at['phase']}, {at['op']} {at['node']!r})"
                     if at else "")
                  + f", plus {human(self.weights_bytes, 'B')} of weights held throughout; "
@@ -162,9 +347,11 @@ class MemoryTimeline:
                          f"after the step {human(m['after_backward'], 'B')} (parameter "
                          f"gradients, outputs)")
             if m.get("objects_forward_end"):
+                fwd = [s for s in self.steps if s["phase"] == "forward"]
+                pred = fwd[-1]["tape_bytes"] if fwd else 0
                 lines.append(f"  of what the forward left, {human(m['objects_forward_end'], 'B')} "
-                             f"are Python objects, not arrays (the autodiff tape's Tensors and "
-                             f"nodes): tracemalloc counts them, the prediction does not")
+                             f"are Python objects, not arrays (the autodiff tape's nodes, "
+                             f"Tensors); predicted tape bookkeeping {human(pred, 'B')}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -173,8 +360,9 @@ class MemoryTimeline:
                 f"{self.peak_node!r}>")
 
     def plot(self, ax=None, *, top: int = 3):
-        """The timeline (matplotlib): live bytes after each step (filled), what a kernel holds
-        while it runs (line), the measured bytes where :func:`measure` ran, the peak marked
+        """The timeline (matplotlib): live bytes after each step (filled; in a training step
+        the tape's objects among them, shaded apart), what a kernel holds while it runs
+        (line), the measured bytes where :func:`measure` ran, the peak marked
         with the values that make it; the backward pass shaded. Returns the Axes."""
         try:
             import matplotlib.pyplot as plt  # noqa: PLC0415
@@ -191,6 +379,10 @@ class MemoryTimeline:
                         label="live after the step (predicted)")
         ax.plot(x, during, drawstyle="steps-post", color="#4c78a8", lw=1,
                 label="while the step runs (predicted)")
+        tape = [s.get("tape_bytes", 0) / mib for s in self.steps]
+        if any(tape):
+            ax.fill_between(x, tape, step="post", alpha=0.5, color="#b279a2",
+                            label="of it: tape bookkeeping (Python objects)")
         if self.measured:
             mx = [s["step"] for s in self.steps if s.get("measured_peak") is not None]
             if mx:
@@ -211,7 +403,7 @@ class MemoryTimeline:
                         xytext=(8, -4), fontsize=8, va="top")
         ax.set_xlabel("step of the schedule" + (" (forward, then backward)"
                                                 if self.training else ""))
-        ax.set_ylabel("MiB of arrays live")
+        ax.set_ylabel("MiB live" if any(tape) else "MiB of arrays live")
         ax.set_title((self.label + ": " if self.label else "")
                      + ("training step" if self.training else "inference")
                      + f" (weights {human(self.weights_bytes, 'B')} not shown)", fontsize=10)
@@ -323,9 +515,11 @@ def _strided(op: str, in_shape, out_shape) -> bool:
 class _Simulation:
     """One walk of a schedule (see :func:`predict`)."""
 
-    def __init__(self, plan, nbytes, shape_of, weights: set, params: set, training: bool):
+    def __init__(self, plan, nbytes, shape_of, weights: set, params: set, training: bool,
+                 is_float=None):
         self.sched = _Sched(plan)
         self.nbytes, self.shape_of = nbytes, shape_of
+        self.is_float = is_float or (lambda name: True)
         self.weights = weights
         self.params = set(params)
         self.training = training
@@ -338,6 +532,11 @@ class _Simulation:
         self.rg = set(self.params)
         self.pinned: dict = {}
         self.recorded: list = []
+        self.tape = 0               # bytes of the tape's Python objects (training)
+        self.tape_nodes = 0
+        self.tape_saved: dict = {}  # id(node) -> the part of them the backward releases
+        self.made: set = set()      # values made by a step (their Tensors have a creator)
+        self.objects_kept: set = set()  # values whose array object a saving entry keeps
 
     def size(self, name) -> int:
         n = self.nbytes(name)
@@ -355,18 +554,48 @@ class _Simulation:
         return b
 
     def mark(self, during: int) -> None:
-        """Called while a step runs (its new arrays made, nothing freed yet)."""
+        """Called while a step runs (its new arrays made, nothing freed yet; ``during``
+        counts the tape's objects too)."""
         if during > self.best:
             self.best = during
             self.snap = self.B.snapshot()
+            if self.tape:
+                self.snap.append({"value": f"(autodiff tape: {self.tape_nodes} nodes)",
+                                  "bytes": self.tape, "kind": "tape bookkeeping"})
+                self.snap.sort(key=lambda v: (-v["bytes"], v["value"]))
 
-    def record(self, phase, node, op, before, new, freed, extra: int = 0) -> None:
-        """One row; ``extra``: bytes briefly live after the kernel returned (a gradient
-        accumulated: ``prev + g``)."""
+    def record(self, phase, node, op, before, new, freed, extra: int = 0,
+               tape_before: int | None = None) -> None:
+        """One row; ``before``, ``new``, ``freed``: array bytes; ``extra``: bytes briefly
+        live after the kernel returned (a gradient accumulated: ``prev + g``). The live
+        columns add the tape's objects (``tape_before``: before the step, default: as
+        after it); ``tape_bytes``: those after the step."""
+        t0 = self.tape if tape_before is None else tape_before
         self.rows.append({"step": len(self.rows), "phase": phase, "node": node, "op": op,
-                          "new_bytes": new, "freed_bytes": freed, "live_before": before,
-                          "after_call": before + new, "peak_during": before + new + extra,
-                          "live_after": self.B.live})
+                          "new_bytes": new, "freed_bytes": freed, "live_before": before + t0,
+                          "after_call": before + new + self.tape,
+                          "peak_during": before + new + extra + max(t0, self.tape),
+                          "live_after": self.B.live + self.tape, "tape_bytes": self.tape})
+
+    def record_tape(self, node, ins, outs, saves: bool) -> None:
+        """The tape entry a training step's node leaves (:func:`tape_entry_bytes`) and, when
+        it saves its arrays, their Python objects not yet kept by an earlier entry
+        (:func:`array_object_bytes`); both released when the backward has processed it."""
+        linked = sum(1 for x in ins if x and x in self.made)
+        n_out = max([k + 1 for k, o in enumerate(outs) if o] or [1])
+        held, saved = tape_entry_bytes(len(ins), linked, n_out, saves)
+        if saves:
+            for x in list(ins) + list(outs[:n_out]):
+                if not x or x in self.weights or x in self.objects_kept:
+                    continue
+                self.objects_kept.add(x)
+                shape = self.shape_of(x)
+                n = array_object_bytes(len(shape) if shape is not None else 0)
+                held += n
+                saved += n
+            self.tape_saved[id(node)] = saved
+        self.tape += held
+        self.tape_nodes += 1
 
     def run(self) -> None:
         B = self.B
@@ -376,12 +605,14 @@ class _Simulation:
             B.ref(b)                                              # the run's value
         for node, ins, outs, frees in self.sched.steps:
             self.forward_step(node, ins, outs, frees)
+            self.made.update(o for o in outs if o)
         if self.training:
             self.backward()
 
     def forward_step(self, node, ins, outs, frees) -> None:
         B = self.B
         before, new, op = B.live, 0, node.op_type
+        tape_before = self.tape
         src = self.buffer_of(ins[0]) if ins and ins[0] is not None else None
         kind = _output_view(node)
         view = (kind != "" and src is not None
@@ -400,8 +631,11 @@ class _Simulation:
             self.buf[o] = b
             B.ref(b)
             made.append(o)
-        if self.training and any(x in self.rg for x in ins if x):
-            self.rg.update(made)
+        saves = self.training and any(x in self.rg for x in ins if x)
+        if self.training:
+            self.record_tape(node, ins, outs, saves)
+        if saves:
+            self.rg.update(o for o in made if self.is_float(o))
             keep = {self.buffer_of(x) for x in ins if x} | {self.buf[o] for o in made}
             keep.discard(None)
             for b in keep:
@@ -411,7 +645,7 @@ class _Simulation:
                     B.kind[r] = "saved for backward"
             self.pinned[id(node)] = keep
             self.recorded.append((node, ins, outs))
-        self.mark(before + new)
+        self.mark(before + new + self.tape)
         freed = 0
         for f in frees:
             if f is None or f in self.weights:
@@ -419,7 +653,7 @@ class _Simulation:
             b = self.buf.pop(f, None)
             if b is not None:
                 freed += B.unref(b)
-        self.record("forward", node.name, op, before, new, freed)
+        self.record("forward", node.name, op, before, new, freed, tape_before=tape_before)
 
     def backward_order(self, out0) -> list:
         """The recorded nodes in the order back-propagation visits them: the reverse of the
@@ -453,21 +687,28 @@ class _Simulation:
         B = self.B
         out0 = self.sched.outputs[0]
         # the loss: the sum of the first output, a scalar recorded last
-        before = B.live
+        before, tape_before = B.live, self.tape
         loss = B.new(4, "loss", "activation")
         B.ref(loss)
-        self.mark(B.live)
-        self.record("forward", "(loss)", "ReduceSum", before, B.live - before, 0)
+        held, _ = tape_entry_bytes(1, 1, 1, True)
+        self.tape += held
+        self.tape_nodes += 1
+        self.mark(B.live + self.tape)
+        self.record("forward", "(loss)", "ReduceSum", before, B.live - before, 0,
+                    tape_before=tape_before)
         grads: dict = {}
         param_grads: dict = {}
-        # its gradient: ones of the first output's shape
-        before = B.live
+        order = self.backward_order(out0)
+        # its gradient: ones of the first output's shape; the list of nodes to visit
+        before, tape_before = B.live, self.tape
         g = B.new(self.size(out0), f"d {out0}", "gradient")
         B.ref(g)
         grads[out0] = g
-        self.mark(B.live)
-        self.record("backward", "(loss)", "ReduceSum", before, B.live - before, 0)
-        for node, ins, outs in self.backward_order(out0):
+        self.tape += tape_order_bytes(len(order) + 1)
+        self.mark(B.live + self.tape)
+        self.record("backward", "(loss)", "ReduceSum", before, B.live - before, 0,
+                    tape_before=tape_before)
+        for node, ins, outs in order:
             before, new = B.live, 0
             gouts = [grads.get(o) if o else None for o in outs]
             made = []
@@ -495,13 +736,17 @@ class _Simulation:
                 prev = target.get(x)
                 if prev is not None:
                     extra = max(extra, B.size[B.root(gb)])
-            self.mark(before + new + extra)
+            self.mark(before + new + extra + self.tape)
+            tape_before = self.tape
             freed = 0
             for x, gb in made:
                 target = param_grads if x in self.params else grads
                 prev = target.get(x)
                 if prev is None:
                     target[x] = gb
+                    if x in self.params:    # the backward's own entry for it
+                        shape = self.shape_of(x)
+                        self.tape += gradient_entry_bytes(len(shape) if shape else 0)
                 else:
                     n = B.size[B.root(gb)]
                     acc = B.new(n, f"d {x}", B.kind[B.root(prev)])
@@ -513,19 +758,24 @@ class _Simulation:
                     freed += B.unref(grads.pop(o))
             for b in self.pinned.pop(id(node), ()):
                 freed += B.unref(b)
-            self.record("backward", node.name, node.op_type, before, new, freed, extra)
+            self.tape -= self.tape_saved.pop(id(node), 0)
+            self.record("backward", node.name, node.op_type, before, new, freed, extra,
+                        tape_before=tape_before)
 
 
 def predict(plan, nbytes, shape_of, *, training: bool = False, params=(), weights=(),
-            label: str = "") -> MemoryTimeline:
+            label: str = "", is_float=None) -> MemoryTimeline:
     """The live bytes over one run of ``plan`` (see the module docstring).
 
     ``nbytes(name)``: a value's size in bytes (None when unknown: counted 0 and listed in
     ``unknown``); ``shape_of(name)``: its shape (for views). ``weights``: the initializer
     names (held throughout, reported apart); ``training``: a training step, ``params`` the
-    initializers that require a gradient."""
+    initializers that require a gradient; ``is_float(name)``: whether a value is a float
+    tensor (only those carry a gradient on; None: all are).
+    """
     weights = set(weights)
-    sim = _Simulation(plan, nbytes, shape_of, weights, set(params) & weights, training)
+    sim = _Simulation(plan, nbytes, shape_of, weights, set(params) & weights, training,
+                      is_float)
     sim.run()
     rows = sim.rows
     k = max(range(len(rows)), key=lambda i: rows[i]["peak_during"]) if rows else 0
@@ -533,7 +783,9 @@ def predict(plan, nbytes, shape_of, *, training: bool = False, params=(), weight
     ib = sum(sim.size(n) for n in sim.sched.inputs)
     return MemoryTimeline(rows, training, int(wb), int(ib),
                           rows[k]["peak_during"] if rows else 0, k, sim.snap, sim.unknown,
-                          label)
+                          label, peak_tape_bytes=max((rows[k]["tape_bytes"],
+                                                      rows[k - 1]["tape_bytes"] if k else 0))
+                          if rows else 0, tape_nodes=sim.tape_nodes)
 
 
 # ---------------------------------------------------------------------- measuring
@@ -548,8 +800,6 @@ class _RuleMeter:
         self.k = 0
 
     def run(self, backward, loss):
-        import sys  # noqa: PLC0415
-
         from workbench.autodiff import run_rule  # noqa: PLC0415
 
         code = run_rule.__code__
@@ -669,21 +919,31 @@ def measure(timeline: MemoryTimeline, plan, graph, feeds_fn, *, params=()) -> Me
 
     from workbench.autodiff import TapeRunner  # noqa: PLC0415
 
-    # warm-up: caches of kernels and of the plan are made here, outside the measurement
+    # warm-up: caches of kernels, of the plan and of the training runner (its per-step call
+    # records, kept between steps as a training loop keeps them) are made here, outside the
+    # measurement
+    tape_runner = TapeRunner(training_mode=True) if training else None
     if training:
         values = _training_values(graph, params)
         feeds = feeds_fn()
-        outs, loss, backward = _training_step(plan, feeds, names, values,
-                                              TapeRunner(training_mode=True))
+        outs, loss, backward = _training_step(plan, feeds, names, values, tape_runner)
         backward(loss)
         del outs, loss, values, feeds
     else:
+        # twice: the engine's worker threads keep per-thread workspaces (ops.parallel.scratch)
+        # made the first time a thread gets work, which on a busy machine one run may not give
+        # every thread; made in the measured run, one would count as held between steps
         one_run(_MeasuringRunner(n))
+        one_run(_MeasuringRunner(n))
+    # a training step: CPython's free lists emptied before tracing starts (and kept empty by
+    # holding what emptied them), so that the tape's objects are traced allocations, not
+    # objects recycled unseen from a free list (see _tracing); inference predicts arrays only
+    drained = _drain_free_lists() if training else None
     was_tracing = tracemalloc.is_tracing()
     if not was_tracing:
         tracemalloc.start()
     try:
-        runner = _MeasuringRunner(n, TapeRunner(training_mode=True) if training else None)
+        runner = _MeasuringRunner(n, tape_runner)
         base = tracemalloc.get_traced_memory()[0]
         extra = {}
         if not training:
@@ -710,6 +970,7 @@ def measure(timeline: MemoryTimeline, plan, graph, feeds_fn, *, params=()) -> Me
     finally:
         if not was_tracing:
             tracemalloc.stop()
+        drained = None  # noqa: F841
     rec = runner.rec[:min(runner.k, n)] - base
     steps = [s for s in timeline.steps if s["phase"] == "forward"][:len(rec)]
     if training:                # the backward steps, matched by node (the loss: its own row)

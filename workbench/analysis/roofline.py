@@ -1,10 +1,16 @@
 """The roofline of this machine: peak FLOP/s and memory bandwidth, measured once and cached.
 
-- Peak compute: float32 matrix products (sgemm) through numpy's BLAS at growing sizes
-  (256 ... 2048, where BLAS reaches its peak), the best rate seen, with BLAS's own thread
-  count (set ``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` before Python starts to change it).
-- Peak bandwidth: a copy of a 128 MiB array (far beyond the caches) split over one thread per
-  CPU (numpy releases the GIL while copying), counted as STREAM does: bytes read + written.
+- **Threads: those our timed runs use.** The engine's CPU runs hold BLAS on one thread and
+  split large products over their own worker threads (``ops.parallel.n_workers()``:
+  ``WORKBENCH_NUM_THREADS`` / ``OMP_NUM_THREADS``, else the CPUs, at most 8), and
+  ``Analysis.profile_ours`` times exactly that; so the peaks are measured the same way by
+  default: ``threads`` worker threads, each running single-threaded BLAS on its share
+  (``measure_peaks(threads=1)`` for one core, e.g. beside onnxruntime profiled with one
+  thread). ``Peaks.threads`` and ``describe()`` say which.
+- Peak compute: float32 matrix products (sgemm) at growing sizes (256 ... 2048, where BLAS
+  reaches its peak), each split by columns over the threads, the best rate seen.
+- Peak bandwidth: a copy of a 128 MiB array (far beyond the caches) split over the threads
+  (numpy releases the GIL while copying), counted as STREAM does: bytes read + written.
 - The measurement is capped at a few seconds (``budget_s``), never a timed assertion, and is
   cached as JSON in ``$XDG_CACHE_HOME/onnx-workbench/peaks.json`` (``~/.cache/...`` without
   it), keyed by the CPU model, a hash of its flags and the thread count. ``recalibrate=True``
@@ -61,9 +67,11 @@ class Peaks:
         return self.flops_per_s / self.bytes_per_s
 
     def describe(self) -> str:
+        how = self.details.get("threads_how") if isinstance(self.details, dict) else None
         return (f"peak {self.flops_per_s / 1e9:.1f} GFLOP/s (float32 sgemm), "
                 f"{self.bytes_per_s / 1e9:.1f} GB/s (copy), ridge at {self.ridge:.1f} FLOP/B; "
-                f"{self.cpu or 'this CPU'}, {self.threads} thread(s), {self.source}")
+                f"{self.cpu or 'this CPU'}, {self.threads} thread(s)"
+                + (f" ({how})" if how else "") + f", {self.source}")
 
 
 @dataclass
@@ -107,18 +115,14 @@ def cpu_identity() -> tuple:
 
 
 def _threads() -> int:
-    try:
-        from threadpoolctl import threadpool_info  # noqa: PLC0415
+    """The threads our timed runs compute with: the engine's worker threads."""
+    from workbench.ops.parallel import n_workers  # noqa: PLC0415
 
-        n = [i.get("num_threads", 1) for i in threadpool_info() if i.get("user_api") == "blas"]
-        if n:
-            return int(max(n))
-    except Exception:  # noqa: BLE001  (threadpoolctl is optional)
-        pass
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return int(n_workers())
+
+
+#: how the peaks' threads run (said in the cache and in ``describe()``)
+THREADS_HOW = "BLAS on one thread in each, as the engine's timed runs"
 
 
 def cache_path() -> str:
@@ -127,13 +131,41 @@ def cache_path() -> str:
 
 
 def _key(cpu: str, flags: str, threads: int) -> str:
-    return f"{cpu} | flags {flags} | {threads} threads"
+    return f"{cpu} | flags {flags} | {threads} threads x 1 BLAS thread"
 
 
-def measure_gemm(budget_s: float = 2.0) -> tuple:
-    """(best FLOP/s, {size: best FLOP/s}) of float32 matrix products: rounds over the sizes
-    until ``budget_s`` is spent (a size whose product would not fit what is left is
-    skipped), so that a quiet moment on a shared machine is likely to be caught."""
+def _split_matmul(pool, threads: int):
+    """``matmul(a, b, out=c)`` split by columns over ``threads`` threads of ``pool`` (None:
+    one call), each a single-threaded BLAS call (the caller holds BLAS on one thread)."""
+    def mm(a, b, c):
+        if pool is None:
+            np.matmul(a, b, out=c)
+            return
+        n = b.shape[1]
+        cuts = np.linspace(0, n, threads + 1).astype(int)
+        list(pool.map(lambda k: np.matmul(a, b[:, cuts[k]:cuts[k + 1]],
+                                          out=c[:, cuts[k]:cuts[k + 1]]), range(threads)))
+    return mm
+
+
+def measure_gemm(budget_s: float = 2.0, threads: int | None = None) -> tuple:
+    """(best FLOP/s, {size: best FLOP/s}) of float32 matrix products on ``threads`` threads
+    (default: the engine's workers), BLAS on one thread in each: rounds over the sizes until
+    ``budget_s`` is spent (a size whose product would not fit what is left is skipped), so
+    that a quiet moment on a shared machine is likely to be caught."""
+    from workbench.ops.parallel import one_blas_thread  # noqa: PLC0415
+
+    threads = max(1, int(threads or _threads()))
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None
+    try:
+        with one_blas_thread():
+            return _measure_gemm(budget_s, _split_matmul(pool, threads))
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+def _measure_gemm(budget_s: float, mm) -> tuple:
     rng = np.random.default_rng(0)
     rates: dict = {}
     t_end = time.perf_counter() + budget_s
@@ -153,10 +185,10 @@ def measure_gemm(budget_s: float = 2.0) -> tuple:
                 mats[n] = (rng.standard_normal((n, n), dtype=np.float32),
                            rng.standard_normal((n, n), dtype=np.float32),
                            np.empty((n, n), np.float32))
-                np.matmul(mats[n][0], mats[n][1], out=mats[n][2])      # warm-up
+                mm(*mats[n])                                            # warm-up
             a, b, c = mats[n]
             t0 = time.perf_counter()
-            np.matmul(a, b, out=c)
+            mm(a, b, c)
             dt = max(time.perf_counter() - t0, 1e-9)
             cost[n] = min(cost.get(n, dt), dt)
             rates[n] = max(rates.get(n, 0.0), 2.0 * n ** 3 / dt)
@@ -166,14 +198,16 @@ def measure_gemm(budget_s: float = 2.0) -> tuple:
     return max(rates.values()), rates
 
 
-def measure_bandwidth(budget_s: float = 1.0, nbytes: int | None = None) -> tuple:
+def measure_bandwidth(budget_s: float = 1.0, nbytes: int | None = None,
+                      threads: int | None = None) -> tuple:
     """(best bytes/s, {"1 thread": .., "N threads": ..}) of a large array copy
-    (``nbytes``: :data:`COPY_BYTES` by default)."""
+    (``nbytes``: :data:`COPY_BYTES` by default) on up to ``threads`` threads (default: the
+    engine's workers)."""
     n = (nbytes or COPY_BYTES) // 4
     src = np.ones(n, np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)                              # touch the pages
-    threads = _threads()
+    threads = max(1, int(threads or _threads()))
     chunks = [slice(int(a), int(b)) for a, b in
               zip(np.linspace(0, n, threads + 1)[:-1], np.linspace(0, n, threads + 1)[1:])]
     rates = {}
@@ -201,11 +235,12 @@ def measure_bandwidth(budget_s: float = 1.0, nbytes: int | None = None) -> tuple
     return max(rates.values()), rates
 
 
-def cached_peaks() -> Peaks | None:
+def cached_peaks(threads: int | None = None) -> Peaks | None:
     """This machine's :class:`Peaks` from the cache, or None when they were never measured
-    here (for this CPU, flags and thread count); measures nothing."""
+    here (for this CPU, flags and thread count: by default the engine's workers); measures
+    nothing."""
     cpu, flags = cpu_identity()
-    threads = _threads()
+    threads = max(1, int(threads or _threads()))
     d = _read_cache(cache_path()).get(_key(cpu, flags, threads))
     if d is None:
         return None
@@ -217,22 +252,26 @@ def cached_peaks() -> Peaks | None:
 
 
 def measure_peaks(*, recalibrate: bool = False, budget_s: float = 3.0,
-                  cache: bool = True) -> Peaks:
-    """This machine's :class:`Peaks`, from the cache unless ``recalibrate`` (or none is
-    cached for this CPU, flags and thread count); measuring takes at most ~``budget_s``."""
+                  cache: bool = True, threads: int | None = None) -> Peaks:
+    """This machine's :class:`Peaks` on ``threads`` threads (default: the engine's worker
+    threads, what our timed runs use; BLAS on one thread in each), from the cache unless
+    ``recalibrate`` (or none is cached for this CPU, flags and thread count); measuring
+    takes at most ~``budget_s``."""
+    threads = max(1, int(threads or _threads()))
     if cache and not recalibrate:
-        p = cached_peaks()
+        p = cached_peaks(threads)
         if p is not None:
             return p
     cpu, flags = cpu_identity()
-    threads = _threads()
     key = _key(cpu, flags, threads)
     path = cache_path()
     stored = _read_cache(path) if cache else {}
-    f, gemm = measure_gemm(budget_s * 2 / 3)
-    b, copy = measure_bandwidth(budget_s / 3)
+    f, gemm = measure_gemm(budget_s * 2 / 3, threads)
+    b, copy = measure_bandwidth(budget_s / 3, threads=threads)
     details = {"sgemm_flops_per_s": {str(k): v for k, v in gemm.items()},
                "copy_bytes_per_s": copy, "numpy": np.__version__,
+               "threads_how": THREADS_HOW if threads == _threads()
+               else "BLAS on one thread in each",
                "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     peaks = Peaks(f, b, cpu, threads, "measured", details)
     if cache:

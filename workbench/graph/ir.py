@@ -84,10 +84,105 @@ class Node:
         return out
 
 
-def attr_to_python(a: onnx.AttributeProto, opsets: dict, where: str = ""):
+class AttrArray(np.ndarray):
+    """A repeated numeric attribute (ONNX ``FLOATS`` / ``INTS``) held as a 1-D numpy array
+    (float32 / int64) instead of a Python list: the nodes of :data:`ARRAY_ATTRIBUTE_OPS`
+    (tree ensembles: millions of entries, about 36 bytes each as a list of Python numbers,
+    4 or 8 here, and read 20-60x faster; their long STRINGS, the node modes, are read as a
+    list of shared str objects, see :func:`_few_strings`). It is written back as the same
+    repeated attribute (:func:`python_to_attr`), never as a tensor; ``tolist()`` gives the
+    list."""
+
+    @classmethod
+    def of(cls, values, dtype) -> AttrArray:
+        return np.asarray(values, dtype=dtype).reshape(-1).view(cls)
+
+    def __reduce__(self):       # pickles (worker processes, caches) as a plain array + type
+        return (_attr_array, (np.asarray(self),))
+
+
+def _attr_array(a) -> AttrArray:
+    return np.asarray(a).view(AttrArray)
+
+
+#: (domain, op) of the nodes whose FLOATS / INTS attributes are read as :class:`AttrArray`
+ARRAY_ATTRIBUTE_OPS = frozenset({("ai.onnx.ml", "TreeEnsembleClassifier"),
+                                 ("ai.onnx.ml", "TreeEnsembleRegressor"),
+                                 ("ai.onnx.ml", "TreeEnsemble")})
+
+
+#: a STRINGS attribute of an ARRAY_ATTRIBUTE_OPS node longer than this is read through
+#: :func:`_few_strings` (a tree's node modes: millions of entries, a handful of names)
+FEW_STRINGS_MIN = 4096
+#: distinct strings :func:`_few_strings` handles (more: the general path)
+FEW_STRINGS_MAX = 64
+_STRING_TAG = 0x4A      # AttributeProto.strings (field 9, length-delimited): its wire tag
+
+
+def _few_strings(a: onnx.AttributeProto):
+    """The entries of a long STRINGS attribute made of a few distinct short strings (a
+    tree ensemble's ``nodes_modes``), as a list of shared str objects (one per distinct
+    name), read from the attribute's serialised bytes with numpy instead of making one
+    Python object per entry; None when the bytes are not that simple (an entry longer than
+    16 bytes, a tag byte inside an entry, many distinct values, one not UTF-8): the caller
+    then reads them one by one.
+
+    Each entry is encoded as the tag byte, its length (one byte below 128) and its bytes;
+    the entries' chain (each starts where the previous ended) and their count are checked.
+    An entry is told by its length and its bytes read as two little-endian 64-bit words."""
+    n = len(a.strings)
+    first = a.strings[0]
+    if len(first) > 16:
+        return None
+    data = a.SerializeToString()
+    start = data.find(bytes([_STRING_TAG, len(first)]) + first)
+    if start < 0:
+        return None
+    raw = np.frombuffer(data, np.uint8)
+    tags = np.flatnonzero(raw[start:] == _STRING_TAG)[:n] + start
+    if tags.size != n:
+        return None
+    lens = raw[np.minimum(tags + 1, raw.size - 1)].astype(np.int64)
+    if lens.max() > 16 or tags[-1] + 2 + lens[-1] > raw.size or \
+            (n > 1 and not np.array_equal(tags[1:], tags[:-1] + 2 + lens[:-1])):
+        return None
+    # every 8 bytes from every offset, as one little-endian word (an unaligned view)
+    padded = data + bytes(16)
+    win = np.ndarray((len(padded) - 7,), "<u8", buffer=padded, strides=(1,))
+    masks = np.array([(1 << (8 * k)) - 1 for k in range(9)], np.uint64)
+    key = [lens, win[tags + 2] & masks[np.minimum(lens, 8)],
+           win[tags + 10] & masks[np.clip(lens - 8, 0, 8)]]
+    codes = np.full(n, -1, np.int32)
+    names: list = []
+    left = np.ones(n, bool)
+    while left.any():
+        if len(names) >= FEW_STRINGS_MAX:
+            return None
+        k = int(np.argmax(left))
+        same = left & (key[0] == key[0][k]) & (key[1] == key[1][k]) & (key[2] == key[2][k])
+        codes[same] = len(names)
+        left &= ~same
+        try:
+            names.append(data[tags[k] + 2: tags[k] + 2 + lens[k]].decode("utf-8"))
+        except UnicodeDecodeError:
+            return None     # the general path decides how undecodable entries read
+    return np.array(names, dtype=object)[codes].tolist()
+
+
+def attr_to_python(a: onnx.AttributeProto, opsets: dict, where: str = "", *,
+                   arrays: bool = False):
     """Python value of an attribute; tensors go through the checked conversion (external
-    data must have been resolved by the loader: ``workbench.graph.external``)."""
+    data must have been resolved by the loader: ``workbench.graph.external``). ``arrays``:
+    FLOATS / INTS as an :class:`AttrArray` (float32 / int64), not a list."""
     t = a.type
+    if arrays and t == AttributeProto.FLOATS:
+        return AttrArray.of(a.floats, np.float32)
+    if arrays and t == AttributeProto.INTS:
+        return AttrArray.of(a.ints, np.int64)
+    if arrays and t == AttributeProto.STRINGS and len(a.strings) > FEW_STRINGS_MIN:
+        few = _few_strings(a)
+        if few is not None:
+            return few
     where = f"{where} attribute {a.name!r}".strip()
     if t == AttributeProto.FLOAT:
         return float(a.f)
@@ -131,6 +226,12 @@ def attr_to_python(a: onnx.AttributeProto, opsets: dict, where: str = ""):
 
 
 def python_to_attr(name: str, value) -> onnx.AttributeProto:
+    if isinstance(value, AttrArray):
+        floats = value.dtype.kind == "f"
+        a = AttributeProto(name=name, type=AttributeProto.FLOATS if floats
+                           else AttributeProto.INTS)
+        (a.floats if floats else a.ints).extend(value.tolist())
+        return a
     if isinstance(value, Graph):
         return helper.make_attribute(name, value.to_proto())
     if isinstance(value, list) and value and isinstance(value[0], Graph):
@@ -177,7 +278,9 @@ class Graph:
         nodes = []
         for i, n in enumerate(g.node):
             label = f"node {n.name or n.op_type + '_' + str(i)!r} ({n.op_type})"
-            attrs = {a.name: attr_to_python(a, opsets, label) for a in n.attribute}
+            arrays = (n.domain, n.op_type) in ARRAY_ATTRIBUTE_OPS
+            attrs = {a.name: attr_to_python(a, opsets, label, arrays=arrays)
+                     for a in n.attribute}
             nodes.append(Node(n.op_type, list(n.input), list(n.output), attrs,
                               n.name or f"{n.op_type}_{i}", n.domain, n.doc_string))
         return cls(g.name, nodes, inputs, outputs, inits, vinfo, dict(opsets), g.doc_string)

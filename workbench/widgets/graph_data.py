@@ -35,7 +35,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from workbench.graph.ir import ValueInfo
+from workbench.graph.ir import AttrArray, ValueInfo
 from workbench.graph.scopes import scope_of
 from workbench.graph.toposort import stable_order
 from workbench.ops import registry
@@ -514,7 +514,9 @@ def graph_payload(graph, *, builder: _Builder | None = None) -> dict:
 
 # ---------------------------------------------------------------------------- details
 def _attr_repr(v, limit: int = 80) -> str:
-    if isinstance(v, np.ndarray):
+    if isinstance(v, AttrArray):                 # a repeated attribute held as an array
+        v = v[:limit + 1].tolist()
+    elif isinstance(v, np.ndarray):
         if v.size <= 8:
             return f"tensor {v.dtype}{list(v.shape)} = {np.array2string(v.ravel(), separator=', ')}"
         return f"tensor {v.dtype}{list(v.shape)}"
