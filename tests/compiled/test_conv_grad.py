@@ -16,7 +16,8 @@ RNG = np.random.default_rng(11)
 def kernels():
     if not compiled.wait(["conv_grad"], timeout=900):
         pytest.skip(f"compiled kernels unavailable: {compiled.status()['modules']}")
-    assert compiled.kernel("conv_grad.dw_dx_s2") is not None
+    for name in ("dw_dx_s1", "dw_dx_s2", "dw_dx_sn", "dw_dw_s1", "dw_dw_s2", "dw_dw_sn"):
+        assert compiled.kernel("conv_grad." + name) is not None
 
 
 def _case(n, c, h, w, k, s, d, pb, pe):
@@ -36,7 +37,8 @@ def _grads(x, gy, wt, k, s, d, pb, pe):
 
 
 @pytest.mark.parametrize("n,c,h,w,k,s,d,pb,pe", [
-    (2, 5, 9, 8, (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)),     # MobileNet's stride-2 layer
+    (2, 5, 9, 8, (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),     # MobileNet's stride-1 layer
+    (2, 5, 9, 8, (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)),     # and its stride-2 layer
     (1, 3, 10, 11, (5, 3), (2, 3), (2, 1), (0, 2), (1, 0)),   # asymmetric pads, dilation
     (3, 4, 7, 7, (3, 3), (1, 2), (1, 1), (2, 0), (0, 1)),     # stride 1 x 2
     (1, 2, 4, 5, (3, 3), (2, 1), (1, 1), (1, 1), (1, 1)),     # stride 2 x 1
@@ -51,8 +53,9 @@ def test_depthwise_grads_match_numpy(kernels, n, c, h, w, k, s, d, pb, pe):
         np.testing.assert_allclose(g, r, rtol=0, atol=2e-5 * max(1.0, np.abs(r).max()))
 
 
-def test_depthwise_grads_empty_batch_and_nan(kernels):
-    k, s, d, pb, pe = (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_grads_empty_batch_and_nan(kernels, stride):
+    k, s, d, pb, pe = (3, 3), (stride, stride), (1, 1), (1, 1), (1, 1)
     x, gy, wt = _case(0, 4, 6, 6, k, s, d, pb, pe)
     gx, gw = _grads(x, gy, wt, k, s, d, pb, pe)
     assert gx.shape == x.shape and not gw.any()

@@ -21,10 +21,9 @@ BLAS single-threaded (BLAS' own threads busy-wait and collapse on a loaded machi
 path (``_weight_grad_plain`` / ``_input_grad_plain``) handles the rest and is the reference the
 tests compare the fast path with.
 
-Depthwise 2-D float32 on numpy with a stride other than 1: the compiled kernels
-``conv_grad.dw_dx_*`` / ``conv_grad.dw_dw_*`` when they are loaded (channels split over the
-worker threads), else (and at stride 1, where it measures faster) the numpy depthwise paths of
-``ops.conv`` (the reference).
+Depthwise 2-D float32 on numpy: the compiled kernels ``conv_grad.dw_dx_*`` /
+``conv_grad.dw_dw_*`` when they are loaded (channels split over the worker threads), else the
+numpy depthwise paths of ``ops.conv`` (the reference).
 """
 
 from __future__ import annotations
@@ -206,10 +205,9 @@ def _depthwise_compiled(which, a, gy, x_shape, k, s, d, pb):
     """dL/dX (``which`` "dw_dx", ``a`` the weights) or dL/dW ("dw_dw", ``a`` the input, the
     result (C, KH, KW)) of a 2-D depthwise convolution by the compiled kernels, or None when
     they do not apply (not float32 2-D, not loaded: the caller's numpy path runs)."""
-    if len(k) != 2 or a.dtype != np.float32 or gy.dtype != np.float32 or \
-            (int(s[0]), int(s[1])) == (1, 1):
-        return None   # stride 1: the numpy path measures faster (kernels/conv_grad.py)
-    kern = compiled.kernel(f"conv_grad.{which}_s{2 if int(s[1]) == 2 else 'n'}")
+    if len(k) != 2 or a.dtype != np.float32 or gy.dtype != np.float32:
+        return None
+    kern = compiled.kernel(f"conv_grad.{which}_s{int(s[1]) if int(s[1]) in (1, 2) else 'n'}")
     if kern is None:
         return None
     n, c, h, w_ = (int(v) for v in x_shape)

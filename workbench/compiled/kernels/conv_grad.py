@@ -10,17 +10,19 @@ arrays, the layout a training step runs in.
   the products are added into a row of OW float32 lanes over (n, oh) (an element-wise add
   that vectorises; a plain float reduction does not without reordering the sum), the lanes
   summed in float64 at the end; ``acc`` is that row (OW floats, the caller's scratch).
-- ``_s2``: horizontal stride 2 as a literal; ``_sn``: any stride. There is no stride-1 form:
-  measured on MobileNetV2's stride-1 layers at batch 8 (2-core AVX2 EPYC, CPU time) these
-  scalar loops took 1.3-1.8x the time of the numpy path (cache-blocked BLAS products), while
-  at stride 2 they take 0.5-0.7x of it; the engine uses them for strides other than 1.
+- ``_s1`` / ``_s2``: the horizontal stride as a literal; ``_sn``: any stride.
+
+The inner loops index one row with **unsigned** indices (``uint64``): with signed ones numba
+adds a negative-index wrap-around to every access and LLVM's vectoriser gives up (measured:
+1.3-1.8x slower than the numpy path on MobileNetV2's stride-1 layers at batch 8; with them,
+0.25-0.5x of it, 2-core AVX2 EPYC, CPU time). Every index there is >= 0 by construction.
 
 Both compute the channels ``c0 <= c < c1`` (all images of each), so the engine's threads
 split the work by channel and never write the same element. Any stride, dilation and
 (asymmetric) padding; NaN and Inf propagate as in numpy's sums.
 """
 
-from numba import carray, njit
+from numba import carray, njit, uint64
 
 from workbench.compiled.build import export
 
@@ -62,8 +64,10 @@ def _dx(gyp, wp, dxp, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1
                         ih = oh * SH - pt + i * DH
                         if ih < 0 or ih >= H:
                             continue
+                        drow = dx[n, c, ih]
+                        grow = gy[n, c, oh]
                         for ow in range(lo, hi):
-                            dx[n, c, ih, ow * SW + off] += gy[n, c, oh, ow] * wv
+                            drow[uint64(ow * SW + off)] += grow[uint64(ow)] * wv
 
 
 @njit(inline="always", error_model="numpy", fastmath={"contract"})
@@ -83,8 +87,10 @@ def _dw(xp, gyp, dwp, accp, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, 
                         ih = oh * SH - pt + i * DH
                         if ih < 0 or ih >= H:
                             continue
+                        xrow = x[n, c, ih]
+                        grow = gy[n, c, oh]
                         for ow in range(lo, hi):
-                            acc[ow] += x[n, c, ih, ow * SW + off] * gy[n, c, oh, ow]
+                            acc[uint64(ow)] += xrow[uint64(ow * SW + off)] * grow[uint64(ow)]
                 s = 0.0
                 for ow in range(lo, hi):
                     s += acc[ow]
@@ -112,3 +118,13 @@ def dw_dw_s2(x, gy, dw, acc, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl,
 @export("dw_dw_sn", _DW_ARGS)
 def dw_dw_sn(x, gy, dw, acc, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1):
     _dw(x, gy, dw, acc, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1)
+
+
+@export("dw_dx_s1", _ARGS)
+def dw_dx_s1(gy, w, dx, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1):
+    _dx(gy, w, dx, N, C, H, W, OH, OW, KH, KW, SH, 1, DH, DW, pt, pl, c0, c1)
+
+
+@export("dw_dw_s1", _DW_ARGS)
+def dw_dw_s1(x, gy, dw, acc, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1):
+    _dw(x, gy, dw, acc, N, C, H, W, OH, OW, KH, KW, SH, 1, DH, DW, pt, pl, c0, c1)
