@@ -1,5 +1,6 @@
-"""Compiled depthwise-convolution gradients (``kernels/conv_grad.py``) against the numpy path
-(``compiled.disabled()``) and against PyTorch's autograd where torch is installed."""
+"""Compiled NCHW depthwise convolutions and their gradients (``kernels/conv_grad.py``) against
+the numpy path (``compiled.disabled()``) and against PyTorch's autograd where torch is
+installed."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from workbench import compiled
 from workbench.autodiff.rules import conv as rc
+from workbench.ops.registry import lookup
 
 RNG = np.random.default_rng(11)
 
@@ -16,8 +18,9 @@ RNG = np.random.default_rng(11)
 def kernels():
     if not compiled.wait(["conv_grad"], timeout=900):
         pytest.skip(f"compiled kernels unavailable: {compiled.status()['modules']}")
-    for name in ("dw_dx_s1", "dw_dx_s2", "dw_dx_sn", "dw_dw_s1", "dw_dw_s2", "dw_dw_sn"):
-        assert compiled.kernel("conv_grad." + name) is not None
+    for kind in ("fwd", "dx", "dw"):
+        for stride in ("s1", "s2", "sn"):
+            assert compiled.kernel(f"conv_grad.dw_{kind}_{stride}") is not None
 
 
 def _case(n, c, h, w, k, s, d, pb, pe):
@@ -83,3 +86,27 @@ def test_depthwise_grads_match_torch(kernels):
     y.backward(torch.tensor(gy))
     np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=0, atol=1e-4)
     np.testing.assert_allclose(gw, tw.grad.numpy(), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("n,c,h,w,k,s,d,pads", [
+    (2, 5, 9, 10, (3, 3), (1, 1), (1, 1), [1, 1, 1, 1]),
+    (1, 3, 10, 11, (5, 3), (2, 3), (2, 1), [0, 2, 1, 0]),
+    (3, 4, 7, 7, (3, 3), (2, 2), (1, 1), [2, 0, 0, 1]),
+    (0, 4, 7, 7, (3, 3), (1, 1), (1, 1), [1, 1, 1, 1]),
+])
+def test_depthwise_forward_matches_numpy(kernels, n, c, h, w, k, s, d, pads):
+    conv = lookup("Conv", "", 11).fn
+    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    if x.size:
+        x[0, 0, 1, 1] = np.nan
+    wt = RNG.standard_normal((c, 1) + k).astype(np.float32)
+    b = RNG.standard_normal(c).astype(np.float32)
+    attrs = dict(group=c, strides=list(s), dilations=list(d), pads=pads)
+    with compiled.disabled():
+        ref = conv(x, wt, b, **attrs)
+    got = conv(x, wt, b, **attrs)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    scale = max(1.0, np.abs(ref[ok]).max(initial=0))
+    np.testing.assert_allclose(got[ok], ref[ok], rtol=0, atol=1e-5 * scale)

@@ -1,5 +1,9 @@
-"""Gradients of 2-D depthwise convolutions (group == C == M) on channels-first (NCHW) float32
-arrays, the layout a training step runs in.
+"""2-D depthwise convolutions (group == C == M) on channels-first (NCHW) float32 arrays, the
+layout a training step runs in: their gradients, and the forward that the step runs with them.
+
+- ``dw_fwd``: Y (N, C, OH, OW) = the depthwise convolution of X (N, C, H, W) with W (C, KH,
+  KW) plus the bias (C,) (zeros for none): a gather over each output row, taps in the
+  padding skipped.
 
 - ``dw_dx``: dL/dX, (N, C, H, W), from dL/dY (N, C, OH, OW) and W (C, KH, KW): every output
   gradient scattered back onto the inputs its window read, ``dx[ih, iw] += gy[oh, ow] *
@@ -128,3 +132,43 @@ def dw_dx_s1(gy, w, dx, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, 
 @export("dw_dw_s1", _DW_ARGS)
 def dw_dw_s1(x, gy, dw, acc, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1):
     _dw(x, gy, dw, acc, N, C, H, W, OH, OW, KH, KW, SH, 1, DH, DW, pt, pl, c0, c1)
+
+
+@njit(inline="always", error_model="numpy", fastmath={"contract"})
+def _fwd(xp, wp, bp, yp, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1):
+    x = carray(xp, (N, C, H, W))
+    w = carray(wp, (C, KH, KW))
+    b = carray(bp, (C,))
+    y = carray(yp, (N, C, OH, OW))
+    for n in range(N):
+        for c in range(c0, c1):
+            for oh in range(OH):
+                yrow = y[n, c, oh]
+                bc = b[c]
+                for ow in range(OW):
+                    yrow[uint64(ow)] = bc
+                for i in range(KH):
+                    ih = oh * SH - pt + i * DH
+                    if ih < 0 or ih >= H:
+                        continue
+                    xrow = x[n, c, ih]
+                    for j in range(KW):
+                        wv = w[c, i, j]
+                        off, lo, hi = _ow_range(j, DW, pl, SW, W, OW)
+                        for ow in range(lo, hi):
+                            yrow[uint64(ow)] += xrow[uint64(ow * SW + off)] * wv
+
+
+@export("dw_fwd_s1", _ARGS.replace("f32[]!", "f32[] f32[]!", 1))
+def dw_fwd_s1(x, w, b, y, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1):
+    _fwd(x, w, b, y, N, C, H, W, OH, OW, KH, KW, SH, 1, DH, DW, pt, pl, c0, c1)
+
+
+@export("dw_fwd_s2", _ARGS.replace("f32[]!", "f32[] f32[]!", 1))
+def dw_fwd_s2(x, w, b, y, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1):
+    _fwd(x, w, b, y, N, C, H, W, OH, OW, KH, KW, SH, 2, DH, DW, pt, pl, c0, c1)
+
+
+@export("dw_fwd_sn", _ARGS.replace("f32[]!", "f32[] f32[]!", 1))
+def dw_fwd_sn(x, w, b, y, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1):
+    _fwd(x, w, b, y, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1)
