@@ -204,10 +204,11 @@ _DCOLS_BLOCK = 1 << 22  # elements of one input-gradient column block (cb*K x N*
 def _depthwise_compiled(which, a, gy, x_shape, k, s, d, pb):
     """dL/dX (``which`` "dw_dx", ``a`` the weights) or dL/dW ("dw_dw", ``a`` the input, the
     result (C, KH, KW)) of a 2-D depthwise convolution by the compiled kernels, or None when
-    they do not apply (not float32 2-D, not loaded: the caller's numpy path runs)."""
-    if len(k) != 2 or a.dtype != np.float32 or gy.dtype != np.float32:
+    they do not apply (not float32 2-D, a horizontal stride other than 1 or 2, not loaded:
+    the caller's numpy path runs)."""
+    if len(k) != 2 or a.dtype != np.float32 or gy.dtype != np.float32 or int(s[1]) not in (1, 2):
         return None
-    kern = compiled.kernel(f"conv_grad.{which}_s{int(s[1]) if int(s[1]) in (1, 2) else 'n'}")
+    kern = compiled.kernel(f"conv_grad.{which}_s{int(s[1])}")
     if kern is None:
         return None
     n, c, h, w_ = (int(v) for v in x_shape)

@@ -14,7 +14,9 @@ layout a training step runs in: their gradients, and the forward that the step r
   the products are added into a row of OW float32 lanes over (n, oh) (an element-wise add
   that vectorises; a plain float reduction does not without reordering the sum), the lanes
   summed in float64 at the end; ``acc`` is that row (OW floats, the caller's scratch).
-- ``_s1`` / ``_s2``: the horizontal stride as a literal; ``_sn``: any stride.
+- ``_s1`` / ``_s2``: the horizontal stride as a literal (the vertical stride, dilations and
+  pads are arguments); other horizontal strides run on the numpy path (a general form would
+  add ~30 s to every cold build for layers no zoo network has).
 
 The inner loops index one row with **unsigned** indices (``uint64``): with signed ones numba
 adds a negative-index wrap-around to every access and LLVM's vectoriser gives up (measured:
@@ -106,22 +108,12 @@ def dw_dx_s2(gy, w, dx, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, 
     _dx(gy, w, dx, N, C, H, W, OH, OW, KH, KW, SH, 2, DH, DW, pt, pl, c0, c1)
 
 
-@export("dw_dx_sn", _ARGS)
-def dw_dx_sn(gy, w, dx, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1):
-    _dx(gy, w, dx, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1)
-
-
 _DW_ARGS = "f32[] f32[] f32[]! f32[]! " + _ARGS.split(None, 3)[3]
 
 
 @export("dw_dw_s2", _DW_ARGS)
 def dw_dw_s2(x, gy, dw, acc, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1):
     _dw(x, gy, dw, acc, N, C, H, W, OH, OW, KH, KW, SH, 2, DH, DW, pt, pl, c0, c1)
-
-
-@export("dw_dw_sn", _DW_ARGS)
-def dw_dw_sn(x, gy, dw, acc, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1):
-    _dw(x, gy, dw, acc, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1)
 
 
 @export("dw_dx_s1", _ARGS)
@@ -167,8 +159,3 @@ def dw_fwd_s1(x, w, b, y, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0
 @export("dw_fwd_s2", _ARGS.replace("f32[]!", "f32[] f32[]!", 1))
 def dw_fwd_s2(x, w, b, y, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1):
     _fwd(x, w, b, y, N, C, H, W, OH, OW, KH, KW, SH, 2, DH, DW, pt, pl, c0, c1)
-
-
-@export("dw_fwd_sn", _ARGS.replace("f32[]!", "f32[] f32[]!", 1))
-def dw_fwd_sn(x, w, b, y, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1):
-    _fwd(x, w, b, y, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1)
