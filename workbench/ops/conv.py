@@ -318,10 +318,10 @@ def _depthwise_compiled(x, w, b, strides, dilations, pb, out_shape):
     """The 2-D float32 depthwise convolution by the compiled kernels (channels split over the
     worker threads), or None when they do not apply (horizontal stride 1 or 2 only) or are not
     loaded."""
-    sw = int(strides[1])
-    if x.ndim != 4 or x.dtype != np.float32 or w.dtype != np.float32 or sw not in (1, 2) or \
-            (b is not None and b.dtype != np.float32):
+    if x.ndim != 4 or x.dtype != np.float32 or w.dtype != np.float32 or \
+            int(strides[1]) not in (1, 2) or (b is not None and b.dtype != np.float32):
         return None
+    sw = int(strides[1])
     kern = compiled.kernel(f"conv_grad.dw_fwd_s{sw}")
     if kern is None:
         return None
