@@ -162,6 +162,27 @@ def test_nan_and_inf_propagate_through_the_clip(path):
     np.testing.assert_allclose(got[ok], ref[ok], atol=1e-5)
 
 
+def test_pointwise_epilogue_nan_empty_and_thread_split(path, monkeypatch):
+    """1x1: the one-pass epilogue (bias + residual + clip) keeps NaN and clips Inf like
+    numpy; an empty batch; rows split over several workers give the same result."""
+    x, w, b = data(2, 12, 5, 7, 20, (1, 1))
+    x[0, 3, 2, 2] = np.nan
+    x[1, 5, 4, 4] = np.inf
+    z = RNG.standard_normal((2, 20, 5, 7)).astype(np.float32)
+    z[1, 0, 0, 0] = -np.inf
+    ref = nchw_fused_conv(x, w, b, z, "Clip", (0.0, 6.0))
+    got = nhwc_conv(x, w, b, z, "Clip", (0.0, 6.0))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    np.testing.assert_allclose(got[ok], ref[ok], atol=1e-5)
+    x0, w0, b0 = data(0, 12, 5, 7, 20, (1, 1))
+    assert nhwc_conv(x0, w0, b0, None, "Relu").shape == (0, 20, 5, 7)
+    x, w, b = data(3, 16, 9, 9, 24, (1, 1))
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "3")
+    monkeypatch.setattr("workbench.ops.conv_nhwc._BLOCK", 24 * 7)   # many small blocks
+    check(x, w, b, None, "Relu")
+
+
 def test_errors_name_the_problem():
     x = np.zeros((1, 4, 4, 6), np.float32)
     with pytest.raises(ShapeError, match="W.shape\\[2\\] \\* group == C"):

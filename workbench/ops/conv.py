@@ -22,6 +22,7 @@ import math
 
 import numpy as np  # host-side checks only
 
+from workbench import compiled
 from workbench.arrays import xp_of
 from workbench.arrays.geometry import norm_auto_pad, window_geometry
 from workbench.errors import InputError, ShapeError
@@ -29,6 +30,7 @@ from workbench.limits import check_alloc
 from workbench.ops._common import compute_dtype, quiet, to_compute
 from workbench.ops.parallel import (
     blas_controller,
+    n_workers,
     parallel_add,
     parallel_copy,
     parallel_matmul,
@@ -250,10 +252,16 @@ def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape, epi=None):
     phase-split input, see :class:`WideTaps`) are copied into a small cache-resident im2col
     block and one batched matmul (a ``(1, K) @ (K, n)`` product per channel) does the
     multiply-adds. Blocks are spread over threads; each BLAS call stays small enough to run
-    on the calling thread.
+    on the calling thread. 2-D float32 on numpy: the compiled ``conv_grad.dw_fwd_*`` kernels
+    when they are loaded (the training step's NCHW depthwise layers).
     """
     xp = xp_of(x, w)
     N, C = x.shape[:2]
+    y = _depthwise_compiled(x, w, b, strides, dilations, pb, out_shape) if xp is np else None
+    if y is not None:
+        if epi is not None:  # the bias is already in
+            Epilogue(None, epi.z, epi.activation, epi.alpha, epi.beta)(y.reshape(N, C, -1))
+        return y
     ksh = tuple(w.shape[2:])
     nd = len(ksh)
     pe_all = [e + x_ for e, x_ in zip(pe, extra)]
@@ -303,6 +311,38 @@ def _depthwise(x, w, b, strides, dilations, pb, pe, extra, out_shape, epi=None):
     per_row = int(math.prod(out_shape[1:]))
     with single_threaded_blas(blas_controller()):
         run_blocks(xp, jobs, work, 2 * K * C * N * L)
+    return y
+
+
+def _depthwise_compiled(x, w, b, strides, dilations, pb, out_shape):
+    """The 2-D float32 depthwise convolution by the compiled kernels (channels split over the
+    worker threads), or None when they do not apply (horizontal stride 1 or 2 only) or are not
+    loaded."""
+    if x.ndim != 4 or x.dtype != np.float32 or w.dtype != np.float32 or \
+            int(strides[1]) not in (1, 2) or (b is not None and b.dtype != np.float32):
+        return None
+    sw = int(strides[1])
+    kern = compiled.kernel(f"conv_grad.dw_fwd_s{sw}")
+    if kern is None:
+        return None
+    N, C, H, W = (int(v) for v in x.shape)
+    kh, kw = (int(v) for v in w.shape[2:])
+    OH, OW = (int(v) for v in out_shape)
+    y = np.empty((N, C, OH, OW), dtype=np.float32)
+    if y.size == 0:
+        return y
+    xc = np.ascontiguousarray(x)
+    wc = np.ascontiguousarray(w).reshape(C, kh, kw)
+    bc = np.zeros(C, np.float32) if b is None else np.ascontiguousarray(b).reshape(C)
+    geo = (N, C, H, W, OH, OW, kh, kw, int(strides[0]), sw, int(dilations[0]),
+           int(dilations[1]), int(pb[0]), int(pb[1]))
+    step = max(1, -(-C // (4 * n_workers())))
+
+    def work(chunk):
+        for c0, c1 in chunk:
+            kern(xc, wc, bc, y, *geo, c0, c1)
+    run_blocks(np, [(i, min(C, i + step)) for i in range(0, C, step)], work,
+               N * C * OH * OW * kh * kw)
     return y
 
 

@@ -20,6 +20,10 @@ products and col2im blocks are spread over the worker threads of ``ops.parallel`
 BLAS single-threaded (BLAS' own threads busy-wait and collapse on a loaded machine). The plain
 path (``_weight_grad_plain`` / ``_input_grad_plain``) handles the rest and is the reference the
 tests compare the fast path with.
+
+Depthwise 2-D float32 on numpy: the compiled kernels ``conv_grad.dw_dx_*`` /
+``conv_grad.dw_dw_*`` when they are loaded (channels split over the worker threads), else the
+numpy depthwise paths of ``ops.conv`` (the reference).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import math
 
 import numpy as np  # dtype constants only
 
+from workbench import compiled
 from workbench.arrays.geometry import window_geometry
 from workbench.autodiff.rules import gradient
 from workbench.ops.parallel import (
@@ -106,6 +111,9 @@ def _weight_grad_plain(xp, x, gy, w_shape, group, k, s, d, pb, pe):
     nsp = len(out_sp)
     cg, mg = c // group, m // group
     if cg == 1 and mg == 1 and xp.__name__ == "numpy" and int(math.prod(k)) > 1:
+        got = _depthwise_compiled("dw_dw", x, gy, tuple(x.shape), k, s, d, pb)
+        if got is not None:
+            return got.reshape(tuple(w_shape))
         # depthwise on the CPU: cache-blocked batched products, threaded (ops.conv)
         from workbench.ops.conv import depthwise_weight_grad  # noqa: PLC0415
         return depthwise_weight_grad(x, gy, list(k), list(s), list(d), list(pb),
@@ -152,6 +160,9 @@ def _input_grad_plain(xp, gy, w, x_shape, group, k, s, d, pb, pe):
         wt = w.reshape(group, mg, cg).transpose(0, 2, 1)
         return (wt @ gy.reshape(n, group, mg, -1)).reshape(tuple(x_shape))
     if cg == 1 and mg == 1 and xp.__name__ == "numpy" and kp > 1:
+        got = _depthwise_compiled("dw_dx", w, gy, tuple(x_shape), k, s, d, pb)
+        if got is not None:
+            return got
         # depthwise on the CPU: a depthwise correlation of the spread output gradient with
         # the flipped kernel, on the forward's blocked, threaded kernel (ops.conv)
         from workbench.ops.conv import depthwise_input_grad  # noqa: PLC0415
@@ -188,6 +199,46 @@ def _input_grad_plain(xp, gy, w, x_shape, group, k, s, d, pb, pe):
 # --------------------------------------------------------------------------- CPU fast path
 _FAST_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _DCOLS_BLOCK = 1 << 22  # elements of one input-gradient column block (cb*K x N*P)
+
+
+def _depthwise_compiled(which, a, gy, x_shape, k, s, d, pb):
+    """dL/dX (``which`` "dw_dx", ``a`` the weights) or dL/dW ("dw_dw", ``a`` the input, the
+    result (C, KH, KW)) of a 2-D depthwise convolution by the compiled kernels, or None when
+    they do not apply (not float32 2-D, a horizontal stride other than 1 or 2, not loaded:
+    the caller's numpy path runs)."""
+    if len(k) != 2 or a.dtype != np.float32 or gy.dtype != np.float32 or int(s[1]) not in (1, 2):
+        return None
+    kern = compiled.kernel(f"conv_grad.{which}_s{int(s[1])}")
+    if kern is None:
+        return None
+    n, c, h, w_ = (int(v) for v in x_shape)
+    oh, ow = (int(v) for v in gy.shape[2:])
+    kh, kw = (int(v) for v in k)
+    a = np.ascontiguousarray(a)
+    gy = np.ascontiguousarray(gy)
+    if which == "dw_dx":
+        a = a.reshape(c, kh, kw)
+        out = np.empty(x_shape, dtype=np.float32)
+    else:
+        out = np.empty((c, kh, kw), dtype=np.float32)
+    if out.size == 0:
+        return out
+    geo = (n, c, h, w_, oh, ow, kh, kw, int(s[0]), int(s[1]), int(d[0]), int(d[1]),
+           int(pb[0]), int(pb[1]))
+    step = max(1, -(-c // (4 * n_workers())))
+
+    if which == "dw_dx":
+        def work(chunk):
+            for c0, c1 in chunk:
+                kern(gy, a, out, *geo, c0, c1)
+    else:
+        def work(chunk):
+            acc = np.empty(max(1, ow), dtype=np.float32)   # this thread's lanes
+            for c0, c1 in chunk:
+                kern(a, gy, out, acc, *geo, c0, c1)
+    run_blocks(np, [(i, min(c, i + step)) for i in range(0, c, step)], work,
+               n * c * oh * ow * kh * kw)
+    return out
 
 
 def _fast_cpu(xp, group, *arrays) -> bool:

@@ -88,24 +88,20 @@ def dw_k5s2(x, w, b, z, y, N, H, W, C, OH, OW, pt, pl, has_z, r0, r1, lo, hi):
 
 @export("bias_act", "f32[]! f32[] f32[] i64 i64 i64 i64 i64 f32 f32")
 def bias_act(yp, bp, zp, rows, M, has_b, has_z, r0, lo, hi):
-    """``y[r0:r0+rows] = clip(y + b + z, lo, hi)`` on a (rows, M) block; ``z`` is read from
-    the same rows of a residual of y's full shape (``zp`` points at its row r0)."""
+    """``y[r0:r0+rows] = clip(y + b + z, lo, hi)`` on a (rows, M) block, in one pass; ``z``
+    is read from the same rows of a residual of y's full shape (``zp`` points at its row
+    r0)."""
     y = carray(yp, (rows, M))
     b = carray(bp, (M,))
+    z = carray(zp, (rows, M)) if has_z else carray(zp, (1, M))
     for r in range(rows):
+        zr = r if has_z else 0
         for m in range(M):
             a = y[r, m]
             if has_b:
                 a += b[m]
-            y[r, m] = a
-    if has_z:
-        z = carray(zp, (rows, M))
-        for r in range(rows):
-            for m in range(M):
-                y[r, m] += z[r, m]
-    for r in range(rows):
-        for m in range(M):
-            a = y[r, m]
+            if has_z:
+                a += z[zr, m]
             if a < lo:
                 a = lo
             if a > hi:
