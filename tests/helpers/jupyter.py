@@ -25,6 +25,11 @@ LAB_SETTINGS = {   # no news or update checks: the tests never leave 127.0.0.1
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
         {"fetchNews": "false", "checkForUpdates": False},
 }
+#: lab extensions of other packages a test server turns off (``start(..., quiet=True)``): a
+#: user-level install of ipyparallel (~/.local/share/jupyter) is loaded by every JupyterLab
+#: while its server side is off in a venv, and its "IPP Extension Server Error" dialog would
+#: cover the page; no test uses its panel
+QUIET_LABEXTENSIONS = ("ipyparallel-labextension",)
 
 
 def free_port() -> int:
@@ -102,14 +107,18 @@ class Server:
 def start(base: Path, root: Path, *, lab: bool = True, server_config: dict | None = None,
           lab_settings: dict | None = None, jupyter_path: list | None = None,
           extra_args: list | None = None, timeout: float = 90,
-          python: str | None = None) -> Server:
+          python: str | None = None, quiet: bool = True) -> Server:
     """Start JupyterLab (``lab=True``) or a bare jupyter_server serving ``root``; its config
     folder is ``base/config`` (with ``server_config`` written as jupyter_server_config.json),
     runtime and IPython folders are under ``base`` too. Raises RuntimeError with the end of
     the log when it does not answer in ``timeout`` seconds.
 
     ``python``: the interpreter of another environment (a fresh venv) to run Jupyter with,
-    as installed there: the working tree is then not put on its PYTHONPATH."""
+    as installed there: the working tree is then not put on its PYTHONPATH.
+
+    ``quiet``: the lab extensions of :data:`QUIET_LABEXTENSIONS` are disabled (in the private
+    config's ``labconfig/page_config.json``); the fresh-install check passes False, as it
+    checks that a new environment shows no error dialog."""
     base.mkdir(parents=True, exist_ok=True)
     config = base / "config"
     config.mkdir(exist_ok=True)
@@ -128,6 +137,10 @@ def start(base: Path, root: Path, *, lab: bool = True, server_config: dict | Non
         env["JUPYTER_PATH"] = os.pathsep.join(
             [str(p) for p in jupyter_path] + ([env["JUPYTER_PATH"]] if env.get("JUPYTER_PATH")
                                               else []))
+    if lab and quiet:
+        (config / "labconfig").mkdir(exist_ok=True)
+        (config / "labconfig" / "page_config.json").write_text(json.dumps(
+            {"disabledExtensions": {name: True for name in QUIET_LABEXTENSIONS}}))
     if lab:
         settings = base / "settings"
         for rel, content in {**LAB_SETTINGS, **(lab_settings or {})}.items():
