@@ -12,8 +12,6 @@ Run: ``pytest -m browser tests/browser/test_graph_drawing.py -s``.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests.helpers import jupyter
@@ -48,29 +46,17 @@ def _shape_computations(model) -> set:
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
-    if not os.path.exists(jupyter.CHROMIUM):
-        pytest.skip(f"chromium not found at {jupyter.CHROMIUM}")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    pytest.importorskip("anywidget", reason="anywidget is not installed")
-    from playwright.sync_api import sync_playwright
-
+def page(tmp_path_factory, chromium):
     from tests.helpers.graph_page import page_html
 
     html = tmp_path_factory.mktemp("drawing") / "graph.html"
     html.write_text(page_html(), encoding="utf-8")
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(
-            executable_path=jupyter.CHROMIUM, headless=True, args=jupyter.CHROME_ARGS
-        )
-        pg = b.new_page(viewport={"width": 1280, "height": 820})
-        pg.errors = []
-        pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-        pg.goto(html.as_uri())
-        pg.wait_for_function("window.wbReady === true")
-        yield pg
-        b.close()
+    ctx, pg = jupyter.new_page(chromium, 1280, 820)
+    pg.goto(html.as_uri())
+    pg.wait_for_function("window.wbReady === true")
+    yield pg
+    ctx.close()
 
 
 def _open(pg, model, height=680):
