@@ -137,7 +137,7 @@ def start_lab(venv: Path, root: Path, args: list, base: Path) -> jupyter.Server:
     if IS_ROOT and "--allow-root" not in extra:
         extra.append("--allow-root")
     return jupyter.start(base, root, lab=True, python=str(venv / "bin" / "python"),
-                         extra_args=extra, timeout=180)
+                         extra_args=extra, timeout=180, quiet=False)
 
 
 def lab_page(srv: jupyter.Server, path: str, shot: str, ready) -> dict:

@@ -8,6 +8,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
+# Into this Python's own prefix (a venv, or a Python you may write to), never a user-level
+# install: pip falls back to ~/.local when site-packages is not writable, and there the lab
+# extensions (ipyparallel's, ours) land in ~/.local/share/jupyter, which EVERY JupyterLab of
+# this user loads, venvs included, while their server side is switched on in
+# ~/.local/etc/jupyter, which a venv's Jupyter never reads: ipyparallel's extension then shows
+# "IPP Extension Server Error" on every page load. PIP_USER=0 also overrides a pip.conf `user`.
+export PIP_USER=0
+if ! $PY -c 'import os, sys, sysconfig; sys.exit(not os.access(sysconfig.get_paths()["purelib"], os.W_OK))'; then
+  echo "error: $PY installs into $($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'), which you cannot write." >&2
+  echo "  Make a virtual environment first (README, 'Start here'): python3 -m venv .venv && . .venv/bin/activate" >&2
+  echo "  (a user-level install, pip's fallback, would leave JupyterLab extensions every JupyterLab loads" >&2
+  echo "  with their server side missing in other environments)" >&2
+  exit 1
+fi
 $PY -m pip install --quiet --upgrade pip
 # An earlier version of this script linked the JupyterLab extension's folder into the
 # environment; pip would now write the installed copy through that link into the source tree

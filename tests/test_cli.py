@@ -188,6 +188,36 @@ def test_conformance_verbose_and_expanded_labels(capsys):
     assert "PASS test_abs [Abs]" in out and "cases pass" in out
 
 
+def test_conformance_k_imports_only_the_modules_it_needs(tmp_path):
+    """With the index a full collection leaves in the cache, ``-k`` imports only the modules
+    that make the matching cases (not the minute of pooling examples); an index that no
+    longer matches what the modules make is not trusted."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = r"""
+import json, sys
+from workbench import conformance as c
+path = c._index_path()
+import os; os.makedirs(os.path.dirname(path), exist_ok=True)
+mod = "onnx.backend.test.case.node."
+json.dump({"format": c._INDEX_FORMAT, "cases": {"test_abs": mod + "abs",
+           "test_relu": mod + "abs"}}, open(path, "w"))
+bad = c._some_cases(["test_relu"])          # abs does not make test_relu: not trusted
+got = [x.name for x in c.collect(["test_abs"])]
+print(json.dumps({"bad": bad, "got": got, "pool": mod + "averagepool" in sys.modules,
+                  "full": c._all_cases.cache_info().currsize}))
+"""
+    env = dict(os.environ, WORKBENCH_HOME=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"bad": None, "got": ["test_abs"], "pool": False, "full": 0}, out
+
+
 def test_files_of_other_formats_are_named_with_how_to_export_them(tmp_path, capsys):
     import json
     import struct

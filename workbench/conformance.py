@@ -41,22 +41,151 @@ class CaseResult:
 _EXPANDED = re.compile(r"_expanded(_ver\d+)?$")
 
 
+# onnx generates its node cases by importing every module of onnx.backend.test.case.node
+# (each runs its examples: about a minute, mostly the pooling ones). A full collection records
+# which module makes which case (an index in the workbench cache, per onnx version and module
+# set), so ``-k PATTERN`` later imports only the modules it needs.
+_INDEX_FORMAT = 1
+
+
+def _node_modules() -> list:
+    """The modules onnx's ``collect_testcases`` imports, in its order (ai.onnx.ml ones only
+    where onnx was built with them)."""
+    import importlib
+    import pkgutil
+
+    from onnx.backend.test.case import node, utils
+
+    out = []
+
+    def walk(pkg):
+        for _loader, name, ispkg in pkgutil.iter_modules(pkg.__path__):
+            full = f"{pkg.__name__}.{name}"
+            if not utils.ONNX_ML and full.startswith("onnx.backend.test.case.node.ai_onnx_ml"):
+                continue
+            out.append(full)
+            if ispkg:
+                walk(importlib.import_module(full))
+    walk(node)
+    return out
+
+
+def _index_path() -> str:
+    import hashlib
+    import os
+
+    from onnx.backend.test.case import node
+
+    from workbench.files import cache_home
+    folder = node.__path__[0]
+    h = hashlib.sha256(onnx.__version__.encode())
+    for root, _dirs, files in sorted(os.walk(folder)):
+        for f in sorted(files):
+            if f.endswith(".py"):
+                st = os.stat(os.path.join(root, f))
+                h.update(f"{os.path.relpath(os.path.join(root, f), folder)}:{st.st_size}".encode())
+    return os.path.join(cache_home(create=False), "conformance",
+                        f"onnx-{onnx.__version__}-{h.hexdigest()[:16]}.json")
+
+
+def _import_all() -> dict:
+    """Import every node-case module (what ``collect_testcases`` does); returns {case name:
+    module that made it}."""
+    import importlib
+
+    from onnx.backend.test.case import node
+
+    made = {}
+    for mod in _node_modules():
+        before = len(node._NodeTestCases)
+        importlib.import_module(mod)
+        for c in node._NodeTestCases[before:]:
+            made.setdefault(c.name, mod)
+    return made
+
+
+def _write_index(made: dict) -> None:
+    import json
+    import os
+
+    try:
+        path = _index_path()
+        if os.path.exists(path):
+            return
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        from workbench.files import write_atomic
+        data = json.dumps({"format": _INDEX_FORMAT, "onnx": onnx.__version__,
+                           "cases": made}).encode()
+        write_atomic(path, lambda f: f.write(data), overwrite=True)
+    except Exception:  # noqa: BLE001 - a cache: a read-only home only costs time next run
+        pass
+
+
+def _read_index() -> dict | None:
+    import json
+
+    try:
+        with open(_index_path(), encoding="utf-8") as f:
+            data = json.load(f)
+        return data["cases"] if data.get("format") == _INDEX_FORMAT else None
+    except Exception:  # noqa: BLE001 - missing or unreadable: collect everything
+        return None
+
+
 @functools.lru_cache(maxsize=1)
 def _all_cases() -> tuple:
-    from onnx.backend.test.case.node import collect_testcases
+    from onnx.backend.test.case import node
+    fresh = not node._NodeTestCases           # no module imported yet: the index is whole
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return tuple(collect_testcases())
+        made = _import_all()
+        cases = tuple(node.collect_testcases())    # (every module is imported already)
+    if fresh and made:
+        _write_index(made)
+    return cases
 
 
-@functools.lru_cache(maxsize=1)
+def _some_cases(patterns) -> list | None:
+    """The cases matching ``patterns`` (and the unexpanded twins of expanded ones, for their
+    labels) from only the modules that make them, by the index; None without an index or
+    when the modules no longer make what it says."""
+    import importlib
+
+    made = _read_index()
+    if not made:
+        return None
+    names = {n for n in made if any(p in n for p in patterns)}
+    names |= {_EXPANDED.sub("", n) for n in names} & set(made)
+    from onnx.backend.test.case import node
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for mod in sorted({made[n] for n in names}):
+            importlib.import_module(mod)
+    have = {c.name: c for c in node._NodeTestCases}
+    if not names <= set(have):
+        return None
+    return [have[n] for n in names]
+
+
+_FEW: dict = {}    # the cases a filtered collection made (for primary_op's twins)
+
+
 def _cases_by_name() -> dict:
+    if _FEW and _all_cases.cache_info().currsize == 0:
+        return _FEW
     return {c.name: c for c in _all_cases()}
 
 
 def collect(patterns=None) -> list:
     """The node test cases of the installed onnx package, filtered by name substrings."""
-    cases = list(_all_cases())
+    cases = None
+    if patterns and _all_cases.cache_info().currsize == 0:
+        few = _some_cases(patterns)
+        if few is not None:
+            _FEW.update({c.name: c for c in few})
+            cases = few
+    if cases is None:
+        cases = list(_all_cases())
     if patterns:
         cases = [c for c in cases if any(p in c.name for p in patterns)]
     return sorted(cases, key=lambda c: c.name)

@@ -19,7 +19,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.browser.test_graph_drawing import ARTIFACTS, _open, _view, page  # noqa: F401
-from tests.browser.test_onnx_viewer import DEFAULT_MODEL, _requirements, _start_lab
+from tests.browser.test_onnx_viewer import DEFAULT_MODEL
+from tests.helpers import jupyter
 
 pytestmark = pytest.mark.browser
 
@@ -198,16 +199,13 @@ def test_overlays_legend_group_totals_and_summary(page, analysed):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    _requirements()
-    base = tmp_path_factory.mktemp("analysislab")
-    root = base / "root"
-    root.mkdir()
-    shutil.copy(DEFAULT_MODEL, root / "digits.onnx")
-    onnx.save(scoped_cnn(), str(root / "scoped.onnx"))
-    srv = _start_lab(base, root, server_extension=True)
-    yield srv
-    srv.stop()
+def lab(shared_lab):
+    """This module's folder on the session's JupyterLab (tests/browser/conftest.py)."""
+    folder = jupyter.lab_folder(shared_lab, "analysis")
+    shutil.copy(DEFAULT_MODEL, folder.root / "digits.onnx")
+    onnx.save(scoped_cnn(), str(folder.root / "scoped.onnx"))
+    yield folder
+    folder.close()
 
 
 def test_onnx_viewer_overlay_and_measure(lab, page):  # noqa: F811
@@ -217,8 +215,8 @@ def test_onnx_viewer_overlay_and_measure(lab, page):  # noqa: F811
         pg = ctx.new_page()
         errors = []
         pg.on("pageerror", lambda e: errors.append(str(e)))
-        pg.goto(f"{lab.url}/lab/tree/scoped.onnx?token={lab.token}")
-        panel = pg.locator(".jp-OnnxGraph[data-path='scoped.onnx']")
+        pg.goto(lab.tree("scoped.onnx"))
+        panel = pg.locator(f".jp-OnnxGraph[data-path='{lab.rel('scoped.onnx')}']")
         panel.locator(".wb-graphview[data-ready='1']").wait_for(timeout=90_000)
         view = panel.locator(".wb-graphview")
         # the static analysis, before anything ran: FLOPs with group totals and a summary
@@ -233,9 +231,9 @@ def test_onnx_viewer_overlay_and_measure(lab, page):  # noqa: F811
         assert "scoped.onnx" in summary and "bound to 1" in summary
         # Measure: the model runs on the server; the colours become the measured times
         pg.locator(".jp-OnnxGraph-measure-button").first.click()
-        pg.wait_for_function("() => ['done', 'error'].includes(document.querySelector("
-                             "\".jp-OnnxGraph[data-path='scoped.onnx']\").dataset.measure)",
-                             timeout=90_000)
+        pg.wait_for_function("p => ['done', 'error'].includes(document.querySelector("
+                             "`.jp-OnnxGraph[data-path='${p}']`).dataset.measure)",
+                             arg=lab.rel("scoped.onnx"), timeout=90_000)
         assert panel.get_attribute("data-measure") == "done", \
             panel.locator(".jp-OnnxGraph-measure").text_content()
         assert view.get_attribute("data-overlay-metric") == "time_ours_ms"

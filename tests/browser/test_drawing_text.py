@@ -5,8 +5,6 @@ front-end, on the page of tests/helpers/graph_page.py) with its on-screen size a
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests.helpers import jupyter
@@ -53,28 +51,17 @@ def _fan_out(n=8):
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
-    if not os.path.exists(jupyter.CHROMIUM):
-        pytest.skip(f"chromium not found at {jupyter.CHROMIUM}")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    pytest.importorskip("anywidget", reason="anywidget is not installed")
-    from playwright.sync_api import sync_playwright
-
+def page(tmp_path_factory, chromium):
     from tests.helpers.graph_page import page_html
 
     html = tmp_path_factory.mktemp("drawing-text") / "graph.html"
     html.write_text(page_html(), encoding="utf-8")
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=jupyter.CHROMIUM, headless=True,
-                               args=jupyter.CHROME_ARGS)
-        pg = b.new_page(viewport={"width": 1100, "height": 760})
-        pg.errors = []
-        pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-        pg.goto(html.as_uri())
-        pg.wait_for_function("window.wbReady === true")
-        pg.evaluate(RECORD)
-        yield pg
-        b.close()
+    ctx, pg = jupyter.new_page(chromium, 1100, 760)
+    pg.goto(html.as_uri())
+    pg.wait_for_function("window.wbReady === true")
+    pg.evaluate(RECORD)
+    yield pg
+    ctx.close()
 
 
 def _open(pg, model):

@@ -46,19 +46,7 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
-LABEXT = ROOT / "workbench" / "labextension"
-EXT_NAME = "@onnx-workbench/jupyterlab-onnx"
 sys.path.insert(0, str(ROOT / "tests" / "widgets"))
-
-
-def _requirements():
-    if not os.path.exists(jupyter.CHROMIUM):
-        pytest.skip(f"chromium not found at {jupyter.CHROMIUM} (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
-    pytest.importorskip("anywidget", reason="anywidget is not installed")
-    if not (LABEXT / "package.json").is_file():
-        pytest.skip("workbench/labextension is not built (scripts/build-labextension.sh)")
 
 
 CELLS = [
@@ -83,56 +71,33 @@ print("PROBE", json.dumps({"n": n, "records": s.records(), "undone": [u.record f
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    _requirements()
+def lab(shared_lab):
+    """This module's folder on the session's JupyterLab (tests/browser/conftest.py)."""
     import synth
-    base = tmp_path_factory.mktemp("editlab")
-    root = base / "root"
-    root.mkdir()
-    onnx.save(synth.mlp(), str(root / "mlp.onnx"))
-    onnx.save(hm.xss_model(), str(root / "xss.onnx"))
+    folder = jupyter.lab_folder(shared_lab, "edit")
+    onnx.save(synth.mlp(), str(folder.root / "mlp.onnx"))
+    onnx.save(hm.xss_model(), str(folder.root / "xss.onnx"))
     cells = [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
               "source": c.replace("{tests!r}", repr(str(ROOT / "tests" / "widgets"))).strip()}
              for c in CELLS]
     nb = {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                       "language": "python"}}}
-    (root / "edit.ipynb").write_text(json.dumps(nb))
-    data = base / "data"
-    (data / "labextensions" / "@onnx-workbench").mkdir(parents=True)
-    (data / "labextensions" / EXT_NAME).symlink_to(LABEXT, target_is_directory=True)
-    try:
-        srv = jupyter.start(base / "lab", root, lab=True, jupyter_path=[data],
-                            server_config={"ServerApp": {"jpserver_extensions":
-                                                         {"workbench": True}}},
-                            lab_settings={"@jupyterlab/notebook-extension/tracker."
-                                          "jupyterlab-settings": {"windowingMode": "none"}})
-    except RuntimeError as e:
-        pytest.fail(str(e))
-    yield srv
-    srv.stop()
+    (folder.root / "edit.ipynb").write_text(json.dumps(nb))
+    yield folder
+    folder.close()
 
 
 @pytest.fixture(scope="module")
-def browser():
-    _requirements()
-    from playwright.sync_api import sync_playwright
+def browser(chromium):
     ARTIFACTS.mkdir(exist_ok=True)
     for old in ARTIFACTS.glob("edit-*.png"):
         old.unlink()
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=jupyter.CHROMIUM, headless=True,
-                               args=jupyter.CHROME_ARGS)
-        yield b
-        b.close()
+    return chromium
 
 
 def _page(browser, width=1400, height=1000):
-    ctx = browser.new_context(viewport={"width": width, "height": height})
-    pg = ctx.new_page()
-    pg.errors = []
-    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-    return ctx, pg
+    return jupyter.new_page(browser, width, height)
 
 
 def _shot(pg, name, locator=None):
@@ -210,7 +175,7 @@ def test_model_editor_in_a_notebook(lab, browser):
 
 
 def _notebook(lab, pg):
-    pg.goto(f"{lab.url}/lab/tree/edit.ipynb?token={lab.token}")
+    pg.goto(lab.tree("edit.ipynb"))
     pg.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
     pg.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
     pg.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget && "
@@ -341,8 +306,8 @@ def _save_as(pg, edit, path):
 
 
 def _viewer(lab, pg):
-    pg.goto(f"{lab.url}/lab/tree/mlp.onnx?token={lab.token}")
-    panel = pg.locator(".jp-OnnxGraph[data-path='mlp.onnx']")
+    pg.goto(lab.tree("mlp.onnx"))
+    panel = pg.locator(f".jp-OnnxGraph[data-path='{lab.rel('mlp.onnx')}']")
     panel.wait_for(timeout=90_000)
     pg.wait_for_function("el => el.dataset.status === 'ready'", arg=panel.element_handle(),
                          timeout=60_000)
@@ -382,9 +347,9 @@ def _viewer(lab, pg):
     _settled(pg, edit, 2)
     assert "head" in _names(pg, edit) and not edit.locator(".wb-edit-redo").is_enabled()
     # ---- Save as a new file: written at once, the original untouched
-    _save_as(pg, edit, "mlp_edited.onnx")
-    _wait(pg, edit, "el.dataset.saved === 'mlp_edited.onnx' && el.dataset.unsaved !== '1'",
-          30_000)
+    _save_as(pg, edit, lab.rel("mlp_edited.onnx"))     # (paths of the server's root)
+    _wait(pg, edit, f"el.dataset.saved === '{lab.rel('mlp_edited.onnx')}' && "
+          "el.dataset.unsaved !== '1'", 30_000)
     assert (lab.root / "mlp.onnx").read_bytes() == original
     saved = onnx.load(str(lab.root / "mlp_edited.onnx"))
     assert [n.name for n in saved.graph.node] == ["fc1", "fc1_bias", "head", "fc2_bias",
@@ -394,7 +359,7 @@ def _viewer(lab, pg):
     pg.locator(".jp-DirListing-item[title*='mlp_edited.onnx']").wait_for(timeout=5_000)
     _shot(pg, "viewer-saved-as")
     # ---- Save over the open file: a dialog asks; Cancel leaves it, Replace writes it
-    _save_as(pg, edit, "mlp.onnx")
+    _save_as(pg, edit, lab.rel("mlp.onnx"))
     dialog = pg.locator(".jp-Dialog")
     dialog.wait_for(timeout=30_000)
     assert "Replace the file?" in dialog.inner_text() and "mlp.onnx" in dialog.inner_text()
@@ -402,10 +367,10 @@ def _viewer(lab, pg):
     dialog.locator("button.jp-mod-reject").click()
     dialog.wait_for(state="detached", timeout=10_000)
     assert (lab.root / "mlp.onnx").read_bytes() == original          # not without consent
-    assert edit.get_attribute("data-saved") == "mlp_edited.onnx"
-    _save_as(pg, edit, "mlp.onnx")
+    assert edit.get_attribute("data-saved") == lab.rel("mlp_edited.onnx")
+    _save_as(pg, edit, lab.rel("mlp.onnx"))
     pg.locator(".jp-Dialog button.jp-mod-warn").click()
-    _wait(pg, edit, "el.dataset.saved === 'mlp.onnx'", 30_000)
+    _wait(pg, edit, f"el.dataset.saved === '{lab.rel('mlp.onnx')}'", 30_000)
     assert (lab.root / "mlp.onnx").read_bytes() == saved.SerializeToString()
     assert sorted(p.name for p in lab.root.iterdir() if p.name.startswith("mlp")) == [
         "mlp.onnx", "mlp_edited.onnx"]                                 # no temporary debris
@@ -445,8 +410,8 @@ def test_hostile_model_edited_in_the_onnx_viewer(lab, browser):
     History, Script, Save as; nothing becomes markup."""
     ctx, pg = _page(browser)
     try:
-        pg.goto(f"{lab.url}/lab/tree/xss.onnx?token={lab.token}")
-        panel = pg.locator(".jp-OnnxGraph[data-path='xss.onnx']")
+        pg.goto(lab.tree("xss.onnx"))
+        panel = pg.locator(f".jp-OnnxGraph[data-path='{lab.rel('xss.onnx')}']")
         panel.wait_for(timeout=90_000)
         pg.wait_for_function("el => el.dataset.status === 'ready'",
                              arg=panel.element_handle(), timeout=60_000)
@@ -477,9 +442,9 @@ def test_hostile_model_edited_in_the_onnx_viewer(lab, browser):
         edit.locator(".wb-edit-script").click()
         edit.locator(".wb-edit-script-text").wait_for(timeout=30_000)
         script = edit.locator(".wb-edit-script-text").inner_text()
-        assert "edit.open('xss.onnx')" in script and repr(new) in script, script
-        _save_as(pg, edit, "xss_edited.onnx")
-        _wait(pg, edit, "el.dataset.saved === 'xss_edited.onnx'", 30_000)
+        assert f"edit.open('{lab.rel('xss.onnx')}')" in script and repr(new) in script, script
+        _save_as(pg, edit, lab.rel("xss_edited.onnx"))
+        _wait(pg, edit, f"el.dataset.saved === '{lab.rel('xss_edited.onnx')}'", 30_000)
         saved = onnx.load(str(lab.root / "xss_edited.onnx"))
         assert new in [n.name for n in saved.graph.node]
         pg.wait_for_timeout(300)

@@ -12,8 +12,6 @@ Run: ``pytest -m browser tests/browser/test_graph_drawing.py -s``.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests.helpers import jupyter
@@ -48,29 +46,17 @@ def _shape_computations(model) -> set:
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
-    if not os.path.exists(jupyter.CHROMIUM):
-        pytest.skip(f"chromium not found at {jupyter.CHROMIUM}")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    pytest.importorskip("anywidget", reason="anywidget is not installed")
-    from playwright.sync_api import sync_playwright
-
+def page(tmp_path_factory, chromium):
     from tests.helpers.graph_page import page_html
 
     html = tmp_path_factory.mktemp("drawing") / "graph.html"
     html.write_text(page_html(), encoding="utf-8")
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(
-            executable_path=jupyter.CHROMIUM, headless=True, args=jupyter.CHROME_ARGS
-        )
-        pg = b.new_page(viewport={"width": 1280, "height": 820})
-        pg.errors = []
-        pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-        pg.goto(html.as_uri())
-        pg.wait_for_function("window.wbReady === true")
-        yield pg
-        b.close()
+    ctx, pg = jupyter.new_page(chromium, 1280, 820)
+    pg.goto(html.as_uri())
+    pg.wait_for_function("window.wbReady === true")
+    yield pg
+    ctx.close()
 
 
 def _open(pg, model, height=680):
@@ -371,3 +357,64 @@ def test_subgraphs_open_like_groups(page):
     assert {v["label"] for v in vis} >= {"Relu", "from x", "t"}
     _shot(pg, "subgraph")
     assert pg.errors == [], pg.errors
+
+
+def _tall_model(blocks=36, d=8):
+    """A residual MLP of ``blocks`` scoped blocks (``/block.i/...``): a first level taller than
+    a readable fit, as deep exports (24-layer transformers, ResNet-152) draw."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(blocks):
+        s = f"/block.{i}"
+        w = numpy_helper.from_array(rng.standard_normal((d, d)).astype(np.float32), f"w{i}")
+        inits.append(w)
+        nodes += [helper.make_node("MatMul", [x, w.name], [f"{s}/mm"], name=f"{s}/MatMul"),
+                  helper.make_node("Relu", [f"{s}/mm"], [f"{s}/r"], name=f"{s}/Relu"),
+                  helper.make_node("Add", [x, f"{s}/r"], [f"{s}/out"], name=f"{s}/Add")]
+        x = f"{s}/out"
+    nodes.append(helper.make_node("Identity", [x], ["y"], name="/head/Identity"))
+    g = helper.make_graph(nodes, "tall", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                         [1, d])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, d])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _ends_shown(pg):
+    vis = _visible(pg)
+    return ([v["full"] for v in vis if v["type"] == "node" and v["kind"] == 1],
+            [v["full"] for v in vis if v["type"] == "node" and v["kind"] == 2])
+
+
+def test_a_tall_graph_opens_on_its_inputs_with_its_outputs_one_click_away(page):
+    """Too tall to fit readably: the first screen shows the inputs at a readable zoom and a
+    visible '▼ 1 output below' control; one click shows the outputs (the zoom kept) and
+    offers the way back ('▲ 1 input above', key Home); End goes down again."""
+    pg = page
+    _open(pg, _tall_model(), height=560)
+    k0 = pg.evaluate("() => document.querySelector('.wb-graphview').wbView.gc.k")
+    assert k0 >= 0.45, k0                                          # readable, not a far fit
+    ins, outs = _ends_shown(pg)
+    assert ins == [True], "the inputs are on the first screen"
+    assert outs == [], "this model is meant to be taller than one screen"
+    down, up = _view(pg).locator(".wb-jump-out"), _view(pg).locator(".wb-jump-in")
+    assert down.is_visible() and down.inner_text() == "▼ 1 output below"
+    assert not up.is_visible()
+    _shot(pg, "tall-first-screen")
+    down.click()
+    assert _ends_shown(pg)[1] == [True], "one click shows the output"
+    assert pg.evaluate("() => document.querySelector('.wb-graphview').wbView.gc.k") == k0
+    assert not down.is_visible() and up.is_visible() and up.inner_text() == "▲ 1 input above"
+    _shot(pg, "tall-outputs")
+    _view(pg).locator(".wb-canvaswrap").focus()
+    pg.keyboard.press("Home")
+    assert _ends_shown(pg)[0] == [True] and down.is_visible() and not up.is_visible()
+    pg.keyboard.press("End")
+    assert _ends_shown(pg)[1] == [True]
+    # a graph that fits has neither control
+    _open(pg, _tall_model(blocks=3), height=560)
+    assert _ends_shown(pg) == ([True], [True])
+    assert not down.is_visible() and not up.is_visible()
+    assert not pg.errors, pg.errors

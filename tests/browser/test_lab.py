@@ -10,7 +10,6 @@ Run: ``pytest -m browser tests/browser -s`` (prints the 2,500-node GraphView dra
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 
@@ -23,14 +22,6 @@ pytestmark = pytest.mark.browser
 CHROMIUM = jupyter.CHROMIUM
 ROOT = jupyter.ROOT
 ARTIFACTS = ROOT / "test-artifacts"
-
-
-def _requirements():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"chromium not found at {CHROMIUM} (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
-    pytest.importorskip("anywidget", reason="anywidget is not installed")
 
 
 def _cell(src: str) -> dict:
@@ -102,42 +93,26 @@ cmp
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    _requirements()
-    base = tmp_path_factory.mktemp("lab")
-    root = base / "root"
-    root.mkdir()
+def lab(shared_lab):
+    """This module's folder on the session's JupyterLab (tests/browser/conftest.py)."""
+    folder = jupyter.lab_folder(shared_lab, "lab")
     cells = [_cell(c.replace("{tests!r}", repr(str(ROOT / "tests" / "widgets")))) for c in CELLS]
     cells[0]["source"] = "import json\n" + cells[0]["source"]
     nb = {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                       "language": "python"}}}
-    (root / "widgets.ipynb").write_text(json.dumps(nb))
-    try:
-        srv = jupyter.start(base, root, lab=True, lab_settings={
-            "@jupyterlab/notebook-extension/tracker.jupyterlab-settings":
-                {"windowingMode": "none"}})
-    except RuntimeError as e:
-        pytest.fail(str(e))
-    yield {"url": srv.url, "token": srv.token, "root": root, "proc": srv.proc, "log": srv.log}
-    srv.stop()
+    (folder.root / "widgets.ipynb").write_text(json.dumps(nb))
+    yield folder
+    folder.close()
 
 
 @pytest.fixture(scope="module")
-def page(lab):
-    from playwright.sync_api import sync_playwright
+def page(lab, chromium):
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                     args=jupyter.CHROME_ARGS)
-        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-        pg = ctx.new_page()
-        pg.errors = []
-        pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-        pg.goto(f"{lab['url']}/lab/tree/widgets.ipynb?token={lab['token']}")
-        yield pg
-        ctx.close()
-        browser.close()
+    ctx, pg = jupyter.new_page(chromium, 1400, 1000)
+    pg.goto(lab.tree("widgets.ipynb"))
+    yield pg
+    ctx.close()
 
 
 def _shot(pg, name, locator=None):
@@ -357,7 +332,7 @@ def _test(lab, pg):
         const r = await fetch('/api/sessions?token=' + token);
         for (const s of await r.json())
             await fetch('/api/kernels/' + s.kernel.id + '?token=' + token, {method: 'DELETE'});
-    }""", [lab["token"]])
+    }""", [lab.token])
     pg.wait_for_timeout(1500)
     gv.locator("input.wb-search").fill("fc2")
     gv.locator("input.wb-search").press("Enter")

@@ -13,7 +13,6 @@ Run: ``pytest -m browser tests/browser/test_onnx_viewer.py -s``.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import time
@@ -28,26 +27,14 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
-LABEXT = ROOT / "workbench" / "labextension"
 DEFAULT_MODEL = ROOT / "workbench" / "data" / "default_model.onnx"
-EXT_NAME = "@onnx-workbench/jupyterlab-onnx"
-
-
-def _requirements():
-    if not os.path.exists(jupyter.CHROMIUM):
-        pytest.skip(f"chromium not found at {jupyter.CHROMIUM} (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
-    if not (LABEXT / "package.json").is_file():
-        pytest.skip("workbench/labextension is not built (scripts/build-labextension.sh)")
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    _requirements()
-    base = tmp_path_factory.mktemp("onnxlab")
-    root = base / "root"
-    root.mkdir()
+def lab(shared_lab):
+    """This module's folder on the session's JupyterLab (tests/browser/conftest.py)."""
+    folder = jupyter.lab_folder(shared_lab, "viewer")
+    root = folder.root
     shutil.copy(DEFAULT_MODEL, root / "default_model.onnx")
     (root / "broken.onnx").write_bytes(DEFAULT_MODEL.read_bytes()[:700])
     sys.path.insert(0, str(ROOT / "tests" / "widgets"))
@@ -55,42 +42,27 @@ def lab(tmp_path_factory):
     onnx.save(synth.transformer_like(blocks=100), str(root / "big.onnx"))
     from tests.helpers.viewer_models import paddle_ocr_like
     onnx.save(paddle_ocr_like(), str(root / "paddle_rec.onnx"))
-    srv = _start_lab(base, root, server_extension=True)
-    yield srv
-    srv.stop()
+    yield folder
+    folder.close()
 
 
 def _start_lab(base, root, server_extension):
-    """JupyterLab with the front-end of this working tree (whatever is installed in the
-    environment) and the server extension enabled or disabled in its private config."""
-    data = base / "data"
-    (data / "labextensions" / "@onnx-workbench").mkdir(parents=True)
-    (data / "labextensions" / EXT_NAME).symlink_to(LABEXT, target_is_directory=True)
+    """A JupyterLab of its own: this working tree's front-end, the server extension enabled
+    or disabled in its private config."""
     try:
-        return jupyter.start(base / "lab", root, lab=True, jupyter_path=[data],
-                             server_config={"ServerApp": {"jpserver_extensions":
-                                                          {"workbench": server_extension}}})
+        return jupyter.start_test_lab(base, root, server_extension=server_extension)
     except RuntimeError as e:
         pytest.fail(str(e))
 
 
 @pytest.fixture(scope="module")
-def browser(lab):
-    from playwright.sync_api import sync_playwright
+def browser(chromium):
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=jupyter.CHROMIUM, headless=True,
-                               args=jupyter.CHROME_ARGS)
-        yield b
-        b.close()
+    return chromium
 
 
 def _new_page(browser):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 900})
-    pg = ctx.new_page()
-    pg.errors = []
-    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-    return ctx, pg
+    return jupyter.new_page(browser, 1400, 900)
 
 
 @pytest.fixture(scope="module")
@@ -128,9 +100,9 @@ def test_onnx_viewer_in_jupyterlab(lab, page):
 
 def _test(lab, pg):
     t0 = time.perf_counter()
-    pg.goto(f"{lab.url}/lab/tree/default_model.onnx?token={lab.token}")
+    pg.goto(lab.tree("default_model.onnx"))
     # ---- opened by URL with the default viewer for .onnx: the ONNX Graph document
-    panel = _panel(pg, "default_model.onnx")
+    panel = _panel(pg, lab.rel("default_model.onnx"))
     panel.wait_for(timeout=90_000)
     pg.wait_for_function("el => el.dataset.status === 'ready'", arg=panel.element_handle(),
                          timeout=60_000)
@@ -196,7 +168,7 @@ def _test(lab, pg):
     pg.mouse.up()
     assert view.get_attribute("data-selected") == "/10/Flatten"
     # ---- a corrupt file: a clear message in the panel, never a blank one
-    broken = _open(pg, "broken.onnx")
+    broken = _open(pg, lab.rel("broken.onnx"))
     broken.wait_for(timeout=30_000)
     pg.wait_for_function("el => el.dataset.status === 'error'", arg=broken.element_handle(),
                          timeout=30_000)
@@ -219,7 +191,7 @@ def _test(lab, pg):
     assert "broken.onnx: file not found" in broken.inner_text()
     # ---- 2,500 nodes
     t0 = time.perf_counter()
-    big = _open(pg, "big.onnx")
+    big = _open(pg, lab.rel("big.onnx"))
     big.wait_for(timeout=30_000)
     pg.wait_for_function("el => el.dataset.status === 'ready'", arg=big.element_handle(),
                          timeout=120_000)
@@ -232,7 +204,7 @@ def _test(lab, pg):
     assert bview.get_attribute("data-matches") == "1"
     _shot(pg, "onnx-graph-2500")
     # ---- a PaddleOCR-style export: the first screen is its stages, not its 141 Constants
-    paddle = _open(pg, "paddle_rec.onnx")
+    paddle = _open(pg, lab.rel("paddle_rec.onnx"))
     paddle.wait_for(timeout=30_000)
     pg.wait_for_function("el => el.dataset.status === 'ready' && "
                          "el.querySelector('.wb-graphview').dataset.ready === '1'",

@@ -9,14 +9,12 @@ Run: ``pytest -m browser tests/browser/test_widget_layout.py``.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.helpers import jupyter
 from tests.helpers.widget_page import widget_html
 
 pytestmark = pytest.mark.browser
@@ -27,18 +25,10 @@ sys.path.insert(0, str(ROOT / "tests" / "widgets"))
 
 
 @pytest.fixture(scope="module")
-def browser():
-    if not os.path.exists(jupyter.CHROMIUM):
-        pytest.skip(f"chromium not found at {jupyter.CHROMIUM} (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    pytest.importorskip("anywidget", reason="anywidget is not installed")
-    from playwright.sync_api import sync_playwright
+def browser(chromium):
+    """The session's Chromium (tests/browser/conftest.py)."""
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=jupyter.CHROMIUM, headless=True,
-                               args=jupyter.CHROME_ARGS)
-        yield b
-        b.close()
+    return chromium
 
 
 def _render(browser, widget, width, tmp_path, name):

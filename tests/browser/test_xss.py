@@ -22,7 +22,6 @@ payload, no script holding it. Screenshots go to ``test-artifacts/xss-*.png``.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import xml.dom.minidom
@@ -38,8 +37,6 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
-LABEXT = ROOT / "workbench" / "labextension"
-EXT_NAME = "@onnx-workbench/jupyterlab-onnx"
 
 EVIL = hm.payloads("file")[0] + ".onnx"             # <img src=x class="wbxss" onerror=...>
 CUSTOM = hm.payloads("file2")[5] + ".onnx"          # ' onmouseover='...' data-wbxss='
@@ -113,27 +110,17 @@ ITEMS = """el => { const gc = el.wbView.gc; const r = gc.canvas.getBoundingClien
     p.y > r.top + 2 && p.y < r.bottom - 2); }"""
 
 
-def _requirements():
-    if not os.path.exists(jupyter.CHROMIUM):
-        pytest.skip(f"chromium not found at {jupyter.CHROMIUM} (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
-    pytest.importorskip("anywidget", reason="anywidget is not installed")
-    if not (LABEXT / "package.json").is_file():
-        pytest.skip("workbench/labextension is not built (scripts/build-labextension.sh)")
-
-
 def _cell(src: str) -> dict:
     return {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
             "source": src.strip("\n")}
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    _requirements()
-    base = tmp_path_factory.mktemp("xss")
-    root = base / "root"
-    root.mkdir()
+def lab(shared_lab):
+    """This module's folder on the session's JupyterLab (tests/browser/conftest.py), which
+    saves the widgets' state with a notebook."""
+    folder = jupyter.lab_folder(shared_lab, "xss")
+    root = folder.root
     onnx.save(hm.xss_model(), str(root / EVIL))
     onnx.save(hm.xss_custom_op_model(), str(root / CUSTOM))
     (root / BROKEN).write_bytes(hm.xss_model().SerializeToString()[:300])
@@ -148,41 +135,16 @@ def lab(tmp_path_factory):
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                       "language": "python"}}}
     (root / "evil.ipynb").write_text(json.dumps(nb))
-    data = base / "data"
-    (data / "labextensions" / "@onnx-workbench").mkdir(parents=True)
-    (data / "labextensions" / EXT_NAME).symlink_to(LABEXT, target_is_directory=True)
-    try:
-        srv = jupyter.start(base / "lab", root, lab=True, jupyter_path=[data],
-                            server_config={"ServerApp": {"jpserver_extensions":
-                                                         {"workbench": True}}},
-                            lab_settings={
-                                "@jupyterlab/notebook-extension/tracker.jupyterlab-settings":
-                                    {"windowingMode": "none"},
-                                "@jupyter-widgets/jupyterlab-manager/plugin.jupyterlab-settings":
-                                    {"saveState": True}})
-    except RuntimeError as e:
-        pytest.fail(str(e))
-    yield srv
-    srv.stop()
+    yield folder
+    folder.close()
 
 
 @pytest.fixture(scope="module")
-def page(lab):
-    from playwright.sync_api import sync_playwright
+def page(lab, chromium):
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=jupyter.CHROMIUM, headless=True,
-                                     args=jupyter.CHROME_ARGS)
-        ctx = browser.new_context(viewport={"width": 1400, "height": 1000},
-                                  accept_downloads=True)
-        pg = ctx.new_page()
-        pg.errors, pg.dialogs = [], []
-        pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-        pg.on("dialog", lambda d: d.accept() if d.type == "beforeunload" else
-              (pg.dialogs.append(f"{d.type}: {d.message}"), d.dismiss()))
-        yield pg
-        ctx.close()
-        browser.close()
+    ctx, pg = jupyter.new_page(chromium, 1400, 1000, accept_downloads=True)
+    yield pg
+    ctx.close()
 
 
 def _shot(pg, name, locator=None):
@@ -364,7 +326,7 @@ def test_no_model_string_runs_script(lab, page, tmp_path):
 
 def _test(lab, pg, tmp):
     t0 = time.perf_counter()
-    pg.goto(f"{lab.url}/lab/tree/evil.ipynb?token={lab.token}")
+    pg.goto(lab.tree("evil.ipynb"))
     pg.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
     pg.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
     pg.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget && "
@@ -389,11 +351,11 @@ def _test(lab, pg, tmp):
     # ---- the ONNX Graph viewer: both models, and a broken file, all with payload names
     for path, nodes in ((EVIL, 4), (CUSTOM, 2)):
         pg.evaluate("p => window.jupyterapp.commands.execute('docmanager:open', "
-                    "{path: p, factory: 'ONNX Graph'})", path)
+                    "{path: p, factory: 'ONNX Graph'})", lab.rel(path))
         panel = pg.locator(".jp-OnnxGraph:visible")
         pg.wait_for_function("el => el.dataset.status === 'ready'",
                              arg=panel.element_handle(), timeout=60_000)
-        assert panel.get_attribute("data-path") == path
+        assert panel.get_attribute("data-path") == lab.rel(path)
         header = panel.locator(".jp-OnnxGraph-header").inner_text()
         assert "wbxss" in header and path in header, header
         assert int(panel.get_attribute("data-nodes")) == nodes
@@ -401,7 +363,7 @@ def _test(lab, pg, tmp):
         _shot(pg, f"viewer-{nodes}")
         _no_xss(pg, f"the viewer on {path!r}")
     pg.evaluate("p => window.jupyterapp.commands.execute('docmanager:open', "
-                "{path: p, factory: 'ONNX Graph'})", BROKEN)
+                "{path: p, factory: 'ONNX Graph'})", lab.rel(BROKEN))
     panel = pg.locator(".jp-OnnxGraph:visible")
     pg.wait_for_function("el => el.dataset.status === 'error'", arg=panel.element_handle(),
                          timeout=60_000)
@@ -414,8 +376,8 @@ def _test(lab, pg, tmp):
     _no_xss(pg, "the file browser")
     t_viewer = time.perf_counter() - t0
     # ---- save (with the widgets' state), reload: every output rendered again
-    pg.evaluate("() => window.jupyterapp.commands.execute('docmanager:open', "
-                "{path: 'evil.ipynb'})")
+    pg.evaluate("p => window.jupyterapp.commands.execute('docmanager:open', {path: p})",
+                lab.rel("evil.ipynb"))
     pg.wait_for_timeout(500)
     pg.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     pg.wait_for_timeout(1000)

@@ -142,11 +142,13 @@ def tool_bin(folder: Path, python: str = sys.executable) -> Path:
 
 # ------------------------------------------------------------------------------ the runner
 _DRIVER = r'''
-import json, os, subprocess, sys, traceback
+import json, os, subprocess, sys, time, traceback
 blocks = json.load(open(sys.argv[1]))
 ns = {"__name__": "__main__"}
+t0 = time.perf_counter()
 for b in blocks:
-    print(f"\n===== docs-test: {b['doc']}:{b['line']} ({b['lang']})", flush=True)
+    at = time.perf_counter() - t0
+    print(f"\n===== docs-test: {b['doc']}:{b['line']} ({b['lang']}) at {at:.1f} s", flush=True)
     if b["marker"] == "file":
         with open(b["arg"], "w") as f:
             f.write(b["code"])
@@ -166,7 +168,7 @@ for b in blocks:
         print(f"===== docs-test FAILED: {b['doc']}:{b['line']}", flush=True)
         sys.exit(1)
     sys.stdout.flush()
-print("\n===== docs-test: all blocks ran", flush=True)
+print(f"\n===== docs-test: all blocks ran ({time.perf_counter() - t0:.1f} s)", flush=True)
 '''
 
 

@@ -25,6 +25,125 @@ LAB_SETTINGS = {   # no news or update checks: the tests never leave 127.0.0.1
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
         {"fetchNews": "false", "checkForUpdates": False},
 }
+#: lab extensions of other packages a test server turns off (``start(..., quiet=True)``): a
+#: user-level install of ipyparallel (~/.local/share/jupyter) is loaded by every JupyterLab
+#: while its server side is off in a venv, and its "IPP Extension Server Error" dialog would
+#: cover the page; no test uses its panel
+QUIET_LABEXTENSIONS = ("ipyparallel-labextension",)
+
+
+#: this working tree's built JupyterLab extension (scripts/build-labextension.sh)
+LABEXT = ROOT / "workbench" / "labextension"
+EXT_NAME = "@onnx-workbench/jupyterlab-onnx"
+
+
+def browser_requirements(*, lab: bool = True) -> None:
+    """Skip (saying what is missing) without Chromium and Playwright, and, for ``lab``, without
+    JupyterLab, anywidget and the built lab extension."""
+    import pytest  # noqa: PLC0415
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"chromium not found at {CHROMIUM} (apt-get install chromium)")
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    pytest.importorskip("anywidget", reason="anywidget is not installed")
+    if lab:
+        pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
+        if not (LABEXT / "package.json").is_file():
+            pytest.skip("workbench/labextension is not built (scripts/build-labextension.sh)")
+
+
+def new_page(browser, width: int = 1400, height: int = 1000, **context):
+    """(context, page) at this viewport; ``page.errors`` collects uncaught page errors and
+    ``page.dialogs`` the JavaScript dialogs (dismissed; a ``beforeunload`` is accepted)."""
+    ctx = browser.new_context(viewport={"width": width, "height": height}, **context)
+    pg = ctx.new_page()
+    pg.errors, pg.dialogs = [], []
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.on("dialog", lambda d: d.accept() if d.type == "beforeunload" else
+          (pg.dialogs.append(f"{d.type}: {d.message}"), d.dismiss()))
+    return ctx, pg
+
+
+def start_test_lab(base: Path, root: Path, *, server_extension: bool = True,
+                   lab_settings: dict | None = None, timeout: float = 90) -> Server:
+    """JupyterLab with this working tree's front-end (a private data folder linking
+    :data:`LABEXT`, whatever is installed in the environment) and the workbench server
+    extension enabled or not in its private config; notebooks without windowing (every cell in
+    the page) and the widget state saved with a notebook."""
+    data = base / "data"
+    (data / "labextensions" / "@onnx-workbench").mkdir(parents=True, exist_ok=True)
+    link = data / "labextensions" / EXT_NAME
+    if not link.exists():
+        link.symlink_to(LABEXT, target_is_directory=True)
+    settings = {"@jupyterlab/notebook-extension/tracker.jupyterlab-settings":
+                {"windowingMode": "none"},
+                "@jupyter-widgets/jupyterlab-manager/plugin.jupyterlab-settings":
+                {"saveState": True}}
+    settings.update(lab_settings or {})
+    return start(base / "lab", root, lab=True, jupyter_path=[data], lab_settings=settings,
+                 server_config={"ServerApp": {"jpserver_extensions":
+                                              {"workbench": server_extension}}},
+                 timeout=timeout)
+
+
+@dataclass
+class LabFolder:
+    """A test module's own folder on the session's shared JupyterLab (tests/browser/conftest.py):
+    its files go in ``root``; the server names them ``rel(name)``."""
+    server: Server
+    name: str
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def token(self) -> str:
+        return self.server.token
+
+    @property
+    def log(self) -> Path:
+        return self.server.log
+
+    @property
+    def root(self) -> Path:
+        return self.server.root / self.name
+
+    def rel(self, path: str) -> str:
+        return f"{self.name}/{path}"
+
+    def tree(self, path: str) -> str:
+        """The URL that opens ``path`` (in this folder) in JupyterLab, in a workspace of this
+        folder's own (the documents other modules left open are not restored into it)."""
+        return f"{self.url}/lab/workspaces/{self.name}/tree/{self.rel(path)}?token={self.token}"
+
+    def get(self, path, params=None, **kw):
+        return self.server.get(path, params, **kw)
+
+    def post(self, path, body, **kw):
+        return self.server.post(path, body, **kw)
+
+    def close(self) -> None:
+        """Shut down the kernels of this folder's notebooks (the server goes on)."""
+        status, sessions = self.server.get("/api/sessions")
+        if status != 200 or not isinstance(sessions, list):
+            return
+        for s in sessions:
+            if str(s.get("path", "")).startswith(self.name + "/") and s.get("kernel"):
+                req = urllib.request.Request(
+                    f"{self.url}/api/kernels/{s['kernel']['id']}", method="DELETE",
+                    headers={"Authorization": f"token {self.token}"})
+                try:
+                    urllib.request.urlopen(req, timeout=30).close()
+                except OSError:
+                    pass
+
+
+def lab_folder(server: Server, name: str) -> LabFolder:
+    """A new folder ``name`` of ``server``'s root, for one test module."""
+    folder = LabFolder(server, name)
+    folder.root.mkdir()
+    return folder
 
 
 def free_port() -> int:
@@ -102,14 +221,18 @@ class Server:
 def start(base: Path, root: Path, *, lab: bool = True, server_config: dict | None = None,
           lab_settings: dict | None = None, jupyter_path: list | None = None,
           extra_args: list | None = None, timeout: float = 90,
-          python: str | None = None) -> Server:
+          python: str | None = None, quiet: bool = True) -> Server:
     """Start JupyterLab (``lab=True``) or a bare jupyter_server serving ``root``; its config
     folder is ``base/config`` (with ``server_config`` written as jupyter_server_config.json),
     runtime and IPython folders are under ``base`` too. Raises RuntimeError with the end of
     the log when it does not answer in ``timeout`` seconds.
 
     ``python``: the interpreter of another environment (a fresh venv) to run Jupyter with,
-    as installed there: the working tree is then not put on its PYTHONPATH."""
+    as installed there: the working tree is then not put on its PYTHONPATH.
+
+    ``quiet``: the lab extensions of :data:`QUIET_LABEXTENSIONS` are disabled (in the private
+    config's ``labconfig/page_config.json``); the fresh-install check passes False, as it
+    checks that a new environment shows no error dialog."""
     base.mkdir(parents=True, exist_ok=True)
     config = base / "config"
     config.mkdir(exist_ok=True)
@@ -128,6 +251,10 @@ def start(base: Path, root: Path, *, lab: bool = True, server_config: dict | Non
         env["JUPYTER_PATH"] = os.pathsep.join(
             [str(p) for p in jupyter_path] + ([env["JUPYTER_PATH"]] if env.get("JUPYTER_PATH")
                                               else []))
+    if lab and quiet:
+        (config / "labconfig").mkdir(exist_ok=True)
+        (config / "labconfig" / "page_config.json").write_text(json.dumps(
+            {"disabledExtensions": {name: True for name in QUIET_LABEXTENSIONS}}))
     if lab:
         settings = base / "settings"
         for rel, content in {**LAB_SETTINGS, **(lab_settings or {})}.items():

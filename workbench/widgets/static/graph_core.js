@@ -41,6 +41,13 @@ const WB_CSS = `
 .wb-canvaswrap.wb-dragging { cursor: grabbing; }
 .wb-canvaswrap canvas.wb-main { position: absolute; left: 0; top: 0; }
 .wb-layingout { position: absolute; left: 8px; top: 6px; color: #6b7785; pointer-events: none; }
+.wb-jump { position: absolute; left: 50%; transform: translateX(-50%); z-index: 2;
+  border: 1px solid #7ea6f0; background: #fff; color: #1463ff; border-radius: 14px;
+  padding: 3px 12px; font: 600 12px -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif;
+  cursor: pointer; box-shadow: 0 1px 4px rgba(31, 41, 51, .18); white-space: nowrap; }
+.wb-jump:hover { background: #eef4ff; }
+.wb-jump-out { bottom: 10px; }
+.wb-jump-in { top: 10px; }
 .wb-minimap { display: block; border: 1px solid #c3c9d1; background: #fff; cursor: crosshair;
   margin-bottom: 6px; }
 .wb-side { width: 270px; border-left: 1px solid #e4e7eb; overflow: auto; padding: 8px;
@@ -504,8 +511,21 @@ class WbGraphCanvas {
     this.canvas = wbEl("canvas", { class: "wb-main" });
     this.mini = wbEl("canvas", { class: "wb-minimap", title: "the whole level: click or drag to move the view" });
     this.busy = wbEl("div", { class: "wb-layingout" }, "");
+    // a tall level opens on its inputs: these say that the outputs (inputs) are off screen and
+    // take the view there in one click (keys End / Home)
+    this.jumpOut = wbEl("button", { class: "wb-jump wb-jump-out", style: "display:none",
+      title: "the drawing goes on below: show its outputs (key End)" }, "");
+    this.jumpIn = wbEl("button", { class: "wb-jump wb-jump-in", style: "display:none",
+      title: "show the inputs (key Home)" }, "");
+    for (const [b, dir] of [[this.jumpOut, "out"], [this.jumpIn, "in"]]) {
+      b.addEventListener("pointerdown", (e) => e.stopPropagation());   // not a drag of the view
+      b.addEventListener("dblclick", (e) => e.stopPropagation());
+      b.addEventListener("click", (e) => { e.stopPropagation(); this.goToEnd(dir); });
+    }
     wrap.appendChild(this.canvas);
     wrap.appendChild(this.busy);
+    wrap.appendChild(this.jumpOut);
+    wrap.appendChild(this.jumpIn);
     wrap.tabIndex = 0;
     this.ctx = this.canvas.getContext("2d");
     this.listeners = [];
@@ -640,6 +660,54 @@ class WbGraphCanvas {
     this.ty = lay.height * k <= this.H - 24 ? (this.H - lay.height * k) / 2 : 12;
   }
 
+  // the boxes of the level's graph outputs ("out") or inputs ("in"); on a level without them
+  // (inside a group) its stubs to the rest of the graph, else its bottom (top) row of items
+  endBoxes(dir) {
+    const lay = this.lay;
+    if (!lay || !lay.items.length) return [];
+    const want = dir === "out" ? 2 : 1;
+    let ends = lay.items.filter((b) => (b.it.type === "node" && this.data.kind[b.it.i] === want) ||
+      (b.it.type === "stub" && b.it.dir === dir));
+    if (!ends.length) {
+      const edge = dir === "out" ? Math.max(...lay.items.map((b) => b.y)) : Math.min(...lay.items.map((b) => b.y));
+      ends = lay.items.filter((b) => Math.abs(b.y - edge) < 1);
+    }
+    return ends;
+  }
+
+  // how many of the level's outputs ("out") / inputs ("in") are off screen below / above
+  endsOffScreen(dir) {
+    let n = 0;
+    for (const b of this.endBoxes(dir)) {
+      const top = (b.y - b.h / 2) * this.k + this.ty, bottom = (b.y + b.h / 2) * this.k + this.ty;
+      if (dir === "out" ? bottom > this.H + 1 : top < -1) n++;
+    }
+    return n;
+  }
+
+  // pan (the zoom kept) so that the level's outputs / inputs are on screen
+  goToEnd(dir) {
+    const ends = this.endBoxes(dir);
+    if (!ends.length) return;
+    const k = this.k;
+    const x0 = Math.min(...ends.map((b) => b.x - b.w / 2)), x1 = Math.max(...ends.map((b) => b.x + b.w / 2));
+    const y0 = Math.min(...ends.map((b) => b.y - b.h / 2)), y1 = Math.max(...ends.map((b) => b.y + b.h / 2));
+    this.ty = dir === "out" ? this.H - 16 - y1 * k : 16 - y0 * k;
+    if (x0 * k + this.tx < 8 || x1 * k + this.tx > this.W - 8) this.tx = this.W / 2 - (x0 + x1) / 2 * k;
+    this.draw();
+  }
+
+  _drawJumps() {
+    for (const [b, dir] of [[this.jumpOut, "out"], [this.jumpIn, "in"]]) {
+      const n = this.lay ? this.endsOffScreen(dir) : 0;
+      if (!n) { if (b.style.display !== "none") b.style.display = "none"; continue; }
+      const what = dir === "out" ? "output" : "input", s = n === 1 ? "" : "s";
+      const label = dir === "out" ? `▼ ${n} ${what}${s} below` : `▲ ${n} ${what}${s} above`;
+      if (b.textContent !== label) b.textContent = label;
+      b.style.display = "";
+    }
+  }
+
   fitAll() {
     const lay = this.lay;
     if (!lay) return;
@@ -744,6 +812,7 @@ class WbGraphCanvas {
         ArrowUp: () => { this.ty += step; }, ArrowDown: () => { this.ty -= step; },
         "+": () => this.zoomAt(this.W / 2, this.H / 2, 1.25), "=": () => this.zoomAt(this.W / 2, this.H / 2, 1.25),
         "-": () => this.zoomAt(this.W / 2, this.H / 2, 0.8), "0": () => this.fitAll(),
+        End: () => this.goToEnd("out"), Home: () => this.goToEnd("in"),
         Backspace: () => this.up(), Escape: () => this.up(),
         Enter: () => { if (this.selected >= 0) { const b = this.itemBoxOf(this.selected); if (b) this.activate(b.it); } },
       };
@@ -1083,6 +1152,7 @@ class WbGraphCanvas {
       if (b) ring(b, "#1463ff", 3, false);
     }
     this.drawMini();
+    this._drawJumps();
   }
 
   // an overlay's total of a collapsed group, as a pill on its top edge
