@@ -1,4 +1,4 @@
-"""What the real-browser tests share for the whole session: one Chromium (through one
+"""What the real-browser tests share (for this folder, then stopped): one Chromium (through one
 Playwright) and one JupyterLab (this tree's front-end, the workbench server extension on),
 where each module works in a folder of its own (``tests.helpers.jupyter.LabFolder``). A
 JupyterLab start and a browser launch cost seconds each on a busy machine; one per module
@@ -12,9 +12,12 @@ import pytest
 from tests.helpers import jupyter
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def chromium():
-    """The session's Chromium (Playwright's sync API allows one Playwright per thread)."""
+    """The browser tests' Chromium (Playwright's sync API allows one Playwright per thread).
+    Package scope, not session: while Playwright's sync API is started, its event loop is the
+    running loop of the main thread, and every later test that calls ``asyncio.run`` (the
+    server extension's worker pools) would fail; it stops after the last browser test."""
     jupyter.browser_requirements(lab=False)
     from playwright.sync_api import sync_playwright
 
@@ -29,7 +32,7 @@ def chromium():
         pw.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def shared_lab(tmp_path_factory):
     """The session's JupyterLab (``jupyter.start_test_lab``), serving a folder whose
     subfolders belong to the modules (``jupyter.lab_folder``)."""

@@ -135,6 +135,24 @@ def test_softmax_op():
     close(*both(activation.softmax, x.astype(np.float16)[1:], axis=-1), rtol=1e-3, atol=1e-3)
 
 
+def test_softmax_keeps_subnormal_probabilities():
+    """exp is evaluated in the kernel: results below float32's smallest normal (1.2e-38) stay
+    subnormal as numpy's are, not flushed to zero; below the smallest subnormal they are 0."""
+    x = np.zeros((4, 64), np.float32)
+    x[0] = -np.linspace(0, 110, 64, dtype=np.float32)        # exp down to e^-110
+    x[1] = -np.linspace(80, 104, 64, dtype=np.float32)
+    x[1, 0] = 0
+    x[2, :] = rnd(64, seed=5, scale=30)
+    x[3] = -np.linspace(0, 200, 64, dtype=np.float32)
+    got, ref = both(activation.softmax, x, axis=-1)
+    tiny = np.finfo(np.float32).smallest_subnormal
+    normal = ref >= np.finfo(np.float32).tiny
+    np.testing.assert_allclose(got[normal], ref[normal], rtol=2e-6)
+    # a subnormal carries fewer mantissa bits: within a few units of the last place
+    np.testing.assert_allclose(got[~normal], ref[~normal], rtol=0, atol=8 * tiny)
+    assert (got[~normal & (ref > 64 * tiny)] > 0).all()
+
+
 @pytest.mark.parametrize("mask", ["", "add", "fill_where_true", "fill_where_false"])
 def test_fused_attention(mask):
     b, h, s, d = 2, 3, 5, 8

@@ -41,7 +41,8 @@ F = np.float32
 _ZERO, _ONE, _HALF = F(0.0), F(1.0), F(0.5)
 _LOG2E = F(1.4426950408889634)
 _LN2_HI, _LN2_LO = F(0.693359375), F(-2.12194440e-4)
-_EXP_HI, _EXP_LO = F(88.72), F(-87.33)
+_EXP_HI, _EXP_LO = F(88.72), F(-103.98)   # below exp(-103.98) even a subnormal rounds to 0
+_SUB_K, _SUB_SCALE = np.int32(-126), F(2.0 ** -64)   # 2**k for k < -126: 2**(k + 64) * 2**-64
 _INF = F(np.inf)
 _C2, _C3, _C4, _C5, _C6, _C7 = (F(1 / 2), F(1 / 6), F(1 / 24), F(1 / 120), F(1 / 720),
                                 F(1 / 5040))
@@ -78,7 +79,13 @@ def _exp(x):
     k = np.floor(xc * _LOG2E + _HALF)
     r = xc - k * _LN2_HI - k * _LN2_LO
     p = _ONE + r * (_ONE + r * (_C2 + r * (_C3 + r * (_C4 + r * (_C5 + r * (_C6 + r * _C7))))))
-    e = p * _f32_from_bits(np.int32((np.int32(k) + np.int32(127)) << np.int32(23)))
+    ki = np.int32(k)
+    # results below float32's smallest normal (k < -126) are subnormal: scale in two steps
+    # (no flush to zero, as numpy's exp), both picked without a branch so the loop vectorises
+    sub = ki < _SUB_K
+    kb = ki + np.int32(64) if sub else ki
+    sc = _SUB_SCALE if sub else _ONE
+    e = (p * _f32_from_bits(np.int32((kb + np.int32(127)) << np.int32(23)))) * sc
     if x > _EXP_HI:
         e = _INF
     if x < _EXP_LO:
