@@ -121,8 +121,9 @@ def analyze(model, shapes: dict | None = None, *, dims: dict | None = None,
         graph = passes.optimize(graph)
         notes.append("analysed the optimised graph (what our engine runs)")
     source = {}
+    value = graph.value_lookup()
     for name in _all_values(graph):
-        vi = graph.value(name)
+        vi = value(name)
         if vi is not None and _shapes.is_known(vi.shape):
             source[name] = "onnx"
     extra: dict = {}
@@ -189,6 +190,7 @@ class Analysis:
         self._source = source
         self._extra = extra
         self._run_values = dict(values or {})
+        self._value = graph.value_lookup()
         consts = _weights.constants(graph)
         self._consts = consts
         self.static = _weights.static_nodes(graph, consts)
@@ -199,13 +201,13 @@ class Analysis:
     def shape_of(self, name: str):
         if name in self._extra:
             return self._extra[name][0]
-        vi = self.graph.value(name)
+        vi = self._value(name)
         return None if vi is None else vi.shape
 
     def type_of(self, name: str):
         if name in self._extra and self._extra[name][1]:
             return self._extra[name][1]
-        vi = self.graph.value(name)
+        vi = self._value(name)
         if vi is not None and vi.dtype:
             return vi.dtype
         c = self._consts.get(name)

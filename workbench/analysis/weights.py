@@ -177,6 +177,7 @@ def _computed_weights(graph, consts, static, out, consumers, order) -> None:
     from .shapes import elem_bits, is_known  # noqa: PLC0415
 
     producer = {o: n for n in graph.nodes if n.name in static for o in n.outputs if o}
+    value = graph.value_lookup()
     for n in graph.nodes:
         if n.name in static:
             continue
@@ -195,7 +196,7 @@ def _computed_weights(graph, consts, static, out, consumers, order) -> None:
                     todo.extend(i for i in producer[v].inputs if i)
             if sources & set(out):
                 continue
-            vi = graph.value(x)
+            vi = value(x)
             bits = elem_bits(vi.dtype) if vi is not None else None
             if vi is None or not is_known(vi.shape) or bits is None:
                 continue

@@ -149,8 +149,9 @@ def set_input_shapes(m: onnx.ModelProto, shapes: dict | None = None,
     inits = {t.name for t in m.graph.initializer}
     inputs = [i for i in m.graph.input if i.name not in inits]
     names = [i.name for i in inputs]
+    known = set(names)
     for name in (shapes or {}):
-        if name not in names:
+        if name not in known:
             raise ModelLoadError(f"cannot set the shape of {name!r}: the model's inputs are "
                                  f"{names}")
     changed = False
