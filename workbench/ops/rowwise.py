@@ -155,6 +155,16 @@ def _grid(shape):
     return dims
 
 
+
+def _target(x, out):
+    """``(y, xc)``: the array to write and the input to pass (``_DUMMY`` when writing in
+    place, ``out is x``, which needs a writeable C-contiguous x), or None."""
+    if out is x:
+        if not x.flags.c_contiguous or not x.flags.writeable:
+            return None
+        return x, _DUMMY
+    return (np.empty(x.shape, _F32) if out is None else out), _c(x)
+
 def softmax(x, *, out=None, scale=None, divide=False, add=None, fill_where=None,
             fill=0.0, zero_empty_rows=False):
     """Softmax over the last axis of ``t``, where ``t = x * scale`` (``/ scale`` with
@@ -188,13 +198,10 @@ def softmax(x, *, out=None, scale=None, divide=False, add=None, fill_where=None,
         sf = g[1]
     _, Bd, C, _ = _grid(shape)
     in_place = out is x
-    if in_place:
-        if not x.flags.c_contiguous or not x.flags.writeable:
-            return None
-        y, xc = x, _DUMMY
-    else:
-        y = np.empty(shape, _F32) if out is None else out
-        xc = _c(x)
+    t = _target(x, out)
+    if t is None:
+        return None
+    y, xc = t
     if rows:
         mode = 0 if scale is None else (2 if divide else 1)
         args = (data_pointer(xc), data_pointer(y),
@@ -232,13 +239,10 @@ def gelu(x, activation, *, bias=None, residual=None, out=None):
             return None
         z = _c(residual)
     in_place = out is x
-    if in_place:
-        if not x.flags.c_contiguous or not x.flags.writeable:
-            return None
-        y, xc = x, _DUMMY
-    else:
-        y = np.empty(x.shape, _F32) if out is None else out
-        xc = _c(x)
+    t = _target(x, out)
+    if t is None:
+        return None
+    y, xc = t
     if rows:
         args = (data_pointer(xc), data_pointer(y), data_pointer(_DUMMY if b is None else b),
                 data_pointer(_DUMMY if z is None else z), rows, n, int(not in_place),
