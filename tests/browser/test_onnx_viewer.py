@@ -83,7 +83,7 @@ def _panel(pg, path):
 
 
 def _open(pg, path):
-    pg.evaluate("p => window.jupyterapp.commands.execute('docmanager:open', {path: p})", path)
+    jupyter.command(pg, "docmanager:open", {"path": path})
     return _panel(pg, path)
 
 
@@ -196,6 +196,8 @@ def _test(lab, pg):
     pg.wait_for_function("el => el.dataset.status === 'ready'", arg=big.element_handle(),
                          timeout=120_000)
     bview = big.locator(".wb-graphview")
+    pg.wait_for_function("el => el.dataset.ready === '1'", arg=bview.element_handle(),
+                         timeout=60_000)
     print(f"2,500-node model: opened and drawn in {time.perf_counter() - t0:.1f} s "
           f"(first draw in the browser {float(bview.get_attribute('data-draw-ms')):.0f} ms)")
     assert int(big.get_attribute("data-nodes")) >= 2500

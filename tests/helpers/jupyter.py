@@ -64,6 +64,14 @@ def new_page(browser, width: int = 1400, height: int = 1000, **context):
     return ctx, pg
 
 
+def command(page, name: str, args: dict | None = None) -> None:
+    """Run a JupyterLab command in ``page`` and wait for it to finish. Whatever the command
+    returns is dropped in the page: Playwright would serialise it, and a widget (what
+    ``docmanager:open`` returns) is an object graph that took it 15-25 s to walk."""
+    page.evaluate("async ([n, a]) => { await window.jupyterapp.commands.execute(n, a); }",
+                  [name, args or {}])
+
+
 def start_test_lab(base: Path, root: Path, *, server_extension: bool = True,
                    lab_settings: dict | None = None, timeout: float = 90) -> Server:
     """JupyterLab with this working tree's front-end (a private data folder linking

@@ -50,6 +50,27 @@ def test_path_and_garbage_collection(tmp_path):
     assert p.exists()                                # the user's file is never removed
 
 
+def test_a_hostile_file_name_is_served_under_a_plain_one(tmp_path):
+    """Netron's server writes the file name unescaped into its page and its data URL: a name
+    with markup is served through a link with a plain name (the model then loads, and no
+    markup reaches Netron's page); the user's file stays where it is."""
+    import onnx
+    evil = tmp_path / '<img src=x onerror="window.__xss=1">.onnx'
+    onnx.save(synth.mlp(), evil)
+    view = netron(str(evil))
+    try:
+        name = os.path.basename(view.path)
+        assert name.endswith(".onnx") and all(c.isalnum() or c in "._-" for c in name)
+        assert os.path.samefile(view.path, evil)
+        status, page = _get(view.url)
+        assert status == 200 and b"<img" not in page and b'onerror="' not in page
+        status, data = _get(view.url + "data/" + name)
+        assert status == 200 and data == evil.read_bytes()
+    finally:
+        view.close()
+    assert evil.exists() and not os.path.exists(view.path)
+
+
 def test_bad_input():
     with pytest.raises(FileNotFoundError):
         netron("/nonexistent/model.onnx")

@@ -63,6 +63,15 @@ def _quiet_call(fn, *args, **kwargs):
                 root.removeHandler(handler)
 
 
+#: a file name Netron's server may show and serve as it is (ASCII letters, digits, . _ -)
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,80}\.onnx")
+
+
+def _safe_name(text: str) -> str:
+    """Letters, digits, '.', '_' and '-' of ``text`` (at most 60), or "model"."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text or "model").strip("._")[:60] or "model"
+
+
 def _model_file(model) -> tuple[str, str | None]:
     """(path to serve, temp folder to delete afterwards or None)."""
     import onnx
@@ -71,7 +80,23 @@ def _model_file(model) -> tuple[str, str | None]:
         path = os.fspath(model)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: no such model file")
-        return os.path.abspath(path), None
+        path = os.path.abspath(path)
+        base = os.path.basename(path)
+        if _SAFE_NAME.fullmatch(base) and not set(path) & set("<>\"'&"):
+            return path, None
+        # Netron's server writes the file's name and path unescaped into its page (<meta>
+        # tags) and the name into the model's URL: markup or quotes there would become HTML
+        # in Netron's frame (and the model would not load). Serve it under a plain name: a
+        # hard link to the file (a copy across file systems; Netron's server refuses a
+        # symbolic link that leads out of the served folder) in a folder of our own.
+        folder = tempfile.mkdtemp(prefix="workbench-netron-")
+        safe = os.path.join(folder, _safe_name(base[:-5] if base.endswith(".onnx") else base)
+                            + ".onnx")
+        try:
+            os.link(path, safe)
+        except OSError:
+            shutil.copyfile(path, safe)
+        return safe, folder
     proto = None
     if isinstance(model, onnx.ModelProto):
         proto = model
@@ -93,8 +118,7 @@ def _model_file(model) -> tuple[str, str | None]:
     folder = tempfile.mkdtemp(prefix="workbench-netron-")
     # the graph name is the model's text: only letters, digits, '.', '_' and '-' of it make
     # the file name (Netron shows it, and it must stay inside the folder)
-    name = re.sub(r"[^\w.-]+", "_", proto.graph.name or "model").strip("._")[:60] or "model"
-    path = os.path.join(folder, f"{name}.onnx")
+    path = os.path.join(folder, f"{_safe_name(proto.graph.name)}.onnx")
     with open(path, "wb") as f:
         f.write(proto.SerializeToString())
     return path, folder
