@@ -721,11 +721,11 @@ def cmd_warmup(args) -> int:
             extra = f": {info['why']}" if info.get("why") else ""
             print(f"  {m}: {info['state']}{extra}")
         return 0
-    why = compiled.can_build()
+    mods = args.modules or compiled.modules()
+    why = compiled.cannot_build(mods)
     if why:
         raise WorkbenchError(f"cannot compile kernels here: {why}")
     from workbench.compiled import cache
-    mods = args.modules or compiled.modules()
     print(f"compiling {len(mods)} kernel module(s) for this CPU into {cache.cache_dir()} "
           f"(once per machine and engine version; runs use numpy meanwhile)", flush=True)
     report = compiled.warmup(mods, force=args.force,
