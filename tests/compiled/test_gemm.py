@@ -142,9 +142,9 @@ def test_packed_weights_are_kept_and_refreshed(gemm):
     w = RNG.standard_normal((1, 1, 12, 20)).astype(np.float32)
     b = RNG.standard_normal(20).astype(np.float32)
     y1 = _nhwc(x, w, b, ctx=ctx)
-    packed = ctx.extra["gemm_avx2_pack"][4]
+    packed = ctx.extra["gemm_avx2_pack"][5]
     np.testing.assert_array_equal(_nhwc(x, w, b, ctx=ctx), y1)
-    assert ctx.extra["gemm_avx2_pack"][4] is packed
+    assert ctx.extra["gemm_avx2_pack"][5] is packed
     w *= -1.0   # in place, as an optimizer step
     with compiled.disabled():
         want = _nhwc(x, w, b)

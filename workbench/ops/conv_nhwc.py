@@ -182,27 +182,29 @@ def pack_panels(w2, bias=None, panel=_PANEL):
     return np.ascontiguousarray(wp.reshape(C, mp // panel, panel).transpose(1, 0, 2)), bp
 
 
-def _fingerprint(a):
-    flat = a.reshape(-1)
-    return flat[np.linspace(0, flat.size - 1, min(_SAMPLES, flat.size)).astype(np.intp)]
+def _sample(a, idx):
+    """The bytes of ``a``'s elements at flat positions ``idx`` (bitwise: NaN matches)."""
+    return a.reshape(-1)[idx].tobytes()
 
 
-def _packed(ctx, W, B, w2, b):
+def _packed(ctx, w_in, b_in, w2, b):
     """The packed weights and padded bias of this node, made on its first compiled run and
     kept in its context (which lives with the plan): made again only when the weight or
-    bias is another array (a trainable plan's Transpose output) or was updated in place (a
-    sample of its elements differs)."""
+    bias is another array (a trainable plan's Transpose output) or was updated in place
+    (:data:`_SAMPLES` weight elements spread over the array, or any bias element,
+    differ)."""
     key = "gemm_avx2_pack"
     got = None if ctx is None else ctx.extra.get(key)
-    if got is not None and got[0] is W and got[1] is B \
-            and np.array_equal(got[2], _fingerprint(w2), equal_nan=True) \
-            and (b is None or np.array_equal(got[3], _fingerprint(b), equal_nan=True)):
-        return got[4], got[5]
-    wp, bp = pack_panels(w2, b)
+    if got is not None and got[0] is w_in and got[1] is b_in \
+            and _sample(w2, got[2]) == got[3] \
+            and (b is None or b.tobytes() == got[4]):
+        return got[5]
+    packed = pack_panels(w2, b)
     if ctx is not None:
-        ctx.extra[key] = (W, B, _fingerprint(w2).copy(),
-                          None if b is None else _fingerprint(b).copy(), wp, bp)
-    return wp, bp
+        idx = np.linspace(0, max(0, w2.size - 1), min(_SAMPLES, w2.size)).astype(np.intp)
+        ctx.extra[key] = (w_in, b_in, idx, _sample(w2, idx),
+                          None if b is None else b.tobytes(), packed)
+    return packed
 
 
 def _tile_jobs(rows, tile=6):

@@ -1,0 +1,144 @@
+"""MobileNetV2's 1x1 convolutions on the channels-last path, one thread, CPU time: the
+compiled C kernel ``gemm_avx2.gemm`` (weights packed once, epilogue fused) against the
+path it replaces (OpenBLAS sgemm through numpy + the compiled one-pass epilogue), in one
+process, the two interleaved per layer.
+
+    python benchmarks/bench_gemm_1x1.py                 # batches 1 and 8
+    python benchmarks/bench_gemm_1x1.py --batches 1 --reps 30
+
+Per layer: GFLOP/s of the GEMM alone (ours vs ``np.matmul``) and of the whole NhwcConv node
+(product + bias + ReLU6 / residual: what a model run pays), then the sum over MobileNetV2's
+34 1x1 layers. Times are medians of ``--reps`` after warm-up (``time.process_time``).
+"""
+
+from __future__ import annotations
+
+import os
+
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+           "WORKBENCH_NUM_THREADS"):
+    os.environ[_v] = "1"
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._cpu import cpu_description  # noqa: E402
+
+
+def mobilenetv2_pointwise():
+    """(H=W, C in, C out, epilogue, how many) of MobileNetV2's 1x1 layers at 224x224;
+    epilogue "relu6" (expansions and the last layer), "bias" (projections), "res"
+    (projections with a residual add)."""
+    layers = [(112, 32, 16, "bias", 1)]
+    c_in, h = 16, 112
+    for t, c, n, s in ((6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                       (6, 160, 3, 2), (6, 320, 1, 1)):
+        for i in range(n):
+            stride = s if i == 0 else 1
+            layers.append((h, c_in, c_in * t, "relu6", 1))
+            h = -(-h // stride)
+            layers.append((h, c_in * t, c, "res" if i else "bias", 1))
+            c_in = c
+    layers.append((7, 320, 1280, "relu6", 1))
+    merged = {}
+    for h, k, m, e, n in layers:
+        merged[(h, k, m, e)] = merged.get((h, k, m, e), 0) + n
+    return [(*key, n) for key, n in merged.items()]
+
+
+def cpu_ms(fn, reps):
+    fn()
+    fn()
+    ts = []
+    for _ in range(reps):
+        t = time.process_time()
+        fn()
+        ts.append(time.process_time() - t)
+    return statistics.median(ts) * 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--reps", type=int, default=15)
+    a = ap.parse_args()
+
+    from workbench import compiled
+    from workbench.ops import conv_nhwc
+    from workbench.ops.registry import FUSED_DOMAIN, NodeContext, lookup
+
+    if not compiled.wait(["gemm_avx2", "conv_nhwc"], timeout=600):
+        print(f"kernels not available: {compiled.status()['modules']}")
+        return 1
+    k = compiled.kernel("gemm_avx2.gemm")
+    conv = lookup("NhwcConv", FUSED_DOMAIN, 1).fn
+    real_kernel = compiled.kernel
+
+    def without_gemm(name):
+        return None if name.startswith("gemm_avx2.") else real_kernel(name)
+
+    print(cpu_description())
+    print("one thread, CPU time (time.process_time), medians of", a.reps)
+    rng = np.random.default_rng(0)
+    for batch in a.batches:
+        print(f"\nbatch {batch}")
+        print(f"{'rows x K x M':>20} {'epilogue':>8} {'n':>2} | GEMM GFLOP/s ours  BLAS | "
+              f"node ms ours   before | speed-up")
+        tot_o = tot_b = 0.0
+        for h, kk, m, epi, n in mobilenetv2_pointwise():
+            rows = batch * h * h
+            x = rng.standard_normal((batch, h, h, kk)).astype(np.float32)
+            w = (rng.standard_normal((1, 1, kk, m)) * 0.1).astype(np.float32)
+            b = rng.standard_normal(m).astype(np.float32)
+            z = rng.standard_normal((batch, h, h, m)).astype(np.float32) \
+                if epi == "res" else None
+            act, params = ("Clip", [0.0, 6.0]) if epi == "relu6" else ("", [])
+            ctx = NodeContext("n", "NhwcConv", 1, 1)
+            a2, w2 = x.reshape(rows, kk), w.reshape(kk, m)
+            wp, bp = conv_nhwc.pack_panels(w2, b)
+            y2 = np.empty((rows, m), np.float32)
+            reps = max(3, min(a.reps * 4, int(a.reps * 2e7 / (2 * rows * kk * m))))
+
+            def ours_gemm():
+                k(a2, wp, bp, a2, y2, kk, m, 0, rows, 0, -np.inf, np.inf)
+
+            def blas_gemm():
+                np.matmul(a2, w2, out=y2)
+
+            def ours_node():
+                conv(x, w, b, z, activation=act, activation_params=params, ctx=ctx)
+
+            def before_node():
+                conv_nhwc.compiled.kernel = without_gemm
+                try:
+                    conv(x, w, b, z, activation=act, activation_params=params)
+                finally:
+                    conv_nhwc.compiled.kernel = real_kernel
+            t = {}
+            for _ in range(2):   # interleaved
+                for name, fn in (("og", ours_gemm), ("bg", blas_gemm), ("on", ours_node),
+                                 ("bn", before_node)):
+                    v = cpu_ms(fn, reps)
+                    t[name] = min(t.get(name, v), v)
+            fl = 2 * rows * kk * m / 1e6
+            tot_o += n * t["on"]
+            tot_b += n * t["bn"]
+            print(f"{rows:>8} x{kk:>4} x{m:>5} {epi:>8} {n:>2} | {fl / max(t['og'], 1e-6):>10.1f}"
+                  f" {fl / max(t['bg'], 1e-6):>5.1f} | {t['on']:>12.3f} {t['bn']:>8.3f} | "
+                  f"{t['bn'] / max(t['on'], 1e-9):>6.2f}x")
+        print(f"{'all 34 layers':>31} | {'':>16} | {tot_o:>12.2f} {tot_b:>8.2f} | "
+              f"{tot_b / tot_o:>6.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
