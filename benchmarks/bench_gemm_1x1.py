@@ -1,14 +1,15 @@
-"""MobileNetV2's 1x1 convolutions on the channels-last path, one thread, CPU time: the
+"""MobileNetV2's (or ShuffleNetV2's) 1x1 convolutions on the channels-last path, one thread, CPU time: the
 compiled C kernel ``gemm_avx2.gemm`` (weights packed once, epilogue fused) against the
 path it replaces (OpenBLAS sgemm through numpy + the compiled one-pass epilogue), in one
 process, the two interleaved per layer.
 
     python benchmarks/bench_gemm_1x1.py                 # batches 1 and 8
     python benchmarks/bench_gemm_1x1.py --batches 1 --reps 30
+    python benchmarks/bench_gemm_1x1.py --net shufflenetv2
 
 Per layer: GFLOP/s of the GEMM alone (ours vs ``np.matmul``) and of the whole NhwcConv node
-(product + bias + ReLU6 / residual: what a model run pays), then the sum over MobileNetV2's
-34 1x1 layers. Times are medians of ``--reps`` after warm-up (``time.process_time``).
+(product + bias + ReLU6 / residual: what a model run pays), then the sum over the network's
+1x1 layers (MobileNetV2: 34). Times are medians of ``--reps`` after warm-up (``time.process_time``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,19 @@ def mobilenetv2_pointwise():
     return [(*key, n) for key, n in merged.items()]
 
 
+def shufflenetv2_pointwise():
+    """The same for ShuffleNetV2 x1.0 (branch channels 58, 116, 232; every 1x1 + ReLU)."""
+    layers = [(56, 24, 58, "relu", 1)]          # stage 2, first unit, branch 2's first 1x1
+    layers += [(28, 58, 58, "relu", 1), (28, 24, 58, "relu", 1), (28, 58, 58, "relu", 6)]
+    layers += [(28, 116, 116, "relu", 1), (14, 116, 116, "relu", 2 + 14)]
+    layers += [(14, 232, 232, "relu", 1), (7, 232, 232, "relu", 2 + 6)]
+    layers.append((7, 464, 1024, "relu", 1))
+    return layers
+
+
+NETS = {"mobilenetv2": mobilenetv2_pointwise, "shufflenetv2": shufflenetv2_pointwise}
+
+
 def cpu_ms(fn, reps):
     fn()
     fn()
@@ -70,6 +84,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--net", choices=sorted(NETS), default="mobilenetv2")
     a = ap.parse_args()
 
     from workbench import compiled
@@ -94,14 +109,15 @@ def main() -> int:
         print(f"{'rows x K x M':>20} {'epilogue':>8} {'n':>2} | GEMM GFLOP/s ours  BLAS | "
               f"node ms ours   before | speed-up")
         tot_o = tot_b = 0.0
-        for h, kk, m, epi, n in mobilenetv2_pointwise():
+        for h, kk, m, epi, n in NETS[a.net]():
             rows = batch * h * h
             x = rng.standard_normal((batch, h, h, kk)).astype(np.float32)
             w = (rng.standard_normal((1, 1, kk, m)) * 0.1).astype(np.float32)
             b = rng.standard_normal(m).astype(np.float32)
             z = rng.standard_normal((batch, h, h, m)).astype(np.float32) \
                 if epi == "res" else None
-            act, params = ("Clip", [0.0, 6.0]) if epi == "relu6" else ("", [])
+            act, params = {"relu6": ("Clip", [0.0, 6.0]), "relu": ("Relu", [])}.get(
+                epi, ("", []))
             ctx = NodeContext("n", "NhwcConv", 1, 1)
             a2, w2 = x.reshape(rows, kk), w.reshape(kk, m)
             wp, bp = conv_nhwc.pack_panels(w2, b)
@@ -135,7 +151,7 @@ def main() -> int:
             print(f"{rows:>8} x{kk:>4} x{m:>5} {epi:>8} {n:>2} | {fl / max(t['og'], 1e-6):>10.1f}"
                   f" {fl / max(t['bg'], 1e-6):>5.1f} | {t['on']:>12.3f} {t['bn']:>8.3f} | "
                   f"{t['bn'] / max(t['on'], 1e-9):>6.2f}x")
-        print(f"{'all 34 layers':>31} | {'':>16} | {tot_o:>12.2f} {tot_b:>8.2f} | "
+        print(f"{'all ' + str(sum(v[-1] for v in NETS[a.net]())) + ' layers':>31} | {'':>16} | {tot_o:>12.2f} {tot_b:>8.2f} | "
               f"{tot_b / tot_o:>6.2f}x")
     return 0
 

@@ -26,7 +26,7 @@
 #define MC_SMALL_B 24576
 #endif
 #ifndef MC_A
-#define MC_A 16384
+#define MC_A 32768
 #endif
 
 static const int32_t mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
@@ -179,7 +179,7 @@ void wb_gemm_avx2_gemm(const float *A, const float *Bp, const float *bias, const
     const int64_t panels = (M + NR - 1) / NR;
     /* rows per block. Packed weights that fit in L2 (<= MC_SMALL_B floats): one tile of rows
      * at a time, every panel over it while its A part is in L1 (A is read once). Larger
-     * weights: blocks whose A part (~MC_A floats) stays in L2 while each panel, read once per
+     * weights: blocks whose A part (MC_A floats, 128 KiB) stays in L2 while each panel, read once per
      * block, passes over it. */
     int64_t mc;
     if (K * panels * NR <= MC_SMALL_B) {
