@@ -14,8 +14,8 @@ Per layer: GFLOP/s of the GEMM alone (ours vs ``np.matmul``) and of the whole Nh
 
 ``--models``: whole models (``tests/helpers/torch_models``, 224x224) in one process, one
 plan each: with ``gemm_avx2`` ("after"), the same plan with only ``gemm_avx2`` hidden
-("before": every other compiled kernel stays), onnxruntime at one thread, interleaved for
-``--rounds`` rounds (median of the rounds' medians).
+("before": every other compiled kernel stays), onnxruntime at one thread, taking turns run
+by run (``--rounds`` x ``--reps`` runs each; medians).
 """
 
 from __future__ import annotations
@@ -130,9 +130,12 @@ def layer_times(k, conv, x, w, b, z, act, params, reps):
     return t
 
 
+def _plain_run(rep, xs):
+    return rep.run(xs)
+
+
 def models_table(models, batches, reps, rounds) -> None:
     from benchmarks.bench_conv_cpu import _ort_session
-    from benchmarks.bench_conv_cpu import cpu_ms as median_ms
     from tests.helpers import torch_models
     from workbench import backend, compiled
     from workbench.ops import conv_nhwc
@@ -149,8 +152,8 @@ def models_table(models, batches, reps, rounds) -> None:
         finally:
             conv_nhwc.compiled.kernel = real_kernel
 
-    print(f"\nwhole models, 224x224, CPU ms per run at one thread (median of {reps} runs, "
-          f"median of {rounds} interleaved rounds):")
+    print(f"\nwhole models, 224x224, CPU ms per run at one thread (median of {rounds * reps} "
+          f"runs each, the three taking turns run by run):")
     print(f"{'model':13s} {'batch':>5s} {'before':>8s} {'after':>8s} {'ort':>8s} "
           f"{'after/before':>12s} {'before/ort':>10s} {'after/ort':>9s} {'max err':>8s}")
     for name in models:
@@ -167,10 +170,16 @@ def models_table(models, batches, reps, rounds) -> None:
             got = np.asarray(rep.run(xs)[0])
             err = float(np.abs(got - ref).max() / max(1.0, np.abs(ref).max()))
             t = {"b": [], "a": [], "o": []}
-            for _ in range(rounds):
-                t["b"].append(median_ms(reps, 1, before, rep, xs))
-                t["a"].append(median_ms(reps, 1, rep.run, xs))
-                t["o"].append(median_ms(reps, 1, sess.run, None, feeds))
+            fns = {"b": (before, rep, xs), "a": (_plain_run, rep, xs),
+                   "o": (sess.run, None, feeds)}
+            for fn, *args in fns.values():
+                fn(*args)
+                fn(*args)
+            for _ in range(rounds * reps):   # one run of each in turn: load drift is shared
+                for key, (fn, *args) in fns.items():
+                    c0 = time.process_time()
+                    fn(*args)
+                    t[key].append((time.process_time() - c0) * 1e3)
             b, a_, o = (statistics.median(t[k]) for k in "bao")
             print(f"{name:13s} {n:5d} {b:8.1f} {a_:8.1f} {o:8.1f} {a_ / b:11.2f}x "
                   f"{b / o:9.2f}x {a_ / o:8.2f}x {err:8.1e}", flush=True)
