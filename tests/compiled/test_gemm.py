@@ -182,12 +182,17 @@ def _small_net():
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_a_channels_last_network_agrees_with_the_plain_path(gemm):
+def test_a_channels_last_network_agrees_with_the_plain_path(gemm, monkeypatch):
     model = _small_net()
     x = RNG.standard_normal((3, 3, 9, 11)).astype(np.float32)
     rep = backend.prepare(model)
     assert sum(n.op_type == "NhwcConv" for n in rep.plan.graph.nodes) == 4
+    calls, packs = [], []
+    run, pack = conv_nhwc._pointwise_compiled, conv_nhwc.pack_panels
+    monkeypatch.setattr(conv_nhwc, "_pointwise_compiled", lambda *a: calls.append(1) or run(*a))
+    monkeypatch.setattr(conv_nhwc, "pack_panels", lambda *a: packs.append(1) or pack(*a))
     got = [np.asarray(rep.run([x])[0]) for _ in range(2)]   # the second with packed weights
+    assert len(calls) == 4 and len(packs) == 2   # both 1x1 layers, packed on the first run
     np.testing.assert_array_equal(got[0], got[1])
     with compiled.disabled():
         nhwc_numpy = np.asarray(rep.run([x])[0])
