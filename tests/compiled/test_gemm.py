@@ -4,6 +4,8 @@ tails, NaN/Inf, row ranges, the plan-level result and the numpy fallback."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -236,6 +238,12 @@ def test_unavailable_module_is_never_built(tmp_path, monkeypatch):
         assert not compiled._PROCS
         with pytest.raises(RuntimeError, match="lacks avx2"):
             compiled.warmup(["gemm_avx2"], progress=None)
+        if compiled.can_build() is None:   # with numba: the other modules build, not it
+            monkeypatch.setattr(compiled, "_builder", lambda *a, **k: [
+                sys.executable, "-c", "pass"])
+            r = compiled.warmup(["gemm_avx2", "conv_nhwc"], progress=None)
+            assert r["modules"]["gemm_avx2"]["unavailable"]
+            assert "lacks avx2" in r["modules"]["gemm_avx2"]["error"]
     finally:
         compiled._forget()
         monkeypatch.undo()

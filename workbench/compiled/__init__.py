@@ -425,8 +425,8 @@ def status() -> dict:
 def warmup(modules_=None, *, force: bool = False, progress=print) -> dict:
     """Compile the kernel modules (default: all) now, in the foreground, and load them;
     returns ``{"seconds": ..., "modules": {module: build result}}`` (a module that cannot be
-    built here: not ok, with the reason). Raises ``RuntimeError`` naming why when none of
-    them can be built here."""
+    built here: not ok, ``"unavailable": True``, the reason as its error). Raises
+    ``RuntimeError`` naming why when none of them can be built here."""
     mods = list(modules_) if modules_ is not None else cache.module_names()
     why = cannot_build(mods)
     if why:
@@ -436,7 +436,8 @@ def warmup(modules_=None, *, force: bool = False, progress=print) -> dict:
     results = {}
     for m in mods:
         if m in cache.module_names() and _why_not(m):
-            results[m] = {"ok": False, "seconds": 0.0, "error": _why_not(m)}
+            results[m] = {"ok": False, "seconds": 0.0, "error": _why_not(m),
+                          "unavailable": True}
             continue
         cmd = _builder([m], folder, nice=0, quiet=progress is None)
         if force:
