@@ -229,11 +229,15 @@ def _pointwise_compiled(k, x, w2, packed, epi, y):
     args = (dp(a), dp(wp), dp(bp), dp(a if z is None else z), dp(y), C, M)
     has_z, lo, hi = int(z is not None), float(lo), float(hi)
     raw = k.raw
+    jobs = _tile_jobs(rows)
+    if len(jobs) == 1:   # one worker: one call, no pool
+        raw(*args, 0, rows, has_z, lo, hi)
+        return y
 
     def work(chunk):
         for r0, r1 in chunk:
             raw(*args, r0, r1, has_z, lo, hi)
-    run_blocks(np, _tile_jobs(rows), work, rows * M * C)
+    run_blocks(np, jobs, work, rows * M * C)
     return y
 
 
