@@ -251,3 +251,17 @@ def test_unavailable_module_is_never_built(tmp_path, monkeypatch):
         compiled.set_enabled(was)
         if was:
             compiled.wait(timeout=120)
+
+
+def test_the_engines_workers_split_the_rows(gemm, monkeypatch):
+    """Several workers: row ranges of whole tiles, each a kernel call from the pool; the same
+    result as numpy's path."""
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "3")
+    assert len(conv_nhwc._tile_jobs(61)) > 3
+    x = RNG.standard_normal((1, 61, 7, 10)).astype(np.float32)
+    w = RNG.standard_normal((1, 1, 10, 21)).astype(np.float32)
+    b = RNG.standard_normal(21).astype(np.float32)
+    z = RNG.standard_normal((1, 61, 7, 21)).astype(np.float32)
+    with compiled.disabled():
+        want = _nhwc(x, w, b, z)
+    _close(_nhwc(x, w, b, z), want, 10)
