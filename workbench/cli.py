@@ -721,18 +721,23 @@ def cmd_warmup(args) -> int:
             extra = f": {info['why']}" if info.get("why") else ""
             print(f"  {m}: {info['state']}{extra}")
         return 0
-    why = compiled.can_build()
+    mods = args.modules or compiled.modules()
+    why = compiled.cannot_build(mods)
     if why:
         raise WorkbenchError(f"cannot compile kernels here: {why}")
     from workbench.compiled import cache
-    mods = args.modules or compiled.modules()
     print(f"compiling {len(mods)} kernel module(s) for this CPU into {cache.cache_dir()} "
           f"(once per machine and engine version; runs use numpy meanwhile)", flush=True)
     report = compiled.warmup(mods, force=args.force,
                              progress=lambda line: print(line, flush=True))
-    bad = {m: r for m, r in report["modules"].items() if not r["ok"]}
-    print(f"done in {report['seconds']:.1f} s: {len(mods) - len(bad)} module(s) ready, "
-          f"{len(bad)} failed")
+    bad = {m: r for m, r in report["modules"].items() if not r["ok"]
+           and not r.get("unavailable")}
+    skipped = {m: r for m, r in report["modules"].items() if r.get("unavailable")}
+    print(f"done in {report['seconds']:.1f} s: {len(mods) - len(bad) - len(skipped)} "
+          f"module(s) ready, {len(bad)} failed"
+          + (f", {len(skipped)} unavailable here (numpy runs their work)" if skipped else ""))
+    for m, r in skipped.items():
+        print(f"  {m}: unavailable: {r['error']}")
     for m, r in bad.items():
         print(f"  {m}: {r['error']}", file=sys.stderr)
     return 1 if bad else 0

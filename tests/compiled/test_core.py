@@ -230,7 +230,8 @@ def test_session_kernels_are_ready_where_numba_is_installed():
             cache.fresh_meta(m) is not None for m in compiled.modules()):
         pytest.skip(compiled.can_build())
     st = compiled.status()["modules"]
-    bad = {m: s for m, s in st.items() if s["state"] != "ready"}
+    bad = {m: s for m, s in st.items() if s["state"] != "ready"
+           and not (cache.c_source(m) and compiled.c_unavailable(m))}  # no cc, no AVX2/FMA
     assert not bad, f"compiled kernel modules not ready: {bad}"
 
 

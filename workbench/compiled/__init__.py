@@ -28,6 +28,11 @@ for it (benchmarks); :func:`wait` waits explicitly (tests, benchmarks); :func:`w
 ``workbench warmup`` compiles ahead of time; :func:`status` says where each module stands.
 Without numba (a dependency on Linux x86-64 only; elsewhere the loader is unsupported anyway)
 nothing is built and everything runs on numpy; kernels already in the cache still load.
+
+C kernel modules (``kernels/<module>.c``, e.g. ``gemm_avx2``) are built by the same builder
+with the system C compiler into a shared library and loaded with ctypes; they need no numba,
+but a C compiler and the CPU flags their description requires (else "unavailable", with the
+reason, and numpy runs).
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from workbench.compiled.image import ImageError, load, supported
 from workbench.compiled.spec import ARRAY_DTYPES, parse
 
 __all__ = ["Kernel", "kernel", "wait", "warmup", "status", "enabled", "set_enabled",
-           "disabled", "modules", "stop_builds"]
+           "disabled", "modules", "stop_builds", "cannot_build"]
 
 _CTYPES = {"i64": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double}
 
@@ -211,8 +216,11 @@ def _load_module(module: str, folder: str) -> bool:
         return False
     p = cache.paths(module, folder)
     try:
-        with open(p["object"], "rb") as f:
-            addresses = load(f.read())
+        if meta.get("kind") == "c":
+            addresses = _load_library(p["object"], meta["exports"])
+        else:
+            with open(p["object"], "rb") as f:
+                addresses = load(f.read())
         loaded = {}
         for name, d in meta["exports"].items():
             if d["symbol"] not in addresses:
@@ -226,6 +234,48 @@ def _load_module(module: str, folder: str) -> bool:
         _KERNELS.update(loaded)
     _set(module, "ready", kernels=sorted(loaded), build_seconds=meta.get("seconds"))
     return True
+
+
+_LIBRARIES: list = []   # C kernel libraries loaded (kept for the life of the process)
+
+
+def _load_library(path: str, exports: dict) -> dict:
+    """``{symbol: address}`` of a C kernel module's shared library (loaded with ctypes)."""
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise ImageError(str(e)) from None
+    _LIBRARIES.append(lib)
+    out = {}
+    for d in exports.values():
+        try:
+            out[d["symbol"]] = ctypes.cast(getattr(lib, d["symbol"]), ctypes.c_void_p).value
+        except AttributeError:
+            pass   # reported as missing by the caller
+    return out
+
+
+def c_unavailable(module: str) -> str | None:
+    """Why C kernel module ``module`` cannot be built or used here (one line), or None."""
+    why = supported()
+    if why:
+        return why
+    need = [f for f in cache.c_spec(module).REQUIRES if f not in cache.cpu_flags()]
+    if need:
+        return (f"this CPU lacks {', '.join(need)} (/proc/cpuinfo); the engine runs "
+                f"{module}'s work on numpy")
+    if cache.compiler() is None:
+        cc = os.environ.get("CC", "").strip()
+        return (f"no C compiler ({'CC=' + cc + ' not found' if cc else 'cc/gcc not on PATH'}"
+                f"); the engine runs {module}'s work on numpy")
+    return None
+
+
+def _why_not(module: str) -> str | None:
+    """Why ``module`` cannot be built here, or None."""
+    if cache.c_source(module) is not None:
+        return c_unavailable(module)
+    return can_build()
 
 
 def can_build() -> str | None:
@@ -270,6 +320,9 @@ def _work() -> None:
                 continue
             missing = []
             for m in todo:
+                if cache.c_source(m) is not None and c_unavailable(m):
+                    _set(m, "unavailable", why=c_unavailable(m))   # not even a cached one
+                    continue
                 if _load_module(m, folder):
                     continue
                 rec = cache.fresh_failure(m, folder)
@@ -279,14 +332,15 @@ def _work() -> None:
                     missing.append(m)
             if not missing:
                 continue
-            why = can_build()
-            if why:
-                for m in missing:
-                    _set(m, "unavailable", why=why)
+            for m in [m for m in missing if _why_not(m)]:
+                _set(m, "unavailable", why=_why_not(m))
+                missing.remove(m)
+            if not missing:
                 continue
             for m in missing:
                 _set(m, "building")
-            others = [m for m in cache.module_names() if m not in missing]
+            others = [m for m in cache.module_names() if m not in missing
+                      and not _why_not(m)]
             cmd = _builder(missing + others, folder)
             try:
                 proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
@@ -359,6 +413,8 @@ def status() -> dict:
         folder = None
     for m in cache.module_names():
         st = dict(_STATE.get(m, {}))
+        if not st and cache.c_source(m) is not None and c_unavailable(m):
+            st = {"state": "unavailable", "why": c_unavailable(m)}
         if not st:
             fresh = folder is not None and cache.fresh_meta(m, folder) is not None
             st = {"state": "cached" if fresh else "cold"}
@@ -368,16 +424,21 @@ def status() -> dict:
 
 def warmup(modules_=None, *, force: bool = False, progress=print) -> dict:
     """Compile the kernel modules (default: all) now, in the foreground, and load them;
-    returns ``{"seconds": ..., "modules": {module: build result}}``. Raises ``RuntimeError``
-    naming why when nothing can be built here."""
-    why = can_build()
+    returns ``{"seconds": ..., "modules": {module: build result}}`` (a module that cannot be
+    built here: not ok, ``"unavailable": True``, the reason as its error). Raises
+    ``RuntimeError`` naming why when none of them can be built here."""
+    mods = list(modules_) if modules_ is not None else cache.module_names()
+    why = cannot_build(mods)
     if why:
         raise RuntimeError(why)
-    mods = list(modules_) if modules_ is not None else cache.module_names()
     folder = cache.cache_dir()
     t0 = time.perf_counter()
     results = {}
     for m in mods:
+        if m in cache.module_names() and _why_not(m):
+            results[m] = {"ok": False, "seconds": 0.0, "error": _why_not(m),
+                          "unavailable": True}
+            continue
         cmd = _builder([m], folder, nice=0, quiet=progress is None)
         if force:
             cmd.append("--force")
@@ -399,6 +460,16 @@ def warmup(modules_=None, *, force: bool = False, progress=print) -> dict:
             _load_module(m, folder)
     return {"seconds": round(time.perf_counter() - t0, 2), "folder": folder,
             "modules": results}
+
+
+def cannot_build(modules_=None) -> str | None:
+    """None when at least one of these modules (default: all) can be built here, else why
+    not (the reasons, one per kind)."""
+    mods = list(modules_) if modules_ is not None else cache.module_names()
+    whys = [_why_not(m) if m in cache.module_names() else None for m in mods]
+    if not mods or any(w is None for w in whys):
+        return None
+    return "; ".join(dict.fromkeys(whys))
 
 
 def stop_builds(why: str = "stopped") -> list:

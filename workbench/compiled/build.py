@@ -28,16 +28,24 @@ plain C entry point ``wb_<module>_<name>`` that calls numba's function and drops
 else (the Python error path included), and emits position-independent code for this CPU. The
 object and a JSON description go to the cache (:mod:`workbench.compiled.cache`), where
 :mod:`workbench.compiled.image` loads them without numba.
+
+A C kernel module (``kernels/<module>.c`` and its ``.py`` description, see
+``kernels/gemm_avx2.py``) is compiled by the system C compiler (:func:`cache.compiler`) with
+the module's ``CFLAGS`` into a shared library, which the engine loads with ctypes; numba is
+not needed for it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import fcntl
 import importlib
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -196,7 +204,41 @@ def compile_module(module: str, progress=None) -> tuple:
     return obj, described
 
 
-def _versions() -> dict:
+def compile_c_module(module: str, progress=None) -> tuple:
+    """(shared library bytes, exports description) of C kernel module ``module``."""
+    spec = cache.c_spec(module)
+    cc = cache.compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler (set CC, or install cc/gcc)")
+    src = cache.c_source(module)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="wb-cc-") as tmp:
+        out = os.path.join(tmp, f"{module}.so")
+        cmd = [*cc["command"], *spec.CFLAGS, "-o", out, src]
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed (status {proc.returncode}): "
+                               f"{proc.stderr.strip()[-1500:]}")
+        lib = ctypes.CDLL(out)   # refuse a library that lacks an export
+        described = {}
+        for name, args in spec.EXPORTS.items():
+            parse(args)
+            sym = symbol(module, name)
+            getattr(lib, sym)
+            described[name] = {"symbol": sym, "args": args}
+        with open(out, "rb") as f:
+            data = f.read()
+    if progress:
+        progress(f"  {module}: {os.path.basename(cc['path'])} {' '.join(spec.CFLAGS)}: "
+                 f"{time.perf_counter() - t0:.1f} s")
+    return data, described
+
+
+def _versions(module: str | None = None) -> dict:
+    if module is not None and cache.c_source(module) is not None:
+        cc = cache.compiler()
+        return {"kind": "c", "compiler": cc and cc["path"],
+                "cflags": list(cache.c_spec(module).CFLAGS)}
     import llvmlite  # noqa: PLC0415
     import llvmlite.binding as llvm  # noqa: PLC0415
     import numba  # noqa: PLC0415
@@ -226,7 +268,10 @@ def build(module: str, folder: str | None = None, *, force: bool = False,
             key = cache.source_key(module)
             t0 = time.perf_counter()
             try:
-                obj, described = compile_module(module, progress)
+                if cache.c_source(module) is not None:
+                    obj, described = compile_c_module(module, progress)
+                else:
+                    obj, described = compile_module(module, progress)
             except Exception as e:  # noqa: BLE001 - recorded, the engine keeps numpy
                 rec = {"module": module, "source_key": key, "error": f"{type(e).__name__}: {e}",
                        "traceback": traceback.format_exc()[-4000:], "when": time.time()}
@@ -235,7 +280,7 @@ def build(module: str, folder: str | None = None, *, force: bool = False,
                 return dict(rec, status="failed")
             meta = {"module": module, "source_key": key, "format": cache.FORMAT,
                     "exports": described, "seconds": round(time.perf_counter() - t0, 2),
-                    "when": time.time(), **_versions()}
+                    "when": time.time(), **_versions(module)}
             write_atomic(p["object"], lambda f: f.write(obj), overwrite=True)
             write_atomic(p["meta"], lambda f: f.write(json.dumps(meta).encode()),
                          overwrite=True)

@@ -6,15 +6,23 @@ a build that failed (not retried until a source changes). The machine key hashes
 name and feature flags (``/proc/cpuinfo``), so a home folder shared between machines keeps one
 set per CPU; the source key hashes the kernel module's file and the builder's own files, so
 editing either rebuilds. Computing both reads a few small files: no numba, no LLVM.
+
+A C kernel module (``kernels/<module>.c`` beside its ``.py`` description, see
+``kernels/gemm_avx2.py``) is built by the system C compiler into ``<module>-<key>.so``; its
+source key also hashes the C file, the compiler (resolved path, size, modification time) and
+the flags, so a new compiler or new flags rebuild it.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import json
 import os
 import platform
+import shlex
+import shutil
 import time
 
 from workbench.files import cache_home
@@ -39,6 +47,56 @@ def module_names() -> list:
 
 def module_path(module: str) -> str:
     return os.path.join(KERNELS_DIR, module + ".py")
+
+
+def c_source(module: str) -> str | None:
+    """The C source of a C kernel module (``kernels/<module>.c``), or None (a numba one)."""
+    p = os.path.join(KERNELS_DIR, module + ".c")
+    return p if os.path.isfile(p) else None
+
+
+def c_spec(module: str):
+    """The description (``SOURCE``, ``CFLAGS``, ``REQUIRES``, ``EXPORTS``) of a C kernel
+    module: its ``.py`` file, which imports nothing heavy."""
+    return importlib.import_module(f"workbench.compiled.kernels.{module}")
+
+
+@functools.lru_cache(maxsize=4)
+def _compiler(cc_env: str | None) -> dict | None:
+    words = shlex.split(cc_env) if cc_env else []
+    if words:
+        exe = shutil.which(words[0])
+    else:
+        exe = next((e for e in (shutil.which(n) for n in ("cc", "gcc")) if e), None)
+        words = [exe] if exe else []
+    if not exe:
+        return None
+    real = os.path.realpath(exe)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return None
+    return {"command": [exe, *words[1:]], "path": real,
+            "id": f"{real}:{st.st_size}:{st.st_mtime_ns}:{' '.join(words[1:])}"}
+
+
+def compiler() -> dict | None:
+    """The system C compiler (``$CC``, else ``cc`` or ``gcc`` on the PATH): ``{"command":
+    [...], "path": ..., "id": ...}``, or None when there is none."""
+    return _compiler(os.environ.get("CC", "").strip() or None)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset:
+    """The CPU's feature flags as ``/proc/cpuinfo`` lists them (empty when unreadable)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.split(":", 1)[0].strip() in ("flags", "Features"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 @functools.lru_cache(maxsize=1)
@@ -70,6 +128,12 @@ def source_key(module: str) -> str:
     for name in _BUILDER_FILES:
         h.update(_file_digest(os.path.join(_HERE, name)).encode())
     h.update(_file_digest(module_path(module)).encode())
+    src = c_source(module)
+    if src is not None:   # a C module: its source, the compiler and the flags too
+        cc = compiler()
+        h.update(_file_digest(src).encode())
+        h.update(f"{cc['id'] if cc else 'no compiler'}\n".encode())
+        h.update(" ".join(c_spec(module).CFLAGS).encode())
     return h.hexdigest()[:32]
 
 
@@ -87,7 +151,8 @@ def paths(module: str, folder: str | None = None) -> dict:
     it instead of being rebuilt over one another."""
     folder = folder or cache_dir()
     base = os.path.join(folder, f"{module}-{source_key(module)[:16]}")
-    return {"object": base + ".o", "meta": base + ".json", "failed": base + ".failed.json"}
+    obj = ".so" if c_source(module) is not None else ".o"
+    return {"object": base + obj, "meta": base + ".json", "failed": base + ".failed.json"}
 
 
 #: builds of other versions of a module unused for this long are removed by the builder

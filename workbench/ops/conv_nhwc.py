@@ -9,8 +9,11 @@ that computed it. Three paths, each split over the engine's threads (BLAS single
 - depthwise (group == C == M): the compiled kernels ``conv_nhwc.dw_k{3,5}s{1,2}`` when they
   are loaded (float32, dilation 1), else numpy tap by tap on blocks of output rows, every tap
   a multiply-add over whole (rows, OW, C) slices (channels contiguous);
-- 1x1 (group 1): a plain ``(rows, C) @ (C, M)`` GEMM per block of rows (strided inputs
-  sampled first);
+- 1x1 (group 1): a plain ``(rows, C) @ (C, M)`` GEMM. float32, stride 1, no padding: the
+  compiled C kernel ``gemm_avx2.gemm`` when it is loaded (AVX2 + FMA CPUs with a C compiler),
+  with the weights packed once into 16-column panels and kept in the node's context (the
+  plan's, see :func:`_packed`) and the epilogue fused into its stores; else numpy/BLAS per
+  block of rows (strided inputs sampled first);
 - the rest: im2col per block of output rows (each window a run of contiguous channels) into a
   cache-sized workspace, then ``(rows, kh*kw*C/g) @ (kh*kw*C/g, M/g)`` per group.
 
@@ -161,11 +164,96 @@ def _depthwise(x, w, b, z, act, alpha, beta, S, D, pb, out, y):
     return y
 
 
-def _pointwise(x, w, epi, S, pb, out, y):
-    """1x1, group 1: rows of (N*OH*OW, C) @ (C, M)."""
+_PANEL = 16   # columns per packed weight panel of gemm_avx2 (its register tile's width)
+_SAMPLES = 16  # weight elements compared to tell an updated weight from the packed one
+
+
+def pack_panels(w2, bias=None, panel=_PANEL):
+    """``(packed, bias)`` for ``gemm_avx2.gemm``: (C, M) weights as ceil(M/panel) column
+    panels of (C, panel) one after another, zeros past M; the bias (zeros when None) padded
+    to the panels' width. float32, C-contiguous."""
+    C, M = (int(v) for v in w2.shape)
+    mp = -(-M // panel) * panel
+    wp = np.zeros((C, mp), np.float32)
+    wp[:, :M] = w2
+    bp = np.zeros(mp, np.float32)
+    if bias is not None:
+        bp[:M] = bias
+    return np.ascontiguousarray(wp.reshape(C, mp // panel, panel).transpose(1, 0, 2)), bp
+
+
+def _sample(a, idx):
+    """The bytes of ``a``'s elements at flat positions ``idx`` (bitwise: NaN matches)."""
+    return a.reshape(-1)[idx].tobytes()
+
+
+def _packed(ctx, w_in, b_in, w2, b):
+    """The packed weights and padded bias of this node, made on its first compiled run and
+    kept in its context (which lives with the plan): made again only when the weight or
+    bias is another array (a trainable plan's Transpose output) or was updated in place
+    (:data:`_SAMPLES` weight elements spread over the array, or any bias element,
+    differ)."""
+    key = "gemm_avx2_pack"
+    got = None if ctx is None else ctx.extra.get(key)
+    if got is not None and got[0] is w_in and got[1] is b_in \
+            and _sample(w2, got[2]) == got[3] \
+            and (b is None or b.tobytes() == got[4]):
+        return got[5]
+    packed = pack_panels(w2, b)
+    if ctx is not None:
+        idx = np.linspace(0, max(0, w2.size - 1), min(_SAMPLES, w2.size)).astype(np.intp)
+        ctx.extra[key] = (w_in, b_in, idx, _sample(w2, idx),
+                          None if b is None else b.tobytes(), packed)
+    return packed
+
+
+def _tile_jobs(rows, tile=6):
+    """(r0, r1) ranges for the compiled GEMM: all rows in one call on one worker (the
+    kernel blocks its rows itself), else about 4 ranges per worker, whole tiles each."""
+    nw = n_workers()
+    if nw == 1 or rows <= tile:
+        return [(0, rows)]
+    step = max(tile, -(-rows // (4 * nw) // tile) * tile)
+    return [(r, min(rows, r + step)) for r in range(0, rows, step)]
+
+
+def _pointwise_compiled(k, x, w2, packed, epi, y):
+    """The compiled 1x1 path: ``Y = clip(X @ W + b + Z)`` by ``gemm_avx2.gemm``."""
+    C, M = (int(v) for v in w2.shape)
+    a = x.reshape(-1, C)
+    rows = a.shape[0]
+    wp, bp = packed
+    z = epi.z2
+    lo, hi = epi.clip
+    dp = compiled.data_pointer
+    args = (dp(a), dp(wp), dp(bp), dp(a if z is None else z), dp(y), C, M)
+    has_z, lo, hi = int(z is not None), float(lo), float(hi)
+    raw = k.raw
+    jobs = _tile_jobs(rows)
+    if len(jobs) == 1:   # one worker: one call, no pool
+        raw(*args, 0, rows, has_z, lo, hi)
+        return y
+
+    def work(chunk):
+        for r0, r1 in chunk:
+            raw(*args, r0, r1, has_z, lo, hi)
+    run_blocks(np, jobs, work, rows * M * C)
+    return y
+
+
+def _pointwise(x, w, epi, S, pb, out, y, ctx=None, w_in=None, b_in=None):
+    """1x1, group 1: rows of (N*OH*OW, C) @ (C, M). ``w_in``/``b_in``: the node's weight
+    and bias inputs as given (the packed weights' cache key)."""
     N, H, W, C = (int(v) for v in x.shape)
     M = int(w.shape[-1])
     OH, OW = out
+    if x.dtype == np.float32 and not any(pb) and S == [1, 1] and (OH, OW) == (H, W) \
+            and epi.clip is not None and (epi.z2 is None or epi.z2.flags.c_contiguous):
+        k = compiled.kernel("gemm_avx2.gemm")
+        if k is not None:
+            w2 = w.reshape(C, M)
+            b = None if epi.b is None else np.ascontiguousarray(epi.b, np.float32)
+            return _pointwise_compiled(k, x, w2, _packed(ctx, w_in, b_in, w2, b), epi, y)
     if any(pb) or S != [1, 1] or (OH, OW) != (H, W):
         src = x
         if any(pb):
@@ -251,10 +339,10 @@ def _im2col(x, w, group, epi, S, D, pb, out, y):
     return y
 
 
-@kernel("NhwcConv", since=1, domain=FUSED_DOMAIN, category="layer")
+@kernel("NhwcConv", since=1, domain=FUSED_DOMAIN, category="layer", wants_ctx=True)
 def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
               auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
-              strides=None):
+              strides=None, ctx=None):
     """Channels-last 2-D convolution (see the module docstring): X (N, H, W, C), W (kh, kw,
     C/group, M), B (M,), Z and Y (N, OH, OW, M); ``activation`` as FusedConv's."""
     op = "NhwcConv"
@@ -306,7 +394,7 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
         else:
             epi = _Epilogue(b, z, act, p[0], p[1], M)
             if kh == kw == 1 and group == 1:
-                _pointwise(x, w, epi, st, pb, out, y)
+                _pointwise(x, w, epi, st, pb, out, y, ctx, W, B)
             else:
                 _im2col(x, w, group, epi, st, dl, pb, out, y)
     if late_z is not None:

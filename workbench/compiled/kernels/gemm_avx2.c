@@ -1,0 +1,214 @@
+/* Skinny float32 GEMM for channels-last 1x1 convolutions, AVX2 + FMA (see gemm_avx2.py).
+ *
+ *   Y[r, m] = clip(sum_k A[r, k] * B[k, m] + bias[m] + Z[r, m], lo, hi)   for r0 <= r < r1
+ *
+ * A (rows, K) and Y, Z (rows, M) are row-major and read/written in place (NHWC activations:
+ * one row per pixel, channels contiguous). B was packed once, at prepare, into column panels
+ * of 16: panel p is K rows of 16 floats (columns 16p .. 16p+15, zeros past M), panels one
+ * after another; bias is padded with zeros to a multiple of 16 too. A register tile of 6
+ * rows x 16 columns (12 ymm accumulators) runs over the whole K: per k, two loads of the
+ * packed panel, six broadcasts of A and twelve FMAs. Tails: columns past M are computed from
+ * the zero padding and never stored (masked stores), a last panel of <= 8 columns uses one
+ * ymm per row (and, after a full panel, goes with it in tiles of 4 rows x 24 columns),
+ * and the last rows (< 6) use a tile of that many rows. Rows are taken in blocks
+ * whose A part stays in L2 while every panel passes over it.
+ *
+ * The clip keeps NaN: max/min return their second operand when either is NaN, and the
+ * accumulator is that operand. lo/hi = -inf/inf skip it.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#define MR 6
+#define NR 16
+#ifndef MC_SMALL_B
+#define MC_SMALL_B 24576
+#endif
+#ifndef MC_A
+#define MC_A 32768
+#endif
+
+static const int32_t mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+static inline __m256i lanes(int64_t n) {   /* the first n (0..8) lanes on */
+    return _mm256_loadu_si256((const __m256i *)(mask_table + 8 - n));
+}
+
+static inline __attribute__((always_inline)) __m256 finish(
+        __m256 acc, const float *z, __m256 b, int has_z, int clip, __m256 lo, __m256 hi,
+        int64_t n) {
+    acc = _mm256_add_ps(acc, b);
+    if (has_z)
+        acc = _mm256_add_ps(acc, n >= 8 ? _mm256_loadu_ps(z) : _mm256_maskload_ps(z, lanes(n)));
+    if (clip) {
+        acc = _mm256_max_ps(lo, acc);
+        acc = _mm256_min_ps(hi, acc);
+    }
+    return acc;
+}
+
+static inline __attribute__((always_inline)) void put(float *y, __m256 v, int64_t n) {
+    if (n >= 8)
+        _mm256_storeu_ps(y, v);
+    else
+        _mm256_maskstore_ps(y, lanes(n), v);
+}
+
+/* one tile: mr (1..6) rows from a, nv (1 or 2) vectors of the panel bp, ncols valid columns */
+static inline __attribute__((always_inline)) void tile(
+        const int mr, const int nv, const float *a, int64_t K, const float *bp,
+        const float *bias, const float *z, float *y, int64_t M, int64_t ncols,
+        int has_z, int clip, __m256 lo, __m256 hi) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
+           c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    const float *a0 = a, *a1 = a + K, *a2 = a + 2 * K, *a3 = a + 3 * K, *a4 = a + 4 * K,
+                *a5 = a + 5 * K;
+#define STEP(i, ai)                                                        \
+    if (mr > i) {                                                          \
+        __m256 av = _mm256_broadcast_ss(ai + k);                           \
+        c##i##0 = _mm256_fmadd_ps(av, b0, c##i##0);                        \
+        if (nv > 1) c##i##1 = _mm256_fmadd_ps(av, b1, c##i##1);            \
+    }
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < K; k++) {
+        __m256 b0 = _mm256_loadu_ps(bp + k * NR);
+        __m256 b1 = nv > 1 ? _mm256_loadu_ps(bp + k * NR + 8) : b0;
+        STEP(0, a0) STEP(1, a1) STEP(2, a2) STEP(3, a3) STEP(4, a4) STEP(5, a5)
+    }
+#undef STEP
+    const __m256 bb0 = _mm256_loadu_ps(bias), bb1 = _mm256_loadu_ps(bias + 8);
+    const int64_t n0 = ncols < 8 ? ncols : 8, n1 = ncols - 8;
+#define OUT(i)                                                                          \
+    if (mr > i) {                                                                       \
+        put(y + i * M, finish(c##i##0, z + i * M, bb0, has_z, clip, lo, hi, n0), n0);  \
+        if (nv > 1)                                                                     \
+            put(y + i * M + 8, finish(c##i##1, z + i * M + 8, bb1, has_z, clip, lo, hi, \
+                                      n1), n1);                                         \
+    }
+    OUT(0) OUT(1) OUT(2) OUT(3) OUT(4) OUT(5)
+#undef OUT
+}
+
+/* a tile of mr (1..4) rows x 24 columns: the full panel bp (16 columns) and the first
+ * vector of the next, last panel bq (ncols <= 8 valid columns): three vectors per row, so a
+ * last panel of <= 8 columns costs no 6 x 8 tiles (one panel load per six FMAs) */
+static inline __attribute__((always_inline)) void tile24(
+        const int mr, const float *a, int64_t K, const float *bp, const float *bq,
+        const float *bias, const float *z, float *y, int64_t M, int64_t ncols,
+        int has_z, int clip, __m256 lo, __m256 hi) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00,
+           c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+    const float *a0 = a, *a1 = a + K, *a2 = a + 2 * K, *a3 = a + 3 * K;
+#define STEP(i, ai)                                                        \
+    if (mr > i) {                                                          \
+        __m256 av = _mm256_broadcast_ss(ai + k);                           \
+        c##i##0 = _mm256_fmadd_ps(av, b0, c##i##0);                        \
+        c##i##1 = _mm256_fmadd_ps(av, b1, c##i##1);                        \
+        c##i##2 = _mm256_fmadd_ps(av, b2, c##i##2);                        \
+    }
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < K; k++) {
+        __m256 b0 = _mm256_loadu_ps(bp + k * NR);
+        __m256 b1 = _mm256_loadu_ps(bp + k * NR + 8);
+        __m256 b2 = _mm256_loadu_ps(bq + k * NR);
+        STEP(0, a0) STEP(1, a1) STEP(2, a2) STEP(3, a3)
+    }
+#undef STEP
+    const __m256 bb0 = _mm256_loadu_ps(bias), bb1 = _mm256_loadu_ps(bias + 8),
+                 bb2 = _mm256_loadu_ps(bias + 16);
+#define OUT(i)                                                                           \
+    if (mr > i) {                                                                        \
+        put(y + i * M, finish(c##i##0, z + i * M, bb0, has_z, clip, lo, hi, 8), 8);      \
+        put(y + i * M + 8, finish(c##i##1, z + i * M + 8, bb1, has_z, clip, lo, hi, 8), 8); \
+        put(y + i * M + 16, finish(c##i##2, z + i * M + 16, bb2, has_z, clip, lo, hi,    \
+                                   ncols), ncols);                                      \
+    }
+    OUT(0) OUT(1) OUT(2) OUT(3)
+#undef OUT
+}
+
+/* rows r .. re-1 of the last full panel and the last (<= 8 columns) one, 4-row tiles */
+static void pair_rows(const float *A, int64_t K, const float *bp, const float *bias,
+                      const float *Z, float *Y, int64_t M, int64_t col, int64_t ncols,
+                      int64_t r, int64_t re, int has_z, int clip, __m256 lo, __m256 hi) {
+#define T(mr) tile24(mr, A + r * K, K, bp, bp + K * NR, bias, \
+                     Z + (has_z ? r * M + col : 0), Y + r * M + col, M, ncols, has_z, clip, \
+                     lo, hi)
+    for (; r + 4 <= re; r += 4)
+        T(4);
+    switch (re - r) {
+    case 3: T(3); break;
+    case 2: T(2); break;
+    case 1: T(1); break;
+    default: break;
+    }
+#undef T
+}
+
+/* rows r0 .. r0 + n - 1 (n < 6 or a whole number of 6-row tiles) of one panel */
+static inline __attribute__((always_inline)) void panel_rows(
+        const int nv, const float *A, int64_t K, const float *bp, const float *bias,
+        const float *Z, float *Y, int64_t M, int64_t col, int64_t ncols, int64_t r,
+        int64_t re, int has_z, int clip, __m256 lo, __m256 hi) {
+#define T(mr) tile(mr, nv, A + r * K, K, bp, bias, Z + (has_z ? r * M + col : 0), \
+                   Y + r * M + col, M, ncols, has_z, clip, lo, hi)
+    for (; r + MR <= re; r += MR)
+        T(6);
+    switch (re - r) {
+    case 5: T(5); break;
+    case 4: T(4); break;
+    case 3: T(3); break;
+    case 2: T(2); break;
+    case 1: T(1); break;
+    default: break;
+    }
+#undef T
+}
+
+/* Y rows r0 .. r1-1; Bp the packed weights (ceil(M/16) panels of K x 16), bias padded to a
+ * multiple of 16 (zeros when the convolution has none), Z read only when has_z. */
+void wb_gemm_avx2_gemm(const float *A, const float *Bp, const float *bias, const float *Z,
+                       float *Y, int64_t K, int64_t M, int64_t r0, int64_t r1, int64_t has_z,
+                       float lo, float hi) {
+    if (r1 <= r0 || M <= 0)
+        return;
+    const int clip = !(isinf(lo) && lo < 0 && isinf(hi) && hi > 0);
+    const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+    const int hz = has_z != 0;
+    const int64_t panels = (M + NR - 1) / NR;
+    /* rows per block. Packed weights that fit in L2 (<= MC_SMALL_B floats, 96 KiB): one tile
+     * of rows at a time, every panel over it while its A part is in L1 (A is read once).
+     * Larger weights: blocks whose A part (MC_A floats, 128 KiB) stays in L2 while each
+     * panel, read once per block, passes over it (measured on AMD EPYC, AVX2). */
+    int64_t mc;
+    if (K * panels * NR <= MC_SMALL_B) {
+        mc = MR;
+    } else {
+        mc = (MC_A / (K > 0 ? K : 1)) / MR * MR;
+        if (mc < MR)
+            mc = MR;
+        if (mc > 1024)
+            mc = 1024;
+    }
+    for (int64_t rb = r0; rb < r1; rb += mc) {
+        const int64_t re = rb + mc < r1 ? rb + mc : r1;
+        /* a last panel of <= 8 columns goes with the full one before it (4 x 24 tiles) */
+        const int64_t tail = M % NR, paired = panels >= 2 && tail > 0 && tail <= 8;
+        for (int64_t p = 0; p < panels; p++) {
+            const int64_t col = p * NR, ncols = M - col < NR ? M - col : NR;
+            const float *bp = Bp + p * K * NR;
+            if (paired && p == panels - 2) {
+                pair_rows(A, K, bp, bias + col, Z, Y, M, col, tail, rb, re, hz, clip, vlo,
+                          vhi);
+                break;
+            }
+            if (ncols > 8)
+                panel_rows(2, A, K, bp, bias + col, Z, Y, M, col, ncols, rb, re, hz, clip,
+                           vlo, vhi);
+            else
+                panel_rows(1, A, K, bp, bias + col, Z, Y, M, col, ncols, rb, re, hz, clip,
+                           vlo, vhi);
+        }
+    }
+}

@@ -1,0 +1,28 @@
+"""A C kernel module: skinny float32 GEMM with a fused epilogue, AVX2 + FMA intrinsics.
+
+The source is ``gemm_avx2.c`` beside this file; this module only describes it (it imports
+nothing, so the engine reads it too). The builder compiles the source with the system C
+compiler (``$CC``, else ``cc``/``gcc``) and :data:`CFLAGS` into a shared library in the
+kernel cache; the engine loads it with ctypes. Used only when the CPU reports every flag of
+:data:`REQUIRES` (``/proc/cpuinfo``); otherwise, or without a compiler, the numpy path runs.
+
+- ``gemm``: ``Y[r] = clip(A[r] @ B + bias + Z[r], lo, hi)`` for rows ``r0 <= r < r1`` of a
+  row-major A (rows, K), with B packed at prepare into column panels of :data:`PANEL`
+  (:func:`workbench.ops.conv_nhwc.pack_panels`) and bias padded to the panels' width;
+  ``Z`` is read only when ``has_z``; ``lo``/``hi`` = -inf/inf give no clip. The channels-last
+  1x1 convolution's product and epilogue (``workbench/ops/conv_nhwc.py``).
+"""
+
+#: the kernel's source file, in this folder
+SOURCE = "gemm_avx2.c"
+#: compiler flags: the instruction sets named here, never ``-march=native`` (the library
+#: must run on any CPU with :data:`REQUIRES`)
+CFLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-fno-math-errno")
+#: CPU flags (``/proc/cpuinfo``) without which the kernels are not used
+REQUIRES = ("avx2", "fma")
+#: columns per packed weight panel (the register tile's width)
+PANEL = 16
+#: kernel name -> argument string (:mod:`workbench.compiled.spec`)
+EXPORTS = {
+    "gemm": "f32[] f32[] f32[] f32[] f32[]! i64 i64 i64 i64 i64 f32 f32",
+}
