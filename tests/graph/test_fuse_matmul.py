@@ -172,3 +172,67 @@ def test_kernel_float16_and_bad_activation():
     np.testing.assert_allclose(y.astype(np.float32), ref, rtol=1e-2, atol=1e-2)
     with pytest.raises(InputError, match="unknown activation"):
         fused_matmul_epilogue(a, w, b, activation="Swish")
+
+
+def _with_layer_norm(act, residual, *, beta=True, axis=-1, outputs=1, scale_const=True):
+    """``_model`` followed by LayerNormalization(axis) of its result (Scale, B constants;
+    ``scale_const`` False: Scale is a graph input)."""
+    m = _model(act, residual)
+    g = m.graph
+    for n in g.node:
+        n.output[:] = ["pre" if o == "y" else o for o in n.output]
+    ins = ["pre", "gamma"] + (["beta"] if beta else [])
+    outs = ["y", "mean", "inv"][:outputs]
+    g.node.append(helper.make_node("LayerNormalization", ins, outs, axis=axis, epsilon=1e-3))
+    if scale_const:
+        g.initializer.append(_const("gamma", RNG.standard_normal(24) + 1))
+    else:
+        g.input.append(helper.make_tensor_value_info("gamma", TensorProto.FLOAT, [24]))
+    g.initializer.append(_const("beta", RNG.standard_normal(24)))
+    return m
+
+
+@pytest.mark.parametrize("act,residual,beta", [("none", True, True), ("none", False, False),
+                                               ("gelu", True, True)])
+def test_layer_norm_epilogue(act, residual, beta):
+    """MatMul + bias [+ GELU] [+ residual] + LayerNormalization(-1) is one FusedMatMul; with
+    the compiled kernels (bias and residual in the LayerNorm's pass) and without them the
+    result is the unfused graph's, rows of NaN and Inf included."""
+    from workbench import compiled
+
+    x = (RNG.standard_normal((2, 5, 16)) * 3).astype(np.float32)
+    x[0, 1, 3], x[1, 4, 0] = np.nan, np.inf
+    feeds = [x] + ([RNG.standard_normal((2, 5, 24)).astype(np.float32)] if residual else [])
+    m = _with_layer_norm(act, residual, beta=beta)
+    with np.errstate(all="ignore"):   # the NaN/Inf rows
+        _check_layer_norm_epilogue(m, feeds, act, beta, compiled)
+
+
+def _check_layer_norm_epilogue(m, feeds, act, beta, compiled):
+    for ctx in (compiled.disabled, None):
+        if ctx is None:
+            opt = _compare(m, feeds, expect_activation="" if act == "none" else "Gelu")
+        else:
+            with ctx():
+                opt = _compare(m, feeds, expect_activation="" if act == "none" else "Gelu")
+        fused = [n for n in opt.nodes if n.op_type != "Identity"]
+        assert [n.op_type for n in fused] == ["FusedMatMul"]
+        assert fused[0].attrs["epsilon"] == pytest.approx(1e-3)
+        assert fused[0].inputs[4] == "gamma" and fused[0].inputs[5] == ("beta" if beta else "")
+    y = Plan(passes.optimize(load(m).graph)).run(feeds)[0]
+    assert np.isnan(y[0, 1]).all() and np.isfinite(y[0, 0]).all()
+
+
+@pytest.mark.parametrize("how", ["axis", "mean_output", "scale_input"])
+def test_layer_norm_not_folded(how):
+    """A LayerNormalization over another axis, one whose Mean is read, or one whose Scale is
+    not a constant stays its own node."""
+    m = _with_layer_norm("none", True, axis=1 if how == "axis" else -1,
+                         outputs=2 if how == "mean_output" else 1,
+                         scale_const=how != "scale_input")
+    feeds = [RNG.standard_normal((2, 5, 16)).astype(np.float32),
+             RNG.standard_normal((2, 5, 24)).astype(np.float32)]
+    if how == "scale_input":
+        feeds.append((RNG.standard_normal(24) + 1).astype(np.float32))
+    opt = _compare(m, feeds, expect_activation="")
+    assert "LayerNormalization" in [n.op_type for n in opt.nodes]
