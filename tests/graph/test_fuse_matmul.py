@@ -236,3 +236,42 @@ def test_layer_norm_not_folded(how):
         feeds.append((RNG.standard_normal(24) + 1).astype(np.float32))
     opt = _compare(m, feeds, expect_activation="")
     assert "LayerNormalization" in [n.op_type for n in opt.nodes]
+
+
+def _skip_layer_norm_model(outputs=1, skip_first=False):
+    """MatMul(x, w) -> com.microsoft SkipLayerNormalization(., r, gamma, beta, bias), as
+    onnxruntime's transformer optimizer writes a BERT layer's output projection."""
+    ins = ["r", "m"] if skip_first else ["m", "r"]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="fc"),
+             helper.make_node("SkipLayerNormalization", ins + ["gamma", "beta", "b"],
+                              ["y", "mean", "inv", "sum"][:outputs], domain="com.microsoft",
+                              epsilon=1e-5)]
+    g = helper.make_graph(
+        nodes, "sln",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 16]),
+         helper.make_tensor_value_info("r", TensorProto.FLOAT, ["b", "s", 24])],
+        [helper.make_tensor_value_info(v, TensorProto.FLOAT, ["b", "s", d])
+         for v, d in [("y", 24), ("mean", 1), ("inv", 1), ("sum", 24)][:outputs]],
+        [_const("w", RNG.standard_normal((16, 24)) * 0.3), _const("b", RNG.standard_normal(24)),
+         _const("gamma", RNG.standard_normal(24) + 1), _const("beta", RNG.standard_normal(24))])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                               helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("skip_first", [False, True])
+def test_skip_layer_norm_epilogue(skip_first):
+    """MatMul -> SkipLayerNormalization (bias, skip) is one FusedMatMul, compiled or not."""
+    from workbench import compiled
+
+    feeds = [(RNG.standard_normal((2, 5, 16)) * 3).astype(np.float32),
+             RNG.standard_normal((2, 5, 24)).astype(np.float32)]
+    m = _skip_layer_norm_model(skip_first=skip_first)
+    for off in (True, False):
+        with compiled.disabled() if off else np.errstate():
+            opt = _compare(m, feeds, expect_activation="")
+        assert [n.op_type for n in opt.nodes] == ["FusedMatMul"]
+        assert opt.nodes[0].inputs[2:] == ["b", "r", "gamma", "beta"]
+        assert opt.nodes[0].attrs["epsilon"] == pytest.approx(1e-5)
+    # its sum output read: not folded
+    opt = _compare(_skip_layer_norm_model(outputs=4), feeds, expect_fused=False)
+    assert "SkipLayerNormalization" in [n.op_type for n in opt.nodes]

@@ -460,6 +460,28 @@ def _norm_epilogue(ln, value: str, consts: dict, w):
     return ln, rows[0], rows[1], float(ln.attrs.get("epsilon", 1e-5))
 
 
+def _skip_norm_epilogue(sln, value: str, consts: dict, w):
+    """``([bias, skip, gamma, beta], epsilon)``, FusedMatMul's inputs after A and W, when
+    ``sln`` is a com.microsoft SkipLayerNormalization of ``value`` (as its input or its skip)
+    that a FusedMatMul by ``w`` may end with: gamma, beta and bias constant rows of the
+    product's width and dtype, only the first output used. Else None."""
+    if sln is None or sln.op_type != "SkipLayerNormalization" or sln.domain != "com.microsoft" \
+            or not 3 <= len(sln.inputs) <= 5 or value not in sln.inputs[:2] \
+            or sln.inputs[0] == sln.inputs[1] or not sln.outputs or not sln.outputs[0] \
+            or any(sln.outputs[1:]):
+        return None
+    rows = list(sln.inputs[2:]) + [""] * (5 - len(sln.inputs))   # gamma, beta, bias
+    if not rows[0]:
+        return None
+    for name in rows:
+        c = consts.get(name) if name else None
+        if name and (c is None or np.asarray(c).dtype != w.dtype
+                     or np.asarray(c).shape != w.shape[1:]):
+            return None
+    skip = sln.inputs[1] if sln.inputs[0] == value else sln.inputs[0]
+    return [rows[2], skip, rows[0], rows[1]], float(sln.attrs.get("epsilon", 1e-12))
+
+
 def fuse_matmul_epilogue(graph: Graph, variables=frozenset()) -> Graph:
     """Fuse ``MatMul(A, W) -> Add(bias) [-> GELU or Relu] [-> Add(residual)]`` into internal
     ``com.workbench::FusedMatMul`` nodes (PyTorch's Linear layers export as MatMul + Add).
@@ -470,7 +492,9 @@ def fuse_matmul_epilogue(graph: Graph, variables=frozenset()) -> Graph:
     values must have a single consumer and must not be graph outputs. A LayerNormalization
     over the last axis reading the chain's value (Scale and B constant rows, no Mean /
     InvStdDev output) becomes the node's last step (inputs 4 and 5, attribute ``epsilon``):
-    with no activation its bias and residual adds run in the compiled LayerNorm's pass. The
+    with no activation its bias and residual adds run in the compiled LayerNorm's pass; so
+    does a com.microsoft ``SkipLayerNormalization`` read straight from ``MatMul(A, W)`` (its
+    bias and skip become the node's bias and residual, only its first output used). The
     fused node keeps the MatMul's name and produces the chain's last value."""
     g = graph.copy()
     consumers = g.consumers()
@@ -492,6 +516,15 @@ def fuse_matmul_epilogue(graph: Graph, variables=frozenset()) -> Graph:
             continue
         n_out = np.asarray(w).shape[1]
         add = only_consumer(mm.outputs[0])
+        skip_ln = _skip_norm_epilogue(add, mm.outputs[0], consts, np.asarray(w))
+        if skip_ln is not None and id(add) not in removed:
+            fused = Node("FusedMatMul", [mm.inputs[0], mm.inputs[1], *skip_ln[0]],
+                         [add.outputs[0]], {"activation": "", "epsilon": skip_ln[1]}, mm.name,
+                         FUSED_DOMAIN)
+            g.nodes[position[id(mm)]] = fused
+            position[id(fused)] = position.pop(id(mm))
+            removed.add(id(add))
+            continue
         if add is None or add.op_type != "Add" or add.domain or len(add.inputs) != 2 \
                 or id(add) in removed:
             continue
