@@ -464,8 +464,10 @@ def _skip_norm_epilogue(sln, value: str, consts: dict, w):
     """``([bias, skip, gamma, beta], epsilon)``, FusedMatMul's inputs after A and W, when
     ``sln`` is a com.microsoft SkipLayerNormalization of ``value`` (as its input or its skip)
     that a FusedMatMul by ``w`` may end with: gamma, beta and bias constant rows of the
-    product's width and dtype, only the first output used. Else None."""
-    if sln is None or sln.op_type != "SkipLayerNormalization" or sln.domain != "com.microsoft" \
+    product's width and dtype, only the first output used. Else None. float32/float64 only:
+    the op sums in float32 where FusedMatMul's float16 epilogue would round each add."""
+    if sln is None or w.dtype not in (np.float32, np.float64) \
+            or sln.op_type != "SkipLayerNormalization" or sln.domain != "com.microsoft" \
             or not 3 <= len(sln.inputs) <= 5 or value not in sln.inputs[:2] \
             or sln.inputs[0] == sln.inputs[1] or not sln.outputs or not sln.outputs[0] \
             or any(sln.outputs[1:]):
