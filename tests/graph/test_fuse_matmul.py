@@ -275,3 +275,18 @@ def test_skip_layer_norm_epilogue(skip_first):
     # its sum output read: not folded
     opt = _compare(_skip_layer_norm_model(outputs=4), feeds, expect_fused=False)
     assert "SkipLayerNormalization" in [n.op_type for n in opt.nodes]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_layer_norm_epilogue_other_dtypes(dtype):
+    """float16 and float64 products take the numpy epilogue, then the LayerNormalization op:
+    the same as the two nodes run one after the other."""
+    from workbench.ops.norm import layer_norm
+
+    a, w = RNG.standard_normal((2, 3, 8)).astype(dtype), RNG.standard_normal((8, 6)).astype(dtype)
+    b, z = RNG.standard_normal(6).astype(dtype), RNG.standard_normal((2, 3, 6)).astype(dtype)
+    g, be = (RNG.standard_normal(6) + 1).astype(dtype), RNG.standard_normal(6).astype(dtype)
+    got = fused_matmul_epilogue(a, w, b, z, g, be, epsilon=1e-3)
+    ref = layer_norm(fused_matmul_epilogue(a, w, b, z), g, be, epsilon=1e-3)
+    assert got.dtype == dtype and got.shape == (2, 3, 6)
+    np.testing.assert_array_equal(got, ref)
