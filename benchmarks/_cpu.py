@@ -1,4 +1,6 @@
-"""What the benchmark tables must say about the machine and the compiled kernels.
+"""What the benchmark tables must say about the machine and the compiled kernels, and the
+set-up the one-thread CPU-time benchmarks share (``bench_transformer_cpu.py``,
+``bench_conv_cpu.py``): :func:`one_thread` before numpy is imported, :func:`ort_session`.
 
 ``cpu_description()``: the CPU's model and the SIMD flags that change our numbers and
 onnxruntime's (AVX2/FMA vs AVX-512, VNNI). ``prepare_compiled()``: the compiled kernels
@@ -13,6 +15,29 @@ from __future__ import annotations
 
 import os
 import time
+
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                    "WORKBENCH_NUM_THREADS")
+
+
+def one_thread() -> None:
+    """One thread everywhere (BLAS, OpenMP, the engine's pool): call it before numpy is
+    imported, since BLAS reads its thread count once at load."""
+    for v in THREAD_VARIABLES:
+        os.environ[v] = "1"
+
+
+def ort_session(model_bytes):
+    """An onnxruntime CPU session at one thread (all graph optimisations, quiet log)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(model_bytes, sess_options=so,
+                                providers=["CPUExecutionProvider"])
+
 
 SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
               "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile")

@@ -22,25 +22,22 @@ exported with torch.onnx, 224x224): ``prepare(layout=None)`` on numpy, the defau
 from __future__ import annotations
 
 import os
-
-# one thread everywhere, before numpy (BLAS) is imported
-for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-           "WORKBENCH_NUM_THREADS"):
-    os.environ[_v] = "1"
-
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
+import sys
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._cpu import cpu_description, prepare_compiled  # noqa: E402
+from benchmarks._cpu import cpu_description, one_thread, ort_session, prepare_compiled  # noqa: E402
+
+one_thread()   # before numpy (BLAS) is imported
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 
 def mobilenetv2_depthwise():
@@ -68,15 +65,6 @@ def cpu_ms(reps: int, warmup: int, fn, *args, **kwargs) -> float:
     return statistics.median(times)
 
 
-def _ort_session(model_bytes):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(model_bytes, sess_options=so,
-                                providers=["CPUExecutionProvider"])
 
 
 def layers_table(batches, reps) -> None:
@@ -119,7 +107,7 @@ def layers_table(batches, reps) -> None:
                  numpy_helper.from_array(np.float32(6), "hi")])
             m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
             m.ir_version = 8
-            sess = _ort_session(m.SerializeToString())
+            sess = ort_session(m.SerializeToString())
             tot["ort"] += cpu_ms(reps, 2, sess.run, None, {"x": x})
         print(f"{n:5d} {tot['nchw']:10.1f} {tot['np']:11.1f} {tot['cc']:14.1f} "
               f"{tot['ort']:12.1f} {tot['cc'] / tot['ort']:12.2f}x "
@@ -140,7 +128,7 @@ def models_table(models, batches, reps) -> None:
             xs = [np.ascontiguousarray(np.asarray(a)) for a in x]
             proto = torch_models.export_onnx(model, tuple(x) if isinstance(x, list) else x,
                                              None, opset=17)
-            sess = _ort_session(proto.SerializeToString())
+            sess = ort_session(proto.SerializeToString())
             feeds = dict(zip([i.name for i in sess.get_inputs()], xs))
             ref = sess.run(None, feeds)[0]
             before_rep = backend.prepare(proto, layout=None)

@@ -17,39 +17,25 @@ The fresh-process wall-clock tables are ``bench_inference.py``'s.
 from __future__ import annotations
 
 import os
-
-# one thread everywhere, before numpy (BLAS) is imported
-for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-           "WORKBENCH_NUM_THREADS"):
-    os.environ[_v] = "1"
-
-import argparse  # noqa: E402
-import collections  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
+import sys
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._cpu import cpu_description  # noqa: E402
+from benchmarks._cpu import cpu_description, one_thread, ort_session  # noqa: E402
+
+one_thread()   # before numpy (BLAS) is imported
+
+import argparse  # noqa: E402
+import collections  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 SEQ = 32
-
-
-def _ort_session(model_bytes):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(model_bytes, sess_options=so,
-                                providers=["CPUExecutionProvider"])
 
 
 def _cpu(fn):
@@ -127,7 +113,7 @@ def main() -> int:
           f"{'comp/ort':>9} {'np/ort':>8} {'max err':>9}")
     for name in args.models:
         proto = _model(torch_models, name)
-        sess = _ort_session(proto.SerializeToString())
+        sess = ort_session(proto.SerializeToString())
         for batch in args.batches:
             inputs = list(torch_models.example_inputs(name.split("_")[0], batch, seq=SEQ))
             feeds = {i.name: a for i, a in zip(sess.get_inputs(), inputs)}

@@ -192,8 +192,9 @@ def test_softmax_rows_split_anywhere():
         rowwise._mask_strides(where.view(np.uint8), x.shape)[1]
     y = np.empty_like(x)
     for r0, r1 in ((0, 7), (7, 33), (33, 60)):
-        k(x, y, add, np.ascontiguousarray(where).view(np.uint8), 60, 16, 5, 4, *st_add,
-          *st_fill, add.size, where.size, 1, 1, 1, 1, 0, r0, r1, 0.5, -1e9)
+        params = np.array((60, 16, 5, 4, *st_add, *st_fill, add.size, where.size, 1, 1, 1, 1,
+                           0), np.int64)
+        k(x, y, add, np.ascontiguousarray(where).view(np.uint8), params, r0, r1, 0.5, -1e9)
     np.testing.assert_array_equal(y, whole)
     for shape, mshape in (((2, 3, 4, 5, 8), (2, 3, 1, 5, 8)), ((2, 3, 4, 5, 8), (4, 5, 8)),
                           ((6, 8), (6, 1)), ((2, 3, 4, 5, 8), (2, 1, 4, 1, 8)),
@@ -308,3 +309,22 @@ def test_tiny_transformer_models(name):
     tol = 1e-5 * float(np.abs(want).max())
     np.testing.assert_allclose(got, ref, atol=tol, rtol=0)
     np.testing.assert_allclose(got, want, atol=tol, rtol=0)
+
+
+def test_packed_parameters_table(monkeypatch):
+    """The kernels' packed int64 parameters are made once per distinct set of values and
+    reused; a full table is cleared, and calls after that still compute the right rows."""
+    monkeypatch.setattr(rowwise, "_PACKED", {})
+    monkeypatch.setattr(rowwise, "_PACKED_MAX", 3)
+    g, b = rnd(16, seed=1), rnd(16, seed=2)
+    for rows in (1, 2, 3, 5, 2, 7):
+        x = rnd(rows, 16, seed=rows, scale=2)
+        close(*both(norm.layer_norm, x, g, b, epsilon=1e-5, ctx=CTX1))
+        with compiled.disabled():
+            ref = linalg.fused_matmul_epilogue(x, np.eye(16, dtype=np.float32), b,
+                                               activation="Gelu")
+        close(rowwise.gelu(x, "Gelu", bias=b), ref, rtol=1e-5, atol=1e-6)
+        assert len(rowwise._PACKED) <= 3
+    key = next(iter(rowwise._PACKED))
+    p = rowwise._packed(key)
+    assert rowwise._packed(key) is p and p.dtype == np.int64 and tuple(p) == key

@@ -172,3 +172,121 @@ def test_kernel_float16_and_bad_activation():
     np.testing.assert_allclose(y.astype(np.float32), ref, rtol=1e-2, atol=1e-2)
     with pytest.raises(InputError, match="unknown activation"):
         fused_matmul_epilogue(a, w, b, activation="Swish")
+
+
+def _with_layer_norm(act, residual, *, beta=True, axis=-1, outputs=1, scale_const=True):
+    """``_model`` followed by LayerNormalization(axis) of its result (Scale, B constants;
+    ``scale_const`` False: Scale is a graph input)."""
+    m = _model(act, residual)
+    g = m.graph
+    for n in g.node:
+        n.output[:] = ["pre" if o == "y" else o for o in n.output]
+    ins = ["pre", "gamma"] + (["beta"] if beta else [])
+    outs = ["y", "mean", "inv"][:outputs]
+    g.node.append(helper.make_node("LayerNormalization", ins, outs, axis=axis, epsilon=1e-3))
+    if scale_const:
+        g.initializer.append(_const("gamma", RNG.standard_normal(24) + 1))
+    else:
+        g.input.append(helper.make_tensor_value_info("gamma", TensorProto.FLOAT, [24]))
+    g.initializer.append(_const("beta", RNG.standard_normal(24)))
+    return m
+
+
+@pytest.mark.parametrize("act,residual,beta", [("none", True, True), ("none", False, False),
+                                               ("gelu", True, True)])
+def test_layer_norm_epilogue(act, residual, beta):
+    """MatMul + bias [+ GELU] [+ residual] + LayerNormalization(-1) is one FusedMatMul; with
+    the compiled kernels (bias and residual in the LayerNorm's pass) and without them the
+    result is the unfused graph's, rows of NaN and Inf included."""
+    from workbench import compiled
+
+    x = (RNG.standard_normal((2, 5, 16)) * 3).astype(np.float32)
+    x[0, 1, 3], x[1, 4, 0] = np.nan, np.inf
+    feeds = [x] + ([RNG.standard_normal((2, 5, 24)).astype(np.float32)] if residual else [])
+    m = _with_layer_norm(act, residual, beta=beta)
+    with np.errstate(all="ignore"):   # the NaN/Inf rows
+        _check_layer_norm_epilogue(m, feeds, act, beta, compiled)
+
+
+def _check_layer_norm_epilogue(m, feeds, act, beta, compiled):
+    for ctx in (compiled.disabled, None):
+        if ctx is None:
+            opt = _compare(m, feeds, expect_activation="" if act == "none" else "Gelu")
+        else:
+            with ctx():
+                opt = _compare(m, feeds, expect_activation="" if act == "none" else "Gelu")
+        fused = [n for n in opt.nodes if n.op_type != "Identity"]
+        assert [n.op_type for n in fused] == ["FusedMatMul"]
+        assert fused[0].attrs["epsilon"] == pytest.approx(1e-3)
+        assert fused[0].inputs[4] == "gamma" and fused[0].inputs[5] == ("beta" if beta else "")
+    y = Plan(passes.optimize(load(m).graph)).run(feeds)[0]
+    assert np.isnan(y[0, 1]).all() and np.isfinite(y[0, 0]).all()
+
+
+@pytest.mark.parametrize("how", ["axis", "mean_output", "scale_input"])
+def test_layer_norm_not_folded(how):
+    """A LayerNormalization over another axis, one whose Mean is read, or one whose Scale is
+    not a constant stays its own node."""
+    m = _with_layer_norm("none", True, axis=1 if how == "axis" else -1,
+                         outputs=2 if how == "mean_output" else 1,
+                         scale_const=how != "scale_input")
+    feeds = [RNG.standard_normal((2, 5, 16)).astype(np.float32),
+             RNG.standard_normal((2, 5, 24)).astype(np.float32)]
+    if how == "scale_input":
+        feeds.append((RNG.standard_normal(24) + 1).astype(np.float32))
+    opt = _compare(m, feeds, expect_activation="")
+    assert "LayerNormalization" in [n.op_type for n in opt.nodes]
+
+
+def _skip_layer_norm_model(outputs=1, skip_first=False):
+    """MatMul(x, w) -> com.microsoft SkipLayerNormalization(., r, gamma, beta, bias), as
+    onnxruntime's transformer optimizer writes a BERT layer's output projection."""
+    ins = ["r", "m"] if skip_first else ["m", "r"]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="fc"),
+             helper.make_node("SkipLayerNormalization", ins + ["gamma", "beta", "b"],
+                              ["y", "mean", "inv", "sum"][:outputs], domain="com.microsoft",
+                              epsilon=1e-5)]
+    g = helper.make_graph(
+        nodes, "sln",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 16]),
+         helper.make_tensor_value_info("r", TensorProto.FLOAT, ["b", "s", 24])],
+        [helper.make_tensor_value_info(v, TensorProto.FLOAT, ["b", "s", d])
+         for v, d in [("y", 24), ("mean", 1), ("inv", 1), ("sum", 24)][:outputs]],
+        [_const("w", RNG.standard_normal((16, 24)) * 0.3), _const("b", RNG.standard_normal(24)),
+         _const("gamma", RNG.standard_normal(24) + 1), _const("beta", RNG.standard_normal(24))])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                               helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("skip_first", [False, True])
+def test_skip_layer_norm_epilogue(skip_first):
+    """MatMul -> SkipLayerNormalization (bias, skip) is one FusedMatMul, compiled or not."""
+    from workbench import compiled
+
+    feeds = [(RNG.standard_normal((2, 5, 16)) * 3).astype(np.float32),
+             RNG.standard_normal((2, 5, 24)).astype(np.float32)]
+    m = _skip_layer_norm_model(skip_first=skip_first)
+    for off in (True, False):
+        with compiled.disabled() if off else np.errstate():
+            opt = _compare(m, feeds, expect_activation="")
+        assert [n.op_type for n in opt.nodes] == ["FusedMatMul"]
+        assert opt.nodes[0].inputs[2:] == ["b", "r", "gamma", "beta"]
+        assert opt.nodes[0].attrs["epsilon"] == pytest.approx(1e-5)
+    # its sum output read: not folded
+    opt = _compare(_skip_layer_norm_model(outputs=4), feeds, expect_fused=False)
+    assert "SkipLayerNormalization" in [n.op_type for n in opt.nodes]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_layer_norm_epilogue_other_dtypes(dtype):
+    """float16 and float64 products take the numpy epilogue, then the LayerNormalization op:
+    the same as the two nodes run one after the other."""
+    from workbench.ops.norm import layer_norm
+
+    a, w = RNG.standard_normal((2, 3, 8)).astype(dtype), RNG.standard_normal((8, 6)).astype(dtype)
+    b, z = RNG.standard_normal(6).astype(dtype), RNG.standard_normal((2, 3, 6)).astype(dtype)
+    g, be = (RNG.standard_normal(6) + 1).astype(dtype), RNG.standard_normal(6).astype(dtype)
+    got = fused_matmul_epilogue(a, w, b, z, g, be, epsilon=1e-3)
+    ref = layer_norm(fused_matmul_epilogue(a, w, b, z), g, be, epsilon=1e-3)
+    assert got.dtype == dtype and got.shape == (2, 3, 6)
+    np.testing.assert_array_equal(got, ref)

@@ -269,7 +269,8 @@ def ms_fused_matmul_cost(v: NodeView) -> Cost:
 def wb_fused_matmul_cost(v: NodeView) -> Cost:
     y = v.out()
     macs = y * _inner(v.shape(0))
-    return Cost(macs, 2 * macs + _epilogue(v, y, 2, 3))
+    norm = 5 * y if v.has(4) else 0   # a LayerNormalization epilogue (Scale is input 4)
+    return Cost(macs, 2 * macs + _epilogue(v, y, 2, 3) + norm)
 
 
 @rule("Gemm", "com.microsoft::FusedGemm", "com.microsoft::QGemm")

@@ -438,6 +438,52 @@ def _region_activation(nodes, start: str, out: str, inits: dict, opset: int):
     return found
 
 
+def _norm_epilogue(ln, value: str, consts: dict, w):
+    """``(node, gamma, beta, epsilon)`` when ``ln`` is a LayerNormalization of ``value`` over
+    its last axis that a FusedMatMul by ``w`` may end with: Scale (and B, if any) constant
+    rows of the product's width and dtype, the default stash type, no Mean/InvStdDev outputs.
+    Else None."""
+    if ln is None or ln.op_type != "LayerNormalization" or ln.domain \
+            or not 2 <= len(ln.inputs) <= 3 or ln.inputs[0] != value \
+            or ln.attrs.get("axis", -1) != -1 or ln.attrs.get("stash_type", 1) != 1 \
+            or not ln.outputs or not ln.outputs[0] or any(ln.outputs[1:]):
+        return None
+    rows = [ln.inputs[1], ln.inputs[2] if len(ln.inputs) == 3 else ""]
+    for name in rows:
+        if not name:
+            continue
+        c = consts.get(name)
+        if c is None or np.asarray(c).dtype != w.dtype or np.asarray(c).shape != w.shape[1:]:
+            return None
+    if not rows[0]:
+        return None
+    return ln, rows[0], rows[1], float(ln.attrs.get("epsilon", 1e-5))
+
+
+def _skip_norm_epilogue(sln, value: str, consts: dict, w):
+    """``([bias, skip, gamma, beta], epsilon)``, FusedMatMul's inputs after A and W, when
+    ``sln`` is a com.microsoft SkipLayerNormalization of ``value`` (as its input or its skip)
+    that a FusedMatMul by ``w`` may end with: gamma, beta and bias constant rows of the
+    product's width and dtype, only the first output used. Else None. float32/float64 only:
+    the op sums in float32 where FusedMatMul's float16 epilogue would round each add."""
+    if sln is None or w.dtype not in (np.float32, np.float64) \
+            or sln.op_type != "SkipLayerNormalization" or sln.domain != "com.microsoft" \
+            or not 3 <= len(sln.inputs) <= 5 or value not in sln.inputs[:2] \
+            or sln.inputs[0] == sln.inputs[1] or not sln.outputs or not sln.outputs[0] \
+            or any(sln.outputs[1:]):
+        return None
+    rows = list(sln.inputs[2:]) + [""] * (5 - len(sln.inputs))   # gamma, beta, bias
+    if not rows[0]:
+        return None
+    for name in rows:
+        c = consts.get(name) if name else None
+        if name and (c is None or np.asarray(c).dtype != w.dtype
+                     or np.asarray(c).shape != w.shape[1:]):
+            return None
+    skip = sln.inputs[1] if sln.inputs[0] == value else sln.inputs[0]
+    return [rows[2], skip, rows[0], rows[1]], float(sln.attrs.get("epsilon", 1e-12))
+
+
 def fuse_matmul_epilogue(graph: Graph, variables=frozenset()) -> Graph:
     """Fuse ``MatMul(A, W) -> Add(bias) [-> GELU or Relu] [-> Add(residual)]`` into internal
     ``com.workbench::FusedMatMul`` nodes (PyTorch's Linear layers export as MatMul + Add).
@@ -445,8 +491,13 @@ def fuse_matmul_epilogue(graph: Graph, variables=frozenset()) -> Graph:
     ``W`` and ``bias`` must be float initializers (the bias one value per output column); the
     GELU may be any chain of pointwise ops of the biased value alone that computes the erf
     form or the tanh approximation (checked by running the chain on a probe); intermediate
-    values must have a single consumer and must not be graph outputs. The fused node keeps
-    the MatMul's name and produces the chain's last value."""
+    values must have a single consumer and must not be graph outputs. A LayerNormalization
+    over the last axis reading the chain's value (Scale and B constant rows, no Mean /
+    InvStdDev output) becomes the node's last step (inputs 4 and 5, attribute ``epsilon``):
+    with no activation its bias and residual adds run in the compiled LayerNorm's pass; so
+    does a com.microsoft ``SkipLayerNormalization`` read straight from ``MatMul(A, W)`` (its
+    bias and skip become the node's bias and residual, only its first output used). The
+    fused node keeps the MatMul's name and produces the chain's last value."""
     g = graph.copy()
     consumers = g.consumers()
     outputs = {v.name for v in g.outputs}
@@ -467,6 +518,15 @@ def fuse_matmul_epilogue(graph: Graph, variables=frozenset()) -> Graph:
             continue
         n_out = np.asarray(w).shape[1]
         add = only_consumer(mm.outputs[0])
+        skip_ln = _skip_norm_epilogue(add, mm.outputs[0], consts, np.asarray(w))
+        if skip_ln is not None and id(add) not in removed:
+            fused = Node("FusedMatMul", [mm.inputs[0], mm.inputs[1], *skip_ln[0]],
+                         [add.outputs[0]], {"activation": "", "epsilon": skip_ln[1]}, mm.name,
+                         FUSED_DOMAIN)
+            g.nodes[position[id(mm)]] = fused
+            position[id(fused)] = position.pop(id(mm))
+            removed.add(id(add))
+            continue
         if add is None or add.op_type != "Add" or add.domain or len(add.inputs) != 2 \
                 or id(add) in removed:
             continue
@@ -496,8 +556,15 @@ def fuse_matmul_epilogue(graph: Graph, variables=frozenset()) -> Graph:
             if other and other != out:
                 chain.append(nxt)
                 out, z = nxt.outputs[0], other
-        fused = Node("FusedMatMul", [mm.inputs[0], mm.inputs[1], bname, z], [out],
-                     {"activation": act}, mm.name, FUSED_DOMAIN)
+        ins, attrs = [mm.inputs[0], mm.inputs[1], bname, z], {"activation": act}
+        norm = _norm_epilogue(only_consumer(out), out, consts, np.asarray(w))
+        if norm is not None and id(norm[0]) not in removed:
+            ln, gamma, beta, eps = norm
+            chain.append(ln)
+            out = ln.outputs[0]
+            ins += [gamma, beta]
+            attrs["epsilon"] = eps
+        fused = Node("FusedMatMul", ins, [out], attrs, mm.name, FUSED_DOMAIN)
         g.nodes[position[id(mm)]] = fused
         position[id(fused)] = position.pop(id(mm))
         removed.update(id(n) for n in chain)

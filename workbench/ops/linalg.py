@@ -25,6 +25,7 @@ from workbench.ops._integer import (
 )
 from workbench.ops.activation import softmax
 from workbench.ops.elementwise import erf_array
+from workbench.ops.norm import layer_norm as _layer_norm_op
 from workbench.ops.parallel import _PARALLEL_GEMM_MIN, parallel_matmul
 from workbench.ops.registry import FUSED_DOMAIN, kernel
 from workbench.ops.shape import reshape, transpose
@@ -386,16 +387,31 @@ def _epilogue_inplace(y, activation):
 
 
 @kernel("FusedMatMul", since=1, domain=FUSED_DOMAIN)
-def fused_matmul_epilogue(A, B, bias=None, Z=None, *, activation=""):
+def fused_matmul_epilogue(A, B, bias=None, Z=None, gamma=None, beta=None, *, activation="",
+                          epsilon=1e-5):
     """``activation(A @ B + bias) + Z`` in one node (MatMul -> Add(bias) -> GELU/ReLU ->
     Add(residual) as exported by PyTorch's Linear layers): the epilogue runs in place on the
     product's fresh output. ``activation`` is "" (none), "Gelu" (erf form), "GeluTanh" (the
-    tanh approximation) or "Relu"."""
+    tanh approximation) or "Relu". With ``gamma`` the result is then normalised over its last
+    axis (LayerNormalization with Scale ``gamma``, B ``beta``, ``epsilon``; without an
+    activation the compiled LayerNorm adds the bias and the residual in its own pass)."""
     if activation not in MATMUL_EPILOGUES:
         raise InputError(f"FusedMatMul: unknown activation {activation!r} (known: "
                          f"{', '.join(repr(a) for a in MATMUL_EPILOGUES)})")
     xp = xp_of(A, B)
     y = ensure_array(matmul(A, B), xp)   # a fresh product: the epilogue writes into it
+    if gamma is None:
+        return _matmul_epilogue(y, bias, Z, activation, xp)
+    if not activation and rowwise.is_f32(y):
+        r = rowwise.layer_norm(y, gamma, beta, epsilon, skip=Z, bias=bias)
+        if r is not None:
+            return r
+    return _layer_norm_op(_matmul_epilogue(y, bias, Z, activation, xp), gamma, beta,
+                          epsilon=epsilon)
+
+
+def _matmul_epilogue(y, bias, Z, activation, xp):
+    """FusedMatMul's ``activation(y + bias) + Z`` on its fresh product ``y``."""
     if activation in ("Gelu", "GeluTanh") and rowwise.is_f32(y) and y.ndim \
             and y.flags.c_contiguous and (bias is None or (rowwise.is_f32(bias)
                                                            and bias.ndim <= y.ndim)) \

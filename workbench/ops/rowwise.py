@@ -7,7 +7,9 @@ arguments are outside what it does (another dtype, a device array, a broadcast i
 take): the caller then runs its numpy path, which stays the reference. Work is split by rows
 over the engine's threads (``run_blocks``) when it is large enough. The kernels are called
 through their bare ctypes entry (``Kernel.raw``) with the checks made here: on a [32, 64]
-LayerNorm the checked call costs more than the kernel.
+LayerNorm the checked call costs more than the kernel. Shapes and flags go packed in one
+int64 array, made once per distinct set of values (:func:`_packed`): a call passes only
+data pointers, the row range and the float scalars.
 """
 
 from __future__ import annotations
@@ -47,6 +49,22 @@ def _vector(p, n):
     if p is None or not is_f32(p) or p.size != n or (p.ndim and p.shape[-1] != n):
         return None
     return _c(p).reshape(n)
+
+
+_PACKED: dict = {}        # int64 parameter arrays of the kernels, by their values
+_PACKED_MAX = 1024
+
+
+def _packed(values: tuple):
+    """The kernels' packed int64 parameters ``values`` as an array, made once per distinct
+    tuple (a model's calls repeat a few shapes). The caller holds the array (not only its
+    address) until its kernel call returns: another thread may clear the table meanwhile."""
+    p = _PACKED.get(values)
+    if p is None:
+        if len(_PACKED) >= _PACKED_MAX:
+            _PACKED.clear()
+        p = _PACKED[values] = np.array(values, np.int64)
+    return p
 
 
 def _run(call, rows, n, cost=1):
@@ -100,14 +118,17 @@ def layer_norm(x, gamma, beta, eps, *, skip=None, bias=None, simplified=False,
     y = np.empty(x.shape, _F32)
     s = np.empty(x.shape, _F32) if want_sum else None
     if rows:
+        p = _packed((rows, n, skip_rows, int(sk is not None), int(bs is not None),
+                     int(b is not None), int(simplified), int(want_sum)))
         args = (data_pointer(xc), data_pointer(_DUMMY if sk is None else sk),
                 data_pointer(_DUMMY if bs is None else bs), data_pointer(g),
                 data_pointer(_DUMMY if b is None else b), data_pointer(y),
-                data_pointer(_DUMMY if s is None else s), rows, n, skip_rows,
-                int(sk is not None), int(bs is not None), int(b is not None), int(simplified),
-                int(want_sum))
+                data_pointer(_DUMMY if s is None else s), data_pointer(p))
         e = float(eps)
-        _run(lambda r0, r1: raw(*args, r0, r1, e), rows, n, 4)
+        if rows * n * 4 < _PARALLEL_MIN:
+            raw(*args, 0, rows, e)
+        else:
+            _run(lambda r0, r1: raw(*args, r0, r1, e), rows, n, 4)
     return (y, s) if want_sum else y
 
 
@@ -204,15 +225,18 @@ def softmax(x, *, out=None, scale=None, divide=False, add=None, fill_where=None,
     y, xc = t
     if rows:
         mode = 0 if scale is None else (2 if divide else 1)
+        p = _packed((rows, n, C, Bd, sa[0], sa[1], sa[2], sa[3], sf[0], sf[1], sf[2], sf[3],
+                     1 if madd is None else madd.size, 1 if mfill is None else mfill.size,
+                     int(not in_place), mode, int(madd is not None), int(mfill is not None),
+                     int(bool(zero_empty_rows))))
         args = (data_pointer(xc), data_pointer(y),
                 data_pointer(_DUMMY if madd is None else madd),
-                data_pointer(_DUMMY_U8 if mfill is None else mfill), rows, n, C, Bd,
-                sa[0], sa[1], sa[2], sa[3], sf[0], sf[1], sf[2], sf[3],
-                1 if madd is None else madd.size, 1 if mfill is None else mfill.size,
-                int(not in_place), mode, int(madd is not None), int(mfill is not None),
-                int(bool(zero_empty_rows)))
-        post = (float(1.0 if scale is None else scale), float(fill))
-        _run(lambda r0, r1: raw(*args, r0, r1, *post), rows, n, 8)
+                data_pointer(_DUMMY_U8 if mfill is None else mfill), data_pointer(p))
+        sc, fl = float(1.0 if scale is None else scale), float(fill)
+        if rows * n * 8 < _PARALLEL_MIN:
+            raw(*args, 0, rows, sc, fl)
+        else:
+            _run(lambda r0, r1: raw(*args, r0, r1, sc, fl), rows, n, 8)
     return y
 
 
@@ -244,8 +268,12 @@ def gelu(x, activation, *, bias=None, residual=None, out=None):
         return None
     y, xc = t
     if rows:
+        p = _packed((rows, n, int(not in_place), int(b is not None), int(z is not None), act))
         args = (data_pointer(xc), data_pointer(y), data_pointer(_DUMMY if b is None else b),
-                data_pointer(_DUMMY if z is None else z), rows, n, int(not in_place),
-                int(b is not None), int(z is not None), act)
-        _run(lambda r0, r1: raw(*args, r0, r1), rows, n, 16 if act in (1, 2) else 1)
+                data_pointer(_DUMMY if z is None else z), data_pointer(p))
+        cost = 16 if act in (1, 2) else 1
+        if rows * n * cost < _PARALLEL_MIN:
+            raw(*args, 0, rows)
+        else:
+            _run(lambda r0, r1: raw(*args, r0, r1), rows, n, cost)
     return y

@@ -1,7 +1,10 @@
 """Transformer kernels on float32 rows (the last axis): LayerNorm, softmax, GELU.
 
 Every kernel works on a (rows, n) view of C-contiguous arrays and computes the rows
-``r0 <= r < r1``, so the engine's threads split the work by rows. Arrays never overlap (the
+``r0 <= r < r1``, so the engine's threads split the work by rows. Shapes and flags come packed
+in one int64 array (``P``, in the order of the names unpacked at the kernel's top): ctypes
+converts each argument of a call one by one, and on the small rows of a transformer at batch
+1 that conversion cost more than the kernel. Arrays never overlap (the
 builder's noalias contract): a kernel that may work in place has a separate source array and a
 ``from_x`` flag (0: the output already holds the input; the source is then a dummy).
 
@@ -109,10 +112,12 @@ def _erf(x):
 
 
 # ------------------------------------------------------------------------------ LayerNorm
-@export("layer_norm", "f32[] f32[] f32[] f32[] f32[] f32[]! f32[]! i64 i64 i64 i64 i64 i64 "
-                      "i64 i64 i64 i64 f32", fastmath=_FM)
-def layer_norm(xp, skipp, biasp, gammap, betap, yp, sump, rows, n, skip_rows, has_skip,
-               has_bias, has_beta, simplified, write_sum, r0, r1, eps):
+@export("layer_norm", "f32[] f32[] f32[] f32[] f32[] f32[]! f32[]! i64[] i64 i64 f32",
+        fastmath=_FM)
+def layer_norm(xp, skipp, biasp, gammap, betap, yp, sump, pp, r0, r1, eps):
+    P = carray(pp, (8,))
+    rows, n, skip_rows, has_skip = P[0], P[1], P[2], P[3]
+    has_bias, has_beta, simplified, write_sum = P[4], P[5], P[6], P[7]
     x = carray(xp, (rows, n))
     y = carray(yp, (rows, n))
     g = carray(gammap, (n,))
@@ -163,10 +168,13 @@ def layer_norm(xp, skipp, biasp, gammap, betap, yp, sump, rows, n, skip_rows, ha
 
 
 # ------------------------------------------------------------------------------ softmax
-@export("softmax", "f32[] f32[]! f32[] u8[] i64 i64 i64 i64 i64 i64 i64 i64 i64 i64 i64 i64 "
-                   "i64 i64 i64 i64 i64 i64 i64 i64 i64 f32 f32", fastmath=_FM)
-def softmax(xp, yp, maddp, mfillp, rows, n, C, Bd, sa, sb, sc, st, fa, fb, fc, ft, madd_size,
-            mfill_size, from_x, scale_mode, has_add, has_fill, zero_empty, r0, r1, scale, fill):
+@export("softmax", "f32[] f32[]! f32[] u8[] i64[] i64 i64 f32 f32", fastmath=_FM)
+def softmax(xp, yp, maddp, mfillp, pp, r0, r1, scale, fill):
+    P = carray(pp, (19,))
+    rows, n, C, Bd = P[0], P[1], P[2], P[3]
+    sa, sb, sc, st, fa, fb, fc, ft = P[4], P[5], P[6], P[7], P[8], P[9], P[10], P[11]
+    madd_size, mfill_size, from_x, scale_mode = P[12], P[13], P[14], P[15]
+    has_add, has_fill, zero_empty = P[16], P[17], P[18]
     x = carray(xp, (rows, n)) if from_x else carray(xp, (1, 1))
     y = carray(yp, (rows, n))
     madd = carray(maddp, (madd_size,))
@@ -245,8 +253,10 @@ def softmax(xp, yp, maddp, mfillp, rows, n, C, Bd, sa, sb, sc, st, fa, fb, fc, f
 
 
 # ------------------------------------------------------------------------------ GELU
-@export("gelu", "f32[] f32[]! f32[] f32[] i64 i64 i64 i64 i64 i64 i64 i64", fastmath=_FM)
-def gelu(xp, yp, bp, zp, rows, n, from_x, has_b, has_z, act, r0, r1):
+@export("gelu", "f32[] f32[]! f32[] f32[] i64[] i64 i64", fastmath=_FM)
+def gelu(xp, yp, bp, zp, pp, r0, r1):
+    P = carray(pp, (6,))
+    rows, n, from_x, has_b, has_z, act = P[0], P[1], P[2], P[3], P[4], P[5]
     x = carray(xp, (rows, n)) if from_x else carray(xp, (1, 1))
     y = carray(yp, (rows, n))
     b = carray(bp, (n,)) if has_b else carray(bp, (1,))
