@@ -86,6 +86,8 @@ def test_shuffle_block_channels_last_and_folded(c0, k, cb, g):
     assert shuffle.attrs["shuffled"] == g
     fixed_kinds = _kinds(fixed)
     assert not {"Shape", "Gather", "Unsqueeze", "Div", "Concat"} & set(fixed_kinds)
+    # constant shapes: the shuffle is known at prepare, the written concat is its result
+    assert fixed_kinds["NhwcConcatShuffle"] == 1 and "NhwcChannelShuffle" not in fixed_kinds
     assert len(fixed.plan.steps) < len(nhwc.plan.steps)
     for batch in (1, 3, 1):
         x = RNG.standard_normal((batch, c0, 6, 5)).astype(np.float32)

@@ -431,6 +431,13 @@ class _Rewriter:
         attrs = {"allowzero": allow}
         if x in self.shuffled:  # written shuffled by NhwcConcatShuffle
             attrs["shuffled"] = self.shuffled[x]
+            if self.static_shuffle(n, r, bool(allow)) == self.shuffled[x]:
+                # constant shapes (a plan for given input shapes): no step at all
+                def emit():
+                    self.nhwc[r.outputs[0]] = x
+                pending[id(t)] = None
+                pending[id(r)] = emit
+                return True
         name, doc = n.name, n.doc_string
 
         def emit():
@@ -440,6 +447,29 @@ class _Rewriter:
         pending[id(t)] = None
         pending[id(r)] = emit
         return True
+
+
+    def static_shuffle(self, n: Node, r: Node, allowzero: bool) -> int:
+        """The group count of the channel shuffle ``n -> Transpose -> r`` when both shapes are
+        constants and the input's shape is static (a plan for given input shapes), 0 when
+        that is not known or not a channel shuffle."""
+        from workbench.ops.shape import _target_shape  # noqa: PLC0415
+
+        v = self.g.value(n.inputs[0])
+        s5, s4 = self.const(n.inputs[1]), self.const(r.inputs[1])
+        if v is None or v.shape is None or len(v.shape) != 4 or s5 is None or s4 is None or \
+                not all(isinstance(d, int) for d in v.shape):
+            return 0
+        try:
+            t5 = _target_shape(v.shape, [int(d) for d in s5.reshape(-1)], allowzero)
+            t4 = _target_shape((t5[0], t5[2], t5[1], t5[3], t5[4]) if len(t5) == 5 else t5,
+                               [int(d) for d in s4.reshape(-1)], allowzero)
+        except Exception:   # noqa: BLE001 - not a valid reshape: left to the kernel's check
+            return 0
+        N, C, H, W = v.shape
+        g = t5[1] if len(t5) == 5 else 0
+        ok = g >= 1 and C % g == 0 and t5 == (N, g, C // g, H, W) and t4 == tuple(v.shape)
+        return g if ok else 0
 
 
 def _shuffle_chain(n: Node, consumers, outputs, rank):
