@@ -124,6 +124,9 @@ def fold_constants(graph: Graph, variables=frozenset()) -> Graph:
     outputs = {v.name for v in g.outputs}
     inputs_static = all(_static_shape(v) is not None for v in g.inputs)
     consts = {k: v for k, v in g.initializers.items() if k not in variables}
+    #: values this pass knows more of than the load-time shape inference did (folded here, or
+    #: their shapes inferred here): only their readers are worth inferring again
+    learned: set = set()
     keep = []
     for n in g.nodes:
         folded = None
@@ -164,12 +167,13 @@ def fold_constants(graph: Graph, variables=frozenset()) -> Graph:
                 folded = None
         if folded is None:
             keep.append(n)
-            if inputs_static:
-                _infer_node_shapes(g, n, consts)
+            if inputs_static and any(i in learned for i in n.inputs if i):
+                learned.update(_infer_node_shapes(g, n, consts))
             continue
         for name, val in zip(n.outputs, folded):
             if name:
                 consts[name] = np.asarray(val)
+                learned.add(name)
         # graph outputs that are constants still need a producer: keep an Identity-free form
         for name in n.outputs:
             if name in outputs:
@@ -182,18 +186,27 @@ def fold_constants(graph: Graph, variables=frozenset()) -> Graph:
 
 #: constant inputs up to this many elements are handed to ONNX's per-node shape inference
 _INFER_DATA_ELEMENTS = 1 << 12
+#: nodes with an integer attribute beyond this are not inferred again (see below)
+_INFER_MAX_INT = 1 << 24
 
 
-def _infer_node_shapes(g: Graph, n: Node, consts: dict) -> None:
+def _infer_node_shapes(g: Graph, n: Node, consts: dict) -> list:
     """Static output shapes for node ``n`` of a graph with static inputs, where the load-time
     inference found none: ONNX's own per-node inference (``infer_node_outputs``) given the
     input types and the small constant inputs' values (a Reshape's target once its shape
-    arithmetic is folded). Written into ``g.value_info`` (a copy made by the caller); a node
-    it cannot infer is left as it is."""
+    arithmetic is folded). Written into ``g.value_info`` (a copy made by the caller); returns
+    the names it gave a shape. A node it cannot infer is left as it is, and so is a node with
+    an integer attribute too large to be a shape (the load-time inference ran in a helper
+    process with a memory limit; this one runs here)."""
     if n.domain not in ("", "ai.onnx") or n.subgraphs:
-        return
+        return []
     if all(not o or _static_shape(g.value(o)) is not None for o in n.outputs):
-        return
+        return []
+    for v in n.attrs.values():
+        vals = v if isinstance(v, (list, tuple)) else [v]
+        if any(isinstance(x, (int, np.integer)) and abs(int(x)) > _INFER_MAX_INT
+               for x in vals[:64]):
+            return []
     import onnx
     from onnx import numpy_helper, shape_inference
 
@@ -215,7 +228,7 @@ def _infer_node_shapes(g: Graph, n: Node, consts: dict) -> None:
             v = g.value(name)
             shape = _static_shape(v)
             if shape is None or not v.dtype:
-                return
+                return []
             types[name] = onnx.helper.make_tensor_type_proto(v.dtype, shape)
         proto = onnx.helper.make_node(n.op_type, list(n.inputs), list(n.outputs))
         proto.attribute.extend(python_to_attr(k, v) for k, v in n.attrs.items())
@@ -223,7 +236,8 @@ def _infer_node_shapes(g: Graph, n: Node, consts: dict) -> None:
             schema, proto, types, data,
             opset_imports=[onnx.helper.make_opsetid("", opset)])
     except Exception:   # noqa: BLE001 - no inference: the node keeps unknown shapes
-        return
+        return []
+    done = []
     for name in n.outputs:
         t = out.get(name) if name else None
         if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
@@ -232,6 +246,8 @@ def _infer_node_shapes(g: Graph, n: Node, consts: dict) -> None:
         if all(d.HasField("dim_value") for d in dims):
             g.value_info[name] = ValueInfo(name, t.tensor_type.elem_type or None,
                                            tuple(int(d.dim_value) for d in dims))
+            done.append(name)
+    return done
 
 
 def fold_batchnorm(graph: Graph, variables=frozenset()) -> Graph:
