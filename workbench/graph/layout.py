@@ -24,7 +24,10 @@ to NHWC per value, shared; region values read from outside get one ``Transpose``
 - ``Shape`` of a region value -> ``Shape`` + ``Gather`` (the logical NCHW shape, so shape
   arithmetic in the graph is unchanged);
 - ShuffleNet's channel shuffle ``Reshape -> Transpose(0, 2, 1, 3, 4) -> Reshape`` ->
-  ``com.workbench::NhwcChannelShuffle`` (checked at run time, see ``ops/nhwc.py``);
+  ``com.workbench::NhwcChannelShuffle`` (checked at run time, see ``ops/nhwc.py``); a channel
+  ``Concat`` read only by such a shuffle (and by ``Shape``) -> ``NhwcConcatShuffle``, its
+  inputs written straight into their shuffled places (the shuffle then passes it on; no step
+  at all when the shuffle's shapes are constants);
 - the graph's own layout transposes (ConvNeXt-like blocks: ``Transpose(0, 2, 3, 1)`` before a
   LayerNorm over channels, ``Transpose(0, 3, 1, 2)`` back): the first of a region value is an
   ``Identity`` of its array, the second's input is used as the region's form of its output.
