@@ -146,3 +146,16 @@ def test_concat_shuffle_kernel_not_a_shuffle_and_bad_inputs():
     np.testing.assert_array_equal(got, _reference([a, b], s5, s4))
     with pytest.raises(ShapeError, match="NhwcConcatShuffle"):
         _fused("NhwcConcatShuffle")(a, b[:, :1], groups=2)
+
+
+def test_channel_shuffle_remembers_its_checks_per_shapes():
+    """A node's remembered shape checks (its context) never answer for other shapes."""
+    from workbench.ops.registry import NodeContext
+    ctx = NodeContext("shuffle", "NhwcChannelShuffle", 1, 1)
+    a = RNG.standard_normal((1, 2, 3, 6)).astype(np.float32)
+    for g, b in ((2, a), (3, a), (2, a), (2, a[:, :, :1])):
+        n, h, w, c = b.shape
+        s5, s4 = [n, g, c // g, h, w], [n, c, h, w]
+        got = _fused("NhwcChannelShuffle")(b, np.array(s5), np.array(s4), ctx=ctx)
+        np.testing.assert_array_equal(got, _reference([b], s5, s4))
+    assert len(ctx.extra["shuffle_plans"]) == 3

@@ -72,31 +72,58 @@ def nhwc_concat_shuffle(*inputs, groups=1):
     return y
 
 
-@kernel("NhwcChannelShuffle", since=1, domain=FUSED_DOMAIN, category="shape",
-        host_read_inputs=(1, 2))
-def nhwc_channel_shuffle(X, shape5, shape4, *, allowzero=0, shuffled=0):
-    """Reshape(shape5) -> Transpose(0, 2, 1, 3, 4) -> Reshape(shape4) of the logical NCHW
-    tensor whose channels-last form is ``X`` (N, H, W, C); the result channels-last too.
-    ``shuffled=g`` (> 0): X is that form already shuffled across ``g`` groups (written so by
-    NhwcConcatShuffle, which shuffles only when ``g`` divides C)."""
-    if X.ndim != 4:
-        raise ShapeError(f"NhwcChannelShuffle: X must be (N, H, W, C), got {tuple(X.shape)}")
-    N, H, W, C = (int(v) for v in X.shape)
-    pre = int(shuffled)
-    if pre > 0 and (C % pre or C == 0):
-        pre = 0     # NhwcConcatShuffle wrote a plain concat
+#: shape checks a NhwcChannelShuffle node remembers (per node, keyed by the shapes' bytes)
+_PLANS_KEPT = 16
+
+
+def _shuffle_plan(X_shape, shape5, shape4, allowzero: bool) -> tuple:
+    """``(s5, s4, g, is_shuffle)``: the two reshape targets for the logical (NCHW) form of an
+    (N, H, W, C) array, the group count, and whether they are a channel shuffle of it."""
+    N, H, W, C = (int(v) for v in X_shape)
     logical = (N, C, H, W)
-    s5 = _target_shape(logical, ints(shape5), bool(allowzero))
+    s5 = _target_shape(logical, ints(shape5), allowzero)
     if len(s5) != 5:
         raise ShapeError(f"NhwcChannelShuffle: the first shape {list(ints(shape5))} must have "
                          f"5 dimensions")
     mid = (s5[0], s5[2], s5[1], s5[3], s5[4])
-    s4 = _target_shape(mid, ints(shape4), bool(allowzero))
+    s4 = _target_shape(mid, ints(shape4), allowzero)
     if len(s4) != 4:
         raise ShapeError(f"NhwcChannelShuffle: the second shape {list(ints(shape4))} must have "
                          f"4 dimensions")
     g = s5[1]   # the number of groups the channels are shuffled across
-    is_shuffle = g >= 1 and C % g == 0 and s5 == (N, g, C // g, H, W) and s4 == logical
+    return s5, s4, g, g >= 1 and C % g == 0 and s5 == (N, g, C // g, H, W) and s4 == logical
+
+
+@kernel("NhwcChannelShuffle", since=1, domain=FUSED_DOMAIN, category="shape",
+        host_read_inputs=(1, 2), wants_ctx=True)
+def nhwc_channel_shuffle(X, shape5, shape4, *, allowzero=0, shuffled=0, ctx=None):
+    """Reshape(shape5) -> Transpose(0, 2, 1, 3, 4) -> Reshape(shape4) of the logical NCHW
+    tensor whose channels-last form is ``X`` (N, H, W, C); the result channels-last too.
+    ``shuffled=g`` (> 0): X is that form already shuffled across ``g`` groups (written so by
+    NhwcConcatShuffle, which shuffles only when ``g`` divides C). The shape checks of a node
+    are remembered per (X's shape, the shapes' values): the shapes come from the same shape
+    segment every run."""
+    if X.ndim != 4:
+        raise ShapeError(f"NhwcChannelShuffle: X must be (N, H, W, C), got {tuple(X.shape)}")
+    C = int(X.shape[3])
+    memo = key = None
+    if ctx is not None and type(shape5) is np.ndarray and type(shape4) is np.ndarray:
+        memo = ctx.extra.setdefault("shuffle_plans", {})
+        key = (X.shape, shape5.dtype.str, shape5.tobytes(), shape4.dtype.str,
+               shape4.tobytes(), bool(allowzero))
+        found = memo.get(key)
+    else:
+        found = None
+    if found is None:
+        found = _shuffle_plan(X.shape, shape5, shape4, bool(allowzero))
+        if memo is not None:
+            if len(memo) >= _PLANS_KEPT:
+                memo.clear()
+            memo[key] = found
+    s5, s4, g, is_shuffle = found
+    pre = int(shuffled)
+    if pre > 0 and (C % pre or C == 0):
+        pre = 0     # NhwcConcatShuffle wrote a plain concat
     if pre > 0:
         if is_shuffle and g == pre:
             return X
