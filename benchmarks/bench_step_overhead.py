@@ -9,7 +9,11 @@ Plan runs:
 - ``fast``     - the same chain behind a Shape -> Gather -> Unsqueeze -> Reshape (to the same
   shape) segment (the fast schedule of plain CPU runs);
 - ``hook``     - the plain chain with a per-node hook (what the tensor inspector does);
-- ``runner``   - the plain chain on Tensors through ``autograd.TapeRunner`` (SONNXModel.forward).
+- ``runner``   - the plain chain on Tensors through ``autograd.TapeRunner`` (SONNXModel.forward);
+- ``backend``  - the plain chain through the ONNX backend API, ``backend.prepare(model,
+  optimize=False).run(x)`` (the feed handling of ``WorkbenchRep.run`` included);
+- ``ort``      - onnxruntime's ``InferenceSession.run`` on the same chain (one intra-op
+  thread, graph optimisations off so that the chain is not folded away), for comparison.
 
 Each case runs in this process: ``--repeat`` batches of ``--runs`` runs, the best batch's mean
 reported as nanoseconds per step, in CPU time of this process (``--clock process``, the
@@ -77,8 +81,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--nodes", type=int, default=200)
     ap.add_argument("--runs", type=int, default=200, help="runs per timed batch")
     ap.add_argument("--repeat", type=int, default=15, help="timed batches (best one kept)")
-    ap.add_argument("--cases", nargs="+", default=["plain", "fast", "hook", "runner"],
-                    choices=["plain", "fast", "hook", "runner"])
+    ap.add_argument("--cases", nargs="+", default=["plain", "fast", "hook", "runner", "backend",
+                                                   "ort"],
+                    choices=["plain", "fast", "hook", "runner", "backend", "ort"])
     ap.add_argument("--clock", choices=["process", "wall"], default="process")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args(argv)
@@ -93,9 +98,29 @@ def main(argv=None) -> dict:
            "nodes": a.nodes, "clock": a.clock, "results": {}}
     for op in ("Add", "Identity"):
         for case in a.cases:
-            plan = Plan(load(chain(a.nodes, op, segment=case == "fast")).graph)
+            model = chain(a.nodes, op, segment=case == "fast")
+            plan = Plan(load(model).graph)
             steps = len(plan.steps)
-            if case == "hook":
+            if case == "backend":
+                from workbench import backend
+                rep = backend.prepare(model, optimize=False)
+
+                def fn(rep=rep):
+                    return rep.run(x)
+            elif case == "ort":
+                try:
+                    import onnxruntime as ort
+                except ImportError:
+                    continue
+                so = ort.SessionOptions()
+                so.intra_op_num_threads = so.inter_op_num_threads = 1
+                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+                sess = ort.InferenceSession(model.SerializeToString(), so,
+                                            providers=["CPUExecutionProvider"])
+
+                def fn(sess=sess):
+                    return sess.run(None, {"x": x})
+            elif case == "hook":
                 def fn(plan=plan):
                     return plan.run([x], hook=lambda node, outs: None)
             elif case == "runner":

@@ -25,15 +25,24 @@ from workbench.runtime.plan import Plan
 class WorkbenchRep(BackendRep):
     """A prepared model: ``run(inputs)`` returns the outputs in graph-output order."""
 
-    def __init__(self, loaded, plan: Plan, dev):
+    def __init__(self, loaded, plan: Plan, dev, general=None):
         self.loaded = loaded
         self.plan = plan
         self.device = dev
         self.output_names = list(plan.output_names)
         # the result type, made once: namedtupledict builds a class (~0.1 ms) on every call
         self._outputs_type = namedtupledict("Outputs", self.output_names)
+        #: a plan prepared for given input shapes: how to prepare the model as written (for
+        #: feeds of other shapes), and that prepared model once made
+        self._general = general
+        self._general_rep: WorkbenchRep | None = None
 
     def run(self, inputs: Any, **kwargs) -> tuple:
+        if self._general is not None and not self._fits(inputs):
+            rep = self._general_rep
+            if rep is None:
+                rep = self._general_rep = self._general()
+            return rep.run(inputs, **kwargs)
         if not self.device.is_cuda:     # host arrays need no moving: the plan checks them
             t = type(inputs)
             if t is np.ndarray:
@@ -57,6 +66,25 @@ class WorkbenchRep(BackendRep):
         outs = [self.device.get(o) for o in outs]
         return self._outputs_type(*outs)
 
+    def _fits(self, inputs) -> bool:
+        """Whether the feeds' shapes are those the plan was prepared for (``input_shapes`` /
+        ``batch_size`` of :func:`prepare`); what is not an array is left to the plan."""
+        infos = self.plan.input_infos
+        if type(inputs) is dict:
+            values = [inputs.get(v.name) for v in infos]
+        elif type(inputs) is list or type(inputs) is tuple:
+            values = inputs
+        else:
+            values = [inputs]
+        for info, v in zip(infos, values):
+            want, got = info.shape, getattr(v, "shape", None)
+            if want is None or type(got) is not tuple:
+                continue
+            if len(got) != len(want) or any(type(d) is int and d != e
+                                            for d, e in zip(want, got)):
+                return False
+        return True
+
     def _is_one_map(self, inputs: dict) -> bool:
         """A dict given to a model whose one input is a map (DictVectorizer, CastMap) is that
         map unless its keys are the input's name."""
@@ -73,7 +101,8 @@ def _dev(device) -> _device.Device:
 
 def prepare(model, device: str = "CPU", *, optimize: bool = True,
             base_dir: str | None = None, integer_arithmetic: str = "exact",
-            layout: str | None = "auto", **kwargs) -> WorkbenchRep:
+            layout: str | None = "auto", input_shapes: dict | None = None,
+            batch_size: int | None = None, **kwargs) -> WorkbenchRep:
     """Load, validate and plan ``model`` (path, bytes or ModelProto) for ``device``.
 
     ``base_dir``: the folder holding external data files of a model given as bytes or a
@@ -85,9 +114,22 @@ def prepare(model, device: str = "CPU", *, optimize: bool = True,
     ``layout`` (CPU, with ``optimize``): ``"auto"`` runs networks with depthwise convolutions
     channels-last (``workbench.graph.layout``), ``"nhwc"`` any convolution network, None as
     written (NCHW).
+    ``input_shapes`` ({input name: shape}) and ``batch_size`` (the first dimension of every
+    input): plan for these shapes. The graph's shape arithmetic (``Shape -> Gather ->
+    Unsqueeze -> Concat`` chains computing Reshape targets from a dynamic batch) is then folded
+    into constants here and costs nothing per run. A run fed other shapes is not refused: it
+    runs the model as written, prepared the first time it is needed and kept.
     """
     dev = _dev(device)
-    loaded = load(model, check=kwargs.pop("check", True), base_dir=base_dir)
+    check = kwargs.pop("check", True)
+    general = None
+    if input_shapes or batch_size is not None:
+        def general():
+            return prepare(model, device, optimize=optimize, base_dir=base_dir,
+                           integer_arithmetic=integer_arithmetic, layout=layout, check=check,
+                           **kwargs)
+    loaded = load(model, check=check, base_dir=base_dir, input_shapes=input_shapes,
+                  batch_size=batch_size)
     graph = loaded.graph
     if parse_arithmetic(integer_arithmetic) is not IntegerArithmetic.EXACT:
         # first, so that constant folding computes folded products in the same arithmetic
@@ -101,7 +143,7 @@ def prepare(model, device: str = "CPU", *, optimize: bool = True,
     except Exception as e:  # never a raw error from planning a malformed graph
         raise ModelLoadError(f"could not plan the graph: {type(e).__name__}: {e}",
                              path=loaded.path) from e
-    return WorkbenchRep(loaded, plan, dev)
+    return WorkbenchRep(loaded, plan, dev, general)
 
 
 def run_model(model, inputs, device: str = "CPU", **kwargs):

@@ -24,7 +24,10 @@ to NHWC per value, shared; region values read from outside get one ``Transpose``
 - ``Shape`` of a region value -> ``Shape`` + ``Gather`` (the logical NCHW shape, so shape
   arithmetic in the graph is unchanged);
 - ShuffleNet's channel shuffle ``Reshape -> Transpose(0, 2, 1, 3, 4) -> Reshape`` ->
-  ``com.workbench::NhwcChannelShuffle`` (checked at run time, see ``ops/nhwc.py``);
+  ``com.workbench::NhwcChannelShuffle`` (checked at run time, see ``ops/nhwc.py``); a channel
+  ``Concat`` read only by such a shuffle (and by ``Shape``) -> ``NhwcConcatShuffle``, its
+  inputs written straight into their shuffled places (the shuffle then passes it on; no step
+  at all when the shuffle's shapes are constants);
 - the graph's own layout transposes (ConvNeXt-like blocks: ``Transpose(0, 2, 3, 1)`` before a
   LayerNorm over channels, ``Transpose(0, 3, 1, 2)`` back): the first of a region value is an
   ``Identity`` of its array, the second's input is used as the region's form of its output.
@@ -125,6 +128,8 @@ class _Rewriter:
         self.out: list = []
         self.consts: dict = {}    # (name, tag) -> new initializer name
         self.producer = {o: n for n in g.nodes for o in n.outputs if o}
+        #: region values NhwcConcatShuffle wrote shuffled -> their group count
+        self.shuffled: dict = {}
 
     def fresh(self, base: str) -> str:
         name, i = base, 1
@@ -270,7 +275,7 @@ class _Rewriter:
                              FUSED_DOMAIN, n.doc_string))
         return True
 
-    def concat(self, n: Node) -> bool:
+    def concat(self, n: Node, consumers=None, outputs=()) -> bool:
         if n.op_type != "Concat" or n.domain or not any(i in self.nhwc for i in n.inputs):
             return False
         if any(self.rank(i) not in (4, None) and i not in self.nhwc for i in n.inputs):
@@ -283,9 +288,41 @@ class _Rewriter:
             return False
         ins = [self.nhwc_input(i) for i in n.inputs]
         y = self.region_output(n.outputs[0])
+        g = self.shuffled_concat(n, axis, consumers, outputs)
+        if g:
+            self.shuffled[y] = g
+            self.out.append(Node("NhwcConcatShuffle", ins, [y], {"groups": g}, n.name,
+                                 FUSED_DOMAIN, n.doc_string))
+            return True
         self.out.append(Node("Concat", ins, [y], {**n.attrs, "axis": AXIS[axis]}, n.name, "",
                              n.doc_string))
         return True
+
+    def shuffled_concat(self, n: Node, axis: int, consumers, outputs) -> int:
+        """The group count ``g`` when channel Concat ``n`` can be written shuffled
+        (NhwcConcatShuffle): its output is read only by the first Reshape of a channel shuffle
+        (see :meth:`shuffle`) and by Shape nodes, and the graph gives ``g`` (the Reshape's
+        constant shape or its output's inferred shape); 0 otherwise. A wrong ``g`` costs
+        speed, never the result: the shuffle checks it at run time."""
+        c = n.outputs[0]
+        if consumers is None or axis != 1 or c in outputs or len(n.outputs) != 1:
+            return 0
+        users = consumers.get(c, [])
+        rs = [u for u in users if not (u.op_type == "Shape" and not u.domain)]
+        if len(rs) != 1 or rs[0].inputs[0] != c or c in rs[0].inputs[1:] or \
+                _shuffle_chain(rs[0], consumers, outputs, self.rank) is None:
+            return 0
+        r = rs[0]
+        g = None
+        s5 = self.const(r.inputs[1])
+        if s5 is not None and s5.ndim == 1 and s5.size == 5 and int(s5[1]) > 0:
+            g = int(s5[1])
+        else:
+            v = self.g.value(r.outputs[0])
+            if v is not None and v.shape is not None and len(v.shape) == 5 and \
+                    isinstance(v.shape[1], int) and v.shape[1] > 0:
+                g = v.shape[1]
+        return g if g is not None and g > 1 else 0
 
     def split(self, n: Node) -> bool:
         if n.op_type != "Split" or n.domain or n.inputs[0] not in self.nhwc:
@@ -386,28 +423,73 @@ class _Rewriter:
         """Reshape -> Transpose(0, 2, 1, 3, 4) -> Reshape of a region value: one
         NhwcChannelShuffle, placed where the second Reshape was (its shape input may be
         computed after the first Reshape)."""
-        if n.op_type != "Reshape" or n.domain or n.inputs[0] not in self.nhwc or \
-                len(n.inputs) < 2:
+        if n.inputs[0] not in self.nhwc:
             return False
-        t = _only(consumers, outputs, n.outputs[0])
-        if t is None or t.op_type != "Transpose" or t.domain or \
-                [int(p) for p in t.attrs.get("perm", [])] != [0, 2, 1, 3, 4]:
+        chain = _shuffle_chain(n, consumers, outputs, self.rank)
+        if chain is None:
             return False
-        r = _only(consumers, outputs, t.outputs[0])
-        if r is None or r.op_type != "Reshape" or r.domain or len(r.inputs) < 2 or \
-                self.rank(r.outputs[0]) not in (4, None):
-            return False
+        t, r = chain
         allow = int(n.attrs.get("allowzero", 0)) or int(r.attrs.get("allowzero", 0))
         x = self.nhwc[n.inputs[0]]
+        attrs = {"allowzero": allow}
+        if x in self.shuffled:  # written shuffled by NhwcConcatShuffle
+            attrs["shuffled"] = self.shuffled[x]
+            if self.static_shuffle(n, r, bool(allow)) == self.shuffled[x]:
+                # constant shapes (a plan for given input shapes): no step at all
+                def emit():
+                    self.nhwc[r.outputs[0]] = x
+                pending[id(t)] = None
+                pending[id(r)] = emit
+                return True
         name, doc = n.name, n.doc_string
 
         def emit():
             y = self.region_output(r.outputs[0])
             self.out.append(Node("NhwcChannelShuffle", [x, n.inputs[1], r.inputs[1]], [y],
-                                 {"allowzero": allow}, name, FUSED_DOMAIN, doc))
+                                 attrs, name, FUSED_DOMAIN, doc))
         pending[id(t)] = None
         pending[id(r)] = emit
         return True
+
+
+    def static_shuffle(self, n: Node, r: Node, allowzero: bool) -> int:
+        """The group count of the channel shuffle ``n -> Transpose -> r`` when both shapes are
+        constants and the input's shape is static (a plan for given input shapes), 0 when
+        that is not known or not a channel shuffle."""
+        from workbench.ops.shape import _target_shape  # noqa: PLC0415
+
+        v = self.g.value(n.inputs[0])
+        s5, s4 = self.const(n.inputs[1]), self.const(r.inputs[1])
+        if v is None or v.shape is None or len(v.shape) != 4 or s5 is None or s4 is None or \
+                not all(isinstance(d, int) for d in v.shape):
+            return 0
+        try:
+            t5 = _target_shape(v.shape, [int(d) for d in s5.reshape(-1)], allowzero)
+            t4 = _target_shape((t5[0], t5[2], t5[1], t5[3], t5[4]) if len(t5) == 5 else t5,
+                               [int(d) for d in s4.reshape(-1)], allowzero)
+        except Exception:   # noqa: BLE001 - not a valid reshape: left to the kernel's check
+            return 0
+        N, C, H, W = v.shape
+        g = t5[1] if len(t5) == 5 else 0
+        ok = g >= 1 and C % g == 0 and t5 == (N, g, C // g, H, W) and t4 == tuple(v.shape)
+        return g if ok else 0
+
+
+def _shuffle_chain(n: Node, consumers, outputs, rank):
+    """``(Transpose, Reshape)`` when ``n`` is the first Reshape of a channel shuffle
+    ``Reshape -> Transpose(0, 2, 1, 3, 4) -> Reshape`` (each read only by the next, the last
+    of rank 4 or unknown); None otherwise."""
+    if n.op_type != "Reshape" or n.domain or len(n.inputs) < 2:
+        return None
+    t = _only(consumers, outputs, n.outputs[0])
+    if t is None or t.op_type != "Transpose" or t.domain or \
+            [int(p) for p in t.attrs.get("perm", [])] != [0, 2, 1, 3, 4]:
+        return None
+    r = _only(consumers, outputs, t.outputs[0])
+    if r is None or r.op_type != "Reshape" or r.domain or len(r.inputs) < 2 or \
+            rank(r.outputs[0]) not in (4, None):
+        return None
+    return t, r
 
 
 def _is_transpose(n: Node, perm) -> bool:
@@ -454,8 +536,9 @@ def to_channels_last(graph: Graph, variables=frozenset(), *, mode: str | None = 
                 emit()
             continue
         before, made = len(rw.out), set(rw.to_nhwc)
-        ok = (rw.conv(n) or rw.pointwise(n) or rw.pool(n) or rw.concat(n) or rw.split(n)
-              or rw.slice_(n, opset) or rw.reduce(n, opset) or rw.shape(n) or rw.transpose(n)
+        ok = (rw.conv(n) or rw.pointwise(n) or rw.pool(n)
+              or rw.concat(n, consumers, outputs) or rw.split(n) or rw.slice_(n, opset)
+              or rw.reduce(n, opset) or rw.shape(n) or rw.transpose(n)
               or rw.shuffle(n, consumers, outputs, pending))
         if ok:
             converted += 1

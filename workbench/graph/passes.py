@@ -3,7 +3,11 @@
 - :func:`fold_constants`: ``Constant`` nodes and nodes whose inputs are all constants become
   initializers (deterministic ops only; no random ops, no control flow); ``Shape`` of a value
   whose shape is fully static is folded too when every graph input is fully static (so the
-  executor's input checks guarantee the shape cannot change).
+  executor's input checks guarantee the shape cannot change). With static inputs, a node
+  ONNX's load-time shape inference left without a static output shape (a Reshape whose target
+  is computed in the graph: torch exports with a dynamic batch prepared for a given one) gets
+  it from ONNX's per-node inference fed the values folded so far (:func:`_infer_node_shapes`),
+  so whole ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` chains fold.
 - :func:`fold_batchnorm`: ``Conv`` followed by inference-mode ``BatchNormalization`` becomes
   one ``Conv`` whose weights and bias are computed by an internal ``FoldBatchNormWeights``
   node (folded by the next constant-folding pass unless the weights are trainable variables).
@@ -120,6 +124,9 @@ def fold_constants(graph: Graph, variables=frozenset()) -> Graph:
     outputs = {v.name for v in g.outputs}
     inputs_static = all(_static_shape(v) is not None for v in g.inputs)
     consts = {k: v for k, v in g.initializers.items() if k not in variables}
+    #: values this pass knows more of than the load-time shape inference did (folded here, or
+    #: their shapes inferred here): only their readers are worth inferring again
+    learned: set = set()
     keep = []
     for n in g.nodes:
         folded = None
@@ -160,10 +167,13 @@ def fold_constants(graph: Graph, variables=frozenset()) -> Graph:
                 folded = None
         if folded is None:
             keep.append(n)
+            if inputs_static and any(i in learned for i in n.inputs if i):
+                learned.update(_infer_node_shapes(g, n, consts))
             continue
         for name, val in zip(n.outputs, folded):
             if name:
                 consts[name] = np.asarray(val)
+                learned.add(name)
         # graph outputs that are constants still need a producer: keep an Identity-free form
         for name in n.outputs:
             if name in outputs:
@@ -172,6 +182,72 @@ def fold_constants(graph: Graph, variables=frozenset()) -> Graph:
     g.nodes = keep
     g.initializers = {**{k: v for k, v in g.initializers.items() if k in variables}, **consts}
     return eliminate_dead_code(g)
+
+
+#: constant inputs up to this many elements are handed to ONNX's per-node shape inference
+_INFER_DATA_ELEMENTS = 1 << 12
+#: nodes with an integer attribute beyond this are not inferred again (see below)
+_INFER_MAX_INT = 1 << 24
+
+
+def _infer_node_shapes(g: Graph, n: Node, consts: dict) -> list:
+    """Static output shapes for node ``n`` of a graph with static inputs, where the load-time
+    inference found none: ONNX's own per-node inference (``infer_node_outputs``) given the
+    input types and the small constant inputs' values (a Reshape's target once its shape
+    arithmetic is folded). Written into ``g.value_info`` (a copy made by the caller); returns
+    the names it gave a shape. A node it cannot infer is left as it is, and so is a node with
+    an integer attribute too large to be a shape (the load-time inference ran in a helper
+    process with a memory limit; this one runs here)."""
+    if n.domain not in ("", "ai.onnx") or n.subgraphs:
+        return []
+    if all(not o or _static_shape(g.value(o)) is not None for o in n.outputs):
+        return []
+    for v in n.attrs.values():
+        vals = v if isinstance(v, (list, tuple)) else [v]
+        if any(isinstance(x, (int, np.integer)) and abs(int(x)) > _INFER_MAX_INT
+               for x in vals[:64]):
+            return []
+    import onnx
+    from onnx import numpy_helper, shape_inference
+
+    from workbench.graph.ir import ValueInfo, python_to_attr
+    opset = g.opsets.get("", g.opsets.get("ai.onnx"))
+    try:
+        schema = onnx.defs.get_schema(n.op_type, opset, "")
+        types, data = {}, {}
+        for name in n.inputs:
+            if not name or name in types:
+                continue
+            if name in consts:
+                a = np.asarray(consts[name])
+                types[name] = onnx.helper.make_tensor_type_proto(
+                    onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+                if a.size <= _INFER_DATA_ELEMENTS:
+                    data[name] = numpy_helper.from_array(a, name)
+                continue
+            v = g.value(name)
+            shape = _static_shape(v)
+            if shape is None or not v.dtype:
+                return []
+            types[name] = onnx.helper.make_tensor_type_proto(v.dtype, shape)
+        proto = onnx.helper.make_node(n.op_type, list(n.inputs), list(n.outputs))
+        proto.attribute.extend(python_to_attr(k, v) for k, v in n.attrs.items())
+        out = shape_inference.infer_node_outputs(
+            schema, proto, types, data,
+            opset_imports=[onnx.helper.make_opsetid("", opset)])
+    except Exception:   # noqa: BLE001 - no inference: the node keeps unknown shapes
+        return []
+    done = []
+    for name in n.outputs:
+        t = out.get(name) if name else None
+        if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+            continue
+        dims = t.tensor_type.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            g.value_info[name] = ValueInfo(name, t.tensor_type.elem_type or None,
+                                           tuple(int(d.dim_value) for d in dims))
+            done.append(name)
+    return done
 
 
 def fold_batchnorm(graph: Graph, variables=frozenset()) -> Graph:

@@ -28,6 +28,7 @@ and run again.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -55,6 +56,14 @@ class ShapeSegment:
         self.ext_out = ext_out
         self.shape_keyed = shape_keyed
         self.value_keyed = value_keyed
+        # the key's parts, split once: inputs read for their shape, small shape-derived values
+        # read for their bytes, the rest (mostly initializers) by identity in one C-level map
+        self._by_shape = tuple(i for i, s in enumerate(shape_keyed) if s)
+        self._by_value = tuple(i for i, (s, v) in enumerate(zip(shape_keyed, value_keyed))
+                               if v and not s)
+        rest = [i for i, (s, v) in enumerate(zip(shape_keyed, value_keyed)) if not s and not v]
+        self._by_id = operator.itemgetter(*rest) if len(rest) > 1 else \
+            (lambda vals, i=rest[0]: (vals[i],)) if rest else (lambda vals: ())
         self.memo: dict = {}
         self.memo_ok = True     # False once a result was too large or not an array
         self.hits = 0
@@ -65,13 +74,22 @@ class ShapeSegment:
 
     def key(self, vals) -> tuple:
         parts = []
-        for v, by_shape, by_value in zip(vals, self.shape_keyed, self.value_keyed):
-            if by_shape and hasattr(v, "shape") and hasattr(v, "dtype"):
+        for i in self._by_shape:
+            v = vals[i]
+            if type(v) is np.ndarray:
+                parts.append(v.shape)
+            elif hasattr(v, "shape") and hasattr(v, "dtype"):
                 parts.append(tuple(v.shape))
-            elif by_value and type(v) is np.ndarray and v.size <= KEY_ELEMENTS:
-                parts.append((v.dtype.str, v.shape, v.tobytes()))
-            else:   # identity; the memo entry keeps the object alive, so the id stays unique
+            else:
                 parts.append(id(v))
+        for i in self._by_value:
+            v = vals[i]
+            if type(v) is np.ndarray and v.size <= KEY_ELEMENTS:
+                parts.append((v.dtype.str, v.shape, v.tobytes()))
+            else:
+                parts.append(id(v))
+        # identity; the memo entry keeps the objects alive, so the ids stay unique
+        parts.append(tuple(map(id, self._by_id(vals))))
         return tuple(parts)
 
     def __call__(self, *vals):
