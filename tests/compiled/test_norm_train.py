@@ -1,6 +1,7 @@
-"""Compiled training-mode BatchNormalization (``kernels/norm_train.py``): the forward (batch
-statistics, normalised output, running-statistics update) and the gradient rule against the
-numpy path (``compiled.disabled()``, the reference) and against the float64 numpy path."""
+"""Compiled training kernels of ``kernels/norm_train.py``: training-mode BatchNormalization
+(the forward's batch statistics, normalised output and running-statistics update, and its
+gradient rule) and LayerNormalization's gradient, against the numpy path
+(``compiled.disabled()``, the reference) and against the float64 numpy path."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ NEED = (True, True, True, False, False)
 def kernels():
     if not compiled.wait(["norm_train"], timeout=900):
         pytest.skip(f"compiled kernels unavailable: {compiled.status()['modules']}")
-    for k in ("bn_stats", "bn_norm", "bn_grad_sums", "bn_grad_dx"):
+    for k in ("bn_stats", "bn_norm", "bn_grad_sums", "bn_grad_dx", "ln_grad"):
         assert compiled.kernel(f"norm_train.{k}") is not None
 
 
@@ -133,3 +134,54 @@ def test_bn_training_falls_back_to_numpy(kernels):
         assert calls
     finally:
         rn._bn_train_compiled = real
+
+
+def _ln_grads(x, scale, bias, g, axis=-1, need=(True, True, True)):
+    ctx = GradContext("LayerNormalization", 17, need, np)
+    ins = [x, scale] + ([bias] if bias is not None else [])
+    return rn.layer_norm_grad(ctx, [g], ins, [None], axis=axis, epsilon=1e-5)
+
+
+@pytest.mark.parametrize("shape,axis,need", [
+    ((3, 5, 7), -1, (True, True, True)),        # odd row length: every vector tail
+    ((1, 1, 13), -1, (True, True, True)),       # one row
+    ((2, 3, 4, 5), 2, (True, True, True)),      # two normalised axes, a (4, 5) scale
+    ((64, 300), -1, (False, True, True)),       # rows split over chunks, no dx
+    ((6, 33), -1, (True, False, False)),        # dx only
+], ids=str)
+def test_layer_norm_grad_matches_numpy(kernels, shape, axis, need):
+    x = (RNG.standard_normal(shape) * 3 + 2).astype(np.float32)
+    ax = axis % len(shape)
+    scale = RNG.uniform(0.5, 1.5, shape[ax:]).astype(np.float32)
+    bias = RNG.standard_normal(shape[ax:]).astype(np.float32)
+    g = RNG.standard_normal(shape).astype(np.float32)
+    with compiled.disabled():
+        ref = _ln_grads(x, scale, bias, g, axis, need)
+    got = _ln_grads(x, scale, bias, g, axis, need)
+    for a, b, wanted in zip(got, ref, need):
+        assert (a is None) == (not wanted) and (b is None) == (not wanted)
+        if wanted:
+            assert a.dtype == b.dtype == np.float32
+            _close([a], [b], 2e-5)
+    ref64 = _ln_grads(x.astype(np.float64), scale.astype(np.float64), bias.astype(np.float64),
+                      g.astype(np.float64), axis, need)
+    _close([a for a in got if a is not None], [b for b in ref64 if b is not None], 2e-5)
+
+
+def test_layer_norm_grad_nan_and_no_bias(kernels):
+    x = RNG.standard_normal((4, 9)).astype(np.float32)
+    x[2, 3] = np.nan
+    scale = RNG.uniform(0.5, 1.5, 9).astype(np.float32)
+    g = RNG.standard_normal((4, 9)).astype(np.float32)
+    with compiled.disabled():
+        ref = _ln_grads(x, scale, None, g, need=(True, True))
+    got = _ln_grads(x, scale, None, g, need=(True, True))
+    assert got[2] is None and ref[2] is None
+    for a, b in zip(got[:2], ref[:2]):
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+    ok = ~np.isnan(ref[0])
+    np.testing.assert_allclose(got[0][ok], ref[0][ok], rtol=0,
+                               atol=2e-5 * max(1, np.abs(ref[0][ok]).max()))
+    # the NaN row poisons its own dx and every column of dscale, nothing else
+    assert np.isnan(got[0][2]).all() and not np.isnan(got[0][[0, 1, 3]]).any()
+    assert np.isnan(got[1]).all()

@@ -368,6 +368,43 @@ def _norm_backward(g, xhat, inv, axes, n):
     return (inv / n) * (n * g - s1 - xhat * s2)
 
 
+def _layer_norm_grad_compiled(x, g, scale, bias, ax, n, epsilon, need):
+    """(dx, dscale, dbias) of LayerNormalization by the compiled ``norm_train.ln_grad``
+    (rows of the normalised trailing axes, split over the worker threads, each chunk with its
+    own partial sums of dscale/dbias), or None when it does not apply: float32 numpy arrays,
+    C-contiguous, a scale (and bias) of the normalised axes' full shape."""
+    if not (type(x) is np.ndarray and type(g) is np.ndarray and x.dtype == np.float32
+            and g.dtype == np.float32 and scale.dtype == np.float32 and g.shape == x.shape
+            and tuple(scale.shape) == tuple(x.shape[ax:]) and n > 0 and x.size > 0
+            and (bias is None or tuple(bias.shape) == tuple(scale.shape))
+            and x.flags.c_contiguous):
+        return None
+    kern = compiled.kernel("norm_train.ln_grad")
+    if kern is None:
+        return None
+    rows = x.size // n
+    g = np.ascontiguousarray(g)
+    gamma = np.ascontiguousarray(scale)
+    step = max(1, -(-rows // (4 * n_workers())), (1 << 14) // n)
+    jobs = [(i, r0, min(rows, r0 + step)) for i, r0 in enumerate(range(0, rows, step))]
+    dg = np.zeros((len(jobs), n), dtype=np.float64)
+    db = np.zeros((len(jobs), n), dtype=np.float64)
+    gx = np.empty_like(x) if need[0] else np.empty(1, dtype=np.float32)
+    raw, ptr = kern.raw, compiled.data_pointer
+    px, pg, pgam, pdx, pdg, pdb = ptr(x), ptr(g), ptr(gamma), ptr(gx), ptr(dg), ptr(db)
+    want_dx = 1 if need[0] else 0
+
+    def work(chunk):
+        for i, r0, r1 in chunk:
+            raw(px, pg, pgam, pdx, pdg, pdb, rows, n, i, r0, r1, want_dx, float(epsilon))
+    run_blocks(np, jobs, work, 8 * x.size)
+    gs = dg.sum(axis=0).astype(np.float32).reshape(scale.shape) if need[1] else None
+    gb = None
+    if bias is not None and len(need) > 2 and need[2]:
+        gb = db.sum(axis=0).astype(np.float32).reshape(bias.shape)
+    return (gx if need[0] else None), gs, gb
+
+
 @gradient("LayerNormalization")
 def layer_norm_grad(ctx, grads_out, inputs, outputs, *, axis=-1, epsilon=1e-5, **attrs):
     x, scale = inputs[0], inputs[1]
@@ -379,6 +416,11 @@ def layer_norm_grad(ctx, grads_out, inputs, outputs, *, axis=-1, epsilon=1e-5, *
         ax = axis % x.ndim
         axes = tuple(range(ax, x.ndim))
         n = int(math.prod(x.shape[ax:]))
+        got = None
+        if len(grads_out) < 2 or all(go is None for go in grads_out[1:]):
+            got = _layer_norm_grad_compiled(x, g, scale, bias, ax, n, epsilon, need)
+        if got is not None:
+            return got
         mean = x.mean(axis=axes, keepdims=True)
         xc = x - mean
         inv = 1.0 / ((xc * xc).mean(axis=axes, keepdims=True) + epsilon) ** 0.5

@@ -14,11 +14,17 @@ combination over the images (a few thousand numbers) is left to the caller.
 - ``bn_grad_sums``: per row, ``sum(g)`` and ``sum(g * (x - mean[c]))`` in float64.
 - ``bn_grad_dx``: ``dx = g * ca[c] + (x - mean[c]) * cb[c] + cc[c]`` (the per-channel
   coefficients of the training BatchNorm gradient, formed by the caller).
+- ``ln_grad``: LayerNormalization's gradient over rows of ``n`` (the normalised trailing axes):
+  the row's statistics recomputed (float64, two passes), ``dx = inv * (g gamma - mean(g
+  gamma) - xhat mean(g gamma xhat))``; ``g * xhat`` and ``g`` added into row ``part`` of the
+  float64 partial sums of dL/dgamma and dL/dbeta (one row per chunk of rows, so the threads
+  never write the same element; the caller sums the partial rows).
 
 The sums are reassociated (float64 lanes, which is what lets them vectorise); NaN and Inf
 propagate as in numpy's sums (no nnan/ninf flags).
 """
 
+import numpy as np
 from numba import carray, uint64
 
 from workbench.compiled.build import export
@@ -102,3 +108,44 @@ def bn_grad_dx(xp, gp, meanp, cap, cbp, ccp, dxp, R, C, S, r0, r1):
         dr = dx[r]
         for j in range(S):
             dr[uint64(j)] = gr[uint64(j)] * a + (xr[uint64(j)] - mu) * b + k
+
+
+@export("ln_grad", "f32[] f32[] f32[] f32[]! f64[]! f64[]! i64 i64 i64 i64 i64 i64 f64",
+        fastmath=_FM)
+def ln_grad(xp, gp, gammap, dxp, dgp, dbp, rows, n, part, r0, r1, need_dx, eps):
+    x = carray(xp, (rows, n))
+    g = carray(gp, (rows, n))
+    gamma = carray(gammap, (n,))
+    dx = carray(dxp, (rows, n)) if need_dx else carray(dxp, (1, 1))
+    dgam = carray(dgp, (part + 1, n))[part]
+    dbet = carray(dbp, (part + 1, n))[part]
+    inv_n = 1.0 / n if n > 0 else 0.0
+    for r in range(r0, r1):
+        xr = x[r]
+        gr = g[r]
+        s = 0.0
+        for j in range(n):
+            s += xr[uint64(j)]
+        mu = s * inv_n
+        q = 0.0
+        for j in range(n):
+            d = xr[uint64(j)] - mu
+            q += d * d
+        inv = 1.0 / np.sqrt(q * inv_n + eps)
+        s1 = 0.0
+        s2 = 0.0
+        for j in range(n):
+            xh = (xr[uint64(j)] - mu) * inv
+            gv = gr[uint64(j)]
+            gh = gv * gamma[uint64(j)]
+            s1 += gh
+            s2 += gh * xh
+            dgam[uint64(j)] += gv * xh
+            dbet[uint64(j)] += gv
+        if need_dx:
+            dr = dx[r]
+            a = s1 * inv_n
+            b = s2 * inv_n
+            for j in range(n):
+                xh = (xr[uint64(j)] - mu) * inv
+                dr[uint64(j)] = inv * (gr[uint64(j)] * gamma[uint64(j)] - a - xh * b)
