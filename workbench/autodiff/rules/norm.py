@@ -13,6 +13,12 @@ deviations from the block's own mean, combined over the batch with Chan's formul
 a second pass normalises (or forms dx) block by block. That reads the input twice and writes
 the output once, with no full-size temporaries. ``_bn_train_plain`` / ``_bn_train_grad_plain``
 are the reference paths the tests compare them with.
+
+float32, C-contiguous, per-channel: the compiled kernels of ``compiled/kernels/norm_train.py``
+when they are loaded (per-row statistics in float64 combined here with the same formula, one
+normalising pass; per-row sums then one fused dx pass), else the numpy paths above.
+LayerNormalization's gradient (float32, a scale of the normalised axes' shape) likewise runs
+``norm_train.ln_grad`` when loaded (``compiled.disabled()`` keeps everything on numpy).
 """
 
 from __future__ import annotations
