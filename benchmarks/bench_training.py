@@ -393,8 +393,10 @@ def main(argv=None) -> int:
     if "WORKBENCH_COMPILED" in env:   # our child waits for the cached kernels to load
         os.environ["WORKBENCH_COMPILED"] = env["WORKBENCH_COMPILED"]
     print(f"CPU: {cpu}\n{compiled_line}; a training step runs the graph as written (NCHW): "
-          f"of these it uses conv_grad (depthwise forward and gradients); the channels-last "
-          f"layout and its kernels are for inference plans")
+          f"of these it uses conv_grad (depthwise forward and gradients), norm_train "
+          f"(training BatchNormalization, LayerNormalization's gradient) and transformer "
+          f"(LayerNorm/Softmax forward); the channels-last layout and its kernels are for "
+          f"inference plans")
     print(f"batch {args.batch}, images {args.image}x{args.image}, bert seq {args.seq}, "
           f"{threads} threads, median of {args.runs} steps after {args.warmup} warm-up, "
           f"one process per framework and model; load average {load:.2f}")

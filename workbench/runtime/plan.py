@@ -376,8 +376,11 @@ class Plan:
         return self._execute(inputs, values, outer, hook, runner)
 
     def _execute(self, inputs, values, outer, hook, runner) -> list:
-        if runner is not None or self._on_cuda:
+        if self._on_cuda:
             return run.run_steps(self, self._env(inputs, values, outer), hook, runner)
+        if runner is not None:   # the tape's steps (training) hold one BLAS thread too
+            with one_blas_thread():
+                return run.run_steps(self, self._env(inputs, values, outer), hook, runner)
         # CPU kernels split their large products and loops over the engine's own threads
         # (workbench.ops.parallel); BLAS' own threads would only add to them, and on a busy
         # machine they stall every small product of a transformer by whole time slices

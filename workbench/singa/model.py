@@ -53,6 +53,7 @@ from workbench.graph import passes as _passes
 from workbench.graph.export import save_atomic as _save_atomic
 from workbench.graph.ir import Node, ValueInfo
 from workbench.graph.load import load
+from workbench.ops.parallel import one_blas_thread
 from workbench.ops.registry import facts
 from workbench.runtime.cut import COUNTINGS, cut, layer_nodes, resolve_cut
 from workbench.runtime.plan import Plan, Step
@@ -99,12 +100,15 @@ class Model(Layer):
         raise NotImplementedError(f"{type(self).__name__}.train_one_batch is not implemented")
 
     def __call__(self, *args, **kwargs):
-        if self.training and type(self).train_one_batch is not Model.train_one_batch:
-            return self.train_one_batch(*args, **kwargs)
-        if self.inference_only:
-            with autograd.no_grad():
-                return self.forward(*args, **kwargs)
-        return self.forward(*args, **kwargs)
+        # one BLAS thread, as in every CPU run of the engine (its own workers split the large
+        # products): eager steps then round as graph-mode replays (plan runs) do
+        with one_blas_thread():
+            if self.training and type(self).train_one_batch is not Model.train_one_batch:
+                return self.train_one_batch(*args, **kwargs)
+            if self.inference_only:
+                with autograd.no_grad():
+                    return self.forward(*args, **kwargs)
+            return self.forward(*args, **kwargs)
 
     def train(self, mode: bool = True):
         """Training mode (Dropout drops, BatchNorm uses batch statistics); ``train(True)``

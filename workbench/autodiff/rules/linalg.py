@@ -11,7 +11,13 @@ from __future__ import annotations
 import contextlib
 
 from workbench.autodiff.rules import gradient, unbroadcast
-from workbench.ops.parallel import blas_controller, n_workers, parallel_matmul, single_threaded_blas
+from workbench.ops.parallel import (
+    _PARALLEL_GEMM_MIN,
+    blas_controller,
+    n_workers,
+    parallel_matmul,
+    single_threaded_blas,
+)
 
 
 def _blas(xp):
@@ -23,6 +29,11 @@ def _blas(xp):
 
 def _mm(xp, a, b):
     if xp.__name__ == "numpy" and a.ndim >= 2 and b.ndim >= 2 and a.dtype == b.dtype:
+        if a.ndim == 2 and b.ndim == 2 and \
+                a.shape[0] * a.shape[1] * b.shape[1] < _PARALLEL_GEMM_MIN:
+            # a small 2-D product (most of a small transformer's) is one BLAS call whatever
+            # the threads (parallel_matmul's own rule): skip its bookkeeping
+            return a @ b
         return parallel_matmul(xp, a, b)
     return a @ b
 

@@ -13,6 +13,12 @@ deviations from the block's own mean, combined over the batch with Chan's formul
 a second pass normalises (or forms dx) block by block. That reads the input twice and writes
 the output once, with no full-size temporaries. ``_bn_train_plain`` / ``_bn_train_grad_plain``
 are the reference paths the tests compare them with.
+
+float32, C-contiguous, per-channel: the compiled kernels of ``compiled/kernels/norm_train.py``
+when they are loaded (per-row statistics in float64 combined here with the same formula, one
+normalising pass; per-row sums then one fused dx pass), else the numpy paths above.
+LayerNormalization's gradient (float32, a scale of the normalised axes' shape) likewise runs
+``norm_train.ln_grad`` when loaded (``compiled.disabled()`` keeps everything on numpy).
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ import math
 
 import numpy as np  # dtype constants only
 
+from workbench import compiled
 from workbench.arrays import xp_of
 from workbench.autodiff.rules import gradient, unbroadcast
 from workbench.ops._common import widen_half
-from workbench.ops.parallel import run_blocks
+from workbench.ops.parallel import n_workers, run_blocks
 from workbench.ops.registry import kernel
 
 _FAST_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -48,6 +55,10 @@ def batchnorm_train(x, scale, bias, input_mean, input_var, *, epsilon=1e-5, mome
     """BatchNormalization in training mode (the op's registered training form): (Y,
     running_mean, running_var), followed by the batch mean and 1/std (kept for the gradient
     rule; not node outputs). Outputs 1 and 2 are written back into inputs 3 and 4."""
+    if _bn_compiled_ok(x, scale, spatial):
+        got = _bn_train_compiled(x, scale, bias, input_mean, input_var, epsilon, momentum)
+        if got is not None:
+            return got
     if _bn_fast(x, scale, spatial):
         return _bn_train_cpu(x, scale, bias, input_mean, input_var, epsilon, momentum)
     return _bn_train_plain(x, scale, bias, input_mean, input_var, epsilon, momentum, spatial)
@@ -60,6 +71,99 @@ def _bn_fast(x, scale, spatial) -> bool:
     return (type(x) is np.ndarray and x.dtype in _FAST_DTYPES and x.ndim >= 3
             and spatial == 1 and scale.ndim == 1 and x.size >= 16 * x.shape[0] * x.shape[1]
             and x.size >= _BN_MIN and x.flags.c_contiguous)
+
+
+def _bn_compiled_ok(x, scale, spatial) -> bool:
+    """Whether the compiled kernels (``norm_train``) may take this BatchNormalization:
+    float32, contiguous, per-channel statistics over the batch and spatial axes."""
+    return (type(x) is np.ndarray and x.dtype == np.float32 and x.ndim >= 3 and spatial == 1
+            and scale.ndim == 1 and x.size > 0 and x.flags.c_contiguous)
+
+
+def _bn_rows(fn, n, c, s):
+    """Call ``fn(r0, r1)`` over the ``n * c`` rows of S elements, split over the worker
+    threads (a few chunks per thread; small tensors on the calling thread)."""
+    rows = n * c
+    step = max(1, -(-rows // (4 * n_workers())), (1 << 14) // max(1, s))
+    jobs = [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]
+
+    def work(chunk):
+        for r0, r1 in chunk:
+            fn(r0, r1)
+    run_blocks(np, jobs, work, 3 * rows * s)
+
+
+def _bn_train_compiled(x, scale, bias, input_mean, input_var, epsilon, momentum):
+    """The training forward on the compiled kernels (see ``compiled/kernels/norm_train``):
+    per-row statistics, combined per channel here (Chan's formula, float64), then one
+    normalising pass. None when the kernels are not loaded (the numpy path runs)."""
+    k_stats = compiled.kernel("norm_train.bn_stats")
+    k_norm = compiled.kernel("norm_train.bn_norm")
+    if k_stats is None or k_norm is None:
+        return None
+    n, c = x.shape[:2]
+    s = x.size // (n * c)
+    rows = n * c
+    part_mean = np.empty(rows, dtype=np.float64)
+    part_m2 = np.empty(rows, dtype=np.float64)
+    raw, ptr = k_stats.raw, compiled.data_pointer
+    px, pm, pq = ptr(x), ptr(part_mean), ptr(part_m2)
+    _bn_rows(lambda r0, r1: raw(px, pm, pq, rows, c, s, r0, r1), n, c, s)
+    part_mean = part_mean.reshape(n, c)
+    mean64 = part_mean.mean(axis=0)
+    m2 = part_m2.reshape(n, c).sum(axis=0) + s * np.square(part_mean - mean64).sum(axis=0)
+    var64 = m2 / (n * s)
+    inv64 = 1.0 / np.sqrt(var64 + epsilon)
+    mean = mean64.astype(np.float32)
+    a = (inv64 * np.asarray(scale, dtype=np.float64).reshape(c)).astype(np.float32)
+    b = np.ascontiguousarray(np.asarray(bias).reshape(c), dtype=np.float32)
+    y = np.empty_like(x)
+    raw = k_norm.raw
+    pmean, pa, pb, py = ptr(mean), ptr(a), ptr(b), ptr(y)
+    _bn_rows(lambda r0, r1: raw(px, pmean, pa, pb, py, rows, c, s, r0, r1), n, c, s)
+    m = np.float32(momentum)
+    run_mean = (input_mean * m + mean.astype(input_mean.dtype) * (1 - m)).astype(
+        input_mean.dtype)
+    run_var = (input_var * m + var64.astype(input_var.dtype) * (1 - m)).astype(input_var.dtype)
+    return (y, run_mean.reshape(input_mean.shape), run_var.reshape(input_var.shape), mean,
+            inv64.astype(np.float32))
+
+
+def _bn_train_grad_compiled(x, g, bm, inv, scale, bias, need):
+    """The training backward on the compiled kernels: per-row sums of g and g (x - mean),
+    combined per channel, then dx = ca g + cb (x - mean) + cc in one pass. None when the
+    kernels are not loaded."""
+    k_sums = compiled.kernel("norm_train.bn_grad_sums")
+    k_dx = compiled.kernel("norm_train.bn_grad_dx")
+    if k_sums is None or k_dx is None:
+        return None
+    n, c = x.shape[:2]
+    s = x.size // (n * c)
+    rows, m = n * c, x.size // c
+    mean = np.ascontiguousarray(np.asarray(bm).reshape(c), dtype=np.float32)
+    part_g = np.empty(rows, dtype=np.float64)
+    part_gd = np.empty(rows, dtype=np.float64)
+    raw, ptr = k_sums.raw, compiled.data_pointer
+    px, pg, pmean = ptr(x), ptr(g), ptr(mean)
+    pa, pb = ptr(part_g), ptr(part_gd)
+    _bn_rows(lambda r0, r1: raw(px, pg, pmean, pa, pb, rows, c, s, r0, r1), n, c, s)
+    iv = np.asarray(inv, dtype=np.float64).reshape(c)
+    sum_g = part_g.reshape(n, c).sum(axis=0)
+    sum_gxhat = iv * part_gd.reshape(n, c).sum(axis=0)     # = dL/dscale
+    gx = None
+    if need[0]:
+        k = np.asarray(scale, dtype=np.float64).reshape(c) * iv / m
+        ca = (k * m).astype(np.float32)                    # times g
+        cb = (-k * iv * sum_gxhat).astype(np.float32)      # times (x - mean)
+        cc = (-k * sum_g).astype(np.float32)               # constant
+        gx = np.empty_like(x)
+        raw = k_dx.raw
+        pca, pcb, pcc, pdx = ptr(ca), ptr(cb), ptr(cc), ptr(gx)
+        _bn_rows(lambda r0, r1: raw(px, pg, pmean, pca, pcb, pcc, pdx, rows, c, s, r0, r1),
+                 n, c, s)
+    gs = sum_gxhat.astype(scale.dtype).reshape(scale.shape) if need[1] else None
+    gb = sum_g.astype(bias.dtype).reshape(bias.shape) if need[2] else None
+    return gx, gs, gb, None, None
 
 
 def _bn_jobs(n, c, s):
@@ -223,6 +327,11 @@ def batch_norm_grad(ctx, grads_out, inputs, outputs, *, epsilon=1e-5, training_m
             inv = 1.0 / (x.var(axis=axes).reshape(bshape) + epsilon) ** 0.5
         if ctx.xp.__name__ == "numpy" and x.dtype.kind == "f" and len(axes) == x.ndim - 1 \
                 and axes[0] == 0 and x.ndim >= 2:
+            if _bn_compiled_ok(x, scale, spatial) and g.dtype == x.dtype:
+                got = _bn_train_grad_compiled(x, np.ascontiguousarray(g), bm, inv, scale,
+                                              bias, need)
+                if got is not None:
+                    return got
             if _bn_fast(x, scale, spatial) and g.dtype == x.dtype:
                 return _bn_train_grad_blocked(x, np.ascontiguousarray(g), bm, inv, scale,
                                               bias, need)
@@ -265,6 +374,43 @@ def _norm_backward(g, xhat, inv, axes, n):
     return (inv / n) * (n * g - s1 - xhat * s2)
 
 
+def _layer_norm_grad_compiled(x, g, scale, bias, ax, n, epsilon, need):
+    """(dx, dscale, dbias) of LayerNormalization by the compiled ``norm_train.ln_grad``
+    (rows of the normalised trailing axes, split over the worker threads, each chunk with its
+    own partial sums of dscale/dbias), or None when it does not apply: float32 numpy arrays,
+    C-contiguous, a scale (and bias) of the normalised axes' full shape."""
+    if not (type(x) is np.ndarray and type(g) is np.ndarray and x.dtype == np.float32
+            and g.dtype == np.float32 and scale.dtype == np.float32 and g.shape == x.shape
+            and tuple(scale.shape) == tuple(x.shape[ax:]) and n > 0 and x.size > 0
+            and (bias is None or tuple(bias.shape) == tuple(scale.shape))
+            and x.flags.c_contiguous):
+        return None
+    kern = compiled.kernel("norm_train.ln_grad")
+    if kern is None:
+        return None
+    rows = x.size // n
+    g = np.ascontiguousarray(g)
+    gamma = np.ascontiguousarray(scale)
+    step = max(1, -(-rows // (4 * n_workers())), (1 << 14) // n)
+    jobs = [(i, r0, min(rows, r0 + step)) for i, r0 in enumerate(range(0, rows, step))]
+    dg = np.zeros((len(jobs), n), dtype=np.float64)
+    db = np.zeros((len(jobs), n), dtype=np.float64)
+    gx = np.empty_like(x) if need[0] else np.empty(1, dtype=np.float32)
+    raw, ptr = kern.raw, compiled.data_pointer
+    px, pg, pgam, pdx, pdg, pdb = ptr(x), ptr(g), ptr(gamma), ptr(gx), ptr(dg), ptr(db)
+    want_dx = 1 if need[0] else 0
+
+    def work(chunk):
+        for i, r0, r1 in chunk:
+            raw(px, pg, pgam, pdx, pdg, pdb, rows, n, i, r0, r1, want_dx, float(epsilon))
+    run_blocks(np, jobs, work, 8 * x.size)
+    gs = dg.sum(axis=0).astype(np.float32).reshape(scale.shape) if need[1] else None
+    gb = None
+    if bias is not None and len(need) > 2 and need[2]:
+        gb = db.sum(axis=0).astype(np.float32).reshape(bias.shape)
+    return (gx if need[0] else None), gs, gb
+
+
 @gradient("LayerNormalization")
 def layer_norm_grad(ctx, grads_out, inputs, outputs, *, axis=-1, epsilon=1e-5, **attrs):
     x, scale = inputs[0], inputs[1]
@@ -276,6 +422,11 @@ def layer_norm_grad(ctx, grads_out, inputs, outputs, *, axis=-1, epsilon=1e-5, *
         ax = axis % x.ndim
         axes = tuple(range(ax, x.ndim))
         n = int(math.prod(x.shape[ax:]))
+        got = None
+        if len(grads_out) < 2 or all(go is None for go in grads_out[1:]):
+            got = _layer_norm_grad_compiled(x, g, scale, bias, ax, n, epsilon, need)
+        if got is not None:
+            return got
         mean = x.mean(axis=axes, keepdims=True)
         xc = x - mean
         inv = 1.0 / ((xc * xc).mean(axis=axes, keepdims=True) + epsilon) ** 0.5
