@@ -335,6 +335,34 @@ def _exercise_notebook(pg, cells, tmp):
     _no_xss(pg, "netron")
 
 
+def _widget_models(nb: dict) -> tuple[set, set]:
+    """(model ids the outputs show, model ids in the saved widget state) of a notebook."""
+    shown = {o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+             for c in nb["cells"] for o in c.get("outputs", [])
+             if "application/vnd.jupyter.widget-view+json" in o.get("data", {})}
+    state = nb["metadata"].get("widgets", {}).get(
+        "application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    return shown, set(state)
+
+
+def _save_with_widget_state(pg, lab, timeout=60):
+    """Save the notebook until the file holds the state of every widget its outputs show
+    (after a reload the page's widget manager gets the kernel's models back one by one: a
+    save before that holds only some of them)."""
+    path = lab.root / "evil.ipynb"
+    deadline = time.time() + timeout
+    while True:
+        jupyter.command(pg, "docmanager:open", {"path": lab.rel("evil.ipynb")})   # current
+        jupyter.command(pg, "docmanager:save")
+        shown, state = _widget_models(json.loads(path.read_text()))
+        if shown and shown <= state:
+            return
+        if time.time() > deadline:
+            raise AssertionError(f"the notebook was saved without the state of "
+                                 f"{len(shown - state)} of its {len(shown)} widgets")
+        pg.wait_for_timeout(1000)
+
+
 def test_no_model_string_runs_script(lab, page, tmp_path):
     pg = page
     for old in ARTIFACTS.glob("xss-*.png"):
@@ -397,12 +425,7 @@ def _test(lab, pg, tmp):
     t_viewer = time.perf_counter() - t0
     # ---- save (with the widgets' state), reload: every output rendered again
     jupyter.command(pg, "docmanager:open", {"path": lab.rel("evil.ipynb")})
-    pg.wait_for_timeout(500)
-    jupyter.command(pg, "docmanager:save")
-    pg.wait_for_timeout(1000)
-    saved = json.loads((lab.root / "evil.ipynb").read_text())
-    state = saved["metadata"].get("widgets", {})
-    assert state, "the widget state was not saved with the notebook"
+    _save_with_widget_state(pg, lab)
     pg.reload()
     pg.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
     cells = pg.locator(".jp-Notebook .jp-Cell")
@@ -413,23 +436,34 @@ def _test(lab, pg, tmp):
     _exercise_graph(pg, cells.nth(1).locator(".wb-graphview"), "graphview-reloaded",
                     full=False)
     # ---- a fresh kernel: the widgets come back from the state saved in the notebook
-    jupyter.command(pg, "docmanager:save")
-    pg.wait_for_timeout(1000)
+    _save_with_widget_state(pg, lab)
     pg.evaluate("""async ([token]) => {
         const r = await fetch('/api/sessions?token=' + token);
         for (const s of await r.json())
             await fetch('/api/sessions/' + s.id + '?token=' + token, {method: 'DELETE'});
     }""", [lab.token])
-    pg.reload()
-    pg.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-    cells = pg.locator(".jp-Notebook .jp-Cell")
-    cells.nth(2).locator(".wb-layer-cutter, .widget-html").first.wait_for(timeout=60_000)
+    # JupyterLab's widget manager restores the saved state when the notebook opens, but a
+    # kernel that connects after that clears it ("model not found"): a race of JupyterLab's
+    # own, so one more reload (the kernel then already up) is allowed
+    for attempt in range(3):
+        pg.reload()
+        pg.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+        cells = pg.locator(".jp-Notebook .jp-Cell")
+        try:
+            cells.nth(2).locator(".wb-layer-cutter, .widget-html").first.wait_for(
+                timeout=30_000)
+            break
+        except Exception:  # noqa: BLE001 - retried, then raised
+            _no_xss(pg, f"reopening with the saved widget state, attempt {attempt + 1}")
+            if attempt == 2:
+                raise
     pg.wait_for_timeout(2000)
     assert "wbxss" in cells.nth(2).inner_text()          # restored, the payloads as text
     _no_xss(pg, "after reopening with the saved widget state")
     _shot(pg, "reopened")
     print(f"\nXSS test: cells run at {t_run:.0f} s, widgets exercised at {t_nb:.0f} s, viewer "
-          f"at {t_viewer:.0f} s, reloads done at {time.perf_counter() - t0:.0f} s")
+          f"at {t_viewer:.0f} s, reloads done at {time.perf_counter() - t0:.0f} s (the saved state "
+          f"restored at reload {attempt + 1})")
     assert pg.errors == [] or all("wbxss" not in e and "__xss" not in e for e in pg.errors), \
         pg.errors
 
