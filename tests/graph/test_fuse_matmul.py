@@ -85,9 +85,15 @@ def _compare(model, feeds, expect_fused=True, expect_activation=None):
     if expect_activation is not None:
         assert fused[0].attrs["activation"] == expect_activation
     got = Plan(opt).run(feeds)
+    # a LayerNorm folded in (no activation) computes the unfused graph's adds in the same
+    # order with the same kernel: bit for bit what a plan that does not fuse computes
+    exact = any(len(n.inputs) > 4 and not n.attrs.get("activation") for n in fused)
     for a, b in zip(got, plain):
         assert a.shape == b.shape and a.dtype == b.dtype
-        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+        if exact:
+            np.testing.assert_array_equal(a, b)
+        else:
+            np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
     return opt
 
 

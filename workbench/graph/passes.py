@@ -597,7 +597,8 @@ def fuse_matmul_epilogue(graph: Graph, variables=frozenset()) -> Graph:
         skip_ln = _skip_norm_epilogue(add, mm.outputs[0], consts, np.asarray(w))
         if skip_ln is not None and id(add) not in removed:
             fused = Node("FusedMatMul", [mm.inputs[0], mm.inputs[1], *skip_ln[0]],
-                         [add.outputs[0]], {"activation": "", "epsilon": skip_ln[1]}, mm.name,
+                         [add.outputs[0]],
+                         {"activation": "", "epsilon": skip_ln[1], "skip_norm": 1}, mm.name,
                          FUSED_DOMAIN)
             g.nodes[position[id(mm)]] = fused
             position[id(fused)] = position.pop(id(mm))

@@ -254,6 +254,11 @@ def skip_layer_norm(input, skip, gamma, beta=None, bias=None, *, epsilon=1e-12, 
                     ctx.n_outputs, False)
 
 
+def skip_layer_norm_output(input, skip, gamma, beta, bias, epsilon):
+    """SkipLayerNormalization's first output alone (FusedMatMul's ``skip_norm`` form)."""
+    return _skip_ln("SkipLayerNormalization", input, skip, gamma, beta, bias, epsilon, 1, False)
+
+
 @kernel("SkipSimplifiedLayerNormalization", since=1, domain=MS, wants_ctx=True)
 def skip_simplified_layer_norm(input, skip, gamma, bias=None, *, epsilon=1e-12, ctx):
     """Outputs: output, mean (the RMS form has none: zeros), inv_std_var,

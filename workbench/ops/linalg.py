@@ -388,13 +388,16 @@ def _epilogue_inplace(y, activation):
 
 @kernel("FusedMatMul", since=1, domain=FUSED_DOMAIN)
 def fused_matmul_epilogue(A, B, bias=None, Z=None, gamma=None, beta=None, *, activation="",
-                          epsilon=1e-5):
+                          epsilon=1e-5, skip_norm=0):
     """``activation(A @ B + bias) + Z`` in one node (MatMul -> Add(bias) -> GELU/ReLU ->
     Add(residual) as exported by PyTorch's Linear layers): the epilogue runs in place on the
     product's fresh output. ``activation`` is "" (none), "Gelu" (erf form), "GeluTanh" (the
     tanh approximation) or "Relu". With ``gamma`` the result is then normalised over its last
-    axis (LayerNormalization with Scale ``gamma``, B ``beta``, ``epsilon``; without an
-    activation the compiled LayerNorm adds the bias and the residual in its own pass)."""
+    axis (LayerNormalization with Scale ``gamma``, B ``beta``, ``epsilon``); ``skip_norm`` = 1:
+    the node was ``SkipLayerNormalization(A @ B, Z, gamma, beta, bias)`` (com.microsoft), whose
+    sum is ``(A @ B + Z) + bias``. Either way the result is bit for bit the unfused graph's
+    (the same adds in the same order, the same LayerNorm kernel): a plan that does not fuse
+    (the trainable one) gives the same numbers."""
     if activation not in MATMUL_EPILOGUES:
         raise InputError(f"FusedMatMul: unknown activation {activation!r} (known: "
                          f"{', '.join(repr(a) for a in MATMUL_EPILOGUES)})")
@@ -402,10 +405,11 @@ def fused_matmul_epilogue(A, B, bias=None, Z=None, gamma=None, beta=None, *, act
     y = ensure_array(matmul(A, B), xp)   # a fresh product: the epilogue writes into it
     if gamma is None:
         return _matmul_epilogue(y, bias, Z, activation, xp)
-    if not activation and rowwise.is_f32(y):
-        r = rowwise.layer_norm(y, gamma, beta, epsilon, skip=Z, bias=bias)
-        if r is not None:
-            return r
+    if skip_norm:
+        if activation or Z is None:
+            raise InputError("FusedMatMul: skip_norm needs a skip input (Z) and no activation")
+        from workbench.ops.contrib_transformer import skip_layer_norm_output
+        return skip_layer_norm_output(y, Z, gamma, beta, bias, epsilon)
     return _layer_norm_op(_matmul_epilogue(y, bias, Z, activation, xp), gamma, beta,
                           epsilon=epsilon)
 
