@@ -92,3 +92,21 @@ def prepare_compiled(use: bool = True) -> tuple[str, dict]:
         line += f"; NOT available: {bad}"
     env["WORKBENCH_COMPILED"] = "wait"
     return line, env
+
+
+def torch_export_case(name: str, batch: int):
+    """``(proto, xs, session, reference)`` for a zoo twin of ``tests/helpers/torch_models``:
+    the model exported by ``torch.onnx`` (opset 17) for ``batch`` example inputs, those inputs
+    as contiguous numpy arrays, a one-thread onnxruntime session on it and its first output."""
+    import numpy as np
+
+    from tests.helpers import torch_models
+
+    model, _ = torch_models.build(name)
+    x = torch_models.example_inputs(name, batch=batch)
+    xs = [np.ascontiguousarray(np.asarray(a)) for a in x]
+    proto = torch_models.export_onnx(model, tuple(x) if isinstance(x, list) else x, None,
+                                     opset=17)
+    sess = ort_session(proto.SerializeToString())
+    feeds = dict(zip([i.name for i in sess.get_inputs()], xs))
+    return proto, xs, sess, sess.run(None, feeds)[0]

@@ -29,7 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._cpu import cpu_description, one_thread, ort_session, prepare_compiled  # noqa: E402
+from benchmarks._cpu import (  # noqa: E402
+    cpu_description,
+    one_thread,
+    ort_session,
+    prepare_compiled,
+    torch_export_case,
+)
 
 one_thread()   # before numpy (BLAS) is imported
 
@@ -115,22 +121,15 @@ def layers_table(batches, reps) -> None:
 
 
 def models_table(models, batches, reps) -> None:
-    from tests.helpers import torch_models
     from workbench import backend, compiled
 
     print(f"\nwhole models, 224x224 (CPU ms per run at one thread, median of {reps}):")
     print(f"{'model':13s} {'batch':>5s} {'before':>9s} {'layout np':>10s} {'after':>9s} "
           f"{'ort':>9s} {'before/ort':>11s} {'after/ort':>10s} {'max err':>8s}")
     for name in models:
-        model, _ = torch_models.build(name)
         for n in batches:
-            x = torch_models.example_inputs(name, batch=n)
-            xs = [np.ascontiguousarray(np.asarray(a)) for a in x]
-            proto = torch_models.export_onnx(model, tuple(x) if isinstance(x, list) else x,
-                                             None, opset=17)
-            sess = ort_session(proto.SerializeToString())
+            proto, xs, sess, ref = torch_export_case(name, n)
             feeds = dict(zip([i.name for i in sess.get_inputs()], xs))
-            ref = sess.run(None, feeds)[0]
             before_rep = backend.prepare(proto, layout=None)
             after_rep = backend.prepare(proto)
             with compiled.disabled():

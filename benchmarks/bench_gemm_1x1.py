@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._cpu import cpu_description  # noqa: E402
+from benchmarks._cpu import cpu_description, torch_export_case  # noqa: E402
 
 
 def mobilenetv2_pointwise():
@@ -135,8 +135,6 @@ def _plain_run(rep, xs):
 
 
 def models_table(models, batches, reps, rounds) -> None:
-    from benchmarks.bench_conv_cpu import _ort_session
-    from tests.helpers import torch_models
     from workbench import backend, compiled
     from workbench.ops import conv_nhwc
 
@@ -157,15 +155,9 @@ def models_table(models, batches, reps, rounds) -> None:
     print(f"{'model':13s} {'batch':>5s} {'before':>8s} {'after':>8s} {'ort':>8s} "
           f"{'after/before':>12s} {'before/ort':>10s} {'after/ort':>9s} {'max err':>8s}")
     for name in models:
-        model, _ = torch_models.build(name)
         for n in batches:
-            x = torch_models.example_inputs(name, batch=n)
-            xs = [np.ascontiguousarray(np.asarray(a)) for a in x]
-            proto = torch_models.export_onnx(model, tuple(x) if isinstance(x, list) else x,
-                                             None, opset=17)
-            sess = _ort_session(proto.SerializeToString())
+            proto, xs, sess, ref = torch_export_case(name, n)
             feeds = dict(zip([i.name for i in sess.get_inputs()], xs))
-            ref = sess.run(None, feeds)[0]
             rep = backend.prepare(proto)
             got = np.asarray(rep.run(xs)[0])
             err = float(np.abs(got - ref).max() / max(1.0, np.abs(ref).max()))
