@@ -216,15 +216,18 @@ def _time_runs(fn, runs: int, warmup: int) -> tuple[list, object]:
 
 
 def worker(engine: str, model: str, npz: str, runs: int, warmup: int, threads: int,
-           out_npz: str | None, profile: bool, name: str) -> dict:
-    """Run one engine on one model in this (fresh) process; returns the measurements."""
+           out_npz: str | None, profile: bool, name: str, fixed_shapes: bool = False) -> dict:
+    """Run one engine on one model in this (fresh) process; returns the measurements.
+    ``fixed_shapes``: ours is prepared for the inputs' batch (``backend.prepare(...,
+    batch_size=)``: shape arithmetic folded at prepare)."""
     inputs = _read_inputs(npz)
     res: dict = {"engine": engine}
     t0 = time.perf_counter()
     if engine in ("ours", "ours_np"):
         import workbench.backend as backend
 
-        rep = backend.prepare(model)
+        rep = backend.prepare(model, batch_size=int(inputs[0].shape[0])) \
+            if fixed_shapes and inputs and inputs[0].ndim else backend.prepare(model)
         res["prepare_s"] = time.perf_counter() - t0
         fn = lambda: rep.run(inputs)  # noqa: E731
     elif engine == "ort":
@@ -326,6 +329,8 @@ def run_worker(engine, model_path, npz, args, name, out_npz=None, profile=False)
         cmd += ["--out", str(out_npz)]
     if profile:
         cmd += ["--profile"]
+    if getattr(args, "fixed_shapes", False):
+        cmd += ["--fixed-shapes"]
     env = dict(WORKER_ENV.get(engine) or os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     if engine.startswith("ours"):   # the same thread count as the other engines get
@@ -597,6 +602,9 @@ def main(argv=None) -> int:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="time runs by the wall clock (default) or by the process's CPU time "
                         "(all threads: for a shared machine, best with --threads 1)")
+    p.add_argument("--fixed-shapes", action="store_true",
+                   help="prepare ours for each batch's input shapes (backend.prepare(..., "
+                        "batch_size=N): shape arithmetic folded at prepare)")
     # internal: one engine in a fresh process
     p.add_argument("--worker", nargs=3, metavar=("ENGINE", "MODEL", "INPUTS"),
                    help=argparse.SUPPRESS)
@@ -608,7 +616,7 @@ def main(argv=None) -> int:
     if args.worker:
         engine, model, npz = args.worker
         res = worker(engine, model, npz, args.runs, args.warmup, args.threads, args.out,
-                     args.profile, args.name)
+                     args.profile, args.name, args.fixed_shapes)
         print(json.dumps(res))
         return 0
     if args.quick:
