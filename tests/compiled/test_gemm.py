@@ -222,35 +222,23 @@ def test_numpy_fallback_when_disabled_or_unavailable(monkeypatch):
     assert compiled.cannot_build(["gemm_avx2"]) == compiled.c_unavailable("gemm_avx2")
 
 
-def test_unavailable_module_is_never_built(tmp_path, monkeypatch):
+def test_unavailable_module_is_never_built(fresh_home, monkeypatch):
     """A fresh engine state where the CPU lacks the flags: the module is reported
     unavailable, nothing is built or loaded, and the 1x1 path runs on numpy."""
-    was = compiled.enabled()
-    monkeypatch.setenv("WORKBENCH_HOME", str(tmp_path))
-    monkeypatch.delenv("WORKBENCH_COMPILED", raising=False)
-    compiled._forget()
-    try:
-        monkeypatch.setattr(cache, "cpu_flags", lambda: frozenset({"sse2"}))
-        assert compiled.kernel("gemm_avx2.gemm") is None
-        assert compiled.wait(["gemm_avx2"], timeout=30) is False
-        st = compiled.status()["modules"]["gemm_avx2"]
-        assert st["state"] == "unavailable" and "lacks avx2" in st["why"]
-        assert not compiled._PROCS
-        with pytest.raises(RuntimeError, match="lacks avx2"):
-            compiled.warmup(["gemm_avx2"], progress=None)
-        if compiled.can_build() is None:   # with numba: the other modules build, not it
-            monkeypatch.setattr(compiled, "_builder", lambda *a, **k: [
-                sys.executable, "-c", "pass"])
-            r = compiled.warmup(["gemm_avx2", "conv_nhwc"], progress=None)
-            assert r["modules"]["gemm_avx2"]["unavailable"]
-            assert "lacks avx2" in r["modules"]["gemm_avx2"]["error"]
-    finally:
-        compiled._forget()
-        monkeypatch.undo()
-        compiled._forget()
-        compiled.set_enabled(was)
-        if was:
-            compiled.wait(timeout=120)
+    monkeypatch.setattr(cache, "cpu_flags", lambda: frozenset({"sse2"}))
+    assert compiled.kernel("gemm_avx2.gemm") is None
+    assert compiled.wait(["gemm_avx2"], timeout=30) is False
+    st = compiled.status()["modules"]["gemm_avx2"]
+    assert st["state"] == "unavailable" and "lacks avx2" in st["why"]
+    assert not compiled._PROCS
+    with pytest.raises(RuntimeError, match="lacks avx2"):
+        compiled.warmup(["gemm_avx2"], progress=None)
+    if compiled.can_build() is None:   # with numba: the other modules build, not it
+        monkeypatch.setattr(compiled, "_builder", lambda *a, **k: [
+            sys.executable, "-c", "pass"])
+        r = compiled.warmup(["gemm_avx2", "conv_nhwc"], progress=None)
+        assert r["modules"]["gemm_avx2"]["unavailable"]
+        assert "lacks avx2" in r["modules"]["gemm_avx2"]["error"]
 
 
 def test_the_engines_workers_split_the_rows(gemm, monkeypatch):
