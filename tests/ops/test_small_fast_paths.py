@@ -5,6 +5,7 @@ path it stands for (bit for bit where both compute the same operations)."""
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -159,3 +160,38 @@ def test_float32_erf_of_the_gelu_epilogue():
         linalg._epilogue_inplace(out, "Gelu")
         assert out.dtype == dtype
         np.testing.assert_allclose(out, ref, rtol=tol, atol=tol)
+
+
+def _fused_reference(a, w, bias, z, gamma, beta, activation, eps):
+    """FusedMatMul's general path, step by step: the product, then ``_matmul_epilogue``,
+    then the LayerNormalization kernel."""
+    y = linalg._matmul_epilogue(linalg.matmul(a, w), bias, z, activation, np)
+    return y if gamma is None else layer_norm(y, gamma, beta, epsilon=eps)
+
+
+@pytest.mark.parametrize("use_compiled", [True, False])
+@pytest.mark.parametrize("activation,with_z,with_norm", [
+    ("", True, True), ("", False, False), ("", True, False), ("Gelu", False, False),
+    ("GeluTanh", True, False), ("Gelu", True, True)])
+def test_fused_matmul_float32_lean_path_equals_the_general_path(activation, with_z, with_norm,
+                                                                use_compiled):
+    """The lean float32 FusedMatMul (``_fused_f32``: few checks, the same calls) gives the
+    general path's bits, with the compiled GELU / LayerNorm kernels and without them."""
+    a, w, bias = _f(2, 7, 24), _f(24, 40), _f(40)
+    z = _f(2, 7, 40) if with_z else None
+    gamma, beta = (_f(40), _f(40)) if with_norm else (None, None)
+    a[0, 0, :3] = [np.nan, np.inf, -np.inf]
+    if use_compiled:
+        compiled.wait(["transformer"], timeout=120)
+    with compiled.disabled() if not use_compiled else contextlib.nullcontext():
+        got = fused_matmul_epilogue(a, w, bias, z, gamma, beta, activation=activation,
+                                    epsilon=1e-5)
+        ref = _fused_reference(a, w, bias, z, gamma, beta, activation, 1e-5)
+        lean = linalg._fused_f32(a, w, bias, z, gamma, beta, activation, 1e-5)
+    assert lean is not None
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(lean, ref)
+    # outside the lean case (a strided A, a (1, N) bias, Relu): the general path
+    assert linalg._fused_f32(a[:, ::2], w, bias, z, None, None, "", 1e-5) is None
+    assert linalg._fused_f32(a, w, bias.reshape(1, 40), z, None, None, "", 1e-5) is None
+    assert linalg._fused_f32(a, w, bias, z, None, None, "Relu", 1e-5) is None

@@ -401,6 +401,11 @@ def fused_matmul_epilogue(A, B, bias=None, Z=None, gamma=None, beta=None, *, act
     if activation not in MATMUL_EPILOGUES:
         raise InputError(f"FusedMatMul: unknown activation {activation!r} (known: "
                          f"{', '.join(repr(a) for a in MATMUL_EPILOGUES)})")
+    if type(A) is np.ndarray and type(B) is np.ndarray and A.dtype == _F32 \
+            and B.dtype == _F32 and not skip_norm:
+        y = _fused_f32(A, B, bias, Z, gamma, beta, activation, epsilon)
+        if y is not None:
+            return y
     xp = xp_of(A, B)
     y = ensure_array(matmul(A, B), xp)   # a fresh product: the epilogue writes into it
     if gamma is None:
@@ -412,6 +417,57 @@ def fused_matmul_epilogue(A, B, bias=None, Z=None, gamma=None, beta=None, *, act
         return skip_layer_norm_output(y, Z, gamma, beta, bias, epsilon)
     return _layer_norm_op(_matmul_epilogue(y, bias, Z, activation, xp), gamma, beta,
                           epsilon=epsilon)
+
+
+_F32 = np.dtype(np.float32)
+_GELU_CODES = {"Gelu": rowwise.ACTIVATIONS["Gelu"], "GeluTanh": rowwise.ACTIVATIONS["GeluTanh"]}
+
+
+def _row_f32(v, n) -> bool:
+    """``v`` is a float32 C-contiguous host row of n values."""
+    return type(v) is np.ndarray and v.dtype == _F32 and v.shape == (n,) \
+        and v.flags.c_contiguous
+
+
+def _fused_f32(A, B, bias, Z, gamma, beta, activation, epsilon):
+    """FusedMatMul's usual float32 case with few checks: A (..., K) C-contiguous, B (K, N),
+    a small product (one BLAS call, :func:`_matmul`'s rule), bias/gamma/beta (N,) rows, Z of
+    the output's shape, activation none or GELU. The same calls as the general path (one
+    ``matmul`` over A's rows, the numpy adds, the compiled GELU and LayerNorm kernels), so the
+    same bits; None when the case is another (the general path then runs)."""
+    if B.ndim != 2 or A.ndim < 2 or not A.flags.c_contiguous:
+        return None
+    k, n = B.shape
+    if A.shape[-1] != k or k == 0:
+        return None
+    rows = A.size // k
+    if rows * n * k >= _PARALLEL_GEMM_MIN or rows * n * 4 > _UNCHECKED_BYTES \
+            or (bias is not None and not _row_f32(bias, n)):
+        return None
+    shape = A.shape[:-1] + (n,)
+    if Z is not None and (type(Z) is not np.ndarray or Z.dtype != _F32 or Z.shape != shape
+                          or not Z.flags.c_contiguous):
+        return None
+    if gamma is not None and (not _row_f32(gamma, n)
+                              or (beta is not None and not _row_f32(beta, n))):
+        return None
+    if activation:
+        act = _GELU_CODES.get(activation)
+        if act is None:
+            return None
+        y = np.matmul(A.reshape(rows, k), B).reshape(shape)
+        if not rowwise.gelu_rows_inplace(y, act, bias, Z):   # not compiled here: numpy's
+            y = _matmul_epilogue(y, bias, Z, activation, np)
+    else:
+        y = np.matmul(A.reshape(rows, k), B).reshape(shape)
+        if bias is not None:
+            y += bias
+        if Z is not None:
+            y += Z
+    if gamma is None:
+        return y
+    out = rowwise.layer_norm_rows(y, gamma, beta, epsilon)
+    return _layer_norm_op(y, gamma, beta, epsilon=epsilon) if out is None else out
 
 
 def _matmul_epilogue(y, bias, Z, activation, xp):

@@ -114,12 +114,17 @@ def layer_norm(x, gamma, beta, eps, *, skip=None, bias=None, simplified=False,
         else:
             return None
         sk = _c(skip)
-    xc = _c(x)
     y = np.empty(x.shape, _F32)
     s = np.empty(x.shape, _F32) if want_sum else None
+    _layer_norm_call(raw, _c(x), y, s, g, b, sk, skip_rows, bs, simplified, rows, n, eps)
+    return (y, s) if want_sum else y
+
+
+def _layer_norm_call(raw, xc, y, s, g, b, sk, skip_rows, bs, simplified, rows, n, eps):
+    """The LayerNorm kernel over checked arguments (:func:`layer_norm`)."""
     if rows:
         p = _packed((rows, n, skip_rows, int(sk is not None), int(bs is not None),
-                     int(b is not None), int(simplified), int(want_sum)))
+                     int(b is not None), int(simplified), int(s is not None)))
         args = (data_pointer(xc), data_pointer(_DUMMY if sk is None else sk),
                 data_pointer(_DUMMY if bs is None else bs), data_pointer(g),
                 data_pointer(_DUMMY if b is None else b), data_pointer(y),
@@ -129,7 +134,20 @@ def layer_norm(x, gamma, beta, eps, *, skip=None, bias=None, simplified=False,
             raw(*args, 0, rows, e)
         else:
             _run(lambda r0, r1: raw(*args, r0, r1, e), rows, n, 4)
-    return (y, s) if want_sum else y
+
+
+def layer_norm_rows(x, gamma, beta, eps):
+    """:func:`layer_norm` of a float32 C-contiguous ``x`` with ``gamma`` and ``beta`` (or
+    None) float32 C-contiguous (n,) rows, as the caller has checked: the same kernel call
+    without the checks (FusedMatMul's epilogue on its own fresh product). None when the kernel
+    is not loaded."""
+    raw = _kernel("layer_norm")
+    if raw is None:
+        return None
+    n = x.shape[-1]
+    y = np.empty(x.shape, _F32)
+    _layer_norm_call(raw, x, y, None, gamma, beta, None, 1, None, False, x.size // n, n, eps)
+    return y
 
 
 # ------------------------------------------------------------------------------ softmax
@@ -267,13 +285,33 @@ def gelu(x, activation, *, bias=None, residual=None, out=None):
     if t is None:
         return None
     y, xc = t
+    _gelu_call(raw, xc, y, b, z, act, in_place, rows, n)
+    return y
+
+
+def gelu_rows_inplace(y, act, b, z) -> bool:
+    """:func:`gelu` in place on the float32 C-contiguous ``y`` (activation code ``act`` of
+    :data:`ACTIVATIONS`), ``b`` None or a float32 C-contiguous (n,) row, ``z`` None or a
+    float32 C-contiguous array of y's shape (not y), as the caller has checked: the same kernel
+    call without the checks. False when the kernel is not loaded (y untouched)."""
+    raw = _kernel("gelu")
+    if raw is None:
+        return False
+    n = y.shape[-1]
+    _gelu_call(raw, _DUMMY, y, b, z, act, True, y.size // n if n else 0, n)
+    return True
+
+
+def _gelu_call(raw, xc, y, b, z, act, in_place, rows, n):
+    """The GELU kernel over checked arguments (:func:`gelu`)."""
     if rows:
         p = _packed((rows, n, int(not in_place), int(b is not None), int(z is not None), act))
         args = (data_pointer(xc), data_pointer(y), data_pointer(_DUMMY if b is None else b),
                 data_pointer(_DUMMY if z is None else z), data_pointer(p))
-        cost = 16 if act in (1, 2) else 1
+        # element-operations per value, against the thread pool's dispatch (~30-50 us):
+        # the erf GELU runs at ~1.2 ns a value here, the tanh form ~3 ns
+        cost = 2 if act == 1 else 4 if act == 2 else 1
         if rows * n * cost < _PARALLEL_MIN:
             raw(*args, 0, rows)
         else:
             _run(lambda r0, r1: raw(*args, r0, r1), rows, n, cost)
-    return y
