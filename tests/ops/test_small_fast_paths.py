@@ -195,3 +195,50 @@ def test_fused_matmul_float32_lean_path_equals_the_general_path(activation, with
     assert linalg._fused_f32(a[:, ::2], w, bias, z, None, None, "", 1e-5) is None
     assert linalg._fused_f32(a, w, bias.reshape(1, 40), z, None, None, "", 1e-5) is None
     assert linalg._fused_f32(a, w, bias, z, None, None, "Relu", 1e-5) is None
+
+
+@pytest.mark.parametrize("case", ["bert", "gpt2", "fill_false", "plain"])
+def test_attention_lean_float32_path_equals_the_general_path(case, monkeypatch):
+    """FusedAttention's lean float32 path (per-shape work kept, the same views, products and
+    compiled softmax call) gives the general path's bits, on a second call with other data
+    (the kept plan) too; masks it does not take go the general way."""
+    compiled.wait(["transformer"], timeout=120)
+    b, s, h, d = 2, 6, 3, 4
+    shp = np.array([b, s, h, d], np.int64)
+    kw = dict(q_perm=[0, 2, 1, 3], k_perm=[0, 2, 3, 1], v_perm=[0, 2, 1, 3],
+              out_perm=[0, 2, 1, 3])
+    if case == "bert":
+        kw.update(scale=2.0, scale_op="div", mask="add")
+        m = _f(b, 1, 1, s)
+    elif case == "gpt2":
+        kw.update(scale=0.5, scale_op="mul", mask="fill_where_true", fill=-3.4e38)
+        m = ~np.tril(np.ones((s, s), bool))
+    elif case == "fill_false":
+        kw.update(mask="fill_where_false", fill=-1e9)
+        m = np.tril(np.ones((s, s), bool))
+    else:
+        kw.update(q_perm=[], k_perm=[], v_perm=[], out_perm=[], mask="")
+        m = None
+    out_shape = np.array([b, s, h * d], np.int64) if kw["out_perm"] else None
+    general = linalg._attention_f32
+    for _ in range(2):
+        if case == "plain":
+            q, k, v = _f(b, h, s, d), _f(b, h, d, s), _f(b, h, s, d)
+            args = (q, k, v, m, None, None, None, None)
+        else:
+            q, k, v = _f(b, s, h * d), _f(b, s, h * d), _f(b, s, h * d)
+            args = (q, k, v, m, shp, shp, shp, out_shape)
+        got = fused_attention(*args, **kw)
+        assert linalg._attention_f32(*args[:8], kw.get("scale", 1.0), kw.get("scale_op", ""),
+                                     kw["mask"], kw.get("fill", 0.0), kw["q_perm"],
+                                     kw["k_perm"], kw["v_perm"], kw["out_perm"]) is not None
+        monkeypatch.setattr(linalg, "_attention_f32", lambda *a: None)
+        ref = fused_attention(*args, **kw)
+        monkeypatch.setattr(linalg, "_attention_f32", general)
+        np.testing.assert_array_equal(got, ref)
+    if m is not None:   # a mask of another dtype: the general path (numpy's rules)
+        other = m.astype(np.float64 if kw["mask"] == "add" else np.uint8)
+        assert linalg._attention_f32(q, k, v, other, shp, shp, shp, out_shape,
+                                     kw.get("scale", 1.0), kw.get("scale_op", ""), kw["mask"],
+                                     kw.get("fill", 0.0), kw["q_perm"], kw["k_perm"],
+                                     kw["v_perm"], kw["out_perm"]) is None

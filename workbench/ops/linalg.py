@@ -563,6 +563,12 @@ def fused_attention(Q, K, V, M=None, q_shape=None, k_shape=None, v_shape=None, o
     if scale_op not in ("", "mul", "div") or mask not in ("", "add", "fill_where_true",
                                                           "fill_where_false"):
         raise InputError(f"FusedAttention: unknown scale_op {scale_op!r} or mask {mask!r}")
+    if type(Q) is np.ndarray and type(K) is np.ndarray and type(V) is np.ndarray \
+            and Q.dtype == _F32 and K.dtype == _F32 and V.dtype == _F32:
+        y = _attention_f32(Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scale, scale_op,
+                           mask, fill, q_perm, k_perm, v_perm, out_perm)
+        if y is not None:
+            return y
     Q = _attention_layout(Q, q_shape, q_perm)
     K = _attention_layout(K, k_shape, k_perm)
     V = _attention_layout(V, v_shape, v_perm)
@@ -594,6 +600,112 @@ def fused_attention(Q, K, V, M=None, q_shape=None, k_shape=None, v_shape=None, o
     else:
         p = softmax(s, axis=-1)
     return _attention_out(p, V, out_perm, out_shape)
+
+
+#: FusedAttention's lean float32 calls, by everything but the data: the head split dims,
+#: the permutations, and the softmax kernel's packed parameters (see :func:`_attention_f32`)
+_ATTENTION_CALLS: dict = {}
+_ATTENTION_CALLS_MAX = 256
+
+
+def _dims(shape):
+    """A Reshape target (an int64 host vector) as a tuple, or None when not given."""
+    if shape is None:
+        return None
+    if type(shape) is not np.ndarray or shape.ndim != 1:
+        return False
+    return tuple(shape.tolist())
+
+
+def _attention_f32(Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scale, scale_op, mask,
+                   fill, q_perm, k_perm, v_perm, out_perm):
+    """FusedAttention on float32 host arrays with its per-shape work done once: the reshape
+    targets checked, the products' sizes, the softmax's mask strides and packed parameters
+    are kept by the call's shapes and attributes, and a call makes the same numpy views, the
+    same ``matmul`` calls and the same compiled softmax call as the general path (so the same
+    bits). None when the call is outside this case (the general path then runs)."""
+    if M is not None and type(M) is not np.ndarray:
+        return None
+    mshape = None if M is None else (M.shape, M.dtype.char)
+    dq, dk, dv, do = _dims(q_shape), _dims(k_shape), _dims(v_shape), _dims(out_shape)
+    key = (Q.shape, K.shape, V.shape, mshape, dq, dk, dv, do, tuple(q_perm), tuple(k_perm),
+           tuple(v_perm), tuple(out_perm), scale, scale_op, mask, fill)
+    plan = _ATTENTION_CALLS.get(key)
+    if plan is None:
+        plan = _attention_plan(Q, K, V, M, dq, dk, dv, do, scale, scale_op, mask, fill,
+                               q_perm, k_perm, v_perm, out_perm)
+        if len(_ATTENTION_CALLS) >= _ATTENTION_CALLS_MAX:
+            _ATTENTION_CALLS.clear()
+        _ATTENTION_CALLS[key] = plan
+    if plan is False:
+        return None
+    raw = rowwise.softmax_kernel()
+    if raw is None:
+        return None
+    qv, kv, vv = Q, K, V
+    if dq is not None:
+        qv = qv.reshape(dq)
+    if q_perm:
+        qv = qv.transpose(q_perm)
+    if dk is not None:
+        kv = kv.reshape(dk)
+    if k_perm:
+        kv = kv.transpose(k_perm)
+    if dv is not None:
+        vv = vv.reshape(dv)
+    if v_perm:
+        vv = vv.transpose(v_perm)
+    s = np.matmul(qv, kv)
+    madd = mfill = None
+    if mask == "add":
+        madd = M if M.flags.c_contiguous else np.ascontiguousarray(M)
+    elif mask:
+        cond = M if mask == "fill_where_true" else np.logical_not(M)
+        mfill = (cond if cond.flags.c_contiguous else np.ascontiguousarray(cond)).view(np.uint8)
+    rowwise.softmax_call(raw, s, plan, madd, mfill, scale if scale_op else None, fill)
+    return _attention_out(s, vv, out_perm, None if do is None else out_shape)
+
+
+def _attention_plan(Q, K, V, M, dq, dk, dv, do, scale, scale_op, mask, fill, q_perm, k_perm,
+                    v_perm, out_perm):
+    """The per-shape part of :func:`_attention_f32` (False: not its case): checks what the
+    general path would (a reshape target without 0, perms of the rank, the score product a
+    small one-call product, the mask one the compiled softmax takes) and packs the softmax
+    kernel's parameters."""
+    if False in (dq, dk, dv, do) or scale_op not in ("", "mul", "div"):
+        return False
+    shapes = []
+    for x, d, perm in ((Q, dq, q_perm), (K, dk, k_perm), (V, dv, v_perm)):
+        if d is not None and (not d or 0 in d or min(d) < -1):
+            return False
+        try:
+            x = np.empty(x.shape, np.uint8)[...] if d is None else \
+                np.empty(x.shape, np.uint8).reshape(d)
+            if perm:
+                if len(perm) != x.ndim or min(perm) < 0:
+                    return False
+                x = x.transpose(perm)
+        except ValueError:
+            return False
+        shapes.append(x.shape)
+    sq, sk, _ = shapes
+    # (the general path multiplies a 2-D K as one GEMM over Q's rows: not this case)
+    if len(sq) < 2 or len(sk) < 3 or sq[-1] != sk[-2] or sq[-1] == 0:
+        return False
+    try:
+        s_shape = np.broadcast_shapes(sq[:-2], sk[:-2]) + (sq[-2], sk[-1])
+    except ValueError:
+        return False
+    k = sq[-1]
+    out_bound = (math.prod(sq) // k) * (math.prod(sk) // k)
+    if out_bound * k >= _PARALLEL_GEMM_MIN or out_bound * 4 > _UNCHECKED_BYTES \
+            or 0 in s_shape:
+        return False
+    if mask and (M is None or M.dtype != (_F32 if mask == "add" else np.bool_)
+                 or not _broadcasts_into(M.shape, s_shape)):
+        return False
+    return rowwise.softmax_params(s_shape, None if M is None or not mask else M.shape,
+                                  mask == "add", scale_op == "div", bool(scale_op))
 
 
 def _compiled_scores(s, M, scale, scale_op, mask, fill):

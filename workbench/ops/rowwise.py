@@ -14,6 +14,8 @@ data pointers, the row range and the float scalars.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from workbench import compiled
@@ -152,9 +154,10 @@ def layer_norm_rows(x, gamma, beta, eps):
 
 # ------------------------------------------------------------------------------ softmax
 def _mask_strides(m, shape):
-    """Element strides (a, b, c, j) of the C-contiguous mask ``m`` broadcast to ``shape`` seen
-    as (A, Bd, C, n); None when it does not broadcast or its leading dimensions do not merge."""
-    nd, ms = len(shape), m.shape
+    """Element strides (a, b, c, j) of a C-contiguous mask ``m`` (an array, or its shape)
+    broadcast to ``shape`` seen as (A, Bd, C, n); None when it does not broadcast or its
+    leading dimensions do not merge."""
+    nd, ms = len(shape), getattr(m, "shape", m)
     if len(ms) > nd:
         return None
     st, step = [0] * nd, 1          # 0 where m is broadcast
@@ -256,6 +259,56 @@ def softmax(x, *, out=None, scale=None, divide=False, add=None, fill_where=None,
         else:
             _run(lambda r0, r1: raw(*args, r0, r1, sc, fl), rows, n, 8)
     return y
+
+
+def softmax_kernel():
+    """The compiled softmax's bare entry (for :func:`softmax_call`), or None."""
+    return _kernel("softmax")
+
+
+def softmax_params(shape, mask_shape, additive, divide, scaled):
+    """The packed parameters of an in-place :func:`softmax` of a C-contiguous float32 array of
+    ``shape`` (no empty rows) with a C-contiguous mask of ``mask_shape`` (None: no mask; an
+    ``additive`` float32 mask, else a boolean fill mask), scaled (``scaled``: by a factor,
+    ``divide``: by its inverse): what :func:`softmax` packs for that call, made once for a
+    caller that keeps it (:func:`softmax_call`). False when :func:`softmax` would not take it."""
+    n = int(shape[-1])
+    rows = math.prod(shape) // n if n else 0
+    if not rows:
+        return False
+    sa = sf = (0, 0, 0, 0)
+    size = 1
+    if mask_shape is not None:
+        g = _mask_strides(mask_shape, shape)
+        if g is None:
+            return False
+        size = math.prod(mask_shape)
+        if additive:
+            sa = g[1]
+        else:
+            sf = g[1]
+    _, Bd, C, _ = _grid(shape)
+    mode = 0 if not scaled else (2 if divide else 1)
+    has_add = mask_shape is not None and additive
+    has_fill = mask_shape is not None and not additive
+    return (np.array((rows, n, C, Bd, sa[0], sa[1], sa[2], sa[3], sf[0], sf[1], sf[2], sf[3],
+                      size if has_add else 1, size if has_fill else 1, 0, mode, int(has_add),
+                      int(has_fill), 0), np.int64), rows, n)
+
+
+def softmax_call(raw, y, params, madd, mfill, scale, fill) -> None:
+    """The softmax kernel ``raw`` (:func:`softmax_kernel`) in place on ``y`` with the
+    parameters of :func:`softmax_params` for y's shape and the masks' (``madd`` float32 /
+    ``mfill`` uint8, C-contiguous, or None as when packed): the call :func:`softmax` makes."""
+    p, rows, n = params
+    args = (data_pointer(_DUMMY), data_pointer(y),
+            data_pointer(_DUMMY if madd is None else madd),
+            data_pointer(_DUMMY_U8 if mfill is None else mfill), data_pointer(p))
+    sc, fl = float(1.0 if scale is None else scale), float(fill)
+    if rows * n * 8 < _PARALLEL_MIN:
+        raw(*args, 0, rows, sc, fl)
+    else:
+        _run(lambda r0, r1: raw(*args, r0, r1, sc, fl), rows, n, 8)
 
 
 # ------------------------------------------------------------------------------ GELU
