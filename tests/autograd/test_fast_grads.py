@@ -234,3 +234,46 @@ def test_gemm_gradients_in_the_inputs_layout(trans):
     want_a, want_b = 0.5 * g @ bp.T, 0.5 * ap.T @ g
     np.testing.assert_allclose(got[id(t_a)], want_a.T if ta else want_a, rtol=1e-12)
     np.testing.assert_allclose(got[id(t_b)], want_b.T if tb else want_b, rtol=1e-12)
+
+
+@pytest.mark.parametrize("vocab,rows", [(1000, 256), (2, 256), (5, 2000), (200, 300), (40, 300),
+                                        (9, 7)])
+def test_gather_gradient_scatter_equals_add_at_bit_for_bit(vocab, rows):
+    """Gather's gradient scatter (distinct indices at once, repeats in passes, few distinct
+    indices by running sums, small ones by add.at) gives ``np.add.at``'s bits, -0.0 and
+    float64 included: an embedding's gradient as before."""
+    from workbench.autodiff.rules.shape import _scatter_rows
+    rng = np.random.default_rng(vocab)
+    for dtype in (np.float32, np.float64):
+        idx = rng.integers(0, vocab, rows)
+        if vocab == 2:
+            idx[:] = 1                    # one segment id for every token
+        g = rng.standard_normal((rows, 64)).astype(dtype)
+        g[rng.random(g.shape) < 0.2] = -0.0
+        ref = np.zeros((vocab, 64), dtype)
+        np.add.at(ref, idx, g)
+        got = _scatter_rows(np.zeros((vocab, 64), dtype), idx, g)
+        assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
+    x = Tensor(data=rng.standard_normal((vocab, 64)).astype(np.float32), requires_grad=True)
+    y = autograd.apply("Gather", [x, idx.reshape(-1, 1)], {"axis": 0})
+    autograd.backward(autograd.apply("ReduceSum", [y], {"keepdims": 0}))
+    ref = np.zeros((vocab, 64), np.float32)
+    np.add.at(ref, idx, np.ones((rows, 64), np.float32))
+    np.testing.assert_array_equal(x.grad.data, ref)
+
+
+def test_erf_gradient_in_place_equals_the_formula_bit_for_bit():
+    """Erf's gradient with its temporaries reused: ``g * (2 / sqrt(pi)) * exp(-x * x)``'s
+    bits (the same operations in the same order)."""
+    import math
+
+    from workbench.autodiff.rules.elementwise import erf_grad
+    rng = np.random.default_rng(5)
+    for dtype in (np.float32, np.float64):
+        x, g = rng.standard_normal((2, 3, 40)).astype(dtype), rng.standard_normal(
+            (2, 3, 40)).astype(dtype)
+        x[0, 0, :3] = [np.inf, -0.0, 30.0]
+        ref = g * (2.0 / math.sqrt(math.pi)) * np.exp(-x * x)
+        got = erf_grad(type("Ctx", (), {"xp": np}), [g], [x], [None])[0]
+        assert got.dtype == ref.dtype
+        assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))

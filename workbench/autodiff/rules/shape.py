@@ -25,6 +25,47 @@ def scatter_add(xp, target, index, values):
     return target
 
 
+#: repeats of one index up to which :func:`_scatter_rows` adds in passes, and distinct
+#: indices up to which it sums each index's rows by one running sum
+_PASSES_MAX = 8
+_SCATTER_MIN = 8192
+
+
+def _scatter_rows(target, index, values):
+    """``np.add.at(target, index, values)`` on a numpy ``target`` of zeros: ``index`` 1-D
+    (non-negative, in range), ``values`` one row per index. The same sums in the same order
+    (each target row gets its values in index order), without ``add.at``'s element-by-element
+    loop (~150-350 us for an embedding's 256 rows of 64): unique indices in one fancy-indexed
+    add; few repeats (word embeddings) in one pass per repeat (each pass's indices distinct);
+    few distinct indices (segment ids) by a running sum (``add.accumulate``, sequential by
+    definition) per index, added to the zero row (which turns a -0.0 sum into 0.0, as add.at's
+    first add does). ``add.at`` itself otherwise, and for small scatters (under
+    ``_SCATTER_MIN`` values), where add.at costs less than the sort."""
+    n = index.size
+    if values.size < _SCATTER_MIN:
+        np.add.at(target, index, values)
+        return target
+    order = np.argsort(index, kind="stable")
+    si = index[order]
+    starts = np.concatenate(([0], np.flatnonzero(si[1:] != si[:-1]) + 1))
+    counts = np.diff(np.concatenate((starts, [n])))
+    most = int(counts.max())
+    if most == 1:
+        target[index] += values
+    elif most <= _PASSES_MAX:
+        rank = np.empty(n, np.intp)
+        rank[order] = np.arange(n) - np.repeat(starts, counts)
+        for r in range(most):
+            sel = np.flatnonzero(rank == r)
+            target[index[sel]] += values[sel]
+    elif len(starts) <= _PASSES_MAX:
+        for s0, c in zip(starts.tolist(), counts.tolist()):
+            target[si[s0]] += np.add.accumulate(values[order[s0:s0 + c]], axis=0)[-1]
+    else:
+        np.add.at(target, index, values)
+    return target
+
+
 @gradient("Reshape")
 @gradient("Flatten")
 @gradient("Squeeze")
@@ -117,13 +158,15 @@ def gather_grad(ctx, grads_out, inputs, outputs, *, axis=0, **attrs):
     n = x.shape[ax]
     idx = xp.where(idx < 0, idx + n, idx)
     gx = xp.zeros(x.shape, dtype=g.dtype)
+    scatter = _scatter_rows if xp is np and type(g) is np.ndarray \
+        and idx.dtype.kind in "iu" else lambda t, i, v: scatter_add(xp, t, i, v)
     if ax == 0 and idx.ndim >= 1:
-        scatter_add(xp, gx, idx.reshape(-1), g.reshape((-1,) + x.shape[1:]))
+        scatter(gx, idx.reshape(-1), g.reshape((-1,) + x.shape[1:]))
         return gx, None
     # move the gathered axes to the front, scatter along axis 0, move back
     gxm = xp.moveaxis(gx, ax, 0)
     gm = xp.moveaxis(g, tuple(range(ax, ax + idx.ndim)), tuple(range(idx.ndim)))
-    scatter_add(xp, gxm, idx.reshape(-1), gm.reshape((-1,) + gxm.shape[1:]))
+    scatter(gxm, idx.reshape(-1), gm.reshape((-1,) + gxm.shape[1:]))
     return gx, None
 
 
