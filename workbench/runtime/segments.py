@@ -8,13 +8,19 @@ an input's shape does.
 
 :func:`fast_schedule` finds the *shape-derived* steps of a CPU plan: a step reading only the
 shape of its input (a kernel registered ``shape_only``: Shape, Size), or a deterministic step
-(no ``random`` fact, no subgraph) whose every input is shape-derived or an initializer and at
-least one is shape-derived. Each of them is moved up to right after the last step it depends
+(no ``random`` fact, no subgraph, one of the engine's own kernels: a user's custom operator
+may have side effects) whose every input is shape-derived or an initializer and at least one
+is shape-derived. Each of them is moved up to right after the last step it depends
 on; the shape-derived steps that land at the same place form one :class:`ShapeSegment` step,
 which runs its members once per key -- the shapes of the tensors whose shape it reads, the
 bytes of the small shape-derived values it reads from earlier steps, the identity of the
 others (initializers) -- and hands out the remembered outputs afterwards (read-only arrays,
-at most 1 MiB per key). Values that are graph outputs are never remembered.
+at most 1 MiB per key, at most ``MEMO_KEYS`` keys per segment, least recently used first
+out). Values that are graph outputs are never remembered, and a graph output that is a
+read-only view of a remembered array is handed to the caller as a copy
+(``Plan._outputs``). A tensor read only for its shape is remembered as a zero-byte stand-in of
+its shape and dtype, never the tensor itself. ``WORKBENCH_SHAPE_MEMO=0`` (read when a plan
+builds its schedule) or ``plan.shape_memo = False`` turns the segments off.
 
 The schedule is used only by plain CPU runs (no hook, no step runner, no device): hooks see
 every node, and the training runner records every node on its tape. Errors name the node: a
@@ -29,6 +35,10 @@ and run again.
 from __future__ import annotations
 
 import operator
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -37,17 +47,46 @@ from workbench.ops.registry import facts
 
 #: bytes of outputs a segment remembers per key; bigger results are recomputed every run
 MEMO_BYTES = 1 << 20
-#: keys a segment remembers (the cache is emptied when full)
+#: keys a segment remembers (least recently used first out): a model fed many sequence
+#: lengths keeps at most this many results per segment
 MEMO_KEYS = 16
 #: shape-derived arrays up to this many elements are keyed by their bytes, larger by identity
 KEY_ELEMENTS = 256
+#: the switch: ``WORKBENCH_SHAPE_MEMO=0`` (or ``Plan.shape_memo = False``) runs every step of
+#: the plan every run (no segments), for comparisons and for bisecting a suspected memo bug
+ENV_SWITCH = "WORKBENCH_SHAPE_MEMO"
+
+
+def memo_enabled() -> bool:
+    """Whether new plans remember their shape arithmetic (``WORKBENCH_SHAPE_MEMO``: "0",
+    "off", "false" or "no" turn it off)."""
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def _tuple_getter(idx: tuple) -> Callable:
+    """``vals -> tuple(vals[i] for i in idx)`` at C speed (a tuple also for one index)."""
+    if not idx:
+        return lambda vals: ()
+    if len(idx) == 1:
+        i = idx[0]
+        return lambda vals: (vals[i],)
+    return operator.itemgetter(*idx)
+
+
+def _shape_part(v):
+    return tuple(v.shape) if hasattr(v, "shape") and hasattr(v, "dtype") else id(v)
 
 
 class ShapeSegment:
     """Shape-derived steps run as one step, their results remembered per key.
 
     Called with the values of ``ext_in`` (slots), returns the values of ``ext_out`` (a
-    tuple). ``shape_keyed[k]``: the k-th input is read only for its shape."""
+    tuple). ``shape_keyed[k]``: the k-th input is read only for its shape.
+
+    One segment may be called from several threads at once (a plan run by a server's
+    threads): a lookup is one atomic dict read, results are stored and dropped under a lock,
+    and what a call leaves for the run loop (:attr:`last_hit`, :attr:`failed`) is kept per
+    thread."""
 
     def __init__(self, members: list, ext_in: tuple, ext_out: tuple, shape_keyed: tuple,
                  value_keyed: tuple):
@@ -58,30 +97,49 @@ class ShapeSegment:
         self.value_keyed = value_keyed
         # the key's parts, split once: inputs read for their shape, small shape-derived values
         # read for their bytes, the rest (mostly initializers) by identity in one C-level map
-        self._by_shape = tuple(i for i, s in enumerate(shape_keyed) if s)
+        self._by_shape = _tuple_getter(tuple(i for i, s in enumerate(shape_keyed) if s))
         self._by_value = tuple(i for i, (s, v) in enumerate(zip(shape_keyed, value_keyed))
                                if v and not s)
-        rest = [i for i, (s, v) in enumerate(zip(shape_keyed, value_keyed)) if not s and not v]
-        self._by_id = operator.itemgetter(*rest) if len(rest) > 1 else \
-            (lambda vals, i=rest[0]: (vals[i],)) if rest else (lambda vals: ())
-        self.memo: dict = {}
+        rest = tuple(i for i, (s, v) in enumerate(zip(shape_keyed, value_keyed))
+                     if not s and not v)
+        self._by_id = _tuple_getter(rest) if rest else None
+        self.memo: OrderedDict = OrderedDict()
         self.memo_ok = True     # False once a result was too large or not an array
         self.hits = 0
-        #: the key of the remembered result the last call handed out (None: it computed)
-        self.last_hit = None
-        #: (member step, its arguments) of the member that raised, for the run loop
-        self.failed: tuple | None = None
+        self._lock = threading.Lock()
+        self._tls = threading.local()
+
+    @property
+    def label(self) -> str:
+        """How profiles name this step: ``shape memo (N nodes: Shape, Gather, ...)``."""
+        ops = list(dict.fromkeys(m.node.op_type for m in self.members))
+        more = ", ..." if len(ops) > 4 else ""
+        return f"shape memo ({len(self.members)} nodes: {', '.join(ops[:4])}{more})"
+
+    # what the last call in this thread left for the run loop
+    @property
+    def last_hit(self):
+        """The key of the remembered result the last call (in this thread) handed out; None
+        when it computed."""
+        return getattr(self._tls, "last_hit", None)
+
+    @last_hit.setter
+    def last_hit(self, k) -> None:
+        self._tls.last_hit = k
+
+    @property
+    def failed(self) -> tuple | None:
+        """(member step, its arguments) of the member that raised in the last call in this
+        thread, for the run loop; None otherwise."""
+        return getattr(self._tls, "failed", None)
+
+    @failed.setter
+    def failed(self, v) -> None:
+        self._tls.failed = v
 
     def key(self, vals) -> tuple:
-        parts = []
-        for i in self._by_shape:
-            v = vals[i]
-            if type(v) is np.ndarray:
-                parts.append(v.shape)
-            elif hasattr(v, "shape") and hasattr(v, "dtype"):
-                parts.append(tuple(v.shape))
-            else:
-                parts.append(id(v))
+        parts = [v.shape if type(v) is np.ndarray else _shape_part(v)
+                 for v in self._by_shape(vals)]
         for i in self._by_value:
             v = vals[i]
             if type(v) is np.ndarray and v.size <= KEY_ELEMENTS:
@@ -89,18 +147,25 @@ class ShapeSegment:
             else:
                 parts.append(id(v))
         # identity; the memo entry keeps the objects alive, so the ids stay unique
-        parts.append(tuple(map(id, self._by_id(vals))))
+        if self._by_id is not None:
+            parts.append(tuple(map(id, self._by_id(vals))))
         return tuple(parts)
 
     def __call__(self, *vals):
+        tls = self._tls
         if self.memo_ok:
             k = self.key(vals)
-            hit = self.memo.get(k)
+            memo = self.memo
+            hit = memo.get(k)
             if hit is not None:
+                try:
+                    memo.move_to_end(k)     # most recently used
+                except KeyError:            # another thread dropped it meanwhile: still valid
+                    pass
                 self.hits += 1
-                self.last_hit = k
+                tls.last_hit = k
                 return hit[0]
-        self.last_hit = None
+        tls.last_hit = None
         out = self.compute(vals)
         if self.memo_ok:
             self._remember(k, vals, out)
@@ -143,7 +208,8 @@ class ShapeSegment:
 
     def forget(self) -> None:
         """Drop every remembered result."""
-        self.memo.clear()
+        with self._lock:
+            self.memo.clear()
 
     def _remember(self, k, vals, out) -> None:
         total = 0
@@ -154,15 +220,23 @@ class ShapeSegment:
             total += v.nbytes
         if total > MEMO_BYTES:
             self.memo_ok = False
-            self.memo.clear()
+            self.forget()
             return
         inputs = {id(v) for v in vals}
         for v in out:   # handed out on every later run: nobody may write into them
             if id(v) not in inputs:
                 v.flags.writeable = False
-        if len(self.memo) >= MEMO_KEYS:
-            self.memo.clear()
-        self.memo[k] = (out, vals)
+        # inputs read only for their shape are kept as zero-byte stand-ins of the same shape
+        # and dtype (what is_stale recomputes from): a remembered result must not keep a
+        # large activation alive
+        kept = tuple(np.broadcast_to(np.zeros((), v.dtype), v.shape)
+                     if s and type(v) is np.ndarray else v
+                     for v, s in zip(vals, self.shape_keyed))
+        with self._lock:
+            self.memo[k] = (out, kept)
+            self.memo.move_to_end(k)
+            while len(self.memo) > MEMO_KEYS:
+                self.memo.popitem(last=False)
 
 
 class FastStep:
@@ -184,6 +258,15 @@ class FastStep:
     @classmethod
     def of_segment(cls, seg: ShapeSegment) -> FastStep:
         return cls(fn=seg, ins=seg.ext_in, outs=seg.ext_out, attrs={}, segment=seg)
+
+
+def _pure_kernel(fn) -> bool:
+    """Whether a kernel is known to be a pure function of its inputs and attributes: the
+    engine's own kernels are (the random ones say so with the ``random`` fact); a kernel
+    registered from elsewhere (a user's custom operator) may count its calls, log or keep
+    state, so it runs every time."""
+    mod = getattr(fn, "__module__", None) or ""
+    return mod == "workbench" or mod.startswith("workbench.")
 
 
 def _reads(step) -> list:
@@ -216,7 +299,7 @@ def fast_schedule(steps: list, const_slots: set, keep_slots: set) -> list | None
         if st.subplans or any(s in keep_slots for s in st.outs):
             continue
         f = facts(n.op_type, n.domain)
-        if f.random:
+        if f.random or not _pure_kernel(st.fn):
             continue
         ins = [s for s in st.ins if s >= 0]
         if f.shape_only:
