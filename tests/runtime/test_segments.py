@@ -216,23 +216,41 @@ def test_an_unseeded_random_op_draws_once_in_a_failing_run(test_ops):
 
 
 def test_a_stale_remembered_result_is_forgotten_and_the_run_made_again(test_ops):
-    """A remembered segment result keyed by an initializer's identity goes stale when the
-    array given for it is written in place (``execute(values=...)`` with the same array);
-    the failure it causes is retried once, recomputed (a failure that the remembered results
-    do not explain is not retried: test_a_failing_model_runs_once_and_names_the_node)."""
+    """A remembered segment result goes stale when an initializer it read is written in place
+    (the key does not see it); the failure it causes is retried once, recomputed (a failure
+    that the remembered results do not explain is not retried:
+    test_a_failing_model_runs_once_and_names_the_node)."""
     idx = numpy_helper.from_array(np.array([0], np.int64), "idx")
     nodes = [helper.make_node("Gather", ["s", "idx"], ["dim"], axis=0),   # joins the segment
              helper.make_node("CheckDim", ["xr", "idx", "dim"], ["z"], domain=DOM)]
-    plan = Plan(_shape_then(nodes, [idx]))
-    assert any(f.segment is not None and len(f.segment.members) >= 3
-               for f in plan.fast_schedule)
+    graph = _shape_then(nodes, [idx])
+    graph.initializers["idx"] = np.array([0], np.int64)    # a weight the user can write
+    plan = Plan(graph)
+    seg = next(f.segment for f in plan.fast_schedule
+               if f.segment is not None and len(f.segment.members) >= 3)
+    assert plan.slots["idx"] in seg.bound and plan.slots["idx"] not in seg.ext_in
     x = np.ones((2, 4), np.float32)
-    weights = {"idx": np.array([0], np.int64)}
-    plan.execute([x], values=weights)
-    plan.execute([x], values=weights)    # remembered
-    assert test_ops["check"] == 2
-    weights["idx"][0] = 1                # in place: the key does not see it
-    np.testing.assert_array_equal(plan.execute([x], values=weights)[0], x)
+    plan.run([x])
+    plan.run([x])                        # remembered
+    assert test_ops["check"] == 2 and seg.hits == 1
+    graph.initializers["idx"][0] = 1     # in place: the key does not see it
+    np.testing.assert_array_equal(plan.run([x])[0], x)
     assert test_ops["check"] == 4        # failed on the stale dim, then ran again
-    np.testing.assert_array_equal(plan.execute([x], values=weights)[0], x)
+    np.testing.assert_array_equal(plan.run([x])[0], x)
     assert test_ops["check"] == 5        # the fresh result is remembered now
+
+
+def test_values_for_a_bound_initializer_take_the_plain_schedule(test_ops):
+    """``execute(values=...)`` replacing an initializer a segment reads runs every step with
+    the given value (the segments bind the plan's own initializers)."""
+    idx = numpy_helper.from_array(np.array([0], np.int64), "idx")
+    nodes = [helper.make_node("Gather", ["s", "idx"], ["dim"], axis=0),
+             helper.make_node("CheckDim", ["xr", "idx", "dim"], ["z"], domain=DOM)]
+    plan = Plan(_shape_then(nodes, [idx]))
+    x = np.ones((2, 4), np.float32)
+    plan.run([x])
+    hits = sum(f.segment.hits for f in plan.fast_schedule if f.segment is not None)
+    for k in (1, 0, 1):
+        np.testing.assert_array_equal(
+            plan.execute([x], values={"idx": np.array([k], np.int64)})[0], x)
+    assert sum(f.segment.hits for f in plan.fast_schedule if f.segment is not None) == hits

@@ -307,6 +307,9 @@ class Plan:
         self._fast: list | None = None
         self._fast_built = False
         self._shape_memo = memo_enabled()
+        #: names of the initializers bound into the shape segments (a run given other values
+        #: for one of them takes the plain schedule)
+        self._memo_consts: frozenset = frozenset()
         #: the pre-bound forms of ``steps`` and of the fast schedule (``run.bind_steps``)
         self._bound: list | None = None
         self._bound_fast: list | None = None
@@ -388,7 +391,8 @@ class Plan:
         with one_blas_thread():
             if hook is None:
                 fast = self.fast_schedule
-                if fast is not None:
+                if fast is not None and not (values and
+                                             self._memo_consts.intersection(values)):
                     return _caller_owned(run.run_fast(
                         self, fast, lambda: self._env(inputs, values, outer),
                         self._bound_fast))
@@ -417,6 +421,7 @@ class Plan:
     def shape_memo(self, on: bool) -> None:
         self._shape_memo = bool(on)
         self._fast, self._bound_fast, self._fast_built = None, None, False
+        self._memo_consts = frozenset()
 
     @property
     def fast_schedule(self) -> list | None:
@@ -426,11 +431,15 @@ class Plan:
         if not self._fast_built:
             self._fast_built = True
             if not self._on_cuda and self._shape_memo:
+                consts = {self.slots[k] for k in self._constant_names}
                 self._fast = fast_schedule(
-                    self.steps, {self.slots[k] for k in self._constant_names},
-                    set(self._out_slots))
+                    self.steps, {s: self._template[s] for s in consts}, set(self._out_slots))
                 if self._fast is not None:
                     self._bound_fast = run.bind_steps(self._fast)
+                    bound = {s for f in self._fast if f.segment is not None
+                             for s in f.segment.bound}
+                    self._memo_consts = frozenset(
+                        k for k in self._constant_names if self.slots[k] in bound)
         return self._fast
 
     def _env(self, inputs: Sequence, values: dict | None, outer: dict | None) -> list:

@@ -13,8 +13,9 @@ may have side effects) whose every input is shape-derived or an initializer and 
 is shape-derived. Each of them is moved up to right after the last step it depends
 on; the shape-derived steps that land at the same place form one :class:`ShapeSegment` step,
 which runs its members once per key -- the shapes of the tensors whose shape it reads, the
-bytes of the small shape-derived values it reads from earlier steps, the identity of the
-others (initializers) -- and hands out the remembered outputs afterwards (read-only arrays,
+bytes of the small shape-derived values it reads from earlier steps (the identity of larger
+ones); the initializers it reads are bound into it when the schedule is made, and a run given
+other values for them (``execute(values=...)``) takes the plain schedule -- and hands out the remembered outputs afterwards (read-only arrays,
 at most 1 MiB per key, at most ``MEMO_KEYS`` keys per segment, least recently used first
 out). Values that are graph outputs are never remembered, and a graph output that is a
 read-only view of a remembered array is handed to the caller as a copy
@@ -26,7 +27,7 @@ The schedule is used only by plain CPU runs (no hook, no step runner, no device)
 every node, and the training runner records every node on its tape. Errors name the node: a
 segment that fails records the member and its arguments (``ShapeSegment.failed``) for the run
 loop. A remembered result is *stale* when something its key does not see has changed (an
-initializer, keyed by identity, written in place); when a run fails after segments handed out
+initializer written in place); when a run fails after segments handed out
 remembered results (``ShapeSegment.last_hit``), :meth:`ShapeSegment.is_stale` recomputes each of
 them from the inputs they were computed from, and only a stale one makes the run loop forget it
 and run again.
@@ -89,8 +90,12 @@ class ShapeSegment:
     thread."""
 
     def __init__(self, members: list, ext_in: tuple, ext_out: tuple, shape_keyed: tuple,
-                 value_keyed: tuple):
+                 value_keyed: tuple, bound: dict | None = None):
         self.members = members
+        #: {slot: value} of the constants (initializers) the members read, bound when the
+        #: schedule is made: not passed, not keyed (a run that gives other values for them
+        #: takes the plan's plain schedule)
+        self.bound = dict(bound or {})
         self.ext_in = ext_in
         self.ext_out = ext_out
         self.shape_keyed = shape_keyed
@@ -174,7 +179,8 @@ class ShapeSegment:
     def compute(self, vals) -> tuple:
         """Run the members on ``vals`` (the values of ``ext_in``); the values of ``ext_out``.
         A member that raises is recorded in :attr:`failed` (with its arguments)."""
-        local: dict[int, Any] = dict(zip(self.ext_in, vals))
+        local: dict[int, Any] = dict(self.bound)
+        local.update(zip(self.ext_in, vals))
         local[-1] = None
         for st in self.members:
             args = [local[i] for i in st.ins]
@@ -284,9 +290,11 @@ class _Unit(NamedTuple):
     produced: list
 
 
-def fast_schedule(steps: list, const_slots: set, keep_slots: set) -> list | None:
+def fast_schedule(steps: list, constants: dict, keep_slots: set) -> list | None:
     """The fast schedule of a CPU plan's ``steps`` (see the module docstring), or None when it
-    has no shape segment. ``const_slots``: initializer slots; ``keep_slots``: output slots."""
+    has no shape segment. ``constants``: {slot: value} of the initializers (bound into the
+    segments that read them); ``keep_slots``: output slots."""
+    const_slots = set(constants)
     producer: dict[int, int] = {}
     for i, st in enumerate(steps):
         for s in st.outs:
@@ -363,10 +371,13 @@ def fast_schedule(steps: list, const_slots: set, keep_slots: set) -> list | None
                     facts(m.node.op_type, m.node.domain).shape_only
                     for m in members if s in m.ins)
                 shape_keyed.append(only_shape)
-            value_keyed = tuple(s in derived for s in reads)
-            seg = ShapeSegment(members, tuple(reads), ext_out, tuple(shape_keyed), value_keyed)
+            ext = [k for k, s in enumerate(reads) if s not in const_slots]
+            seg = ShapeSegment(members, tuple(reads[k] for k in ext), ext_out,
+                               tuple(shape_keyed[k] for k in ext),
+                               tuple(reads[k] in derived for k in ext),
+                               {s: constants[s] for s in reads if s in const_slots})
             fast.append(FastStep.of_segment(seg))
-            reads = list(reads)
+            reads = list(seg.ext_in)
         for s in reads:
             last_use[s] = len(fast) - 1
     frees: list[list[int]] = [[] for _ in fast]
