@@ -15,13 +15,18 @@ on; the shape-derived steps that land at the same place form one :class:`ShapeSe
 which runs its members once per key -- the shapes of the tensors whose shape it reads, the
 bytes of the small shape-derived values it reads from earlier steps (the identity of larger
 ones); the initializers it reads are bound into it when the schedule is made, and a run given
-other values for them (``execute(values=...)``) takes the plain schedule -- and hands out the remembered outputs afterwards (read-only arrays,
-at most 1 MiB per key, at most ``MEMO_KEYS`` keys per segment, least recently used first
-out). Values that are graph outputs are never remembered, and a graph output that is a
-read-only view of a remembered array is handed to the caller as a copy
-(``Plan._outputs``). A tensor read only for its shape is remembered as a zero-byte stand-in of
-its shape and dtype, never the tensor itself. ``WORKBENCH_SHAPE_MEMO=0`` (read when a plan
-builds its schedule) or ``plan.shape_memo = False`` turns the segments off.
+other values for them (``execute(values=...)``) takes the plain schedule -- and hands out the
+remembered outputs afterwards (read-only arrays, at most 1 MiB per key, at most
+``MEMO_KEYS`` keys per segment, least recently used first out). Values that are graph outputs
+are never remembered, and a graph output that is a read-only view of a remembered array is
+handed to the caller as a copy (``plan._caller_owned``). A tensor read only for its shape is
+remembered as a zero-byte stand-in of its shape and dtype, never the tensor itself: a
+remembered result keeps no activation alive. ``WORKBENCH_SHAPE_MEMO=0`` (read when a plan is
+made) or ``plan.shape_memo = False`` turns the segments off: every step runs every run.
+
+Profiles that time the schedule a plain run takes (``workbench profile``,
+``analysis.timing.time_plan``: ``PlanTimes.entries``; ``benchmarks/bench_inference.py
+--profile``) show a segment as one step, "shape memo (N nodes: ...)" (``ShapeSegment.label``).
 
 The schedule is used only by plain CPU runs (no hook, no step runner, no device): hooks see
 every node, and the training runner records every node on its tape. Errors name the node: a
