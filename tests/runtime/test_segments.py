@@ -418,3 +418,43 @@ def test_one_plan_run_from_several_threads():
     for x, outs in zip(xs, got):
         for a, b in zip(outs, off.run([x])):
             assert a.tobytes() == b.tobytes()
+
+
+def test_segments_go_where_their_results_are_needed_and_merge():
+    """The reshape targets of q, k (needed at the Reshapes) and a (whose last other reader is
+    Neg: a later place would keep ``a`` alive for it) can all be computed between Neg and Abs:
+    one segment there, one key for the three Shape roots."""
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    chain = []
+    for v in ("q", "k", "a"):
+        chain += [helper.make_node("Shape", [v], [f"{v}s"]),
+                  helper.make_node("Gather", [f"{v}s", "i0"], [f"{v}b"], axis=0),
+                  helper.make_node("Unsqueeze", [f"{v}b", "ax0"], [f"{v}u"]),
+                  helper.make_node("Concat", [f"{v}u", "m1"], [f"{v}t"], axis=0)]
+    graph = _model(
+        [helper.make_node("MatMul", ["x", "w"], ["q"]),
+         helper.make_node("MatMul", ["x", "w"], ["k"]),
+         helper.make_node("Relu", ["x"], ["a"]),
+         helper.make_node("Neg", ["a"], ["b"]),
+         helper.make_node("Abs", ["b"], ["c"]),
+         helper.make_node("Reshape", ["q", "qt"], ["qr"]),
+         helper.make_node("Reshape", ["k", "kt"], ["kr"]),
+         helper.make_node("Add", ["qr", "kr"], ["s"]),
+         helper.make_node("Reshape", ["c", "at"], ["cr"]),
+         helper.make_node("Add", ["s", "cr"], ["y"])] + chain,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w, _i64("i0", 0), _i64("ax0", [0]), _i64("m1", [-1])])
+    plan = Plan(graph)
+    order = [f.segment.label if f.segment is not None else f.step.node.op_type + ":" +
+             f.step.node.outputs[0] for f in plan.fast_schedule]
+    segs = [f.segment for f in plan.fast_schedule if f.segment is not None]
+    assert len(segs) == 1 and len(segs[0].members) == 12, "|".join(order)
+    assert order.index("Neg:b") + 1 == order.index(segs[0].label) == order.index("Abs:c") - 1
+    assert sorted(segs[0].ext_in) == sorted(plan.slots[v] for v in ("q", "k", "a"))
+    assert all(segs[0].shape_keyed)
+    off = Plan(graph)
+    off.shape_memo = False
+    for n in (2, 5, 2):
+        x = np.arange(4 * n, dtype=np.float32).reshape(n, 4) - 3
+        assert plan.run([x])[0].tobytes() == off.run([x])[0].tobytes()

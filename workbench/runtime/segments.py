@@ -10,8 +10,10 @@ an input's shape does.
 shape of its input (a kernel registered ``shape_only``: Shape, Size), or a deterministic step
 (no ``random`` fact, no subgraph, one of the engine's own kernels: a user's custom operator
 may have side effects) whose every input is shape-derived or an initializer and at least one
-is shape-derived. Each of them is moved up to right after the last step it depends
-on; the shape-derived steps that land at the same place form one :class:`ShapeSegment` step,
+is shape-derived. The steps that depend on the same last step go where their first result
+is needed (never before what they read, never after the last other reader of a value they
+read: :func:`_placed_groups`); those that land at the same place form one
+:class:`ShapeSegment` step,
 which runs its members once per key -- the shapes of the tensors whose shape it reads, the
 bytes of the small shape-derived values it reads from earlier steps (the identity of larger
 ones); the initializers it reads are bound into it when the schedule is made, and a run given
@@ -280,6 +282,57 @@ def _pure_kernel(fn) -> bool:
     return mod == "workbench" or mod.startswith("workbench.")
 
 
+def _placed_groups(steps: list, member: dict, producer: dict, const_slots: set) -> dict:
+    """{place: the shape-derived steps run as one segment right before step ``place``}.
+
+    The steps that follow the same anchor (``member``: step -> the step it must follow) form a
+    group; a group may run anywhere after its anchor and up to its *place*: where its first
+    result is needed (before the first step outside it that reads one of its results, or
+    before the group that does), but never after the last step outside it that reads what it
+    reads (that would keep the value alive longer). Groups whose ranges overlap run as one
+    segment at the latest place they share (members in their original order), so one key and
+    one lookup serve them all."""
+    n = len(steps)
+    readers: dict[int, list[int]] = {}
+    for i, st in enumerate(steps):
+        for s in _reads(st):
+            readers.setdefault(s, []).append(i)
+    by_anchor: dict[int, list[int]] = {}
+    for i, a in member.items():
+        by_anchor.setdefault(a, []).append(i)
+    place: dict[int, int] = {}
+    # a group reading another's results has the later anchor: consumers are placed first
+    for a in sorted(by_anchor, reverse=True):
+        idx = by_anchor[a]
+        outs = {s for i in idx for s in steps[i].outs if s >= 0}
+        first = n
+        for s in outs:
+            for r in readers.get(s, ()):
+                if r in member:
+                    if member[r] != a:
+                        first = min(first, place[member[r]])
+                else:
+                    first = min(first, r)
+        cap = first
+        for i in idx:
+            for s in _reads(steps[i]):
+                if s in outs or s in const_slots:
+                    continue
+                last = max((r for r in readers.get(s, ()) if member.get(r) != a),
+                           default=producer.get(s, -1))
+                cap = min(cap, last + 1)
+        place[a] = max(a + 1, cap)
+    # a group may run anywhere from right after its anchor to its place: the fewest places
+    # that serve every group (the latest place of each run of groups whose ranges overlap)
+    groups: dict[int, list[int]] = {}
+    point = -1
+    for a in sorted(by_anchor, key=lambda a: (place[a], a)):
+        if a + 1 > point:
+            point = place[a]
+        groups.setdefault(point, []).extend(by_anchor[a])
+    return {p: sorted(idx) for p, idx in groups.items()}
+
+
 def _reads(step) -> list:
     out = [i for i in step.ins if i >= 0]
     for sub in step.subplans:
@@ -331,20 +384,18 @@ def fast_schedule(steps: list, constants: dict, keep_slots: set) -> list | None:
         derived.update(s for s in st.outs if s >= 0)
     if not member:
         return None
-    # the order: every step, each shape-derived one moved up to right after its anchor
-    groups: dict[int, list[int]] = {}
-    for i, a in member.items():
-        groups.setdefault(a, []).append(i)
+    groups = _placed_groups(steps, member, producer, const_slots)
     if not any(len(g) > 1 for g in groups.values()):
         return None
+    # the order: every other step, each group right before the step at its place
     order: list[list[int]] = []
-    if -1 in groups:
-        order.append(groups[-1])
     for i in range(len(steps)):
-        if i not in member:
-            order.append([i])
         if i in groups:
             order.append(groups[i])
+        if i not in member:
+            order.append([i])
+    if len(steps) in groups:
+        order.append(groups[len(steps)])
     # who reads what, in the new order
     units: list[_Unit] = []
     for idx in order:
