@@ -288,35 +288,38 @@ def _node_key(node, plan) -> str:
 
 
 def profile_plan(plan, inputs, runs: int) -> dict:
-    """Per-node and per-op-type time from the executor's per-node hook (median over runs):
-    the time from the previous node's end to this node's end, so it includes the executor's
-    own per-node work."""
-    per_node = collections.defaultdict(list)
-    info = {}
-    last = [0.0]
+    """Per-step and per-op-type time of the schedule a plain run takes (the run loop's
+    pre-bound steps, shape arithmetic in remembered segments, each kernel call timed by
+    ``workbench.analysis.timing.time_plan``; means over the middle half of ``runs``): a
+    remembered shape segment is one row, "shape memo (N nodes: ...)", not its member
+    nodes (a per-node hook would run every member every run, which plain runs do not)."""
+    from workbench.analysis.timing import time_plan
 
-    def hook(node, outs):
-        t = time.perf_counter()
-        per_node[node.name].append((t - last[0]) * 1e3)
-        if node.name not in info:
-            shape = [list(o.shape) for o in outs if hasattr(o, "shape")][:1]
-            info[node.name] = (_node_key(node, plan), shape[0] if shape else None)
-        last[0] = time.perf_counter()
+    clock = "cpu" if CLOCK[0] is time.process_time else "wall"
+    times = time_plan(plan, inputs, runs=runs, warmup=2, clock=clock)
+    by_node = {n.name: n for n in plan.nodes}
+    values: dict = {}
 
-    for _ in range(runs):
-        last[0] = time.perf_counter()
-        t0 = time.perf_counter()
-        plan.run(inputs, hook=hook)
-        per_node["<total>"].append((time.perf_counter() - t0) * 1e3)
-    nodes = {k: statistics.median(v) for k, v in per_node.items() if k != "<total>"}
+    def hook(node, outs):   # one hooked run for the output shapes only
+        shape = [list(o.shape) for o in outs if hasattr(o, "shape")][:1]
+        values[node.name] = shape[0] if shape else None
+
+    plan.run(inputs, hook=hook)
+    rows = []
+    for label, members, ms in times.entries:
+        node = by_node.get(members[0])
+        if len(members) > 1 or node is None:
+            key, shape = label.split(" (")[0], None
+        else:
+            key, shape = _node_key(node, plan), values.get(label)
+        rows.append([label, key, shape, ms])
     by_type: dict = collections.defaultdict(lambda: [0.0, 0])
-    for k, ms in nodes.items():
-        key = info[k][0]
+    for _, key, _, ms in rows:
         by_type[key][0] += ms
         by_type[key][1] += 1
-    return {"total_ms": statistics.median(per_node["<total>"]),
-            "nodes": sorted(([k, info[k][0], info[k][1], ms] for k, ms in nodes.items()),
-                            key=lambda r: -r[3]),
+    return {"total_ms": times.plain_ms, "clock": clock,
+            "steps": len(times.entries), "nodes_run": len(times.steps),
+            "nodes": sorted(rows, key=lambda r: -r[3]),
             "by_type": sorted(([k, v[0], v[1]] for k, v in by_type.items()),
                               key=lambda r: -r[1])}
 
@@ -396,12 +399,14 @@ def bench_one(name, batch, args, folder, cache, rate) -> Row:
 
 
 def print_profile(name, batch, prof, top: int) -> None:
-    print(f"\nprofile {name} batch {batch}: {prof['total_ms']:.2f} ms per run (hooked)")
-    print("  by op type:            ms      %   nodes")
+    print(f"\nprofile {name} batch {batch}: {prof['total_ms']:.2f} ms per plain run "
+          f"({prof['clock']} clock), {prof['steps']} steps per run for "
+          f"{prof['nodes_run']} nodes")
+    print("  by op type:            ms      %   steps")
     total = sum(r[1] for r in prof["by_type"]) or 1.0
     for key, ms, n in prof["by_type"]:
         print(f"  {key:22s} {ms:7.2f} {100 * ms / total:6.1f} {n:6d}")
-    print(f"  top {top} nodes:")
+    print(f"  top {top} steps:")
     for node, key, shape, ms in prof["nodes"][:top]:
         print(f"  {ms:7.3f} ms  {key:22s} {node}  -> {shape}")
 

@@ -119,6 +119,9 @@ class PlanTimes:
     paired: list = None
     #: the clock both sides were read on: "wall" or "cpu" (the process' CPU time)
     clock: str = "wall"
+    #: per entry of the schedule a plain run takes: (label, node names it covers, ms); a
+    #: shape segment is one entry labelled "shape memo (N nodes: ...)"
+    entries: list = None
 
     @property
     def sum_ms(self) -> float:
@@ -283,8 +286,12 @@ def time_plan(plan, inputs, *, runs: int = 20, warmup: int = 3,
     for ms, members in zip(med, covers):
         for name in members:              # a shape segment: its time shared by its members
             node_ms[name] = node_ms.get(name, 0.0) + float(ms) / len(members)
+    labels = [getattr(getattr(e[-1], "segment", None), "label", None) or members[0]
+              for e, members in zip(prog, covers)]
+    entries = [(lab, members, float(ms)) for lab, members, ms in zip(labels, covers, med)]
     return PlanTimes(node_ms, names, float(plain_a[mid].mean()) * 1e3,
-                     float(timed_a[mid].mean()) * 1e3, runs, cost * 1e9, paired, clock)
+                     float(timed_a[mid].mean()) * 1e3, runs, cost * 1e9, paired, clock,
+                     entries)
 
 
 def _middle(totals) -> np.ndarray:

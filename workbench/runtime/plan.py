@@ -46,7 +46,7 @@ from workbench.graph.values import check_feed
 from workbench.ops.parallel import one_blas_thread
 from workbench.ops.registry import NodeContext, attribute_defaults, lookup
 from workbench.runtime import placement, run
-from workbench.runtime.segments import fast_schedule
+from workbench.runtime.segments import fast_schedule, memo_enabled
 
 
 # --------------------------------------------------------------------------- records
@@ -306,6 +306,10 @@ class Plan:
         #: first such run; None when the plan has no shape segment
         self._fast: list | None = None
         self._fast_built = False
+        self._shape_memo = memo_enabled()
+        #: names of the initializers bound into the shape segments (a run given other values
+        #: for one of them takes the plain schedule)
+        self._memo_consts: frozenset = frozenset()
         #: the pre-bound forms of ``steps`` and of the fast schedule (``run.bind_steps``)
         self._bound: list | None = None
         self._bound_fast: list | None = None
@@ -387,9 +391,11 @@ class Plan:
         with one_blas_thread():
             if hook is None:
                 fast = self.fast_schedule
-                if fast is not None:
-                    return run.run_fast(self, fast, lambda: self._env(inputs, values, outer),
-                                        self._bound_fast)
+                if fast is not None and not (values and
+                                             self._memo_consts.intersection(values)):
+                    return _caller_owned(run.run_fast(
+                        self, fast, lambda: self._env(inputs, values, outer),
+                        self._bound_fast))
                 env = self._env(inputs, values, outer)
                 run.run_bound(self.bound_steps, env, self.device)
                 return self._outputs(env)
@@ -405,18 +411,35 @@ class Plan:
         return b
 
     @property
+    def shape_memo(self) -> bool:
+        """Whether plain CPU runs remember the plan's shape arithmetic per input shape (the
+        fast schedule, :mod:`workbench.runtime.segments`); False runs every step every run.
+        Defaults to the ``WORKBENCH_SHAPE_MEMO`` switch (on unless "0")."""
+        return self._shape_memo
+
+    @shape_memo.setter
+    def shape_memo(self, on: bool) -> None:
+        self._shape_memo = bool(on)
+        self._fast, self._bound_fast, self._fast_built = None, None, False
+        self._memo_consts = frozenset()
+
+    @property
     def fast_schedule(self) -> list | None:
         """The schedule of plain CPU runs (shape arithmetic in remembered segments,
         :mod:`workbench.runtime.segments`), built on first use; None when the plan has no
-        shape segment, and for device plans."""
+        shape segment, for device plans and with :attr:`shape_memo` off."""
         if not self._fast_built:
             self._fast_built = True
-            if not self._on_cuda:
+            if not self._on_cuda and self._shape_memo:
+                consts = {self.slots[k] for k in self._constant_names}
                 self._fast = fast_schedule(
-                    self.steps, {self.slots[k] for k in self._constant_names},
-                    set(self._out_slots))
+                    self.steps, {s: self._template[s] for s in consts}, set(self._out_slots))
                 if self._fast is not None:
                     self._bound_fast = run.bind_steps(self._fast)
+                    bound = {s for f in self._fast if f.segment is not None
+                             for s in f.segment.bound}
+                    self._memo_consts = frozenset(
+                        k for k in self._constant_names if self.slots[k] in bound)
         return self._fast
 
     def _env(self, inputs: Sequence, values: dict | None, outer: dict | None) -> list:
@@ -484,6 +507,16 @@ class Plan:
                 if info.name not in self.host_shape_inputs:
                     placement.check_feed_device(self.device, info.name, v)
         return values
+
+
+def _caller_owned(outs: list) -> list:
+    """The outputs of a fast-schedule run with every read-only array replaced by a copy: a
+    graph output that is a view of a remembered shape result (``Identity``, ``Squeeze``...
+    of it) belongs to the caller, who may write into it."""
+    for k, v in enumerate(outs):
+        if type(v) is np.ndarray and not v.flags.writeable:
+            outs[k] = v.copy()
+    return outs
 
 
 def _feed_patterns(plan) -> list:
