@@ -175,7 +175,9 @@ def test_the_timed_runs_run_what_a_plain_run_runs():
     assert set(t.node_ms) == {n.name for n in nodes}
     assert t.node_ms["/shape/Shape"] == t.node_ms["/shape/Identity"]
     assert t.node_ms["/sleep"] >= 3.9
-    assert abs(t.ratio - 1) <= 0.10, t.describe()
+    # a 4 ms run: a loaded machine's scheduling noise is a sizeable part of it, so the bound
+    # is looser than the 36 ms test's; a segment counted twice or not at all is still caught
+    assert abs(t.ratio - 1) <= 0.25, t.describe()
 
 
 def test_channels_last_steps_land_on_their_nodes():
