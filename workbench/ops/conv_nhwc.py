@@ -45,6 +45,8 @@ from workbench.ops.windows import spatial_ints
 _BLOCK = 1 << 16   # output (or im2col) elements per block: stays in L2 with its inputs
 _CLIPS = ("", "Relu", "Clip")   # activations the compiled epilogue does (as a clip)
 _DW_COMPILED = {(3, 1), (3, 2), (5, 1), (5, 2)}   # (kernel, stride) with a compiled kernel
+_DW_C = "dwconv_avx2.dw3x3"   # the C depthwise 3x3 kernel (strides 1, 2)
+_SPLIT_MIN = 1 << 18   # multiply-adds under which a compiled call is not split over the pool
 
 
 def _bounds(activation, alpha, beta):
@@ -105,13 +107,72 @@ def _row_jobs(rows, per_row, *, block=_BLOCK):
     return [(r, min(rows, r + step)) for r in range(0, rows, step)]
 
 
-def _depthwise(x, w, b, z, act, alpha, beta, S, D, pb, out, y):
-    """y (N, OH, OW, C) = depthwise conv of x (N, H, W, C) with w (kh, kw, 1, C)."""
+def pack_depthwise(w, b=None, lanes=8):
+    """``(packed, bias)`` for ``dwconv_avx2.dw3x3``: (kh, kw, 1, C) weights as (kh*kw, Cp)
+    and the bias (zeros when None) as (Cp,), Cp = C rounded up to ``lanes``, zeros past C.
+    float32, C-contiguous."""
+    kh, kw, _, C = (int(v) for v in w.shape)
+    cp = -(-C // lanes) * lanes
+    wp = np.zeros((kh * kw, cp), np.float32)
+    wp[:, :C] = w.reshape(kh * kw, C)
+    bp = np.zeros(cp, np.float32)
+    if b is not None:
+        bp[:C] = b
+    return wp, bp
+
+
+def _dw_c_geometry(x, C, S, pb, out, z):
+    """The int64 ``geo`` argument of ``dwconv_avx2.dw3x3``."""
+    N, H, W = (int(v) for v in x.shape[:3])
+    return np.array([N, H, W, C, out[0], out[1], S[0], pb[0], pb[1], int(z is not None)],
+                    np.int64)
+
+
+def _depthwise_c(k, x, wp, bp, z, clip, S, pb, out, y):
+    """The C path: ``dwconv_avx2.dw3x3`` on blocks of output rows (one call, no pool, when
+    the work is too small to split)."""
+    C = int(x.shape[3])
+    rows = int(x.shape[0]) * out[0]
+    dp = compiled.data_pointer
+    geo = _dw_c_geometry(x, C, S, pb, out, z)
+    args = (dp(x), dp(wp), dp(bp), dp(x if z is None else z), dp(y), dp(geo))
+    lo, hi = float(clip[0]), float(clip[1])
+    raw = k.raw
+    work = rows * out[1] * C * 9
+    jobs = _row_jobs(rows, out[1] * C) if work >= _SPLIT_MIN else [(0, rows)]
+    if len(jobs) == 1:
+        raw(*args, 0, rows, lo, hi)
+        return y
+
+    def run(chunk):
+        for r0, r1 in chunk:
+            raw(*args, r0, r1, lo, hi)
+    run_blocks(np, jobs, run, work)
+    return y
+
+
+def _dw_uses_c(x, kh, kw, S, D, clip):
+    """Whether this depthwise layer goes to ``dwconv_avx2.dw3x3`` (when it is loaded)."""
+    return (x.dtype == np.float32 and kh == kw == 3 and S[0] == S[1] and S[0] in (1, 2)
+            and D == [1, 1] and clip is not None)
+
+
+def _depthwise(x, w, b, z, act, alpha, beta, S, D, pb, out, y, ctx=None, w_in=None,
+               b_in=None):
+    """y (N, OH, OW, C) = depthwise conv of x (N, H, W, C) with w (kh, kw, 1, C).
+    ``w_in``/``b_in``: the node's weight and bias inputs as given (the packed weights' cache
+    key in ``ctx``)."""
     N, H, W, C = (int(v) for v in x.shape)
     kh, kw = int(w.shape[0]), int(w.shape[1])
     OH, OW = out
     rows = N * OH
     clip = _bounds(act, alpha, beta)
+    if _dw_uses_c(x, kh, kw, S, D, clip) and (z is None or z.flags.c_contiguous):
+        k = compiled.kernel(_DW_C)
+        if k is not None:
+            wp, bp = _packed(ctx, w_in, b_in, w, b, key="dwconv_avx2_pack",
+                             pack=pack_depthwise)
+            return _depthwise_c(k, x, wp, bp, z, clip, S, pb, out, y)
     name = None
     if x.dtype == np.float32 and kh == kw and S[0] == S[1] and D == [1, 1] \
             and (kh, S[0]) in _DW_COMPILED:
@@ -187,19 +248,19 @@ def _sample(a, idx):
     return a.reshape(-1)[idx].tobytes()
 
 
-def _packed(ctx, w_in, b_in, w2, b):
-    """The packed weights and padded bias of this node, made on its first compiled run and
+def _packed(ctx, w_in, b_in, w2, b, key="gemm_avx2_pack", pack=pack_panels):
+    """The packed weights and padded bias of this node (``pack(w2, b)``, kept under ``key``:
+    one per compiled path), made on its first compiled run and
     kept in its context (which lives with the plan): made again only when the weight or
     bias is another array (a trainable plan's Transpose output) or was updated in place
     (:data:`_SAMPLES` weight elements spread over the array, or any bias element,
     differ)."""
-    key = "gemm_avx2_pack"
     got = None if ctx is None else ctx.extra.get(key)
     if got is not None and got[0] is w_in and got[1] is b_in \
             and _sample(w2, got[2]) == got[3] \
             and (b is None or b.tobytes() == got[4]):
         return got[5]
-    packed = pack_panels(w2, b)
+    packed = pack(w2, b)
     if ctx is not None:
         idx = np.linspace(0, max(0, w2.size - 1), min(_SAMPLES, w2.size)).astype(np.intp)
         ctx.extra[key] = (w_in, b_in, idx, _sample(w2, idx),
@@ -390,7 +451,7 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
     else:
         x = np.ascontiguousarray(x)
         if group == C and M == C and Cg == 1 and kh * kw > 1:
-            _depthwise(x, w, b, z, act, p[0], p[1], st, dl, pb, out, y)
+            _depthwise(x, w, b, z, act, p[0], p[1], st, dl, pb, out, y, ctx, W, B)
         else:
             epi = _Epilogue(b, z, act, p[0], p[1], M)
             if kh == kw == 1 and group == 1:

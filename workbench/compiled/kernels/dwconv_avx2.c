@@ -1,0 +1,253 @@
+/* Depthwise 3x3 convolution on channels-last float32 activations, AVX2 + FMA (see
+ * dwconv_avx2.py).
+ *
+ *   Y[n, oh, ow, c] = clip(bias[c] + sum_{i,j} X[n, oh*S - pt + i, ow*S - pl + j, c] * W[i, j, c]
+ *                          + Z[n, oh, ow, c], lo, hi)     for output rows r0 <= n*OH + oh < r1
+ *
+ * X (N, H, W, C), Y and Z (N, OH, OW, C) are NHWC (channels contiguous). The weights were packed
+ * once into (9, Cp) and the bias into (Cp,), Cp = C rounded up to 8, zeros past C, so weight and
+ * bias loads never need a mask; the last channel block reads and writes X/Y/Z with masked
+ * loads/stores. Taps outside the input (padding) are skipped, never multiplied by zero, so an
+ * Inf or NaN next to the border does not leak into outputs that do not see it.
+ *
+ * Per output row and block of 8 channels, the weights of the kernel rows that fall inside the
+ * input stay in registers (the set of valid kernel rows is a literal of an inlined copy: top
+ * and bottom border rows get their own), and the interior pixels (every tap inside) run four at
+ * a time without bounds checks; border pixels take the taps that fall inside one by one.
+ *
+ * The clip keeps NaN: max/min return their second operand when either is NaN, and the
+ * accumulator is that operand. lo/hi = -inf/inf skip it.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+static const int32_t mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+static inline __m256i lanes(int64_t n) {   /* the first n (0..8) lanes on */
+    return _mm256_loadu_si256((const __m256i *)(mask_table + 8 - n));
+}
+
+#ifndef PF_AHEAD
+#define PF_AHEAD 4   /* prefetch distance, in groups of four output pixels */
+#endif
+
+#define LOAD(p) (MASKED ? _mm256_maskload_ps((p), m) : _mm256_loadu_ps(p))
+
+typedef struct {
+    int64_t N, H, W, C, OH, OW, S, pt, pl, has_z;
+} geo_t;
+
+/* bias + Z, clip, store: the epilogue of one output vector */
+static inline __attribute__((always_inline)) void finish(
+        const int MASKED, __m256 acc, const float *z, float *y, int has_z, int clip,
+        __m256 lo, __m256 hi, __m256i m) {
+    if (has_z)
+        acc = _mm256_add_ps(acc, LOAD(z));
+    if (clip) {
+        acc = _mm256_max_ps(lo, acc);
+        acc = _mm256_min_ps(hi, acc);
+    }
+    if (MASKED)
+        _mm256_maskstore_ps(y, m, acc);
+    else
+        _mm256_storeu_ps(y, acc);
+}
+
+/* one border pixel of one channel block: the taps inside the input, weights from memory
+ * (not inlined: one copy for full blocks, one for the masked tail) */
+#define BORDER(NAME, MK)                                                                    \
+    static __attribute__((noinline)) void NAME(                                              \
+            const float *x, const float *wp, __m256 bias, const float *z, float *y,          \
+            int64_t ih0, int64_t iw0, int64_t H, int64_t W, int64_t C, int64_t Cp,           \
+            int has_z, int clip, __m256 lo, __m256 hi, __m256i m) {                          \
+        const int MASKED = MK;                                                               \
+        __m256 acc = bias;                                                                   \
+        for (int64_t i = 0; i < 3; i++) {                                                    \
+            const int64_t ih = ih0 + i;                                                      \
+            if (ih < 0 || ih >= H)                                                           \
+                continue;                                                                    \
+            for (int64_t j = 0; j < 3; j++) {                                                \
+                const int64_t iw = iw0 + j;                                                  \
+                if (iw < 0 || iw >= W)                                                       \
+                    continue;                                                                \
+                acc = _mm256_fmadd_ps(LOAD(x + (ih * W + iw) * C),                           \
+                                      _mm256_loadu_ps(wp + (i * 3 + j) * Cp), acc);          \
+            }                                                                                \
+        }                                                                                    \
+        finish(MASKED, acc, z, y, has_z, clip, lo, hi, m);                                   \
+    }
+BORDER(border_full, 0)
+BORDER(border_masked, 1)
+#undef BORDER
+
+/* Four consecutive interior output pixels (every tap inside the input) x CB (1 or 2) blocks
+ * of 8 channels: p points at the first pixel's window start (input row ih0, channel offset
+ * included); kernel rows I0 <= i < I1 lie inside the input (literals: one inlined copy per
+ * case); MT: the last block is the masked channel tail. 4 * CB accumulators (independent FMA
+ * chains), each weight vector loaded once for the four pixels. The blocks of a pixel group
+ * walk the channels in order, so each input pixel is read as one sequential stream. */
+static inline __attribute__((always_inline)) void pixels(
+        const int CB, const int MT, const int I0, const int I1, const int S, const float *p,
+        const float *wp, const float *bp, const float *z, float *y, int64_t rs, int64_t C,
+        int64_t Cp, int has_z, int clip, __m256 lo, __m256 hi, __m256i m) {
+    const __m256 b0 = _mm256_loadu_ps(bp), b1 = CB > 1 ? _mm256_loadu_ps(bp + 8) : b0;
+    __m256 a00 = b0, a10 = b0, a20 = b0, a30 = b0, a01 = b1, a11 = b1, a21 = b1, a31 = b1;
+    const int64_t ps = S * C;
+    const int M0 = MT && CB == 1, M1 = MT && CB == 2;
+#define LD(ptr, MK) ((MK) ? _mm256_maskload_ps((ptr), m) : _mm256_loadu_ps(ptr))
+#pragma GCC unroll 3
+    for (int i = I0; i < I1; i++) {
+#pragma GCC unroll 3
+        for (int j = 0; j < 3; j++) {
+            const float *t = p + i * rs + j * C;
+            const __m256 w0 = _mm256_loadu_ps(wp + (i * 3 + j) * Cp);
+            a00 = _mm256_fmadd_ps(LD(t, M0), w0, a00);
+            a10 = _mm256_fmadd_ps(LD(t + ps, M0), w0, a10);
+            a20 = _mm256_fmadd_ps(LD(t + 2 * ps, M0), w0, a20);
+            a30 = _mm256_fmadd_ps(LD(t + 3 * ps, M0), w0, a30);
+            if (CB > 1) {
+                const __m256 w1 = _mm256_loadu_ps(wp + (i * 3 + j) * Cp + 8);
+                a01 = _mm256_fmadd_ps(LD(t + 8, M1), w1, a01);
+                a11 = _mm256_fmadd_ps(LD(t + ps + 8, M1), w1, a11);
+                a21 = _mm256_fmadd_ps(LD(t + 2 * ps + 8, M1), w1, a21);
+                a31 = _mm256_fmadd_ps(LD(t + 3 * ps + 8, M1), w1, a31);
+            }
+        }
+    }
+#undef LD
+#define OUT(q, acc, o, MK) finish(MK, acc, z + q * C + o, y + q * C + o, has_z, clip, lo, hi, m);
+    OUT(0, a00, 0, M0) OUT(1, a10, 0, M0) OUT(2, a20, 0, M0) OUT(3, a30, 0, M0)
+    if (CB > 1) {
+        OUT(0, a01, 8, M1) OUT(1, a11, 8, M1) OUT(2, a21, 8, M1) OUT(3, a31, 8, M1)
+    }
+#undef OUT
+}
+
+/* four interior pixels starting at output column ow, every channel (16 at a time) */
+static inline __attribute__((always_inline)) void pixel_group(
+        const int I0, const int I1, const int S, const float *xr, const float *wp,
+        const float *bp, const float *zr, float *yr, int64_t ow, int64_t pl, int64_t rs,
+        int64_t C, int64_t Cp, int has_z, int clip, __m256 lo, __m256 hi, __m256i all,
+        __m256i tail) {
+    const float *p = xr + (ow * S - pl) * C;
+    const float *z = zr + (has_z ? ow * C : 0);
+    float *y = yr + ow * C;
+    /* the next group's input rows that no earlier output row read (the last S kernel rows),
+     * fetched ahead: each input row is otherwise read in short runs out of address order,
+     * which the hardware prefetchers do not follow (measured 2x slower from memory) */
+#pragma GCC unroll 3
+    for (int i = 3 - S; i < I1; i++) {
+        const char *q = (const char *)(p + PF_AHEAD * 4 * S * C + i * rs);
+        for (int64_t o = 0; o < 16 * S * C; o += 64)
+            _mm_prefetch(q + o, _MM_HINT_T0);
+    }
+    {   /* and the output it will write (stores to lines out of order are not prefetched) */
+        const char *q = (const char *)(y + PF_AHEAD * 4 * C);
+        for (int64_t o = 0; o < 16 * C; o += 64)
+            __builtin_prefetch(q + o, 1, 3);
+    }
+    int64_t c = 0;
+#define P(CB, MT, M) pixels(CB, MT, I0, I1, S, p + c, wp + c, bp + c, z + c, y + c, rs, C, Cp, \
+                            has_z, clip, lo, hi, M)
+    for (; c + 16 <= C; c += 16)
+        P(2, 0, all);
+    if (C - c > 8)
+        P(2, 1, tail);
+    else if (C - c > 0)
+        P(1, 1, C - c == 8 ? all : tail);
+#undef P
+}
+
+/* one output row: xr points at input row ih0 (it may lie outside; only the rows I0..I1-1
+ * of the window are read), yr/zr at the output row; the valid kernel rows I0..I1-1 are
+ * literals (I1 <= I0: the generic row, every pixel tap by tap) */
+static inline __attribute__((always_inline)) void row(
+        const int I0, const int I1, const int S, const float *xr, const float *wp,
+        const float *bp, const float *zr, float *yr, int64_t ih0, int64_t H, int64_t W,
+        int64_t C, int64_t Cp, int64_t OW, int64_t pl, int64_t ow_lo, int64_t ow_hi,
+        int has_z, int clip, __m256 lo, __m256 hi) {
+    const __m256i all = lanes(8), tail = lanes(C & 7);
+    const int64_t rs = W * C;
+    const float *img = xr - ih0 * rs;
+    if (I1 <= I0)
+        ow_lo = ow_hi = OW;
+    int64_t ow = 0;
+#define BORDER_PIXEL                                                                        \
+    {                                                                                       \
+        const int64_t zo = has_z ? ow * C : 0;                                              \
+        int64_t c = 0;                                                                      \
+        for (; c + 8 <= C; c += 8)                                                          \
+            border_full(img + c, wp + c, _mm256_loadu_ps(bp + c), zr + zo + c,              \
+                        yr + ow * C + c, ih0, ow * S - pl, H, W, C, Cp, has_z, clip, lo,    \
+                        hi, all);                                                           \
+        if (c < C)                                                                          \
+            border_masked(img + c, wp + c, _mm256_loadu_ps(bp + c), zr + zo + c,            \
+                          yr + ow * C + c, ih0, ow * S - pl, H, W, C, Cp, has_z, clip, lo,  \
+                          hi, tail);                                                        \
+    }
+    for (; ow < ow_lo; ow++)
+        BORDER_PIXEL
+#define G(OW0) pixel_group(I0, I1, S, xr, wp, bp, zr, yr, OW0, pl, rs, C, Cp, has_z, clip, \
+                          lo, hi, all, tail)
+    if (ow_hi - ow >= 4) {
+        for (; ow + 4 <= ow_hi; ow += 4)
+            G(ow);
+        if (ow < ow_hi) {   /* the last 1-3: a group shifted left (a few pixels twice) */
+            G(ow_hi - 4);
+            ow = ow_hi;
+        }
+    }
+#undef G
+    for (; ow < OW; ow++)   /* the right border (and interior pixels of a short row) */
+        BORDER_PIXEL
+#undef BORDER_PIXEL
+}
+
+static inline __attribute__((always_inline)) void rows(
+        const int S, const float *x, const float *wp, const float *bp, const float *z,
+        float *y, const geo_t *g, int64_t r0, int64_t r1, int has_z, int clip, __m256 lo,
+        __m256 hi) {
+    const int64_t H = g->H, W = g->W, C = g->C, OH = g->OH, OW = g->OW, pt = g->pt,
+                  pl = g->pl, Cp = (C + 7) / 8 * 8;
+    /* interior columns: ow_lo <= ow < ow_hi have every tap inside (iw0 >= 0, iw0 + 3 <= W) */
+    int64_t ow_lo = (pl + S - 1) / S, ow_hi = W - 3 + pl >= 0 ? (W - 3 + pl) / S + 1 : 0;
+    if (ow_lo > OW)
+        ow_lo = OW;
+    if (ow_hi > OW)
+        ow_hi = OW;
+    if (ow_hi < ow_lo)
+        ow_hi = ow_lo;
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t n = r / OH, oh = r - n * OH, ih0 = oh * S - pt;
+        const float *xr = x + ((n * H) + ih0) * W * C;
+        float *yr = y + r * OW * C;
+        const float *zr = has_z ? z + r * OW * C : z;
+        const int64_t i0 = ih0 < 0 ? -ih0 : 0, i1 = H - ih0 < 3 ? H - ih0 : 3;
+#define R(I0, I1) row(I0, I1, S, xr, wp, bp, zr, yr, ih0, H, W, C, Cp, OW, pl, ow_lo, ow_hi, \
+                      has_z, clip, lo, hi)
+        if (i0 == 0 && i1 == 3) R(0, 3);
+        else if (i0 == 1 && i1 == 3) R(1, 3);   /* a top border row */
+        else if (i0 == 0 && i1 == 2) R(0, 2);   /* a bottom one */
+        else R(0, 0);   /* H < 3 or pads >= 2: every pixel tap by tap */
+#undef R
+    }
+}
+
+/* Y rows r0 .. r1-1 (r = n*OH + oh); geo = {N, H, W, C, OH, OW, S, pt, pl, has_z}; wp (9, Cp)
+ * and bp (Cp,) packed and zero-padded; Z read only when has_z. S is 1 or 2 (else nothing is
+ * written: the caller runs another path). */
+void wb_dwconv_avx2_dw3x3(const float *x, const float *wp, const float *bp, const float *z,
+                          float *y, const int64_t *geo, int64_t r0, int64_t r1, float lo,
+                          float hi) {
+    const geo_t *g = (const geo_t *)geo;
+    if (r1 <= r0 || g->C <= 0 || g->OW <= 0)
+        return;
+    const int clip = !(isinf(lo) && lo < 0 && isinf(hi) && hi > 0);
+    const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+    const int hz = g->has_z != 0;
+    if (g->S == 1)
+        rows(1, x, wp, bp, z, y, g, r0, r1, hz, clip, vlo, vhi);
+    else if (g->S == 2)
+        rows(2, x, wp, bp, z, y, g, r0, r1, hz, clip, vlo, vhi);
+}
