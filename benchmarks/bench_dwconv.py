@@ -69,13 +69,13 @@ def layer(net, batch, h, c, s, reps, rng):
     o = (h + 2 - 3) // s + 1
     y = np.empty((batch, o, o, c), np.float32)
     wp, bp = conv_nhwc.pack_depthwise(w, b)
-    geo = conv_nhwc._dw_c_geometry(x, c, [s, s], [1, 1], (o, o), None)
+    blk = conv_nhwc.dw_block(x, wp, bp, None, y, [s, s], [1, 1], (o, o), 0, batch * o, lo, hi)
     w3 = np.ascontiguousarray(w.reshape(3, 3, c))
     rows = batch * o
     reps = max(5, min(reps * 5, int(reps * 3e6 / (rows * o * c * 9))))
 
     def c_kernel():
-        kc(x, wp, bp, x, y, geo, 0, rows, lo, hi)
+        kc(blk)
 
     def numba_kernel():
         kn(x, w3, b, conv_nhwc._ONE, y, batch, h, h, c, o, o, 1, 1, 0, 0, rows, lo, hi)
@@ -88,7 +88,9 @@ def layer(net, batch, h, c, s, reps, rng):
 
 
 def overhead(reps):
-    """µs per NhwcConv call beyond its kernel, on [1, 7, 7, C] depthwise and 1x1 layers."""
+    """µs per NhwcConv call beyond its kernel, on [1, 7, 7, C] depthwise and 1x1 layers: the
+    node (its context kept, as a plan's) against the bare ctypes call of its kernel with the
+    pointers ready."""
     from workbench import compiled
     from workbench.ops import conv_nhwc
     from workbench.ops.registry import FUSED_DOMAIN, NodeContext, lookup
@@ -103,22 +105,24 @@ def overhead(reps):
     w1 = rng.standard_normal((1, 1, c, m)).astype(np.float32)
     b1 = rng.standard_normal(m).astype(np.float32)
     kc = compiled.kernel("dwconv_avx2.dw3x3")
-    kg = compiled.kernel("gemm_avx2.gemm")
+    dp = compiled.data_pointer
     for name, w, b, kw in (("depthwise 3x3", wd, bd, {"group": c, "pads": [1, 1, 1, 1]}),
                            ("1x1", w1, b1, {})):
         ctx = NodeContext("n", "NhwcConv", 1, 1)
         y = np.empty((1, 7, 7, w.shape[-1]), np.float32)
-        if name == "1x1":
+        if name == "1x1":   # the bare call: the kernel's one-argument form, block ready
+            kb = compiled.kernel("gemm_avx2.gemm_block")
             wp, bp = conv_nhwc.pack_panels(w.reshape(c, m), b)
-
-            def bare():
-                kg(x, wp, bp, x, y, c, m, 0, 49, 0, 0.0, 6.0)
+            blk = conv_nhwc.call_block([dp(a) for a in (x, wp, bp, x, y)], [c, m, 0, 49, 0],
+                                       0.0, 6.0)
+            addr, raw = dp(blk), kb.raw
         else:
             wp, bp = conv_nhwc.pack_depthwise(w, b)
-            geo = conv_nhwc._dw_c_geometry(x, c, [1, 1], [1, 1], (7, 7), None)
+            blk = conv_nhwc.dw_block(x, wp, bp, None, y, [1, 1], [1, 1], (7, 7), 0, 7, 0.0, 6.0)
+            addr, raw = dp(blk), kc.raw
 
-            def bare():
-                kc(x, wp, bp, x, y, geo, 0, 7, 0.0, 6.0)
+        def bare():
+            raw(addr)
 
         def node():
             conv(x, w, b, None, activation="Clip", activation_params=[0.0, 6.0], ctx=ctx,

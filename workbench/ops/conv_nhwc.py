@@ -24,6 +24,9 @@ against ``Conv`` on NCHW.
 
 from __future__ import annotations
 
+import ctypes
+import threading
+
 import numpy as np
 
 from workbench import compiled
@@ -121,11 +124,26 @@ def pack_depthwise(w, b=None, lanes=8):
     return wp, bp
 
 
-def _dw_c_geometry(x, C, S, pb, out, z):
-    """The int64 ``geo`` argument of ``dwconv_avx2.dw3x3``."""
-    N, H, W = (int(v) for v in x.shape[:3])
-    return np.array([N, H, W, C, out[0], out[1], S[0], pb[0], pb[1], int(z is not None)],
-                    np.int64)
+def call_block(ptrs, ints, lo, hi):
+    """A C kernel's call block (``dwconv_avx2.dw3x3``, ``gemm_avx2.gemm_block``): int64
+    slots, the addresses ``ptrs``, the integers ``ints``, then ``lo``/``hi`` as float64 bit
+    patterns."""
+    n = len(ptrs) + len(ints)
+    blk = np.zeros(n + 2, np.int64)
+    blk[:len(ptrs)] = ptrs
+    blk[len(ptrs):n] = ints
+    blk.view(np.float64)[n:] = (lo, hi)
+    return blk
+
+
+def dw_block(x, wp, bp, z, y, S, pb, out, r0, r1, lo, hi):
+    """The call block of ``dwconv_avx2.dw3x3`` (see its description) for output rows
+    r0:r1; ``z`` None for no residual."""
+    N, H, W, C = (int(v) for v in x.shape)
+    dp = compiled.data_pointer
+    return call_block(
+        [dp(x), dp(wp), dp(bp), dp(x if z is None else z), dp(y)],
+        [N, H, W, C, out[0], out[1], S[0], pb[0], pb[1], int(z is not None), r0, r1], lo, hi)
 
 
 def _depthwise_c(k, x, wp, bp, z, clip, S, pb, out, y):
@@ -133,21 +151,18 @@ def _depthwise_c(k, x, wp, bp, z, clip, S, pb, out, y):
     the work is too small to split)."""
     C = int(x.shape[3])
     rows = int(x.shape[0]) * out[0]
-    dp = compiled.data_pointer
-    geo = _dw_c_geometry(x, C, S, pb, out, z)
-    args = (dp(x), dp(wp), dp(bp), dp(x if z is None else z), dp(y), dp(geo))
     lo, hi = float(clip[0]), float(clip[1])
-    raw = k.raw
     work = rows * out[1] * C * 9
     jobs = _row_jobs(rows, out[1] * C) if work >= _SPLIT_MIN else [(0, rows)]
-    if len(jobs) == 1:
-        raw(*args, 0, rows, lo, hi)
+    blocks = [dw_block(x, wp, bp, z, y, S, pb, out, r0, r1, lo, hi) for r0, r1 in jobs]
+    if len(blocks) == 1:
+        k(blocks[0])
         return y
 
     def run(chunk):
-        for r0, r1 in chunk:
-            raw(*args, r0, r1, lo, hi)
-    run_blocks(np, jobs, run, work)
+        for blk in chunk:
+            k(blk)
+    run_blocks(np, blocks, run, work)
     return y
 
 
@@ -172,7 +187,11 @@ def _depthwise(x, w, b, z, act, alpha, beta, S, D, pb, out, y, ctx=None, w_in=No
         if k is not None:
             wp, bp = _packed(ctx, w_in, b_in, w, b, key="dwconv_avx2_pack",
                              pack=pack_depthwise)
+            if ctx is not None:   # what the node's pre-bound call needs
+                ctx.extra["dwconv_avx2_args"] = (S, pb, out, clip)
             return _depthwise_c(k, x, wp, bp, z, clip, S, pb, out, y)
+    if ctx is not None:   # another path: nothing to bind
+        ctx.extra.pop("dwconv_avx2_pack", None)
     name = None
     if x.dtype == np.float32 and kh == kw and S[0] == S[1] and D == [1, 1] \
             and (kh, S[0]) in _DW_COMPILED:
@@ -248,7 +267,7 @@ def _sample(a, idx):
     return a.reshape(-1)[idx].tobytes()
 
 
-def _packed(ctx, w_in, b_in, w2, b, key="gemm_avx2_pack", pack=pack_panels):
+def _packed(ctx, w_in, b_in, w2, b, key="gemm_avx2_pack", pack=None):
     """The packed weights and padded bias of this node (``pack(w2, b)``, kept under ``key``:
     one per compiled path), made on its first compiled run and
     kept in its context (which lives with the plan): made again only when the weight or
@@ -260,7 +279,7 @@ def _packed(ctx, w_in, b_in, w2, b, key="gemm_avx2_pack", pack=pack_panels):
             and _sample(w2, got[2]) == got[3] \
             and (b is None or b.tobytes() == got[4]):
         return got[5]
-    packed = pack(w2, b)
+    packed = (pack or pack_panels)(w2, b)
     if ctx is not None:
         idx = np.linspace(0, max(0, w2.size - 1), min(_SAMPLES, w2.size)).astype(np.intp)
         ctx.extra[key] = (w_in, b_in, idx, _sample(w2, idx),
@@ -400,12 +419,120 @@ def _im2col(x, w, group, epi, S, D, pb, out, y):
     return y
 
 
+_BOUND = "nhwc_bound"   # ctx.extra key of a node's pre-bound compiled call
+_F32 = np.dtype(np.float32)
+
+
+def _is_f32(a):
+    return type(a) is np.ndarray and a.dtype == _F32 and a.flags.c_contiguous
+
+
+def _bound_call(X, W, B, Z, y_shape, pack_key, ctx):
+    """For a node whose last run took a compiled path with weights packed under
+    ``pack_key``: a function ``(X, W, B, Z) -> Y or None`` that repeats that run for inputs
+    like these with everything looked up, packed and checked once here (kernel, call blocks
+    with the packed weights' addresses, geometry and row ranges), or None when this run
+    cannot be bound. It answers None (the full path runs, and binds again) when an input is
+    another array or shape, the weight or bias was changed in place (the packing's check,
+    :func:`_packed`), or compiled kernels were turned off."""
+    got = ctx.extra.get(pack_key)
+    if got is None or got[0] is not W or got[1] is not B or not _is_f32(X) \
+            or not _is_f32(W) or (B is not None and not _is_f32(B)) \
+            or (Z is not None and (not _is_f32(Z) or Z.shape != y_shape)):
+        return None
+    N, H, Wd, C = (int(v) for v in X.shape)
+    wp, bp = got[5]
+    y0 = np.empty(y_shape, np.float32)   # stands for the output in the blocks made here
+    if pack_key == "dwconv_avx2_pack":
+        k = compiled.kernel(_DW_C)
+        S, pb, out, clip = ctx.extra["dwconv_avx2_args"]
+        rows, per_row = N * y_shape[1], y_shape[2] * C
+        work = rows * per_row * 9
+        jobs = _row_jobs(rows, per_row) if work >= _SPLIT_MIN else [(0, rows)]
+        blocks = [dw_block(X, wp, bp, Z, y0, S, pb, out, r0, r1, *clip) for r0, r1 in jobs]
+    else:
+        k = compiled.kernel("gemm_avx2.gemm_block")
+        M = int(y_shape[3])
+        rows = N * H * Wd
+        work = rows * M * C
+        lo, hi = ctx.extra["gemm_avx2_clip"]
+        dp = compiled.data_pointer
+        ptrs = [dp(X), dp(wp), dp(bp), dp(X if Z is None else Z), dp(y0)]
+        blocks = [call_block(ptrs, [C, M, r0, r1, int(Z is not None)], lo, hi)
+                  for r0, r1 in _tile_jobs(rows)]
+    if k is None:
+        return None
+    raw, dp = k.raw, compiled.data_pointer
+    # per block: its address and a ctypes view to write the X, Z and Y addresses into
+    slots = [(dp(blk), (ctypes.c_int64 * 5).from_buffer(blk), blk) for blk in blocks]
+    x_shape, z_shape, w_flat = X.shape, None if Z is None else Z.shape, W.reshape(-1)
+    idx, w_sample, b_bytes = got[2], got[3], got[4]
+    enabled = compiled.enabled
+    empty = np.empty
+    busy = threading.Lock()   # the blocks are shared: a second thread takes the full path
+
+    def bound(X_, W_, B_, Z_):
+        if W_ is not W or B_ is not B or type(X_) is not np.ndarray or X_.shape != x_shape \
+                or X_.dtype is not _F32 or not X_.flags.c_contiguous:
+            return None
+        if Z_ is None:
+            if z_shape is not None:
+                return None
+        elif type(Z_) is not np.ndarray or Z_.shape != z_shape or Z_.dtype is not _F32 \
+                or not Z_.flags.c_contiguous:
+            return None
+        if w_flat[idx].tobytes() != w_sample or (b_bytes is not None
+                                                  and B_.tobytes() != b_bytes) \
+                or not enabled():
+            return None
+        if not busy.acquire(False):
+            return None
+        try:
+            y = empty(y_shape, _F32)
+            px, py = dp(X_), dp(y)
+            pz = px if Z_ is None else dp(Z_)
+            if len(slots) == 1:
+                addr, view, _ = slots[0]
+                view[0], view[3], view[4] = px, pz, py
+                raw(addr)
+                return y
+            for _, view, _ in slots:
+                view[0], view[3], view[4] = px, pz, py
+
+            def run(chunk):
+                for addr, _, _ in chunk:
+                    raw(addr)
+            run_blocks(np, slots, run, work)
+            return y
+        finally:
+            busy.release()
+    return bound
+
+
+def _bind(ctx, X, W, B, Z, y, pack_key):
+    """Keep (or drop) this node's pre-bound call after a run (see :func:`_bound_call`)."""
+    try:
+        bound = _bound_call(X, W, B, Z, tuple(y.shape), pack_key, ctx)
+    except (KeyError, TypeError, ValueError):
+        bound = None
+    if bound is None:
+        ctx.extra.pop(_BOUND, None)
+    else:
+        ctx.extra[_BOUND] = bound
+
+
 @kernel("NhwcConv", since=1, domain=FUSED_DOMAIN, category="layer", wants_ctx=True)
 def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
               auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
               strides=None, ctx=None):
     """Channels-last 2-D convolution (see the module docstring): X (N, H, W, C), W (kh, kw,
     C/group, M), B (M,), Z and Y (N, OH, OW, M); ``activation`` as FusedConv's."""
+    if ctx is not None:
+        bound = ctx.extra.get(_BOUND)
+        if bound is not None:
+            y = bound(X, W, B, Z)
+            if y is not None:
+                return y
     op = "NhwcConv"
     group = int(group)
     if X.ndim != 4 or W.ndim != 4:
@@ -450,14 +577,32 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
         raise ShapeError(f"{op} runs on numpy arrays (CPU plans) only")
     else:
         x = np.ascontiguousarray(x)
+        pack_key = None
+        packs = None if ctx is None else (ctx.extra.get("dwconv_avx2_pack"),
+                                          ctx.extra.get("gemm_avx2_pack"))
         if group == C and M == C and Cg == 1 and kh * kw > 1:
             _depthwise(x, w, b, z, act, p[0], p[1], st, dl, pb, out, y, ctx, W, B)
+            pack_key = "dwconv_avx2_pack"
         else:
             epi = _Epilogue(b, z, act, p[0], p[1], M)
             if kh == kw == 1 and group == 1:
                 _pointwise(x, w, epi, st, pb, out, y, ctx, W, B)
+                if epi.clip is not None and not any(pb) and st == [1, 1]:
+                    pack_key = "gemm_avx2_pack"
+                    if ctx is not None:
+                        ctx.extra["gemm_avx2_clip"] = (float(epi.clip[0]),
+                                                       float(epi.clip[1]))
             else:
                 _im2col(x, w, group, epi, st, dl, pb, out, y)
+        if ctx is not None:
+            # bound on the second run with the same packed weights (a trainable plan's
+            # weights are a new array every run: never bound, never paid for)
+            reused = pack_key is not None and late_z is None and packs[
+                0 if pack_key == "dwconv_avx2_pack" else 1] is ctx.extra.get(pack_key)
+            if reused:
+                _bind(ctx, X, W, B, Z, y, pack_key)
+            else:
+                ctx.extra.pop(_BOUND, None)
     if late_z is not None:
         if np.broadcast_shapes(shape, tuple(late_z.shape)) == shape:
             y += late_z.astype(dt, copy=False)

@@ -42,9 +42,14 @@ static inline __m256i lanes(int64_t n) {   /* the first n (0..8) lanes on */
 #endif
 #define LOAD(p) (MASKED ? _mm256_maskload_ps((p), m) : _mm256_loadu_ps(p))
 
+/* the call's arguments, one int64 block (19 slots): a ctypes call costs ~0.4 us per argument,
+ * so the engine keeps a block per node and call range and rewrites only the array pointers */
 typedef struct {
-    int64_t N, H, W, C, OH, OW, S, pt, pl, has_z;
-} geo_t;
+    const float *x, *wp, *bp, *z;
+    float *y;
+    int64_t N, H, W, C, OH, OW, S, pt, pl, has_z, r0, r1;
+    double lo, hi;
+} call_t;
 
 /* bias + Z, clip, store: the epilogue of one output vector */
 static inline __attribute__((always_inline)) void finish(
@@ -199,7 +204,7 @@ static inline __attribute__((always_inline)) void row(
 
 static inline __attribute__((always_inline)) void rows(
         const int S, const float *x, const float *wp, const float *bp, const float *z,
-        float *y, const geo_t *g, int64_t r0, int64_t r1, int has_z, int clip, __m256 lo,
+        float *y, const call_t *g, int64_t r0, int64_t r1, int has_z, int clip, __m256 lo,
         __m256 hi) {
     const int64_t H = g->H, W = g->W, C = g->C, OH = g->OH, OW = g->OW, pt = g->pt,
                   pl = g->pl, Cp = (C + 7) / 8 * 8;
@@ -227,20 +232,19 @@ static inline __attribute__((always_inline)) void rows(
     }
 }
 
-/* Y rows r0 .. r1-1 (r = n*OH + oh); geo = {N, H, W, C, OH, OW, S, pt, pl, has_z}; wp (9, Cp)
- * and bp (Cp,) packed and zero-padded; Z read only when has_z. S is 1 or 2 (else nothing is
- * written: the caller runs another path). */
-void wb_dwconv_avx2_dw3x3(const float *x, const float *wp, const float *bp, const float *z,
-                          float *y, const int64_t *geo, int64_t r0, int64_t r1, float lo,
-                          float hi) {
-    const geo_t *g = (const geo_t *)geo;
-    if (r1 <= r0 || g->C <= 0 || g->OW <= 0)
+/* Y rows a->r0 .. a->r1-1 (r = n*OH + oh) of the call block a: wp (9, Cp) and bp (Cp,)
+ * packed and zero-padded; Z read only when has_z; lo/hi = -inf/inf: no clip. S is 1 or 2
+ * (else nothing is written: the caller runs another path). */
+void wb_dwconv_avx2_dw3x3(const int64_t *block) {
+    const call_t *a = (const call_t *)block;
+    if (a->r1 <= a->r0 || a->C <= 0 || a->OW <= 0)
         return;
+    const float lo = (float)a->lo, hi = (float)a->hi;
     const int clip = !(isinf(lo) && lo < 0 && isinf(hi) && hi > 0);
     const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
-    const int hz = g->has_z != 0;
-    if (g->S == 1)
-        rows(1, x, wp, bp, z, y, g, r0, r1, hz, clip, vlo, vhi);
-    else if (g->S == 2)
-        rows(2, x, wp, bp, z, y, g, r0, r1, hz, clip, vlo, vhi);
+    const int hz = a->has_z != 0;
+    if (a->S == 1)
+        rows(1, a->x, a->wp, a->bp, a->z, a->y, a, a->r0, a->r1, hz, clip, vlo, vhi);
+    else if (a->S == 2)
+        rows(2, a->x, a->wp, a->bp, a->z, a->y, a, a->r0, a->r1, hz, clip, vlo, vhi);
 }

@@ -9,12 +9,14 @@ the numba kernel ``conv_nhwc.dw_k3s*`` or numpy.
 - ``dw3x3``: ``Y = clip(depthwise3x3(X) + bias + Z, lo, hi)`` for output rows
   ``r0 <= n*OH + oh < r1`` of NHWC X (N, H, W, C) and Y, Z (N, OH, OW, C); stride 1 or 2,
   any top/left pads (the bottom/right ones follow from OH/OW), dilation 1, one channel per
-  group. The weights are packed at the node's first run into (9, Cp) and the bias into
-  (Cp,), Cp = C rounded up to :data:`LANES`, zeros past C
-  (:func:`workbench.ops.conv_nhwc.pack_depthwise`); ``geo`` is an int64 array
-  ``{N, H, W, C, OH, OW, stride, pad_top, pad_left, has_z}`` (made once per node and input
-  shape, so a call passes few arguments). ``Z`` is read only when ``has_z``; ``lo``/``hi`` =
-  -inf/inf give no clip; NaN passes the clip (as numpy's).
+  group. Its one argument is an int64 block of 19 slots (:data:`BLOCK`; a ctypes call costs
+  ~0.4 µs per argument, so a node keeps its blocks and rewrites only the array pointers):
+  the addresses of X, the packed weights, the padded bias, Z and Y, then N, H, W, C, OH, OW,
+  stride, pad_top, pad_left, has_z, r0, r1, then lo and hi as float64 bit patterns
+  (:func:`workbench.ops.conv_nhwc.dw_block`). The weights are packed at the node's first run
+  into (9, Cp) and the bias into (Cp,), Cp = C rounded up to :data:`LANES`, zeros past C
+  (:func:`workbench.ops.conv_nhwc.pack_depthwise`). ``Z`` is read only when ``has_z``;
+  ``lo``/``hi`` = -inf/inf give no clip; NaN passes the clip (as numpy's).
 """
 
 #: the kernel's source file, in this folder
@@ -25,7 +27,10 @@ CFLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-fno-math-errno")
 REQUIRES = ("avx2", "fma")
 #: channels per vector (the packed weights' padding)
 LANES = 8
+#: the slots of a call block
+BLOCK = ("x", "w", "b", "z", "y", "N", "H", "W", "C", "OH", "OW", "stride", "pad_top",
+         "pad_left", "has_z", "r0", "r1", "lo", "hi")
 #: kernel name -> argument string (:mod:`workbench.compiled.spec`)
 EXPORTS = {
-    "dw3x3": "f32[] f32[] f32[] f32[] f32[]! i64[] i64 i64 f32 f32",
+    "dw3x3": "i64[]",
 }
