@@ -121,10 +121,10 @@ def overhead(reps):
             blk = conv_nhwc.dw_block(x, wp, bp, None, y, [1, 1], [1, 1], (7, 7), 0, 7, 0.0, 6.0)
             addr, raw = dp(blk), kc.raw
 
-        def bare():
+        def bare(raw=raw, addr=addr):
             raw(addr)
 
-        def node():
+        def node(w=w, b=b, ctx=ctx, kw=kw):
             conv(x, w, b, None, activation="Clip", activation_params=[0.0, 6.0], ctx=ctx,
                  **kw)
         n = 2000
