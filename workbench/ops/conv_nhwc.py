@@ -6,9 +6,12 @@ that constant folding bakes in), Z (a residual) and Y are (N, OH, OW, M). The ep
 FusedConv's: ``activation(conv + B + Z)``, applied to each block of the output in the worker
 that computed it. Three paths, each split over the engine's threads (BLAS single-threaded):
 
-- depthwise (group == C == M): the compiled kernels ``conv_nhwc.dw_k{3,5}s{1,2}`` when they
-  are loaded (float32, dilation 1), else numpy tap by tap on blocks of output rows, every tap
-  a multiply-add over whole (rows, OW, C) slices (channels contiguous);
+- depthwise (group == C == M): 3x3 with stride 1 or 2 (float32, dilation 1, an epilogue that
+  is a clip) in the C kernel ``dwconv_avx2.dw3x3`` when it is loaded (AVX2 + FMA CPUs with a
+  C compiler; weights packed once per node, see :func:`pack_depthwise`), else the numba
+  kernels ``conv_nhwc.dw_k{3,5}s{1,2}`` when they are loaded, else numpy tap by tap on
+  blocks of output rows, every tap a multiply-add over whole (rows, OW, C) slices (channels
+  contiguous);
 - 1x1 (group 1): a plain ``(rows, C) @ (C, M)`` GEMM. float32, stride 1, no padding: the
   compiled C kernel ``gemm_avx2.gemm`` when it is loaded (AVX2 + FMA CPUs with a C compiler),
   with the weights packed once into 16-column panels and kept in the node's context (the
@@ -20,6 +23,15 @@ that computed it. Three paths, each split over the engine's threads (BLAS single
 The bias/residual/clip epilogue runs in the compiled ``conv_nhwc.bias_act`` when loaded. The
 numpy paths are the reference and the fallback; ``tests/ops/test_conv_nhwc.py`` checks both
 against ``Conv`` on NCHW.
+
+Per-call cost: a node whose run took a C path (depthwise or 1x1) twice with the same packed
+weights keeps a pre-bound call in its context (:func:`_bound_call`): the kernel, call blocks
+holding the packed weights' addresses, geometry and row ranges (a ctypes call costs ~0.4 µs
+per argument, so the C kernels take one int64 block), and the weight check; later runs with
+inputs of the same shapes check identity, shapes and the packed weights' sample, write the
+X/Z/Y addresses into the blocks and call (the pool only for work worth splitting). Anything
+else (another array, shape or weight values, kernels turned off) takes the full path, which
+binds again.
 """
 
 from __future__ import annotations
