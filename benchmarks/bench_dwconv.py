@@ -11,6 +11,12 @@ ReLU6 for MobileNetV2, bias for ShuffleNetV2), then the sums over the network (M
 17 layers, ShuffleNetV2: 19). Medians of ``--reps`` (``time.process_time``), best of two
 interleaved rounds. Also the whole NhwcConv node on a tiny layer ([1, 7, 7, C]): what a step
 costs beyond its kernel (``--overhead``).
+
+``--models``: whole models (``tests/helpers/torch_models``, 224x224) in one process, one plan
+each: "after" as it is, "before" with ``dwconv_avx2`` and ``gemm_avx2.gemm_block`` hidden (the
+depthwise layers on the numba kernel, no pre-bound calls: the engine before this module),
+onnxruntime at one thread; blocks of ``--reps`` runs (two warm-up runs each, so the node
+contexts settle) taking turns for ``--rounds`` rounds; medians.
 """
 
 from __future__ import annotations
@@ -141,12 +147,59 @@ def overhead(reps):
     return out
 
 
+def models_table(models, batches, reps, rounds) -> None:
+    from benchmarks._cpu import torch_export_case
+    from workbench import backend, compiled
+    from workbench.ops import conv_nhwc
+
+    real_kernel, real_key = compiled.kernel, conv_nhwc._BOUND
+
+    def hidden(name):
+        return None if name.startswith("dwconv_avx2.") or name == "gemm_avx2.gemm_block" \
+            else real_kernel(name)
+
+    def before(rep, xs):
+        conv_nhwc.compiled.kernel, conv_nhwc._BOUND = hidden, "nhwc_bound_hidden"
+        try:
+            rep.run(xs)
+        finally:
+            conv_nhwc.compiled.kernel, conv_nhwc._BOUND = real_kernel, real_key
+
+    print(f"\nwhole models, 224x224, CPU ms per run at one thread (median of {rounds * reps} "
+          f"runs each, blocks of {reps} taking turns):")
+    print(f"{'model':13s} {'batch':>5s} {'before':>8s} {'after':>8s} {'ort':>8s} "
+          f"{'after/before':>12s} {'before/ort':>10s} {'after/ort':>9s} {'max err':>8s}")
+    for name in models:
+        for n in batches:
+            proto, xs, sess, ref = torch_export_case(name, n)
+            feeds = dict(zip([i.name for i in sess.get_inputs()], xs))
+            rep = backend.prepare(proto)
+            got = np.asarray(rep.run(xs)[0])
+            err = float(np.abs(got - ref).max() / max(1.0, np.abs(ref).max()))
+            t = {"b": [], "a": [], "o": []}
+            fns = {"b": (before, rep, xs), "a": (lambda r, v: r.run(v), rep, xs),
+                   "o": (sess.run, None, feeds)}
+            for _ in range(rounds):
+                for key, (fn, *args) in fns.items():
+                    fn(*args)
+                    fn(*args)
+                    for _ in range(reps):
+                        c0 = time.process_time()
+                        fn(*args)
+                        t[key].append((time.process_time() - c0) * 1e3)
+            b, a_, o = (statistics.median(t[k]) for k in "bao")
+            print(f"{name:13s} {n:5d} {b:8.1f} {a_:8.1f} {o:8.1f} {a_ / b:11.2f}x "
+                  f"{b / o:9.2f}x {a_ / o:8.2f}x {err:8.1e}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--overhead", action="store_true", help="only the per-call overhead")
+    ap.add_argument("--models", nargs="+", help="whole models, before/after (see above)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of blocks (--models)")
     a = ap.parse_args()
     from workbench import compiled
 
@@ -158,6 +211,9 @@ def main() -> int:
         print(f"NhwcConv [1,7,7,160] {name}: node {t['node']:.1f} µs, kernel alone "
               f"{t['bare']:.1f} µs, outside the kernel {t['node'] - t['bare']:.1f} µs")
     if a.overhead:
+        return 0
+    if a.models:
+        models_table(a.models, a.batches, a.reps, a.rounds)
         return 0
     rng = np.random.default_rng(0)
     for net in a.nets:
