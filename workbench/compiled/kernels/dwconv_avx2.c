@@ -94,12 +94,11 @@ BORDER(border_full, 0)
 BORDER(border_masked, 1)
 #undef BORDER
 
-/* Four consecutive interior output pixels (every tap inside the input) x CB (1 or 2) blocks
- * of 8 channels: p points at the first pixel's window start (input row ih0, channel offset
+/* GROUP consecutive interior output pixels (every tap inside the input) x CB blocks of 8
+ * channels: p points at the first pixel's window start (input row ih0, channel offset
  * included); kernel rows I0 <= i < I1 lie inside the input (literals: one inlined copy per
- * case); MT: the last block is the masked channel tail. 4 * CB accumulators (independent FMA
- * chains), each weight vector loaded once for the four pixels. The blocks of a pixel group
- * walk the channels in order, so each input pixel is read as one sequential stream. */
+ * case); MT: the last block is the masked channel tail. GROUP * CB accumulators (independent
+ * FMA chains), each weight vector loaded once for the GROUP pixels. */
 static inline __attribute__((always_inline)) void pixels(
         const int CB, const int MT, const int I0, const int I1, const int S, const float *p,
         const float *wp, const float *bp, const float *z, float *y, int64_t rs, int64_t C,
@@ -136,7 +135,7 @@ static inline __attribute__((always_inline)) void pixels(
                    clip, lo, hi, m);
 }
 
-/* four interior pixels starting at output column ow, every channel (16 at a time) */
+/* GROUP interior pixels starting at output column ow, every channel (8 * CHUNK at a time) */
 static inline __attribute__((always_inline)) void pixel_group(
         const int I0, const int I1, const int S, const float *xr, const float *wp,
         const float *bp, const float *zr, float *yr, int64_t ow, int64_t pl, int64_t rs,
