@@ -149,10 +149,12 @@ static inline __attribute__((always_inline)) void pixel_group(
                             has_z, clip, lo, hi, M)
     for (; c + 8 * CHUNK <= C; c += 8 * CHUNK)
         P(CHUNK, 0, all);
-    for (; c + 8 <= C; c += 8)   /* the channel tail: blocks of 8, then a masked one */
-        P(1, 0, all);
-    if (c < C)
-        P(1, 1, tail);
+    switch ((C - c + 7) / 8) {   /* the channel tail: 1-3 blocks in one tile, the last masked */
+    case 3: P(3, 1, (C & 7) ? tail : all); break;
+    case 2: P(2, 1, (C & 7) ? tail : all); break;
+    case 1: P(1, 1, (C & 7) ? tail : all); break;
+    default: break;
+    }
 #undef P
 }
 
