@@ -64,13 +64,14 @@ def _calls(monkeypatch):
 
 
 def test_every_channel_tail_size_stride_pad_and_epilogue(dw, monkeypatch):
-    """C in {1, 7, 8, 9, 17, 32} (every tail of the 8-lane blocks and the 32-channel tile),
+    """C in {1, 7, 8, 9, 17, 24, 31, 32, 58} (every tail of the 8-lane blocks and of the
+    32-channel tile: 1-4 blocks, the last masked or full),
     H and W in {1, 2, 3, 5, 8}, both strides, every pad pattern (asymmetric, and pads of 2
     where a whole kernel row falls outside), with and without bias and residual, no clip,
     ReLU, ReLU6, Clip: the same as numpy's path within float32 rounding."""
     calls = _calls(monkeypatch)
     i = n = 0
-    for c in (1, 7, 8, 9, 17, 32):
+    for c in (1, 7, 8, 9, 17, 24, 31, 32, 58):
         for h in (1, 2, 3, 5, 8):
             for w_ in (1, 3, 8) if c in (1, 17) else (5, 2):
                 i += 1

@@ -149,7 +149,11 @@ static inline __attribute__((always_inline)) void pixel_group(
                             has_z, clip, lo, hi, M)
     for (; c + 8 * CHUNK <= C; c += 8 * CHUNK)
         P(CHUNK, 0, all);
-    switch ((C - c + 7) / 8) {   /* the channel tail: 1-3 blocks in one tile, the last masked */
+#if CHUNK != 4
+#error "the channel tail below is written for CHUNK == 4"
+#endif
+    switch ((C - c + 7) / 8) {   /* the channel tail: 1-4 blocks in one tile, the last masked */
+    case 4: P(4, 1, (C & 7) ? tail : all); break;
     case 3: P(3, 1, (C & 7) ? tail : all); break;
     case 2: P(2, 1, (C & 7) ? tail : all); break;
     case 1: P(1, 1, (C & 7) ? tail : all); break;
