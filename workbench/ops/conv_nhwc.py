@@ -61,7 +61,9 @@ _BLOCK = 1 << 16   # output (or im2col) elements per block: stays in L2 with its
 _CLIPS = ("", "Relu", "Clip")   # activations the compiled epilogue does (as a clip)
 _DW_COMPILED = {(3, 1), (3, 2), (5, 1), (5, 2)}   # (kernel, stride) with a compiled kernel
 _DW_C = "dwconv_avx2.dw3x3"   # the C depthwise 3x3 kernel (strides 1, 2)
-_SPLIT_MIN = 1 << 18   # multiply-adds under which a compiled call is not split over the pool
+_SPLIT_MIN = 1 << 22   # multiply-adds under which a compiled call is not split over the pool
+# (~0.1 ms of 1x1 GEMM: handing the halves of a smaller call to the pool measured 1.05-4x
+# slower in wall time than one call on this 2-core machine under load)
 
 
 def _bounds(activation, alpha, beta):
@@ -471,7 +473,7 @@ def _bound_call(X, W, B, Z, y_shape, pack_key, ctx):
         dp = compiled.data_pointer
         ptrs = [dp(X), dp(wp), dp(bp), dp(X if Z is None else Z), dp(y0)]
         blocks = [call_block(ptrs, [C, M, r0, r1, int(Z is not None)], lo, hi)
-                  for r0, r1 in _tile_jobs(rows)]
+                  for r0, r1 in (_tile_jobs(rows) if work >= _SPLIT_MIN else [(0, rows)])]
     if k is None:
         return None
     raw, dp = k.raw, compiled.data_pointer
@@ -609,8 +611,9 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
         if ctx is not None:
             # bound on the second run with the same packed weights (a trainable plan's
             # weights are a new array every run: never bound, never paid for)
-            reused = pack_key is not None and late_z is None and packs[
-                0 if pack_key == "dwconv_avx2_pack" else 1] is ctx.extra.get(pack_key)
+            now = None if pack_key is None else ctx.extra.get(pack_key)
+            reused = now is not None and late_z is None and packs[
+                0 if pack_key == "dwconv_avx2_pack" else 1] is now
             if reused:
                 _bind(ctx, X, W, B, Z, y, pack_key)
             else:
