@@ -6,9 +6,12 @@ that constant folding bakes in), Z (a residual) and Y are (N, OH, OW, M). The ep
 FusedConv's: ``activation(conv + B + Z)``, applied to each block of the output in the worker
 that computed it. Three paths, each split over the engine's threads (BLAS single-threaded):
 
-- depthwise (group == C == M): the compiled kernels ``conv_nhwc.dw_k{3,5}s{1,2}`` when they
-  are loaded (float32, dilation 1), else numpy tap by tap on blocks of output rows, every tap
-  a multiply-add over whole (rows, OW, C) slices (channels contiguous);
+- depthwise (group == C == M): 3x3 with stride 1 or 2 (float32, dilation 1, an epilogue that
+  is a clip) in the C kernel ``dwconv_avx2.dw3x3`` when it is loaded (AVX2 + FMA CPUs with a
+  C compiler; weights packed once per node, see :func:`pack_depthwise`), else the numba
+  kernels ``conv_nhwc.dw_k{3,5}s{1,2}`` when they are loaded, else numpy tap by tap on
+  blocks of output rows, every tap a multiply-add over whole (rows, OW, C) slices (channels
+  contiguous);
 - 1x1 (group 1): a plain ``(rows, C) @ (C, M)`` GEMM. float32, stride 1, no padding: the
   compiled C kernel ``gemm_avx2.gemm`` when it is loaded (AVX2 + FMA CPUs with a C compiler),
   with the weights packed once into 16-column panels and kept in the node's context (the
@@ -20,9 +23,21 @@ that computed it. Three paths, each split over the engine's threads (BLAS single
 The bias/residual/clip epilogue runs in the compiled ``conv_nhwc.bias_act`` when loaded. The
 numpy paths are the reference and the fallback; ``tests/ops/test_conv_nhwc.py`` checks both
 against ``Conv`` on NCHW.
+
+Per-call cost: a node whose run took a C path (depthwise or 1x1) twice with the same packed
+weights keeps a pre-bound call in its context (:func:`_bound_call`): the kernel, call blocks
+holding the packed weights' addresses, geometry and row ranges (a ctypes call costs ~0.4 µs
+per argument, so the C kernels take one int64 block), and the weight check; later runs with
+inputs of the same shapes check identity, shapes and the packed weights' sample, write the
+X/Z/Y addresses into the blocks and call (the pool only for work worth splitting). Anything
+else (another array, shape or weight values, kernels turned off) takes the full path, which
+binds again.
 """
 
 from __future__ import annotations
+
+import ctypes
+import threading
 
 import numpy as np
 
@@ -45,6 +60,10 @@ from workbench.ops.windows import spatial_ints
 _BLOCK = 1 << 16   # output (or im2col) elements per block: stays in L2 with its inputs
 _CLIPS = ("", "Relu", "Clip")   # activations the compiled epilogue does (as a clip)
 _DW_COMPILED = {(3, 1), (3, 2), (5, 1), (5, 2)}   # (kernel, stride) with a compiled kernel
+_DW_C = "dwconv_avx2.dw3x3"   # the C depthwise 3x3 kernel (strides 1, 2)
+_SPLIT_MIN = 1 << 22   # multiply-adds under which a compiled call is not split over the pool
+# (~0.1 ms of 1x1 GEMM: handing the halves of a smaller call to the pool measured 1.05-4x
+# slower in wall time than one call on this 2-core machine under load)
 
 
 def _bounds(activation, alpha, beta):
@@ -105,13 +124,88 @@ def _row_jobs(rows, per_row, *, block=_BLOCK):
     return [(r, min(rows, r + step)) for r in range(0, rows, step)]
 
 
-def _depthwise(x, w, b, z, act, alpha, beta, S, D, pb, out, y):
-    """y (N, OH, OW, C) = depthwise conv of x (N, H, W, C) with w (kh, kw, 1, C)."""
+def pack_depthwise(w, b=None, lanes=8):
+    """``(packed, bias)`` for ``dwconv_avx2.dw3x3``: (kh, kw, 1, C) weights as (kh*kw, Cp)
+    and the bias (zeros when None) as (Cp,), Cp = C rounded up to ``lanes``, zeros past C.
+    float32, C-contiguous."""
+    kh, kw, _, C = (int(v) for v in w.shape)
+    cp = -(-C // lanes) * lanes
+    wp = np.zeros((kh * kw, cp), np.float32)
+    wp[:, :C] = w.reshape(kh * kw, C)
+    bp = np.zeros(cp, np.float32)
+    if b is not None:
+        bp[:C] = b
+    return wp, bp
+
+
+def call_block(ptrs, ints, lo, hi):
+    """A C kernel's call block (``dwconv_avx2.dw3x3``, ``gemm_avx2.gemm_block``): int64
+    slots, the addresses ``ptrs``, the integers ``ints``, then ``lo``/``hi`` as float64 bit
+    patterns."""
+    n = len(ptrs) + len(ints)
+    blk = np.zeros(n + 2, np.int64)
+    blk[:len(ptrs)] = ptrs
+    blk[len(ptrs):n] = ints
+    blk.view(np.float64)[n:] = (lo, hi)
+    return blk
+
+
+def dw_block(x, wp, bp, z, y, S, pb, out, r0, r1, lo, hi):
+    """The call block of ``dwconv_avx2.dw3x3`` (see its description) for output rows
+    r0:r1; ``z`` None for no residual."""
+    N, H, W, C = (int(v) for v in x.shape)
+    dp = compiled.data_pointer
+    return call_block(
+        [dp(x), dp(wp), dp(bp), dp(x if z is None else z), dp(y)],
+        [N, H, W, C, out[0], out[1], S[0], pb[0], pb[1], int(z is not None), r0, r1], lo, hi)
+
+
+def _depthwise_c(k, x, wp, bp, z, clip, S, pb, out, y):
+    """The C path: ``dwconv_avx2.dw3x3`` on blocks of output rows (one call, no pool, when
+    the work is too small to split)."""
+    C = int(x.shape[3])
+    rows = int(x.shape[0]) * out[0]
+    lo, hi = float(clip[0]), float(clip[1])
+    work = rows * out[1] * C * 9
+    jobs = _row_jobs(rows, out[1] * C) if work >= _SPLIT_MIN else [(0, rows)]
+    blocks = [dw_block(x, wp, bp, z, y, S, pb, out, r0, r1, lo, hi) for r0, r1 in jobs]
+    if len(blocks) == 1:
+        k(blocks[0])
+        return y
+
+    def run(chunk):
+        for blk in chunk:
+            k(blk)
+    run_blocks(np, blocks, run, work)
+    return y
+
+
+def _dw_uses_c(x, kh, kw, S, D, clip):
+    """Whether this depthwise layer goes to ``dwconv_avx2.dw3x3`` (when it is loaded)."""
+    return (x.dtype == np.float32 and kh == kw == 3 and S[0] == S[1] and S[0] in (1, 2)
+            and D == [1, 1] and clip is not None)
+
+
+def _depthwise(x, w, b, z, act, alpha, beta, S, D, pb, out, y, ctx=None, w_in=None,
+               b_in=None):
+    """y (N, OH, OW, C) = depthwise conv of x (N, H, W, C) with w (kh, kw, 1, C).
+    ``w_in``/``b_in``: the node's weight and bias inputs as given (the packed weights' cache
+    key in ``ctx``)."""
     N, H, W, C = (int(v) for v in x.shape)
     kh, kw = int(w.shape[0]), int(w.shape[1])
     OH, OW = out
     rows = N * OH
     clip = _bounds(act, alpha, beta)
+    if _dw_uses_c(x, kh, kw, S, D, clip) and (z is None or z.flags.c_contiguous):
+        k = compiled.kernel(_DW_C)
+        if k is not None:
+            wp, bp = _packed(ctx, w_in, b_in, w, b, key="dwconv_avx2_pack",
+                             pack=pack_depthwise)
+            if ctx is not None:   # what the node's pre-bound call needs
+                ctx.extra["dwconv_avx2_args"] = (S, pb, out, clip)
+            return _depthwise_c(k, x, wp, bp, z, clip, S, pb, out, y)
+    if ctx is not None:   # another path: nothing to bind
+        ctx.extra.pop("dwconv_avx2_pack", None)
     name = None
     if x.dtype == np.float32 and kh == kw and S[0] == S[1] and D == [1, 1] \
             and (kh, S[0]) in _DW_COMPILED:
@@ -187,19 +281,19 @@ def _sample(a, idx):
     return a.reshape(-1)[idx].tobytes()
 
 
-def _packed(ctx, w_in, b_in, w2, b):
-    """The packed weights and padded bias of this node, made on its first compiled run and
+def _packed(ctx, w_in, b_in, w2, b, key="gemm_avx2_pack", pack=None):
+    """The packed weights and padded bias of this node (``pack(w2, b)``, kept under ``key``:
+    one per compiled path), made on its first compiled run and
     kept in its context (which lives with the plan): made again only when the weight or
     bias is another array (a trainable plan's Transpose output) or was updated in place
     (:data:`_SAMPLES` weight elements spread over the array, or any bias element,
     differ)."""
-    key = "gemm_avx2_pack"
     got = None if ctx is None else ctx.extra.get(key)
     if got is not None and got[0] is w_in and got[1] is b_in \
             and _sample(w2, got[2]) == got[3] \
             and (b is None or b.tobytes() == got[4]):
         return got[5]
-    packed = pack_panels(w2, b)
+    packed = (pack or pack_panels)(w2, b)
     if ctx is not None:
         idx = np.linspace(0, max(0, w2.size - 1), min(_SAMPLES, w2.size)).astype(np.intp)
         ctx.extra[key] = (w_in, b_in, idx, _sample(w2, idx),
@@ -339,12 +433,120 @@ def _im2col(x, w, group, epi, S, D, pb, out, y):
     return y
 
 
+_BOUND = "nhwc_bound"   # ctx.extra key of a node's pre-bound compiled call
+_F32 = np.dtype(np.float32)
+
+
+def _is_f32(a):
+    return type(a) is np.ndarray and a.dtype == _F32 and a.flags.c_contiguous
+
+
+def _bound_call(X, W, B, Z, y_shape, pack_key, ctx):
+    """For a node whose last run took a compiled path with weights packed under
+    ``pack_key``: a function ``(X, W, B, Z) -> Y or None`` that repeats that run for inputs
+    like these with everything looked up, packed and checked once here (kernel, call blocks
+    with the packed weights' addresses, geometry and row ranges), or None when this run
+    cannot be bound. It answers None (the full path runs, and binds again) when an input is
+    another array or shape, the weight or bias was changed in place (the packing's check,
+    :func:`_packed`), or compiled kernels were turned off."""
+    got = ctx.extra.get(pack_key)
+    if got is None or got[0] is not W or got[1] is not B or not _is_f32(X) \
+            or not _is_f32(W) or (B is not None and not _is_f32(B)) \
+            or (Z is not None and (not _is_f32(Z) or Z.shape != y_shape)):
+        return None
+    N, H, Wd, C = (int(v) for v in X.shape)
+    wp, bp = got[5]
+    y0 = np.empty(y_shape, np.float32)   # stands for the output in the blocks made here
+    if pack_key == "dwconv_avx2_pack":
+        k = compiled.kernel(_DW_C)
+        S, pb, out, clip = ctx.extra["dwconv_avx2_args"]
+        rows, per_row = N * y_shape[1], y_shape[2] * C
+        work = rows * per_row * 9
+        jobs = _row_jobs(rows, per_row) if work >= _SPLIT_MIN else [(0, rows)]
+        blocks = [dw_block(X, wp, bp, Z, y0, S, pb, out, r0, r1, *clip) for r0, r1 in jobs]
+    else:
+        k = compiled.kernel("gemm_avx2.gemm_block")
+        M = int(y_shape[3])
+        rows = N * H * Wd
+        work = rows * M * C
+        lo, hi = ctx.extra["gemm_avx2_clip"]
+        dp = compiled.data_pointer
+        ptrs = [dp(X), dp(wp), dp(bp), dp(X if Z is None else Z), dp(y0)]
+        blocks = [call_block(ptrs, [C, M, r0, r1, int(Z is not None)], lo, hi)
+                  for r0, r1 in (_tile_jobs(rows) if work >= _SPLIT_MIN else [(0, rows)])]
+    if k is None:
+        return None
+    raw, dp = k.raw, compiled.data_pointer
+    # per block: its address and a ctypes view to write the X, Z and Y addresses into
+    slots = [(dp(blk), (ctypes.c_int64 * 5).from_buffer(blk), blk) for blk in blocks]
+    x_shape, z_shape, w_flat = X.shape, None if Z is None else Z.shape, W.reshape(-1)
+    idx, w_sample, b_bytes = got[2], got[3], got[4]
+    enabled = compiled.enabled
+    empty = np.empty
+    busy = threading.Lock()   # the blocks are shared: a second thread takes the full path
+
+    def bound(X_, W_, B_, Z_):
+        if W_ is not W or B_ is not B or type(X_) is not np.ndarray or X_.shape != x_shape \
+                or X_.dtype is not _F32 or not X_.flags.c_contiguous:
+            return None
+        if Z_ is None:
+            if z_shape is not None:
+                return None
+        elif type(Z_) is not np.ndarray or Z_.shape != z_shape or Z_.dtype is not _F32 \
+                or not Z_.flags.c_contiguous:
+            return None
+        if w_flat[idx].tobytes() != w_sample or (b_bytes is not None
+                                                  and B_.tobytes() != b_bytes) \
+                or not enabled():
+            return None
+        if not busy.acquire(False):
+            return None
+        try:
+            y = empty(y_shape, _F32)
+            px, py = dp(X_), dp(y)
+            pz = px if Z_ is None else dp(Z_)
+            if len(slots) == 1:
+                addr, view, _ = slots[0]
+                view[0], view[3], view[4] = px, pz, py
+                raw(addr)
+                return y
+            for _, view, _ in slots:
+                view[0], view[3], view[4] = px, pz, py
+
+            def run(chunk):
+                for addr, _, _ in chunk:
+                    raw(addr)
+            run_blocks(np, slots, run, work)
+            return y
+        finally:
+            busy.release()
+    return bound
+
+
+def _bind(ctx, X, W, B, Z, y, pack_key):
+    """Keep (or drop) this node's pre-bound call after a run (see :func:`_bound_call`)."""
+    try:
+        bound = _bound_call(X, W, B, Z, tuple(y.shape), pack_key, ctx)
+    except (KeyError, TypeError, ValueError):
+        bound = None
+    if bound is None:
+        ctx.extra.pop(_BOUND, None)
+    else:
+        ctx.extra[_BOUND] = bound
+
+
 @kernel("NhwcConv", since=1, domain=FUSED_DOMAIN, category="layer", wants_ctx=True)
 def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
               auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
               strides=None, ctx=None):
     """Channels-last 2-D convolution (see the module docstring): X (N, H, W, C), W (kh, kw,
     C/group, M), B (M,), Z and Y (N, OH, OW, M); ``activation`` as FusedConv's."""
+    if ctx is not None:
+        bound = ctx.extra.get(_BOUND)
+        if bound is not None:
+            y = bound(X, W, B, Z)
+            if y is not None:
+                return y
     op = "NhwcConv"
     group = int(group)
     if X.ndim != 4 or W.ndim != 4:
@@ -389,14 +591,33 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
         raise ShapeError(f"{op} runs on numpy arrays (CPU plans) only")
     else:
         x = np.ascontiguousarray(x)
+        pack_key = None
+        packs = None if ctx is None else (ctx.extra.get("dwconv_avx2_pack"),
+                                          ctx.extra.get("gemm_avx2_pack"))
         if group == C and M == C and Cg == 1 and kh * kw > 1:
-            _depthwise(x, w, b, z, act, p[0], p[1], st, dl, pb, out, y)
+            _depthwise(x, w, b, z, act, p[0], p[1], st, dl, pb, out, y, ctx, W, B)
+            pack_key = "dwconv_avx2_pack"
         else:
             epi = _Epilogue(b, z, act, p[0], p[1], M)
             if kh == kw == 1 and group == 1:
                 _pointwise(x, w, epi, st, pb, out, y, ctx, W, B)
+                if epi.clip is not None and not any(pb) and st == [1, 1]:
+                    pack_key = "gemm_avx2_pack"
+                    if ctx is not None:
+                        ctx.extra["gemm_avx2_clip"] = (float(epi.clip[0]),
+                                                       float(epi.clip[1]))
             else:
                 _im2col(x, w, group, epi, st, dl, pb, out, y)
+        if ctx is not None:
+            # bound on the second run with the same packed weights (a trainable plan's
+            # weights are a new array every run: never bound, never paid for)
+            now = None if pack_key is None else ctx.extra.get(pack_key)
+            reused = now is not None and late_z is None and packs[
+                0 if pack_key == "dwconv_avx2_pack" else 1] is now
+            if reused:
+                _bind(ctx, X, W, B, Z, y, pack_key)
+            else:
+                ctx.extra.pop(_BOUND, None)
     if late_z is not None:
         if np.broadcast_shapes(shape, tuple(late_z.shape)) == shape:
             y += late_z.astype(dt, copy=False)

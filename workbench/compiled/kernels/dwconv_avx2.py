@@ -1,0 +1,36 @@
+"""A C kernel module: channels-last depthwise 3x3 convolution, AVX2 + FMA intrinsics.
+
+The source is ``dwconv_avx2.c`` beside this file; this module only describes it (it imports
+nothing, so the engine reads it too). Built like ``gemm_avx2`` (the system C compiler, the
+flags below, a shared library in the kernel cache loaded with ctypes) and used only when the
+CPU reports every flag of :data:`REQUIRES`; otherwise, or without a compiler, the engine runs
+the numba kernel ``conv_nhwc.dw_k3s*`` or numpy.
+
+- ``dw3x3``: ``Y = clip(depthwise3x3(X) + bias + Z, lo, hi)`` for output rows
+  ``r0 <= n*OH + oh < r1`` of NHWC X (N, H, W, C) and Y, Z (N, OH, OW, C); stride 1 or 2,
+  any top/left pads (the bottom/right ones follow from OH/OW), dilation 1, one channel per
+  group. Its one argument is an int64 block of 19 slots (:data:`BLOCK`; a ctypes call costs
+  ~0.4 µs per argument, so a node keeps its blocks and rewrites only the array pointers):
+  the addresses of X, the packed weights, the padded bias, Z and Y, then N, H, W, C, OH, OW,
+  stride, pad_top, pad_left, has_z, r0, r1, then lo and hi as float64 bit patterns
+  (:func:`workbench.ops.conv_nhwc.dw_block`). The weights are packed at the node's first run
+  into (9, Cp) and the bias into (Cp,), Cp = C rounded up to :data:`LANES`, zeros past C
+  (:func:`workbench.ops.conv_nhwc.pack_depthwise`). ``Z`` is read only when ``has_z``;
+  ``lo``/``hi`` = -inf/inf give no clip; NaN passes the clip (as numpy's).
+"""
+
+#: the kernel's source file, in this folder
+SOURCE = "dwconv_avx2.c"
+#: compiler flags: the instruction sets named here, never ``-march=native``
+CFLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-fno-math-errno")
+#: CPU flags (``/proc/cpuinfo``) without which the kernel is not used
+REQUIRES = ("avx2", "fma")
+#: channels per vector (the packed weights' padding)
+LANES = 8
+#: the slots of a call block
+BLOCK = ("x", "w", "b", "z", "y", "N", "H", "W", "C", "OH", "OW", "stride", "pad_top",
+         "pad_left", "has_z", "r0", "r1", "lo", "hi")
+#: kernel name -> argument string (:mod:`workbench.compiled.spec`)
+EXPORTS = {
+    "dw3x3": "i64[]",
+}
