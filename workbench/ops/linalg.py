@@ -486,6 +486,7 @@ def _fused_f32(A, B, bias, Z, gamma, beta, activation, epsilon):
 _GEMM_PACK = "gemm_avx2_matmul_pack"   # node-context key of the packed weights
 _PACK_SAMPLES = 16   # weight elements compared to tell an updated weight from the packed one
 _GEMM_TILE = 6       # rows of gemm_avx2's register tile (row ranges split on whole tiles)
+_NEG_INF, _POS_INF = float("-inf"), float("inf")   # the kernel's clip bounds: no clip
 
 
 def _packed_weights(ctx, B, bias):
@@ -494,12 +495,12 @@ def _packed_weights(ctx, B, bias):
     the bias is another array (a weight the user assigned, a trainable plan's computed
     weight) or was changed in place (:data:`_PACK_SAMPLES` elements of B spread over it, or
     any bias element, differ)."""
-    from workbench.ops.conv_nhwc import pack_panels
     got = ctx.extra.get(_GEMM_PACK)
     if got is not None and got[0] is B and got[1] is bias \
             and B.reshape(-1)[got[2]].tobytes() == got[3] \
             and (bias is None or bias.tobytes() == got[4]):
         return got[5]
+    from workbench.ops.conv_nhwc import pack_panels
     packed = pack_panels(B, bias)
     idx = np.linspace(0, B.size - 1, min(_PACK_SAMPLES, B.size)).astype(np.intp)
     ctx.extra[_GEMM_PACK] = (B, bias, idx, B.reshape(-1)[idx].tobytes(),
@@ -530,21 +531,25 @@ def _c_gemm(A, B, bias, Z, ctx):
     if kern is None:
         return None
     rows = A.size // k
-    check_matmul("MatMul", (rows, k), (k, n), 4)
+    if rows * n * 4 > _UNCHECKED_BYTES:
+        check_matmul("MatMul", (rows, k), (k, n), 4)
     wp, bp = _packed_weights(ctx, B, bias)
     y = np.empty(shape, _F32)
     dp = compiled.data_pointer
     args = (dp(A), dp(wp), dp(bp), dp(A if Z is None else Z), dp(y), k, n)
-    raw, has_z, inf = kern.raw, int(Z is not None), float("inf")
+    raw, has_z = kern.raw, int(Z is not None)
+    if rows * n * k < _PARALLEL_GEMM_MIN or rows <= _GEMM_TILE:
+        raw(*args, 0, rows, has_z, _NEG_INF, _POS_INF)
+        return y
     nw = n_workers()
-    if nw == 1 or rows <= _GEMM_TILE or rows * n * k < _PARALLEL_GEMM_MIN:
-        raw(*args, 0, rows, has_z, -inf, inf)
+    if nw == 1:
+        raw(*args, 0, rows, has_z, _NEG_INF, _POS_INF)
         return y
     step = max(_GEMM_TILE, -(-rows // (4 * nw) // _GEMM_TILE) * _GEMM_TILE)
 
     def work(chunk):
         for r0, r1 in chunk:
-            raw(*args, r0, r1, has_z, -inf, inf)
+            raw(*args, r0, r1, has_z, _NEG_INF, _POS_INF)
     run_blocks(np, [(r, min(rows, r + step)) for r in range(0, rows, step)], work,
                rows * n * k)
     return y
