@@ -11,6 +11,7 @@ import math
 
 import numpy as np  # host-side shape checks only
 
+from workbench import compiled
 from workbench.arrays import xp_of
 from workbench.errors import InputError, ShapeError
 from workbench.limits import check_alloc
@@ -26,7 +27,7 @@ from workbench.ops._integer import (
 from workbench.ops.activation import softmax
 from workbench.ops.elementwise import erf_array
 from workbench.ops.norm import layer_norm as _layer_norm_op
-from workbench.ops.parallel import _PARALLEL_GEMM_MIN, parallel_matmul
+from workbench.ops.parallel import _PARALLEL_GEMM_MIN, n_workers, parallel_matmul, run_blocks
 from workbench.ops.registry import FUSED_DOMAIN, kernel
 from workbench.ops.shape import reshape, transpose
 
@@ -73,9 +74,17 @@ def _matmul(op, a, b):
                          f"over their batch dimensions ({e})") from None
 
 
-@kernel("MatMul", since=1, category="layer")
-def matmul(A, B):
-    """numpy.matmul semantics (N-D batch broadcasting, 1-D operands promoted and squeezed)."""
+@kernel("MatMul", since=1, category="layer", wants_ctx=True)
+def matmul(A, B, ctx=None):
+    """numpy.matmul semantics (N-D batch broadcasting, 1-D operands promoted and squeezed).
+    In an inference plan (``ctx`` given, not training) a float32 ``(..., K) @ (K, N)`` runs
+    in the compiled ``gemm_avx2`` kernel when it is loaded (:func:`_c_gemm`), like
+    FusedMatMul: a graph with its epilogue fused and the same graph unfused compute the same
+    product."""
+    if ctx is not None and not ctx.training:
+        y = _c_gemm(A, B, None, None, ctx)
+        if y is not None:
+            return y
     if A.dtype.itemsize >= 4 and B.dtype.itemsize >= 4:   # nothing narrower to widen
         return _matmul("MatMul", A, B)
     cda, cdb = compute_dtype(A.dtype), compute_dtype(B.dtype)
@@ -386,9 +395,9 @@ def _epilogue_inplace(y, activation):
     y *= y.dtype.type(0.5)
 
 
-@kernel("FusedMatMul", since=1, domain=FUSED_DOMAIN)
+@kernel("FusedMatMul", since=1, domain=FUSED_DOMAIN, wants_ctx=True)
 def fused_matmul_epilogue(A, B, bias=None, Z=None, gamma=None, beta=None, *, activation="",
-                          epsilon=1e-5, skip_norm=0):
+                          epsilon=1e-5, skip_norm=0, ctx=None):
     """``activation(A @ B + bias) + Z`` in one node (MatMul -> Add(bias) -> GELU/ReLU ->
     Add(residual) as exported by PyTorch's Linear layers): the epilogue runs in place on the
     product's fresh output. ``activation`` is "" (none), "Gelu" (erf form), "GeluTanh" (the
@@ -401,6 +410,10 @@ def fused_matmul_epilogue(A, B, bias=None, Z=None, gamma=None, beta=None, *, act
     if activation not in MATMUL_EPILOGUES:
         raise InputError(f"FusedMatMul: unknown activation {activation!r} (known: "
                          f"{', '.join(repr(a) for a in MATMUL_EPILOGUES)})")
+    if ctx is not None and not ctx.training:
+        y = _c_fused(A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm, ctx)
+        if y is not None:
+            return y
     if type(A) is np.ndarray and type(B) is np.ndarray and A.dtype == _F32 \
             and B.dtype == _F32 and not skip_norm:
         y = _fused_f32(A, B, bias, Z, gamma, beta, activation, epsilon)
@@ -464,6 +477,111 @@ def _fused_f32(A, B, bias, Z, gamma, beta, activation, epsilon):
             y += bias
         if Z is not None:
             y += Z
+    if gamma is None:
+        return y
+    out = rowwise.layer_norm_rows(y, gamma, beta, epsilon)
+    return _layer_norm_op(y, gamma, beta, epsilon=epsilon) if out is None else out
+
+
+_GEMM_PACK = "gemm_avx2_matmul_pack"   # node-context key of the packed weights
+_PACK_SAMPLES = 16   # weight elements compared to tell an updated weight from the packed one
+_GEMM_TILE = 6       # rows of gemm_avx2's register tile (row ranges split on whole tiles)
+_NEG_INF, _POS_INF = float("-inf"), float("inf")   # the kernel's clip bounds: no clip
+
+
+def _packed_weights(ctx, B, bias):
+    """``B`` (K, N) and ``bias`` packed for ``gemm_avx2.gemm``, made on the node's first
+    compiled run and kept in its context (which lives with the plan); made again when B or
+    the bias is another array (a weight the user assigned, a trainable plan's computed
+    weight) or was changed in place (:data:`_PACK_SAMPLES` elements of B spread over it, or
+    any bias element, differ)."""
+    got = ctx.extra.get(_GEMM_PACK)
+    if got is not None and got[0] is B and got[1] is bias \
+            and B.reshape(-1)[got[2]].tobytes() == got[3] \
+            and (bias is None or bias.tobytes() == got[4]):
+        return got[5]
+    from workbench.ops.conv_nhwc import pack_panels
+    packed = pack_panels(B, bias)
+    idx = np.linspace(0, B.size - 1, min(_PACK_SAMPLES, B.size)).astype(np.intp)
+    ctx.extra[_GEMM_PACK] = (B, bias, idx, B.reshape(-1)[idx].tobytes(),
+                             None if bias is None else bias.tobytes(), packed)
+    return packed
+
+
+def _c_gemm(A, B, bias, Z, ctx):
+    """``A @ B + bias + Z`` (those adds in that order, float32 each) by the compiled
+    ``gemm_avx2.gemm`` kernel: A (..., K) float32 C-contiguous, B (K, N) float32, bias None or
+    an (N,) row, Z None or a C-contiguous array of the output's shape. Each output element is
+    one accumulation over the whole K in the same order whatever the rows' split, so every
+    plan and thread count gets the same bits. None when the case is another or the kernel is
+    not loaded (no C compiler, a CPU without AVX2+FMA, ``compiled.disabled()``): the caller's
+    numpy/BLAS path runs."""
+    if type(A) is not np.ndarray or type(B) is not np.ndarray or A.dtype != _F32 \
+            or B.dtype != _F32 or B.ndim != 2 or A.ndim < 2 or not A.flags.c_contiguous:
+        return None
+    k, n = B.shape
+    if A.shape[-1] != k or k == 0 or n == 0 or A.size == 0 \
+            or (bias is not None and not _row_f32(bias, n)):
+        return None
+    shape = A.shape[:-1] + (n,)
+    if Z is not None and (type(Z) is not np.ndarray or Z.dtype != _F32 or Z.shape != shape
+                          or not Z.flags.c_contiguous):
+        return None
+    kern = compiled.kernel("gemm_avx2.gemm")
+    if kern is None:
+        return None
+    rows = A.size // k
+    if rows * n * 4 > _UNCHECKED_BYTES:
+        check_matmul("MatMul", (rows, k), (k, n), 4)
+    wp, bp = _packed_weights(ctx, B, bias)
+    y = np.empty(shape, _F32)
+    dp = compiled.data_pointer
+    args = (dp(A), dp(wp), dp(bp), dp(A if Z is None else Z), dp(y), k, n)
+    raw, has_z = kern.raw, int(Z is not None)
+    if rows * n * k < _PARALLEL_GEMM_MIN or rows <= _GEMM_TILE:
+        raw(*args, 0, rows, has_z, _NEG_INF, _POS_INF)
+        return y
+    nw = n_workers()
+    if nw == 1:
+        raw(*args, 0, rows, has_z, _NEG_INF, _POS_INF)
+        return y
+    step = max(_GEMM_TILE, -(-rows // (4 * nw) // _GEMM_TILE) * _GEMM_TILE)
+
+    def work(chunk):
+        for r0, r1 in chunk:
+            raw(*args, r0, r1, has_z, _NEG_INF, _POS_INF)
+    run_blocks(np, [(r, min(rows, r + step)) for r in range(0, rows, step)], work,
+               rows * n * k)
+    return y
+
+
+def _c_fused(A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm, ctx):
+    """FusedMatMul with its product by :func:`_c_gemm`: bias (and, without an activation,
+    the residual) added in the kernel's stores, then the activation, the residual and the
+    LayerNorm as the other paths run them (the compiled kernels when loaded); the adds in the
+    unfused graph's order (``skip_norm``: the bare product, then SkipLayerNormalization's
+    own sum). None when :func:`_c_gemm` declines or the epilogue's operands are not float32
+    rows."""
+    if skip_norm:
+        if activation or Z is None or gamma is None:
+            return None
+        y = _c_gemm(A, B, None, None, ctx)
+        if y is None:
+            return None
+        from workbench.ops.contrib_transformer import skip_layer_norm_output
+        return skip_layer_norm_output(y, Z, gamma, beta, bias, epsilon)
+    if gamma is not None and (not _row_f32(gamma, B.shape[-1] if B.ndim == 2 else -1)
+                              or (beta is not None and not _row_f32(beta, gamma.shape[0]))):
+        return None
+    y = _c_gemm(A, B, bias, None if activation else Z, ctx)
+    if y is None:
+        return None
+    if activation:
+        act = _GELU_CODES.get(activation)
+        z_rows = Z is None or (type(Z) is np.ndarray and Z.dtype == _F32
+                               and Z.shape == y.shape and Z.flags.c_contiguous)
+        if act is None or not z_rows or not rowwise.gelu_rows_inplace(y, act, None, Z):
+            y = _matmul_epilogue(y, None, Z, activation, np)
     if gamma is None:
         return y
     out = rowwise.layer_norm_rows(y, gamma, beta, epsilon)
