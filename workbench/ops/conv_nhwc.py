@@ -241,6 +241,63 @@ def _pointwise_compiled(k, x, w2, packed, epi, y):
     return y
 
 
+def indirection(H, W, C, kh, kw, S, D, pb, out):
+    """The (OH*OW, kh*kw) int64 table of ``gemm_avx2.iconv``: for output pixel (oh, ow) of
+    an image and tap (i, j), the offset (in elements) of the C channels of input pixel
+    (oh*S0 - pb0 + i*D0, ow*S1 - pb1 + j*D1) in the (H, W, C) image, or -1 where that pixel
+    is padding. Depends only on the shapes: built once per plan (:func:`_indirect`)."""
+    OH, OW = out
+    ih = np.arange(OH)[:, None] * S[0] - pb[0] + np.arange(kh)[None, :] * D[0]   # (OH, kh)
+    iw = np.arange(OW)[:, None] * S[1] - pb[1] + np.arange(kw)[None, :] * D[1]   # (OW, kw)
+    off = (ih[:, None, :, None] * W + iw[None, :, None, :]).astype(np.int64) * C
+    ok = ((ih >= 0) & (ih < H))[:, None, :, None] & ((iw >= 0) & (iw < W))[None, :, None, :]
+    return np.where(ok, off, -1).reshape(OH * OW, kh * kw)
+
+
+def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
+    """Group 1, any kernel size/stride/padding/dilation, float32: the compiled indirect GEMM
+    ``gemm_avx2.iconv`` (no im2col: per output pixel and tap, the offset of the input
+    pixel's channels from a table kept in the node's context with the packed weights).
+    Returns False (nothing done) when the kernel is not loaded or does not apply."""
+    if x.dtype != np.float32 or epi.clip is None \
+            or (epi.z2 is not None and not epi.z2.flags.c_contiguous):
+        return False
+    k = compiled.kernel("gemm_avx2.iconv")
+    if k is None:
+        return False
+    N, H, W, C = (int(v) for v in x.shape)
+    kh, kw, _cg, M = (int(v) for v in w.shape)
+    OH, OW = out
+    key = (H, W, C, kh, kw, tuple(S), tuple(D), tuple(pb), tuple(out))
+    got = None if ctx is None else ctx.extra.get("gemm_avx2_ind")
+    if got is None or got[0] != key:
+        got = (key, indirection(H, W, C, kh, kw, S, D, pb, out), np.zeros(C, np.float32))
+        if ctx is not None:
+            ctx.extra["gemm_avx2_ind"] = got
+    ind, zero = got[1], got[2]
+    w2 = w.reshape(kh * kw * C, M)
+    b = None if epi.b is None else np.ascontiguousarray(epi.b, np.float32)
+    wp, bp = _packed(ctx, w_in, b_in, w2, b)
+    z = epi.z2
+    lo, hi = epi.clip
+    dp = compiled.data_pointer
+    args = (dp(x), dp(ind), dp(zero), dp(wp), dp(bp), dp(x if z is None else z), dp(y), C,
+            kh * kw, M, OH * OW, H * W * C)
+    has_z, lo, hi = int(z is not None), float(lo), float(hi)
+    raw = k.raw
+    rows = N * OH * OW
+    jobs = _tile_jobs(rows)
+    if len(jobs) == 1:   # one worker: one call, no pool
+        raw(*args, 0, rows, has_z, lo, hi)
+        return True
+
+    def work(chunk):
+        for r0, r1 in chunk:
+            raw(*args, r0, r1, has_z, lo, hi)
+    run_blocks(np, jobs, work, rows * M * C * kh * kw)
+    return True
+
+
 def _pointwise(x, w, epi, S, pb, out, y, ctx=None, w_in=None, b_in=None):
     """1x1, group 1: rows of (N*OH*OW, C) @ (C, M). ``w_in``/``b_in``: the node's weight
     and bias inputs as given (the packed weights' cache key)."""
@@ -255,6 +312,8 @@ def _pointwise(x, w, epi, S, pb, out, y, ctx=None, w_in=None, b_in=None):
             b = None if epi.b is None else np.ascontiguousarray(epi.b, np.float32)
             return _pointwise_compiled(k, x, w2, _packed(ctx, w_in, b_in, w2, b), epi, y)
     if any(pb) or S != [1, 1] or (OH, OW) != (H, W):
+        if _indirect(x, w, epi, S, [1, 1], pb, out, y, ctx, w_in, b_in):
+            return y
         src = x
         if any(pb):
             src = np.zeros((N, H + pb[0], W + pb[1], C), dtype=x.dtype)
@@ -395,7 +454,7 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
             epi = _Epilogue(b, z, act, p[0], p[1], M)
             if kh == kw == 1 and group == 1:
                 _pointwise(x, w, epi, st, pb, out, y, ctx, W, B)
-            else:
+            elif not (group == 1 and _indirect(x, w, epi, st, dl, pb, out, y, ctx, W, B)):
                 _im2col(x, w, group, epi, st, dl, pb, out, y)
     if late_z is not None:
         if np.broadcast_shapes(shape, tuple(late_z.shape)) == shape:

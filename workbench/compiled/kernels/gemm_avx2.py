@@ -11,6 +11,14 @@ kernel cache; the engine loads it with ctypes. Used only when the CPU reports ev
   (:func:`workbench.ops.conv_nhwc.pack_panels`) and bias padded to the panels' width;
   ``Z`` is read only when ``has_z``; ``lo``/``hi`` = -inf/inf give no clip. The channels-last
   1x1 convolution's product and epilogue (``workbench/ops/conv_nhwc.py``).
+- ``iconv``: the channels-last group-1 convolution of any kernel size, stride, padding and
+  dilation as an indirect GEMM: output pixels ``r0 <= r < r1`` of ``Y`` (N*OH*OW, M) =
+  ``clip(sum over taps t, channels c of X[pixel(r, t), c] * W[t, c, :] + bias + Z[r], lo,
+  hi)``, where ``pixel(r, t)`` comes from an indirection table of (OH*OW, taps) offsets into
+  one image (negative: padding, read from the ``zero`` row), built once per plan
+  (:func:`workbench.ops.conv_nhwc.indirection`); the weights ((taps*C, M), "HWIO" rows)
+  packed as for ``gemm``. Arguments after the arrays: C, taps, M, OH*OW, H*W*C, r0, r1,
+  has_z, lo, hi.
 """
 
 #: the kernel's source file, in this folder
@@ -25,4 +33,5 @@ PANEL = 16
 #: kernel name -> argument string (:mod:`workbench.compiled.spec`)
 EXPORTS = {
     "gemm": "f32[] f32[] f32[] f32[] f32[]! i64 i64 i64 i64 i64 f32 f32",
+    "iconv": "f32[] i64[] f32[] f32[] f32[] f32[] f32[]! i64 i64 i64 i64 i64 i64 i64 i64 f32 f32",
 }
