@@ -223,8 +223,11 @@ def _resnet_block():
 def test_a_channels_last_resnet_agrees_with_the_plain_path(iconv, monkeypatch):
     model = _resnet_block()
     x = RNG.standard_normal((2, 3, 29, 27)).astype(np.float32)
-    rep = backend.prepare(model, layout="nhwc")
+    rep = backend.prepare(model)   # "auto": channels-last, since the kernel is ready
     assert sum(n.op_type == "NhwcConv" for n in rep.plan.graph.nodes) == 5
+    with compiled.disabled():   # not ready at prepare: the network stays NCHW
+        assert not any(n.op_type == "NhwcConv"
+                       for n in backend.prepare(model).plan.graph.nodes)
     calls = []
     run = conv_nhwc._indirect
     monkeypatch.setattr(conv_nhwc, "_indirect", lambda *a: calls.append(1) or run(*a))
