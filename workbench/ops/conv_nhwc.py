@@ -171,20 +171,30 @@ _SAMPLES = 16  # weight elements compared to tell an updated weight from the pac
 def pack_panels(w2, bias=None, panel=_PANEL):
     """``(packed, bias)`` for ``gemm_avx2.gemm``: (C, M) weights as ceil(M/panel) column
     panels of (C, panel) one after another, zeros past M; the bias (zeros when None) padded
-    to the panels' width. float32, C-contiguous."""
-    C, M = (int(v) for v in w2.shape)
+    to the panels' width. float32, C-contiguous. (kh, kw, C, M) weights (``iconv``) are
+    packed as their (kh*kw*C, M) reshape, read in place whatever their strides."""
+    M = int(w2.shape[-1])
     mp = -(-M // panel) * panel
-    wp = np.zeros((C, mp), np.float32)
-    wp[:, :M] = w2
     bp = np.zeros(mp, np.float32)
     if bias is not None:
         bp[:M] = bias
+    if w2.ndim != 2:   # (kh, kw, C, M), maybe a strided view of OIHW weights: panel by
+        K = int(np.prod(w2.shape[:-1]))   # panel, each a block that stays in cache
+        wp = np.zeros((mp // panel, K, panel), np.float32)
+        for p in range(mp // panel):
+            n = min(panel, M - p * panel)
+            wp[p].reshape(*w2.shape[:-1], panel)[..., :n] = w2[..., p * panel:p * panel + n]
+        return wp, bp
+    C = int(w2.shape[0])
+    wp = np.zeros((C, mp), np.float32)
+    wp[:, :M] = w2
     return np.ascontiguousarray(wp.reshape(C, mp // panel, panel).transpose(1, 0, 2)), bp
 
 
 def _sample(a, idx):
-    """The bytes of ``a``'s elements at flat positions ``idx`` (bitwise: NaN matches)."""
-    return a.reshape(-1)[idx].tobytes()
+    """The bytes of ``a``'s elements at flat positions ``idx`` (bitwise: NaN matches; a
+    strided ``a`` is not copied)."""
+    return (a.reshape(-1) if a.flags.c_contiguous else a.flat)[idx].tobytes()
 
 
 def _packed(ctx, w_in, b_in, w2, b):
@@ -254,6 +264,9 @@ def indirection(H, W, C, kh, kw, S, D, pb, out):
     return np.where(ok, off, -1).reshape(OH * OW, kh * kw)
 
 
+_TABLES: dict = {}   # (shapes) -> (key, indirection table, zero row): see _indirect
+
+
 def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
     """Group 1, any kernel size/stride/padding/dilation, float32: the compiled indirect GEMM
     ``gemm_avx2.iconv`` (no im2col: per output pixel and tap, the offset of the input
@@ -271,13 +284,19 @@ def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
     key = (H, W, C, kh, kw, tuple(S), tuple(D), tuple(pb), tuple(out))
     got = None if ctx is None else ctx.extra.get("gemm_avx2_ind")
     if got is None or got[0] != key:
-        got = (key, indirection(H, W, C, kh, kw, S, D, pb, out), np.zeros(C, np.float32))
+        # a trainable model's tape runs each node with a fresh context: a few tables are
+        # kept here too, by shapes
+        got = _TABLES.get(key)
+        if got is None:
+            got = (key, indirection(H, W, C, kh, kw, S, D, pb, out), np.zeros(C, np.float32))
+            if len(_TABLES) >= 64:
+                _TABLES.pop(next(iter(_TABLES)))
+            _TABLES[key] = got
         if ctx is not None:
             ctx.extra["gemm_avx2_ind"] = got
     ind, zero = got[1], got[2]
-    w2 = w.reshape(kh * kw * C, M)
     b = None if epi.b is None else np.ascontiguousarray(epi.b, np.float32)
-    wp, bp = _packed(ctx, w_in, b_in, w2, b)
+    wp, bp = _packed(ctx, w_in, b_in, w, b)
     z = epi.z2
     lo, hi = epi.clip
     dp = compiled.data_pointer
@@ -296,6 +315,14 @@ def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
             raw(*args, r0, r1, has_z, lo, hi)
     run_blocks(np, jobs, work, rows * M * C * kh * kw)
     return True
+
+
+def _packs(W, dt, group):
+    """Whether the weights go to the compiled GEMMs, which pack them (any strides) and read
+    no other copy: then they are not made contiguous first. Every numpy path reads them
+    through a reshape (contiguous), so BLAS gets the same matrix either way."""
+    return group == 1 and dt == np.float32 and W.dtype == np.float32 \
+        and compiled.kernel("gemm_avx2.iconv") is not None
 
 
 def _pointwise(x, w, epi, S, pb, out, y, ctx=None, w_in=None, b_in=None):
@@ -327,7 +354,7 @@ def _pointwise(x, w, epi, S, pb, out, y, ctx=None, w_in=None, b_in=None):
             xs[:, :src.shape[1], :src.shape[2]] = src
         x = xs
     a = x.reshape(-1, C)
-    w2 = w.reshape(C, M)
+    w2 = np.ascontiguousarray(w.reshape(C, M))   # see _packs
     y2 = y.reshape(-1, M)
     rows = a.shape[0]
 
@@ -429,7 +456,8 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
     # contiguous: a trainable model's HWIO weights come from a Transpose (a view) in its
     # plan, and BLAS given a strided matrix may add the terms in another order than for the
     # baked constant of backend.prepare (the two must agree bit for bit)
-    w = np.ascontiguousarray(W, dtype=dt) if xp is np else W.astype(dt, copy=False)
+    w = np.ascontiguousarray(W, dtype=dt) if xp is np and not _packs(W, dt, group) \
+        else W.astype(dt, copy=False)
     b = None if B is None else B.astype(dt, copy=False).reshape(M)
     z = None
     p = [float(v) for v in (activation_params or ())] + [0.0, 0.0]
