@@ -134,11 +134,20 @@ def _conv_kind(g: Graph):
 
 
 def _indirect_conv_ready() -> bool:
-    """Whether the compiled KxK convolution is loaded (asking starts its build in the
-    background when it has not started: the next prepare may find it ready)."""
+    """Whether the compiled KxK convolution is loaded. Built already (in the kernel cache: a
+    fresh process's first prepare), it is loaded now (a library load, no compiler: waited
+    for at most 2 s); else asking starts its build in the background and the answer is no
+    (a later prepare may find it ready)."""
     from workbench import compiled  # noqa: PLC0415
+    from workbench.compiled import cache  # noqa: PLC0415
 
-    return compiled.kernel("gemm_avx2.iconv") is not None
+    if compiled.kernel("gemm_avx2.iconv") is not None:
+        return True
+    try:
+        built = cache.fresh_meta("gemm_avx2", cache.cache_dir(create=False)) is not None
+    except OSError:
+        built = False
+    return built and compiled.wait(["gemm_avx2"], timeout=2.0)
 
 
 class _Rewriter:
