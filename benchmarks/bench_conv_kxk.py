@@ -77,6 +77,43 @@ def cpu_ms(fn, reps):
     return statistics.median(ts) * 1e3
 
 
+def layer_times(nhwc, nchw, args_nhwc, args_nchw, attrs, flops, reps):
+    """{"i": iconv, "h": numpy channels-last, "c": NCHW} ms for one layer (interleaved,
+    best of two medians), after checking that the paths agree."""
+    from workbench import compiled
+    from workbench.ops import conv_nhwc
+    from workbench.ops.registry import NodeContext
+
+    real_kernel = compiled.kernel
+
+    def without_iconv(name):
+        return None if name == "gemm_avx2.iconv" else real_kernel(name)
+    ctx = NodeContext("n", "NhwcConv", 1, 1)
+
+    def ours():
+        return nhwc(*args_nhwc, ctx=ctx, **attrs)
+
+    def numpy_nhwc():
+        conv_nhwc.compiled.kernel = without_iconv
+        try:
+            nhwc(*args_nhwc, **attrs)
+        finally:
+            conv_nhwc.compiled.kernel = real_kernel
+
+    def ncwh():
+        return nchw(*args_nchw, **attrs)
+    want = ncwh().transpose(0, 2, 3, 1)
+    err = float(np.abs(ours() - want).max() / max(1.0, np.abs(want).max()))
+    assert err < 1e-4, err
+    reps = max(3, min(reps * 3, int(reps * 300 / flops)))
+    t = {}
+    for _ in range(2):
+        for key, fn in (("i", ours), ("h", numpy_nhwc), ("c", ncwh)):
+            v = cpu_ms(fn, reps)
+            t[key] = min(t.get(key, v), v)
+    return t
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
@@ -85,19 +122,13 @@ def main() -> int:
     a = ap.parse_args()
 
     from workbench import compiled
-    from workbench.ops import conv_nhwc
-    from workbench.ops.registry import FUSED_DOMAIN, NodeContext, lookup
+    from workbench.ops.registry import FUSED_DOMAIN, lookup
 
     if not compiled.wait(["gemm_avx2", "conv_nhwc"], timeout=600):
         print(f"kernels not available: {compiled.status()['modules']}")
         return 1
     nhwc = lookup("NhwcConv", FUSED_DOMAIN, 1).fn
     nchw = lookup("FusedConv", FUSED_DOMAIN, 1).fn
-    real_kernel = compiled.kernel
-
-    def without_iconv(name):
-        return None if name == "gemm_avx2.iconv" else real_kernel(name)
-
     print(cpu_description())
     print(f"one thread, CPU time (time.process_time), medians of {a.reps}; GFLOP/s of the "
           f"whole node (product + epilogue)")
@@ -121,31 +152,9 @@ def main() -> int:
                            "res": ("Relu", [])}.get(epi, ("", []))
             attrs = dict(activation=act, activation_params=params, strides=[s, s],
                          pads=[p] * 4, kernel_shape=[k, k])
-            ctx = NodeContext("n", "NhwcConv", 1, 1)
-
-            def ours():
-                nhwc(x, w, b, z, ctx=ctx, **attrs)
-
-            def numpy_nhwc():
-                conv_nhwc.compiled.kernel = without_iconv
-                try:
-                    nhwc(x, w, b, z, **attrs)
-                finally:
-                    conv_nhwc.compiled.kernel = real_kernel
-
-            def ncwh():
-                nchw(xc, wc, b, zc, **attrs)
-            got = nhwc(x, w, b, z, ctx=ctx, **attrs)
-            want = nchw(xc, wc, b, zc, **attrs).transpose(0, 2, 3, 1)
-            err = float(np.abs(got - want).max() / max(1.0, np.abs(want).max()))
-            assert err < 1e-4, err
             flops = 2 * batch * oh * oh * k * k * c * m / 1e6
-            reps = max(3, min(a.reps * 3, int(a.reps * 3e8 / (flops * 1e6))))
-            t = {}
-            for _ in range(2):
-                for key, fn in (("i", ours), ("h", numpy_nhwc), ("c", ncwh)):
-                    v = cpu_ms(fn, reps)
-                    t[key] = min(t.get(key, v), v)
+            t = layer_times(nhwc, nchw, (x, w, b, z), (xc, wc, b, zc), attrs, flops,
+                            a.reps)
             for key in tot:
                 tot[key] += n * t[key]
             label = f"{h:>3} {c:>3} -> {m:>3} {k}x{k}/{s}"

@@ -267,3 +267,17 @@ def _one_conv(w, b):
         [numpy_helper.from_array(np.ascontiguousarray(w.transpose(3, 2, 0, 1)), "w"),
          numpy_helper.from_array(b, "b")])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_weights_are_packed_from_any_view():
+    """A trainable plan's HWIO weights are a view of its OIHW ones: packed in place, panel by
+    panel, they give the panels of the contiguous (taps*C, M) matrix, zeros past M."""
+    for M in (5, 16, 37):
+        oihw = RNG.standard_normal((M, 7, 3, 2)).astype(np.float32)
+        view = oihw.transpose(2, 3, 1, 0)
+        b = RNG.standard_normal(M).astype(np.float32)
+        got = conv_nhwc.pack_panels(view, b)
+        want = conv_nhwc.pack_panels(np.ascontiguousarray(view).reshape(-1, M), b)
+        for g, w in zip(got, want):
+            assert g.flags.c_contiguous
+            np.testing.assert_array_equal(g, w)

@@ -9,8 +9,8 @@ and splits need nothing else. Converting per layer would cost more than the kern
 and converts only at its borders (graph inputs and outputs, and ops without a channels-last
 form). It runs for CPU plans when the network has depthwise convolutions, or group-1 KxK
 convolutions and the compiled indirect-GEMM kernel for them is ready (``layout="auto"`` in
-:func:`workbench.graph.passes.optimize`, see :func:`wants_channels_last`); ``"nhwc"`` forces it on any 2-D convolution
-network (tests, benchmarks), ``None`` keeps the graph as it is.
+:func:`workbench.graph.passes.optimize`, see :func:`wants_channels_last`); ``"nhwc"`` forces
+it on any 2-D convolution network (tests, benchmarks), ``None`` keeps the graph as it is.
 
 What becomes channels-last (each node's inputs from outside the region get one ``Transpose``
 to NHWC per value, shared; region values read from outside get one ``Transpose`` back):

@@ -24,6 +24,8 @@ against ``Conv`` on NCHW.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from workbench import compiled
@@ -265,6 +267,7 @@ def indirection(H, W, C, kh, kw, S, D, pb, out):
 
 
 _TABLES: dict = {}   # (shapes) -> (key, indirection table, zero row): see _indirect
+_TABLES_LOCK = threading.Lock()
 
 
 def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
@@ -289,9 +292,10 @@ def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
         got = _TABLES.get(key)
         if got is None:
             got = (key, indirection(H, W, C, kh, kw, S, D, pb, out), np.zeros(C, np.float32))
-            if len(_TABLES) >= 64:
-                _TABLES.pop(next(iter(_TABLES)))
-            _TABLES[key] = got
+            with _TABLES_LOCK:   # plans may run in several threads
+                while len(_TABLES) >= 64:
+                    _TABLES.pop(next(iter(_TABLES)))
+                _TABLES[key] = got
         if ctx is not None:
             ctx.extra["gemm_avx2_ind"] = got
     ind, zero = got[1], got[2]
