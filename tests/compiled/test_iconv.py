@@ -166,22 +166,23 @@ def test_nan_and_inf_propagate_like_numpy(iconv):
         _close(got[ok], want[ok], 36)
 
 
-def test_empty_batch_and_the_kept_table(iconv):
+def test_empty_batch_and_the_kept_tables(iconv):
     x, w, b = _data(0, 5, 5, 3, 3, 3, 8)
     assert _conv(x, w, b, pads=(1, 1, 1, 1)).shape == (0, 5, 5, 8)
-    ctx = NodeContext("n", "NhwcConv", 1, 1)
-    x, w, b = _data(2, 6, 6, 3, 3, 3, 8)
-    y1 = _conv(x, w, b, pads=(1, 1, 1, 1), ctx=ctx)
-    table = ctx.extra["gemm_avx2_ind"][1]
-    x2 = RNG.standard_normal((5, 6, 6, 3)).astype(np.float32)   # another batch: same table
-    _close(_conv(x2, w, b, pads=(1, 1, 1, 1), ctx=ctx), _numpy(x2, w, b, pads=(1, 1, 1, 1)),
-           27)
-    assert ctx.extra["gemm_avx2_ind"][1] is table
-    x3 = RNG.standard_normal((1, 9, 4, 3)).astype(np.float32)   # another image size: rebuilt
-    _close(_conv(x3, w, b, pads=(1, 1, 1, 1), ctx=ctx), _numpy(x3, w, b, pads=(1, 1, 1, 1)),
-           27)
-    assert ctx.extra["gemm_avx2_ind"][1].shape == (9 * 4, 9)
-    np.testing.assert_array_equal(_conv(x, w, b, pads=(1, 1, 1, 1), ctx=ctx), y1)
+    pads = (1, 1, 1, 1)
+    for C, taps in ((9, 9), (3, 3)):   # fewer than 8 channels: a kernel row is one tap
+        ctx = NodeContext("n", "NhwcConv", 1, 1)
+        x, w, b = _data(2, 6, 6, C, 3, 3, 8)
+        y1 = _conv(x, w, b, pads=pads, ctx=ctx)
+        table = ctx.extra["gemm_avx2_ind"][1]
+        assert table.shape == (36, taps)
+        x2 = RNG.standard_normal((5, 6, 6, C)).astype(np.float32)   # another batch: same
+        _close(_conv(x2, w, b, pads=pads, ctx=ctx), _numpy(x2, w, b, pads=pads), 9 * C)
+        assert ctx.extra["gemm_avx2_ind"][1] is table
+        x3 = RNG.standard_normal((1, 9, 4, C)).astype(np.float32)   # another size: rebuilt
+        _close(_conv(x3, w, b, pads=pads, ctx=ctx), _numpy(x3, w, b, pads=pads), 9 * C)
+        assert ctx.extra["gemm_avx2_ind"][1].shape == (9 * 4, taps)
+        np.testing.assert_array_equal(_conv(x, w, b, pads=pads, ctx=ctx), y1)
 
 
 def _resnet_block():

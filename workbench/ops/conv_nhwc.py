@@ -267,6 +267,7 @@ def indirection(H, W, C, kh, kw, S, D, pb, out):
 
 
 _TABLES: dict = {}   # (shapes) -> (key, indirection table, zero row): see _indirect
+_ROW_TAPS_C = 8      # fewer input channels: a kernel row of taps is one tap (see _indirect)
 _TABLES_LOCK = threading.Lock()
 
 
@@ -284,14 +285,29 @@ def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
     N, H, W, C = (int(v) for v in x.shape)
     kh, kw, _cg, M = (int(v) for v in w.shape)
     OH, OW = out
-    key = (H, W, C, kh, kw, tuple(S), tuple(D), tuple(pb), tuple(out))
+    rows_of_taps = C < _ROW_TAPS_C and kw > 1 and D[1] == 1
+    if rows_of_taps:
+        # few channels (the stems): each tap's 1-3 channels cost a pointer each; on a padded
+        # copy of the input the kw taps of a kernel row are kw*C contiguous channels, so a
+        # kernel row is one "tap" (the packed weights are the same: rows (i, j, c) in order)
+        pe = [max(0, (o - 1) * s_ + (k_ - 1) * d + 1 - i - p)
+              for o, s_, k_, d, i, p in zip(out, S, (kh, kw), D, (H, W), pb)]
+        xpad = np.zeros((N, H + pb[0] + pe[0], W + pb[1] + pe[1], C), np.float32)
+        xpad[:, pb[0]:pb[0] + H, pb[1]:pb[1] + W] = x
+        x, H, W = xpad, int(xpad.shape[1]), int(xpad.shape[2])
+        pb, taps, ct = (0, 0), kh, kw * C
+    else:
+        taps, ct = kh * kw, C
+    key = (H, W, C, kh, kw, tuple(S), tuple(D), tuple(pb), tuple(out), rows_of_taps)
     got = None if ctx is None else ctx.extra.get("gemm_avx2_ind")
     if got is None or got[0] != key:
         # a trainable model's tape runs each node with a fresh context: a few tables are
         # kept here too, by shapes
         got = _TABLES.get(key)
         if got is None:
-            got = (key, indirection(H, W, C, kh, kw, S, D, pb, out), np.zeros(C, np.float32))
+            table = indirection(H, W, C, kh, 1, S, D, pb, out) if rows_of_taps \
+                else indirection(H, W, C, kh, kw, S, D, pb, out)
+            got = (key, table, np.zeros(ct, np.float32))
             with _TABLES_LOCK:   # plans may run in several threads
                 while len(_TABLES) >= 64:
                     _TABLES.pop(next(iter(_TABLES)))
@@ -304,8 +320,8 @@ def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
     z = epi.z2
     lo, hi = epi.clip
     dp = compiled.data_pointer
-    args = (dp(x), dp(ind), dp(zero), dp(wp), dp(bp), dp(x if z is None else z), dp(y), C,
-            kh * kw, M, OH * OW, H * W * C)
+    args = (dp(x), dp(ind), dp(zero), dp(wp), dp(bp), dp(x if z is None else z), dp(y), ct,
+            taps, M, OH * OW, H * W * C)
     has_z, lo, hi = int(z is not None), float(lo), float(hi)
     raw = k.raw
     rows = N * OH * OW
