@@ -286,7 +286,7 @@ static inline __attribute__((always_inline)) void itile(
     for (int64_t t = t0; t < t1; t++) {
         PTR(0) PTR(1) PTR(2) PTR(3) PTR(4) PTR(5)
         const float *bt = bp + (t - t0) * C * NR;
-#pragma GCC unroll 4
+#pragma GCC unroll 2
         for (int64_t c = 0; c < C; c++) {
             __m256 b0 = _mm256_loadu_ps(bt + c * NR);
             __m256 b1 = nv > 1 ? _mm256_loadu_ps(bt + c * NR + 8) : b0;
