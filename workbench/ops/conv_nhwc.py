@@ -431,7 +431,7 @@ def _im2col(x, w, group, epi, S, D, pb, out, y):
         xpad, shape=(N, OH, OW, kh, kw, C),
         strides=(sN, sH * S[0], sW * S[1], sH * D[0], sW * D[1], sC), writeable=False)
     K = kh * kw * Cg
-    wg = w.reshape(kh * kw * Cg, M)  # rows in (i, j, c) order, as the windows
+    wg = np.ascontiguousarray(w.reshape(kh * kw * Cg, M))  # rows (i, j, c), as the windows
     y2 = y.reshape(-1, M)
     per_row = OW * K  # im2col elements per output row (one group)
 
