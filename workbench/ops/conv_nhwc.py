@@ -4,7 +4,7 @@ pass ``workbench.graph.layout``).
 X is (N, H, W, C), the weights (kh, kw, C/group, M) ("HWIO", a Transpose of the ONNX weights
 that constant folding bakes in), Z (a residual) and Y are (N, OH, OW, M). The epilogue is
 FusedConv's: ``activation(conv + B + Z)``, applied to each block of the output in the worker
-that computed it. Three paths, each split over the engine's threads (BLAS single-threaded):
+that computed it. Four paths, each split over the engine's threads (BLAS single-threaded):
 
 - depthwise (group == C == M): the compiled kernels ``conv_nhwc.dw_k{3,5}s{1,2}`` when they
   are loaded (float32, dilation 1), else numpy tap by tap on blocks of output rows, every tap
@@ -14,7 +14,11 @@ that computed it. Three paths, each split over the engine's threads (BLAS single
   with the weights packed once into 16-column panels and kept in the node's context (the
   plan's, see :func:`_packed`) and the epilogue fused into its stores; else numpy/BLAS per
   block of rows (strided inputs sampled first);
-- the rest: im2col per block of output rows (each window a run of contiguous channels) into a
+- the rest, group 1 (KxK, strided or padded 1x1), float32: the compiled indirect GEMM
+  ``gemm_avx2.iconv`` when it is loaded (:func:`_indirect`: per output pixel and tap the offset
+  of the input pixel it reads, from a table built once per shape set; the weights packed as
+  the 1x1 path's; the epilogue fused);
+- else im2col per block of output rows (each window a run of contiguous channels) into a
   cache-sized workspace, then ``(rows, kh*kw*C/g) @ (kh*kw*C/g, M/g)`` per group.
 
 The bias/residual/clip epilogue runs in the compiled ``conv_nhwc.bias_act`` when loaded. The
