@@ -58,13 +58,14 @@ def _data(N, H, W, C, kh, kw, M, has_b=True):
 def test_every_tile_tail_and_epilogue(iconv, monkeypatch):
     """Output pixels 1..7 and 13 (every row tail, whole 6-pixel tiles, tiles running into
     the next image), columns ending a 16-column panel anywhere (1..40), C in {1, 3, 5, 17};
-    with and without bias and residual; no activation, ReLU, Clip."""
+    with and without bias and residual; no activation, ReLU, Clip, LeakyRelu, Sigmoid."""
     calls = []
     run = conv_nhwc._indirect
     monkeypatch.setattr(conv_nhwc, "_indirect", lambda *a: calls.append(run(*a)) or calls[-1])
     epilogues = [("", (), False, True), ("Relu", (), True, False), ("Clip", (0.0, 6.0), True,
                                                                     True),
-                 ("Clip", (-1.5, 0.5), False, False)]
+                 ("Clip", (-1.5, 0.5), False, False), ("LeakyRelu", (0.1,), True, True),
+                 ("Sigmoid", (), False, True)]   # no clip: applied after the kernel
     # (N, H, W): 3x3, pad 1 keeps H x W; pixels per batch N*H*W
     grids = [(1, 1, 1), (1, 1, 2), (1, 1, 3), (2, 2, 1), (1, 1, 5), (2, 1, 3), (1, 7, 1),
              (1, 13, 1), (3, 2, 2)]
@@ -72,7 +73,7 @@ def test_every_tile_tail_and_epilogue(iconv, monkeypatch):
     for n, h, w_ in grids:
         for C in (1, 3, 5, 17):
             M = (1, 5, 8, 9, 16, 17, 24, 33, 40)[i % 9]
-            act, params, has_b, has_z = epilogues[i % 4]
+            act, params, has_b, has_z = epilogues[i % len(epilogues)]
             i += 1
             seen.append((C, M))
             x, w, b = _data(n, h, w_, C, 3, 3, M, has_b)

@@ -293,8 +293,7 @@ def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
     ``gemm_avx2.iconv`` (no im2col: per output pixel and tap, the offset of the input
     pixel's channels from a table kept in the node's context with the packed weights).
     Returns False (nothing done) when the kernel is not loaded or does not apply."""
-    if x.dtype != np.float32 or epi.clip is None \
-            or (epi.z2 is not None and not epi.z2.flags.c_contiguous):
+    if x.dtype != np.float32 or (epi.z2 is not None and not epi.z2.flags.c_contiguous):
         return False
     k = compiled.kernel("gemm_avx2.iconv")
     if k is None:
@@ -335,22 +334,27 @@ def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
     b = None if epi.b is None else np.ascontiguousarray(epi.b, np.float32)
     wp, bp = _packed(ctx, w_in, b_in, w, b)
     z = epi.z2
-    lo, hi = epi.clip
+    # an activation that is no clip (LeakyRelu, Sigmoid, ...) runs on each range after it
+    lo, hi = epi.clip if epi.clip is not None else (-np.inf, np.inf)
+    act = None if epi.clip is not None else epi.activation
     dp = compiled.data_pointer
     args = (dp(x), dp(ind), dp(zero), dp(wp), dp(bp), dp(x if z is None else z), dp(y), ct,
             taps, M, OH * OW, H * W * C)
     has_z, lo, hi = int(z is not None), float(lo), float(hi)
     raw = k.raw
     rows = N * OH * OW
-    jobs = _conv_jobs(rows)
-    if len(jobs) == 1:   # one worker: one call, no pool
-        raw(*args, 0, rows, has_z, lo, hi)
-        return True
+    y2 = y.reshape(rows, M)
 
     def work(chunk):
         for r0, r1 in chunk:
             raw(*args, r0, r1, has_z, lo, hi)
-    run_blocks(np, jobs, work, rows * M * C * kh * kw)
+            if act:
+                apply_activation(y2[r0:r1], act, epi.alpha, epi.beta)
+    jobs = _conv_jobs(rows)
+    if len(jobs) == 1:   # one worker: one call, no pool
+        work(jobs)
+    else:
+        run_blocks(np, jobs, work, rows * M * C * kh * kw)
     return True
 
 
