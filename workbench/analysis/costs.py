@@ -200,6 +200,15 @@ def conv_cost(v: NodeView) -> Cost:
     return Cost(macs, 2 * macs + _epilogue(v, y, bias, z))
 
 
+@rule("com.workbench::NhwcConv")
+def nhwc_conv_cost(v: NodeView) -> Cost:
+    """The layout pass's channels-last FusedConv: weights (kh, kw, C/group, M)."""
+    w = v.shape(1)
+    y = v.out()
+    macs = y * numel(w[:3])
+    return Cost(macs, 2 * macs + _epilogue(v, y, 2, 3))
+
+
 @rule("QLinearConv")
 def qlinear_conv_cost(v: NodeView) -> Cost:
     w = v.shape(3)

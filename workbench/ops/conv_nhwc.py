@@ -4,7 +4,7 @@ pass ``workbench.graph.layout``).
 X is (N, H, W, C), the weights (kh, kw, C/group, M) ("HWIO", a Transpose of the ONNX weights
 that constant folding bakes in), Z (a residual) and Y are (N, OH, OW, M). The epilogue is
 FusedConv's: ``activation(conv + B + Z)``, applied to each block of the output in the worker
-that computed it. Three paths, each split over the engine's threads (BLAS single-threaded):
+that computed it. Four paths, each split over the engine's threads (BLAS single-threaded):
 
 - depthwise (group == C == M): 3x3 with stride 1 or 2 (float32, dilation 1, an epilogue that
   is a clip) in the C kernel ``dwconv_avx2.dw3x3`` when it is loaded (AVX2 + FMA CPUs with a
@@ -17,7 +17,11 @@ that computed it. Three paths, each split over the engine's threads (BLAS single
   with the weights packed once into 16-column panels and kept in the node's context (the
   plan's, see :func:`_packed`) and the epilogue fused into its stores; else numpy/BLAS per
   block of rows (strided inputs sampled first);
-- the rest: im2col per block of output rows (each window a run of contiguous channels) into a
+- the rest, group 1 (KxK, strided or padded 1x1), float32: the compiled indirect GEMM
+  ``gemm_avx2.iconv`` when it is loaded (:func:`_indirect`: per output pixel and tap the offset
+  of the input pixel it reads, from a table built once per shape set; the weights packed as
+  the 1x1 path's; the epilogue fused);
+- else im2col per block of output rows (each window a run of contiguous channels) into a
   cache-sized workspace, then ``(rows, kh*kw*C/g) @ (kh*kw*C/g, M/g)`` per group.
 
 The bias/residual/clip epilogue runs in the compiled ``conv_nhwc.bias_act`` when loaded. The
@@ -265,20 +269,30 @@ _SAMPLES = 16  # weight elements compared to tell an updated weight from the pac
 def pack_panels(w2, bias=None, panel=_PANEL):
     """``(packed, bias)`` for ``gemm_avx2.gemm``: (C, M) weights as ceil(M/panel) column
     panels of (C, panel) one after another, zeros past M; the bias (zeros when None) padded
-    to the panels' width. float32, C-contiguous."""
-    C, M = (int(v) for v in w2.shape)
+    to the panels' width. float32, C-contiguous. (kh, kw, C, M) weights (``iconv``) are
+    packed as their (kh*kw*C, M) reshape, read in place whatever their strides."""
+    M = int(w2.shape[-1])
     mp = -(-M // panel) * panel
-    wp = np.zeros((C, mp), np.float32)
-    wp[:, :M] = w2
     bp = np.zeros(mp, np.float32)
     if bias is not None:
         bp[:M] = bias
+    if w2.ndim != 2:   # (kh, kw, C, M), maybe a strided view of OIHW weights: panel by
+        K = int(np.prod(w2.shape[:-1]))   # panel, each a block that stays in cache
+        wp = np.zeros((mp // panel, K, panel), np.float32)
+        for p in range(mp // panel):
+            n = min(panel, M - p * panel)
+            wp[p].reshape(*w2.shape[:-1], panel)[..., :n] = w2[..., p * panel:p * panel + n]
+        return wp, bp
+    C = int(w2.shape[0])
+    wp = np.zeros((C, mp), np.float32)
+    wp[:, :M] = w2
     return np.ascontiguousarray(wp.reshape(C, mp // panel, panel).transpose(1, 0, 2)), bp
 
 
 def _sample(a, idx):
-    """The bytes of ``a``'s elements at flat positions ``idx`` (bitwise: NaN matches)."""
-    return a.reshape(-1)[idx].tobytes()
+    """The bytes of ``a``'s elements at flat positions ``idx`` (bitwise: NaN matches; a
+    strided ``a`` is not copied)."""
+    return (a.reshape(-1) if a.flags.c_contiguous else a.flat)[idx].tobytes()
 
 
 def _packed(ctx, w_in, b_in, w2, b, key="gemm_avx2_pack", pack=None):
@@ -335,6 +349,115 @@ def _pointwise_compiled(k, x, w2, packed, epi, y):
     return y
 
 
+def indirection(H, W, C, kh, kw, S, D, pb, out):
+    """The (OH*OW, kh*kw) int64 table of ``gemm_avx2.iconv``: for output pixel (oh, ow) of
+    an image and tap (i, j), the offset (in elements) of the C channels of input pixel
+    (oh*S0 - pb0 + i*D0, ow*S1 - pb1 + j*D1) in the (H, W, C) image, or -1 where that pixel
+    is padding. Depends only on the shapes: built once per plan (:func:`_indirect`)."""
+    OH, OW = out
+    ih = np.arange(OH)[:, None] * S[0] - pb[0] + np.arange(kh)[None, :] * D[0]   # (OH, kh)
+    iw = np.arange(OW)[:, None] * S[1] - pb[1] + np.arange(kw)[None, :] * D[1]   # (OW, kw)
+    off = (ih[:, None, :, None] * W + iw[None, :, None, :]).astype(np.int64) * C
+    ok = ((ih >= 0) & (ih < H))[:, None, :, None] & ((iw >= 0) & (iw < W))[None, :, None, :]
+    return np.where(ok, off, -1).reshape(OH * OW, kh * kw)
+
+
+def _conv_jobs(rows, tile=6):
+    """(r0, r1) pixel ranges for ``iconv``: as :func:`_tile_jobs` (about 4 per worker, whole
+    tiles), but not under 60 pixels unless that leaves a worker idle: each range streams all
+    the packed weights once (ResNet's 3x3x512 layers: 9.4 MB for 49 pixels at batch 1)."""
+    nw = n_workers()
+    if nw == 1 or rows <= tile:
+        return [(0, rows)]
+    fine = -(-rows // (4 * nw) // tile) * tile
+    even = -(-rows // nw // tile) * tile
+    step = max(tile, fine, min(60, even))
+    return [(r, min(rows, r + step)) for r in range(0, rows, step)]
+
+
+_TABLES: dict = {}   # (shapes) -> (key, indirection table, zero row): see _indirect
+_ROW_TAPS_C = 8      # fewer input channels: a kernel row of taps is one tap (see _indirect)
+_TABLES_LOCK = threading.Lock()
+
+
+def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
+    """Group 1, any kernel size/stride/padding/dilation, float32: the compiled indirect GEMM
+    ``gemm_avx2.iconv`` (no im2col: per output pixel and tap, the offset of the input
+    pixel's channels from a table kept in the node's context with the packed weights).
+    Returns False (nothing done) when the kernel is not loaded or does not apply."""
+    if x.dtype != np.float32 or (epi.z2 is not None and not epi.z2.flags.c_contiguous):
+        return False
+    k = compiled.kernel("gemm_avx2.iconv")
+    if k is None:
+        return False
+    N, H, W, C = (int(v) for v in x.shape)
+    kh, kw, _cg, M = (int(v) for v in w.shape)
+    OH, OW = out
+    rows_of_taps = C < _ROW_TAPS_C and kw > 1 and D[1] == 1
+    if rows_of_taps:
+        # few channels (the stems): each tap's 1-3 channels cost a pointer each; on a padded
+        # copy of the input the kw taps of a kernel row are kw*C contiguous channels, so a
+        # kernel row is one "tap" (the packed weights are the same: rows (i, j, c) in order)
+        pe = [max(0, (o - 1) * s_ + (k_ - 1) * d + 1 - i - p)
+              for o, s_, k_, d, i, p in zip(out, S, (kh, kw), D, (H, W), pb)]
+        xpad = np.zeros((N, H + pb[0] + pe[0], W + pb[1] + pe[1], C), np.float32)
+        xpad[:, pb[0]:pb[0] + H, pb[1]:pb[1] + W] = x
+        x, H, W = xpad, int(xpad.shape[1]), int(xpad.shape[2])
+        pb, taps, ct = (0, 0), kh, kw * C
+    else:
+        taps, ct = kh * kw, C
+    key = (H, W, C, kh, kw, tuple(S), tuple(D), tuple(pb), tuple(out), rows_of_taps)
+    got = None if ctx is None else ctx.extra.get("gemm_avx2_ind")
+    if got is None or got[0] != key:
+        # a trainable model's tape runs each node with a fresh context: a few tables are
+        # kept here too, by shapes
+        got = _TABLES.get(key)
+        if got is None:
+            table = indirection(H, W, C, kh, 1, S, D, pb, out) if rows_of_taps \
+                else indirection(H, W, C, kh, kw, S, D, pb, out)
+            got = (key, table, np.zeros(ct, np.float32))
+            with _TABLES_LOCK:   # plans may run in several threads
+                while len(_TABLES) >= 64:
+                    _TABLES.pop(next(iter(_TABLES)))
+                _TABLES[key] = got
+        if ctx is not None:
+            ctx.extra["gemm_avx2_ind"] = got
+    ind, zero = got[1], got[2]
+    b = None if epi.b is None else np.ascontiguousarray(epi.b, np.float32)
+    wp, bp = _packed(ctx, w_in, b_in, w, b)
+    z = epi.z2
+    # an activation that is no clip (LeakyRelu, Sigmoid, ...) runs on each range after it
+    lo, hi = epi.clip if epi.clip is not None else (-np.inf, np.inf)
+    act = None if epi.clip is not None else epi.activation
+    dp = compiled.data_pointer
+    args = (dp(x), dp(ind), dp(zero), dp(wp), dp(bp), dp(x if z is None else z), dp(y), ct,
+            taps, M, OH * OW, H * W * C)
+    has_z, lo, hi = int(z is not None), float(lo), float(hi)
+    raw = k.raw
+    rows = N * OH * OW
+    y2 = y.reshape(rows, M)
+
+    def work(chunk):
+        for r0, r1 in chunk:
+            raw(*args, r0, r1, has_z, lo, hi)
+            if act:
+                apply_activation(y2[r0:r1], act, epi.alpha, epi.beta)
+    jobs = _conv_jobs(rows)
+    if len(jobs) == 1:   # one worker: one call, no pool
+        work(jobs)
+    else:
+        run_blocks(np, jobs, work, rows * M * C * kh * kw)
+    return True
+
+
+def _packs(W, dt, group):
+    """Whether the weights go to the compiled GEMMs, which pack them (any strides) and read
+    no other copy: then they are not made contiguous first. Every numpy path reads them
+    through a reshape (contiguous), so BLAS gets the same matrix either way."""
+    return group == 1 and dt == np.float32 and W.dtype == np.float32 \
+        and compiled.kernel("gemm_avx2.iconv") is not None
+
+
 def _pointwise(x, w, epi, S, pb, out, y, ctx=None, w_in=None, b_in=None):
     """1x1, group 1: rows of (N*OH*OW, C) @ (C, M). ``w_in``/``b_in``: the node's weight
     and bias inputs as given (the packed weights' cache key)."""
@@ -349,6 +472,8 @@ def _pointwise(x, w, epi, S, pb, out, y, ctx=None, w_in=None, b_in=None):
             b = None if epi.b is None else np.ascontiguousarray(epi.b, np.float32)
             return _pointwise_compiled(k, x, w2, _packed(ctx, w_in, b_in, w2, b), epi, y)
     if any(pb) or S != [1, 1] or (OH, OW) != (H, W):
+        if _indirect(x, w, epi, S, [1, 1], pb, out, y, ctx, w_in, b_in):
+            return y
         src = x
         if any(pb):
             src = np.zeros((N, H + pb[0], W + pb[1], C), dtype=x.dtype)
@@ -362,7 +487,7 @@ def _pointwise(x, w, epi, S, pb, out, y, ctx=None, w_in=None, b_in=None):
             xs[:, :src.shape[1], :src.shape[2]] = src
         x = xs
     a = x.reshape(-1, C)
-    w2 = w.reshape(C, M)
+    w2 = np.ascontiguousarray(w.reshape(C, M))   # see _packs
     y2 = y.reshape(-1, M)
     rows = a.shape[0]
 
@@ -406,7 +531,7 @@ def _im2col(x, w, group, epi, S, D, pb, out, y):
         xpad, shape=(N, OH, OW, kh, kw, C),
         strides=(sN, sH * S[0], sW * S[1], sH * D[0], sW * D[1], sC), writeable=False)
     K = kh * kw * Cg
-    wg = w.reshape(kh * kw * Cg, M)  # rows in (i, j, c) order, as the windows
+    wg = np.ascontiguousarray(w.reshape(kh * kw * Cg, M))  # rows (i, j, c), as the windows
     y2 = y.reshape(-1, M)
     per_row = OW * K  # im2col elements per output row (one group)
 
@@ -572,7 +697,8 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
     # contiguous: a trainable model's HWIO weights come from a Transpose (a view) in its
     # plan, and BLAS given a strided matrix may add the terms in another order than for the
     # baked constant of backend.prepare (the two must agree bit for bit)
-    w = np.ascontiguousarray(W, dtype=dt) if xp is np else W.astype(dt, copy=False)
+    w = np.ascontiguousarray(W, dtype=dt) if xp is np and not _packs(W, dt, group) \
+        else W.astype(dt, copy=False)
     b = None if B is None else B.astype(dt, copy=False).reshape(M)
     z = None
     p = [float(v) for v in (activation_params or ())] + [0.0, 0.0]
@@ -606,7 +732,7 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
                     if ctx is not None:
                         ctx.extra["gemm_avx2_clip"] = (float(epi.clip[0]),
                                                        float(epi.clip[1]))
-            else:
+            elif not (group == 1 and _indirect(x, w, epi, st, dl, pb, out, y, ctx, W, B)):
                 _im2col(x, w, group, epi, st, dl, pb, out, y)
         if ctx is not None:
             # bound on the second run with the same packed weights (a trainable plan's

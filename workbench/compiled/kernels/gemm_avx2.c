@@ -225,3 +225,182 @@ void wb_gemm_avx2_gemm_block(const int64_t *a) {
                       (const float *)a[3], (float *)a[4], a[5], a[6], a[7], a[8], a[9],
                       (float)lo, (float)hi);
 }
+
+/* ------------------------------------------------------------------------------------------
+ * Indirect convolution (group 1, any kernel size, stride, padding, dilation), channels-last:
+ *
+ *   Y[r, m] = clip(sum_t sum_c in(r, t)[c] * B[t*C + c, m] + bias[m] + Z[r, m], lo, hi)
+ *
+ * for output pixels r0 <= r < r1 of (N*OH*OW) rows. in(r, t) is the C contiguous channels of
+ * the input pixel that tap t of output pixel r reads: X + n*img + ind[q*T + t] for the image
+ * n = r / P and the pixel q = r % P of it (P = OH*OW, img = H*W*C), or the zero row where
+ * ind is negative (padding). The indirection table ind (P x T offsets) depends only on the
+ * shapes, so it is built once per plan; B is the (T*C, M) weights ("HWIO" rows: tap-major,
+ * channels inside) packed as for wb_gemm_avx2_gemm. A register tile of 6 pixels x 16 output
+ * channels runs over a block of taps (K blocking: a block's slice of a panel stays in L1/L2
+ * while the tiles of a row block pass over it); blocks after the first add to what the
+ * previous one stored in Y, and the epilogue runs with the last block.
+ */
+#ifndef KC_CONV
+#define KC_CONV 12288   /* floats of a panel's slice per K block (48 KiB) */
+#endif
+
+static inline __attribute__((always_inline)) __m256 ld(const float *p, int64_t n) {
+    return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes(n));
+}
+
+/* one tile: mr (1..6) pixels from r (image n0, pixel q0 of it), nv (1 or 2) vectors of the
+ * panel slice bp (taps t0 .. t1-1), ncols valid columns */
+static inline __attribute__((always_inline)) void itile(
+        const int mr, const int nv, const float *X, const int64_t *ind, const float *zero,
+        int64_t n0, int64_t q0, int64_t P, int64_t img, int64_t T, int64_t C, int64_t t0,
+        int64_t t1, const float *bp, const float *bias, const float *z, float *y, int64_t M,
+        int64_t ncols, int first, int last, int has_z, int clip, __m256 lo, __m256 hi) {
+    const float *xb[MR];
+    const int64_t *ir[MR];
+    for (int i = 0; i < MR; i++) {
+        if (i < mr) {
+            int64_t q = q0 + i, n = n0;
+            while (q >= P) {   /* the tile runs into the next image(s) */
+                q -= P;
+                n++;
+            }
+            xb[i] = X + n * img;
+            ir[i] = ind + q * T;
+        } else {
+            xb[i] = zero;
+            ir[i] = ind;
+        }
+    }
+    const int64_t n0c = ncols < 8 ? ncols : 8, n1c = ncols - 8;
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
+           c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    if (!first) {
+#define LD(i)                                            \
+    if (mr > i) {                                        \
+        c##i##0 = ld(y + i * M, n0c);                    \
+        if (nv > 1) c##i##1 = ld(y + i * M + 8, n1c);    \
+    }
+        LD(0) LD(1) LD(2) LD(3) LD(4) LD(5)
+#undef LD
+    }
+#define PTR(i)                                                          \
+    const float *a##i = zero;                                           \
+    if (mr > i) {                                                       \
+        const int64_t o = ir[i][t];                                     \
+        a##i = o >= 0 ? xb[i] + o : zero;                               \
+    }
+#define STEP(i)                                                         \
+    if (mr > i) {                                                       \
+        __m256 av = _mm256_broadcast_ss(a##i + c);                      \
+        c##i##0 = _mm256_fmadd_ps(av, b0, c##i##0);                     \
+        if (nv > 1) c##i##1 = _mm256_fmadd_ps(av, b1, c##i##1);         \
+    }
+    for (int64_t t = t0; t < t1; t++) {
+        PTR(0) PTR(1) PTR(2) PTR(3) PTR(4) PTR(5)
+        const float *bt = bp + (t - t0) * C * NR;
+#pragma GCC unroll 2
+        for (int64_t c = 0; c < C; c++) {
+            __m256 b0 = _mm256_loadu_ps(bt + c * NR);
+            __m256 b1 = nv > 1 ? _mm256_loadu_ps(bt + c * NR + 8) : b0;
+            STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5)
+        }
+    }
+#undef STEP
+#undef PTR
+    if (last) {
+        const __m256 bb0 = _mm256_loadu_ps(bias), bb1 = _mm256_loadu_ps(bias + 8);
+#define OUT(i)                                                                           \
+    if (mr > i) {                                                                        \
+        put(y + i * M, finish(c##i##0, z + i * M, bb0, has_z, clip, lo, hi, n0c), n0c); \
+        if (nv > 1)                                                                      \
+            put(y + i * M + 8, finish(c##i##1, z + i * M + 8, bb1, has_z, clip, lo, hi,  \
+                                      n1c), n1c);                                        \
+    }
+        OUT(0) OUT(1) OUT(2) OUT(3) OUT(4) OUT(5)
+#undef OUT
+    } else {
+#define ST(i)                                            \
+    if (mr > i) {                                        \
+        put(y + i * M, c##i##0, n0c);                    \
+        if (nv > 1) put(y + i * M + 8, c##i##1, n1c);    \
+    }
+        ST(0) ST(1) ST(2) ST(3) ST(4) ST(5)
+#undef ST
+    }
+}
+
+/* pixels r .. re-1 of one panel (columns col .. col+ncols-1), taps t0 .. t1-1 */
+static inline __attribute__((always_inline)) void iconv_rows(
+        const int nv, const float *X, const int64_t *ind, const float *zero, int64_t P,
+        int64_t img, int64_t T, int64_t C, int64_t t0, int64_t t1, const float *bp,
+        const float *bias, const float *Z, float *Y, int64_t M, int64_t col, int64_t ncols,
+        int64_t r, int64_t re, int first, int last, int has_z, int clip, __m256 lo,
+        __m256 hi) {
+    int64_t n = r / P, q = r - n * P;
+#define T_(mr) itile(mr, nv, X, ind, zero, n, q, P, img, T, C, t0, t1, bp, bias,          \
+                     Z + (has_z ? r * M + col : 0), Y + r * M + col, M, ncols, first, last, \
+                     has_z, clip, lo, hi)
+    for (; r + MR <= re; r += MR) {
+        T_(6);
+        q += MR;
+        while (q >= P) {
+            q -= P;
+            n++;
+        }
+    }
+    switch (re - r) {
+    case 5: T_(5); break;
+    case 4: T_(4); break;
+    case 3: T_(3); break;
+    case 2: T_(2); break;
+    case 1: T_(1); break;
+    default: break;
+    }
+#undef T_
+}
+
+/* Y rows (output pixels) r0 .. r1-1. X the (N, H, W, C) input, ind the (P, T) offsets
+ * (negative: padding), zero a row of >= C zeros, Bp the packed (T*C, M) weights, bias padded
+ * to a multiple of 16, Z read only when has_z. */
+void wb_gemm_avx2_iconv(const float *X, const int64_t *ind, const float *zero,
+                        const float *Bp, const float *bias, const float *Z, float *Y,
+                        int64_t C, int64_t T, int64_t M, int64_t P, int64_t img, int64_t r0,
+                        int64_t r1, int64_t has_z, float lo, float hi) {
+    if (r1 <= r0 || M <= 0 || P <= 0 || T <= 0 || C <= 0)
+        return;
+    const int clip = !(isinf(lo) && lo < 0 && isinf(hi) && hi > 0);
+    const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+    const int hz = has_z != 0;
+    const int64_t K = T * C, panels = (M + NR - 1) / NR;
+    /* taps per K block: the block's slice of a panel (tb*C*16 floats) stays in cache */
+    int64_t tb = KC_CONV / (C * NR);
+    if (tb < 1)
+        tb = 1;
+    if (tb > T)
+        tb = T;
+    /* pixels per row block: what their taps of one K block read (at most mc*tb*C floats)
+     * stays in L2 while every panel passes over it */
+    int64_t mc = (MC_A / (tb * C)) / MR * MR;
+    if (mc < 4 * MR)
+        mc = 4 * MR;
+    if (mc > 1024)
+        mc = 1024;
+    for (int64_t rb = r0; rb < r1; rb += mc) {
+        const int64_t re = rb + mc < r1 ? rb + mc : r1;
+        for (int64_t t0 = 0; t0 < T; t0 += tb) {
+            const int64_t t1 = t0 + tb < T ? t0 + tb : T;
+            const int first = t0 == 0, last = t1 == T;
+            for (int64_t p = 0; p < panels; p++) {
+                const int64_t col = p * NR, ncols = M - col < NR ? M - col : NR;
+                const float *bp = Bp + p * K * NR + t0 * C * NR;
+                if (ncols > 8)
+                    iconv_rows(2, X, ind, zero, P, img, T, C, t0, t1, bp, bias + col, Z, Y,
+                               M, col, ncols, rb, re, first, last, hz, clip, vlo, vhi);
+                else
+                    iconv_rows(1, X, ind, zero, P, img, T, C, t0, t1, bp, bias + col, Z, Y,
+                               M, col, ncols, rb, re, first, last, hz, clip, vlo, vhi);
+            }
+        }
+    }
+}

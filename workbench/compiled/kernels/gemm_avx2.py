@@ -14,6 +14,14 @@ kernel cache; the engine loads it with ctypes. Used only when the CPU reports ev
 - ``gemm_block``: ``gemm`` with its twelve arguments in one int64 block (the five addresses,
   K, M, r0, r1, has_z, then lo and hi as float64 bit patterns): what a node's pre-bound call
   uses, since a ctypes call costs ~0.4 µs per argument.
+- ``iconv``: the channels-last group-1 convolution of any kernel size, stride, padding and
+  dilation as an indirect GEMM: output pixels ``r0 <= r < r1`` of ``Y`` (N*OH*OW, M) =
+  ``clip(sum over taps t, channels c of X[pixel(r, t), c] * W[t, c, :] + bias + Z[r], lo,
+  hi)``, where ``pixel(r, t)`` comes from an indirection table of (OH*OW, taps) offsets into
+  one image (negative: padding, read from the ``zero`` row), built once per plan
+  (:func:`workbench.ops.conv_nhwc.indirection`); the weights ((taps*C, M), "HWIO" rows)
+  packed as for ``gemm``. Arguments after the arrays: C, taps, M, OH*OW, H*W*C, r0, r1,
+  has_z, lo, hi.
 """
 
 #: the kernel's source file, in this folder
@@ -29,4 +37,5 @@ PANEL = 16
 EXPORTS = {
     "gemm": "f32[] f32[] f32[] f32[] f32[]! i64 i64 i64 i64 i64 f32 f32",
     "gemm_block": "i64[]",
+    "iconv": "f32[] i64[] f32[] f32[] f32[] f32[] f32[]! i64 i64 i64 i64 i64 i64 i64 i64 f32 f32",
 }
