@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -244,6 +245,37 @@ def test_old_versions_are_pruned(tmp_path):
     assert cache.prune("conv_nhwc", folder) == [old]
     assert os.path.exists(today["object"]) and os.path.exists(recent)
     assert os.path.exists(other)
+
+
+def test_a_builder_whose_cache_folder_was_removed_stops(tmp_path, monkeypatch):
+    """A notebook's private, temporary WORKBENCH_HOME is removed when its kernel stops: the
+    background builder it started neither makes that folder again nor leaves compiler work
+    folders in $TMPDIR (they go in the cache folder; stale ones there are dropped)."""
+    from workbench.compiled import build
+
+    folder = tmp_path / "home" / "compiled"
+    folder.mkdir(parents=True)
+    stale = folder / (build._WORK_PREFIX + "left")
+    stale.mkdir()
+    long_ago = time.time() - build._STALE_WORK_SECONDS - 10
+    os.utime(stale, (long_ago, long_ago))
+    fresh = folder / (build._WORK_PREFIX + "busy")
+    fresh.mkdir()
+    build._drop_stale_work(str(folder))
+    assert not stale.exists() and fresh.exists()
+    assert build.build("trees", str(tmp_path / "gone"), create=False) == {
+        "module": "trees", "status": "gone"}
+    assert not (tmp_path / "gone").exists()
+    calls = []
+    real = build.build
+
+    def removing(module, folder_, **kw):   # the kernel stopped after the first module
+        calls.append(module)
+        shutil.rmtree(str(tmp_path / "home"))
+        return real(module, folder_, **kw)
+    monkeypatch.setattr(build, "build", removing)
+    assert build.main(["--dir", str(folder), "--quiet", "trees", "conv_nhwc"]) == 0
+    assert calls == ["trees"] and not (tmp_path / "home").exists()
 
 
 def test_a_failed_build_is_recorded_and_not_retried(fresh_home):

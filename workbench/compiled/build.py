@@ -43,6 +43,7 @@ import fcntl
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -204,15 +205,17 @@ def compile_module(module: str, progress=None) -> tuple:
     return obj, described
 
 
-def compile_c_module(module: str, progress=None) -> tuple:
-    """(shared library bytes, exports description) of C kernel module ``module``."""
+def compile_c_module(module: str, progress=None, work_dir: str | None = None) -> tuple:
+    """(shared library bytes, exports description) of C kernel module ``module``; the
+    compiler writes into a temporary folder inside ``work_dir`` (the cache folder: never
+    ``$TMPDIR``, where a builder ended mid-way would leave it behind), else ``$TMPDIR``."""
     spec = cache.c_spec(module)
     cc = cache.compiler()
     if cc is None:
         raise RuntimeError("no C compiler (set CC, or install cc/gcc)")
     src = cache.c_source(module)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="wb-cc-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=_WORK_PREFIX, dir=work_dir) as tmp:
         out = os.path.join(tmp, f"{module}.so")
         cmd = [*cc["command"], *spec.CFLAGS, "-o", out, src]
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
@@ -248,11 +251,34 @@ def _versions(module: str | None = None) -> dict:
             "features": llvm.get_host_cpu_features().flatten()}
 
 
+_WORK_PREFIX = ".wb-cc-"   # the C compiler's temporary folders (in the cache folder)
+_STALE_WORK_SECONDS = 3600
+
+
+def _drop_stale_work(folder: str) -> None:
+    """Remove compiler work folders that a builder ended mid-way left in ``folder``."""
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(_WORK_PREFIX)]
+    except OSError:
+        return
+    for n in names:
+        path = os.path.join(folder, n)
+        try:
+            if time.time() - os.path.getmtime(path) > _STALE_WORK_SECONDS:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+
+
 def build(module: str, folder: str | None = None, *, force: bool = False,
-          progress=None) -> dict:
+          progress=None, create: bool = True) -> dict:
     """Build ``module`` into the cache unless a build of its current sources is there (or
-    failed). Returns its metadata (``{"status": "built"|"cached"|"failed", ...}``)."""
+    failed). Returns its metadata (``{"status": "built"|"cached"|"failed"|"gone", ...}``).
+    ``create=False``: a cache folder that no longer exists is not made again ("gone": the
+    background builder of a process whose private, temporary cache home was removed)."""
     folder = folder or cache.cache_dir()
+    if not create and not os.path.isdir(folder):
+        return {"module": module, "status": "gone"}
     os.makedirs(folder, exist_ok=True)
     p = cache.paths(module, folder)
     with open(os.path.join(folder, f".{module}.lock"), "a") as lock:
@@ -269,7 +295,7 @@ def build(module: str, folder: str | None = None, *, force: bool = False,
             t0 = time.perf_counter()
             try:
                 if cache.c_source(module) is not None:
-                    obj, described = compile_c_module(module, progress)
+                    obj, described = compile_c_module(module, progress, work_dir=folder)
                 else:
                     obj, described = compile_module(module, progress)
             except Exception as e:  # noqa: BLE001 - recorded, the engine keeps numpy
@@ -316,9 +342,23 @@ def main(argv=None) -> int:
     if a.all:
         mods += [m for m in known if m not in mods]
     say = None if a.quiet else (lambda s: print(s, flush=True))
+    folder = a.dir or cache.cache_dir()
+    os.makedirs(folder, exist_ok=True)
+    _drop_stale_work(folder)
     failed = 0
     for m in mods:
-        r = build(m, a.dir, force=a.force, progress=say)
+        # a folder removed while building (a notebook's temporary WORKBENCH_HOME, deleted
+        # when its kernel stopped) is not made again: nothing would ever read it
+        try:
+            r = build(m, folder, force=a.force, progress=say, create=False)
+        except OSError:
+            if os.path.isdir(folder):
+                raise
+            r = {"status": "gone"}   # removed in the middle of this module's build
+        if r["status"] == "gone":
+            if say:
+                say(f"the cache folder {folder} was removed: stopping")
+            return 0
         failed += r["status"] == "failed"
         if say:
             if r["status"] == "failed":
