@@ -357,3 +357,44 @@ void wb_dwconv_avx2_maxpool(const int64_t *block) {
         }
     }
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Channel interleave (see dwconv_avx2.py, ``interleave2``): ShuffleNet's concat of two
+ * channels-last halves shuffled across 2 groups,
+ *
+ *   Y[p, 2j] = A[p*sa + j],  Y[p, 2j + 1] = B[p*sb + j]     for pixels p0 <= p < p1, j < c
+ *
+ * with A and B rows of c 4-byte values at element strides sa and sb (a channel slice of a
+ * wider tensor is read in place) and Y (P, 2c) contiguous. Values are moved, never computed:
+ * every bit pattern (NaN payloads, any 4-byte dtype) is copied as it is.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    const float *a, *b;
+    float *y;
+    int64_t c, sa, sb, p0, p1;
+} inter_t;
+
+void wb_dwconv_avx2_interleave2(const int64_t *block) {
+    const inter_t *g = (const inter_t *)block;
+    const int64_t c = g->c, sa = g->sa, sb = g->sb;
+    if (c <= 0)
+        return;
+    for (int64_t p = g->p0; p < g->p1; p++) {
+        const float *ap = g->a + p * sa, *bp = g->b + p * sb;
+        float *yp = g->y + p * 2 * c;
+        int64_t j = 0;
+        for (; j + 8 <= c; j += 8) {
+            const __m256 va = _mm256_loadu_ps(ap + j), vb = _mm256_loadu_ps(bp + j);
+            const __m256 lo = _mm256_unpacklo_ps(va, vb), hi = _mm256_unpackhi_ps(va, vb);
+            _mm256_storeu_ps(yp + 2 * j, _mm256_permute2f128_ps(lo, hi, 0x20));
+            _mm256_storeu_ps(yp + 2 * j + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+        }
+        /* the tail as 32-bit integers: a float copy could quiet a signalling NaN */
+        const int32_t *ai = (const int32_t *)ap, *bi = (const int32_t *)bp;
+        int32_t *yi = (int32_t *)yp;
+        for (; j < c; j++) {
+            yi[2 * j] = ai[j];
+            yi[2 * j + 1] = bi[j];
+        }
+    }
+}

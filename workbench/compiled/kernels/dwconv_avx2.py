@@ -22,6 +22,11 @@ the numba kernel ``conv_nhwc.dw_k3s*`` or numpy.
   window's taps outside the input are skipped; a window with none gives -inf, ceil_mode's
   extra windows included). One int64 block of 18 slots (:data:`POOL_BLOCK`). A NaN tap makes
   the output NaN, as numpy's ``maximum``.
+- ``interleave2``: ``Y[p, 2j] = A[p, j]``, ``Y[p, 2j+1] = B[p, j]`` for pixels
+  ``p0 <= p < p1`` of 4-byte values, A and B rows of ``c`` values at element strides
+  ``sa``/``sb``, Y (P, 2c) contiguous: ShuffleNet's NhwcConcatShuffle of two halves across 2
+  groups. One int64 block: the addresses of A, B, Y, then c, sa, sb, p0, p1. Bits are copied
+  as they are.
 """
 
 #: the kernel's source file, in this folder
@@ -39,6 +44,7 @@ BLOCK = ("x", "w", "b", "z", "y", "N", "H", "W", "C", "OH", "OW", "stride", "pad
 EXPORTS = {
     "dw3x3": "i64[]",
     "maxpool": "i64[]",
+    "interleave2": "i64[]",
 }
 #: the slots of a ``maxpool`` call block
 POOL_BLOCK = ("x", "y", "N", "H", "W", "C", "OH", "OW", "KH", "KW", "SH", "SW", "DH", "DW",

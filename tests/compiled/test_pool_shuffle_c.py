@@ -1,7 +1,9 @@
 """The C NHWC max pool ``dwconv_avx2.maxpool`` against the numpy path (the reference): every
 channel tail (vector blocks of 32 and 8, scalar remainder), kernel sizes, strides, dilations,
 pads on every side, ceil_mode, windows with no tap inside, NaN/Inf, an empty batch, and the
-split over row blocks."""
+split over row blocks. The two-way channel interleave ``dwconv_avx2.interleave2``
+(NhwcConcatShuffle with 2 groups) against the numpy path: channel tails, channel-slice views,
+bit patterns, inputs it does not take."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import numpy as np
 import pytest
 
 from workbench import compiled
-from workbench.ops import pool
+from workbench.ops import nhwc, pool
 from workbench.ops.registry import FUSED_DOMAIN, lookup
 
 RNG = np.random.default_rng(2314)
@@ -104,3 +106,58 @@ def test_row_blocks_cover_the_output_exactly(calls, monkeypatch):
     monkeypatch.setattr(pool, "_C_BLOCK", 5 * 24 * 2)
     _both(x, calls, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     _both(x, calls, kernel_shape=[2, 3], strides=[1, 1], pads=[0, 1, 1, 0], ceil_mode=1)
+
+
+def _shuffle(*xs):
+    return lookup("NhwcConcatShuffle", FUSED_DOMAIN, 1).fn(*xs, groups=2)
+
+
+@pytest.mark.parametrize("c", [1, 7, 8, 13, 58])
+def test_interleave_matches_numpy_on_arrays_and_channel_slices(mp, monkeypatch, c):
+    seen = []
+    real = nhwc._interleave_c
+    monkeypatch.setattr(nhwc, "_interleave_c", lambda *a: seen.append(real(*a)) or seen[-1])
+    wide = RNG.standard_normal((2, 3, 5, 2 * c + 3)).astype(np.float32)
+    b = RNG.standard_normal((2, 3, 5, c)).astype(np.float32)
+    pairs = ((wide[..., :c], b), (b, wide[..., c + 3:]),
+             (wide[:1, 2:, 4:, 1:c + 1], b[:1, :1, :1]))
+    for pair in pairs:
+        with compiled.disabled():
+            want = _shuffle(*pair)
+        got = _shuffle(*pair)
+        assert seen[-1] is True
+        np.testing.assert_array_equal(got, want)
+
+
+def test_interleave_copies_bits_and_leaves_other_inputs_to_numpy(mp):
+    a = RNG.integers(-2**31, 2**31 - 1, (1, 4, 3, 11), dtype=np.int64).astype(np.int32)
+    b = RNG.integers(-2**31, 2**31 - 1, (1, 4, 3, 11), dtype=np.int64).astype(np.int32)
+    a[0, 1, 1, :] = np.float32(np.nan).view(np.int32) | 1   # NaN payloads as float32
+    with compiled.disabled():
+        want = _shuffle(a, b)
+    y = np.empty_like(want)
+    assert nhwc._interleave_c(y, a, b)
+    np.testing.assert_array_equal(y, want)
+    fa, fb = a.view(np.float32), b.view(np.float32)
+    assert nhwc._interleave_c(np.empty(want.shape, np.float32), fa, fb)
+    y = np.empty(want.shape, np.float32)
+    nhwc._interleave_c(y, fa, fb)
+    np.testing.assert_array_equal(y.view(np.int32), want)
+    # pixels not evenly spaced, other item sizes, unequal halves: the numpy path
+    x = RNG.standard_normal((1, 8, 3, 6)).astype(np.float32)
+    assert not nhwc._interleave_c(np.empty((1, 4, 3, 12), np.float32), x[:, ::2], x[:, 1::2])
+    assert not nhwc._interleave_c(np.empty((1, 8, 3, 12)), x.astype(np.float64),
+                                  x.astype(np.float64))
+    assert not nhwc._interleave_c(np.empty((1, 8, 3, 10), np.float32), x, x[..., :4])
+    with compiled.disabled():
+        want = _shuffle(x[:, ::2], x[:, 1::2])
+    np.testing.assert_array_equal(_shuffle(x[:, ::2], x[:, 1::2]), want)
+
+
+def test_interleave_split_over_pixel_blocks(mp, monkeypatch):
+    monkeypatch.setattr(nhwc, "_INTERLEAVE_SPLIT", 0)
+    a = RNG.standard_normal((3, 5, 7, 9)).astype(np.float32)
+    b = RNG.standard_normal((3, 5, 7, 9)).astype(np.float32)
+    with compiled.disabled():
+        want = _shuffle(a, b)
+    np.testing.assert_array_equal(_shuffle(a, b), want)
