@@ -161,3 +161,24 @@ def test_interleave_split_over_pixel_blocks(mp, monkeypatch):
     with compiled.disabled():
         want = _shuffle(a, b)
     np.testing.assert_array_equal(_shuffle(a, b), want)
+
+
+def test_few_channel_views_are_made_contiguous_plane_by_plane():
+    """NhwcConv's input made contiguous: the network input's NCHW -> NHWC view (few
+    channels, copied a plane at a time) and other views give their contiguous copy, and the
+    stem convolution gives the same result on the view as on the copy."""
+    from workbench.ops import conv_nhwc
+
+    x0 = RNG.standard_normal((2, 3, 9, 7)).astype(np.float32)
+    for v in (x0.transpose(0, 2, 3, 1), x0.transpose(0, 2, 3, 1)[:, ::2, 1:],
+              RNG.standard_normal((1, 4, 5, 20)).astype(np.float32)[..., ::2]):
+        got = conv_nhwc._contiguous(v)
+        assert got.flags.c_contiguous
+        np.testing.assert_array_equal(got, v)
+    w = RNG.standard_normal((3, 3, 3, 10)).astype(np.float32)
+    conv = lookup("NhwcConv", FUSED_DOMAIN, 1).fn
+    kw = dict(activation="Relu", activation_params=[], group=1, pads=[1, 1, 1, 1],
+              strides=[2, 2], kernel_shape=[3, 3])
+    v = x0.transpose(0, 2, 3, 1)
+    np.testing.assert_array_equal(conv(v, w, None, None, **kw),
+                                  conv(np.ascontiguousarray(v), w, None, None, **kw))
