@@ -256,3 +256,21 @@ def test_topk_k_larger_than_axis_raises():
         run("TopK", np.ones(3, np.float32), np.array([4], np.int64))
     with pytest.raises(InputError, match="exactly one"):
         run("TopK", np.ones(3, np.float32), np.array([1, 2], np.int64))
+
+
+@pytest.mark.parametrize("op", list(REDUCE))
+def test_strided_views_reduce_like_their_contiguous_copy(op):
+    """A transposed view (the layout pass' NHWC -> NCHW) is reduced in memory order (axes
+    merged): same result as its contiguous copy, for every axes / keepdims / size-1 axis case,
+    including ones where the kept axes are out of memory order (the plain path)."""
+    base = _data((2, 3, 1, 4, 5), seed=3)
+    views = (base.transpose(0, 4, 1, 2, 3), base.transpose(3, 0, 2, 4, 1), base[:, :, :, ::2])
+    for v in views:
+        assert not v.flags.c_contiguous
+        for axes in ([2, 3], [1, 4], [0], [0, 2, 3, 4], [-1]):
+            for keepdims in (0, 1):
+                got = run(op, v, np.array(axes, np.int64), keepdims=keepdims)
+                want = run(op, np.ascontiguousarray(v), np.array(axes, np.int64),
+                           keepdims=keepdims)
+                assert got.shape == want.shape and got.dtype == want.dtype
+                np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -450,6 +450,21 @@ def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
     return True
 
 
+def _contiguous(x):
+    """x as a C-contiguous array. A few-channel view of NCHW data (the network input after
+    the layout pass' NHWC Transpose, a view) is copied one channel plane at a time: numpy
+    gathers 3-value pixels slowly (0.46 -> 0.08 ms for [1, 224, 224, 3] on AMD EPYC)."""
+    if x.flags.c_contiguous:
+        return x
+    C = int(x.shape[-1])
+    if C >= _ROW_TAPS_C or x.strides[-1] <= x.itemsize * C:
+        return np.ascontiguousarray(x)
+    y = np.empty(x.shape, x.dtype)
+    for c in range(C):
+        y[..., c] = x[..., c]
+    return y
+
+
 def _packs(W, dt, group):
     """Whether the weights go to the compiled GEMMs, which pack them (any strides) and read
     no other copy: then they are not made contiguous first. Every numpy path reads them
@@ -716,7 +731,7 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
     elif xp is not np:  # pragma: no cover - the layout pass runs for CPU plans only
         raise ShapeError(f"{op} runs on numpy arrays (CPU plans) only")
     else:
-        x = np.ascontiguousarray(x)
+        x = _contiguous(x)
         pack_key = None
         packs = None if ctx is None else (ctx.extra.get("dwconv_avx2_pack"),
                                           ctx.extra.get("gemm_avx2_pack"))

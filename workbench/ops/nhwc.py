@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from workbench import compiled
 from workbench.errors import ShapeError
 from workbench.ops._common import ints
+from workbench.ops.parallel import n_workers, run_blocks
 from workbench.ops.registry import FUSED_DOMAIN, kernel
 from workbench.ops.shape import _target_shape
 
@@ -68,8 +70,61 @@ def nhwc_concat_shuffle(*inputs, groups=1):
     if g < 1 or C % g or C == 0:
         return np.concatenate(inputs, axis=3)
     y = np.empty(tuple(ref[:3]) + (C,), inputs[0].dtype)
+    if g == 2 and len(inputs) == 2 and _interleave_c(y, *inputs):
+        return y
     _shuffle_into(y, inputs, g)
     return y
+
+
+_INTERLEAVE_C = "dwconv_avx2.interleave2"   # the C two-way channel interleave
+_INTERLEAVE_SPLIT = 1 << 20   # output values under which the call is not split over the pool
+
+
+def _row_stride(a):
+    """The element stride between the channel rows of (N, H, W, c) ``a`` when its pixels are
+    evenly spaced and its channels contiguous (a contiguous array, or a channel slice of
+    one), else None."""
+    if a.flags.c_contiguous:
+        return int(a.shape[3])
+    it = a.itemsize
+    N, H, W, c = a.shape
+    st = a.strides
+    if c > 1 and st[3] != it:
+        return None
+    rs = st[2] if W > 1 else (st[1] if H > 1 else (st[0] if N > 1 else c * it))
+    if (W > 1 and H > 1 and st[1] != W * rs) or (N > 1 and H * W > 1 and st[0] != H * W * rs) \
+            or (N > 1 and H * W == 1 and st[0] != rs) or rs % it or rs < c * it:
+        return None
+    return rs // it
+
+
+def _interleave_c(y, a, b) -> bool:
+    """``dwconv_avx2.interleave2`` for two halves of 4-byte values (ShuffleNet's split and
+    shuffle): y[..., 2j] = a[..., j], y[..., 2j+1] = b[..., j]. False (nothing written) when
+    the kernel is not loaded or the inputs do not fit it."""
+    if a.shape != b.shape or a.itemsize != 4 or type(a) is not np.ndarray \
+            or type(b) is not np.ndarray or y.size == 0:
+        return False
+    k = compiled.kernel(_INTERLEAVE_C)
+    if k is None:
+        return False
+    sa, sb = _row_stride(a), _row_stride(b)
+    if sa is None or sb is None:
+        return False
+    P = y.size // y.shape[3]
+    dp = compiled.data_pointer
+    head = [dp(a), dp(b), dp(y), int(a.shape[3]), sa, sb]
+    if y.size < _INTERLEAVE_SPLIT:
+        k(np.array(head + [0, P], np.int64))
+        return True
+    step = -(-P // (4 * n_workers()))
+    blks = [np.array(head + [p, min(P, p + step)], np.int64) for p in range(0, P, step)]
+
+    def run(chunk):
+        for blk in chunk:
+            k(blk)
+    run_blocks(np, blks, run, y.size)
+    return True
 
 
 #: shape checks a NhwcChannelShuffle node remembers (per node, keyed by the shapes' bytes)

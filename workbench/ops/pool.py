@@ -15,13 +15,14 @@ import itertools
 import math
 from typing import NamedTuple
 
-import numpy as np  # dtype constants only
+import numpy as np
 
+from workbench import compiled
 from workbench.arrays import xp_of
 from workbench.arrays.geometry import window_geometry
 from workbench.errors import InputError, ShapeError
 from workbench.ops._common import compute_dtype, to_compute
-from workbench.ops.parallel import blocks, run_blocks
+from workbench.ops.parallel import blocks, n_workers, run_blocks
 from workbench.ops.registry import FUSED_DOMAIN, kernel
 from workbench.ops.windows import (
     pad_spatial,
@@ -317,9 +318,49 @@ def nhwc_max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_s
     """MaxPool on (N, H, W, C) activations (MaxPool's attributes; no Indices output)."""
     ks, st, dl, pb, _pe, out, _extra = _nhwc_setup("NhwcMaxPool", X, kernel_shape, strides,
                                                    dilations, pads, auto_pad, ceil_mode)
+    if X.dtype == np.float32 and xp_of(X) is np:
+        k = compiled.kernel(_MAXPOOL_C)
+        if k is not None:
+            return _nhwc_max_pool_c(k, np.ascontiguousarray(X), ks, st, dl, pb, out)
     x = X if X.dtype.kind in "iub" else to_compute(X)
     y = _window_reduce(x, ks, st, dl, pb, out, "max", channels_last=True)
     return y.astype(X.dtype, copy=False)
+
+
+_MAXPOOL_C = "dwconv_avx2.maxpool"   # the C NHWC max pool (float32)
+_C_BLOCK = 1 << 16   # output elements per block of a split C call
+_C_SPLIT_MIN = 1 << 21   # window taps x channels under which a C call is not split
+
+
+def _nhwc_max_pool_c(k, x, ks, st, dl, pb, out):
+    """``dwconv_avx2.maxpool`` over blocks of output rows (one call when the work is small:
+    handing a ~0.1 ms call's halves to the pool costs more than it saves)."""
+    N, H, W, C = (int(v) for v in x.shape)
+    OH, OW = (int(v) for v in out)
+    y = np.empty((N, OH, OW, C), np.float32)
+    rows = N * OH
+    if y.size == 0:
+        return y
+    per_row = OW * C
+    work = rows * per_row * ks[0] * ks[1]
+    if work >= _C_SPLIT_MIN:
+        step = max(1, min(_C_BLOCK // max(1, per_row), -(-rows // (2 * n_workers()))))
+        jobs = [(r, min(rows, r + step)) for r in range(0, rows, step)]
+    else:
+        jobs = [(0, rows)]
+    dp = compiled.data_pointer
+    head = [dp(x), dp(y), N, H, W, C, OH, OW, ks[0], ks[1], st[0], st[1], dl[0], dl[1],
+            pb[0], pb[1]]
+    blks = [np.array(head + [r0, r1], np.int64) for r0, r1 in jobs]
+    if len(blks) == 1:
+        k(blks[0])
+        return y
+
+    def run(chunk):
+        for b in chunk:
+            k(b)
+    run_blocks(np, blks, run, work)
+    return y
 
 
 @kernel("NhwcAveragePool", since=1, domain=FUSED_DOMAIN, category="pooling")

@@ -71,7 +71,41 @@ def _reduce(op, data, axes, keepdims, noop_with_empty_axes, how):
     if data.size == 0:   # an empty input's output may still be huge: [2, 0, 4, 2**31]
         check_alloc(_reduced_shape(data.shape, ax, bool(keepdims)), np.float64,
                     what=f"{op}: the output")
+    elif ax and xp is np and not data.flags.c_contiguous:
+        flat = _memory_order(data, ax)
+        if flat is not None:
+            y = how(xp, flat[0], flat[1], False)
+            return y.reshape(_reduced_shape(data.shape, ax, bool(keepdims)))
     return how(xp, data, ax, bool(keepdims))
+
+
+def _memory_order(data, ax):
+    """``(x2, ax2)``: a strided view (the layout pass' NHWC -> NCHW transposes) as the
+    contiguous array it views, adjacent reduced / kept axes merged, when that keeps the kept
+    axes in their order; else None. numpy reducing the view walks memory with large strides
+    (0.7 ms for a [1, 1024, 7, 7] mean read just after it was written, against 0.03 ms
+    contiguous)."""
+    order = sorted(range(data.ndim), key=lambda a: -data.strides[a] if data.shape[a] > 1
+                   else 0)
+    order = [a for a in order if data.shape[a] > 1]
+    kept = [a for a in order if a not in ax]
+    if kept != sorted(kept) or not order:
+        return None
+    x = data.transpose(order + [a for a in range(data.ndim) if data.shape[a] == 1])
+    if not x.flags.c_contiguous:
+        return None
+    shape, red = [], []
+    for a in order:
+        r = a in ax
+        if red and red[-1] == r:
+            shape[-1] *= data.shape[a]
+        else:
+            shape.append(data.shape[a])
+            red.append(r)
+    if not any(red):
+        return None
+    x = x.reshape(shape)
+    return x, tuple(i for i, r in enumerate(red) if r)
 
 
 def _sum_core(xp, x, ax, keepdims):

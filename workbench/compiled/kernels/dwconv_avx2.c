@@ -253,3 +253,148 @@ void wb_dwconv_avx2_dw3x3(const int64_t *block) {
     else if (a->S == 2)
         rows(2, a->x, a->wp, a->bp, a->z, a->y, a, a->r0, a->r1, hz, clip, vlo, vhi);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Max pool on channels-last float32 activations (see dwconv_avx2.py, ``maxpool``):
+ *
+ *   Y[n, oh, ow, c] = max over the taps (i, j) inside the input of
+ *                     X[n, oh*SH - pt + i*DH, ow*SW - pl + j*DW, c]
+ *
+ * for output rows r0 <= n*OH + oh < r1; a window with no tap inside the input gives -inf (the
+ * numpy path's identity). NaN propagates as numpy's ``maximum`` does: the result is NaN when any
+ * tap of the window is NaN (tracked with an unordered compare, as max_ps alone keeps only one of
+ * its operands' NaN).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t N, H, W, C, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, r0, r1;
+} pool_t;
+
+#define PCHUNK 4
+
+static inline __attribute__((always_inline)) void pool_pixel(
+        const float *xr0, float *yp, int64_t C, int64_t i0, int64_t i1,
+        int64_t j0, int64_t j1, int64_t DHWC, int64_t DWC) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), qnan = _mm256_set1_ps(NAN);
+    int64_t c = 0;
+    for (; c + 8 * PCHUNK <= C; c += 8 * PCHUNK) {
+        __m256 acc[PCHUNK], bad[PCHUNK];
+        for (int u = 0; u < PCHUNK; u++) {
+            acc[u] = ninf;
+            bad[u] = _mm256_setzero_ps();
+        }
+        for (int64_t i = i0; i < i1; i++) {
+            const float *xi = xr0 + i * DHWC + c;
+            for (int64_t j = j0; j < j1; j++) {
+                const float *p = xi + j * DWC;
+                for (int u = 0; u < PCHUNK; u++) {
+                    const __m256 v = _mm256_loadu_ps(p + 8 * u);
+                    acc[u] = _mm256_max_ps(acc[u], v);
+                    bad[u] = _mm256_or_ps(bad[u], _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+                }
+            }
+        }
+        for (int u = 0; u < PCHUNK; u++)
+            _mm256_storeu_ps(yp + c + 8 * u, _mm256_blendv_ps(acc[u], qnan, bad[u]));
+    }
+    for (; c + 8 <= C; c += 8) {
+        __m256 acc = ninf, bad = _mm256_setzero_ps();
+        for (int64_t i = i0; i < i1; i++) {
+            const float *xi = xr0 + i * DHWC + c;
+            for (int64_t j = j0; j < j1; j++) {
+                const __m256 v = _mm256_loadu_ps(xi + j * DWC);
+                acc = _mm256_max_ps(acc, v);
+                bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            }
+        }
+        _mm256_storeu_ps(yp + c, _mm256_blendv_ps(acc, qnan, bad));
+    }
+    /* the last C % 8 channels one by one: masked stores are slow on AMD (microcoded) */
+    for (; c < C; c++) {
+        float acc = -INFINITY;
+        int bad = 0;
+        for (int64_t i = i0; i < i1; i++) {
+            const float *xi = xr0 + i * DHWC + c;
+            for (int64_t j = j0; j < j1; j++) {
+                const float v = xi[j * DWC];
+                acc = v > acc ? v : acc;
+                bad |= v != v;
+            }
+        }
+        yp[c] = bad ? NAN : acc;
+    }
+}
+
+/* Y rows a->r0 .. a->r1-1 (r = n*OH + oh) of the call block a (strides, dilations >= 1). */
+void wb_dwconv_avx2_maxpool(const int64_t *block) {
+    const pool_t *a = (const pool_t *)block;
+    const int64_t H = a->H, W = a->W, C = a->C, OH = a->OH, OW = a->OW, KH = a->KH,
+                  KW = a->KW, SH = a->SH, SW = a->SW, DH = a->DH, DW = a->DW, pt = a->pt,
+                  pl = a->pl;
+    if (a->r1 <= a->r0 || C <= 0 || OW <= 0 || SH < 1 || SW < 1 || DH < 1 || DW < 1)
+        return;
+    for (int64_t r = a->r0; r < a->r1; r++) {
+        const int64_t n = r / OH, oh = r - n * OH, ih0 = oh * SH - pt;
+        /* kernel rows i with 0 <= ih0 + i*DH < H */
+        int64_t i0 = ih0 < 0 ? (-ih0 + DH - 1) / DH : 0;
+        int64_t i1 = H - ih0 > 0 ? (H - ih0 + DH - 1) / DH : 0;
+        if (i1 > KH)
+            i1 = KH;
+        if (i1 < i0)
+            i1 = i0;
+        const float *xn = a->x + (n * H + ih0) * W * C;   /* row ih0 (maybe outside) */
+        float *yr = a->y + r * OW * C;
+        for (int64_t ow = 0; ow < OW; ow++) {
+            const int64_t iw0 = ow * SW - pl;
+            int64_t j0 = iw0 < 0 ? (-iw0 + DW - 1) / DW : 0;
+            int64_t j1 = W - iw0 > 0 ? (W - iw0 + DW - 1) / DW : 0;
+            if (j1 > KW)
+                j1 = KW;
+            if (j1 < j0)
+                j1 = j0;
+            pool_pixel(xn + iw0 * C, yr + ow * C, C, i0, i1, j0, j1, DH * W * C, DW * C);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Channel interleave (see dwconv_avx2.py, ``interleave2``): ShuffleNet's concat of two
+ * channels-last halves shuffled across 2 groups,
+ *
+ *   Y[p, 2j] = A[p*sa + j],  Y[p, 2j + 1] = B[p*sb + j]     for pixels p0 <= p < p1, j < c
+ *
+ * with A and B rows of c 4-byte values at element strides sa and sb (a channel slice of a
+ * wider tensor is read in place) and Y (P, 2c) contiguous. Values are moved, never computed:
+ * every bit pattern (NaN payloads, any 4-byte dtype) is copied as it is.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    const float *a, *b;
+    float *y;
+    int64_t c, sa, sb, p0, p1;
+} inter_t;
+
+void wb_dwconv_avx2_interleave2(const int64_t *block) {
+    const inter_t *g = (const inter_t *)block;
+    const int64_t c = g->c, sa = g->sa, sb = g->sb;
+    if (c <= 0)
+        return;
+    for (int64_t p = g->p0; p < g->p1; p++) {
+        const float *ap = g->a + p * sa, *bp = g->b + p * sb;
+        float *yp = g->y + p * 2 * c;
+        int64_t j = 0;
+        for (; j + 8 <= c; j += 8) {
+            const __m256 va = _mm256_loadu_ps(ap + j), vb = _mm256_loadu_ps(bp + j);
+            const __m256 lo = _mm256_unpacklo_ps(va, vb), hi = _mm256_unpackhi_ps(va, vb);
+            _mm256_storeu_ps(yp + 2 * j, _mm256_permute2f128_ps(lo, hi, 0x20));
+            _mm256_storeu_ps(yp + 2 * j + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+        }
+        /* the tail as 32-bit integers: a float copy could quiet a signalling NaN */
+        const int32_t *ai = (const int32_t *)ap, *bi = (const int32_t *)bp;
+        int32_t *yi = (int32_t *)yp;
+        for (; j < c; j++) {
+            yi[2 * j] = ai[j];
+            yi[2 * j + 1] = bi[j];
+        }
+    }
+}

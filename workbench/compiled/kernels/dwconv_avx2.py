@@ -17,6 +17,16 @@ the numba kernel ``conv_nhwc.dw_k3s*`` or numpy.
   into (9, Cp) and the bias into (Cp,), Cp = C rounded up to :data:`LANES`, zeros past C
   (:func:`workbench.ops.conv_nhwc.pack_depthwise`). ``Z`` is read only when ``has_z``;
   ``lo``/``hi`` = -inf/inf give no clip; NaN passes the clip (as numpy's).
+- ``maxpool``: 2-D max pool of NHWC float32 X (N, H, W, C) into Y (N, OH, OW, C) for output
+  rows ``r0 <= n*OH + oh < r1``; any kernel size, strides, dilations and top/left pads (the
+  window's taps outside the input are skipped; a window with none gives -inf, ceil_mode's
+  extra windows included). One int64 block of 18 slots (:data:`POOL_BLOCK`). A NaN tap makes
+  the output NaN, as numpy's ``maximum``.
+- ``interleave2``: ``Y[p, 2j] = A[p, j]``, ``Y[p, 2j+1] = B[p, j]`` for pixels
+  ``p0 <= p < p1`` of 4-byte values, A and B rows of ``c`` values at element strides
+  ``sa``/``sb``, Y (P, 2c) contiguous: ShuffleNet's NhwcConcatShuffle of two halves across 2
+  groups. One int64 block: the addresses of A, B, Y, then c, sa, sb, p0, p1. Bits are copied
+  as they are.
 """
 
 #: the kernel's source file, in this folder
@@ -33,4 +43,9 @@ BLOCK = ("x", "w", "b", "z", "y", "N", "H", "W", "C", "OH", "OW", "stride", "pad
 #: kernel name -> argument string (:mod:`workbench.compiled.spec`)
 EXPORTS = {
     "dw3x3": "i64[]",
+    "maxpool": "i64[]",
+    "interleave2": "i64[]",
 }
+#: the slots of a ``maxpool`` call block
+POOL_BLOCK = ("x", "y", "N", "H", "W", "C", "OH", "OW", "KH", "KW", "SH", "SW", "DH", "DW",
+              "pad_top", "pad_left", "r0", "r1")
