@@ -64,6 +64,12 @@ def pytest_configure(config):
     session fixture below then waits for what is left)."""
     from workbench import compiled  # noqa: PLC0415
 
+    if not os.environ.get("WORKBENCH_KERNEL_CACHE"):
+        # the notebooks (nbval, tests/helpers/kernel.py) run offline with a private,
+        # temporary WORKBENCH_HOME: their kernels load the session's compiled kernels from
+        # here instead of building all of them again in the background
+        from workbench.compiled import cache  # noqa: PLC0415
+        os.environ["WORKBENCH_KERNEL_CACHE"] = os.path.dirname(cache.cache_dir())
     if compiled.enabled() and "cold" not in COMPILED_SESSION:
         states = compiled.status()["modules"].values()
         COMPILED_SESSION["cold"] = any(st["state"] == "cold" for st in states)

@@ -13,6 +13,7 @@ def fresh_home(tmp_path, monkeypatch):
     (loaded from the cache again, a bounded wait; still off if the session turned it off)."""
     was_enabled = compiled.enabled()
     monkeypatch.setenv("WORKBENCH_HOME", str(tmp_path))
+    monkeypatch.delenv("WORKBENCH_KERNEL_CACHE", raising=False)
     monkeypatch.delenv("WORKBENCH_COMPILED", raising=False)
     compiled._forget()
     yield tmp_path

@@ -291,6 +291,16 @@ def test_a_failed_build_is_recorded_and_not_retried(fresh_home):
     assert not compiled._PROCS
 
 
+def test_a_kernel_cache_of_its_own(tmp_path, monkeypatch):
+    """``WORKBENCH_KERNEL_CACHE`` holds the compiled kernels whatever ``WORKBENCH_HOME`` is
+    (notebooks with a private home share the session's kernels)."""
+    monkeypatch.setenv("WORKBENCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("WORKBENCH_KERNEL_CACHE", str(tmp_path / "kernels"))
+    assert cache.cache_dir() == str(tmp_path / "kernels" / cache.machine_key())
+    monkeypatch.delenv("WORKBENCH_KERNEL_CACHE")
+    assert cache.cache_dir() == str(tmp_path / "home" / "compiled" / cache.machine_key())
+
+
 def test_cache_keys():
     assert len(cache.machine_key()) == 16
     k = cache.source_key("conv_nhwc")

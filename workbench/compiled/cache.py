@@ -138,8 +138,15 @@ def source_key(module: str) -> str:
 
 
 def cache_dir(create: bool = True) -> str:
-    """The folder of this machine's compiled kernels."""
-    d = os.path.join(cache_home(create=create), "compiled", machine_key())
+    """The folder of this machine's compiled kernels: ``$WORKBENCH_KERNEL_CACHE/<machine>``
+    when that is set (a kernel cache shared by processes whose ``WORKBENCH_HOME`` differs:
+    notebooks with a private, temporary home, a classroom's accounts), else
+    ``<cache home>/compiled/<machine>``."""
+    root = os.environ.get("WORKBENCH_KERNEL_CACHE")
+    if root:
+        d = os.path.join(os.path.abspath(os.path.expanduser(root)), machine_key())
+    else:
+        d = os.path.join(cache_home(create=create), "compiled", machine_key())
     if create:
         os.makedirs(d, exist_ok=True)
     return d
