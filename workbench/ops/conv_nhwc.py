@@ -53,6 +53,7 @@ from workbench.ops._common import to_compute
 from workbench.ops.conv import apply_activation
 from workbench.ops.parallel import (
     blas_controller,
+    call_blocks,
     n_workers,
     run_blocks,
     scratch,
@@ -172,15 +173,8 @@ def _depthwise_c(k, x, wp, bp, z, clip, S, pb, out, y):
     lo, hi = float(clip[0]), float(clip[1])
     work = rows * out[1] * C * 9
     jobs = _row_jobs(rows, out[1] * C) if work >= _SPLIT_MIN else [(0, rows)]
-    blocks = [dw_block(x, wp, bp, z, y, S, pb, out, r0, r1, lo, hi) for r0, r1 in jobs]
-    if len(blocks) == 1:
-        k(blocks[0])
-        return y
-
-    def run(chunk):
-        for blk in chunk:
-            k(blk)
-    run_blocks(np, blocks, run, work)
+    call_blocks(k, [dw_block(x, wp, bp, z, y, S, pb, out, r0, r1, lo, hi)
+                    for r0, r1 in jobs], work)
     return y
 
 

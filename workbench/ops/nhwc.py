@@ -24,7 +24,7 @@ import numpy as np
 from workbench import compiled
 from workbench.errors import ShapeError
 from workbench.ops._common import ints
-from workbench.ops.parallel import n_workers, run_blocks
+from workbench.ops.parallel import call_blocks, n_workers
 from workbench.ops.registry import FUSED_DOMAIN, kernel
 from workbench.ops.shape import _target_shape
 
@@ -118,12 +118,8 @@ def _interleave_c(y, a, b) -> bool:
         k(np.array(head + [0, P], np.int64))
         return True
     step = -(-P // (4 * n_workers()))
-    blks = [np.array(head + [p, min(P, p + step)], np.int64) for p in range(0, P, step)]
-
-    def run(chunk):
-        for blk in chunk:
-            k(blk)
-    run_blocks(np, blks, run, y.size)
+    call_blocks(k, [np.array(head + [p, min(P, p + step)], np.int64)
+                    for p in range(0, P, step)], y.size)
     return True
 
 

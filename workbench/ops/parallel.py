@@ -114,6 +114,20 @@ def n_workers():
     return max(1, min(n, 8))
 
 
+def call_blocks(kernel, blocks_, work) -> None:
+    """``kernel(b)`` for each call block of a compiled C kernel (one int64 array per range of
+    rows), split over the engine's threads as :func:`run_blocks` splits jobs; a single block
+    is called here, without the pool."""
+    if len(blocks_) == 1:
+        kernel(blocks_[0])
+        return
+
+    def run(chunk):
+        for b in chunk:
+            kernel(b)
+    run_blocks(np, blocks_, run, work)
+
+
 def run_blocks(xp, jobs, fn, work):
     """Run ``fn(chunk)`` over chunks of ``jobs``, in parallel threads on numpy.
 

@@ -22,7 +22,7 @@ from workbench.arrays import xp_of
 from workbench.arrays.geometry import window_geometry
 from workbench.errors import InputError, ShapeError
 from workbench.ops._common import compute_dtype, to_compute
-from workbench.ops.parallel import blocks, n_workers, run_blocks
+from workbench.ops.parallel import blocks, call_blocks, n_workers, run_blocks
 from workbench.ops.registry import FUSED_DOMAIN, kernel
 from workbench.ops.windows import (
     pad_spatial,
@@ -351,15 +351,7 @@ def _nhwc_max_pool_c(k, x, ks, st, dl, pb, out):
     dp = compiled.data_pointer
     head = [dp(x), dp(y), N, H, W, C, OH, OW, ks[0], ks[1], st[0], st[1], dl[0], dl[1],
             pb[0], pb[1]]
-    blks = [np.array(head + [r0, r1], np.int64) for r0, r1 in jobs]
-    if len(blks) == 1:
-        k(blks[0])
-        return y
-
-    def run(chunk):
-        for b in chunk:
-            k(b)
-    run_blocks(np, blks, run, work)
+    call_blocks(k, [np.array(head + [r0, r1], np.int64) for r0, r1 in jobs], work)
     return y
 
 
