@@ -907,6 +907,14 @@ def _attention_c(Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scale, scale_
     return bound(Q, K, V, M, q_shape, k_shape, v_shape, out_shape)
 
 
+def _same_dims(given, d):
+    """Whether the Reshape target ``given`` (None, or an int64 host vector) is ``d`` (what
+    :func:`_dims` made of the kept one)."""
+    if given is None or d is None:
+        return given is None and d is None
+    return type(given) is np.ndarray and given.ndim == 1 and tuple(given.tolist()) == d
+
+
 def _elem_strides(view, base, nbatch):
     """``view``'s element strides padded in front to ``nbatch`` batch dims + 2 (a dimension
     of size 1 gets stride 0, so it broadcasts), or None when ``view`` is not a view of
@@ -1030,33 +1038,30 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
     cuts = [pairs * i // n_split for i in range(n_split + 1)]
     split = [block(cuts[i], cuts[i + 1], scratch[i]) for i in range(n_split)]
     raw = kern.raw
-    slots = [(dp(b), (ctypes.c_int64 * 5).from_buffer(b), b) for b in [single] + split]
-    one, many = slots[0], slots[1:]
-    keys = tuple((x.shape, x.strides) for x in arrays)
+    # per block: its address, a ctypes view to write the array addresses into, and what
+    # it points to that nothing else keeps alive (the block itself, its scratch)
+    slots = [(dp(b), (ctypes.c_int64 * 5).from_buffer(b), (b, w))
+             for b, w in zip([single] + split, scratch[:1] + scratch)]
+    many = slots[1:] if n_split > 1 else ()
+    keys = (Q.shape, Q.strides, K.shape, K.strides, V.shape, V.strides)
     mkey = None if not mask else (M.shape, M.strides, M.dtype)
-    kept = (q_shape, k_shape, v_shape, out_shape)
-    enabled, empty = compiled.enabled, np.empty
+    (kq, kk, kv, ko), (dq, dk, dv, do) = (q_shape, k_shape, v_shape, out_shape), dims
+    enabled, empty, nd = compiled.enabled, np.empty, np.ndarray
     busy = threading.Lock()   # the blocks are shared: a second thread binds its own
-
-    def same_dims(given, kept_, d):
-        if given is kept_:
-            return True
-        if given is None or kept_ is None:
-            return False
-        return _dims(given) == d
+    addr1, view1 = slots[0][:2]
 
     def bound(Q_, K_, V_, M_, qs, ks, vs, os_):
-        for x, (shp, st) in zip((Q_, K_, V_), keys):
-            if type(x) is not np.ndarray or x.dtype is not _F32 or x.shape != shp \
-                    or x.strides != st:
-                return None
-        if mkey is not None and (type(M_) is not np.ndarray or M_.shape != mkey[0]
-                                 or M_.strides != mkey[1] or M_.dtype != mkey[2]):
+        if type(Q_) is not nd or type(K_) is not nd or type(V_) is not nd \
+                or Q_.dtype is not _F32 or K_.dtype is not _F32 or V_.dtype is not _F32 \
+                or (Q_.shape, Q_.strides, K_.shape, K_.strides, V_.shape, V_.strides) != keys:
             return None
-        for g, k_, d in zip((qs, ks, vs, os_), kept, dims):
-            if not same_dims(g, k_, d):
-                return None
-        if not enabled():
+        if mkey is not None and (type(M_) is not nd
+                                 or (M_.shape, M_.strides, M_.dtype) != mkey):
+            return None
+        # the Reshape targets: the same arrays, or the same values (graphs compute them)
+        if not ((qs is kq or _same_dims(qs, dq)) and (ks is kk or _same_dims(ks, dk))
+                and (vs is kv or _same_dims(vs, dv)) and (os_ is ko or _same_dims(os_, do))) \
+                or not enabled():
             return None
         y = empty(ret_shape, _F32)
         if not size:
@@ -1065,10 +1070,9 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
             return None
         try:
             ptrs = (dp(Q_), dp(K_), dp(V_), dp(M_) if mkey is not None else 0, dp(y))
-            if len(many) < 2 or n_workers() < 2:
-                addr, view, _ = one
-                view[:] = ptrs
-                raw(addr)
+            if not many or n_workers() < 2:
+                view1[:] = ptrs
+                raw(addr1)
                 return y
             for _, view, _ in many:
                 view[:] = ptrs
@@ -1080,4 +1084,5 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
             return y
         finally:
             busy.release()
+    bound.blocks = slots   # the call blocks and their scratch live as long as the call
     return bound

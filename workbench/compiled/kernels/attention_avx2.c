@@ -84,88 +84,146 @@ static inline __m256 exp_nonpos(__m256 x) {
     return _mm256_blendv_ps(e, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
 }
 
-/* scores of R rows: s[r, c] = scaled(sum_d q[r * qi + d * qd] * kp[d * ks + c]), c < SkP */
+/* scores of R rows, NV vectors of columns from c: s[r, c..] = scaled(sum_d q[r * qi + d * qd] *
+ * kp[d * ks + c..]); R and NV are literals at every call, so the accumulators stay in registers */
+static inline __attribute__((always_inline)) void qk_tile(
+        const int R, const int NV, const float *q, int64_t qi, int64_t qd, const float *kc,
+        int64_t ks, int64_t D, float *s, int64_t ss, int64_t mode, __m256 scale) {
+    __m256 a[4][2];
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 8")
+        for (int x = 0; x < NV; x++)
+            a[r][x] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d++) {
+        __m256 kv[2];
+        _Pragma("GCC unroll 8")
+        for (int x = 0; x < NV; x++)
+            kv[x] = _mm256_loadu_ps(kc + d * ks + 8 * x);
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < R; r++) {
+            __m256 qq = _mm256_broadcast_ss(q + r * qi + d * qd);
+            _Pragma("GCC unroll 8")
+            for (int x = 0; x < NV; x++)
+                a[r][x] = _mm256_fmadd_ps(qq, kv[x], a[r][x]);
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 8")
+        for (int x = 0; x < NV; x++) {
+            __m256 t = a[r][x];
+            if (mode == 1)
+                t = _mm256_mul_ps(t, scale);
+            else if (mode == 2)
+                t = _mm256_div_ps(t, scale);
+            _mm256_storeu_ps(s + r * ss + 8 * x, t);
+        }
+}
+
+/* the scores of R rows, all SkP columns */
 static inline __attribute__((always_inline)) void qk_rows(
         const int R, const float *q, int64_t qi, int64_t qd, const float *kp, int64_t ks,
         int64_t D, int64_t SkP, float *s, int64_t ss, int64_t mode, __m256 scale) {
     int64_t c = 0;
-    for (; c < SkP; c += 16) {
-        const int two = c + 16 <= SkP;
-        __m256 a0[4], a1[4];
-        for (int r = 0; r < R; r++) {
-            a0[r] = _mm256_setzero_ps();
-            a1[r] = _mm256_setzero_ps();
-        }
-        const float *kc = kp + c;
-        for (int64_t d = 0; d < D; d++) {
-            __m256 k0 = _mm256_loadu_ps(kc + d * ks);
-            __m256 k1 = two ? _mm256_loadu_ps(kc + d * ks + 8) : k0;
-            for (int r = 0; r < R; r++) {
-                __m256 qq = _mm256_broadcast_ss(q + r * qi + d * qd);
-                a0[r] = _mm256_fmadd_ps(qq, k0, a0[r]);
-                if (two)
-                    a1[r] = _mm256_fmadd_ps(qq, k1, a1[r]);
-            }
-        }
-        for (int r = 0; r < R; r++) {
-            if (mode == 1) {
-                a0[r] = _mm256_mul_ps(a0[r], scale);
-                a1[r] = _mm256_mul_ps(a1[r], scale);
-            } else if (mode == 2) {
-                a0[r] = _mm256_div_ps(a0[r], scale);
-                a1[r] = _mm256_div_ps(a1[r], scale);
-            }
-            _mm256_storeu_ps(s + r * ss + c, a0[r]);
-            if (two)
-                _mm256_storeu_ps(s + r * ss + c + 8, a1[r]);
-        }
+    for (; c + 16 <= SkP; c += 16)
+        qk_tile(R, 2, q, qi, qd, kp + c, ks, D, s + c, ss, mode, scale);
+    if (c < SkP)
+        qk_tile(R, 1, q, qi, qd, kp + c, ks, D, s + c, ss, mode, scale);
+}
+
+/* one output vector: y[x * ye] = acc[x] for x < n (n <= 8) */
+static inline void store_out(float *y, int64_t ye, int64_t n, __m256 acc) {
+    if (ye == 1) {
+        if (n >= 8)
+            _mm256_storeu_ps(y, acc);
+        else
+            _mm256_maskstore_ps(y, lanes(n), acc);
+    } else {
+        float t[8];
+        _mm256_storeu_ps(t, acc);
+        for (int64_t x = 0; x < n && x < 8; x++)
+            y[x * ye] = t[x];
     }
 }
 
-/* R rows of Y: y[r * yi + e * ye] = sum_{j < Sk} p[r * ps + j] * vp[j * vs + e], e < Dv */
+/* R rows of Y, NV vectors of values from e: y[r * yi + (e + x) * ye] = sum_{j < Sk}
+ * p[r * ps + j] * vp[j * vs + e + x], for e + x < Dv */
+static inline __attribute__((always_inline)) void pv_tile(
+        const int R, const int NV, const float *p, int64_t ps, const float *ve, int64_t vs,
+        int64_t Sk, int64_t nleft, float *y, int64_t yi, int64_t ye) {
+    __m256 a[4][2];
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 8")
+        for (int x = 0; x < NV; x++)
+            a[r][x] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < Sk; j++) {
+        __m256 vv[2];
+        _Pragma("GCC unroll 8")
+        for (int x = 0; x < NV; x++)
+            vv[x] = _mm256_loadu_ps(ve + j * vs + 8 * x);
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < R; r++) {
+            __m256 pp = _mm256_broadcast_ss(p + r * ps + j);
+            _Pragma("GCC unroll 8")
+            for (int x = 0; x < NV; x++)
+                a[r][x] = _mm256_fmadd_ps(pp, vv[x], a[r][x]);
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 8")
+        for (int x = 0; x < NV; x++)
+            if (nleft > 8 * x)
+                store_out(y + r * yi + 8 * x * ye, ye, nleft - 8 * x, a[r][x]);
+}
+
+/* R rows of Y, all Dv values */
 static inline __attribute__((always_inline)) void pv_rows(
         const int R, const float *p, int64_t ps, const float *vp, int64_t vs, int64_t Sk,
         int64_t Dv, float *y, int64_t yi, int64_t ye) {
-    const int64_t DvP = (Dv + 7) & ~(int64_t)7;
-    for (int64_t e = 0; e < DvP; e += 16) {
-        const int two = e + 16 <= DvP;
-        __m256 a0[4], a1[4];
-        for (int r = 0; r < R; r++) {
-            a0[r] = _mm256_setzero_ps();
-            a1[r] = _mm256_setzero_ps();
-        }
-        const float *ve = vp + e;
-        for (int64_t j = 0; j < Sk; j++) {
-            __m256 v0 = _mm256_loadu_ps(ve + j * vs);
-            __m256 v1 = two ? _mm256_loadu_ps(ve + j * vs + 8) : v0;
-            for (int r = 0; r < R; r++) {
-                __m256 pp = _mm256_broadcast_ss(p + r * ps + j);
-                a0[r] = _mm256_fmadd_ps(pp, v0, a0[r]);
-                if (two)
-                    a1[r] = _mm256_fmadd_ps(pp, v1, a1[r]);
-            }
-        }
-        for (int r = 0; r < R; r++) {
-            float *yr = y + r * yi;
-            for (int h = 0; h < 1 + two; h++) {
-                const int64_t e0 = e + 8 * h;
-                const __m256 acc = h ? a1[r] : a0[r];
-                if (e0 >= Dv)
-                    break;
-                if (ye == 1) {
-                    if (e0 + 8 <= Dv)
-                        _mm256_storeu_ps(yr + e0, acc);
-                    else
-                        _mm256_maskstore_ps(yr + e0, lanes(Dv - e0), acc);
-                } else {
-                    float t[8];
-                    _mm256_storeu_ps(t, acc);
-                    for (int64_t x = 0; x < 8 && e0 + x < Dv; x++)
-                        yr[(e0 + x) * ye] = t[x];
-                }
-            }
-        }
+    int64_t e = 0;
+    for (; e + 8 < Dv; e += 16)
+        pv_tile(R, 2, p, ps, vp + e, vs, Sk, Dv - e, y + e * ye, yi, ye);
+    if (e < Dv)
+        pv_tile(R, 1, p, ps, vp + e, vs, Sk, Dv - e, y + e * ye, yi, ye);
+}
+
+/* 8 x 8 transpose in registers */
+static inline void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
     }
+    for (int i = 0; i < 2; i++) {
+        u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* K (Sk, D) rows at stride kj with contiguous d, packed transposed into kp (D, SkP), zero
+ * columns past Sk: 8 x 8 blocks through registers */
+static void pack_kt(const float *k, int64_t kj, int64_t Sk, int64_t D, float *kp, int64_t SkP) {
+    for (int64_t j0 = 0; j0 < SkP; j0 += 8)
+        for (int64_t d0 = 0; d0 < D; d0 += 8) {
+            const int64_t nd = D - d0 < 8 ? D - d0 : 8;
+            const __m256i m = lanes(nd);
+            __m256 r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = j0 + i < Sk ? _mm256_maskload_ps(k + (j0 + i) * kj + d0, m)
+                                   : _mm256_setzero_ps();
+            transpose8(r);
+            for (int64_t i = 0; i < nd; i++)
+                _mm256_storeu_ps(kp + (d0 + i) * SkP + j0, r[i]);
+        }
 }
 
 /* the mask of one row of scores s (Sk values) */
@@ -255,7 +313,16 @@ void wb_attention_avx2_attention(const int64_t *blk) {
     float *sc = a->work;                               /* (ROWS, SkP) scores */
     float *kp = sc + ROWS * SkP;                       /* (D, SkP) packed K */
     float *vp = kp + (k_direct ? 0 : D * SkP);         /* (Sk, DvP) packed V */
-    const __m256 scale = _mm256_set1_ps((float)a->scale);
+    const float sc32 = (float)a->scale;
+    int64_t mode = a->scale_mode;
+    uint32_t bits;
+    memcpy(&bits, &sc32, 4);
+    /* dividing by a positive power of two whose inverse is a normal float is multiplying by
+     * that (exact) inverse: the same bits, without a division per score */
+    const uint32_t ex = (bits >> 23) & 0xff;
+    const float scv = mode == 2 && (bits & 0x807fffffu) == 0 && ex > 1 && ex < 253
+                      ? (mode = 1, 1.0f / sc32) : sc32;
+    const __m256 scale = _mm256_set1_ps(scv);
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
     for (int64_t p = a->p0; p < a->p1; p++) {
         const int64_t b = p / H, h = p % H;
@@ -268,17 +335,15 @@ void wb_attention_avx2_attention(const int64_t *blk) {
         if (!k_direct) {
             const int64_t kd = a->kd, kj = a->kj;
             if (kd == 1) {
-                for (int64_t j = 0; j < Sk; j++)
-                    for (int64_t d = 0; d < D; d++)
-                        kp[d * SkP + j] = k[j * kj + d];
+                pack_kt(k, kj, Sk, D, kp, SkP);
             } else {
-                for (int64_t d = 0; d < D; d++)
+                for (int64_t d = 0; d < D; d++) {
                     for (int64_t j = 0; j < Sk; j++)
                         kp[d * SkP + j] = k[d * kd + j * kj];
+                    for (int64_t j = Sk; j < SkP; j++)
+                        kp[d * SkP + j] = 0.0f;
+                }
             }
-            for (int64_t d = 0; d < D; d++)
-                for (int64_t j = Sk; j < SkP; j++)
-                    kp[d * SkP + j] = 0.0f;
             kk = kp;
             ks = SkP;
         }
@@ -307,10 +372,10 @@ void wb_attention_avx2_attention(const int64_t *blk) {
             int64_t i = 0;
             for (; i + 4 <= rc; i += 4)
                 qk_rows(4, qr + i * a->qi, a->qi, a->qd, kk, ks, D, SkP, sc + i * SkP, SkP,
-                        a->scale_mode, scale);
+                        mode, scale);
             for (; i < rc; i++)
                 qk_rows(1, qr + i * a->qi, a->qi, a->qd, kk, ks, D, SkP, sc + i * SkP, SkP,
-                        a->scale_mode, scale);
+                        mode, scale);
             for (i = 0; i < rc; i++) {
                 float *s = sc + i * SkP;
                 if (mbase)
