@@ -884,7 +884,8 @@ _ATT_SKIP = "attention_avx2_skip"     # ... of the inputs it did not take last t
 #: two threads (wall clock): BERT-like b8 (1 M) 280-350 us in one call vs 565-590 us split,
 #: 8 M (2 x 4 heads x 256 x 256 x 16) 3.9 ms vs 4.7 ms; so only far larger attention splits
 _ATT_SPLIT_MIN = 1 << 24
-_ATT_WORK_MAX = 1 << 24    # scratch floats per call block above which BLAS runs instead
+_ATT_WORK_MAX = 1 << 22    # scratch floats per call block above which BLAS runs instead
+_ATT_SCRATCH_MAX = 1 << 23  # scratch floats of a node's split blocks together (32 MB)
 _ATT_MASKS = {"": 0, "add": 1, "fill_where_true": 2, "fill_where_false": 3}
 
 
@@ -1032,7 +1033,7 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
     if wf > _ATT_WORK_MAX:
         return None
     work = pairs * Sq * Sk * (D + Dv)
-    n_split = min(pairs, 8) if work >= _ATT_SPLIT_MIN else 1
+    n_split = max(1, min(pairs, 8, _ATT_SCRATCH_MAX // wf)) if work >= _ATT_SPLIT_MIN else 1
     scratch = [np.empty(wf, np.float32) for _ in range(n_split)]
     ints = [H, Sq, Sk, D, Dv] + strides[0][:2] + strides[0][2:] + strides[1][:2] \
         + strides[1][2:] + strides[2][:2] + strides[2][2:] + yst + mst \
