@@ -682,7 +682,13 @@ def fused_attention(Q, K, V, M=None, q_shape=None, k_shape=None, v_shape=None, o
     each of Q, K, V is first reshaped to ``q_shape`` / ``k_shape`` / ``v_shape`` (Reshape
     semantics: 0 copies a dimension, -1 is inferred) where given and then transposed by
     ``q_perm`` / ``k_perm`` / ``v_perm`` where not empty; the result is transposed by
-    ``out_perm`` and then reshaped to ``out_shape`` (same rules)."""
+    ``out_perm`` and then reshaped to ``out_shape`` (same rules).
+
+    In an inference plan (``ctx`` given, not training) float32 host inputs run as one call of
+    the C kernel ``attention_avx2.attention`` (:func:`_attention_c`, when it is built for this
+    CPU): the same semantics (the compiled softmax's NaN / -inf rules), results that differ
+    from the BLAS path below by float rounding only, the same for any thread count; both
+    ``wb.load(m).run`` and ``backend.prepare(m).run`` take it."""
     if scale_op not in ("", "mul", "div") or mask not in ("", "add", "fill_where_true",
                                                           "fill_where_false"):
         raise InputError(f"FusedAttention: unknown scale_op {scale_op!r} or mask {mask!r}")
