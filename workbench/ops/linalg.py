@@ -7,12 +7,16 @@ its equation (explicit output, spaces removed) before handing it to ``einsum``.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import threading
 
 import numpy as np  # host-side shape checks only
 
 from workbench import compiled
 from workbench.arrays import xp_of
+from workbench.compiled.kernels.attention_avx2 import ROWS as _ATT_ROWS
+from workbench.compiled.kernels.attention_avx2 import work_floats as attention_work_floats
 from workbench.errors import InputError, ShapeError
 from workbench.limits import check_alloc
 from workbench.ops import rowwise
@@ -664,10 +668,11 @@ def _attention_layout(x, shape, perm):
     return x
 
 
-@kernel("FusedAttention", since=1, domain=FUSED_DOMAIN, host_read_inputs=(4, 5, 6, 7))
+@kernel("FusedAttention", since=1, domain=FUSED_DOMAIN, host_read_inputs=(4, 5, 6, 7),
+        wants_ctx=True)
 def fused_attention(Q, K, V, M=None, q_shape=None, k_shape=None, v_shape=None, out_shape=None,
                     *, scale=1.0, scale_op="", mask="", fill=0.0, q_perm=(), k_perm=(),
-                    v_perm=(), out_perm=()):
+                    v_perm=(), out_perm=(), ctx=None):
     """``Softmax(mask(scale(Q @ K)), axis=-1) @ V`` in one node (``K`` as the graph gives it,
     already transposed): ``scale_op`` "mul" / "div" by ``scale`` or "" (none); ``mask`` ""
     (none), "add" (``+ M``), "fill_where_true" (``Where(M, fill, s)``) or "fill_where_false"
@@ -677,10 +682,21 @@ def fused_attention(Q, K, V, M=None, q_shape=None, k_shape=None, v_shape=None, o
     each of Q, K, V is first reshaped to ``q_shape`` / ``k_shape`` / ``v_shape`` (Reshape
     semantics: 0 copies a dimension, -1 is inferred) where given and then transposed by
     ``q_perm`` / ``k_perm`` / ``v_perm`` where not empty; the result is transposed by
-    ``out_perm`` and then reshaped to ``out_shape`` (same rules)."""
+    ``out_perm`` and then reshaped to ``out_shape`` (same rules).
+
+    In an inference plan (``ctx`` given, not training) float32 host inputs run as one call of
+    the C kernel ``attention_avx2.attention`` (:func:`_attention_c`, when it is built for this
+    CPU): the same semantics (the compiled softmax's NaN / -inf rules), results that differ
+    from the BLAS path below by float rounding only, the same for any thread count; both
+    ``wb.load(m).run`` and ``backend.prepare(m).run`` take it."""
     if scale_op not in ("", "mul", "div") or mask not in ("", "add", "fill_where_true",
                                                           "fill_where_false"):
         raise InputError(f"FusedAttention: unknown scale_op {scale_op!r} or mask {mask!r}")
+    if ctx is not None and not ctx.training:
+        y = _attention_c(Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scale, scale_op,
+                         mask, fill, q_perm, k_perm, v_perm, out_perm, ctx)
+        if y is not None:
+            return y
     if type(Q) is np.ndarray and type(K) is np.ndarray and type(V) is np.ndarray \
             and Q.dtype == _F32 and K.dtype == _F32 and V.dtype == _F32:
         y = _attention_f32(Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scale, scale_op,
@@ -863,3 +879,230 @@ def _attention_out(p, V, out_perm, out_shape):
     if out_shape is not None:
         y = _layout_reshape(y, out_shape)
     return y
+
+
+# FusedAttention in one compiled call (compiled/kernels/attention_avx2.c), inference plans only
+_ATT_C = "attention_avx2.attention"
+_ATT_BOUND = "attention_avx2_bound"   # node-context key of the node's pre-bound call
+_ATT_SKIP = "attention_avx2_skip"     # ... of the inputs it did not take last time
+#: element-operations (pairs * Sq * Sk * (D + Dv)) from which the (batch, head) pairs are
+#: split over the engine's threads. Measured on the 2-core AMD EPYC (AVX2) at load 4.5-5,
+#: two threads (wall clock): BERT-like b8 (1 M) 280-350 us in one call vs 565-590 us split,
+#: 8 M (2 x 4 heads x 256 x 256 x 16) 3.9 ms vs 4.7 ms; so only far larger attention splits
+_ATT_SPLIT_MIN = 1 << 24
+_ATT_WORK_MAX = 1 << 22    # scratch floats per call block above which BLAS runs instead
+_ATT_SCRATCH_MAX = 1 << 23  # scratch floats of a node's split blocks together (32 MB)
+_ATT_MASKS = {"": 0, "add": 1, "fill_where_true": 2, "fill_where_false": 3}
+
+
+def _attention_c(Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scale, scale_op, mask,
+                 fill, q_perm, k_perm, v_perm, out_perm, ctx):
+    """FusedAttention by the compiled ``attention_avx2.attention`` kernel through the node's
+    pre-bound call (made here at the node's first run, and again when the inputs' shapes,
+    strides or Reshape targets change); None when the kernel is not loaded or the call is
+    outside its case (the numpy / BLAS path then runs and, for bad input, raises)."""
+    bound = ctx.extra.get(_ATT_BOUND)
+    if bound is not None:
+        y = bound(Q, K, V, M, q_shape, k_shape, v_shape, out_shape)
+        if y is not None:
+            return y
+    kern = compiled.kernel(_ATT_C)
+    if kern is None:
+        return None
+    # inputs the kernel did not take last time are not looked at again (the same shapes,
+    # strides, dtypes and Reshape targets)
+    sig = tuple((x.shape, x.strides, x.dtype) if type(x) is np.ndarray else type(x)
+                for x in (Q, K, V, M)) + tuple(_dims(s) for s in (q_shape, k_shape, v_shape,
+                                                                  out_shape))
+    if ctx.extra.get(_ATT_SKIP) == sig:
+        return None
+    bound = _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scale,
+                            scale_op, mask, fill, q_perm, k_perm, v_perm, out_perm)
+    if bound is None:
+        ctx.extra.pop(_ATT_BOUND, None)
+        ctx.extra[_ATT_SKIP] = sig
+        return None
+    ctx.extra.pop(_ATT_SKIP, None)
+    ctx.extra[_ATT_BOUND] = bound
+    return bound(Q, K, V, M, q_shape, k_shape, v_shape, out_shape)
+
+
+def _same_dims(given, d):
+    """Whether the Reshape target ``given`` (None, or an int64 host vector) is ``d`` (what
+    :func:`_dims` made of the kept one)."""
+    if given is None or d is None:
+        return given is None and d is None
+    return type(given) is np.ndarray and given.ndim == 1 and tuple(given.tolist()) == d
+
+
+def _elem_strides(view, base, nbatch):
+    """``view``'s element strides padded in front to ``nbatch`` batch dims + 2 (a dimension
+    of size 1 gets stride 0, so it broadcasts), or None when ``view`` is not a view of
+    ``base`` at its first element (numpy had to copy) or a stride is not whole elements."""
+    if base is not None and (not np.may_share_memory(view, base) or view.size == 0
+                             or view.__array_interface__["data"][0]
+                             != base.__array_interface__["data"][0]):
+        return None
+    item = view.itemsize
+    if any(s % item for s in view.strides):
+        return None
+    st = [0 if d == 1 else s // item for d, s in zip(view.shape, view.strides)]
+    return [0] * (nbatch + 2 - len(st)) + st
+
+
+def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scale, scale_op,
+                    mask, fill, q_perm, k_perm, v_perm, out_perm):
+    """The pre-bound call of :func:`_attention_c` for inputs like these (the same shapes,
+    strides, mask and Reshape targets): a function ``(Q, K, V, M, q_shape, k_shape, v_shape,
+    out_shape) -> Y or None`` that writes the arrays' addresses into call blocks made here
+    and calls the kernel; None when the kernel does not take this call: not float32 host
+    arrays, a view numpy would copy, ranks past 4, shapes that do not multiply (the general
+    path then raises), a mask that is not float32 ("add") / bool or does not broadcast into
+    the scores, K or D of size 0."""
+    arrays = (Q, K, V)
+    if any(type(x) is not np.ndarray or x.dtype != _F32 for x in arrays) \
+            or scale_op not in ("", "mul", "div") or mask not in _ATT_MASKS:
+        return None
+    if mask:
+        if type(M) is not np.ndarray or M.dtype != (_F32 if mask == "add" else np.bool_):
+            return None
+    dims = [_dims(s) for s in (q_shape, k_shape, v_shape, out_shape)]
+    if False in dims:
+        return None
+    views = []
+    try:
+        for x, d, perm in zip(arrays, dims[:3], (q_perm, k_perm, v_perm)):
+            v = x
+            if d is not None:
+                if not d or 0 in d or min(d) < -1:
+                    return None
+                v = v.reshape(d)
+            if perm:
+                if len(perm) != v.ndim or min(perm) < 0:
+                    return None
+                v = v.transpose(perm)
+            views.append(v)
+    except ValueError:
+        return None
+    qv, kv, vv = views
+    if not all(2 <= v.ndim <= 4 for v in views):
+        return None
+    Sq, D = qv.shape[-2:]
+    Sk = kv.shape[-1]
+    Dv = vv.shape[-1]
+    if kv.shape[-2] != D or vv.shape[-2] != Sk or D == 0 or Sk == 0:
+        return None
+    try:
+        s_batch = np.broadcast_shapes(qv.shape[:-2], kv.shape[:-2])
+        o_batch = np.broadcast_shapes(s_batch, vv.shape[:-2])
+    except ValueError:
+        return None
+    if len(o_batch) > 2:
+        return None
+    nb = 2
+    strides = [_elem_strides(v, x, nb) for v, x in zip(views, arrays)]
+    if None in strides:
+        return None
+    s_shape = s_batch + (Sq, Sk)
+    mst = [0, 0, 0, 0]
+    if mask:
+        try:
+            if np.broadcast_shapes(M.shape, s_shape) != s_shape:
+                return None
+        except ValueError:
+            return None
+        mst = _elem_strides(np.broadcast_to(M, s_shape), None, nb)
+        if mst is None:
+            return None
+    y_shape = o_batch + (Sq, Dv)
+    if out_perm:
+        perm = [int(p) for p in out_perm]
+        if sorted(perm) != list(range(len(y_shape))):
+            return None
+        final = np.empty([y_shape[p] for p in perm], np.float32)
+        yv = final.transpose(np.argsort(perm))
+    else:
+        final = np.empty(y_shape, np.float32)
+        yv = final
+    try:
+        ret_shape = final.shape if dims[3] is None \
+            else _layout_reshape(final, out_shape).shape
+    except (ValueError, InputError, ShapeError):
+        return None
+    yst = _elem_strides(yv, None, nb)
+    if yst is None:
+        return None
+    B, H = ((1, 1) + o_batch)[-2:]
+    pairs = B * H
+    size = int(np.prod(ret_shape))
+    wf = attention_work_floats(Sq, Sk, D, Dv)
+    if wf > _ATT_WORK_MAX:
+        return None
+    work = pairs * Sq * Sk * (D + Dv)
+    n_split = max(1, min(pairs, 8, _ATT_SCRATCH_MAX // wf)) if work >= _ATT_SPLIT_MIN else 1
+    scratch = [np.empty(wf, np.float32) for _ in range(n_split)]
+    ints = [H, Sq, Sk, D, Dv] + strides[0][:2] + strides[0][2:] + strides[1][:2] \
+        + strides[1][2:] + strides[2][:2] + strides[2][2:] + yst + mst \
+        + [{"": 0, "mul": 1, "div": 2}[scale_op], _ATT_MASKS[mask]]
+    rows = min(Sq, _ATT_ROWS)
+    dp = compiled.data_pointer
+
+    def block(p0, p1, work_):
+        blk = np.zeros(38, np.int64)
+        blk[5] = dp(work_)
+        blk[6:33] = ints
+        blk[33:36] = (p0, p1, rows)
+        blk.view(np.float64)[36:] = (float(scale), float(fill))
+        return blk
+    single = block(0, pairs, scratch[0])
+    cuts = [pairs * i // n_split for i in range(n_split + 1)]
+    split = [block(cuts[i], cuts[i + 1], scratch[i]) for i in range(n_split)]
+    raw = kern.raw
+    # per block: its address, a ctypes view to write the array addresses into, and what
+    # it points to that nothing else keeps alive (the block itself, its scratch)
+    slots = [(dp(b), (ctypes.c_int64 * 5).from_buffer(b), (b, w))
+             for b, w in zip([single] + split, scratch[:1] + scratch)]
+    many = slots[1:] if n_split > 1 else ()
+    keys = (Q.shape, Q.strides, K.shape, K.strides, V.shape, V.strides)
+    mkey = None if not mask else (M.shape, M.strides, M.dtype)
+    (kq, kk, kv, ko), (dq, dk, dv, do) = (q_shape, k_shape, v_shape, out_shape), dims
+    enabled, empty, nd = compiled.enabled, np.empty, np.ndarray
+    busy = threading.Lock()   # the blocks are shared: a second thread binds its own
+    addr1, view1 = slots[0][:2]
+
+    def bound(Q_, K_, V_, M_, qs, ks, vs, os_):
+        if type(Q_) is not nd or type(K_) is not nd or type(V_) is not nd \
+                or Q_.dtype is not _F32 or K_.dtype is not _F32 or V_.dtype is not _F32 \
+                or (Q_.shape, Q_.strides, K_.shape, K_.strides, V_.shape, V_.strides) != keys:
+            return None
+        if mkey is not None and (type(M_) is not nd
+                                 or (M_.shape, M_.strides, M_.dtype) != mkey):
+            return None
+        # the Reshape targets: the same arrays, or the same values (graphs compute them)
+        if not ((qs is kq or _same_dims(qs, dq)) and (ks is kk or _same_dims(ks, dk))
+                and (vs is kv or _same_dims(vs, dv)) and (os_ is ko or _same_dims(os_, do))) \
+                or not enabled():
+            return None
+        y = empty(ret_shape, _F32)
+        if not size:
+            return y
+        if not busy.acquire(False):
+            return None
+        try:
+            ptrs = (dp(Q_), dp(K_), dp(V_), dp(M_) if mkey is not None else 0, dp(y))
+            if not many or n_workers() < 2:
+                view1[:] = ptrs
+                raw(addr1)
+                return y
+            for _, view, _ in many:
+                view[:] = ptrs
+
+            def run(chunk):
+                for addr, _, _ in chunk:
+                    raw(addr)
+            run_blocks(np, many, run, work)
+            return y
+        finally:
+            busy.release()
+    bound.blocks = slots   # the call blocks and their scratch live as long as the call
+    return bound
