@@ -74,7 +74,15 @@ def test_erf_special_values(dtype):
         assert got[5] == np.float32(1.4e-45) and got[6] == -np.float32(1.4e-45)
 
 
-def test_erf_of_half_precision_and_integers_goes_through_float32():
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_erf_keeps_0d_and_empty_shapes(dtype):
+    for x in (np.asarray(dtype(0.75)), np.zeros((0, 3), dtype), np.ones((2, 0), dtype)):
+        got = ew.erf_array(x)
+        assert got.shape == x.shape and got.dtype == dtype
+    assert abs(float(ew.erf_array(np.asarray(dtype(0.75)))) - math.erf(0.75)) < 1e-7
+
+
+def test_erf_of_half_precision_goes_through_float32():
     x = np.array([-1.5, -0.25, 0.0, 0.5, 2.5], np.float16)
     got = ew.erf_array(x)
     assert got.dtype == np.float16

@@ -355,7 +355,7 @@ def _erf_compiled(x):
     if k is None:
         return None
     raw = k.raw
-    xc = np.ascontiguousarray(x)
+    xc = x if x.flags.c_contiguous else x.copy(order="C")   # (ascontiguousarray makes 0-d 1-d)
     y = np.empty_like(xc)
     n = xc.size
     px, py = data_pointer(xc), data_pointer(y)
