@@ -171,3 +171,24 @@ def test_export_without_compile_keeps_names_and_dynamic_dims(tmp_path):
     assert p.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
     s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(s.run(None, {"x": X})[0], ref(X, "y"), rtol=1e-5)
+
+
+def test_a_training_step_records_its_constants_made_once():
+    """The Tensor runner makes a host Constant's array once and hands it out on every run;
+    each step still records the Constant on the tape (export writes it) and uses its value."""
+    from workbench.autodiff.tape import tape_order
+    m = sonnx.SONNXModel(mlp_proto())
+    m.eval()   # no dropout: the reference below holds
+    twos = []
+    for _ in range(3):
+        x = tensor.from_numpy(X)
+        y = m.forward(x)[0]
+        np.testing.assert_allclose(y.numpy(), ref(X, "y"), rtol=1e-5)
+        nodes = [n for n in tape_order([y]) if n.op_type == "Constant"]
+        assert len(nodes) == 1 and nodes[0].name == "two"
+        twos.append(nodes[0].fn())
+    assert twos[0] is twos[1] is twos[2] and float(twos[0]) == 2.0
+    exported = sonnx.to_onnx([x], [y])
+    consts = [n for n in exported.graph.node if n.op_type == "Constant"]
+    inits = {i.name: numpy_helper.to_array(i) for i in exported.graph.initializer}
+    assert consts or any(v.shape == () and float(v) == 2.0 for v in inits.values())

@@ -15,6 +15,22 @@ from workbench.autodiff.tape import Tensor, run_op
 from workbench.ops.registry import facts
 
 
+def _constant_once(fn, wants_ctx):
+    """A host Constant's kernel run once, its array handed out on every later run (an
+    exported transformer has ~60 Constants a step; the kernel's attribute checks and context
+    were ~8 us of each). The same array the kernel gives for a ``value`` attribute anyway;
+    kernels never write their inputs."""
+    made = []
+
+    def constant(**kw):
+        if not made:
+            made.append(fn(**kw, ctx=None) if wants_ctx else fn(**kw))
+        return made[0]
+
+    constant.__name__ = getattr(fn, "__name__", "constant")
+    return constant
+
+
 # --------------------------------------------------------------------------- the Tensor runner
 class StepCall(NamedTuple):
     """How the Tensor runner calls one Plan step (prepared once per step)."""
@@ -68,6 +84,9 @@ class TapeRunner:
                 state = facts(n.op_type, n.domain).state_outputs
                 for o, _ in state:
                     n_out = max(n_out, o + 1)
+        if n.op_type == "Constant" and not n.domain and fn is step.fn and not state \
+                and (self.device is None or not self.device.is_cuda):
+            fn, wants_ctx = _constant_once(fn, wants_ctx), False
         call = StepCall(kw, wants_ctx, n_out, fn, state, self.training_mode, None,
                         tuple(n.outputs))
         self._calls[id(step)] = call

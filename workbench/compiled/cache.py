@@ -45,6 +45,16 @@ def module_names() -> list:
                   if n.endswith(".py") and not n.startswith("_") and n[:-3].isidentifier())
 
 
+def _shared_kernel_files() -> list:
+    """``kernels/_*.py`` besides ``__init__.py``: data the kernel modules import, sorted."""
+    try:
+        names = os.listdir(KERNELS_DIR)
+    except OSError:
+        return []
+    return sorted(n for n in names if n.startswith("_") and n.endswith(".py")
+                  and n != "__init__.py")
+
+
 def module_path(module: str) -> str:
     return os.path.join(KERNELS_DIR, module + ".py")
 
@@ -128,6 +138,8 @@ def source_key(module: str) -> str:
     for name in _BUILDER_FILES:
         h.update(_file_digest(os.path.join(_HERE, name)).encode())
     h.update(_file_digest(module_path(module)).encode())
+    for name in _shared_kernel_files():   # constants the kernels import (``kernels/_*.py``)
+        h.update(_file_digest(os.path.join(KERNELS_DIR, name)).encode())
     src = c_source(module)
     if src is not None:   # a C module: its source, the compiler and the flags too
         cc = compiler()

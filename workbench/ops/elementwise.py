@@ -13,6 +13,7 @@ import math
 import numpy as np  # dtype constants only
 
 from workbench.arrays import xp_of
+from workbench.compiled.kernels import _erf_series as _erf
 from workbench.errors import InputError, ShapeError
 from workbench.ops._common import check_broadcast, compute_dtype, ensure_array, is_float, quiet
 from workbench.ops.registry import describe, kernel
@@ -261,74 +262,134 @@ def atanh(x):
 
 
 def special_module(xp):
-    """scipy.special (numpy) or cupyx.scipy.special (cupy), or None when not installed."""
-    try:
-        if xp is np:
-            import scipy.special as special
-        else:  # pragma: no cover - GPU only
-            import cupyx.scipy.special as special
+    """cupyx.scipy.special for cupy arrays, or None (numpy: the engine never imports scipy
+    for its kernels; see :func:`erf_array`)."""
+    if xp is np:
+        return None
+    try:  # pragma: no cover - GPU only
+        import cupyx.scipy.special as special
         return special
     except ImportError:  # pragma: no cover - depends on the machine
         return None
 
 
 @functools.cache
-def _erf_polys(dtype_str: str):
-    """Polynomials (host floats, lowest power first) fitted to erf(x) / x in u = x*x / 2 - 1
-    (|x| < 2) and to erfc(y) * exp(y*y) in u = y / 2 - 2 (2 <= y <= 6), at Chebyshev points and
-    cut to the precision of the dtype. Both are well conditioned in the power basis on [-1, 1]
-    (sum |coefficients| < 1.2), so Horner's rule loses nothing."""
-    from numpy.polynomial import chebyshev  # noqa: PLC0415 - host-side fit, once per dtype
-
-    def small(u):
-        t = 2.0 * np.asarray(u) + 2.0
-        return np.array([math.erf(math.sqrt(v)) / math.sqrt(v) if v > 0
-                         else 2.0 / math.sqrt(math.pi) for v in t])
-
-    def large(u):
-        y = 2.0 * np.asarray(u) + 4.0
-        return np.array([math.erfc(v) * math.exp(v * v) for v in y])
-
-    eps = float(np.finfo(dtype_str).eps)
-    out = []
-    for fn, degree in ((small, 18), (large, 26)):
-        c = chebyshev.chebinterpolate(fn, degree)
-        keep = np.nonzero(np.abs(c) > 0.25 * eps * abs(c[0]))[0]
-        out.append(tuple(float(v) for v in chebyshev.cheb2poly(c[: keep[-1] + 1])))
-    return tuple(out)
+def erf_coefficients(f32: bool):
+    """``(small, large)`` float64 coefficient arrays (:mod:`~workbench.compiled.kernels.
+    _erf_series`) for a float32 (the leading terms) or a float64 result."""
+    ns, nl = _erf.TERMS_F32 if f32 else (len(_erf.SMALL), len(_erf.LARGE))
+    return (np.array(_erf.SMALL[:ns], np.float64), np.array(_erf.LARGE[:nl], np.float64))
 
 
-def _horner(xp, u, coefs):
-    r = xp.full_like(u, coefs[-1])
-    for c in coefs[-2::-1]:
-        r *= u
-        r += c
+def _clenshaw(xp, u, c):
+    """sum c_k T_k(u), one whole-array operation at a time in the order the kernel uses."""
+    u2 = u * 2.0
+    b1 = xp.zeros_like(u)
+    b2 = xp.zeros_like(u)
+    for ck in c[:0:-1]:
+        t = u2 * b1
+        t -= b2
+        t += ck
+        b2 = b1
+        b1 = t
+    r = u * b1
+    r -= b2
+    r += c[0]
     return r
 
 
-def _erf_fallback(x):
-    """erf without scipy: two polynomial fits, to ~1 ulp for float32 and ~10 ulp for float64."""
+def _exp_tail(xp, t):
+    """exp(t) for float64 ``t`` in [-36, -4] (``_erf_series.EXP_TAYLOR``)."""
+    k = xp.floor(t * _erf.LOG2E + 0.5)
+    r = t - k * _erf.LN2_HI
+    r -= k * _erf.LN2_LO
+    p = r * _erf.EXP_TAYLOR[12]
+    for c in _erf.EXP_TAYLOR[11:0:-1]:
+        p += c
+        p *= r
+    p += _erf.EXP_TAYLOR[0]
+    return xp.ldexp(p, k.astype(np.int32))
+
+
+def _erf_f64(x, f32: bool):
+    """erf of a float64 array (float32 accuracy when ``f32``): the numpy (or cupy) path,
+    the reference of the compiled kernel ``transformer.erf``, which makes the same float64
+    operations in the same order (so both give the same bits)."""
     xp = xp_of(x)
-    small_p, large_p = _erf_polys(x.dtype.str)
+    small_c, large_c = erf_coefficients(f32)
     a = xp.absolute(x)
     out = xp.empty_like(x)
     small = a < 2
     xs = x[small]
-    out[small] = xs * _horner(xp, xs * xs * 0.5 - 1, small_p)
-    big = ~small  # also NaN
-    y = xp.minimum(a[big], 6)  # erf(6) is 1 - 2e-17
-    tail = xp.exp(-(y * y)) * _horner(xp, y * 0.5 - 2, large_p)
-    out[big] = xp.copysign(1 - tail, x[big])
+    out[small] = xs * _clenshaw(xp, xs * xs * 0.5 - 1.0, small_c)
+    big = ~small                     # also NaN
+    xb = x[big]
+    if xb.size:
+        y = xp.minimum(a[big], 6.0)  # erf(6) is 1 - 2e-17: 1 in float64
+        nan = y != y
+        y[nan] = 6.0
+        tail = _exp_tail(xp, -(y * y)) * _clenshaw(xp, y * 0.5 - 2.0, large_c)
+        r = xp.copysign(1.0 - tail, xb)
+        r[nan] = xb[nan]
+        out[big] = r
     return out
 
 
+def _erf_fallback(x):
+    """erf in x's dtype (float32 or float64) without scipy or compiled code."""
+    with np.errstate(invalid="ignore"):   # a signalling NaN's cast
+        r = _erf_f64(x.astype(np.float64), x.dtype == np.float32)
+    return r.astype(x.dtype, copy=False)
+
+
+def _erf_compiled(x):
+    """erf of a float32 host array by the compiled kernel, or None when it is not loaded.
+    The same bits as :func:`_erf_fallback`; split over the engine's threads from 256k
+    values (elementwise: the split changes no result; below that, measured on 2 loaded
+    cores, the pool's hand-off cost more than the second core gave)."""
+    from workbench import compiled
+    from workbench.compiled import data_pointer
+    from workbench.ops.parallel import n_workers, run_blocks
+
+    k = compiled.kernel("transformer.erf_f32")
+    if k is None:
+        return None
+    raw = k.raw
+    xc = x if x.flags.c_contiguous else x.copy(order="C")   # (ascontiguousarray makes 0-d 1-d)
+    y = np.empty_like(xc)
+    n = xc.size
+    px, py = data_pointer(xc), data_pointer(y)
+    if n < (1 << 18) or n_workers() == 1:
+        w = np.empty((2, 256))   # the kernel's gather rows (values, indices)
+        raw(px, py, data_pointer(w[0]), data_pointer(w[1]), 0, n)
+    else:
+        step = -(-n // (4 * n_workers()))
+        starts = range(0, n, step)
+        w = np.empty((len(starts), 2, 256))
+        run_blocks(np, list(enumerate(starts)),
+                   lambda part: [raw(px, py, data_pointer(w[b, 0]), data_pointer(w[b, 1]), i,
+                                     min(n, i + step)) for b, i in part], n * 8)
+    return y
+
+
 def erf_array(x):
-    """The error function elementwise, in the dtype of ``x``."""
+    """The error function elementwise, in the dtype of ``x`` (float16/bfloat16 computed in
+    float32). Host arrays never use scipy (its import alone cost ~28 MB of a BERT model's
+    peak memory, and it computed float32 one value at a time in float64): float32 runs the
+    compiled kernel ``transformer.erf_f32`` when it is loaded, else the numpy path
+    (:func:`_erf_f64`), with the same bits either way; float64 runs the numpy path. Accuracy
+    against the correctly rounded erf (``benchmarks/bench_erf.py``: every float32, and a
+    float64 sweep against mpmath): float32 within 1 ulp, float64 within 3 ulp; NaN, +-Inf,
+    -0.0 and subnormals as the math says. cupy arrays use cupyx.scipy.special."""
     xp = xp_of(x)
-    special = special_module(xp)
     xc = ensure_array(x, xp).astype(compute_dtype(x.dtype), copy=False)
-    if special is not None:
+    special = special_module(xp)
+    if special is not None:  # pragma: no cover - GPU only
         r = special.erf(xc)
+    elif xp is np and xc.dtype == np.float32:
+        r = _erf_compiled(xc) if xc.size else None
+        if r is None:
+            r = _erf_fallback(xc)
     else:
         r = _erf_fallback(xc)
     return ensure_array(r, xp).astype(x.dtype, copy=False)

@@ -4,6 +4,14 @@ On numpy the products run through ``ops.parallel.parallel_matmul`` with BLAS sin
 large products are split over the worker threads, small ones (most of a small transformer's)
 stay one single-threaded BLAS call, which avoids BLAS' own threads busy-waiting and collapsing
 on a loaded machine.
+
+The gradients' products stay on BLAS, not the inference plans' C GEMM (``gemm_avx2.gemm``),
+by measurement, not for their bits: that kernel reads its right operand packed into column
+panels, and here that operand changes every call (W^T, the output gradient), so each product
+would pack it first. On the BERT-like step's shapes (2-core AMD EPYC, AVX2, one thread, CPU
+us, OpenBLAS 0.3.31 / C GEMM with its packing): g @ W^T 256x64x64 32-44 / 39-61, 256x256x64
+123-128 / 145-172, 256x64x256 123-144 / 147-165; X^T @ g 30-32 / 59-65, 117-137 / 261-283,
+114-134 / 232-253 (``benchmarks/README.md``, "The BERT-like training step without scipy").
 """
 
 from __future__ import annotations

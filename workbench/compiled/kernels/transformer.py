@@ -24,6 +24,15 @@ builder's noalias contract): a kernel that may work in place has a separate sour
   numpy's ``exp(t - max) / sum``; with ``zero_empty`` a row of only -inf gives zeros.
 - ``gelu``: ``y = act(x + b) + z`` with act 0 none, 1 GELU (erf form), 2 GELU (tanh
   approximation), 3 ReLU; ``b`` one row (bias), ``z`` of y's shape (a residual).
+- ``erf_f32``: the Erf op's ``y = erf(x)`` (float32) over the flat elements
+  ``r0 <= i < r1``, computed in float64 with exactly the operations, in the same order, of the
+  numpy path ``workbench.ops.elementwise._erf_f64`` (so both give the same bits): |x| < 2
+  as x times a Chebyshev series in x*x for every value of a chunk of 256, then the rest
+  (1 - exp(-y*y) times a Chebyshev series in y, with the exp written out) gathered into the
+  caller's scratch rows ``xl`` / ``il`` (256 float64 each: values, indices) and computed
+  there; each series summed by Clenshaw's recurrence over constants
+  (``kernels/_erf_series.py``) so the loops vectorise. (A float64 twin measured no faster
+  than the numpy path, 3.9 vs 3.1-4.2 ms for 65,536 values: float64 stays on numpy.)
 
 ``exp`` and ``erf`` are evaluated here (not by libm calls) so that the loops vectorise: exp by
 range reduction to ``2^k * p(r)``, ``|r| <= ln2 / 2``, with a degree-7 Taylor polynomial
@@ -37,6 +46,7 @@ from numba import carray, njit, types
 from numba.extending import intrinsic
 
 from workbench.compiled.build import export
+from workbench.compiled.kernels import _erf_series as _erfs
 
 _FM = ("contract", "reassoc", "nsz", "arcp")
 
@@ -286,3 +296,95 @@ def gelu(xp, yp, bp, zp, pp, r0, r1):
             zr = z[r]
             for j in range(n):
                 out[j] += zr[j]
+
+
+# ------------------------------------------------------------------------------ Erf
+def _erf_kernel(terms_small, terms_large):
+    """erf of one float64 value in two parts: ``small(v)`` for |v| < 2 and ``large(v)`` for
+    the rest (not NaN), with the series' leading terms (constants, so the loops vectorise);
+    the operations and their order are those of ``elementwise._erf_f64``."""
+    s_rev, s0 = tuple(_erfs.SMALL[1:terms_small][::-1]), _erfs.SMALL[0]
+    l_rev, l0 = tuple(_erfs.LARGE[1:terms_large][::-1]), _erfs.LARGE[0]
+    t_rev, t0 = tuple(_erfs.EXP_TAYLOR[1:12][::-1]), _erfs.EXP_TAYLOR[0]
+    t12, log2e, ln2_hi, ln2_lo = _erfs.EXP_TAYLOR[12], _erfs.LOG2E, _erfs.LN2_HI, _erfs.LN2_LO
+
+    @njit(inline="always")
+    def small(v):
+        u = v * v * 0.5 - 1.0
+        u2 = u * 2.0
+        b1 = 0.0
+        b2 = 0.0
+        for ck in s_rev:
+            t = u2 * b1 - b2 + ck
+            b2 = b1
+            b1 = t
+        return v * (u * b1 - b2 + s0)
+
+    @njit(inline="always")
+    def large(v):
+        a = abs(v)
+        y = a if a < 6.0 else 6.0
+        t = -(y * y)
+        kf = np.floor(t * log2e + 0.5)
+        r = t - kf * ln2_hi
+        r = r - kf * ln2_lo
+        p = r * t12
+        for c in t_rev:
+            p = (p + c) * r
+        p = p + t0
+        e = p * _f64_from_bits((np.int64(kf) + np.int64(1023)) << np.int64(52))
+        u = y * 0.5 - 2.0
+        u2 = u * 2.0
+        b1 = 0.0
+        b2 = 0.0
+        for ck in l_rev:
+            tt = u2 * b1 - b2 + ck
+            b2 = b1
+            b1 = tt
+        om = 1.0 - e * (u * b1 - b2 + l0)
+        return om if v > 0 else -om
+
+    @njit(inline="always")
+    def run(x, y, xl, il, r0, r1):
+        # per chunk of _ECH values: the |x| < 2 form for every value (vectorised), then the
+        # others (and NaN) gathered into ``xl`` (their indices into ``il``), computed there
+        # (vectorised) and scattered back
+        for c0 in range(r0, r1, _ECH):
+            c1 = min(c0 + _ECH, r1)
+            for i in range(c0, c1):
+                y[i] = small(np.float64(x[i]))
+            m = 0
+            for i in range(c0, c1):
+                v = np.float64(x[i])
+                if not abs(v) < 2.0:
+                    xl[m] = v
+                    il[m] = i
+                    m += 1
+            for j in range(m):
+                v = xl[j]
+                xl[j] = v if v != v else large(v)
+            for j in range(m):
+                y[np.int64(il[j])] = xl[j]
+    return run
+
+
+_ECH = 256
+
+
+@intrinsic
+def _f64_from_bits(typingctx, bits):
+    """The float64 whose bit pattern is the int64 ``bits``."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], llir.DoubleType())
+    return sig, codegen
+
+
+_erf_run_f32 = _erf_kernel(*_erfs.TERMS_F32)
+
+
+@export("erf_f32", "f32[] f32[]! f64[]! f64[]! i64 i64", fastmath=())
+def erf_f32(xp, yp, xlp, ilp, r0, r1):
+    _erf_run_f32(carray(xp, (r1,)), carray(yp, (r1,)), carray(xlp, (_ECH,)), carray(ilp, (_ECH,)),
+                  r0, r1)
