@@ -183,3 +183,32 @@ def test_gemm_through_the_c_path(kernels, trans_b):
     ctx = _ctx()
     np.testing.assert_array_equal(gemm(a, bt, c.reshape(1, -1), transB=trans_b, ctx=ctx),
                                   gemm(a, bt, c.reshape(1, -1), transB=trans_b))
+
+
+def test_layer_norm_node_bound_call(kernels):
+    """A LayerNormalization node's pre-bound kernel call (``rowwise.bind_layer_norm``): from
+    its second run the same bits as the full path (rows with a large offset and NaN, beta or
+    not), declined for another shape or gamma, in-place gamma edits seen, kernels off: numpy."""
+    from workbench.ops.norm import _LN_BOUND, layer_norm
+
+    x, g, be = _f32(2, 7, 24), _f32(24) + 1, _f32(24)
+    x[0, 3] += 5e4
+    x[1, 2, 5] = np.nan
+    for beta in (be, None):
+        ctx = NodeContext("ln", "LayerNormalization", 17, 1)
+        with np.errstate(invalid="ignore"):
+            ys = [layer_norm(x, g, beta, epsilon=1e-5, ctx=ctx) for _ in range(3)]
+            want = layer_norm(x, g, beta, epsilon=1e-5)
+        assert _LN_BOUND in ctx.extra
+        for y in ys:
+            np.testing.assert_array_equal(y, want)
+        assert np.isnan(ys[2][1, 2]).all() and np.isfinite(ys[2][0]).all()
+    bound = ctx.extra[_LN_BOUND]
+    assert bound(_f32(1, 7, 24), g, None) is None and bound(x, g.copy(), None) is None
+    g *= 2
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(layer_norm(x, g, None, epsilon=1e-5, ctx=ctx),
+                                      layer_norm(x, g, None, epsilon=1e-5))
+        with compiled.disabled():
+            got = layer_norm(x, g, None, epsilon=1e-5, ctx=ctx)
+            np.testing.assert_array_equal(got, layer_norm(x, g, None, epsilon=1e-5))
