@@ -206,9 +206,10 @@ def layer_norm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, ctx=Non
     """Normalize over axes [axis, rank); outputs Y and optionally Mean and InvStdDev."""
     op = "LayerNormalization"
     n_out = ctx.n_outputs if ctx is not None else 1
-    bindable = ctx is not None and not ctx.training
+    extra = getattr(ctx, "extra", None)   # a plan's NodeContext (callers may pass less)
+    bindable = extra is not None and not getattr(ctx, "training", True)
     if bindable:
-        bound = ctx.extra.get(_LN_BOUND)
+        bound = extra.get(_LN_BOUND)
         if bound is not None:   # a pre-bound kernel call (rowwise.bind_layer_norm)
             y = bound(X, Scale, B)
             if y is not None:
@@ -219,7 +220,7 @@ def layer_norm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, ctx=Non
             and (B is None or (type(B) is np.ndarray and B.dtype == X.dtype)):
         y = _layer_norm_last(X, Scale, B, epsilon)
         if bindable:
-            rowwise.bind_layer_norm(ctx.extra, _LN_BOUND, X, Scale, B, epsilon)
+            rowwise.bind_layer_norm(extra, _LN_BOUND, X, Scale, B, epsilon)
         return y
     xp = xp_of(X)
     if X.ndim == 0:
