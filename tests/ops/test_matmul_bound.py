@@ -183,6 +183,12 @@ def test_gemm_through_the_c_path(kernels, trans_b):
     ctx = _ctx()
     np.testing.assert_array_equal(gemm(a, bt, c.reshape(1, -1), transB=trans_b, ctx=ctx),
                                   gemm(a, bt, c.reshape(1, -1), transB=trans_b))
+    # one row against a large weight (a classifier at batch 1): BLAS's product, not packed
+    a1, big = _f32(1, 520), _f32(520, 520)
+    ctx = _ctx()
+    np.testing.assert_array_equal(gemm(a1, big, None, transB=trans_b, ctx=ctx),
+                                  gemm(a1, big, None, transB=trans_b))
+    assert linalg._GEMM_PACK not in ctx.extra
 
 
 def test_layer_norm_node_bound_call(kernels):

@@ -103,13 +103,15 @@ def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0, 
     inference plan (``ctx`` given, not training) a float32 ``A @ B' + C`` (alpha 1, beta 1
     or no C, transA 0, C None or an (N,) row: a Linear layer, BERT's pooler and classifier)
     runs in the compiled ``gemm_avx2`` kernel when it is loaded, as MatMul does
-    (:func:`_c_gemm`)."""
+    (:func:`_c_gemm`) — except one row against a large weight (a CNN's classifier at batch
+    1: a memory-bound product, no faster packed, and the packed copy costs memory)."""
     if ctx is not None and not ctx.training and alpha == 1.0 and not transA \
             and (C is None or beta == 1.0):
         y = _bound_step(ctx, A, B, C, None, None, None)
         if y is not None:
             return y
-        if type(A) is np.ndarray and A.ndim == 2 and (C is None or C.ndim == 1):
+        if type(A) is np.ndarray and A.ndim == 2 and (C is None or C.ndim == 1) \
+                and (A.shape[0] > 1 or B.size <= _GEMV_PACKED_MAX):
             y = _c_gemm(A, B, C, None, ctx, trans_b=bool(transB))
             if y is not None:
                 _bind_step(ctx, A, B, C, None, None, None, "", 0.0, False, bool(transB),
@@ -505,6 +507,7 @@ def _fused_f32(A, B, bias, Z, gamma, beta, activation, epsilon):
     return _layer_norm_op(y, gamma, beta, epsilon=epsilon) if out is None else out
 
 
+_GEMV_PACKED_MAX = 1 << 18   # weight elements above which a one-row Gemm stays on BLAS
 _GEMM_PACK = "gemm_avx2_matmul_pack"   # node-context key of the packed weights
 _PACK_SAMPLES = 16   # weight elements compared to tell an updated weight from the packed one
 _GEMM_TILE = 6       # rows of gemm_avx2's register tile (row ranges split on whole tiles)
