@@ -125,12 +125,15 @@ def test_in_place_edits_reach_the_bound_step(kernels):
     a, w, b = _f32(1, 5, 10), _f32(10, 30), _f32(30)
     g = _f32(30) + 1
     ctx, _ = _runs(lambda c: fused_matmul_epilogue(a, w, b, gamma=g, ctx=c))
-    assert linalg._MM_BOUND in ctx.extra
+    first = ctx.extra[linalg._MM_BOUND]
     w *= -2                                   # weights updated in place: packed again
     g *= 3                                    # gamma read where it is, each run
     want = fused_matmul_epilogue(a, w, b, gamma=g)
     np.testing.assert_allclose(fused_matmul_epilogue(a, w, b, gamma=g, ctx=ctx), want,
                                rtol=3e-5, atol=3e-5)
+    assert ctx.extra[linalg._MM_BOUND] is not first    # bound again on the new packing
+    np.testing.assert_array_equal(fused_matmul_epilogue(a, w, b, gamma=g, ctx=ctx),
+                                  fused_matmul_epilogue(a, w, b, gamma=g, ctx=_ctx()))
     b[:] = 5                                  # the bias in place
     for _ in range(3):
         got = fused_matmul_epilogue(a, w, b, gamma=g, ctx=ctx)

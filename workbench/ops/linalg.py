@@ -640,9 +640,15 @@ def _f64_bits(v):
 
 def _bound_step(ctx, A, B, bias, Z, gamma, beta):
     """The node's pre-bound step (:func:`_bind_step`) run on these inputs, or None (none
-    kept, or it declined: the full path runs)."""
+    kept, or it declined: the full path runs, and a declined step is dropped, so that the
+    full path binds again, e.g. with the weights it re-packed after an in-place edit)."""
     bound = ctx.extra.get(_MM_BOUND)
-    return None if bound is None else bound(A, B, bias, Z, gamma, beta)
+    if bound is None:
+        return None
+    y = bound(A, B, bias, Z, gamma, beta)
+    if y is None:
+        ctx.extra.pop(_MM_BOUND, None)
+    return y
 
 
 def _bind_step(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm, trans_b,
