@@ -44,6 +44,13 @@ def check_broadcast(op: str, *arrays) -> None:
     first = shapes[0]
     if all(s == first for s in shapes[1:]):
         return
+    itemsize = max(getattr(getattr(arrays[0], "dtype", None), "itemsize", 8), 1)
+    bound = itemsize
+    for s in shapes:   # each output dimension is one of the inputs': at most their product
+        for d in s:
+            bound *= d
+    if bound <= _UNCHECKED_BYTES:
+        return
     nd = max(len(s) for s in shapes)
     size = 1
     out = []
@@ -54,7 +61,6 @@ def check_broadcast(op: str, *arrays) -> None:
                 d = s[-i]
         out.append(d)
         size *= d
-    itemsize = max(getattr(getattr(arrays[0], "dtype", None), "itemsize", 8), 1)
     if size * itemsize > _UNCHECKED_BYTES:
         check_alloc(out[::-1], itemsize=itemsize, what=f"{op}: the broadcast output")
 

@@ -201,9 +201,22 @@ def _from_strings(x, to, dst, saturate, round_mode, op):
     return cast_to(values, to, saturate=saturate, round_mode=round_mode, op=op)
 
 
+# casts that are one numpy astype whatever the values (cast_to's own result for them): a
+# transformer's attention-mask Cast at batch 1 spent more in cast_to's checks than in the copy
+_PLAIN_SOURCES = (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                  np.uint32, np.uint64)
+_PLAIN_TARGETS = {TensorProto.FLOAT: np.dtype(np.float32), TensorProto.DOUBLE: np.dtype(np.float64),
+                  TensorProto.INT32: np.dtype(np.int32), TensorProto.INT64: np.dtype(np.int64),
+                  TensorProto.BOOL: np.dtype(np.bool_)}
+
+
 @kernel("Cast", since=6, category="shape", host_shape_math=True)
 def cast(x, *, to, saturate=1, round_mode="up"):
     """Cast to element type ``to``; ``saturate`` (opset 19+) and ``round_mode`` (float8e8m0)."""
+    if type(x) is np.ndarray and x.dtype.type in _PLAIN_SOURCES:
+        dst = _PLAIN_TARGETS.get(to)
+        if dst is not None:   # bool/integer to a plain numpy type: one astype (no warnings)
+            return x if x.dtype == dst else x.astype(dst)
     return cast_to(x, to, saturate=saturate, round_mode=round_mode, op="Cast")
 
 

@@ -45,11 +45,25 @@ def _along_axis_index(xp, idx, axis):
     return tuple(out)
 
 
+_HOST_INDEX_TYPES = (np.int64, np.int32)
+
+
 # Gather family -----------------------------------------------------------------------------------
 
 @kernel("Gather", since=1, category="shape", host_shape_math=True)
 def gather(data, indices, *, axis=0):
     """Take the slices ``indices`` along ``axis``; the index dims replace that axis."""
+    if type(data) is np.ndarray and type(indices) is np.ndarray \
+            and indices.dtype.type in _HOST_INDEX_TYPES and data.ndim:
+        # host arrays, int32/int64 indices (embedding lookups, a transformer's [CLS] token):
+        # numpy's take wraps negatives and checks the bounds itself; an index out of range
+        # takes the checked path below, which names the op, the axis and the valid range
+        ax = int(axis)
+        if -data.ndim <= ax < data.ndim:
+            try:
+                return np.take(data, indices, axis=ax)
+            except IndexError:
+                pass
     xp = xp_of(data)
     if data.ndim == 0:
         raise ShapeError("Gather: data must have rank >= 1, got a scalar")

@@ -86,8 +86,12 @@ def matmul(A, B, ctx=None):
     FusedMatMul: a graph with its epilogue fused and the same graph unfused compute the same
     product."""
     if ctx is not None and not ctx.training:
+        y = _bound_step(ctx, A, B, None, None, None, None)
+        if y is not None:
+            return y
         y = _c_gemm(A, B, None, None, ctx)
         if y is not None:
+            _bind_step(ctx, A, B, None, None, None, None, "", 0.0, False, False, y.shape)
             return y
     if A.dtype.itemsize >= 4 and B.dtype.itemsize >= 4:   # nothing narrower to widen
         return _matmul("MatMul", A, B)
@@ -97,9 +101,26 @@ def matmul(A, B, ctx=None):
     return _matmul("MatMul", A, B)
 
 
-@kernel("Gemm", since=1, category="layer")
-def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0):
-    """Y = alpha * A' @ B' + beta * C with C unidirectionally broadcast to (M, N)."""
+@kernel("Gemm", since=1, category="layer", wants_ctx=True)
+def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0, ctx=None):
+    """Y = alpha * A' @ B' + beta * C with C unidirectionally broadcast to (M, N). In an
+    inference plan (``ctx`` given, not training) a float32 ``A @ B' + C`` (alpha 1, beta 1
+    or no C, transA 0, C None or an (N,) row: a Linear layer, BERT's pooler and classifier)
+    runs in the compiled ``gemm_avx2`` kernel when it is loaded, as MatMul does
+    (:func:`_c_gemm`) — except one row against a large weight (a CNN's classifier at batch
+    1: a memory-bound product, no faster packed, and the packed copy costs memory)."""
+    if ctx is not None and not ctx.training and alpha == 1.0 and not transA \
+            and (C is None or beta == 1.0):
+        y = _bound_step(ctx, A, B, C, None, None, None)
+        if y is not None:
+            return y
+        if type(A) is np.ndarray and A.ndim == 2 and (C is None or C.ndim == 1) \
+                and (A.shape[0] > 1 or B.size <= _GEMV_PACKED_MAX):
+            y = _c_gemm(A, B, C, None, ctx, trans_b=bool(transB))
+            if y is not None:
+                _bind_step(ctx, A, B, C, None, None, None, "", 0.0, False, bool(transB),
+                           y.shape)
+                return y
     op = "Gemm"
     xp = xp_of(A, B)
     if A.ndim != 2 or B.ndim != 2:
@@ -415,6 +436,9 @@ def fused_matmul_epilogue(A, B, bias=None, Z=None, gamma=None, beta=None, *, act
         raise InputError(f"FusedMatMul: unknown activation {activation!r} (known: "
                          f"{', '.join(repr(a) for a in MATMUL_EPILOGUES)})")
     if ctx is not None and not ctx.training:
+        y = _bound_step(ctx, A, B, bias, Z, gamma, beta)
+        if y is not None:
+            return y
         y = _c_fused(A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm, ctx)
         if y is not None:
             return y
@@ -487,14 +511,16 @@ def _fused_f32(A, B, bias, Z, gamma, beta, activation, epsilon):
     return _layer_norm_op(y, gamma, beta, epsilon=epsilon) if out is None else out
 
 
+_GEMV_PACKED_MAX = 1 << 18   # weight elements above which a one-row Gemm stays on BLAS
 _GEMM_PACK = "gemm_avx2_matmul_pack"   # node-context key of the packed weights
 _PACK_SAMPLES = 16   # weight elements compared to tell an updated weight from the packed one
 _GEMM_TILE = 6       # rows of gemm_avx2's register tile (row ranges split on whole tiles)
 _NEG_INF, _POS_INF = float("-inf"), float("inf")   # the kernel's clip bounds: no clip
 
 
-def _packed_weights(ctx, B, bias):
-    """``B`` (K, N) and ``bias`` packed for ``gemm_avx2.gemm``, made on the node's first
+def _packed_weights(ctx, B, bias, trans_b=False):
+    """``B`` (K, N) (``trans_b``: B is (N, K), Gemm's transB=1) and ``bias`` packed for
+    ``gemm_avx2.gemm``, made on the node's first
     compiled run and kept in its context (which lives with the plan); made again when B or
     the bias is another array (a weight the user assigned, a trainable plan's computed
     weight) or was changed in place (:data:`_PACK_SAMPLES` elements of B spread over it, or
@@ -505,16 +531,17 @@ def _packed_weights(ctx, B, bias):
             and (bias is None or bias.tobytes() == got[4]):
         return got[5]
     from workbench.ops.conv_nhwc import pack_panels
-    packed = pack_panels(B, bias)
+    packed = pack_panels(B.T if trans_b else B, bias)
     idx = np.linspace(0, B.size - 1, min(_PACK_SAMPLES, B.size)).astype(np.intp)
     ctx.extra[_GEMM_PACK] = (B, bias, idx, B.reshape(-1)[idx].tobytes(),
                              None if bias is None else bias.tobytes(), packed)
     return packed
 
 
-def _c_gemm(A, B, bias, Z, ctx):
+def _c_gemm(A, B, bias, Z, ctx, trans_b=False):
     """``A @ B + bias + Z`` (those adds in that order, float32 each) by the compiled
-    ``gemm_avx2.gemm`` kernel: A (..., K) float32 C-contiguous, B (K, N) float32, bias None or
+    ``gemm_avx2.gemm`` kernel: A (..., K) float32 C-contiguous, B (K, N) float32 (``trans_b``:
+    B is (N, K) and ``A @ B.T`` is computed), bias None or
     an (N,) row, Z None or a C-contiguous array of the output's shape. Each output element is
     one accumulation over the whole K in the same order whatever the rows' split, so every
     plan and thread count gets the same bits. None when the case is another or the kernel is
@@ -523,7 +550,7 @@ def _c_gemm(A, B, bias, Z, ctx):
     if type(A) is not np.ndarray or type(B) is not np.ndarray or A.dtype != _F32 \
             or B.dtype != _F32 or B.ndim != 2 or A.ndim < 2 or not A.flags.c_contiguous:
         return None
-    k, n = B.shape
+    n, k = B.shape if trans_b else B.shape[::-1]
     if A.shape[-1] != k or k == 0 or n == 0 or A.size == 0 \
             or (bias is not None and not _row_f32(bias, n)):
         return None
@@ -537,7 +564,7 @@ def _c_gemm(A, B, bias, Z, ctx):
     rows = A.size // k
     if rows * n * 4 > _UNCHECKED_BYTES:
         check_matmul("MatMul", (rows, k), (k, n), 4)
-    wp, bp = _packed_weights(ctx, B, bias)
+    wp, bp = _packed_weights(ctx, B, bias, trans_b)
     y = np.empty(shape, _F32)
     dp = compiled.data_pointer
     args = (dp(A), dp(wp), dp(bp), dp(A if Z is None else Z), dp(y), k, n)
@@ -565,7 +592,8 @@ def _c_fused(A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm, ctx):
     LayerNorm as the other paths run them (the compiled kernels when loaded); the adds in the
     unfused graph's order (``skip_norm``: the bare product, then SkipLayerNormalization's
     own sum). None when :func:`_c_gemm` declines or the epilogue's operands are not float32
-    rows."""
+    rows. A run whose every part took a compiled kernel leaves a pre-bound step in the
+    node's context (:func:`_bind_step`) that later runs with the same arrays take."""
     if skip_norm:
         if activation or Z is None or gamma is None:
             return None
@@ -573,23 +601,208 @@ def _c_fused(A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm, ctx):
         if y is None:
             return None
         from workbench.ops.contrib_transformer import skip_layer_norm_output
-        return skip_layer_norm_output(y, Z, gamma, beta, bias, epsilon)
+        out = skip_layer_norm_output(y, Z, gamma, beta, bias, epsilon)
+        _bind_step(ctx, A, B, bias, Z, gamma, beta, "", epsilon, True, False, y.shape)
+        return out
     if gamma is not None and (not _row_f32(gamma, B.shape[-1] if B.ndim == 2 else -1)
                               or (beta is not None and not _row_f32(beta, gamma.shape[0]))):
         return None
     y = _c_gemm(A, B, bias, None if activation else Z, ctx)
     if y is None:
         return None
+    shape = y.shape
+    compiled_epilogue = True
     if activation:
         act = _GELU_CODES.get(activation)
         z_rows = Z is None or (type(Z) is np.ndarray and Z.dtype == _F32
                                and Z.shape == y.shape and Z.flags.c_contiguous)
         if act is None or not z_rows or not rowwise.gelu_rows_inplace(y, act, None, Z):
             y = _matmul_epilogue(y, None, Z, activation, np)
-    if gamma is None:
-        return y
-    out = rowwise.layer_norm_rows(y, gamma, beta, epsilon)
-    return _layer_norm_op(y, gamma, beta, epsilon=epsilon) if out is None else out
+            compiled_epilogue = False
+    if gamma is not None:
+        out = rowwise.layer_norm_rows(y, gamma, beta, epsilon)
+        if out is None:
+            return _layer_norm_op(y, gamma, beta, epsilon=epsilon)
+        y = out
+    if compiled_epilogue:
+        _bind_step(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, False, False, shape)
+    return y
+
+
+# --------------------------------------------------------------------------------------------
+# The pre-bound step of a FusedMatMul / MatMul / Gemm node (inference plans, float32, C GEMM)
+# --------------------------------------------------------------------------------------------
+_MM_BOUND = "gemm_avx2_matmul_bound"   # ctx.extra: the node's pre-bound step
+_MM_SEEN = "gemm_avx2_matmul_seen"     # ctx.extra: the arrays of the node's last full run
+_DUMMY = np.zeros(1, np.float32)       # an unused kernel argument's address
+_F64_BITS = np.dtype(np.int64)
+
+
+def _f64_bits(v):
+    return int(np.array(float(v)).view(_F64_BITS))
+
+
+def _bound_step(ctx, A, B, bias, Z, gamma, beta):
+    """The node's pre-bound step (:func:`_bind_step`) run on these inputs, or None (none
+    kept, or it declined: the full path runs, and a declined step is dropped, so that the
+    full path binds again, e.g. with the weights it re-packed after an in-place edit)."""
+    bound = ctx.extra.get(_MM_BOUND)
+    if bound is None:
+        return None
+    y = bound(A, B, bias, Z, gamma, beta)
+    if y is None:
+        ctx.extra.pop(_MM_BOUND, None)
+    return y
+
+
+def _bind_step(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm, trans_b,
+               y_shape):
+    """After a full run of this node that took the C GEMM and, for its epilogue, the compiled
+    GELU / LayerNorm kernels: on the second such run with the same arrays (the same weight,
+    bias, gamma, beta objects; A and Z of the same shapes), keep a pre-bound step in the
+    context, one ``gemm_avx2.fused_block`` call that runs the product and calls those
+    epilogue kernels from C (:func:`_make_bound`). Work the full path would split over the
+    worker threads is not bound (it keeps its split)."""
+    key = (A.shape, id(B), id(bias), None if Z is None else Z.shape, id(gamma), id(beta))
+    if ctx.extra.get(_MM_SEEN) != key:
+        ctx.extra[_MM_SEEN] = key
+        ctx.extra.pop(_MM_BOUND, None)
+        return
+    if _MM_BOUND in ctx.extra:
+        return
+    try:
+        bound = _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
+                            trans_b, tuple(y_shape))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        bound = None
+    if bound is not None:
+        ctx.extra[_MM_BOUND] = bound
+
+
+def _kernel_address(name):
+    """The entry address of the loaded compiled kernel ``name``, or None."""
+    import ctypes
+
+    k = compiled.kernel(name)
+    return None if k is None else ctypes.cast(k.raw, ctypes.c_void_p).value
+
+
+def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm, trans_b,
+                y_shape):
+    """A function ``(A, B, bias, Z, gamma, beta) -> Y or None`` that repeats this node's
+    last run (see :func:`_bind_step`) with everything looked up, packed and checked once
+    here: one int64 call block holding the packed weights', the epilogue kernels' and their
+    parameters' addresses; a call checks the inputs' identity / shape / dtype / layout, the
+    weight's sample and the bias bytes (the packing's check, :func:`_packed_weights`) and that
+    kernels are on, writes the A, Z and output addresses and makes one ctypes call. It
+    answers None (the full path runs) when anything differs. The same kernels with the same
+    arguments as the full path: the same bits. None when this run cannot be bound."""
+    import ctypes
+    import threading
+
+    got = ctx.extra.get(_GEMM_PACK)
+    gemm_bias = None if skip_norm else bias
+    if got is None or got[0] is not B or got[1] is not gemm_bias \
+            or not B.flags.c_contiguous:
+        return None
+    k = compiled.kernel("gemm_avx2.fused_block")
+    if k is None:
+        return None
+    n, kk = B.shape if trans_b else B.shape[::-1]
+    rows = A.size // kk
+    if rows * n * kk >= _PARALLEL_GEMM_MIN and rows > _GEMM_TILE:
+        return None    # the full path may split the rows over the pool
+    dp = compiled.data_pointer
+    wp, bp = got[5]
+    gemm_z = Z is not None and not activation and not skip_norm
+    blk = np.zeros(32, np.int64)
+    blk[:12] = (0, dp(wp), dp(bp), dp(_DUMMY), 0, kk, n, 0, rows, int(gemm_z),
+                _f64_bits(_NEG_INF), _f64_bits(_POS_INF))
+    keep = [wp, bp, blk]
+    if activation:
+        act = _GELU_CODES.get(activation)
+        addr = _kernel_address("transformer.gelu")
+        cost = 2 if act == 1 else 4   # rowwise's split rule for the GELU kernel
+        if act is None or addr is None or rows * n * cost >= rowwise._PARALLEL_MIN:
+            return None
+        p = np.array((rows, n, 0, 0, int(Z is not None), act), np.int64)
+        keep.append(p)
+        blk[12:20] = (addr, dp(_DUMMY), 0, dp(_DUMMY), dp(_DUMMY), dp(p), 0, rows)
+    if gamma is not None:
+        addr = _kernel_address("transformer.layer_norm")
+        if addr is None or rows * n * 4 >= rowwise._PARALLEL_MIN:
+            return None
+        if skip_norm:   # SkipLayerNormalization's sum (product + skip + bias) in the kernel
+            if len(y_shape) not in (2, 3) or Z is None or Z.shape != y_shape \
+                    or not rowwise.is_f32(Z) or not Z.flags.c_contiguous \
+                    or not _row_f32(gamma, n) \
+                    or (beta is not None and not _row_f32(beta, n)) \
+                    or (bias is not None and not _row_f32(bias, n)):
+                return None
+            p = np.array((rows, n, rows, 1, int(bias is not None), int(beta is not None), 0,
+                          0), np.int64)
+        else:
+            p = np.array((rows, n, 1, 0, 0, int(beta is not None), 0, 0), np.int64)
+        keep.append(p)
+        blk[20:32] = (addr, 0, dp(_DUMMY), dp(_DUMMY if not skip_norm or bias is None
+                                              else bias),
+                      dp(gamma), dp(_DUMMY if beta is None else beta), 0, dp(_DUMMY), dp(p),
+                      0, rows, _f64_bits(float(epsilon)))
+    view = (ctypes.c_int64 * 32).from_buffer(blk)
+    raw, addr = k.raw, dp(blk)
+    a_shape, z_shape = A.shape, None if Z is None else Z.shape
+    w_flat = B.reshape(-1)
+    idx, w_sample, b_bytes = got[2], got[3], got[4]
+    enabled, empty, f32 = compiled.enabled, np.empty, _F32
+    norm, gelu = gamma is not None, bool(activation)
+    # with a LayerNorm the product is an intermediate: one buffer of the step's own
+    mid = empty(y_shape, f32) if norm else None
+    if norm:
+        view[4] = view[14] = view[21] = dp(mid)
+        keep.append(mid)
+    busy = threading.Lock()   # the block is shared: a second thread takes the full path
+
+    def bound(A_, B_, bias_, Z_, gamma_, beta_, _keep=tuple(keep)):
+        # _keep: the packed weights, parameters and block live as long as this function
+        if B_ is not B or bias_ is not bias or gamma_ is not gamma or beta_ is not beta \
+                or type(A_) is not np.ndarray or A_.shape != a_shape or A_.dtype is not f32 \
+                or not A_.flags.c_contiguous:
+            return None
+        if Z_ is None:
+            if z_shape is not None:
+                return None
+        elif type(Z_) is not np.ndarray or Z_.shape != z_shape or Z_.dtype is not f32 \
+                or not Z_.flags.c_contiguous:
+            return None
+        if w_flat[idx].tobytes() != w_sample or (b_bytes is not None
+                                                  and bias_.tobytes() != b_bytes) \
+                or not enabled():
+            return None
+        if not busy.acquire(False):
+            return None
+        try:
+            y = empty(y_shape, f32)
+            py = dp(y)
+            view[0] = dp(A_)
+            if Z_ is not None:
+                pz = dp(Z_)
+                if gemm_z:
+                    view[3] = pz
+                elif gelu:
+                    view[16] = pz
+                else:
+                    view[22] = pz
+            if norm:
+                view[26] = py
+            else:
+                view[4] = py
+                if gelu:
+                    view[14] = py
+            raw(addr)
+            return y
+        finally:
+            busy.release()
+    return bound
 
 
 def _matmul_epilogue(y, bias, Z, activation, xp):

@@ -198,16 +198,30 @@ def _layer_norm_last(X, Scale, B, epsilon):
     return d
 
 
+_LN_BOUND = "layer_norm_bound"   # ctx.extra: an inference node's pre-bound kernel call
+
+
 @kernel("LayerNormalization", since=17, wants_ctx=True, category="normalization")
 def layer_norm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, ctx=None):
     """Normalize over axes [axis, rank); outputs Y and optionally Mean and InvStdDev."""
     op = "LayerNormalization"
     n_out = ctx.n_outputs if ctx is not None else 1
+    extra = getattr(ctx, "extra", None)   # a plan's NodeContext (callers may pass less)
+    bindable = extra is not None and not getattr(ctx, "training", True)
+    if bindable:
+        bound = extra.get(_LN_BOUND)
+        if bound is not None:   # a pre-bound kernel call (rowwise.bind_layer_norm)
+            y = bound(X, Scale, B)
+            if y is not None:
+                return y
     if n_out <= 1 and type(X) is np.ndarray and X.dtype in _LN_FAST and X.ndim \
             and stash_type == 1 and (axis == -1 or axis == X.ndim - 1) and X.shape[-1] \
             and type(Scale) is np.ndarray and Scale.dtype == X.dtype \
             and (B is None or (type(B) is np.ndarray and B.dtype == X.dtype)):
-        return _layer_norm_last(X, Scale, B, epsilon)
+        y = _layer_norm_last(X, Scale, B, epsilon)
+        if bindable:
+            rowwise.bind_layer_norm(extra, _LN_BOUND, X, Scale, B, epsilon)
+        return y
     xp = xp_of(X)
     if X.ndim == 0:
         raise ShapeError(f"{op}: X must have rank >= 1")

@@ -15,6 +15,7 @@ data pointers, the row range and the float scalars.
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -150,6 +151,60 @@ def layer_norm_rows(x, gamma, beta, eps):
     y = np.empty(x.shape, _F32)
     _layer_norm_call(raw, x, y, None, gamma, beta, None, 1, None, False, x.size // n, n, eps)
     return y
+
+
+def bind_layer_norm(extra, key, x, gamma, beta, eps) -> None:
+    """After a LayerNormalization node's run of :func:`layer_norm` (no skip/bias/sum): on
+    the second run with the same arrays (gamma and beta the same objects, x of the same
+    shape) keep in ``extra[key]`` a pre-bound call ``(x, gamma, beta) -> y or None``: the
+    same kernel with the same arguments, packed once in an int64 block that
+    ``gemm_avx2.fused_block`` (a product of no rows, then this kernel called from C) takes as
+    its one ctypes argument, instead of eleven (~0.4 us each). It answers None (the caller's
+    full path runs) when an input differs or kernels are off. Not bound: rows the full path
+    splits over the pool, or the C module not loaded."""
+    seen = (x.shape, id(gamma), id(beta), eps)
+    if extra.get(key + "_seen") != seen:
+        extra[key + "_seen"] = seen
+        extra.pop(key, None)
+        return
+    if key in extra:
+        return
+    import ctypes
+
+    raw, blk_k = _kernel("layer_norm"), compiled.kernel("gemm_avx2.fused_block")
+    n = int(x.shape[-1]) if x.ndim else 0
+    if raw is None or blk_k is None or not is_f32(x) or not n or not x.flags.c_contiguous \
+            or gamma.ndim > x.ndim or (beta is not None and beta.ndim > x.ndim):
+        return    # (a gamma of higher rank than x: layer_norm leaves it to numpy)
+    rows = x.size // n
+    g, b = _vector(gamma, n), None if beta is None else _vector(beta, n)
+    if g is None or (beta is not None and b is None) or rows * n * 4 >= _PARALLEL_MIN:
+        return
+    p = np.array((rows, n, 1, 0, 0, int(b is not None), 0, 0), np.int64)
+    blk = np.zeros(32, np.int64)   # fused_block's slots: no product (rows 0..0), no GELU
+    blk[20:32] = (ctypes.cast(raw, ctypes.c_void_p).value, 0, data_pointer(_DUMMY),
+                  data_pointer(_DUMMY), data_pointer(g),
+                  data_pointer(_DUMMY if b is None else b), 0, data_pointer(_DUMMY),
+                  data_pointer(p), 0, rows,
+                  int(np.array(float(eps)).view(np.int64)))
+    view = (ctypes.c_int64 * 32).from_buffer(blk)
+    call, addr = blk_k.raw, data_pointer(blk)
+    shape, enabled, empty = x.shape, compiled.enabled, np.empty
+    busy = threading.Lock()   # the block is shared: a second thread takes the full path
+
+    def bound(x_, gamma_, beta_, _keep=(g, b, p, blk)):
+        if gamma_ is not gamma or beta_ is not beta or type(x_) is not np.ndarray \
+                or x_.shape != shape or x_.dtype is not _F32 or not x_.flags.c_contiguous \
+                or not enabled() or not busy.acquire(False):
+            return None
+        try:
+            y = empty(shape, _F32)
+            view[21], view[26] = data_pointer(x_), data_pointer(y)
+            call(addr)
+            return y
+        finally:
+            busy.release()
+    extra[key] = bound
 
 
 # ------------------------------------------------------------------------------ softmax

@@ -226,6 +226,39 @@ void wb_gemm_avx2_gemm_block(const int64_t *a) {
                       (float)lo, (float)hi);
 }
 
+/* A transformer node's whole step in one call: gemm_block's product (slots 0..11), then,
+ * when slot 12 / 20 holds a function address, the engine's compiled GELU and LayerNorm kernels
+ * (workbench/compiled/kernels/transformer.py, the entry points of their loaded machine code)
+ * called from here with the arguments the engine would pass them through ctypes:
+ *   12 gelu, 13..17 its x, y, b, z, P addresses, 18, 19 its row range;
+ *   20 layer_norm, 21..28 its x, skip, bias, gamma, beta, y, sum, P addresses, 29, 30 its row
+ *   range, 31 eps as a float64 bit pattern (rounded to float32, as ctypes rounds it).
+ * The same kernels on the same arrays in the same order as the separate calls, so the same
+ * bits; one ctypes argument instead of ~30 (workbench/ops/linalg.py, the pre-bound
+ * FusedMatMul/MatMul/Gemm step). */
+typedef void (*wb_gelu_fn)(const float *, float *, const float *, const float *,
+                           const int64_t *, int64_t, int64_t);
+typedef void (*wb_layer_norm_fn)(const float *, const float *, const float *, const float *,
+                                 const float *, float *, float *, const int64_t *, int64_t,
+                                 int64_t, float);
+
+void wb_gemm_avx2_fused_block(const int64_t *a) {
+    wb_gemm_avx2_gemm_block(a);
+    if (a[12]) {
+        wb_gelu_fn g = (wb_gelu_fn)(intptr_t)a[12];
+        g((const float *)a[13], (float *)a[14], (const float *)a[15], (const float *)a[16],
+          (const int64_t *)a[17], a[18], a[19]);
+    }
+    if (a[20]) {
+        double eps;
+        memcpy(&eps, a + 31, sizeof eps);
+        wb_layer_norm_fn f = (wb_layer_norm_fn)(intptr_t)a[20];
+        f((const float *)a[21], (const float *)a[22], (const float *)a[23],
+          (const float *)a[24], (const float *)a[25], (float *)a[26], (float *)a[27],
+          (const int64_t *)a[28], a[29], a[30], (float)eps);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------
  * Indirect convolution (group 1, any kernel size, stride, padding, dilation), channels-last:
  *

@@ -14,6 +14,11 @@ kernel cache; the engine loads it with ctypes. Used only when the CPU reports ev
 - ``gemm_block``: ``gemm`` with its twelve arguments in one int64 block (the five addresses,
   K, M, r0, r1, has_z, then lo and hi as float64 bit patterns): what a node's pre-bound call
   uses, since a ctypes call costs ~0.4 µs per argument.
+- ``fused_block``: ``gemm_block``'s twelve slots, then the addresses and arguments of the
+  compiled GELU and LayerNorm kernels (``transformer.gelu``, ``transformer.layer_norm``; a
+  zero address skips one) called from C after the product: a FusedMatMul / MatMul / Gemm
+  node's whole step in one ctypes call (``workbench/ops/linalg.py``), the same kernels on the
+  same arrays as separate calls, so the same bits.
 - ``iconv``: the channels-last group-1 convolution of any kernel size, stride, padding and
   dilation as an indirect GEMM: output pixels ``r0 <= r < r1`` of ``Y`` (N*OH*OW, M) =
   ``clip(sum over taps t, channels c of X[pixel(r, t), c] * W[t, c, :] + bias + Z[r], lo,
@@ -37,5 +42,6 @@ PANEL = 16
 EXPORTS = {
     "gemm": "f32[] f32[] f32[] f32[] f32[]! i64 i64 i64 i64 i64 f32 f32",
     "gemm_block": "i64[]",
+    "fused_block": "i64[]",
     "iconv": "f32[] i64[] f32[] f32[] f32[] f32[] f32[]! i64 i64 i64 i64 i64 i64 i64 i64 f32 f32",
 }
