@@ -761,3 +761,191 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
         y = apply_activation(y, activation, p[0], p[1])
     return y if y.dtype == X.dtype else y.astype(X.dtype)
 
+
+
+# ------------------------------------------------------------------ inverted-residual chains
+_CHAIN_C = "dwconv_avx2.chain"
+_CHAIN_BYTES = 192 << 10   # a band's scratch (expanded rows + depthwise rows): stays in L2
+_CHAIN_STAGES = ("expand", "dw", "project")
+
+
+class _SubContext:
+    """A chain stage's own node context when the chain runs as separate NhwcConv calls."""
+
+    __slots__ = ("extra",)
+
+    def __init__(self):
+        self.extra = {}
+
+
+def _chain_band(S, W, OW, C1):
+    """Output rows per band of ``dwconv_avx2.chain``: its two scratch buffers
+    (``(band-1)*S + 3`` expanded rows of W x C1, ``band`` depthwise rows of OW x C1) within
+    :data:`_CHAIN_BYTES`, at least one row."""
+    row_e, row_d = W * C1 * 4, OW * C1 * 4
+    return max(1, (_CHAIN_BYTES - (3 - S) * row_e) // max(1, S * row_e + row_d))
+
+
+def _chain_stages(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx):
+    """The chain as NhwcConv calls one after another (the reference; also the path when
+    the C chain does not apply)."""
+    subs = None if ctx is None else ctx.extra.setdefault(
+        "chain_subs", (_SubContext(), _SubContext(), _SubContext()))
+    y = X
+    if We is not None:
+        y = nhwc_conv(y, We, Be, activation=attrs["expand_activation"],
+                      activation_params=attrs["expand_params"],
+                      ctx=None if subs is None else subs[0])
+    y = nhwc_conv(y, Wd, Bd, activation=attrs["dw_activation"],
+                  activation_params=attrs["dw_params"], group=int(Wd.shape[3]),
+                  strides=attrs["strides"], pads=attrs["pads"], auto_pad=attrs["auto_pad"],
+                  ctx=None if subs is None else subs[1])
+    if Wp is not None:
+        y = nhwc_conv(y, Wp, Bp, Z, activation=attrs["project_activation"],
+                      activation_params=attrs["project_params"],
+                      ctx=None if subs is None else subs[2])
+    return y
+
+
+def _clip_of(activation, params):
+    p = [float(v) for v in (params or ())] + [0.0, 0.0]
+    return _bounds(activation, p[0], p[1])
+
+
+@kernel("NhwcConvChain", since=1, domain=FUSED_DOMAIN, category="layer", wants_ctx=True)
+def nhwc_conv_chain(X, We=None, Be=None, Wd=None, Bd=None, Wp=None, Bp=None, Z=None, *,
+                    strides=(1, 1), pads=None, auto_pad="NOTSET", expand_activation="",
+                    expand_params=(), dw_activation="", dw_params=(), project_activation="",
+                    project_params=(), ctx=None):
+    """MobileNet's inverted-residual chain, channels-last (written by the layout pass, see
+    :func:`workbench.graph.layout.chain_convs`): an optional 1x1 expand (We (1, 1, C0, C1),
+    Be), a depthwise 3x3 (Wd (3, 3, 1, C1), Bd; ``strides``/``pads``/``auto_pad``), an
+    optional 1x1 project (Wp (1, 1, C1, M), Bp, residual Z), each with its FusedConv
+    activation: exactly ``NhwcConv`` three times. On float32 with clip-like activations and
+    the C kernels loaded it runs ``dwconv_avx2.chain`` (band by band of output rows, the
+    expanded rows in L2; the same bits as the separate layers); else the separate layers."""
+    attrs = {"strides": list(strides), "pads": pads, "auto_pad": auto_pad,
+             "expand_activation": expand_activation, "expand_params": expand_params,
+             "dw_activation": dw_activation, "dw_params": dw_params,
+             "project_activation": project_activation, "project_params": project_params}
+    if Wd is None or Wd.ndim != 4 or X.ndim != 4:
+        raise ShapeError(f"NhwcConvChain: needs X (N, H, W, C) and depthwise weights "
+                         f"(3, 3, 1, C), got X {tuple(X.shape)}, Wd "
+                         f"{None if Wd is None else tuple(Wd.shape)}")
+    y = _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx)
+    if y is None:
+        y = _chain_stages(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx)
+    return y
+
+
+def _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx):
+    """``dwconv_avx2.chain`` when it applies (else None: nothing done)."""
+    f32 = np.float32
+    arrays = [a for a in (X, We, Be, Wd, Bd, Wp, Bp, Z) if a is not None]
+    if any(type(a) is not np.ndarray or a.dtype != f32 for a in arrays):
+        return None
+    clips = [_clip_of(attrs[f"{s}_activation"], attrs[f"{s}_params"]) for s in _CHAIN_STAGES]
+    if any(c is None for c in clips):
+        return None
+    k, g = compiled.kernel(_CHAIN_C), compiled.kernel("gemm_avx2.gemm")
+    if k is None or g is None:
+        return None
+    N, H, W, C0 = (int(v) for v in X.shape)
+    C1 = int(Wd.shape[3])
+    if tuple(Wd.shape) != (3, 3, 1, C1) \
+            or (We is not None and tuple(We.shape) != (1, 1, C0, C1)) \
+            or (We is None and C0 != C1) or (Wp is not None and (
+                Wp.ndim != 4 or tuple(Wp.shape[:3]) != (1, 1, C1))):
+        return None
+    M = C1 if Wp is None else int(Wp.shape[3])
+    for b, m in ((Be, C1), (Bd, C1), (Bp, M)):
+        if b is not None and b.size != m:
+            return None
+    st = spatial_ints("NhwcConvChain", "strides", attrs["strides"], 2, 1)
+    pb, _pe, out, _extra = window_geometry("NhwcConvChain", (H, W), (3, 3), st, [1, 1],
+                                           attrs["pads"], attrs["auto_pad"])
+    S = st[0]
+    if st[1] != S or S not in (1, 2) or (Z is not None and (
+            Wp is None or tuple(Z.shape) != (N, out[0], out[1], M))):
+        return None
+    OH, OW = out
+    y = np.empty((N, OH, OW, M), f32)
+    if y.size == 0:
+        return y
+    x = _contiguous(X)
+    z = None if Z is None else np.ascontiguousarray(Z)
+    packs = []
+    if We is not None:
+        packs.append(_packed(ctx, We, Be, We.reshape(C0, C1),
+                             None if Be is None else Be.reshape(C1), key="chain_expand"))
+    packs.append(_packed(ctx, Wd, Bd, Wd, None if Bd is None else Bd.reshape(C1),
+                         key="chain_dw", pack=pack_depthwise))
+    if Wp is not None:
+        packs.append(_packed(ctx, Wp, Bp, Wp.reshape(C1, M),
+                             None if Bp is None else Bp.reshape(M), key="chain_project"))
+    key = (x.shape, M, z is not None, tuple(id(a) for p in packs for a in p))
+    got = None if ctx is None else ctx.extra.get("chain_bound")
+    busy = None
+    if got is not None and got[0] == key and got[3].acquire(False):
+        blocks, busy = got[1], got[3]
+    else:
+        blocks = _chain_blocks(g, packs, We is not None, Wp is not None, z is not None,
+                               (N, H, W, C0, C1, M, OH, OW, S, pb), clips)
+        if ctx is not None and (got is None or got[0] != key):
+            busy = threading.Lock()
+            busy.acquire()
+            ctx.extra["chain_bound"] = (key, blocks, None, busy)
+    try:
+        dp = compiled.data_pointer
+        px, py = dp(x), dp(y)
+        pz = py if z is None else dp(z)
+        for blk, _bufs in blocks:
+            blk[0], blk[7], blk[8] = px, pz, py
+        if len(blocks) == 1:
+            k.raw(dp(blocks[0][0]))
+        else:
+            raw = k.raw
+
+            def work(chunk):
+                for blk, _bufs in chunk:
+                    raw(dp(blk))
+            run_blocks(np, blocks, work, N * OH * OW * C1 * (9 + C0 + M))
+    finally:
+        if busy is not None:
+            busy.release()
+    return y
+
+
+def _chain_blocks(g, packs, has_e, has_p, has_z, geom, clips):
+    """The call blocks of ``dwconv_avx2.chain`` (each with its scratch buffers) for output
+    row ranges: one range unless the work is worth splitting over the pool."""
+    N, H, W, C0, C1, M, OH, OW, S, pb = geom
+    band = _chain_band(S, W, OW, C1)
+    rows = N * OH
+    work = rows * OW * C1 * (9 + (C0 if has_e else 0) + (M if has_p else 0))
+    nw = n_workers()
+    if nw > 1 and work >= _SPLIT_MIN:
+        step = max(1, -(-rows // (2 * nw)))
+        jobs = [(r, min(rows, r + step)) for r in range(0, rows, step)]
+    else:
+        jobs = [(0, rows)]
+    packs = list(packs)
+    ew, eb = packs.pop(0) if has_e else (_ONE, _ONE)
+    dw, db = packs.pop(0)
+    pw, pbias = packs.pop(0) if has_p else (_ONE, _ONE)
+    gemm = ctypes.cast(g.raw, ctypes.c_void_p).value
+    dp = compiled.data_pointer
+    (elo, ehi), (dlo, dhi), (plo, phi) = clips
+    blocks = []
+    for r0, r1 in jobs:
+        ebuf = np.empty(((band - 1) * S + 3) * W * C1 if has_e else 1, np.float32)
+        dbuf = np.empty(band * OW * C1 if has_p else 1, np.float32)
+        blk = np.zeros(35, np.int64)
+        blk[:12] = [0, dp(ew), dp(eb), dp(dw), dp(db), dp(pw), dp(pbias), 0, 0, dp(ebuf),
+                    dp(dbuf), gemm]
+        blk[12:29] = [N, H, W, C0, C1, M, OH, OW, S, pb[0], pb[1], int(has_e), int(has_p),
+                      int(has_z), band, r0, r1]
+        blk.view(np.float64)[29:] = [elo, ehi, dlo, dhi, plo, phi]
+        # the packed weights are kept alive by the node's context (or by this list)
+        blocks.append((blk, (ebuf, dbuf, ew, eb, dw, db, pw, pbias)))
+    return blocks

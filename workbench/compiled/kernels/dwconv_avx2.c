@@ -21,6 +21,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 static const int32_t mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 
@@ -396,5 +397,109 @@ void wb_dwconv_avx2_interleave2(const int64_t *block) {
             yi[2 * j] = ai[j];
             yi[2 * j + 1] = bi[j];
         }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * An inverted-residual chain per band of output rows (see dwconv_avx2.py, ``chain``):
+ *
+ *   E = clip(X @ We + be)              (1x1 expand, when has_e; else E is X)
+ *   D = clip(depthwise3x3(E) + bd)     (stride S, pads pt/pl, as wb_dwconv_avx2_dw3x3)
+ *   Y = clip(D @ Wp + bp + Z)          (1x1 project, when has_p; else Y is D)
+ *
+ * for output rows r0 <= n*OH + oh < r1, ``band`` output rows at a time: the band's input rows
+ * of E (and its D rows) live in small scratch buffers (L2) instead of whole tensors that go
+ * to memory and back. E rows shared with the next band (the 3 - S rows of the window's
+ * overlap) are moved to the buffer's front, not computed again. The 1x1 products are the GEMM
+ * of gemm_avx2 (its address in the block: this module only calls it), the depthwise stage is
+ * wb_dwconv_avx2_dw3x3 on the band as an image of its own rows; every value is computed by the
+ * same instructions in the same order as by the three layers run one after another, so the
+ * results are the same bits. ebuf holds (band-1)*S + 3 rows of W x C1, dbuf band x OW x C1.
+ */
+typedef void (*gemm_fn)(const float *, const float *, const float *, const float *, float *,
+                        int64_t, int64_t, int64_t, int64_t, int64_t, float, float);
+
+typedef struct {
+    const float *x, *ew, *eb, *dw, *db, *pw, *pb, *z;
+    float *y, *ebuf, *dbuf;
+    gemm_fn gemm;
+    int64_t N, H, W, C0, C1, M, OH, OW, S, pt, pl, has_e, has_p, has_z, band, r0, r1;
+    double elo, ehi, dlo, dhi, plo, phi;
+} chain_t;
+
+void wb_dwconv_avx2_chain(const int64_t *block) {
+    const chain_t *a = (const chain_t *)block;
+    const int64_t H = a->H, W = a->W, C0 = a->C0, C1 = a->C1, M = a->M, OH = a->OH,
+                  OW = a->OW, S = a->S, pt = a->pt, band = a->band;
+    if (a->r1 <= a->r0 || OH <= 0 || OW <= 0 || C1 <= 0 || band <= 0 || (S != 1 && S != 2)
+            || (a->has_e && C0 <= 0) || (a->has_p && M <= 0))
+        return;
+    const float elo = (float)a->elo, ehi = (float)a->ehi;
+    const float plo = (float)a->plo, phi = (float)a->phi;
+    const int64_t rowe = W * C1;   /* floats of one E row */
+    int64_t cur = -1, have_lo = 0, have_hi = 0;   /* E rows have_lo .. have_hi-1 of image cur */
+    for (int64_t r = a->r0; r < a->r1;) {
+        const int64_t n = r / OH, oa = r - n * OH;
+        int64_t ob = oa + band;
+        if (ob > OH)
+            ob = OH;
+        if (ob > a->r1 - n * OH)
+            ob = a->r1 - n * OH;
+        int64_t ia = oa * S - pt, ib = (ob - 1) * S - pt + 3;
+        if (ia < 0)
+            ia = 0;
+        if (ib > H)
+            ib = H;
+        if (ib <= ia) {   /* every tap in padding (pads >= 3): no input row */
+            ia = 0;
+            ib = 0;
+        }
+        const float *src;
+        if (a->has_e) {
+            int64_t start = ia;
+            if (cur == n && ia >= have_lo && ia < have_hi && have_hi <= ib) {
+                memmove(a->ebuf, a->ebuf + (ia - have_lo) * rowe,
+                        (size_t)((have_hi - ia) * rowe) * sizeof(float));
+                start = have_hi;
+            }
+            if (ib > start)
+                a->gemm(a->x + (n * H + start) * W * C0, a->ew, a->eb, a->ebuf,
+                        a->ebuf + (start - ia) * rowe, C0, C1, 0, (ib - start) * W, 0, elo,
+                        ehi);
+            cur = n;
+            have_lo = ia;
+            have_hi = ib;
+            src = a->ebuf;
+        } else {
+            src = a->x + (n * H + ia) * W * C1;
+        }
+        float *out = a->has_p ? a->dbuf : a->y + (n * OH + oa) * OW * C1;
+        call_t d;
+        d.x = src;
+        d.wp = a->dw;
+        d.bp = a->db;
+        d.z = src;
+        d.y = out;
+        d.N = 1;
+        d.H = ib - ia;
+        d.W = W;
+        d.C = C1;
+        d.OH = ob - oa;
+        d.OW = OW;
+        d.S = S;
+        d.pt = pt - (oa * S - ia);
+        d.pl = a->pl;
+        d.has_z = 0;
+        d.r0 = 0;
+        d.r1 = ob - oa;
+        d.lo = a->dlo;
+        d.hi = a->dhi;
+        wb_dwconv_avx2_dw3x3((const int64_t *)&d);
+        if (a->has_p) {
+            const int64_t o = (n * OH + oa) * OW * M;
+            a->gemm(a->dbuf, a->pw, a->pb, a->has_z ? a->z + o : a->dbuf, a->y + o, C1, M, 0,
+                    (ob - oa) * OW, a->has_z, plo, phi);
+        }
+        r = n * OH + ob;
     }
 }
