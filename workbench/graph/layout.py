@@ -709,6 +709,8 @@ def chain_convs(g: Graph, nodes: list, variables=frozenset(), outputs=frozenset(
                  "expand_activation": ea[0], "expand_params": ea[1],
                  "dw_activation": da[0], "dw_params": da[1],
                  "project_activation": pa[0], "project_params": pa[1]}
+        # an empty list has no ONNX attribute type (to_proto): absent is the default
+        attrs = {k: v for k, v in attrs.items() if not isinstance(v, list) or v}
         node = Node("NhwcConvChain", [x, eins[1], eins[2], dins[1], dins[2], pins[1],
                                       pins[2], pins[3]],
                     [members[-1].outputs[0]], attrs, "+".join(m.name for m in members),

@@ -765,7 +765,7 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
 
 # ------------------------------------------------------------------ inverted-residual chains
 _CHAIN_C = "dwconv_avx2.chain"
-_CHAIN_BYTES = 192 << 10   # a band's scratch (expanded rows + depthwise rows): stays in L2
+_CHAIN_BYTES = 256 << 10   # a band's scratch (expanded rows + depthwise rows): stays in L2
 _CHAIN_STAGES = ("expand", "dw", "project")
 
 
