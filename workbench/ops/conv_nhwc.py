@@ -444,6 +444,54 @@ def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
     return True
 
 
+_FEWC = "dwconv_avx2.fewc"   # the C convolution for few input channels (stems)
+_FEWC_MAX = 4   # input channels up to which a group-1 KxK convolution goes to it
+
+
+def pack_fewc(w, b=None, lanes=8):
+    """``(packed, bias)`` for ``dwconv_avx2.fewc``: (kh, kw, C, M) weights (any strides) as
+    (kh*kw*C, Mp) and the bias (zeros when None) as (Mp,), Mp = M rounded up to ``lanes``,
+    zeros past M. float32, C-contiguous."""
+    M = int(w.shape[-1])
+    mp = -(-M // lanes) * lanes
+    wp = np.zeros((int(np.prod(w.shape[:-1])), mp), np.float32)
+    wp[:, :M] = w.reshape(-1, M)
+    bp = np.zeros(mp, np.float32)
+    if b is not None:
+        bp[:M] = b
+    return wp, bp
+
+
+def _fewc(x, w, b, z, act, p, S, D, pb, out, y, ctx, w_in, b_in):
+    """Group 1, at most :data:`_FEWC_MAX` input channels (a stem on RGB images), float32,
+    dilation 1, a clip-like epilogue: ``dwconv_avx2.fewc`` straight from x's memory (the
+    layout pass' NHWC view of an NCHW input is read in place, no copy, no padded copy).
+    Returns False (nothing done) when it does not apply or the kernel is not loaded."""
+    clip = _bounds(act, p[0], p[1])
+    if x.dtype != np.float32 or w.dtype != np.float32 or clip is None or list(D) != [1, 1] \
+            or (z is not None and not z.flags.c_contiguous) \
+            or any(s % 4 for s in x.strides) or min(out) < 1 or x.size == 0:
+        return False
+    k = compiled.kernel(_FEWC)
+    if k is None:
+        return False
+    N, H, W, C = (int(v) for v in x.shape)
+    kh, kw, _, M = (int(v) for v in w.shape)
+    wp, bp = _packed(ctx, w_in, b_in, w, b, key="fewc_pack", pack=pack_fewc)
+    OH, OW = out
+    rows = N * OH
+    work = rows * OW * M * kh * kw * C
+    jobs = _row_jobs(rows, OW * M) if work >= _SPLIT_MIN else [(0, rows)]
+    dp = compiled.data_pointer
+    sn, sh, sw, sc = (int(s) // 4 for s in x.strides)
+    ptrs = [dp(x), dp(wp), dp(bp), dp(y if z is None else z), dp(y)]
+    ints = [N, H, W, C, OH, OW, M, kh, kw, S[0], S[1], pb[0], pb[1], sn, sh, sw, sc,
+            int(z is not None)]
+    call_blocks(k, [call_block(ptrs, ints + [r0, r1], float(clip[0]), float(clip[1]))
+                        for r0, r1 in jobs], work)
+    return True
+
+
 def _contiguous(x):
     """x as a C-contiguous array. A few-channel view of NCHW data (the network input after
     the layout pass' NHWC Transpose, a view) is copied one channel plane at a time: numpy
@@ -725,14 +773,18 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
     elif xp is not np:  # pragma: no cover - the layout pass runs for CPU plans only
         raise ShapeError(f"{op} runs on numpy arrays (CPU plans) only")
     else:
-        x = _contiguous(x)
         pack_key = None
         packs = None if ctx is None else (ctx.extra.get("dwconv_avx2_pack"),
                                           ctx.extra.get("gemm_avx2_pack"))
-        if group == C and M == C and Cg == 1 and kh * kw > 1:
+        if group == 1 and kh * kw > 1 and C <= _FEWC_MAX and _fewc(
+                x, w, b, z, act, p, st, dl, pb, out, y, ctx, W, B):
+            pass
+        elif group == C and M == C and Cg == 1 and kh * kw > 1:
+            x = _contiguous(x)
             _depthwise(x, w, b, z, act, p[0], p[1], st, dl, pb, out, y, ctx, W, B)
             pack_key = "dwconv_avx2_pack"
         else:
+            x = _contiguous(x)
             epi = _Epilogue(b, z, act, p[0], p[1], M)
             if kh == kw == 1 and group == 1:
                 _pointwise(x, w, epi, st, pb, out, y, ctx, W, B)

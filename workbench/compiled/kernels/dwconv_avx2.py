@@ -40,6 +40,13 @@ the numba kernel ``conv_nhwc.dw_k3s*`` or numpy.
   C0 (X's channels), C1 (the expanded ones), M (Y's), OH, OW, stride, pad_top, pad_left,
   has_expand, has_project, has_z, band, r0, r1, then the three stages' lo/hi as float64 bit
   patterns (:func:`workbench.ops.conv_nhwc.nhwc_conv_chain`).
+- ``fewc``: a group-1 convolution with at most 4 input channels (a network's stem on RGB
+  images): ``Y = clip(conv(X) + bias + Z, lo, hi)`` for output rows ``r0 <= n*OH + oh < r1``,
+  any kernel size, strides and top/left pads, dilation 1; X read through its element strides
+  (the layout pass' NHWC view of an NCHW input, no copy), taps in the padding read as 0. The
+  weights packed once into (KH*KW*C, Mp) and the bias into (Mp,), Mp = M rounded up to 8
+  (:func:`workbench.ops.conv_nhwc.pack_fewc`). One int64 block of 27 slots
+  (:data:`FEWC_BLOCK`).
 """
 
 #: the kernel's source file, in this folder
@@ -59,6 +66,7 @@ EXPORTS = {
     "maxpool": "i64[]",
     "interleave2": "i64[]",
     "chain": "i64[]",
+    "fewc": "i64[]",
 }
 #: the slots of a ``maxpool`` call block
 POOL_BLOCK = ("x", "y", "N", "H", "W", "C", "OH", "OW", "KH", "KW", "SH", "SW", "DH", "DW",
@@ -68,3 +76,7 @@ CHAIN_BLOCK = ("x", "ew", "eb", "dw", "db", "pw", "pb", "z", "y", "ebuf", "dbuf"
                "H", "W", "C0", "C1", "M", "OH", "OW", "stride", "pad_top", "pad_left",
                "has_expand", "has_project", "has_z", "band", "r0", "r1", "expand_lo",
                "expand_hi", "dw_lo", "dw_hi", "project_lo", "project_hi")
+#: the slots of a ``fewc`` call block
+FEWC_BLOCK = ("x", "w", "b", "z", "y", "N", "H", "W", "C", "OH", "OW", "M", "KH", "KW", "SH",
+              "SW", "pad_top", "pad_left", "sn", "sh", "sw", "sc", "has_z", "r0", "r1", "lo",
+              "hi")
