@@ -43,14 +43,14 @@ def _calls(monkeypatch):
 
 
 # (C, H, W, kh, kw, strides, pads, M): every tail of the 8-channel vectors and the 32-channel
-# blocks (M 1, 7, 8, 20, 24, 29, 32, 40, 64), stems' shapes, kernels wider than the input,
+# blocks (M 1, 7, 8, 20, 24, 29, 32, 40, 64; C 1 to 4), stems' shapes, kernels wider than the input,
 # windows in the padding only (pads 3 with a 3x3 kernel)
 CASES = [(3, 16, 17, 3, 3, (2, 2), (1, 1, 1, 1), 24),
          (3, 16, 17, 3, 3, (2, 2), (1, 1, 1, 1), 32),
          (3, 9, 10, 7, 7, (2, 2), (3, 3, 3, 3), 64),
-         (1, 7, 5, 3, 3, (1, 1), (1, 1, 1, 1), 1),
+         (1, 7, 5, 3, 3, (1, 1), (1, 1, 1, 1), 7),   # C = M = 1 would be depthwise
          (4, 6, 7, 5, 5, (1, 2), (2, 0, 1, 3), 29),
-         (2, 5, 5, 1, 3, (3, 1), (0, 1, 0, 1), 7),
+         (3, 5, 5, 1, 3, (3, 1), (0, 1, 0, 1), 1),
          (3, 2, 3, 3, 3, (1, 1), (3, 3, 3, 3), 20),
          (3, 8, 8, 3, 3, (2, 2), (0, 0, 0, 0), 40),
          (4, 3, 11, 2, 2, (1, 1), (0, 0, 0, 0), 8)]

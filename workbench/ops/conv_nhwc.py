@@ -776,13 +776,13 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
         pack_key = None
         packs = None if ctx is None else (ctx.extra.get("dwconv_avx2_pack"),
                                           ctx.extra.get("gemm_avx2_pack"))
-        if group == 1 and kh * kw > 1 and C <= _FEWC_MAX and _fewc(
-                x, w, b, z, act, p, st, dl, pb, out, y, ctx, W, B):
-            pass
-        elif group == C and M == C and Cg == 1 and kh * kw > 1:
+        if group == C and M == C and Cg == 1 and kh * kw > 1:
             x = _contiguous(x)
             _depthwise(x, w, b, z, act, p[0], p[1], st, dl, pb, out, y, ctx, W, B)
             pack_key = "dwconv_avx2_pack"
+        elif group == 1 and kh * kw > 1 and C <= _FEWC_MAX and _fewc(
+                x, w, b, z, act, p, st, dl, pb, out, y, ctx, W, B):
+            pass
         else:
             x = _contiguous(x)
             epi = _Epilogue(b, z, act, p[0], p[1], M)

@@ -526,10 +526,45 @@ typedef struct {
     double lo, hi;
 } fewc_t;
 
-/* P pixels from column ow of output row oh (image xn), the NV vectors of channels from m0
- * (the last masked when mk). INTERIOR: every tap inside the input, no checks. */
+/* one output value vector: pixel ow of row oh, channels m0 .. m0+7 (masked when mk), taps
+ * outside the input read as 0 (border pixels, and the few interior ones past the tiles) */
+static __attribute__((noinline)) void fewc_pixel(
+        const fewc_t *a, const float *xn, int64_t oh, int64_t ow, int64_t m0, const float *zr,
+        float *yr, int clip, __m256 lo, __m256 hi, __m256i tail, int mk) {
+    const int64_t C = a->C, KH = a->KH, KW = a->KW, Mp = (a->M + 7) / 8 * 8;
+    const int64_t ih0 = oh * a->SH - a->pt, iw0 = ow * a->SW - a->pl;
+    const float *wr = a->w + m0;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < KH; i++) {
+        const int64_t ih = ih0 + i;
+        const int rin = ih >= 0 && ih < a->H;
+        for (int64_t j = 0; j < KW; j++) {
+            const int64_t iw = iw0 + j;
+            const int in = rin && iw >= 0 && iw < a->W;
+            for (int64_t c = 0; c < C; c++, wr += Mp) {
+                const float v = in ? xn[ih * a->sh + iw * a->sw + c * a->sc] : 0.0f;
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(v), _mm256_loadu_ps(wr), acc);
+            }
+        }
+    }
+    const int64_t o = ow * a->M + m0;
+    acc = _mm256_add_ps(acc, _mm256_loadu_ps(a->b + m0));
+    if (a->has_z)
+        acc = _mm256_add_ps(acc, mk ? _mm256_maskload_ps(zr + o, tail) : _mm256_loadu_ps(zr + o));
+    if (clip) {
+        acc = _mm256_max_ps(lo, acc);
+        acc = _mm256_min_ps(hi, acc);
+    }
+    if (mk)
+        _mm256_maskstore_ps(yr + o, tail, acc);
+    else
+        _mm256_storeu_ps(yr + o, acc);
+}
+
+/* P interior pixels (every tap inside the input) from column ow of output row oh (image
+ * xn), the NV vectors of channels from m0 (the last masked when mk) */
 static inline __attribute__((always_inline)) void fewc_tile(
-        const int P, const int NV, const int INTERIOR, const fewc_t *a, const float *xn,
+        const int P, const int NV, const fewc_t *a, const float *xn,
         int64_t oh, int64_t ow, int64_t m0, const float *zr, float *yr, int clip, __m256 lo,
         __m256 hi, __m256i tail, int mk) {
     const int64_t C = a->C, KH = a->KH, KW = a->KW, Mp = (a->M + 7) / 8 * 8, M = a->M;
@@ -542,7 +577,7 @@ static inline __attribute__((always_inline)) void fewc_tile(
         for (int v = 0; v < NV; v++)
             acc[q][v] = _mm256_setzero_ps();
     const float *wr = a->w + m0;
-    if (INTERIOR) {
+    {
         const float *base[6];
 #pragma GCC unroll 6
         for (int q = 0; q < P; q++)
@@ -565,22 +600,6 @@ static inline __attribute__((always_inline)) void fewc_tile(
                     }
                 }
             }
-    } else {   /* one pixel (P == 1), taps checked */
-        const int64_t iw0 = ow * a->SW - a->pl;
-        for (int64_t i = 0; i < KH; i++) {
-            const int64_t ih = ih0 + i;
-            const int rin = ih >= 0 && ih < a->H;
-            for (int64_t j = 0; j < KW; j++) {
-                const int64_t iw = iw0 + j;
-                const int in = rin && iw >= 0 && iw < a->W;
-                for (int64_t c = 0; c < C; c++, wr += Mp) {
-                    const __m256 xb = _mm256_set1_ps(in ? xn[ih * sh + iw * sw + c * sc] : 0.0f);
-#pragma GCC unroll 4
-                    for (int v = 0; v < NV; v++)
-                        acc[0][v] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(wr + 8 * v), acc[0][v]);
-                }
-            }
-        }
     }
 #pragma GCC unroll 6
     for (int q = 0; q < P; q++)
@@ -610,16 +629,18 @@ static inline __attribute__((always_inline)) void fewc_cols(
         int64_t ow_lo, int64_t ow_hi, int64_t m0, const float *zr, float *yr, int clip,
         __m256 lo, __m256 hi, __m256i tail, int mk) {
     int64_t ow = 0;
+#define PIXEL                                                                               \
+    for (int v = 0; v < NV; v++)                                                            \
+        fewc_pixel(a, xn, oh, ow, m0 + 8 * v, zr, yr, clip, lo, hi, tail, mk && v == NV - 1);
     if (rows_in) {
         for (; ow < ow_lo; ow++)
-            fewc_tile(1, NV, 0, a, xn, oh, ow, m0, zr, yr, clip, lo, hi, tail, mk);
+            PIXEL
         for (; ow + P <= ow_hi; ow += P)
-            fewc_tile(P, NV, 1, a, xn, oh, ow, m0, zr, yr, clip, lo, hi, tail, mk);
-        for (; ow < ow_hi; ow++)
-            fewc_tile(1, NV, 1, a, xn, oh, ow, m0, zr, yr, clip, lo, hi, tail, mk);
+            fewc_tile(P, NV, a, xn, oh, ow, m0, zr, yr, clip, lo, hi, tail, mk);
     }
     for (; ow < a->OW; ow++)
-        fewc_tile(1, NV, 0, a, xn, oh, ow, m0, zr, yr, clip, lo, hi, tail, mk);
+        PIXEL
+#undef PIXEL
 }
 
 void wb_dwconv_avx2_fewc(const int64_t *block) {
