@@ -951,16 +951,22 @@ def _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx):
         dp = compiled.data_pointer
         px, py = dp(x), dp(y)
         pz = py if z is None else dp(z)
-        for blk, _bufs in blocks:
+        raw = k.raw
+
+        def work(chunk):
+            for blk, (ne, nd, _packs) in chunk:
+                # the band buffers: this thread's workspace, shared by every chain node
+                # (held here while the kernel runs: past scratch's size it is a fresh array)
+                ebuf = scratch(np, (ne,), f32, slot="chain_expand")
+                dbuf = scratch(np, (nd,), f32, slot="chain_dw")
+                blk[9], blk[10] = dp(ebuf), dp(dbuf)
+                raw(dp(blk))
+                del ebuf, dbuf
+        for blk, _ in blocks:
             blk[0], blk[7], blk[8] = px, pz, py
         if len(blocks) == 1:
-            k.raw(dp(blocks[0][0]))
+            work(blocks)
         else:
-            raw = k.raw
-
-            def work(chunk):
-                for blk, _bufs in chunk:
-                    raw(dp(blk))
             run_blocks(np, blocks, work, N * OH * OW * C1 * (9 + C0 + M))
     finally:
         if busy is not None:
@@ -969,8 +975,9 @@ def _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx):
 
 
 def _chain_blocks(g, packs, has_e, has_p, has_z, geom, clips):
-    """The call blocks of ``dwconv_avx2.chain`` (each with its scratch buffers) for output
-    row ranges: one range unless the work is worth splitting over the pool."""
+    """The call blocks of ``dwconv_avx2.chain`` for output row ranges (one range unless the
+    work is worth splitting over the pool), each with the sizes of its band buffers (taken
+    from the running thread's workspace at each call)."""
     N, H, W, C0, C1, M, OH, OW, S, pb = geom
     band = _chain_band(S, W, OW, C1)
     rows = N * OH
@@ -988,16 +995,15 @@ def _chain_blocks(g, packs, has_e, has_p, has_z, geom, clips):
     gemm = ctypes.cast(g.raw, ctypes.c_void_p).value
     dp = compiled.data_pointer
     (elo, ehi), (dlo, dhi), (plo, phi) = clips
+    ne = ((band - 1) * S + 3) * W * C1 if has_e else 1   # floats of the band buffers
+    nd = band * OW * C1 if has_p else 1
     blocks = []
     for r0, r1 in jobs:
-        ebuf = np.empty(((band - 1) * S + 3) * W * C1 if has_e else 1, np.float32)
-        dbuf = np.empty(band * OW * C1 if has_p else 1, np.float32)
         blk = np.zeros(35, np.int64)
-        blk[:12] = [0, dp(ew), dp(eb), dp(dw), dp(db), dp(pw), dp(pbias), 0, 0, dp(ebuf),
-                    dp(dbuf), gemm]
+        blk[:12] = [0, dp(ew), dp(eb), dp(dw), dp(db), dp(pw), dp(pbias), 0, 0, 0, 0, gemm]
         blk[12:29] = [N, H, W, C0, C1, M, OH, OW, S, pb[0], pb[1], int(has_e), int(has_p),
                       int(has_z), band, r0, r1]
         blk.view(np.float64)[29:] = [elo, ehi, dlo, dhi, plo, phi]
         # the packed weights are kept alive by the node's context (or by this list)
-        blocks.append((blk, (ebuf, dbuf, ew, eb, dw, db, pw, pbias)))
+        blocks.append((blk, (ne, nd, (ew, eb, dw, db, pw, pbias))))
     return blocks
