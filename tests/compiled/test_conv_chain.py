@@ -128,6 +128,12 @@ def test_the_node_keeps_its_call_blocks_and_sees_new_weights(chain, monkeypatch)
     blocks = ctx.extra["chain_bound"]
     _same_bits(_chain(a, attrs, ctx), first)
     assert len(calls) == 1 and ctx.extra["chain_bound"] is blocks   # kept, not rebuilt
+    assert "chain_fast" in ctx.extra
+    # X a channel slice of a wider array (ShuffleNet's branches): through the kept call too
+    wide = dict(a, X=np.concatenate([a["X"], a["X"]], axis=3)[..., 8:])
+    assert not wide["X"].flags.c_contiguous
+    _same_bits(_chain(wide, attrs, ctx), first)
+    assert len(calls) == 1
     # weights changed in place: packed again, new blocks
     a["We"] *= 0.5
     a["Wp"] += 1.0
