@@ -44,8 +44,9 @@ def _attrs(stride, pads, acts=(RELU6, RELU6, NONE)):
                 project_activation=acts[2][0], project_params=acts[2][1])
 
 
-def _chain(a, attrs, ctx=None):
-    return lookup("NhwcConvChain", FUSED_DOMAIN, 1).fn(*a.values(), ctx=ctx, **attrs)
+def _chain(a, attrs, ctx=None, other=None, first=1):
+    return lookup("NhwcConvChain", FUSED_DOMAIN, 1).fn(*a.values(), other, ctx=ctx,
+                                                       interleave_first=first, **attrs)
 
 
 def _layers(a, attrs):
@@ -163,3 +164,34 @@ def test_fallbacks_run_the_layers(chain, monkeypatch):
     assert not calls
     with pytest.raises(Exception, match="NhwcConvChain"):
         _chain(dict(a, Wd=None), attrs)
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[8]])
+def test_interleaved_into_a_two_group_shuffle(chain, monkeypatch, case):
+    """With the other half ``I`` (ShuffleNet's concat + channel shuffle after a branch): the
+    bits of the layers then ``NhwcConcatShuffle(I, y)`` (or ``(y, I)``), ``I`` contiguous or
+    a channel slice, one range or split over the pool; halves that do not match (or no
+    project) run those steps."""
+    *shape, stride, pads, has_e, has_p, has_z = case
+    a = _case(*shape, stride, pads, has_e, has_p, has_z)
+    attrs = _attrs(stride, pads)
+    y = _layers(a, attrs)
+    shuffle = lookup("NhwcConcatShuffle", FUSED_DOMAIN, 1).fn
+    wide = RNG.standard_normal(y.shape[:3] + (2 * y.shape[3] + 3,)).astype(np.float32)
+    for other in (RNG.standard_normal(y.shape).astype(np.float32), wide[..., 3:3 + y.shape[3]]):
+        for first in (1, 0):
+            want = shuffle(*((other, y) if first else (y, other)), groups=2)
+            for split in (False, True):
+                with monkeypatch.context() as mp:
+                    calls = _c_calls(mp)
+                    if split:
+                        mp.setattr(conv_nhwc, "n_workers", lambda: 2)
+                        mp.setattr(conv_nhwc, "_SPLIT_MIN", 0)
+                        mp.setattr(conv_nhwc, "_CHAIN_BYTES", 6000)
+                    _same_bits(_chain(a, attrs, other=other, first=first), want)
+                    assert len(calls) == 1
+    with monkeypatch.context() as mp:   # halves of different widths: the two steps
+        calls = _c_calls(mp)
+        odd = np.concatenate([other, other[..., :1]], axis=3)
+        _same_bits(_chain(a, attrs, other=odd), shuffle(odd, y, groups=2))
+        assert not calls

@@ -36,7 +36,8 @@ to NHWC per value, shared; region values read from outside get one ``Transpose``
 Then :func:`chain_convs` joins MobileNet's inverted residual (1x1 expand -> depthwise 3x3 ->
 1x1 project, with constant weights, the middle values read by nothing else) into one
 ``com.workbench::NhwcConvChain`` that computes it band by band of rows (the expanded
-activation stays in cache; ``ops/conv_nhwc.py``).
+activation stays in cache; ``ops/conv_nhwc.py``); a chain read only by ShuffleNet's
+``NhwcConcatShuffle`` of two halves writes its bands straight into the shuffled output.
 
 Every region value is renamed ``<name>__nhwc``; the original name, where it is still read
 (or is a graph output), is produced by the conversion back, so every name keeps its NCHW
@@ -719,5 +720,44 @@ def chain_convs(g: Graph, nodes: list, variables=frozenset(), outputs=frozenset(
         gone.update(id(m) for m in members)
     if not fused:
         return nodes
-    return [fused[id(m)] if id(m) in fused else m for m in nodes if id(m) in fused
-            or id(m) not in gone]
+    nodes = [fused[id(m)] if id(m) in fused else m for m in nodes if id(m) in fused
+             or id(m) not in gone]
+    return _chain_into_shuffles(nodes, outputs)
+
+
+def _chain_into_shuffles(nodes: list, outputs) -> list:
+    """ShuffleNet's ``NhwcConcatShuffle(a, b, groups=2)`` where ``b`` (else ``a``) is a
+    chain's result (with a 1x1 project) read by nothing else: the chain takes the other half
+    as its input ``I`` and writes each band straight into its shuffled places, in the
+    concat's place (the chain's result never exists whole; checked at run time, else the
+    same two steps run)."""
+    readers: dict = {}
+    for m in nodes:
+        for i in m.inputs:
+            if i:
+                readers.setdefault(i, []).append(m)
+    producer = {o: m for m in nodes for o in m.outputs if o}
+    done: dict = {}   # id(concat) -> the chain node that replaces it
+    gone: set = set()
+    for c in nodes:
+        if c.op_type != "NhwcConcatShuffle" or c.domain != FUSED_DOMAIN \
+                or int(c.attrs.get("groups", 1)) != 2 or len(c.inputs) != 2 \
+                or not all(c.inputs):
+            continue
+        for pos in (1, 0):
+            v = c.inputs[pos]
+            ch = producer.get(v)
+            if ch is None or ch.op_type != "NhwcConvChain" or id(ch) in gone \
+                    or len(ch.inputs) < 6 or not ch.inputs[5] \
+                    or (len(ch.inputs) > 8 and ch.inputs[8]) \
+                    or v in outputs or len(readers.get(v, [])) != 1:
+                continue
+            ins = (list(ch.inputs) + [""] * 8)[:8] + [c.inputs[1 - pos]]
+            attrs = dict(ch.attrs, interleave_first=int(pos == 1))
+            done[id(c)] = Node("NhwcConvChain", ins, list(c.outputs), attrs,
+                               f"{ch.name}+{c.name}", FUSED_DOMAIN, "")
+            gone.add(id(ch))
+            break
+    if not done:
+        return nodes
+    return [done.get(id(m), m) for m in nodes if id(m) not in gone]

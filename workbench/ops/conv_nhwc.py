@@ -865,17 +865,20 @@ def _clip_of(activation, params):
 
 
 @kernel("NhwcConvChain", since=1, domain=FUSED_DOMAIN, category="layer", wants_ctx=True)
-def nhwc_conv_chain(X, We=None, Be=None, Wd=None, Bd=None, Wp=None, Bp=None, Z=None, *,
-                    strides=(1, 1), pads=None, auto_pad="NOTSET", expand_activation="",
-                    expand_params=(), dw_activation="", dw_params=(), project_activation="",
-                    project_params=(), ctx=None):
+def nhwc_conv_chain(X, We=None, Be=None, Wd=None, Bd=None, Wp=None, Bp=None, Z=None,
+                    I=None, *, strides=(1, 1), pads=None, auto_pad="NOTSET",  # noqa: E741
+                    expand_activation="", expand_params=(), dw_activation="", dw_params=(),
+                    project_activation="", project_params=(), interleave_first=1, ctx=None):
     """MobileNet's inverted-residual chain, channels-last (written by the layout pass, see
     :func:`workbench.graph.layout.chain_convs`): an optional 1x1 expand (We (1, 1, C0, C1),
     Be), a depthwise 3x3 (Wd (3, 3, 1, C1), Bd; ``strides``/``pads``/``auto_pad``), an
     optional 1x1 project (Wp (1, 1, C1, M), Bp, residual Z), each with its FusedConv
-    activation: exactly ``NhwcConv`` three times. On float32 with clip-like activations and
-    the C kernels loaded it runs ``dwconv_avx2.chain`` (band by band of output rows, the
-    expanded rows in L2; the same bits as the separate layers); else the separate layers."""
+    activation: exactly ``NhwcConv`` three times. With ``I`` (ShuffleNet's other half), the
+    result then goes through ``NhwcConcatShuffle(I, result, groups=2)`` (``(result, I)``
+    when ``interleave_first`` is 0). On float32 with clip-like activations and the C kernels
+    loaded it runs ``dwconv_avx2.chain`` (band by band of output rows, the expanded rows in
+    L2, each band's result interleaved straight into the output; the same bits as the
+    separate layers); else the separate layers."""
     attrs = {"strides": list(strides), "pads": pads, "auto_pad": auto_pad,
              "expand_activation": expand_activation, "expand_params": expand_params,
              "dw_activation": dw_activation, "dw_params": dw_params,
@@ -884,23 +887,28 @@ def nhwc_conv_chain(X, We=None, Be=None, Wd=None, Bd=None, Wp=None, Bp=None, Z=N
         raise ShapeError(f"NhwcConvChain: needs X (N, H, W, C) and depthwise weights "
                          f"(3, 3, 1, C), got X {tuple(X.shape)}, Wd "
                          f"{None if Wd is None else tuple(Wd.shape)}")
+    first = bool(int(interleave_first))
     if ctx is not None:
         fast = ctx.extra.get("chain_fast")
         if fast is not None:
-            y = fast(X, We, Be, Wd, Bd, Wp, Bp, Z)
+            y = fast(X, We, Be, Wd, Bd, Wp, Bp, Z, I)
             if y is not None:
                 return y
             ctx.extra.pop("chain_fast", None)
-    y = _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx)
+    y = _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx, I, first)
     if y is None:
         y = _chain_stages(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx)
+        if I is not None:
+            from workbench.ops.nhwc import nhwc_concat_shuffle  # noqa: PLC0415
+
+            y = nhwc_concat_shuffle(*((I, y) if first else (y, I)), groups=2)
     return y
 
 
-def _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx):
+def _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx, I=None, first=True):  # noqa: E741
     """``dwconv_avx2.chain`` when it applies (else None: nothing done)."""
     f32 = np.float32
-    arrays = [a for a in (X, We, Be, Wd, Bd, Wp, Bp, Z) if a is not None]
+    arrays = [a for a in (X, We, Be, Wd, Bd, Wp, Bp, Z, I) if a is not None]
     if any(type(a) is not np.ndarray or a.dtype != f32 for a in arrays):
         return None
     clips = [_clip_of(attrs[f"{s}_activation"], attrs[f"{s}_params"]) for s in _CHAIN_STAGES]
@@ -928,7 +936,14 @@ def _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx):
             Wp is None or tuple(Z.shape) != (N, out[0], out[1], M))):
         return None
     OH, OW = out
-    y = np.empty((N, OH, OW, M), f32)
+    sa = None
+    if I is not None:
+        from workbench.ops.nhwc import _row_stride  # noqa: PLC0415
+
+        sa = _row_stride(I) if Wp is not None and tuple(I.shape) == (N, OH, OW, M) else None
+        if sa is None:
+            return None
+    y = np.empty((N, OH, OW, M if I is None else 2 * M), f32)
     if y.size == 0:
         return y
     x = _contiguous(X)
@@ -942,56 +957,61 @@ def _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx):
     if Wp is not None:
         packs.append(_packed(ctx, Wp, Bp, Wp.reshape(C1, M),
                              None if Bp is None else Bp.reshape(M), key="chain_project"))
-    key = (x.shape, M, z is not None, tuple(id(a) for p in packs for a in p))
+    key = (x.shape, M, z is not None, I is not None, first,
+           tuple(id(a) for p in packs for a in p))
     got = None if ctx is None else ctx.extra.get("chain_bound")
     busy = None
     if got is not None and got[0] == key and got[3].acquire(False):
         blocks, busy = got[1], got[3]
     else:
         blocks = _chain_blocks(g, packs, We is not None, Wp is not None, z is not None,
-                               (N, H, W, C0, C1, M, OH, OW, S, pb), clips)
+                               (N, H, W, C0, C1, M, OH, OW, S, pb), clips,
+                               None if I is None else first)
         if ctx is not None and (got is None or got[0] != key):
             busy = threading.Lock()
             busy.acquire()
             ctx.extra["chain_bound"] = (key, blocks, None, busy)
     work = N * OH * OW * C1 * (9 + C0 + M)
     try:
-        _chain_run(k.raw, blocks, x, z, y, work)
+        _chain_run(k.raw, blocks, x, z, y, work, I, sa or 0)
     finally:
         if busy is not None:
             busy.release()
     if ctx is not None and ctx.extra.get("chain_bound", (None,))[0] == key:
         ctx.extra["chain_fast"] = _chain_fast(ctx, (We, Be, Wd, Bd, Wp, Bp), X.shape,
                                               None if z is None else z.shape, y.shape, k.raw,
-                                              work)
+                                              work, None if I is None else I.shape)
     return y
 
 
-def _chain_run(raw, blocks, x, z, y, work):
+def _chain_run(raw, blocks, x, z, y, work, other=None, sa=0):
     """``dwconv_avx2.chain`` on its call blocks with these arrays (one call here, or the
-    blocks over the pool); the band buffers from each running thread's workspace."""
+    blocks over the pool); the band buffers from each running thread's workspace. ``other``
+    (row stride ``sa``): the half the results are interleaved with."""
     dp = compiled.data_pointer
     px, py = dp(x), dp(y)
     pz = py if z is None else dp(z)
+    pi = 0 if other is None else dp(other)
 
     def run(chunk):
-        for blk, (ne, nd, _packs) in chunk:
+        for blk, (ne, nd, npb, _packs) in chunk:
             # the band buffers: this thread's workspace, shared by every chain node
             # (held here while the kernel runs: past scratch's size it is a fresh array)
             ebuf = scratch(np, (ne,), _F32, slot="chain_expand")
             dbuf = scratch(np, (nd,), _F32, slot="chain_dw")
-            blk[9], blk[10] = dp(ebuf), dp(dbuf)
+            pbuf = scratch(np, (npb,), _F32, slot="chain_project")
+            blk[9], blk[10], blk[36] = dp(ebuf), dp(dbuf), dp(pbuf)
             raw(dp(blk))
-            del ebuf, dbuf
+            del ebuf, dbuf, pbuf
     for blk, _ in blocks:
-        blk[0], blk[7], blk[8] = px, pz, py
+        blk[0], blk[7], blk[8], blk[35], blk[38] = px, pz, py, pi, sa
     if len(blocks) == 1:
         run(blocks)
     else:
         run_blocks(np, blocks, run, work)
 
 
-def _chain_fast(ctx, weights, x_shape, z_shape, y_shape, raw, work):
+def _chain_fast(ctx, weights, x_shape, z_shape, y_shape, raw, work, i_shape):
     """The node's next runs with inputs like these: everything but the arrays' addresses
     checked once here (as NhwcConv's pre-bound call, :func:`_bound_call`): the same weight
     and bias arrays, unchanged (the packing's sample and bias bytes), X and Z of the same
@@ -1003,7 +1023,7 @@ def _chain_fast(ctx, weights, x_shape, z_shape, y_shape, raw, work):
     enabled, empty = compiled.enabled, np.empty
     w0, w1, w2, w3, w4, w5 = weights
 
-    def fast(X, We, Be, Wd, Bd, Wp, Bp, Z):
+    def fast(X, We, Be, Wd, Bd, Wp, Bp, Z, I):  # noqa: E741
         if We is not w0 or Be is not w1 or Wd is not w2 or Bd is not w3 or Wp is not w4 \
                 or Bp is not w5 or type(X) is not np.ndarray or X.shape != x_shape \
                 or X.dtype is not _F32:
@@ -1013,6 +1033,18 @@ def _chain_fast(ctx, weights, x_shape, z_shape, y_shape, raw, work):
                 return None
         elif type(Z) is not np.ndarray or Z.shape != z_shape or Z.dtype is not _F32:
             return None
+        sa = 0
+        if I is None:
+            if i_shape is not None:
+                return None
+        else:
+            if type(I) is not np.ndarray or I.shape != i_shape or I.dtype is not _F32:
+                return None
+            from workbench.ops.nhwc import _row_stride  # noqa: PLC0415
+
+            sa = _row_stride(I)
+            if sa is None:
+                return None
         for w_in, b_in, idx, sample, b_bytes in checks:
             if _sample(w_in, idx) != sample or (b_bytes is not None
                                                 and b_in.tobytes() != b_bytes):
@@ -1022,17 +1054,18 @@ def _chain_fast(ctx, weights, x_shape, z_shape, y_shape, raw, work):
         try:
             y = empty(y_shape, _F32)
             _chain_run(raw, blocks, _contiguous(X), None if Z is None
-                       else np.ascontiguousarray(Z), y, work)
+                       else np.ascontiguousarray(Z), y, work, I, sa)
             return y
         finally:
             busy.release()
     return fast
 
 
-def _chain_blocks(g, packs, has_e, has_p, has_z, geom, clips):
+def _chain_blocks(g, packs, has_e, has_p, has_z, geom, clips, first=None):
     """The call blocks of ``dwconv_avx2.chain`` for output row ranges (one range unless the
     work is worth splitting over the pool), each with the sizes of its band buffers (taken
-    from the running thread's workspace at each call)."""
+    from the running thread's workspace at each call). ``first``: None, or the results
+    interleaved with another half (which takes the even channels when ``first``)."""
     N, H, W, C0, C1, M, OH, OW, S, pb = geom
     band = _chain_band(S, W, OW, C1)
     rows = N * OH
@@ -1052,13 +1085,17 @@ def _chain_blocks(g, packs, has_e, has_p, has_z, geom, clips):
     (elo, ehi), (dlo, dhi), (plo, phi) = clips
     ne = ((band - 1) * S + 3) * W * C1 if has_e else 1   # floats of the band buffers
     nd = band * OW * C1 if has_p else 1
+    npb = band * OW * M if has_p and first is not None else 1
     blocks = []
     for r0, r1 in jobs:
-        blk = np.zeros(35, np.int64)
+        blk = np.zeros(40, np.int64)
         blk[:12] = [0, dp(ew), dp(eb), dp(dw), dp(db), dp(pw), dp(pbias), 0, 0, 0, 0, gemm]
         blk[12:29] = [N, H, W, C0, C1, M, OH, OW, S, pb[0], pb[1], int(has_e), int(has_p),
                       int(has_z), band, r0, r1]
-        blk.view(np.float64)[29:] = [elo, ehi, dlo, dhi, plo, phi]
+        blk.view(np.float64)[29:35] = [elo, ehi, dlo, dhi, plo, phi]
+        # 35 the other half and 36 the projected band's buffer (per call), 37 has_i, 38 the
+        # other half's row stride (per call), 39 i_first
+        blk[37], blk[39] = int(first is not None), int(bool(first))
         # the packed weights are kept alive by the node's context (or by this list)
-        blocks.append((blk, (ne, nd, (ew, eb, dw, db, pw, pbias))))
+        blocks.append((blk, (ne, nd, npb, (ew, eb, dw, db, pw, pbias))))
     return blocks

@@ -415,6 +415,9 @@ void wb_dwconv_avx2_interleave2(const int64_t *block) {
  * wb_dwconv_avx2_dw3x3 on the band as an image of its own rows; every value is computed by the
  * same instructions in the same order as by the three layers run one after another, so the
  * results are the same bits. ebuf holds (band-1)*S + 3 rows of W x C1, dbuf band x OW x C1.
+ * With has_i (and has_p) the band's projected rows go to pbuf and are interleaved with the
+ * other half ia into Y as ``interleave2`` does (ShuffleNet's concat + channel shuffle after
+ * a branch): Y (N, OH, OW, 2M) never holds the branch's own output.
  */
 typedef void (*gemm_fn)(const float *, const float *, const float *, const float *, float *,
                         int64_t, int64_t, int64_t, int64_t, int64_t, float, float);
@@ -425,6 +428,10 @@ typedef struct {
     gemm_fn gemm;
     int64_t N, H, W, C0, C1, M, OH, OW, S, pt, pl, has_e, has_p, has_z, band, r0, r1;
     double elo, ehi, dlo, dhi, plo, phi;
+    const float *ia;   /* has_i: the other half of a 2-group concat + shuffle (NHWC rows of M
+                        * values sa apart); Y then has 2M channels, interleaved */
+    float *pbuf;       /* has_i: the band's projected rows, band x OW x M */
+    int64_t has_i, sa, i_first;   /* i_first: ia's values take the even channels */
 } chain_t;
 
 void wb_dwconv_avx2_chain(const int64_t *block) {
@@ -497,8 +504,22 @@ void wb_dwconv_avx2_chain(const int64_t *block) {
         wb_dwconv_avx2_dw3x3((const int64_t *)&d);
         if (a->has_p) {
             const int64_t o = (n * OH + oa) * OW * M;
-            a->gemm(a->dbuf, a->pw, a->pb, a->has_z ? a->z + o : a->dbuf, a->y + o, C1, M, 0,
+            float *dst = a->has_i ? a->pbuf : a->y + o;
+            a->gemm(a->dbuf, a->pw, a->pb, a->has_z ? a->z + o : a->dbuf, dst, C1, M, 0,
                     (ob - oa) * OW, a->has_z, plo, phi);
+            if (a->has_i) {   /* the band's pixels interleaved with the other half into Y */
+                const float *other = a->ia + (n * OH + oa) * OW * a->sa;
+                inter_t il;
+                il.a = a->i_first ? other : a->pbuf;
+                il.b = a->i_first ? a->pbuf : other;
+                il.y = a->y + (n * OH + oa) * OW * 2 * M;
+                il.c = M;
+                il.sa = a->i_first ? a->sa : M;
+                il.sb = a->i_first ? M : a->sa;
+                il.p0 = 0;
+                il.p1 = (ob - oa) * OW;
+                wb_dwconv_avx2_interleave2((const int64_t *)&il);
+            }
         }
         r = n * OH + ob;
     }
