@@ -213,7 +213,8 @@ def nhwc_conv_cost(v: NodeView) -> Cost:
 def nhwc_conv_chain_cost(v: NodeView) -> Cost:
     """The layout pass's inverted-residual chain (``ops/conv_nhwc.py``): an optional 1x1
     expand (weights input 1, bias 2), the depthwise 3x3 (3, bias 4), an optional 1x1 project
-    (5, bias 6, residual 7); each stage's bias and activation 1 FLOP per output."""
+    (5, bias 6, residual 7), the other half it is interleaved with (8); each stage's bias
+    and activation 1 FLOP per output."""
     x, y = v.shape(0), v.out_shape()
     c1 = v.shape(3)[3]
     pix_in, pix_out = numel(x[:3]), numel(y[:3])
@@ -225,9 +226,10 @@ def nhwc_conv_chain_cost(v: NodeView) -> Cost:
     if v.has(1):
         macs += pix_in * x[3] * c1
         extra += epi(pix_in * c1, 2, "expand_activation")
-    if v.has(5):
-        macs += pix_out * c1 * y[3]
-        extra += epi(numel(y), 6, "project_activation", 7)
+    if v.has(5):   # (with input 8, ShuffleNet's other half, Y holds both halves)
+        m = v.shape(5)[3]
+        macs += pix_out * c1 * m
+        extra += epi(pix_out * m, 6, "project_activation", 7)
     return Cost(macs, 2 * macs + extra)
 
 
