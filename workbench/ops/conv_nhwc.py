@@ -51,6 +51,7 @@ from workbench.arrays.geometry import window_geometry
 from workbench.errors import ShapeError
 from workbench.ops._common import to_compute
 from workbench.ops.conv import apply_activation
+from workbench.ops.nhwc import _row_stride, nhwc_concat_shuffle
 from workbench.ops.parallel import (
     blas_controller,
     call_blocks,
@@ -899,8 +900,6 @@ def nhwc_conv_chain(X, We=None, Be=None, Wd=None, Bd=None, Wp=None, Bp=None, Z=N
     if y is None:
         y = _chain_stages(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx)
         if I is not None:
-            from workbench.ops.nhwc import nhwc_concat_shuffle  # noqa: PLC0415
-
             y = nhwc_concat_shuffle(*((I, y) if first else (y, I)), groups=2)
     return y
 
@@ -938,8 +937,6 @@ def _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx, I=None, first=True):  # n
     OH, OW = out
     sa = None
     if I is not None:
-        from workbench.ops.nhwc import _row_stride  # noqa: PLC0415
-
         sa = _row_stride(I) if Wp is not None and tuple(I.shape) == (N, OH, OW, M) else None
         if sa is None:
             return None
@@ -1040,8 +1037,6 @@ def _chain_fast(ctx, weights, x_shape, z_shape, y_shape, raw, work, i_shape):
         else:
             if type(I) is not np.ndarray or I.shape != i_shape or I.dtype is not _F32:
                 return None
-            from workbench.ops.nhwc import _row_stride  # noqa: PLC0415
-
             sa = _row_stride(I)
             if sa is None:
                 return None
