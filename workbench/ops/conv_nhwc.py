@@ -4,7 +4,7 @@ pass ``workbench.graph.layout``).
 X is (N, H, W, C), the weights (kh, kw, C/group, M) ("HWIO", a Transpose of the ONNX weights
 that constant folding bakes in), Z (a residual) and Y are (N, OH, OW, M). The epilogue is
 FusedConv's: ``activation(conv + B + Z)``, applied to each block of the output in the worker
-that computed it. Four paths, each split over the engine's threads (BLAS single-threaded):
+that computed it. Five paths, each split over the engine's threads (BLAS single-threaded):
 
 - depthwise (group == C == M): 3x3 with stride 1 or 2 (float32, dilation 1, an epilogue that
   is a clip) in the C kernel ``dwconv_avx2.dw3x3`` when it is loaded (AVX2 + FMA CPUs with a
@@ -17,12 +17,20 @@ that computed it. Four paths, each split over the engine's threads (BLAS single-
   with the weights packed once into 16-column panels and kept in the node's context (the
   plan's, see :func:`_packed`) and the epilogue fused into its stores; else numpy/BLAS per
   block of rows (strided inputs sampled first);
+- group 1 with at most 4 input channels (the stems), float32, dilation 1, a clip epilogue:
+  the C kernel ``dwconv_avx2.fewc`` straight from the input's memory (the NHWC view of an
+  NCHW input is not copied), see :func:`_fewc`;
 - the rest, group 1 (KxK, strided or padded 1x1), float32: the compiled indirect GEMM
   ``gemm_avx2.iconv`` when it is loaded (:func:`_indirect`: per output pixel and tap the offset
   of the input pixel it reads, from a table built once per shape set; the weights packed as
   the 1x1 path's; the epilogue fused);
 - else im2col per block of output rows (each window a run of contiguous channels) into a
   cache-sized workspace, then ``(rows, kh*kw*C/g) @ (kh*kw*C/g, M/g)`` per group.
+
+``NhwcConvChain`` (:func:`nhwc_conv_chain`, written by the layout pass): an inverted residual
+(1x1 expand, depthwise 3x3, 1x1 project; ShuffleNet's branches, optionally interleaved into
+their block's 2-group channel shuffle) in ``dwconv_avx2.chain`` band by band of output rows,
+the same bits as the NhwcConv layers one after another (its fallback).
 
 The bias/residual/clip epilogue runs in the compiled ``conv_nhwc.bias_act`` when loaded. The
 numpy paths are the reference and the fallback; ``tests/ops/test_conv_nhwc.py`` checks both
@@ -982,30 +990,40 @@ def _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx, I=None, first=True):  # n
 
 
 def _chain_run(raw, blocks, x, z, y, work, other=None, sa=0):
-    """``dwconv_avx2.chain`` on its call blocks with these arrays (one call here, or the
-    blocks over the pool); the band buffers from each running thread's workspace. ``other``
-    (row stride ``sa``): the half the results are interleaved with."""
+    """``dwconv_avx2.chain`` on its call blocks with these arrays (one call here with the
+    band buffers from this thread's workspace, or the blocks over the pool with a buffer of
+    the call's). ``other`` (row stride ``sa``): the half the results are interleaved with."""
     dp = compiled.data_pointer
     px, py = dp(x), dp(y)
     pz = py if z is None else dp(z)
     pi = 0 if other is None else dp(other)
 
-    def run(chunk):
-        for blk, (ne, nd, npb, _packs) in chunk:
-            # the band buffers: this thread's workspace, shared by every chain node
-            # (held here while the kernel runs: past scratch's size it is a fresh array)
-            ebuf = scratch(np, (ne,), _F32, slot="chain_expand")
-            dbuf = scratch(np, (nd,), _F32, slot="chain_dw")
-            pbuf = scratch(np, (npb,), _F32, slot="chain_project")
-            blk[9], blk[10], blk[36] = dp(ebuf), dp(dbuf), dp(pbuf)
-            raw(dp(blk))
-            del ebuf, dbuf, pbuf
     for blk, _ in blocks:
         blk[0], blk[7], blk[8], blk[35], blk[38] = px, pz, py, pi, sa
     if len(blocks) == 1:
-        run(blocks)
-    else:
-        run_blocks(np, blocks, run, work)
+        # the band buffers: the calling thread's workspace, shared by every chain node (held
+        # here while the kernel runs: past scratch's size it is a fresh array)
+        blk, (ne, nd, npb, _packs) = blocks[0]
+        ebuf = scratch(np, (ne,), _F32, slot="chain_expand")
+        dbuf = scratch(np, (nd,), _F32, slot="chain_dw")
+        pbuf = scratch(np, (npb,), _F32, slot="chain_project")
+        blk[9], blk[10], blk[36] = dp(ebuf), dp(dbuf), dp(pbuf)
+        raw(dp(blk))
+        return
+    # split over the pool: one buffer for the call, a part per range (not the pool threads'
+    # workspaces: which thread takes which range changes from run to run, so those would be
+    # made in whichever run first gives a thread a range, not in the first run)
+    buf = np.empty(sum(sum(sizes[:3]) for _, sizes in blocks), _F32)
+    at = dp(buf)
+    for blk, (ne, nd, npb, _packs) in blocks:
+        blk[9], blk[10], blk[36] = at, at + 4 * ne, at + 4 * (ne + nd)
+        at += 4 * (ne + nd + npb)
+
+    def run(chunk):
+        for blk, _ in chunk:
+            raw(dp(blk))
+    run_blocks(np, blocks, run, work)
+    del buf
 
 
 def _chain_fast(ctx, weights, x_shape, z_shape, y_shape, raw, work, i_shape):
@@ -1058,8 +1076,8 @@ def _chain_fast(ctx, weights, x_shape, z_shape, y_shape, raw, work, i_shape):
 
 def _chain_blocks(g, packs, has_e, has_p, has_z, geom, clips, first=None):
     """The call blocks of ``dwconv_avx2.chain`` for output row ranges (one range unless the
-    work is worth splitting over the pool), each with the sizes of its band buffers (taken
-    from the running thread's workspace at each call). ``first``: None, or the results
+    work is worth splitting over the pool), each with the sizes of its band buffers (given
+    at each call, see :func:`_chain_run`). ``first``: None, or the results
     interleaved with another half (which takes the even channels when ``first``)."""
     N, H, W, C0, C1, M, OH, OW, S, pb = geom
     band = _chain_band(S, W, OW, C1)
