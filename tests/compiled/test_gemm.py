@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from workbench import backend, compiled
 from workbench.compiled import cache
+from workbench.graph import layout
 from workbench.ops import conv_nhwc
 from workbench.ops.registry import FUSED_DOMAIN, lookup
 
@@ -187,6 +188,10 @@ def _small_net():
 def test_a_channels_last_network_agrees_with_the_plain_path(gemm, monkeypatch):
     model = _small_net()
     x = RNG.standard_normal((3, 3, 9, 11)).astype(np.float32)
+    # the layers one by one: without the layout pass' NhwcConvChain and the stem's own C
+    # kernel (tests/compiled/test_conv_chain.py, test_fewc.py)
+    monkeypatch.setattr(layout, "chain_convs", lambda g, nodes, *a, **k: nodes)
+    monkeypatch.setattr(conv_nhwc, "_FEWC_MAX", 0)
     rep = backend.prepare(model)
     assert sum(n.op_type == "NhwcConv" for n in rep.plan.graph.nodes) == 4
     calls, packs = [], []

@@ -31,6 +31,13 @@ def iconv():
     return compiled.kernel("gemm_avx2.iconv")
 
 
+@pytest.fixture(autouse=True)
+def _no_fewc(monkeypatch):
+    """Few-channel layers (stems) go to ``dwconv_avx2.fewc`` when it is loaded
+    (tests/compiled/test_fewc.py): here they take this kernel's path, as without it."""
+    monkeypatch.setattr(conv_nhwc, "_FEWC_MAX", 0)
+
+
 def _conv(x, w, b=None, z=None, act="", params=(), strides=(1, 1), pads=(0, 0, 0, 0),
           dilations=(1, 1), ctx=None):
     return lookup("NhwcConv", FUSED_DOMAIN, 1).fn(

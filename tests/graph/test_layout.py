@@ -65,6 +65,15 @@ def _ops(rep):
     return collections.Counter(n.op_type for n in rep.plan.graph.nodes)
 
 
+def _convs(rep):
+    """Convolutions in the plan: NhwcConv nodes and the members of NhwcConvChain nodes
+    (an optional expand, the depthwise, an optional project)."""
+    nodes = rep.plan.graph.nodes
+    return sum(n.op_type == "NhwcConv" for n in nodes) + sum(
+        1 + bool(n.inputs[1]) + bool(n.inputs[5]) for n in nodes
+        if n.op_type == "NhwcConvChain")
+
+
 def _agree(model, x, atol=1e-5):
     ref_rep, ref = _outputs(model, x, layout=None)
     rep, got = _outputs(model, x)
@@ -79,13 +88,15 @@ def test_a_depthwise_network_runs_channels_last():
     x = RNG.standard_normal((2, 3, 16, 16)).astype(np.float32)
     rep = _agree(mobile_block(), x)
     ops = _ops(rep)
-    assert ops["NhwcConv"] == 4 and ops["NhwcGlobalAveragePool"] == 1
+    assert _convs(rep) == 4 and ops["NhwcGlobalAveragePool"] == 1
     # converted once in (the graph input) and once out (before Flatten): nothing per layer
     assert ops["Transpose"] == 2 and "Conv" not in ops and "FusedConv" not in ops
     names = {n.name: n for n in rep.plan.graph.nodes}
-    assert names["project"].op_type == "NhwcConv" and names["project"].inputs[3]  # residual
+    # the inverted residual is one chain (expand, depthwise, project with the residual)
+    chain = names["expand+dw+project"]
+    assert chain.op_type == "NhwcConvChain" and chain.inputs[7] and ops["NhwcConv"] == 1
     # values keep their NCHW meaning under their own names
-    assert all(o.endswith("__nhwc") for o in names["dw"].outputs)
+    assert all(o.endswith("__nhwc") for o in chain.outputs)
 
 
 def test_networks_without_depthwise_stay_nchw_unless_worth_it():
@@ -123,7 +134,8 @@ def test_borders_outputs_and_shape_reads():
     rep = _agree(mobile_block(extra, outs), x)
     ops = _ops(rep)
     assert ops["Gather"] == 2  # each Shape reads the logical (NCHW) order
-    assert ops["Softmax"] == 1 and ops["NhwcConv"] == 4
+    # the depthwise output is read elsewhere: only expand + depthwise are one chain
+    assert ops["Softmax"] == 1 and _convs(rep) == 4 and ops["NhwcConvChain"] == 1
 
 
 def test_channel_ops_follow_the_layout():
@@ -209,9 +221,13 @@ def test_real_networks(torch_exports, name, layout, transposes):
     ops = _ops(rep)
     assert ops["Transpose"] == transposes
     assert "Conv" not in ops and "FusedConv" not in ops
-    assert ops["NhwcConv"] == _ops(ref_rep)["FusedConv"] + _ops(ref_rep)["Conv"]
+    assert _convs(rep) == _ops(ref_rep)["FusedConv"] + _ops(ref_rep)["Conv"]
     if name == "shufflenetv2":
         assert ops["NhwcChannelShuffle"] == 16
+        # each branch's chain writes into its block's concat + shuffle
+        assert "NhwcConcatShuffle" not in ops and sum(
+            n.op_type == "NhwcConvChain" and len(n.inputs) > 8 and bool(n.inputs[8])
+            for n in rep.plan.graph.nodes) == 16
     if name == "resnet18":
         assert ops["NhwcMaxPool"] == 1
         # "auto": a network without depthwise convolutions goes channels-last only when the

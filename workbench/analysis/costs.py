@@ -209,6 +209,30 @@ def nhwc_conv_cost(v: NodeView) -> Cost:
     return Cost(macs, 2 * macs + _epilogue(v, y, 2, 3))
 
 
+@rule("com.workbench::NhwcConvChain")
+def nhwc_conv_chain_cost(v: NodeView) -> Cost:
+    """The layout pass's inverted-residual chain (``ops/conv_nhwc.py``): an optional 1x1
+    expand (weights input 1, bias 2), the depthwise 3x3 (3, bias 4), an optional 1x1 project
+    (5, bias 6, residual 7), the other half it is interleaved with (8); each stage's bias
+    and activation 1 FLOP per output."""
+    x, y = v.shape(0), v.out_shape()
+    c1 = v.shape(3)[3]
+    pix_in, pix_out = numel(x[:3]), numel(y[:3])
+
+    def epi(n, bias, act, z=None):
+        return n * (v.has(bias) + bool(v.attr(act, "")) + (z is not None and v.has(z)))
+    macs = pix_out * 9 * c1
+    extra = epi(pix_out * c1, 4, "dw_activation")
+    if v.has(1):
+        macs += pix_in * x[3] * c1
+        extra += epi(pix_in * c1, 2, "expand_activation")
+    if v.has(5):   # (with input 8, ShuffleNet's other half, Y holds both halves)
+        m = v.shape(5)[3]
+        macs += pix_out * c1 * m
+        extra += epi(pix_out * m, 6, "project_activation", 7)
+    return Cost(macs, 2 * macs + extra)
+
+
 @rule("QLinearConv")
 def qlinear_conv_cost(v: NodeView) -> Cost:
     w = v.shape(3)

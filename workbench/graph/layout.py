@@ -33,6 +33,12 @@ to NHWC per value, shared; region values read from outside get one ``Transpose``
   LayerNorm over channels, ``Transpose(0, 3, 1, 2)`` back): the first of a region value is an
   ``Identity`` of its array, the second's input is used as the region's form of its output.
 
+Then :func:`chain_convs` joins MobileNet's inverted residual (1x1 expand -> depthwise 3x3 ->
+1x1 project, with constant weights, the middle values read by nothing else) into one
+``com.workbench::NhwcConvChain`` that computes it band by band of rows (the expanded
+activation stays in cache; ``ops/conv_nhwc.py``); a chain read only by ShuffleNet's
+``NhwcConcatShuffle`` of two halves writes its bands straight into the shuffled output.
+
 Every region value is renamed ``<name>__nhwc``; the original name, where it is still read
 (or is a graph output), is produced by the conversion back, so every name keeps its NCHW
 meaning.
@@ -608,7 +614,150 @@ def to_channels_last(graph: Graph, variables=frozenset(), *, mode: str | None = 
         final.append(m)
         for o in m.outputs:
             final.extend(back_after.get(o, ()))
-    g.nodes = final
+    g.nodes = chain_convs(g, final, variables, outputs)
     g.opsets = dict(g.opsets)
     g.opsets.setdefault(FUSED_DOMAIN, 1)
     return g   # every node is used: a conversion is made only for a reader
+
+
+_CLIP_ACTS = ("", "Relu", "Clip")
+
+
+def _attr_ints(n: Node, name: str, default):
+    v = n.attrs.get(name)
+    return list(default) if v is None or (hasattr(v, "__len__") and not len(v)) \
+        else [int(i) for i in v]
+
+
+def _chain_member(g: Graph, n: Node, variables, kind: str):
+    """The constant weights of NhwcConv ``n`` when it can be the ``kind`` ("pointwise" or
+    "depthwise") stage of an :func:`chain_convs` chain, else None."""
+    if n.op_type != "NhwcConv" or n.domain != FUSED_DOMAIN or len(n.outputs) != 1:
+        return None
+    ins = list(n.inputs) + [""] * (4 - len(n.inputs))
+    w = g.initializers.get(ins[1]) if ins[1] not in variables else None
+    b = ins[2]
+    if w is None or (b and (b in variables or b not in g.initializers)):
+        return None
+    w = np.asarray(w)
+    act = n.attrs.get("activation", "")
+    act = act.decode() if isinstance(act, bytes) else act
+    auto = n.attrs.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if w.dtype != np.float32 or w.ndim != 4 or act not in _CLIP_ACTS \
+            or auto not in ("NOTSET", "", "VALID") \
+            or _attr_ints(n, "dilations", (1, 1)) != [1, 1]:
+        return None
+    if kind == "pointwise":
+        ok = w.shape[:2] == (1, 1) and int(n.attrs.get("group", 1)) == 1 \
+            and _attr_ints(n, "strides", (1, 1)) == [1, 1] \
+            and not any(_attr_ints(n, "pads", (0, 0, 0, 0)))
+    else:
+        st = _attr_ints(n, "strides", (1, 1))
+        ok = w.shape[:3] == (3, 3, 1) and int(n.attrs.get("group", 1)) == w.shape[3] \
+            and st in ([1, 1], [2, 2]) and not ins[3]
+    return w if ok else None
+
+
+def chain_convs(g: Graph, nodes: list, variables=frozenset(), outputs=frozenset()) -> list:
+    """``nodes`` with each inverted-residual chain of channels-last convolutions — a 1x1
+    expand (optional) -> a depthwise 3x3 (stride 1 or 2) -> a 1x1 project (optional; its
+    residual kept), at least two of the three, constant float32 weights, clip-like
+    activations (none, Relu, Clip), the values between them read by nothing else — as one
+    ``NhwcConvChain`` node in the last member's place (its inputs exist there)."""
+    readers: dict = {}
+    for m in nodes:
+        for i in m.inputs:
+            if i:
+                readers.setdefault(i, []).append(m)
+    producer = {o: m for m in nodes for o in m.outputs if o}
+
+    def only_reader(value):
+        r = readers.get(value, [])
+        return r[0] if len(r) == 1 and value not in outputs else None
+
+    def act(m):
+        a = m.attrs.get("activation", "")
+        return (a.decode() if isinstance(a, bytes) else a,
+                [float(v) for v in (m.attrs.get("activation_params") or ())])
+
+    fused: dict = {}   # id(last member) -> the chain node
+    gone: set = set()
+    for d in nodes:
+        if _chain_member(g, d, variables, "depthwise") is None:
+            continue
+        e = producer.get(d.inputs[0])
+        if e is None or id(e) in gone or only_reader(d.inputs[0]) is not d \
+                or _chain_member(g, e, variables, "pointwise") is None \
+                or (len(e.inputs) > 3 and e.inputs[3]):
+            e = None
+        p = only_reader(d.outputs[0])
+        if p is None or p.inputs[0] != d.outputs[0] \
+                or _chain_member(g, p, variables, "pointwise") is None:
+            p = None
+        if e is None and p is None:
+            continue
+        eins = (list(e.inputs) + [""] * 3)[:3] if e is not None else ["", "", ""]
+        pins = (list(p.inputs) + [""] * 4)[:4] if p is not None else ["", "", "", ""]
+        x = eins[0] if e is not None else d.inputs[0]
+        dins = list(d.inputs) + [""] * 3
+        members = [m for m in (e, d, p) if m is not None]
+        ea, da, pa = (act(m) if m is not None else ("", []) for m in (e, d, p))
+        attrs = {"strides": _attr_ints(d, "strides", (1, 1)),
+                 "pads": _attr_ints(d, "pads", (0, 0, 0, 0)),
+                 "auto_pad": "NOTSET" if d.attrs.get("auto_pad") in (None, "", b"")
+                 else d.attrs["auto_pad"],
+                 "expand_activation": ea[0], "expand_params": ea[1],
+                 "dw_activation": da[0], "dw_params": da[1],
+                 "project_activation": pa[0], "project_params": pa[1]}
+        # an empty list has no ONNX attribute type (to_proto): absent is the default
+        attrs = {k: v for k, v in attrs.items() if not isinstance(v, list) or v}
+        node = Node("NhwcConvChain", [x, eins[1], eins[2], dins[1], dins[2], pins[1],
+                                      pins[2], pins[3]],
+                    [members[-1].outputs[0]], attrs, "+".join(m.name for m in members),
+                    FUSED_DOMAIN, "")
+        fused[id(members[-1])] = node
+        gone.update(id(m) for m in members)
+    if not fused:
+        return nodes
+    nodes = [fused[id(m)] if id(m) in fused else m for m in nodes if id(m) in fused
+             or id(m) not in gone]
+    return _chain_into_shuffles(nodes, outputs)
+
+
+def _chain_into_shuffles(nodes: list, outputs) -> list:
+    """ShuffleNet's ``NhwcConcatShuffle(a, b, groups=2)`` where ``b`` (else ``a``) is a
+    chain's result (with a 1x1 project) read by nothing else: the chain takes the other half
+    as its input ``I`` and writes each band straight into its shuffled places, in the
+    concat's place (the chain's result never exists whole; checked at run time, else the
+    same two steps run)."""
+    readers: dict = {}
+    for m in nodes:
+        for i in m.inputs:
+            if i:
+                readers.setdefault(i, []).append(m)
+    producer = {o: m for m in nodes for o in m.outputs if o}
+    done: dict = {}   # id(concat) -> the chain node that replaces it
+    gone: set = set()
+    for c in nodes:
+        if c.op_type != "NhwcConcatShuffle" or c.domain != FUSED_DOMAIN \
+                or int(c.attrs.get("groups", 1)) != 2 or len(c.inputs) != 2 \
+                or not all(c.inputs):
+            continue
+        for pos in (1, 0):
+            v = c.inputs[pos]
+            ch = producer.get(v)
+            if ch is None or ch.op_type != "NhwcConvChain" or id(ch) in gone \
+                    or len(ch.inputs) < 6 or not ch.inputs[5] \
+                    or (len(ch.inputs) > 8 and ch.inputs[8]) \
+                    or v in outputs or len(readers.get(v, [])) != 1:
+                continue
+            ins = (list(ch.inputs) + [""] * 8)[:8] + [c.inputs[1 - pos]]
+            attrs = dict(ch.attrs, interleave_first=int(pos == 1))
+            done[id(c)] = Node("NhwcConvChain", ins, list(c.outputs), attrs,
+                               f"{ch.name}+{c.name}", FUSED_DOMAIN, "")
+            gone.add(id(ch))
+            break
+    if not done:
+        return nodes
+    return [done.get(id(m), m) for m in nodes if id(m) not in gone]

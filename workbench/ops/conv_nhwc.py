@@ -4,7 +4,7 @@ pass ``workbench.graph.layout``).
 X is (N, H, W, C), the weights (kh, kw, C/group, M) ("HWIO", a Transpose of the ONNX weights
 that constant folding bakes in), Z (a residual) and Y are (N, OH, OW, M). The epilogue is
 FusedConv's: ``activation(conv + B + Z)``, applied to each block of the output in the worker
-that computed it. Four paths, each split over the engine's threads (BLAS single-threaded):
+that computed it. Five paths, each split over the engine's threads (BLAS single-threaded):
 
 - depthwise (group == C == M): 3x3 with stride 1 or 2 (float32, dilation 1, an epilogue that
   is a clip) in the C kernel ``dwconv_avx2.dw3x3`` when it is loaded (AVX2 + FMA CPUs with a
@@ -17,12 +17,20 @@ that computed it. Four paths, each split over the engine's threads (BLAS single-
   with the weights packed once into 16-column panels and kept in the node's context (the
   plan's, see :func:`_packed`) and the epilogue fused into its stores; else numpy/BLAS per
   block of rows (strided inputs sampled first);
+- group 1 with at most 4 input channels (the stems), float32, dilation 1, a clip epilogue:
+  the C kernel ``dwconv_avx2.fewc`` straight from the input's memory (the NHWC view of an
+  NCHW input is not copied), see :func:`_fewc`;
 - the rest, group 1 (KxK, strided or padded 1x1), float32: the compiled indirect GEMM
   ``gemm_avx2.iconv`` when it is loaded (:func:`_indirect`: per output pixel and tap the offset
   of the input pixel it reads, from a table built once per shape set; the weights packed as
   the 1x1 path's; the epilogue fused);
 - else im2col per block of output rows (each window a run of contiguous channels) into a
   cache-sized workspace, then ``(rows, kh*kw*C/g) @ (kh*kw*C/g, M/g)`` per group.
+
+``NhwcConvChain`` (:func:`nhwc_conv_chain`, written by the layout pass): an inverted residual
+(1x1 expand, depthwise 3x3, 1x1 project; ShuffleNet's branches, optionally interleaved into
+their block's 2-group channel shuffle) in ``dwconv_avx2.chain`` band by band of output rows,
+the same bits as the NhwcConv layers one after another (its fallback).
 
 The bias/residual/clip epilogue runs in the compiled ``conv_nhwc.bias_act`` when loaded. The
 numpy paths are the reference and the fallback; ``tests/ops/test_conv_nhwc.py`` checks both
@@ -51,6 +59,7 @@ from workbench.arrays.geometry import window_geometry
 from workbench.errors import ShapeError
 from workbench.ops._common import to_compute
 from workbench.ops.conv import apply_activation
+from workbench.ops.nhwc import _row_stride, nhwc_concat_shuffle
 from workbench.ops.parallel import (
     blas_controller,
     call_blocks,
@@ -444,6 +453,54 @@ def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
     return True
 
 
+_FEWC = "dwconv_avx2.fewc"   # the C convolution for few input channels (stems)
+_FEWC_MAX = 4   # input channels up to which a group-1 KxK convolution goes to it
+
+
+def pack_fewc(w, b=None, lanes=8):
+    """``(packed, bias)`` for ``dwconv_avx2.fewc``: (kh, kw, C, M) weights (any strides) as
+    (kh*kw*C, Mp) and the bias (zeros when None) as (Mp,), Mp = M rounded up to ``lanes``,
+    zeros past M. float32, C-contiguous."""
+    M = int(w.shape[-1])
+    mp = -(-M // lanes) * lanes
+    wp = np.zeros((int(np.prod(w.shape[:-1])), mp), np.float32)
+    wp[:, :M] = w.reshape(-1, M)
+    bp = np.zeros(mp, np.float32)
+    if b is not None:
+        bp[:M] = b
+    return wp, bp
+
+
+def _fewc(x, w, b, z, act, p, S, D, pb, out, y, ctx, w_in, b_in):
+    """Group 1, at most :data:`_FEWC_MAX` input channels (a stem on RGB images), float32,
+    dilation 1, a clip-like epilogue: ``dwconv_avx2.fewc`` straight from x's memory (the
+    layout pass' NHWC view of an NCHW input is read in place, no copy, no padded copy).
+    Returns False (nothing done) when it does not apply or the kernel is not loaded."""
+    clip = _bounds(act, p[0], p[1])
+    if x.dtype != np.float32 or w.dtype != np.float32 or clip is None or list(D) != [1, 1] \
+            or (z is not None and not z.flags.c_contiguous) \
+            or any(s % 4 for s in x.strides) or min(out) < 1 or x.size == 0:
+        return False
+    k = compiled.kernel(_FEWC)
+    if k is None:
+        return False
+    N, H, W, C = (int(v) for v in x.shape)
+    kh, kw, _, M = (int(v) for v in w.shape)
+    wp, bp = _packed(ctx, w_in, b_in, w, b, key="fewc_pack", pack=pack_fewc)
+    OH, OW = out
+    rows = N * OH
+    work = rows * OW * M * kh * kw * C
+    jobs = _row_jobs(rows, OW * M) if work >= _SPLIT_MIN else [(0, rows)]
+    dp = compiled.data_pointer
+    sn, sh, sw, sc = (int(s) // 4 for s in x.strides)
+    ptrs = [dp(x), dp(wp), dp(bp), dp(y if z is None else z), dp(y)]
+    ints = [N, H, W, C, OH, OW, M, kh, kw, S[0], S[1], pb[0], pb[1], sn, sh, sw, sc,
+            int(z is not None)]
+    call_blocks(k, [call_block(ptrs, ints + [r0, r1], float(clip[0]), float(clip[1]))
+                        for r0, r1 in jobs], work)
+    return True
+
+
 def _contiguous(x):
     """x as a C-contiguous array. A few-channel view of NCHW data (the network input after
     the layout pass' NHWC Transpose, a view) is copied one channel plane at a time: numpy
@@ -725,14 +782,18 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
     elif xp is not np:  # pragma: no cover - the layout pass runs for CPU plans only
         raise ShapeError(f"{op} runs on numpy arrays (CPU plans) only")
     else:
-        x = _contiguous(x)
         pack_key = None
         packs = None if ctx is None else (ctx.extra.get("dwconv_avx2_pack"),
                                           ctx.extra.get("gemm_avx2_pack"))
         if group == C and M == C and Cg == 1 and kh * kw > 1:
+            x = _contiguous(x)
             _depthwise(x, w, b, z, act, p[0], p[1], st, dl, pb, out, y, ctx, W, B)
             pack_key = "dwconv_avx2_pack"
+        elif group == 1 and kh * kw > 1 and C <= _FEWC_MAX and _fewc(
+                x, w, b, z, act, p, st, dl, pb, out, y, ctx, W, B):
+            pass
         else:
+            x = _contiguous(x)
             epi = _Epilogue(b, z, act, p[0], p[1], M)
             if kh == kw == 1 and group == 1:
                 _pointwise(x, w, epi, st, pb, out, y, ctx, W, B)
@@ -761,3 +822,293 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
         y = apply_activation(y, activation, p[0], p[1])
     return y if y.dtype == X.dtype else y.astype(X.dtype)
 
+
+
+# ------------------------------------------------------------------ inverted-residual chains
+_CHAIN_C = "dwconv_avx2.chain"
+_CHAIN_BYTES = 256 << 10   # a band's scratch (expanded rows + depthwise rows): stays in L2
+_CHAIN_STAGES = ("expand", "dw", "project")
+
+
+class _SubContext:
+    """A chain stage's own node context when the chain runs as separate NhwcConv calls."""
+
+    __slots__ = ("extra",)
+
+    def __init__(self):
+        self.extra = {}
+
+
+def _chain_band(S, W, OW, C1):
+    """Output rows per band of ``dwconv_avx2.chain``: its two scratch buffers
+    (``(band-1)*S + 3`` expanded rows of W x C1, ``band`` depthwise rows of OW x C1) within
+    :data:`_CHAIN_BYTES`, at least one row."""
+    row_e, row_d = W * C1 * 4, OW * C1 * 4
+    return max(1, (_CHAIN_BYTES - (3 - S) * row_e) // max(1, S * row_e + row_d))
+
+
+def _chain_stages(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx):
+    """The chain as NhwcConv calls one after another (the reference; also the path when
+    the C chain does not apply)."""
+    subs = None if ctx is None else ctx.extra.setdefault(
+        "chain_subs", (_SubContext(), _SubContext(), _SubContext()))
+    y = X
+    if We is not None:
+        y = nhwc_conv(y, We, Be, activation=attrs["expand_activation"],
+                      activation_params=attrs["expand_params"],
+                      ctx=None if subs is None else subs[0])
+    y = nhwc_conv(y, Wd, Bd, activation=attrs["dw_activation"],
+                  activation_params=attrs["dw_params"], group=int(Wd.shape[3]),
+                  strides=attrs["strides"], pads=attrs["pads"], auto_pad=attrs["auto_pad"],
+                  ctx=None if subs is None else subs[1])
+    if Wp is not None:
+        y = nhwc_conv(y, Wp, Bp, Z, activation=attrs["project_activation"],
+                      activation_params=attrs["project_params"],
+                      ctx=None if subs is None else subs[2])
+    return y
+
+
+def _clip_of(activation, params):
+    p = [float(v) for v in (params or ())] + [0.0, 0.0]
+    return _bounds(activation, p[0], p[1])
+
+
+@kernel("NhwcConvChain", since=1, domain=FUSED_DOMAIN, category="layer", wants_ctx=True)
+def nhwc_conv_chain(X, We=None, Be=None, Wd=None, Bd=None, Wp=None, Bp=None, Z=None,
+                    I=None, *, strides=(1, 1), pads=None, auto_pad="NOTSET",  # noqa: E741
+                    expand_activation="", expand_params=(), dw_activation="", dw_params=(),
+                    project_activation="", project_params=(), interleave_first=1, ctx=None):
+    """MobileNet's inverted-residual chain, channels-last (written by the layout pass, see
+    :func:`workbench.graph.layout.chain_convs`): an optional 1x1 expand (We (1, 1, C0, C1),
+    Be), a depthwise 3x3 (Wd (3, 3, 1, C1), Bd; ``strides``/``pads``/``auto_pad``), an
+    optional 1x1 project (Wp (1, 1, C1, M), Bp, residual Z), each with its FusedConv
+    activation: exactly ``NhwcConv`` three times. With ``I`` (ShuffleNet's other half), the
+    result then goes through ``NhwcConcatShuffle(I, result, groups=2)`` (``(result, I)``
+    when ``interleave_first`` is 0). On float32 with clip-like activations and the C kernels
+    loaded it runs ``dwconv_avx2.chain`` (band by band of output rows, the expanded rows in
+    L2, each band's result interleaved straight into the output; the same bits as the
+    separate layers); else the separate layers."""
+    attrs = {"strides": list(strides), "pads": pads, "auto_pad": auto_pad,
+             "expand_activation": expand_activation, "expand_params": expand_params,
+             "dw_activation": dw_activation, "dw_params": dw_params,
+             "project_activation": project_activation, "project_params": project_params}
+    if Wd is None or Wd.ndim != 4 or X.ndim != 4:
+        raise ShapeError(f"NhwcConvChain: needs X (N, H, W, C) and depthwise weights "
+                         f"(3, 3, 1, C), got X {tuple(X.shape)}, Wd "
+                         f"{None if Wd is None else tuple(Wd.shape)}")
+    first = bool(int(interleave_first))
+    if ctx is not None:
+        fast = ctx.extra.get("chain_fast")
+        if fast is not None:
+            y = fast(X, We, Be, Wd, Bd, Wp, Bp, Z, I)
+            if y is not None:
+                return y
+            ctx.extra.pop("chain_fast", None)
+    y = _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx, I, first)
+    if y is None:
+        y = _chain_stages(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx)
+        if I is not None:
+            y = nhwc_concat_shuffle(*((I, y) if first else (y, I)), groups=2)
+    return y
+
+
+def _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx, I=None, first=True):  # noqa: E741
+    """``dwconv_avx2.chain`` when it applies (else None: nothing done)."""
+    f32 = np.float32
+    arrays = [a for a in (X, We, Be, Wd, Bd, Wp, Bp, Z, I) if a is not None]
+    if any(type(a) is not np.ndarray or a.dtype != f32 for a in arrays):
+        return None
+    clips = [_clip_of(attrs[f"{s}_activation"], attrs[f"{s}_params"]) for s in _CHAIN_STAGES]
+    if any(c is None for c in clips):
+        return None
+    k, g = compiled.kernel(_CHAIN_C), compiled.kernel("gemm_avx2.gemm")
+    if k is None or g is None:
+        return None
+    N, H, W, C0 = (int(v) for v in X.shape)
+    C1 = int(Wd.shape[3])
+    if tuple(Wd.shape) != (3, 3, 1, C1) \
+            or (We is not None and tuple(We.shape) != (1, 1, C0, C1)) \
+            or (We is None and C0 != C1) or (Wp is not None and (
+                Wp.ndim != 4 or tuple(Wp.shape[:3]) != (1, 1, C1))):
+        return None
+    M = C1 if Wp is None else int(Wp.shape[3])
+    for b, m in ((Be, C1), (Bd, C1), (Bp, M)):
+        if b is not None and b.size != m:
+            return None
+    st = spatial_ints("NhwcConvChain", "strides", attrs["strides"], 2, 1)
+    pb, _pe, out, _extra = window_geometry("NhwcConvChain", (H, W), (3, 3), st, [1, 1],
+                                           attrs["pads"], attrs["auto_pad"])
+    S = st[0]
+    if st[1] != S or S not in (1, 2) or (Z is not None and (
+            Wp is None or tuple(Z.shape) != (N, out[0], out[1], M))):
+        return None
+    OH, OW = out
+    sa = None
+    if I is not None:
+        sa = _row_stride(I) if Wp is not None and tuple(I.shape) == (N, OH, OW, M) else None
+        if sa is None:
+            return None
+    y = np.empty((N, OH, OW, M if I is None else 2 * M), f32)
+    if y.size == 0:
+        return y
+    x = _contiguous(X)
+    z = None if Z is None else np.ascontiguousarray(Z)
+    packs = []
+    if We is not None:
+        packs.append(_packed(ctx, We, Be, We.reshape(C0, C1),
+                             None if Be is None else Be.reshape(C1), key="chain_expand"))
+    packs.append(_packed(ctx, Wd, Bd, Wd, None if Bd is None else Bd.reshape(C1),
+                         key="chain_dw", pack=pack_depthwise))
+    if Wp is not None:
+        packs.append(_packed(ctx, Wp, Bp, Wp.reshape(C1, M),
+                             None if Bp is None else Bp.reshape(M), key="chain_project"))
+    key = (x.shape, M, z is not None, I is not None, first,
+           tuple(id(a) for p in packs for a in p))
+    got = None if ctx is None else ctx.extra.get("chain_bound")
+    busy = None
+    if got is not None and got[0] == key and got[3].acquire(False):
+        blocks, busy = got[1], got[3]
+    else:
+        blocks = _chain_blocks(g, packs, We is not None, Wp is not None, z is not None,
+                               (N, H, W, C0, C1, M, OH, OW, S, pb), clips,
+                               None if I is None else first)
+        if ctx is not None and (got is None or got[0] != key):
+            busy = threading.Lock()
+            busy.acquire()
+            ctx.extra["chain_bound"] = (key, blocks, None, busy)
+    work = N * OH * OW * C1 * (9 + C0 + M)
+    try:
+        _chain_run(k.raw, blocks, x, z, y, work, I, sa or 0)
+    finally:
+        if busy is not None:
+            busy.release()
+    if ctx is not None and ctx.extra.get("chain_bound", (None,))[0] == key:
+        ctx.extra["chain_fast"] = _chain_fast(ctx, (We, Be, Wd, Bd, Wp, Bp), X.shape,
+                                              None if z is None else z.shape, y.shape, k.raw,
+                                              work, None if I is None else I.shape)
+    return y
+
+
+def _chain_run(raw, blocks, x, z, y, work, other=None, sa=0):
+    """``dwconv_avx2.chain`` on its call blocks with these arrays (one call here with the
+    band buffers from this thread's workspace, or the blocks over the pool with a buffer of
+    the call's). ``other`` (row stride ``sa``): the half the results are interleaved with."""
+    dp = compiled.data_pointer
+    px, py = dp(x), dp(y)
+    pz = py if z is None else dp(z)
+    pi = 0 if other is None else dp(other)
+
+    for blk, _ in blocks:
+        blk[0], blk[7], blk[8], blk[35], blk[38] = px, pz, py, pi, sa
+    if len(blocks) == 1:
+        # the band buffers: the calling thread's workspace, shared by every chain node (held
+        # here while the kernel runs: past scratch's size it is a fresh array)
+        blk, (ne, nd, npb, _packs) = blocks[0]
+        ebuf = scratch(np, (ne,), _F32, slot="chain_expand")
+        dbuf = scratch(np, (nd,), _F32, slot="chain_dw")
+        pbuf = scratch(np, (npb,), _F32, slot="chain_project")
+        blk[9], blk[10], blk[36] = dp(ebuf), dp(dbuf), dp(pbuf)
+        raw(dp(blk))
+        return
+    # split over the pool: one buffer for the call, a part per range (not the pool threads'
+    # workspaces: which thread takes which range changes from run to run, so those would be
+    # made in whichever run first gives a thread a range, not in the first run)
+    buf = np.empty(sum(sum(sizes[:3]) for _, sizes in blocks), _F32)
+    at = dp(buf)
+    for blk, (ne, nd, npb, _packs) in blocks:
+        blk[9], blk[10], blk[36] = at, at + 4 * ne, at + 4 * (ne + nd)
+        at += 4 * (ne + nd + npb)
+
+    def run(chunk):
+        for blk, _ in chunk:
+            raw(dp(blk))
+    run_blocks(np, blocks, run, work)
+    del buf
+
+
+def _chain_fast(ctx, weights, x_shape, z_shape, y_shape, raw, work, i_shape):
+    """The node's next runs with inputs like these: everything but the arrays' addresses
+    checked once here (as NhwcConv's pre-bound call, :func:`_bound_call`): the same weight
+    and bias arrays, unchanged (the packing's sample and bias bytes), X and Z of the same
+    shapes, kernels on; else None (the full path runs, and binds again)."""
+    _key, blocks, _, busy = ctx.extra["chain_bound"]
+    checks = [(w_in, b_in, idx, sample, b_bytes) for w_in, b_in, idx, sample, b_bytes, _p in
+              (ctx.extra[k] for k, w in zip(("chain_expand", "chain_dw", "chain_project"),
+                                            weights[::2]) if w is not None)]
+    enabled, empty = compiled.enabled, np.empty
+    w0, w1, w2, w3, w4, w5 = weights
+
+    def fast(X, We, Be, Wd, Bd, Wp, Bp, Z, I):  # noqa: E741
+        if We is not w0 or Be is not w1 or Wd is not w2 or Bd is not w3 or Wp is not w4 \
+                or Bp is not w5 or type(X) is not np.ndarray or X.shape != x_shape \
+                or X.dtype is not _F32:
+            return None
+        if Z is None:
+            if z_shape is not None:
+                return None
+        elif type(Z) is not np.ndarray or Z.shape != z_shape or Z.dtype is not _F32:
+            return None
+        sa = 0
+        if I is None:
+            if i_shape is not None:
+                return None
+        else:
+            if type(I) is not np.ndarray or I.shape != i_shape or I.dtype is not _F32:
+                return None
+            sa = _row_stride(I)
+            if sa is None:
+                return None
+        for w_in, b_in, idx, sample, b_bytes in checks:
+            if _sample(w_in, idx) != sample or (b_bytes is not None
+                                                and b_in.tobytes() != b_bytes):
+                return None
+        if not enabled() or not busy.acquire(False):
+            return None
+        try:
+            y = empty(y_shape, _F32)
+            _chain_run(raw, blocks, _contiguous(X), None if Z is None
+                       else np.ascontiguousarray(Z), y, work, I, sa)
+            return y
+        finally:
+            busy.release()
+    return fast
+
+
+def _chain_blocks(g, packs, has_e, has_p, has_z, geom, clips, first=None):
+    """The call blocks of ``dwconv_avx2.chain`` for output row ranges (one range unless the
+    work is worth splitting over the pool), each with the sizes of its band buffers (given
+    at each call, see :func:`_chain_run`). ``first``: None, or the results
+    interleaved with another half (which takes the even channels when ``first``)."""
+    N, H, W, C0, C1, M, OH, OW, S, pb = geom
+    band = _chain_band(S, W, OW, C1)
+    rows = N * OH
+    work = rows * OW * C1 * (9 + (C0 if has_e else 0) + (M if has_p else 0))
+    nw = n_workers()
+    if nw > 1 and work >= _SPLIT_MIN:
+        step = max(1, -(-rows // (2 * nw)))
+        jobs = [(r, min(rows, r + step)) for r in range(0, rows, step)]
+    else:
+        jobs = [(0, rows)]
+    packs = list(packs)
+    ew, eb = packs.pop(0) if has_e else (_ONE, _ONE)
+    dw, db = packs.pop(0)
+    pw, pbias = packs.pop(0) if has_p else (_ONE, _ONE)
+    gemm = ctypes.cast(g.raw, ctypes.c_void_p).value
+    dp = compiled.data_pointer
+    (elo, ehi), (dlo, dhi), (plo, phi) = clips
+    ne = ((band - 1) * S + 3) * W * C1 if has_e else 1   # floats of the band buffers
+    nd = band * OW * C1 if has_p else 1
+    npb = band * OW * M if has_p and first is not None else 1
+    blocks = []
+    for r0, r1 in jobs:
+        blk = np.zeros(40, np.int64)
+        blk[:12] = [0, dp(ew), dp(eb), dp(dw), dp(db), dp(pw), dp(pbias), 0, 0, 0, 0, gemm]
+        blk[12:29] = [N, H, W, C0, C1, M, OH, OW, S, pb[0], pb[1], int(has_e), int(has_p),
+                      int(has_z), band, r0, r1]
+        blk.view(np.float64)[29:35] = [elo, ehi, dlo, dhi, plo, phi]
+        # 35 the other half and 36 the projected band's buffer (per call), 37 has_i, 38 the
+        # other half's row stride (per call), 39 i_first
+        blk[37], blk[39] = int(first is not None), int(bool(first))
+        # the packed weights are kept alive by the node's context (or by this list)
+        blocks.append((blk, (ne, nd, npb, (ew, eb, dw, db, pw, pbias))))
+    return blocks

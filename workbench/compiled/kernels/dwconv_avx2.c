@@ -21,6 +21,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 static const int32_t mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 
@@ -396,5 +397,315 @@ void wb_dwconv_avx2_interleave2(const int64_t *block) {
             yi[2 * j] = ai[j];
             yi[2 * j + 1] = bi[j];
         }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * An inverted-residual chain per band of output rows (see dwconv_avx2.py, ``chain``):
+ *
+ *   E = clip(X @ We + be)              (1x1 expand, when has_e; else E is X)
+ *   D = clip(depthwise3x3(E) + bd)     (stride S, pads pt/pl, as wb_dwconv_avx2_dw3x3)
+ *   Y = clip(D @ Wp + bp + Z)          (1x1 project, when has_p; else Y is D)
+ *
+ * for output rows r0 <= n*OH + oh < r1, ``band`` output rows at a time: the band's input rows
+ * of E (and its D rows) live in small scratch buffers (L2) instead of whole tensors that go
+ * to memory and back. E rows shared with the next band (the 3 - S rows of the window's
+ * overlap) are moved to the buffer's front, not computed again. The 1x1 products are the GEMM
+ * of gemm_avx2 (its address in the block: this module only calls it), the depthwise stage is
+ * wb_dwconv_avx2_dw3x3 on the band as an image of its own rows; every value is computed by the
+ * same instructions in the same order as by the three layers run one after another, so the
+ * results are the same bits. ebuf holds (band-1)*S + 3 rows of W x C1, dbuf band x OW x C1.
+ * With has_i (and has_p) the band's projected rows go to pbuf and are interleaved with the
+ * other half ia into Y as ``interleave2`` does (ShuffleNet's concat + channel shuffle after
+ * a branch): Y (N, OH, OW, 2M) never holds the branch's own output.
+ */
+typedef void (*gemm_fn)(const float *, const float *, const float *, const float *, float *,
+                        int64_t, int64_t, int64_t, int64_t, int64_t, float, float);
+
+typedef struct {
+    const float *x, *ew, *eb, *dw, *db, *pw, *pb, *z;
+    float *y, *ebuf, *dbuf;
+    gemm_fn gemm;
+    int64_t N, H, W, C0, C1, M, OH, OW, S, pt, pl, has_e, has_p, has_z, band, r0, r1;
+    double elo, ehi, dlo, dhi, plo, phi;
+    const float *ia;   /* has_i: the other half of a 2-group concat + shuffle (NHWC rows of M
+                        * values sa apart); Y then has 2M channels, interleaved */
+    float *pbuf;       /* has_i: the band's projected rows, band x OW x M */
+    int64_t has_i, sa, i_first;   /* i_first: ia's values take the even channels */
+} chain_t;
+
+void wb_dwconv_avx2_chain(const int64_t *block) {
+    const chain_t *a = (const chain_t *)block;
+    const int64_t H = a->H, W = a->W, C0 = a->C0, C1 = a->C1, M = a->M, OH = a->OH,
+                  OW = a->OW, S = a->S, pt = a->pt, band = a->band;
+    if (a->r1 <= a->r0 || OH <= 0 || OW <= 0 || C1 <= 0 || band <= 0 || (S != 1 && S != 2)
+            || (a->has_e && C0 <= 0) || (a->has_p && M <= 0))
+        return;
+    const float elo = (float)a->elo, ehi = (float)a->ehi;
+    const float plo = (float)a->plo, phi = (float)a->phi;
+    const int64_t rowe = W * C1;   /* floats of one E row */
+    int64_t cur = -1, have_lo = 0, have_hi = 0;   /* E rows have_lo .. have_hi-1 of image cur */
+    for (int64_t r = a->r0; r < a->r1;) {
+        const int64_t n = r / OH, oa = r - n * OH;
+        int64_t ob = oa + band;
+        if (ob > OH)
+            ob = OH;
+        if (ob > a->r1 - n * OH)
+            ob = a->r1 - n * OH;
+        int64_t ia = oa * S - pt, ib = (ob - 1) * S - pt + 3;
+        if (ia < 0)
+            ia = 0;
+        if (ib > H)
+            ib = H;
+        if (ib <= ia) {   /* every tap in padding (pads >= 3): no input row */
+            ia = 0;
+            ib = 0;
+        }
+        const float *src;
+        if (a->has_e) {
+            int64_t start = ia;
+            if (cur == n && ia >= have_lo && ia < have_hi && have_hi <= ib) {
+                memmove(a->ebuf, a->ebuf + (ia - have_lo) * rowe,
+                        (size_t)((have_hi - ia) * rowe) * sizeof(float));
+                start = have_hi;
+            }
+            if (ib > start)
+                a->gemm(a->x + (n * H + start) * W * C0, a->ew, a->eb, a->ebuf,
+                        a->ebuf + (start - ia) * rowe, C0, C1, 0, (ib - start) * W, 0, elo,
+                        ehi);
+            cur = n;
+            have_lo = ia;
+            have_hi = ib;
+            src = a->ebuf;
+        } else {
+            src = a->x + (n * H + ia) * W * C1;
+        }
+        float *out = a->has_p ? a->dbuf : a->y + (n * OH + oa) * OW * C1;
+        call_t d;
+        d.x = src;
+        d.wp = a->dw;
+        d.bp = a->db;
+        d.z = src;
+        d.y = out;
+        d.N = 1;
+        d.H = ib - ia;
+        d.W = W;
+        d.C = C1;
+        d.OH = ob - oa;
+        d.OW = OW;
+        d.S = S;
+        d.pt = pt - (oa * S - ia);
+        d.pl = a->pl;
+        d.has_z = 0;
+        d.r0 = 0;
+        d.r1 = ob - oa;
+        d.lo = a->dlo;
+        d.hi = a->dhi;
+        wb_dwconv_avx2_dw3x3((const int64_t *)&d);
+        if (a->has_p) {
+            const int64_t o = (n * OH + oa) * OW * M;
+            float *dst = a->has_i ? a->pbuf : a->y + o;
+            a->gemm(a->dbuf, a->pw, a->pb, a->has_z ? a->z + o : a->dbuf, dst, C1, M, 0,
+                    (ob - oa) * OW, a->has_z, plo, phi);
+            if (a->has_i) {   /* the band's pixels interleaved with the other half into Y */
+                const float *other = a->ia + (n * OH + oa) * OW * a->sa;
+                inter_t il;
+                il.a = a->i_first ? other : a->pbuf;
+                il.b = a->i_first ? a->pbuf : other;
+                il.y = a->y + (n * OH + oa) * OW * 2 * M;
+                il.c = M;
+                il.sa = a->i_first ? a->sa : M;
+                il.sb = a->i_first ? M : a->sa;
+                il.p0 = 0;
+                il.p1 = (ob - oa) * OW;
+                wb_dwconv_avx2_interleave2((const int64_t *)&il);
+            }
+        }
+        r = n * OH + ob;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * A convolution with few input channels (group 1, C <= 4: a network's stem on RGB images),
+ * see dwconv_avx2.py, ``fewc``:
+ *
+ *   Y[n, oh, ow, m] = clip(sum_{i,j,c} X[n, oh*SH - pt + i, ow*SW - pl + j, c] * W[i, j, c, m]
+ *                          + bias[m] + Z[n, oh, ow, m], lo, hi)
+ *
+ * X is read through element strides (sn, sh, sw, sc): the layout pass' NHWC view of an NCHW
+ * input needs no copy. W packed as (KH*KW*C, Mp) and bias as (Mp,), Mp = M rounded up to 8,
+ * zeros past M. Each output is one FMA chain over the taps in (i, j, c) order from zero, then
+ * bias, Z and the clip; taps in the padding read 0 (as a zero-padded input: 0 * Inf is NaN).
+ * A register tile of P pixels x NV vectors of 8 output channels (P*NV <= 12 accumulators),
+ * the input value broadcast once per pixel and tap, each weight vector loaded once per tap
+ * for the P pixels.
+ */
+typedef struct {
+    const float *x, *w, *b, *z;
+    float *y;
+    int64_t N, H, W, C, OH, OW, M, KH, KW, SH, SW, pt, pl, sn, sh, sw, sc, has_z, r0, r1;
+    double lo, hi;
+} fewc_t;
+
+/* one output value vector: pixel ow of row oh, channels m0 .. m0+7 (masked when mk), taps
+ * outside the input read as 0 (border pixels, and the few interior ones past the tiles) */
+static __attribute__((noinline)) void fewc_pixel(
+        const fewc_t *a, const float *xn, int64_t oh, int64_t ow, int64_t m0, const float *zr,
+        float *yr, int clip, __m256 lo, __m256 hi, __m256i tail, int mk) {
+    const int64_t C = a->C, KH = a->KH, KW = a->KW, Mp = (a->M + 7) / 8 * 8;
+    const int64_t ih0 = oh * a->SH - a->pt, iw0 = ow * a->SW - a->pl;
+    const float *wr = a->w + m0;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < KH; i++) {
+        const int64_t ih = ih0 + i;
+        const int rin = ih >= 0 && ih < a->H;
+        for (int64_t j = 0; j < KW; j++) {
+            const int64_t iw = iw0 + j;
+            const int in = rin && iw >= 0 && iw < a->W;
+            for (int64_t c = 0; c < C; c++, wr += Mp) {
+                const float v = in ? xn[ih * a->sh + iw * a->sw + c * a->sc] : 0.0f;
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(v), _mm256_loadu_ps(wr), acc);
+            }
+        }
+    }
+    const int64_t o = ow * a->M + m0;
+    acc = _mm256_add_ps(acc, _mm256_loadu_ps(a->b + m0));
+    if (a->has_z)
+        acc = _mm256_add_ps(acc, mk ? _mm256_maskload_ps(zr + o, tail) : _mm256_loadu_ps(zr + o));
+    if (clip) {
+        acc = _mm256_max_ps(lo, acc);
+        acc = _mm256_min_ps(hi, acc);
+    }
+    if (mk)
+        _mm256_maskstore_ps(yr + o, tail, acc);
+    else
+        _mm256_storeu_ps(yr + o, acc);
+}
+
+/* P interior pixels (every tap inside the input) from column ow of output row oh (image
+ * xn), the NV vectors of channels from m0 (the last masked when mk) */
+static inline __attribute__((always_inline)) void fewc_tile(
+        const int P, const int NV, const fewc_t *a, const float *xn,
+        int64_t oh, int64_t ow, int64_t m0, const float *zr, float *yr, int clip, __m256 lo,
+        __m256 hi, __m256i tail, int mk) {
+    const int64_t C = a->C, KH = a->KH, KW = a->KW, Mp = (a->M + 7) / 8 * 8, M = a->M;
+    const int64_t sh = a->sh, sw = a->sw, sc = a->sc;
+    const int64_t ih0 = oh * a->SH - a->pt;
+    __m256 acc[6][4];
+#pragma GCC unroll 6
+    for (int q = 0; q < P; q++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+            acc[q][v] = _mm256_setzero_ps();
+    const float *wr = a->w + m0;
+    {
+        const float *base[6];
+#pragma GCC unroll 6
+        for (int q = 0; q < P; q++)
+            base[q] = xn + ih0 * sh + ((ow + q) * a->SW - a->pl) * sw;
+        for (int64_t i = 0; i < KH; i++)
+            for (int64_t j = 0; j < KW; j++) {
+                const int64_t o0 = i * sh + j * sw;
+                for (int64_t c = 0; c < C; c++, wr += Mp) {
+                    const int64_t o = o0 + c * sc;
+                    __m256 wv[4];
+#pragma GCC unroll 4
+                    for (int v = 0; v < NV; v++)
+                        wv[v] = _mm256_loadu_ps(wr + 8 * v);
+#pragma GCC unroll 6
+                    for (int q = 0; q < P; q++) {
+                        const __m256 xb = _mm256_broadcast_ss(base[q] + o);
+#pragma GCC unroll 4
+                        for (int v = 0; v < NV; v++)
+                            acc[q][v] = _mm256_fmadd_ps(xb, wv[v], acc[q][v]);
+                    }
+                }
+            }
+    }
+#pragma GCC unroll 6
+    for (int q = 0; q < P; q++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            const int last = mk && v == NV - 1;
+            const int64_t o = (ow + q) * M + m0 + 8 * v;
+            __m256 r = _mm256_add_ps(acc[q][v], _mm256_loadu_ps(a->b + m0 + 8 * v));
+            if (a->has_z)
+                r = _mm256_add_ps(r, last ? _mm256_maskload_ps(zr + o, tail)
+                                          : _mm256_loadu_ps(zr + o));
+            if (clip) {
+                r = _mm256_max_ps(lo, r);
+                r = _mm256_min_ps(hi, r);
+            }
+            if (last)
+                _mm256_maskstore_ps(yr + o, tail, r);
+            else
+                _mm256_storeu_ps(yr + o, r);
+        }
+}
+
+/* one output row, channels m0 .. m0 + 8*NV - 1: border pixels one by one, interior ones P at
+ * a time (P * NV <= 12 accumulators; 3 x 3 measured faster than 4 x 3 on AMD EPYC) */
+static inline __attribute__((always_inline)) void fewc_cols(
+        const int P, const int NV, const fewc_t *a, const float *xn, int64_t oh, int rows_in,
+        int64_t ow_lo, int64_t ow_hi, int64_t m0, const float *zr, float *yr, int clip,
+        __m256 lo, __m256 hi, __m256i tail, int mk) {
+    int64_t ow = 0;
+#define PIXEL                                                                               \
+    for (int v = 0; v < NV; v++)                                                            \
+        fewc_pixel(a, xn, oh, ow, m0 + 8 * v, zr, yr, clip, lo, hi, tail, mk && v == NV - 1);
+    if (rows_in) {
+        for (; ow < ow_lo; ow++)
+            PIXEL
+        for (; ow + P <= ow_hi; ow += P)
+            fewc_tile(P, NV, a, xn, oh, ow, m0, zr, yr, clip, lo, hi, tail, mk);
+    }
+    for (; ow < a->OW; ow++)
+        PIXEL
+#undef PIXEL
+}
+
+void wb_dwconv_avx2_fewc(const int64_t *block) {
+    const fewc_t *a = (const fewc_t *)block;
+    const int64_t OH = a->OH, OW = a->OW, M = a->M, W = a->W, KW = a->KW, SW = a->SW,
+                  pl = a->pl;
+    if (a->r1 <= a->r0 || OW <= 0 || M <= 0 || a->C <= 0 || a->C > 4 || a->KH <= 0
+            || KW <= 0 || a->SH <= 0 || SW <= 0)
+        return;
+    const float lo = (float)a->lo, hi = (float)a->hi;
+    const int clip = !(isinf(lo) && lo < 0 && isinf(hi) && hi > 0);
+    const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+    const __m256i tail = lanes(M & 7);
+    /* columns whose taps are all inside: ow_lo <= ow < ow_hi */
+    int64_t ow_lo = (pl + SW - 1) / SW, ow_hi = W - KW + pl >= 0 ? (W - KW + pl) / SW + 1 : 0;
+    if (ow_lo > OW)
+        ow_lo = OW;
+    if (ow_hi > OW)
+        ow_hi = OW;
+    if (ow_hi < ow_lo)
+        ow_hi = ow_lo;
+    for (int64_t r = a->r0; r < a->r1; r++) {
+        const int64_t n = r / OH, oh = r - n * OH, ih0 = oh * a->SH - a->pt;
+        const float *xn = a->x + n * a->sn;
+        float *yr = a->y + r * OW * M;
+        const float *zr = a->has_z ? a->z + r * OW * M : a->z;
+        const int rows_in = ih0 >= 0 && ih0 + a->KH <= a->H;
+#define COLS(P, NV, MK) fewc_cols(P, NV, a, xn, oh, rows_in, ow_lo, ow_hi, m0, zr, yr, clip, \
+                                  vlo, vhi, tail, MK)
+        int64_t m0 = 0;
+        /* whole blocks of 32 channels: 3 pixels x 4 vectors */
+        for (; m0 + 32 <= M; m0 += 32)
+            COLS(3, 4, 0);
+        if (m0 < M) {   /* the rest: 1-4 vectors, the last masked when M % 8 */
+            const int nv = (int)((M - m0 + 7) / 8), mk = (M & 7) != 0;
+            if (nv == 4)
+                COLS(3, 4, mk);
+            else if (nv == 3)
+                COLS(3, 3, mk);
+            else if (nv == 2)
+                COLS(6, 2, mk);
+            else
+                COLS(6, 1, mk);
+        }
+#undef COLS
     }
 }
