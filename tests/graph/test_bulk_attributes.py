@@ -99,3 +99,24 @@ def test_a_forest_loaded_through_the_helper_runs_like_onnxruntime(monkeypatch):
     got = backend.prepare(onnx.load_from_string(m.SerializeToString())).run(X[:40])
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+
+
+def test_empty_list_attributes_write_back_with_a_type():
+    """An empty list attribute (no value to infer a type from) is written with the schema's
+    type, or INTS for an op without a schema (the engine's own fused nodes, e.g. NhwcConv's
+    empty ``activation_params``), and reads back as an empty list."""
+    from workbench.graph.ir import Graph, Node, ValueInfo
+
+    g = Graph(nodes=[Node("Conv", ["x", "w"], ["y"], {"dilations": [], "pads": []}, "c"),
+                     Node("NhwcConv", ["y"], ["z"], {"activation_params": []}, "n",
+                          "workbench.fused")],
+              inputs=[ValueInfo("x", 1, (1, 1, 3, 3))],
+              outputs=[ValueInfo("z", 1, None)],
+              initializers={"w": np.ones((1, 1, 1, 1), np.float32)})
+    proto = g.to_proto()
+    conv, fused = proto.node
+    assert [(a.name, a.type) for a in conv.attribute] == \
+        [("dilations", onnx.AttributeProto.INTS), ("pads", onnx.AttributeProto.INTS)]
+    assert [(a.name, a.type) for a in fused.attribute] == \
+        [("activation_params", onnx.AttributeProto.INTS)]
+    assert all(attr_to_python(a, {}) == [] for a in list(conv.attribute) + list(fused.attribute))

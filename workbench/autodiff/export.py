@@ -198,7 +198,8 @@ def to_onnx(inputs: Sequence, outputs: Sequence, *, input_names: Sequence[str] |
         proto = helper.make_node(n.op_type, ins, outs, name=node_names.take(n.name),
                                  domain=n.domain or None)
         try:
-            proto.attribute.extend(python_to_attr(a, v) for a, v in n.attrs.items())
+            proto.attribute.extend(python_to_attr(a, v, n.op_type, n.domain)
+                                   for a, v in n.attrs.items())
         except Exception as e:
             raise ExportError(f"node {n.name!r} ({n.op_type}): an attribute cannot be written "
                               f"to ONNX: {e}") from e

@@ -225,7 +225,30 @@ def attr_to_python(a: onnx.AttributeProto, opsets: dict, where: str = "", *,
     return helper.get_attribute_value(a)
 
 
-def python_to_attr(name: str, value) -> onnx.AttributeProto:
+def _empty_list_type(name: str, op_type: str | None, domain: str | None) -> int:
+    """The AttributeProto type of an empty list attribute (onnx cannot infer it from no
+    values): the op's schema's where it has one, else INTS (an empty list reads back as an
+    empty list whatever the list type: the engine's own fused nodes, e.g. NhwcConv's
+    ``activation_params``)."""
+    if op_type:
+        try:
+            schema = onnx.defs.get_schema(op_type, domain=domain or "")
+            attr = schema.attributes.get(name)
+            if attr is not None and attr.type in _LIST_TYPES:
+                return attr.type
+        except Exception:  # noqa: BLE001 - no schema (a custom or the engine's own domain)
+            pass
+    return AttributeProto.INTS
+
+
+_LIST_TYPES = {AttributeProto.INTS, AttributeProto.FLOATS, AttributeProto.STRINGS,
+               AttributeProto.TENSORS, AttributeProto.GRAPHS, AttributeProto.TYPE_PROTOS}
+
+
+def python_to_attr(name: str, value, op_type: str | None = None,
+                   domain: str | None = None) -> onnx.AttributeProto:
+    if isinstance(value, (list, tuple)) and not len(value):
+        return AttributeProto(name=name, type=_empty_list_type(name, op_type, domain))
     if isinstance(value, AttrArray):
         floats = value.dtype.kind == "f"
         a = AttributeProto(name=name, type=AttributeProto.FLOATS if floats
@@ -292,7 +315,8 @@ class Graph:
                                   domain=n.domain or None)
             if n.doc_string:
                 pn.doc_string = n.doc_string
-            pn.attribute.extend(python_to_attr(k, v) for k, v in n.attrs.items())
+            pn.attribute.extend(python_to_attr(k, v, n.op_type, n.domain)
+                                for k, v in n.attrs.items())
             nodes.append(pn)
         inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in self.initializers.items()]
         g = helper.make_graph(nodes, self.name, [v.to_proto() for v in self.inputs],

@@ -231,7 +231,8 @@ def _infer_node_shapes(g: Graph, n: Node, consts: dict) -> list:
                 return []
             types[name] = onnx.helper.make_tensor_type_proto(v.dtype, shape)
         proto = onnx.helper.make_node(n.op_type, list(n.inputs), list(n.outputs))
-        proto.attribute.extend(python_to_attr(k, v) for k, v in n.attrs.items())
+        proto.attribute.extend(python_to_attr(k, v, n.op_type, n.domain)
+                               for k, v in n.attrs.items())
         out = shape_inference.infer_node_outputs(
             schema, proto, types, data,
             opset_imports=[onnx.helper.make_opsetid("", opset)])
