@@ -148,3 +148,71 @@ def test_maxpool_gradient_nan_and_empty(maxpool_kernel):
     g[0, 0, 0, 0] = np.inf
     got = rp._max_pool_grad_compiled(x, y, g, k, s, d, pb)
     assert np.isinf(got).sum() == 1 and not np.isnan(got).any()
+
+
+@pytest.fixture
+def wgrad(monkeypatch):
+    why = compiled.c_unavailable("wgrad_avx2")
+    if why:
+        pytest.skip(why)
+    if not compiled.wait(["wgrad_avx2"], timeout=300):
+        pytest.skip(f"wgrad_avx2 is not available: {compiled.status()['modules']}")
+    monkeypatch.setattr(rc, "_WGRAD_MIN_ROWS", 0)
+    monkeypatch.setattr(rc, "_ICONV_MIN_C", 1)
+    return compiled.kernel("wgrad_avx2.wgrad")
+
+
+@pytest.mark.parametrize("n,c,h,w,m,k,s,p,d", CASES + [
+    (2, 21, 5, 6, 13, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),   # every tile tail at once
+])
+def test_weight_gradient_matches_the_plain_rule(wgrad, monkeypatch, n, c, h, w, m, k, s, p,
+                                                d):
+    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    oh = (h + p[0] + p[2] - (k[0] - 1) * d[0] - 1) // s[0] + 1
+    ow = (w + p[1] + p[3] - (k[1] - 1) * d[1] - 1) // s[1] + 1
+    gy = RNG.standard_normal((n, m, oh, ow)).astype(np.float32)
+    w_shape = (m, c) + k
+    args = (list(k), list(s), list(d), list(p[:2]), list(p[2:]))
+    want = rc._weight_grad_plain(np, x, gy, w_shape, 1, *args)
+    got = rc._weight_grad_c(x, gy, w_shape, *args[:4])
+    assert got is not None
+    _close(got, want, n * oh * ow)
+    # the split over threads (output-channel or tap ranges) does not change a bit
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "3")
+    assert np.array_equal(rc._weight_grad_c(x, gy, w_shape, *args[:4]), got)
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "1")
+    assert np.array_equal(rc._weight_grad_c(x, gy, w_shape, *args[:4]), got)
+
+
+def test_weight_gradient_nan_padding_and_empty(wgrad):
+    # an Inf output gradient next to the border meets the zero padding: 0 * Inf = NaN, as in
+    # the im2col product of the numpy path
+    x = RNG.standard_normal((1, 8, 5, 5)).astype(np.float32)
+    gy = RNG.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    gy[0, 1, 0, 0] = np.inf
+    x[0, 3, 2, 2] = np.nan
+    args = ([3, 3], [1, 1], [1, 1], [1, 1])
+    with np.errstate(invalid="ignore"):
+        want = rc._weight_grad_plain(np, x, gy, (4, 8, 3, 3), 1, *args, [1, 1])
+    got = rc._weight_grad_c(x, gy, (4, 8, 3, 3), *args)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.array_equal(np.isinf(got), np.isinf(want))
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-5, atol=1e-4)
+    empty = rc._weight_grad_c(np.zeros((0, 8, 5, 5), np.float32),
+                              np.zeros((0, 4, 5, 5), np.float32), (4, 8, 3, 3), *args)
+    assert empty is not None and not empty.any() and empty.shape == (4, 8, 3, 3)
+
+
+def test_compiled_paths_off_give_the_numpy_rule(wgrad, iconv):
+    x = RNG.standard_normal((2, 8, 6, 6)).astype(np.float32)
+    wt = RNG.standard_normal((5, 8, 3, 3)).astype(np.float32)
+    gy = RNG.standard_normal((2, 5, 6, 6)).astype(np.float32)
+    args = ([3, 3], [1, 1], [1, 1], [1, 1], [1, 1])
+    with compiled.disabled():
+        assert rc._weight_grad_c(x, gy, wt.shape, *args[:4]) is None
+        assert rc._input_grad_iconv(gy, wt, x.shape, [1, 1], [1, 1, 1, 1]) is None
+        ref = rc._grads_cpu(x, gy, wt, wt.shape, x.shape, *args, True, True)
+    got = rc._grads_cpu(x, gy, wt, wt.shape, x.shape, *args, True, True)
+    for r, g in zip(ref, got):
+        _close(g, r, 2 * 6 * 6 * 9)

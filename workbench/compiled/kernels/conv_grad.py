@@ -31,9 +31,9 @@ adds a negative-index wrap-around to every access and LLVM's vectoriser gives up
   of ``autodiff.rules.pool``'s numpy path, bit for bit). A window with no input equal to its
   output (NaN) sets ``miss[0] = 1``: the caller then runs the numpy reference.
 
-The depthwise kernels compute the channels ``c0 <= c < c1`` (all images of each), so the engine's threads
-split the work by channel and never write the same element. Any stride, dilation and
-(asymmetric) padding; NaN and Inf propagate as in numpy's sums.
+The depthwise kernels compute the channels ``c0 <= c < c1`` (all images of each), so the
+engine's threads split the work by channel and never write the same element. Any stride,
+dilation and (asymmetric) padding; NaN and Inf propagate as in numpy's sums.
 """
 
 from numba import carray, njit, uint64
