@@ -21,6 +21,17 @@ BLAS single-threaded (BLAS' own threads busy-wait and collapse on a loaded machi
 path (``_weight_grad_plain`` / ``_input_grad_plain``) handles the rest and is the reference the
 tests compare the fast path with.
 
+Compiled C paths (2-D float32 group-1 KxK convolutions of >= 8 input channels and >= 1024
+output pixels over the batch, when the kernels are loaded; measured per layer, see
+:func:`_iconv_applies` and ``benchmarks/bench_conv_train.py``): Conv's training form
+(:func:`conv_train`) and the stride-1 input gradient run on ``gemm_avx2.iconv``, the weight
+gradient on ``wgrad_avx2.wgrad`` (:func:`_weight_grad_c`), NCHW in and out through NHWC copies.
+The training-bit contract: these sum the same products in another order than im2col + OpenBLAS,
+so a training step's convolutions may differ from the numpy path's (and from an inference run's)
+in the last bits (relative ~1e-6; the tests compare them to tolerance); every output element is
+one sum in a fixed order, so no bit depends on the thread count or the split over the pool; with
+the kernels off or unavailable the numpy path runs, unchanged.
+
 Depthwise 2-D float32 on numpy: the compiled kernels ``conv_grad.dw_dx_*`` /
 ``conv_grad.dw_dw_*`` when they are loaded (channels split over the worker threads), else the
 numpy depthwise paths of ``ops.conv`` (the reference).
