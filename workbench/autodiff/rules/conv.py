@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 
 import numpy as np  # dtype constants only
 
@@ -549,6 +550,7 @@ def conv_train(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
 
 
 _WGRAD_TABLES: dict = {}   # shapes -> the indirection table of the weight gradient
+_WGRAD_LOCK = threading.Lock()
 
 
 def _weight_grad_c(x, gy, w_shape, k, s, d, pb):
@@ -574,9 +576,10 @@ def _weight_grad_c(x, gy, w_shape, k, s, d, pb):
     if ind is None:
         ind = indirection(h, wd, c, kh, kw, tuple(s), tuple(d), tuple(pb[:2]), (oh, ow))
         ind = np.ascontiguousarray(ind, np.int64)
-        while len(_WGRAD_TABLES) >= 64:
-            _WGRAD_TABLES.pop(next(iter(_WGRAD_TABLES)))
-        _WGRAD_TABLES[key] = ind
+        with _WGRAD_LOCK:   # steps may run in several threads
+            while len(_WGRAD_TABLES) >= 64:
+                _WGRAD_TABLES.pop(next(iter(_WGRAD_TABLES)))
+            _WGRAD_TABLES[key] = ind
     xn = scratch(np, (n, h, wd, c), np.float32, slot="wgrad_x")
     parallel_copy(np, xn, x.transpose(0, 2, 3, 1), axis=0)
     gn = scratch(np, (n, oh, ow, m), np.float32, slot="wgrad_dy")
