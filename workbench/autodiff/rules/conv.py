@@ -21,6 +21,17 @@ BLAS single-threaded (BLAS' own threads busy-wait and collapse on a loaded machi
 path (``_weight_grad_plain`` / ``_input_grad_plain``) handles the rest and is the reference the
 tests compare the fast path with.
 
+Compiled C paths (2-D float32 group-1 KxK convolutions of >= 8 input channels and >= 1024
+output pixels over the batch, when the kernels are loaded; measured per layer, see
+:func:`_iconv_applies` and ``benchmarks/bench_conv_train.py``): Conv's training form
+(:func:`conv_train`) and the stride-1 input gradient run on ``gemm_avx2.iconv``, the weight
+gradient on ``wgrad_avx2.wgrad`` (:func:`_weight_grad_c`), NCHW in and out through NHWC copies.
+The training-bit contract: these sum the same products in another order than im2col + OpenBLAS,
+so a training step's convolutions may differ from the numpy path's (and from an inference run's)
+in the last bits (relative ~1e-6; the tests compare them to tolerance); every output element is
+one sum in a fixed order, so no bit depends on the thread count or the split over the pool; with
+the kernels off or unavailable the numpy path runs, unchanged.
+
 Depthwise 2-D float32 on numpy: the compiled kernels ``conv_grad.dw_dx_*`` /
 ``conv_grad.dw_dw_*`` when they are loaded (channels split over the worker threads), else the
 numpy depthwise paths of ``ops.conv`` (the reference).
@@ -30,6 +41,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 
 import numpy as np  # dtype constants only
 
@@ -45,6 +57,7 @@ from workbench.ops.parallel import (
     scratch,
     single_threaded_blas,
 )
+from workbench.ops.registry import kernel
 
 
 def _as_strided(xp, a, shape, strides):
@@ -309,6 +322,8 @@ def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
             parts = parallel_matmul(np, gy.reshape(n, m, p),
                                     x.reshape(n, c, p).transpose(0, 2, 1))
         gw = parts.sum(axis=0).reshape(tuple(w_shape))
+    elif need_w and (gw := _weight_grad_c(x, gy, w_shape, k, s, d, pb)) is not None:
+        pass
     elif need_w:
         if pointwise:
             src = x.transpose((1, 0) + tuple(range(2, 2 + nsp)))        # (C, N, *sp)
@@ -334,8 +349,11 @@ def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
                                                        for i in range(nsp)):
             # stride 1: dx is the correlation of dy with the flipped, transposed kernel, run
             # on the forward Conv kernel (its im2col + threaded GEMM beat a col2im scatter)
-            wf = _flip_transpose(w, nsp)
             pads = [ext[i] - pb[i] for i in range(nsp)] + [ext[i] - pe[i] for i in range(nsp)]
+            gx = _input_grad_iconv(gy, w, x_shape, d, pads)
+            if gx is not None:
+                return gx, gw
+            wf = _flip_transpose(w, nsp)
             gx = _forward_conv()(gy, wf, None, dilations=list(d), pads=pads)
             if tuple(gx.shape) == tuple(x_shape):
                 return gx, gw
@@ -432,3 +450,169 @@ def conv_transpose_grad(ctx, grads_out, inputs, outputs, *, group=1, **attrs):
     if b is not None and len(need) > 2 and need[2]:
         gb = g.sum(axis=(0,) + tuple(range(2, g.ndim)))
     return gx, gw, gb
+
+
+# ------------------------------------------------------- the training step's KxK convolutions
+# Conv's training form and the stride-1 input gradient run on the compiled channels-last
+# indirect GEMM (``gemm_avx2.iconv``, see ops.conv_nhwc) when it is loaded: NCHW in and out,
+# the input (or output gradient) transposed to NHWC once and the result back.
+_ICONV_MIN_ROWS = 1024   # output pixels (all images) from which iconv is taken
+_ICONV_MIN_C = 8         # input channels from which iconv is taken
+_WGRAD_MIN_ROWS = 1024   # output pixels (all images) from which wgrad_avx2 is taken:
+# measured as _ICONV_MIN_ROWS (dW of ResNet-18's 56x56 and 28x28 layers 1.1-1.3x faster than
+# the im2col copy + OpenBLAS, 14x14 even, 7x7, the 3-channel stem and the strided 1x1
+# downsamples slower: those keep the im2col path)
+
+
+def _iconv_applies(x, w, group, rows):
+    """Whether ``gemm_avx2.iconv`` takes this convolution (its kernel, else None): numpy
+    float32 2-D, group 1, a kernel of more than one tap, at least :data:`_ICONV_MIN_C` input
+    channels and :data:`_ICONV_MIN_ROWS` output pixels over the batch. Measured per layer
+    (ResNet-18 at batch 8, one thread, CPU time, AMD EPYC AVX2, medians of 11 alternated
+    calls): the forward and the input gradient of the 3x3 layers of 56x56, 28x28 and 14x14
+    output pixels 1.05-1.3x faster than im2col + OpenBLAS; at 7x7 (392 pixels for 4.7-9.4 MB
+    of weights, packed anew each step since training changes them) and the 3-channel 7x7
+    stem 1.1-1.2x slower."""
+    if group != 1 or not isinstance(x, np.ndarray) or not isinstance(w, np.ndarray) \
+            or x.dtype != np.float32 or w.dtype != np.float32 or x.ndim != 4 or w.ndim != 4 \
+            or int(w.shape[2]) * int(w.shape[3]) < 2 or int(x.shape[1]) < _ICONV_MIN_C \
+            or rows < _ICONV_MIN_ROWS:
+        return None
+    return compiled.kernel("gemm_avx2.iconv")
+
+
+def _iconv_nchw(x, w_hwio, b, s, d, pb, out):
+    """``conv(x, W) + b`` by ``gemm_avx2.iconv``: x (N, C, H, W) float32, ``w_hwio`` the
+    weights as a (KH, KW, C, M) view (any strides: they are packed), b (M,) or None; the
+    result (N, M, OH, OW) float32, C-contiguous. Every output element is one accumulation
+    over (tap, channel) in a fixed order whatever the thread count (the pool splits output
+    pixels)."""
+    from workbench.ops.conv_nhwc import _Epilogue, _indirect  # noqa: PLC0415
+
+    n, m = int(x.shape[0]), int(w_hwio.shape[3])
+    oh, ow = (int(v) for v in out)
+    xn = scratch(np, (n,) + tuple(x.shape[2:]) + (int(x.shape[1]),), np.float32,
+                 slot="iconv_x")
+    parallel_copy(np, xn, x.transpose(0, 2, 3, 1), axis=0)
+    yn = scratch(np, (n, oh, ow, m), np.float32, slot="iconv_y")
+    b = None if b is None else np.ascontiguousarray(b, np.float32).reshape(m)
+    epi = _Epilogue(b, None, "", 0.0, 0.0, m)
+    if not _indirect(xn, w_hwio, epi, tuple(s), tuple(d), tuple(pb), (oh, ow), yn):
+        return None
+    y = np.empty((n, m, oh, ow), np.float32)
+    parallel_copy(np, y, yn.transpose(0, 3, 1, 2), axis=0)
+    return y
+
+
+def _input_grad_iconv(gy, w, x_shape, d, pads):
+    """dL/dx of a stride-1 2-D convolution by ``iconv``: the correlation of dL/dy, padded by
+    ``pads`` (the kernel's extent minus the forward's pads), with the kernel flipped in space
+    and its channel axes swapped — read as the (KH, KW, M, C) view ``w[:, :, ::-1,
+    ::-1].transpose(2, 3, 0, 1)``, packed without a copy of its own. None when it does not
+    apply (the caller's im2col path runs)."""
+    rows = int(math.prod(x_shape)) // max(1, int(x_shape[1]))
+    if len(x_shape) != 4 or gy.size == 0 or _iconv_applies(gy, w, 1, rows) is None:
+        return None
+    wf = w[:, :, ::-1, ::-1].transpose(2, 3, 0, 1)
+    gx = _iconv_nchw(gy, wf, None, (1, 1), d, pads[:2], tuple(x_shape[2:]))
+    if gx is None or tuple(gx.shape) != tuple(x_shape):
+        return None
+    return gx
+
+
+@kernel("Conv", since=1, train=True)
+def conv_train(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
+               kernel_shape=None, pads=None, strides=None):
+    """Conv's training form: the same convolution; float32 2-D group-1 KxK convolutions on
+    numpy run on ``gemm_avx2.iconv`` (NCHW in and out, through a channels-last copy) when it
+    is loaded, the rest on the registered Conv kernel. A training step's convolutions may
+    differ from an inference run's in the last bits (another order of the same sums)."""
+    from workbench.arrays import xp_of  # noqa: PLC0415
+    from workbench.arrays.geometry import window_geometry as geom  # noqa: PLC0415
+    from workbench.ops.conv import _check_conv_inputs, _kernel_from  # noqa: PLC0415
+    from workbench.ops.registry import lookup  # noqa: PLC0415
+    from workbench.ops.windows import spatial_ints  # noqa: PLC0415
+
+    if _iconv_applies(X, W, int(group), _ICONV_MIN_ROWS) is not None \
+            and (B is None or B.dtype == np.float32):
+        _check_conv_inputs("Conv", X, W, B, int(group))
+        ks = _kernel_from("Conv", W, kernel_shape)
+        st = spatial_ints("Conv", "strides", strides, 2, 1)
+        dl = spatial_ints("Conv", "dilations", dilations, 2, 1)
+        pb, _pe, out, _extra = geom("Conv", X.shape[2:], ks, st, dl, pads, auto_pad)
+        if int(X.shape[0]) * int(math.prod(out)) >= _ICONV_MIN_ROWS:
+            y = _iconv_nchw(X, W.transpose(2, 3, 1, 0), B, st, dl, pb, out)
+            if y is not None:
+                return y
+    return lookup("Conv", "", None, xp=xp_of(X, W)).fn(
+        X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
+        kernel_shape=kernel_shape, pads=pads, strides=strides)
+
+
+_WGRAD_TABLES: dict = {}   # shapes -> the indirection table of the weight gradient
+_WGRAD_LOCK = threading.Lock()
+
+
+def _weight_grad_c(x, gy, w_shape, k, s, d, pb):
+    """dL/dW of a 2-D float32 group-1 convolution by ``wgrad_avx2.wgrad`` (no im2col: the
+    NHWC copies of x and dL/dy read through the indirection table), channel (or tap) ranges
+    over the worker threads; each element one sum over the pixels in order, whatever the
+    split. None when it does not apply or is not loaded (the im2col path runs)."""
+    if len(k) != 2 or x.dtype != np.float32 or gy.dtype != np.float32 or x.ndim != 4 \
+            or int(k[0]) * int(k[1]) < 2 or int(x.shape[1]) < _ICONV_MIN_C \
+            or int(gy.shape[0]) * int(gy.shape[2]) * int(gy.shape[3]) < _WGRAD_MIN_ROWS:
+        return None
+    kern = compiled.kernel("wgrad_avx2.wgrad")
+    if kern is None:
+        return None
+    from workbench.ops.conv_nhwc import indirection  # noqa: PLC0415
+
+    n, c, h, wd = (int(v) for v in x.shape)
+    m, oh, ow = (int(v) for v in gy.shape[1:])
+    kh, kw = (int(v) for v in k)
+    taps = kh * kw
+    key = (h, wd, c, kh, kw, tuple(s), tuple(d), tuple(pb[:2]), oh, ow)
+    ind = _WGRAD_TABLES.get(key)
+    if ind is None:
+        ind = indirection(h, wd, c, kh, kw, tuple(s), tuple(d), tuple(pb[:2]), (oh, ow))
+        ind = np.ascontiguousarray(ind, np.int64)
+        with _WGRAD_LOCK:   # steps may run in several threads
+            while len(_WGRAD_TABLES) >= 64:
+                _WGRAD_TABLES.pop(next(iter(_WGRAD_TABLES)))
+            _WGRAD_TABLES[key] = ind
+    xn = scratch(np, (n, h, wd, c), np.float32, slot="wgrad_x")
+    parallel_copy(np, xn, x.transpose(0, 2, 3, 1), axis=0)
+    gn = scratch(np, (n, oh, ow, m), np.float32, slot="wgrad_dy")
+    parallel_copy(np, gn, gy.transpose(0, 2, 3, 1), axis=0)
+    zero = np.zeros(c, np.float32)
+    dw = np.empty((taps, m, c), np.float32)
+    rows = n * oh * ow
+    cp = -(-c // 16)
+    bp = min(512, max(64, (65536 // (cp * 16)) // 8 * 8))   # ~256 KiB of packed X per tap
+    dp = compiled.data_pointer
+    args = (dp(xn), dp(ind), dp(zero), dp(gn), dp(dw))
+    geo = (c, taps, m, oh * ow, h * wd * c, rows, bp)
+    nw = n_workers()
+    if nw == 1:
+        jobs = [(0, taps, 0, m)]
+    elif m >= 12 * nw:
+        # one output-channel range (whole 6-row tiles) per worker: each range packs the
+        # block's X again, so finer ranges cost CPU (2 threads, 3x3 layers of 64-256
+        # channels: 4 ranges 32-52 ms CPU, 2 ranges 27-42)
+        step = -(-m // nw // 6) * 6
+        jobs = [(0, taps, m0, min(m, m0 + step)) for m0 in range(0, m, step)]
+    else:
+        jobs = [(t, t + 1, 0, m) for t in range(taps)]
+    raw = kern.raw
+    most = max(j[3] - j[2] for j in jobs)
+
+    def work(chunk):
+        yk = np.empty(-(-most // 6) * 6 * bp, np.float32)   # this thread's work buffers
+        xk = np.empty(cp * 16 * bp, np.float32)
+        for t0, t1, m0, m1 in chunk:
+            raw(*args, dp(yk), dp(xk), *geo, t0, t1, m0, m1)
+    if len(jobs) == 1:
+        work(jobs)
+    else:
+        run_blocks(np, jobs, work, rows * m * c * taps)
+    return np.ascontiguousarray(dw.transpose(1, 2, 0)).reshape(tuple(w_shape))

@@ -1,5 +1,6 @@
 """2-D depthwise convolutions (group == C == M) on channels-first (NCHW) float32 arrays, the
-layout a training step runs in: their gradients, and the forward that the step runs with them.
+layout a training step runs in: their gradients, and the forward that the step runs with them;
+and MaxPool's gradient.
 
 - ``dw_fwd``: Y (N, C, OH, OW) = the depthwise convolution of X (N, C, H, W) with W (C, KH,
   KW) plus the bias (C,) (zeros for none): a gather over each output row, taps in the
@@ -23,9 +24,16 @@ adds a negative-index wrap-around to every access and LLVM's vectoriser gives up
 1.3-1.8x slower than the numpy path on MobileNetV2's stride-1 layers at batch 8; with them,
 0.25-0.5x of it, 2-core AVX2 EPYC, CPU time). Every index there is >= 0 by construction.
 
-Both compute the channels ``c0 <= c < c1`` (all images of each), so the engine's threads
-split the work by channel and never write the same element. Any stride, dilation and
-(asymmetric) padding; NaN and Inf propagate as in numpy's sums.
+- ``maxpool_dx``: dL/dX of a 2-D MaxPool, (N*C, H, W) planes ``p0 <= p < p1``, from X, Y and
+  dL/dY: each output's gradient goes to the first input of its window (taps in scan order,
+  padding skipped) equal to the output; outputs are visited in reverse scan order, so that an
+  input shared by several windows receives their gradients in increasing tap order (the sums
+  of ``autodiff.rules.pool``'s numpy path, bit for bit). A window with no input equal to its
+  output (NaN) sets ``miss[0] = 1``: the caller then runs the numpy reference.
+
+The depthwise kernels compute the channels ``c0 <= c < c1`` (all images of each), so the
+engine's threads split the work by channel and never write the same element. Any stride,
+dilation and (asymmetric) padding; NaN and Inf propagate as in numpy's sums.
 """
 
 from numba import carray, njit, uint64
@@ -159,3 +167,58 @@ def dw_fwd_s1(x, w, b, y, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0
 @export("dw_fwd_s2", _ARGS.replace("f32[]!", "f32[] f32[]!", 1))
 def dw_fwd_s2(x, w, b, y, N, C, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, c0, c1):
     _fwd(x, w, b, y, N, C, H, W, OH, OW, KH, KW, SH, 2, DH, DW, pt, pl, c0, c1)
+
+
+@njit(inline="always")
+def _tap_range(o, S, D, pad, K, size):
+    """(lo, hi, first): the taps ``lo <= t < hi`` of output ``o`` inside the input, the input
+    index of tap 0 being ``first``."""
+    first = o * S - pad
+    lo = 0
+    while lo < K and first + lo * D < 0:   # a few taps: no division per output
+        lo += 1
+    hi = K
+    while hi > lo and first + (hi - 1) * D >= size:
+        hi -= 1
+    return lo, hi, first
+
+
+@njit(inline="always", error_model="numpy")
+def _maxpool_dx(xp, yp, gp, gxp, missp, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, p0, p1):
+    x = carray(xp, (p1 * H * W,))
+    y = carray(yp, (p1 * OH * OW,))
+    g = carray(gp, (p1 * OH * OW,))
+    gx = carray(gxp, (p1 * H * W,))
+    miss = carray(missp, (1,))
+    for p in range(p0, p1):
+        xb = p * H * W
+        yb = p * OH * OW
+        for t in range(xb, xb + H * W):
+            gx[uint64(t)] = 0.0
+        # outputs in reverse scan order: the outputs whose windows share an input reach it
+        # in increasing tap order, the order in which the numpy path adds them
+        for oh in range(OH):
+            ilo, ihi, ih0 = _tap_range(OH - 1 - oh, SH, DH, pt, KH, H)
+            for ow in range(OW):
+                jlo, jhi, iw0 = _tap_range(OW - 1 - ow, SW, DW, pl, KW, W)
+                o = uint64(yb + (OH - 1 - oh) * OW + OW - 1 - ow)
+                v = y[o]
+                hit = -1
+                for i in range(ilo, ihi):
+                    row = xb + (ih0 + i * DH) * W + iw0
+                    for j in range(jlo, jhi):
+                        if x[uint64(row + j * DW)] == v:
+                            hit = row + j * DW
+                            break
+                    if hit >= 0:
+                        break
+                if hit >= 0:
+                    gx[uint64(hit)] += g[o]
+                else:
+                    miss[0] = 1
+
+
+@export("maxpool_dx", "f32[] f32[] f32[] f32[]! i64[]! i64 i64 i64 i64 i64 i64 i64 i64 i64 "
+        "i64 i64 i64 i64 i64")
+def maxpool_dx(x, y, g, gx, miss, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, p0, p1):
+    _maxpool_dx(x, y, g, gx, miss, H, W, OH, OW, KH, KW, SH, SW, DH, DW, pt, pl, p0, p1)
