@@ -259,7 +259,7 @@ class Trunk:
 
 def trunk_of(model, outputs: tuple) -> Trunk:
     """The trunk of ``model`` (a ``SONNXModel``) for these outputs, remembered per graph."""
-    from workbench.autodiff.rules import train_form
+    from workbench.autodiff.rules import train_form_differs
     graph = model.onnx_graph
     memo = model.__dict__.setdefault("_trunk_memo", {})
     hit = memo.get(outputs)
@@ -274,7 +274,7 @@ def trunk_of(model, outputs: tuple) -> Trunk:
     forms: dict = {}
     for n in nodes:
         opset = graph.opsets.get(n.domain or "", graph.opsets.get("ai.onnx"))
-        if train_form(n.op_type, n.domain, opset) is not None:
+        if train_form_differs(n.op_type, n.domain, opset):
             forms[n.op_type] = forms.get(n.op_type, 0) + 1
     h = hashlib.sha256(FORMAT.encode())
     _feed(h, sorted(graph.opsets.items()))

@@ -216,3 +216,16 @@ def test_compiled_paths_off_give_the_numpy_rule(wgrad, iconv):
     got = rc._grads_cpu(x, gy, wt, wt.shape, x.shape, *args, True, True)
     for r, g in zip(ref, got):
         _close(g, r, 2 * 6 * 6 * 9)
+
+
+def test_conv_training_form_computes_the_same_function():
+    """Conv's training form is only a faster way to the same convolution: training does not
+    change what Conv computes (the trunk cache and others ask ``train_form_differs``), while
+    BatchNormalization and Dropout do."""
+    from workbench.autodiff import rules
+
+    assert rules.train_form("Conv", "", 17) is not None
+    assert not rules.train_form_differs("Conv", "", 17)
+    assert rules.train_form_differs("BatchNormalization", "", 15)
+    assert rules.train_form_differs("Dropout", "", 13)
+    assert not rules.train_form_differs("Relu", "", 14)

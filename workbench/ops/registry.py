@@ -100,6 +100,9 @@ class KernelEntry:
     since: int
     fn: Callable
     wants_ctx: bool = False
+    #: a training form that computes the same function as the kernel (only faster for a
+    #: training step, e.g. Conv's): training does not change what the op means
+    same_results: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,23 +176,26 @@ def _xp_name(xp) -> str | None:
 
 
 def kernel(op_type: str, since: int = 1, *, domain: str = "", wants_ctx: bool = False,
-           xp=None, train: bool = False, replace: bool = False, **facts):
+           xp=None, train: bool = False, replace: bool = False, same_results: bool = False,
+           **facts):
     """Register the decorated function as the kernel of ``op_type`` from opset ``since``.
 
     Stack several decorators to register one function for several ops or versions.
     ``xp="cupy"`` registers a device-specific override instead of the portable kernel;
-    ``train=True`` the training-mode form; ``replace=True`` replaces a kernel registered for
-    the same (domain, op_type, since, xp, train) (otherwise an error). Keyword ``facts``
-    (``category``, ``host_read_inputs``, ``host_shape_math``, ``settings``, ``random``,
-    ``state_inputs``, ``state_outputs``, ``shape_only``, ``elementwise``) describe the op (see
-    the module docstring).
+    ``train=True`` the training-mode form (``same_results=True``: a form that computes the
+    same function as the kernel, only another way, so the op does not behave differently in
+    training: :func:`train_form_differs` is False for it); ``replace=True`` replaces a kernel
+    registered for the same (domain, op_type, since, xp, train) (otherwise an error).
+    Keyword ``facts`` (``category``, ``host_read_inputs``, ``host_shape_math``, ``settings``,
+    ``random``, ``state_inputs``, ``state_outputs``, ``shape_only``, ``elementwise``) describe
+    the op (see the module docstring).
     """
 
     def deco(fn: Callable) -> Callable:
         if fn.__name__ in ("_", "<lambda>"):
             raise ValueError(f"kernel for {op_type} must be a named function")
         register(op_type, fn, since=since, domain=domain, wants_ctx=wants_ctx, xp=xp,
-                 train=train, replace=replace, **facts)
+                 train=train, replace=replace, same_results=same_results, **facts)
         return fn
 
     return deco
@@ -237,7 +243,7 @@ def category(op_type: str, domain: str | None = None) -> str:
 
 def register(op_type: str, fn: Callable, *, since: int = 1, domain: str = "",
              wants_ctx: bool = False, xp=None, train: bool = False, replace: bool = False,
-             **facts) -> None:
+             same_results: bool = False, **facts) -> None:
     """Register ``fn`` as a kernel (the non-decorator form, for custom operators).
 
     A kernel already registered for the same (domain, op_type, since, xp, train) is an error
@@ -260,7 +266,8 @@ def register(op_type: str, fn: Callable, *, since: int = 1, domain: str = "",
     describe(op_type, domain=domain, **facts)
     entries = table.setdefault(key, [])
     entries[:] = [e for e in entries if e.since != int(since)]
-    entries.append(KernelEntry(op_type, key[0], int(since), fn, wants_ctx))
+    entries.append(KernelEntry(op_type, key[0], int(since), fn, wants_ctx,
+                               bool(train and same_results)))
     entries.sort(key=lambda e: e.since)
     attribute_defaults.cache_clear()
 
@@ -324,7 +331,8 @@ def lookup(op_type: str, domain: str = "", opset: int | None = None,
 def train_form(op_type: str, domain: str = "", opset: int | None = None,
                xp=None) -> KernelEntry | None:
     """The training-mode form of ``op_type`` at ``opset`` (registered ``train=True``), or None
-    when the op behaves the same in training and inference. With ``xp`` an override
+    when the op has none: a training step runs its kernel. A form registered with
+    ``same_results=True`` computes the same function (see :func:`train_form_differs`). With ``xp`` an override
     registered for that array module (``train=True, xp="cupy"``) is preferred."""
     key = (_norm_domain(domain), op_type)
 
@@ -412,3 +420,12 @@ def attribute_defaults(op_type: str, domain: str, opset: int) -> dict[str, Any]:
                 val = [v.decode("utf-8") for v in val]
             out[name] = val
     return out
+
+
+def train_form_differs(op_type: str, domain: str = "", opset: int | None = None,
+                       xp=None) -> bool:
+    """Whether ``op_type`` computes something else in training than in inference
+    (BatchNormalization's batch statistics, Dropout's mask): it has a training form that is
+    not registered ``same_results=True``."""
+    form = train_form(op_type, domain, opset, xp=xp)
+    return form is not None and not form.same_results

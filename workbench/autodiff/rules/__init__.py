@@ -116,13 +116,23 @@ def portable_rule(op_type: str, domain: str = "") -> Callable:
 def train_form(op_type: str, domain: str = "", opset: int | None = None, xp=None):
     """The registered training-mode kernel entry of ``op_type`` (BatchNormalization's batch
     statistics, Dropout's mask: registered ``@kernel(..., train=True)`` beside their gradient
-    rules; with ``xp`` the override for that array module first), or None when the op runs
-    the same in training."""
+    rules; with ``xp`` the override for that array module first), or None when the op has
+    none. A form with ``same_results`` set computes the same function, only faster for a
+    training step (Conv's): :func:`train_form_differs` says whether training changes what
+    the op computes."""
     _ensure_loaded()
     xname = _registry._xp_name(xp)
     if xname is not None:
         _ensure_overrides(xname)
     return _registry.train_form(op_type, domain, opset, xp=xname)
+
+
+def train_form_differs(op_type: str, domain: str = "", opset: int | None = None,
+                       xp=None) -> bool:
+    """Whether ``op_type`` computes something else in training than in inference (a training
+    form not registered ``same_results=True``: BatchNormalization, Dropout)."""
+    form = train_form(op_type, domain, opset, xp=xp)
+    return form is not None and not form.same_results
 
 
 def registered_rules() -> list[tuple[str, str]]:

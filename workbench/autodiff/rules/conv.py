@@ -520,7 +520,7 @@ def _input_grad_iconv(gy, w, x_shape, d, pads):
     return gx
 
 
-@kernel("Conv", since=1, train=True)
+@kernel("Conv", since=1, train=True, same_results=True)
 def conv_train(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
                kernel_shape=None, pads=None, strides=None):
     """Conv's training form: the same convolution; float32 2-D group-1 KxK convolutions on
