@@ -332,8 +332,9 @@ def train_form(op_type: str, domain: str = "", opset: int | None = None,
                xp=None) -> KernelEntry | None:
     """The training-mode form of ``op_type`` at ``opset`` (registered ``train=True``), or None
     when the op has none: a training step runs its kernel. A form registered with
-    ``same_results=True`` computes the same function (see :func:`train_form_differs`). With ``xp`` an override
-    registered for that array module (``train=True, xp="cupy"``) is preferred."""
+    ``same_results=True`` computes the same function (see :func:`train_form_differs`). With
+    ``xp`` an override registered for that array module (``train=True, xp="cupy"``) is
+    preferred."""
     key = (_norm_domain(domain), op_type)
 
     def newest(entries):
