@@ -26,6 +26,16 @@ def fewc():
     return compiled.kernel("dwconv_avx2.fewc")
 
 
+@pytest.fixture(autouse=True)
+def _any_stem(monkeypatch, request):
+    """The kernel takes any kernel size and output width; the dispatch sends it only the
+    stems it measured faster on (:data:`conv_nhwc._FEWC_MAX_TAPS`, ``_FEWC_MAX_M``): the
+    kernel's tests lift that rule, the dispatch test keeps it."""
+    if request.node.originalname != "test_the_dispatch_sends_it_the_stems_it_is_faster_on":
+        monkeypatch.setattr(conv_nhwc, "_FEWC_MAX_TAPS", 1 << 30)
+        monkeypatch.setattr(conv_nhwc, "_FEWC_MAX_M", 1 << 30)
+
+
 def _conv(x, w, b=None, z=None, act="", params=(), stride=(1, 1), pads=(0, 0, 0, 0),
           dilations=(1, 1)):
     return lookup("NhwcConv", FUSED_DOMAIN, 1).fn(
@@ -117,3 +127,19 @@ def test_where_it_is_not_used(fewc, monkeypatch):
     assert not any(c[0] == "dwconv_avx2.fewc" for c in calls)
     _conv(x, w)
     assert calls[-1][0] == "dwconv_avx2.fewc"
+
+
+def test_the_dispatch_sends_it_the_stems_it_is_faster_on(fewc, monkeypatch):
+    """MobileNetV2/ShuffleNetV2's 3x3 stems to 24/32 channels go to it; ResNet's 7x7 stem to
+    64 channels and a 3x3 stem to 64 go to ``gemm_avx2.iconv`` (measured faster there)."""
+    calls = _calls(monkeypatch)
+    x = RNG.standard_normal((1, 3, 9, 9)).astype(np.float32).transpose(0, 2, 3, 1)
+    for (k, m), want in (((3, 32), True), ((3, 24), True), ((7, 64), False),
+                         ((3, 64), False), ((5, 16), False)):
+        w = RNG.standard_normal((k, k, 3, m)).astype(np.float32)
+        n0 = len(calls)
+        y = _conv(x, w, stride=(2, 2), pads=(k // 2,) * 4)
+        assert any(c[0] == "dwconv_avx2.fewc" for c in calls[n0:]) is want, (k, m)
+        with compiled.disabled():
+            ref = _conv(x, w, stride=(2, 2), pads=(k // 2,) * 4)
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)

@@ -455,6 +455,13 @@ def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
 
 _FEWC = "dwconv_avx2.fewc"   # the C convolution for few input channels (stems)
 _FEWC_MAX = 4   # input channels up to which a group-1 KxK convolution goes to it
+#: ... and the largest kernel (taps) and output width it takes: measured on the 2-core AVX2
+#: AMD EPYC (one thread, CPU ms, fewc vs iconv from the NHWC view of an NCHW 224x224 RGB
+#: input): 3x3 s2 -> 32 b8 6.4 vs 8.8 and b1 0.88 vs 0.95, -> 24 b8 6.7 vs 6.6; but 7x7 s2
+#: -> 64 (ResNet's stem) b1 7.6 vs 5.5 and b8 69 vs 45, 7x7 -> 32 b8 24 vs 18, 3x3 -> 64 b8
+#: 14.9 vs 12.4, 5x5 -> 64 b8 26.7 vs 22.4: wider kernels and outputs stay on iconv
+_FEWC_MAX_TAPS = 9
+_FEWC_MAX_M = 32
 
 
 def pack_fewc(w, b=None, lanes=8):
@@ -789,7 +796,8 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
             x = _contiguous(x)
             _depthwise(x, w, b, z, act, p[0], p[1], st, dl, pb, out, y, ctx, W, B)
             pack_key = "dwconv_avx2_pack"
-        elif group == 1 and kh * kw > 1 and C <= _FEWC_MAX and _fewc(
+        elif group == 1 and 1 < kh * kw <= _FEWC_MAX_TAPS and C <= _FEWC_MAX \
+                and M <= _FEWC_MAX_M and _fewc(
                 x, w, b, z, act, p, st, dl, pb, out, y, ctx, W, B):
             pass
         else:
