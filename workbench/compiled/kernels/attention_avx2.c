@@ -88,30 +88,39 @@ static inline __m256 exp_nonpos(__m256 x) {
     return _mm256_andnot_ps(below, e);
 }
 
+/* the register tile both products share: a[r][x] = sum_{k < K} A[r * ai + k * ak] *
+ * B[k * bs + 8x .. 8x + 7] for r < R, x < NV, accumulated over k in order; R and NV are
+ * literals at every call, so the accumulators stay in registers */
+static inline __attribute__((always_inline)) void fma_tile(
+        const int R, const int NV, __m256 a[4][2], const float *A, int64_t ai, int64_t ak,
+        const float *B, int64_t bs, int64_t K) {
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 8")
+        for (int x = 0; x < NV; x++)
+            a[r][x] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m256 bv[2];
+        _Pragma("GCC unroll 8")
+        for (int x = 0; x < NV; x++)
+            bv[x] = _mm256_loadu_ps(B + k * bs + 8 * x);
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < R; r++) {
+            __m256 av = _mm256_broadcast_ss(A + r * ai + k * ak);
+            _Pragma("GCC unroll 8")
+            for (int x = 0; x < NV; x++)
+                a[r][x] = _mm256_fmadd_ps(av, bv[x], a[r][x]);
+        }
+    }
+}
+
 /* scores of R rows, NV vectors of columns from c: s[r, c..] = scaled(sum_d q[r * qi + d * qd] *
  * kp[d * ks + c..]); R and NV are literals at every call, so the accumulators stay in registers */
 static inline __attribute__((always_inline)) void qk_tile(
         const int R, const int NV, const float *q, int64_t qi, int64_t qd, const float *kc,
         int64_t ks, int64_t D, float *s, int64_t ss, int64_t mode, __m256 scale) {
     __m256 a[4][2];
-    _Pragma("GCC unroll 8")
-    for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 8")
-        for (int x = 0; x < NV; x++)
-            a[r][x] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d++) {
-        __m256 kv[2];
-        _Pragma("GCC unroll 8")
-        for (int x = 0; x < NV; x++)
-            kv[x] = _mm256_loadu_ps(kc + d * ks + 8 * x);
-        _Pragma("GCC unroll 8")
-        for (int r = 0; r < R; r++) {
-            __m256 qq = _mm256_broadcast_ss(q + r * qi + d * qd);
-            _Pragma("GCC unroll 8")
-            for (int x = 0; x < NV; x++)
-                a[r][x] = _mm256_fmadd_ps(qq, kv[x], a[r][x]);
-        }
-    }
+    fma_tile(R, NV, a, q, qi, qd, kc, ks, D);
     _Pragma("GCC unroll 8")
     for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 8")
@@ -157,24 +166,7 @@ static inline __attribute__((always_inline)) void pv_tile(
         const int R, const int NV, const float *p, int64_t ps, const float *ve, int64_t vs,
         int64_t Sk, int64_t nleft, float *y, int64_t yi, int64_t ye) {
     __m256 a[4][2];
-    _Pragma("GCC unroll 8")
-    for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 8")
-        for (int x = 0; x < NV; x++)
-            a[r][x] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < Sk; j++) {
-        __m256 vv[2];
-        _Pragma("GCC unroll 8")
-        for (int x = 0; x < NV; x++)
-            vv[x] = _mm256_loadu_ps(ve + j * vs + 8 * x);
-        _Pragma("GCC unroll 8")
-        for (int r = 0; r < R; r++) {
-            __m256 pp = _mm256_broadcast_ss(p + r * ps + j);
-            _Pragma("GCC unroll 8")
-            for (int x = 0; x < NV; x++)
-                a[r][x] = _mm256_fmadd_ps(pp, vv[x], a[r][x]);
-        }
-    }
+    fma_tile(R, NV, a, p, ps, 1, ve, vs, Sk);
     _Pragma("GCC unroll 8")
     for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 8")

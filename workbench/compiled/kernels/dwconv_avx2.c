@@ -547,6 +547,24 @@ typedef struct {
     double lo, hi;
 } fewc_t;
 
+/* the epilogue of one output vector at y[o] (channels m0 .. m0+7, masked when mk): + bias,
+ * + residual (has_z), clip, store */
+static inline __attribute__((always_inline)) void fewc_store(
+        const fewc_t *a, __m256 acc, int64_t o, int64_t m0, const float *zr, float *yr,
+        int clip, __m256 lo, __m256 hi, __m256i tail, int mk) {
+    acc = _mm256_add_ps(acc, _mm256_loadu_ps(a->b + m0));
+    if (a->has_z)
+        acc = _mm256_add_ps(acc, mk ? _mm256_maskload_ps(zr + o, tail) : _mm256_loadu_ps(zr + o));
+    if (clip) {
+        acc = _mm256_max_ps(lo, acc);
+        acc = _mm256_min_ps(hi, acc);
+    }
+    if (mk)
+        _mm256_maskstore_ps(yr + o, tail, acc);
+    else
+        _mm256_storeu_ps(yr + o, acc);
+}
+
 /* one output value vector: pixel ow of row oh, channels m0 .. m0+7 (masked when mk), taps
  * outside the input read as 0 (border pixels, and the few interior ones past the tiles) */
 static __attribute__((noinline)) void fewc_pixel(
@@ -568,18 +586,7 @@ static __attribute__((noinline)) void fewc_pixel(
             }
         }
     }
-    const int64_t o = ow * a->M + m0;
-    acc = _mm256_add_ps(acc, _mm256_loadu_ps(a->b + m0));
-    if (a->has_z)
-        acc = _mm256_add_ps(acc, mk ? _mm256_maskload_ps(zr + o, tail) : _mm256_loadu_ps(zr + o));
-    if (clip) {
-        acc = _mm256_max_ps(lo, acc);
-        acc = _mm256_min_ps(hi, acc);
-    }
-    if (mk)
-        _mm256_maskstore_ps(yr + o, tail, acc);
-    else
-        _mm256_storeu_ps(yr + o, acc);
+    fewc_store(a, acc, ow * a->M + m0, m0, zr, yr, clip, lo, hi, tail, mk);
 }
 
 /* P interior pixels (every tap inside the input) from column ow of output row oh (image
@@ -626,20 +633,8 @@ static inline __attribute__((always_inline)) void fewc_tile(
     for (int q = 0; q < P; q++)
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) {
-            const int last = mk && v == NV - 1;
-            const int64_t o = (ow + q) * M + m0 + 8 * v;
-            __m256 r = _mm256_add_ps(acc[q][v], _mm256_loadu_ps(a->b + m0 + 8 * v));
-            if (a->has_z)
-                r = _mm256_add_ps(r, last ? _mm256_maskload_ps(zr + o, tail)
-                                          : _mm256_loadu_ps(zr + o));
-            if (clip) {
-                r = _mm256_max_ps(lo, r);
-                r = _mm256_min_ps(hi, r);
-            }
-            if (last)
-                _mm256_maskstore_ps(yr + o, tail, r);
-            else
-                _mm256_storeu_ps(yr + o, r);
+            fewc_store(a, acc[q][v], (ow + q) * M + m0 + 8 * v, m0 + 8 * v, zr, yr, clip,
+                       lo, hi, tail, mk && v == NV - 1);
         }
 }
 
