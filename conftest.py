@@ -18,7 +18,11 @@ tests, the multi-process MPI tests, the ONNX conformance sweep, and the folders 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent
 
@@ -44,13 +48,41 @@ def pytest_configure(config):
         opt.nbval_sanitize_with = str(ROOT / "notebooks" / "nbval_sanitize.cfg")
     if not opt.nbval_kernel_name:
         opt.nbval_current_env = True
+    # the notebooks' kernels are stopped before their TemporaryDirectory finalizers run, so
+    # their private zoo caches would stay in /tmp: the kernels get a TMPDIR of this session's
+    # own, removed at the end (see _notebook_tmpdir)
+    config._wb_notebook_tmp = tempfile.mkdtemp(prefix="wb-pytest-notebooks-")
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_wb_notebook_tmp", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_setup(item):
+    """A notebook's kernel starts in its first cell's set-up: it inherits ``TMPDIR`` pointing
+    at the session's folder (only the kernel's environment; the rest of the suite keeps its
+    own)."""
+    folder = getattr(item.config, "_wb_notebook_tmp", None)
+    if folder is None or Path(str(getattr(item, "path", "") or "")).suffix != ".ipynb":
+        yield
+        return
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = folder
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = old
 
 
 def pytest_collection_modifyitems(config, items):
     """``slow`` on the notebooks, the groups of :data:`SLOW_MARKS` and the folders of
     :data:`SLOW_FOLDERS` (see the module docstring)."""
-    import pytest
-
     folders = [ROOT / f for f in SLOW_FOLDERS]
     for item in items:
         path = Path(str(getattr(item, "path", None) or item.fspath))
