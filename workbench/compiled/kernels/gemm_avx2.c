@@ -449,7 +449,10 @@ void wb_gemm_avx2_iconv(const float *X, const int64_t *ind, const float *zero,
                 const int64_t col = p * NR, ncols = M - col < NR ? M - col : NR;
                 const float *bp = Bp + p * K * NR + t0 * C * NR;
                 /* the slice after this one: the next panel's (same taps), else the next tap
-                 * block's first panel; the last one of a row block prefetches nothing */
+                 * block's first panel; the last one of a row block prefetches nothing. (A
+                 * shorter last tap block is prefetched as long as this one: the lines past
+                 * it are the next panel's, or past the array's end for one panel, which a
+                 * prefetch may name: it never faults.) */
                 const float *pf = p + 1 < panels ? bp + K * NR
                                   : t1 < T ? Bp + t1 * C * NR : NULL;
                 if (ncols > 8)
