@@ -146,6 +146,21 @@ def test_row_ranges_split_the_work_exactly(iconv):
     np.testing.assert_array_equal(_raw(*a, [(0, 1), (1, 8), (8, 18)]), whole)
 
 
+def test_prefetching_tiles_change_no_bits(iconv):
+    """The first tile of each range, panel and tap block prefetches the next slice of the
+    packed weights (the next panel's, then the next tap block's): several panels (M = 40) and
+    one tap per block (C = 800), cut into ranges whose first tiles differ, give one call's bits
+    and the numpy path's values."""
+    x, w, b = _data(1, 3, 4, 800, 3, 3, 40)
+    z = RNG.standard_normal((12, 40)).astype(np.float32)
+    a = (iconv, x, w, b, z, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), -INF, INF)
+    whole = _raw(*a, [(0, 12)])
+    np.testing.assert_array_equal(_raw(*a, [(0, 1), (1, 7), (7, 12)]), whole)
+    np.testing.assert_array_equal(_raw(*a, [(0, 5), (5, 12)]), whole)
+    _close(whole.reshape(1, 3, 4, 40), _numpy(x, w, b, z.reshape(1, 3, 4, 40),
+                                              pads=(1, 1, 1, 1)), 9 * 800)
+
+
 def test_the_engines_workers_split_the_pixels(iconv, monkeypatch):
     monkeypatch.setenv("WORKBENCH_NUM_THREADS", "3")
     x, w, b = _data(2, 17, 9, 6, 3, 3, 20)

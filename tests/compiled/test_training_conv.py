@@ -204,6 +204,25 @@ def test_weight_gradient_nan_padding_and_empty(wgrad):
     assert empty is not None and not empty.any() and empty.shape == (4, 8, 3, 3)
 
 
+def test_both_gradients_share_one_channels_last_copy_of_dy(wgrad, iconv, monkeypatch):
+    """With both gradients asked for, the input gradient reads the weight gradient's NHWC
+    copy of dL/dy instead of making its own: the same bits as each gradient alone."""
+    x = RNG.standard_normal((2, 7, 6, 5)).astype(np.float32)
+    wt = RNG.standard_normal((9, 7, 3, 3)).astype(np.float32)
+    gy = RNG.standard_normal((2, 9, 6, 5)).astype(np.float32)
+    args = ([3, 3], [1, 1], [1, 1], [1, 1], [1, 1])
+    copies = []
+    run = rc._iconv_nchw
+    monkeypatch.setattr(rc, "_iconv_nchw", lambda *a: copies.append(a[-1]) or run(*a))
+    gx, gw = rc._grads_cpu(x, gy, wt, wt.shape, x.shape, *args, True, True)
+    assert len(copies) == 1 and copies[0] is not None   # the shared copy was handed over
+    assert np.array_equal(gx, rc._grads_cpu(x, gy, wt, wt.shape, x.shape, *args, True,
+                                            False)[0])
+    assert np.array_equal(gw, rc._grads_cpu(x, gy, wt, wt.shape, x.shape, *args, False,
+                                            True)[1])
+    assert copies[1] is None   # the input gradient alone copies dL/dy itself
+
+
 def test_compiled_paths_off_give_the_numpy_rule(wgrad, iconv):
     x = RNG.standard_normal((2, 8, 6, 6)).astype(np.float32)
     wt = RNG.standard_normal((5, 8, 3, 3)).astype(np.float32)

@@ -315,6 +315,7 @@ def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
         return merged[0]
 
     gx = gw = None
+    kept = []   # the weight gradient's channels-last copy of dL/dy, read again by dL/dx
     if need_w and pointwise and m * c <= p * (m + c):
         # 1x1, stride 1, per-image partial products smaller than the transposed copies:
         # (N, M, P) @ (N, P, C) on the arrays as they are, summed over the images
@@ -322,7 +323,7 @@ def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
             parts = parallel_matmul(np, gy.reshape(n, m, p),
                                     x.reshape(n, c, p).transpose(0, 2, 1))
         gw = parts.sum(axis=0).reshape(tuple(w_shape))
-    elif need_w and (gw := _weight_grad_c(x, gy, w_shape, k, s, d, pb)) is not None:
+    elif need_w and (gw := _weight_grad_c(x, gy, w_shape, k, s, d, pb, kept)) is not None:
         pass
     elif need_w:
         if pointwise:
@@ -350,7 +351,7 @@ def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
             # stride 1: dx is the correlation of dy with the flipped, transposed kernel, run
             # on the forward Conv kernel (its im2col + threaded GEMM beat a col2im scatter)
             pads = [ext[i] - pb[i] for i in range(nsp)] + [ext[i] - pe[i] for i in range(nsp)]
-            gx = _input_grad_iconv(gy, w, x_shape, d, pads)
+            gx = _input_grad_iconv(gy, w, x_shape, d, pads, kept[0] if kept else None)
             if gx is not None:
                 return gx, gw
             wf = _flip_transpose(w, nsp)
@@ -481,19 +482,22 @@ def _iconv_applies(x, w, group, rows):
     return compiled.kernel("gemm_avx2.iconv")
 
 
-def _iconv_nchw(x, w_hwio, b, s, d, pb, out):
+def _iconv_nchw(x, w_hwio, b, s, d, pb, out, xn=None):
     """``conv(x, W) + b`` by ``gemm_avx2.iconv``: x (N, C, H, W) float32, ``w_hwio`` the
     weights as a (KH, KW, C, M) view (any strides: they are packed), b (M,) or None; the
     result (N, M, OH, OW) float32, C-contiguous. Every output element is one accumulation
     over (tap, channel) in a fixed order whatever the thread count (the pool splits output
-    pixels)."""
+    pixels). ``xn``: x's channels-last copy when the caller has one (the weight gradient's
+    copy of dL/dy), else it is made here."""
     from workbench.ops.conv_nhwc import _Epilogue, _indirect  # noqa: PLC0415
 
     n, m = int(x.shape[0]), int(w_hwio.shape[3])
     oh, ow = (int(v) for v in out)
-    xn = scratch(np, (n,) + tuple(x.shape[2:]) + (int(x.shape[1]),), np.float32,
-                 slot="iconv_x")
-    parallel_copy(np, xn, x.transpose(0, 2, 3, 1), axis=0)
+    shape = (n,) + tuple(x.shape[2:]) + (int(x.shape[1]),)
+    if xn is None or tuple(xn.shape) != shape or xn.dtype != np.float32 \
+            or not xn.flags.c_contiguous:
+        xn = scratch(np, shape, np.float32, slot="iconv_x")
+        parallel_copy(np, xn, x.transpose(0, 2, 3, 1), axis=0)
     yn = scratch(np, (n, oh, ow, m), np.float32, slot="iconv_y")
     b = None if b is None else np.ascontiguousarray(b, np.float32).reshape(m)
     epi = _Epilogue(b, None, "", 0.0, 0.0, m)
@@ -504,17 +508,18 @@ def _iconv_nchw(x, w_hwio, b, s, d, pb, out):
     return y
 
 
-def _input_grad_iconv(gy, w, x_shape, d, pads):
+def _input_grad_iconv(gy, w, x_shape, d, pads, gy_nhwc=None):
     """dL/dx of a stride-1 2-D convolution by ``iconv``: the correlation of dL/dy, padded by
     ``pads`` (the kernel's extent minus the forward's pads), with the kernel flipped in space
     and its channel axes swapped — read as the (KH, KW, M, C) view ``w[:, :, ::-1,
-    ::-1].transpose(2, 3, 0, 1)``, packed without a copy of its own. None when it does not
-    apply (the caller's im2col path runs)."""
+    ::-1].transpose(2, 3, 0, 1)``, packed without a copy of its own. ``gy_nhwc``: dL/dy's
+    channels-last copy when the weight gradient made one (the same values: not copied
+    again). None when it does not apply (the caller's im2col path runs)."""
     rows = int(math.prod(x_shape)) // max(1, int(x_shape[1]))
     if len(x_shape) != 4 or gy.size == 0 or _iconv_applies(gy, w, 1, rows) is None:
         return None
     wf = w[:, :, ::-1, ::-1].transpose(2, 3, 0, 1)
-    gx = _iconv_nchw(gy, wf, None, (1, 1), d, pads[:2], tuple(x_shape[2:]))
+    gx = _iconv_nchw(gy, wf, None, (1, 1), d, pads[:2], tuple(x_shape[2:]), gy_nhwc)
     if gx is None or tuple(gx.shape) != tuple(x_shape):
         return None
     return gx
@@ -553,11 +558,13 @@ _WGRAD_TABLES: dict = {}   # shapes -> the indirection table of the weight gradi
 _WGRAD_LOCK = threading.Lock()
 
 
-def _weight_grad_c(x, gy, w_shape, k, s, d, pb):
+def _weight_grad_c(x, gy, w_shape, k, s, d, pb, keep=None):
     """dL/dW of a 2-D float32 group-1 convolution by ``wgrad_avx2.wgrad`` (no im2col: the
     NHWC copies of x and dL/dy read through the indirection table), channel (or tap) ranges
     over the worker threads; each element one sum over the pixels in order, whatever the
-    split. None when it does not apply or is not loaded (the im2col path runs)."""
+    split. None when it does not apply or is not loaded (the im2col path runs). ``keep``: a
+    list that receives the NHWC copy of dL/dy (a scratch buffer of this thread: valid until
+    its slot is asked for again), for the input gradient that follows."""
     if len(k) != 2 or x.dtype != np.float32 or gy.dtype != np.float32 or x.ndim != 4 \
             or int(k[0]) * int(k[1]) < 2 or int(x.shape[1]) < _ICONV_MIN_C \
             or int(gy.shape[0]) * int(gy.shape[2]) * int(gy.shape[3]) < _WGRAD_MIN_ROWS:
@@ -584,6 +591,8 @@ def _weight_grad_c(x, gy, w_shape, k, s, d, pb):
     parallel_copy(np, xn, x.transpose(0, 2, 3, 1), axis=0)
     gn = scratch(np, (n, oh, ow, m), np.float32, slot="wgrad_dy")
     parallel_copy(np, gn, gy.transpose(0, 2, 3, 1), axis=0)
+    if keep is not None:
+        keep.append(gn)
     zero = np.zeros(c, np.float32)
     dw = np.empty((taps, m, c), np.float32)
     rows = n * oh * ow

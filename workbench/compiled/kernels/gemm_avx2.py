@@ -26,7 +26,8 @@ kernel cache; the engine loads it with ctypes. Used only when the CPU reports ev
   one image (negative: padding, read from the ``zero`` row), built once per plan
   (:func:`workbench.ops.conv_nhwc.indirection`); the weights ((taps*C, M), "HWIO" rows)
   packed as for ``gemm``. Arguments after the arrays: C, taps, M, OH*OW, H*W*C, r0, r1,
-  has_z, lo, hi.
+  has_z, lo, hi. The first tile over each slice of the packed weights prefetches the next
+  slice into L2 (no change in arithmetic: the same bits).
 """
 
 #: the kernel's source file, in this folder
