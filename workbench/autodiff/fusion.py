@@ -216,9 +216,10 @@ def _gelu_grad_numpy(x, g):
     """``g * GELU'(x)`` in numpy (float32; erf from the engine's Erf kernel)."""
     from workbench.ops.elementwise import erf_array  # noqa: PLC0415
     t = np.float32
-    cdf = t(0.5) * (t(1.0) + erf_array(x / _SQRT2))
-    pdf = np.exp(t(-0.5) * x * x) * t(1.0 / math.sqrt(2.0 * math.pi))
-    return (g * (cdf + x * pdf)).astype(np.float32, copy=False)
+    with np.errstate(invalid="ignore", over="ignore"):   # +-Inf: Inf * 0 is NaN, as the chain
+        cdf = t(0.5) * (t(1.0) + erf_array(x / _SQRT2))
+        pdf = np.exp(t(-0.5) * x * x) * t(1.0 / math.sqrt(2.0 * math.pi))
+        return (g * (cdf + x * pdf)).astype(np.float32, copy=False)
 
 
 def run_step(runner, role, chain, step, call, args):
