@@ -24,6 +24,15 @@ needs_kernels = pytest.mark.skipif(image.supported() is not None,
                                    reason=f"compiled kernels: {image.supported()}")
 
 
+@pytest.fixture(autouse=True)
+def _singa_flag():
+    """Training a model sets SINGA's global ``autograd.training`` (Model.train): put it back."""
+    from workbench.singa import autograd as singa_autograd
+    before = singa_autograd.training
+    yield
+    singa_autograd.training = before
+
+
 @pytest.fixture(scope="module")
 def kernels():
     if image.supported() is not None or not compiled.wait(["transformer"], timeout=900) or \
