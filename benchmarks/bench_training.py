@@ -29,11 +29,11 @@ profiler table (``torch.profiler``, self CPU time per aten op). Profiled steps a
 timed ones (a clock read per call); the shares are what to read.
 
 Printed per model: median step time (ms) of ours and of PyTorch, their ratio (target: within
-1.5x of PyTorch), the peak RSS of each process (MiB), the median CPU time of a step (all threads
-of the process: on a machine shared with other processes the wall time also counts the time a
-process waits for a core; with ``--threads 1`` the CPU time is the work itself), and the first
-step's loss on both sides (a check that the same thing is trained). Not part of the test
-pass/fail.
+1.3x of PyTorch, issue 23), the peak RSS of each process (MiB), the median CPU time of a step
+(all threads of the process: on a machine shared with other processes the wall time also
+counts the time a process waits for a core; with ``--threads 1`` the CPU time is the work
+itself), and the first step's loss on both sides (a check that the same thing is trained). Not
+part of the test pass/fail.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ if str(ROOT) not in sys.path:
 from benchmarks._proc import peak_rss_mib  # noqa: E402
 
 MODELS = ("resnet18", "mobilenetv2", "bert")
-TARGET = 1.5
+TARGET = 1.3   # issue 23: a training step within 1.3x of PyTorch eager
 LR, MOMENTUM = 1e-3, 0.9
 
 

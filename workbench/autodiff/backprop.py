@@ -50,10 +50,17 @@ def _backward(y: Tensor, g0, retain_graph: bool) -> list:
     grads: dict = {(id(y.creator), y._index): g0}
     leaf: dict = {}
     order = tape_order([y], only_grad=True)
+    pop = grads.pop
     for node in reversed(order):
-        gouts = [grads.pop((id(node), i), None) for i in range(node.n_outputs)]
-        if all(g is None for g in gouts):
-            continue
+        if node.n_outputs == 1:
+            g = pop((id(node), 0), None)
+            if g is None:
+                continue
+            gouts = [g]
+        else:
+            gouts = [pop((id(node), i), None) for i in range(node.n_outputs)]
+            if all(g is None for g in gouts):
+                continue
         if node.saved_in is None:
             raise GradientError(
                 f"node {node.name!r} ({node.op_type}): its saved arrays were freed by an earlier "
@@ -100,9 +107,19 @@ def _backward(y: Tensor, g0, retain_graph: bool) -> list:
 def run_rule(node: TapeNode, gouts: list, needs: tuple | None = None) -> tuple:
     """The gradients of ``node``'s inputs for its output gradients ``gouts`` (arrays, None
     where no gradient arrived): its op's rule (the override for the arrays' module first)
-    applied to the arrays the node saved. ``needs`` replaces ``node.needs_input_grad``."""
-    xp = xp_of(*[a for a in node.saved_in if a is not None])
-    rule = rules.rule_for(node.op_type, node.domain, xp=xp)   # the device's override first
+    applied to the arrays the node saved. ``needs`` replaces ``node.needs_input_grad`` (a
+    backward of single nodes: refused for the nodes of a fused chain, whose ``grad_rule`` is
+    only right within a whole backward)."""
+    xp = xp_of(*node.saved_in)
+    rule = node.grad_rule   # a node's own rule (a fused chain's), else its op's
+    if rule is not None and needs is not None:
+        raise GradientError(
+            f"node {node.name!r} ({node.op_type}) ran fused with its GELU chain in a training "
+            f"step (workbench.autodiff.fusion): its own inputs were not kept, so it has no "
+            f"backward of its own; differentiate through backward(loss), or set "
+            f"WORKBENCH_FUSE_GELU=0 before the training step")
+    if rule is None:
+        rule = rules.rule_for(node.op_type, node.domain, xp=xp)  # the device's override first
     if rule is None:
         dom = node.domain or "ai.onnx"
         raise GradientError(

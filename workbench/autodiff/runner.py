@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from workbench.autodiff import rules
+from workbench.autodiff import fusion, rules
 from workbench.autodiff.tape import Tensor, run_op
 from workbench.ops.registry import facts
 
@@ -60,6 +60,10 @@ class TapeRunner:
         self.device = device
         self.training_mode = bool(training_mode)
         self._calls: dict[int, StepCall] = {}
+        # training: the steps in the order of their first run, and the fused chains found in
+        # them when the second run starts ({id(step): (role, chain)}; None: not looked yet)
+        self._order: list = []
+        self._fused: dict | None = None if self.training_mode and fusion.enabled() else {}
 
     def preset(self, step, *, kw: dict, wants_ctx: bool, n_outputs: int, fn: Callable,
                training_mode: bool, state_updates: dict | None, out_names=None) -> None:
@@ -90,12 +94,25 @@ class TapeRunner:
         call = StepCall(kw, wants_ctx, n_out, fn, state, self.training_mode, None,
                         tuple(n.outputs))
         self._calls[id(step)] = call
+        if self._fused is None:
+            self._order.append(step)
         return call
 
     def __call__(self, step, args: list, kw: dict) -> tuple:
         call = self._calls.get(id(step))
         if call is None:
             call = self._prepare(step)
+        else:
+            fused = self._fused
+            if fused is None:   # a second run: find the GELU chains once
+                fused = self._fused = fusion.find_chains(self._order, self._calls)
+                self._order = []
+            if fused:
+                f = fused.get(id(step))
+                if f is not None and kw is step.attrs:
+                    r = fusion.run_step(self, f[0], f[1], step, call, args)
+                    if r is not None:
+                        return r
         kw0, wants_ctx, n_out, fn, state, training_mode, ups, out_names = call
         if kw is not step.attrs:  # subgraph bodies bound for this run
             kw = {k: v for k, v in kw.items() if k != "ctx"}
@@ -109,8 +126,9 @@ class TapeRunner:
                     ups[o] = t
             ups = ups or None
         n = step.node
-        return tuple(run_op(n.op_type, n.domain, step.opset, fn, wants_ctx, kw, n.attrs, args,
-                            n_out, n.name, out_names, training_mode, ups, device=self.device))
+        r = run_op(n.op_type, n.domain, step.opset, fn, wants_ctx, kw, n.attrs, args, n_out,
+                   n.name, out_names, training_mode, ups, device=self.device)
+        return r[0] if n_out == 1 else tuple(r)   # (the run loop stores a lone output as is)
 
     def bind(self, plan, scope: dict) -> Callable:
         """A subgraph body over arrays (control flow is run, not differentiated)."""

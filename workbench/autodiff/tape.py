@@ -689,7 +689,9 @@ class TapeNode:
     mode (``NodeContext.training``; its rule is then called with ``training=True``);
     ``state_updates`` ``{output index: Tensor}`` the running statistics the run wrote back.
     ``origin`` is free for a front end to mark the nodes one of its calls recorded (SINGA's
-    operator classes keep their call there); the engine never reads it.
+    operator classes keep their call there); the engine never reads it. ``grad_rule``, when
+    not None, replaces the op's registered gradient rule for this node (same signature; the
+    fused GELU chain of a training step sets it: ``workbench.autodiff.fusion``).
 
     The tape creates nodes of the class given to :func:`set_node_class` (this one by
     default), so a front end may give them methods of its own.
@@ -698,7 +700,7 @@ class TapeNode:
     __slots__ = ("op_type", "domain", "opset", "attrs", "kw", "fn", "wants_ctx", "parents",
                  "needs_input_grad", "n_outputs", "out_meta", "out_names", "name",
                  "requires_grad", "saved_in", "saved_out", "state_updates", "freed", "uid",
-                 "training_mode", "origin", "__weakref__")
+                 "training_mode", "origin", "grad_rule", "__weakref__")
 
     def __repr__(self) -> str:
         return f"TapeNode({self.name!r}, {self.op_type}, opset {self.opset})"
@@ -785,6 +787,24 @@ def _tensors_of(inputs: Sequence) -> list:
     return out
 
 
+def _device_clash(op_type, name, ts):
+    """The DeviceError of inputs on different devices (run_op's slow path)."""
+    first = dev = None
+    for k, t in enumerate(ts):
+        if t is None:
+            continue
+        if dev is None:
+            dev, first = t.device, k
+        elif t.device is not dev and t.device != dev:
+            def who(i, tt):
+                return f"input {i}" + (f" ({tt.name!r})" if tt.name else "")
+            return DeviceError(
+                f"{op_type}{f' (node {name!r})' if name else ''}: inputs live on different "
+                f"devices: {who(first, ts[first])} on {dev}, {who(k, t)} on {t.device}; "
+                f"move them to one device with Tensor.to_device(dev)")
+    return None
+
+
 def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool, kw: dict,
            attrs: dict, inputs: Sequence, n_outputs: int, name: str | None,
            out_names: Sequence[str] | None, training_mode: bool = False,
@@ -794,24 +814,25 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
     ``training_mode``: run the op in training mode (``NodeContext.training``; its gradient
     rule gets ``training=True``). ``device``: where an op without Tensor inputs (Constant,
     RandomNormal, ...) runs; the default device when None."""
-    ts = _tensors_of(inputs)
+    # (one pass over the inputs and straight-line recording: a training step of a small
+    # transformer records ~220 ops, so every microsecond here is ~0.2 ms a step)
+    ts = inputs
+    for t in inputs:
+        if t is not None and not isinstance(t, Tensor):
+            ts = _tensors_of(inputs)
+            break
     dev = None
-    first = None
     arrays = []
     any_grad = False
-    for k, t in enumerate(ts):
+    for t in ts:
         if t is None:
             arrays.append(None)
             continue
+        d = t.device
         if dev is None:
-            dev, first = t.device, k
-        elif t.device is not dev and t.device != dev:
-            def who(i, tt):
-                return f"input {i}" + (f" ({tt.name!r})" if tt.name else "")
-            raise DeviceError(
-                f"{op_type}{f' (node {name!r})' if name else ''}: inputs live on different "
-                f"devices: {who(first, ts[first])} on {dev}, {who(k, t)} on {t.device}; "
-                f"move them to one device with Tensor.to_device(dev)")
+            dev = d
+        elif d is not dev and d != dev:
+            raise _device_clash(op_type, name, ts)
         arrays.append(t.data)
         if t.requires_grad:
             any_grad = True
@@ -840,35 +861,29 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
     extra = r[n_outputs:]  # training forms may return statistics for their gradient rule
     r = [np.asarray(a) if isinstance(a, np.generic) else a for a in r[:n_outputs]]
 
-    recording = _recording.get()
-    grad_on = any_grad and recording and _grad_enabled.get()
-    keep = grad_on or (_save_all and recording and _grad_enabled.get())
     node = None
-    if recording:
+    grad_on = False
+    if _recording.get():
+        grad_enabled = _grad_enabled.get()
+        grad_on = any_grad and grad_enabled
         node = _node_class()
         node.op_type, node.domain, node.opset = op_type, domain, opset
         node.attrs, node.kw, node.fn, node.wants_ctx = attrs, kw, fn, wants_ctx
         node.n_outputs = n_outputs
-        node.uid = next(_node_ids)
-        node.name = name or f"{op_type}_{node.uid}"
+        uid = node.uid = next(_node_ids)
+        node.name = name or f"{op_type}_{uid}"
         node.out_names = out_names
         node.training_mode = training_mode
-        parents = []
-        for t in ts:
-            if t is None:
-                parents.append(None)
-            elif t.creator is not None:
-                parents.append((t.creator, t._index))
-            else:
-                parents.append(t)
-        node.parents = parents
+        node.parents = [t if t is None or t.creator is None else (t.creator, t._index)
+                        for t in ts]
         node.out_meta = [(tuple(a.shape), a.dtype) if is_array(a) else (None, None)
                          for a in r]
         node.requires_grad = grad_on
         node.state_updates = state_updates
         node.freed = False
         node.origin = None
-        if keep:
+        node.grad_rule = None
+        if grad_on or (_save_all and grad_enabled):
             node.needs_input_grad = tuple(t is not None and t.requires_grad for t in ts)
             node.saved_in = arrays
             node.saved_out = r + list(extra) if extra else r
@@ -877,12 +892,26 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
             node.saved_in = node.saved_out = None
     outs = []
     names = out_names or ()
-    for i, a in enumerate(r):
-        rg = grad_on and is_array(a) and is_float_dtype(a.dtype)
-        t = Tensor._make(a, dev, rg, node, i, names[i] if i < len(names) else None)
+    new = Tensor.__new__
+    i = 0
+    for a in r:
+        t = new(Tensor)      # Tensor._make, inlined
+        t.data = a
+        t.device = dev
+        if grad_on and is_array(a):
+            dt = a.dtype     # is_float_dtype, inlined
+            t.requires_grad = dt.kind == "f" or (dt.kind == "V" and dt.name == "bfloat16")
+        else:
+            t.requires_grad = False
+        t._stores_grad = False
+        t.creator = node
+        t._index = i
+        t.grad = None
+        t.name = names[i] if i < len(names) else None
         if node is None:
             t._untraced = True
         outs.append(t)
+        i += 1
     if state_updates:
         for i, st in state_updates.items():
             st.data = r[i]

@@ -171,7 +171,12 @@ _overrides_loaded: set = set()
 def _xp_name(xp) -> str | None:
     if xp is None:
         return None
-    name = xp if isinstance(xp, str) else getattr(xp, "__name__", str(xp))
+    if isinstance(xp, str):
+        name = xp
+    else:   # (not getattr's default: str(module) was built on every call, ~5 us)
+        name = getattr(xp, "__name__", None)
+        if name is None:
+            name = str(xp)
     return None if name == "numpy" else name
 
 

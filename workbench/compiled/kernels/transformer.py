@@ -24,6 +24,8 @@ builder's noalias contract): a kernel that may work in place has a separate sour
   numpy's ``exp(t - max) / sum``; with ``zero_empty`` a row of only -inf gives zeros.
 - ``gelu``: ``y = act(x + b) + z`` with act 0 none, 1 GELU (erf form), 2 GELU (tanh
   approximation), 3 ReLU; ``b`` one row (bias), ``z`` of y's shape (a residual).
+- ``gelu_grad``: the erf GELU's gradient ``g * (Phi(x) + x phi(x))`` over flat elements
+  (the training step's fused GELU chain, ``workbench.autodiff.fusion``).
 - ``erf_f32``: the Erf op's ``y = erf(x)`` (float32) over the flat elements
   ``r0 <= i < r1``, computed in float64 with exactly the operations, in the same order, of the
   numpy path ``workbench.ops.elementwise._erf_f64`` (so both give the same bits): |x| < 2
@@ -379,6 +381,25 @@ def _f64_from_bits(typingctx, bits):
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], llir.DoubleType())
     return sig, codegen
+
+
+_INV_SQRT_2PI = F(0.3989422804014327)
+
+
+@export("gelu_grad", "f32[] f32[] f32[]! i64 i64", fastmath=_FM)
+def gelu_grad(xp, gp, dp, r0, r1):
+    """The erf GELU's gradient over the flat elements ``r0 <= i < r1``:
+    ``dx = g * (Phi(x) + x * phi(x))``, Phi(x) = (1 + erf(x / sqrt 2)) / 2 by this module's
+    fitted erf, phi(x) = exp(-x^2 / 2) / sqrt(2 pi) by its exp (a training step's fused
+    Div/Erf/Add/Mul/Mul chain, ``workbench.autodiff.fusion``). +-Inf gives NaN, as the
+    chain's own rules do (x * phi(x) is Inf * 0 there)."""
+    x = carray(xp, (r1,))
+    g = carray(gp, (r1,))
+    d = carray(dp, (r1,))
+    for i in range(r0, r1):
+        v = x[i]
+        cdf = _HALF * (_ONE + _erf(v * _INV_SQRT2))
+        d[i] = g[i] * (cdf + v * _exp(F(-0.5) * v * v) * _INV_SQRT_2PI)
 
 
 _erf_run_f32 = _erf_kernel(*_erfs.TERMS_F32)
