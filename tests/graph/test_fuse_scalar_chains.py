@@ -140,3 +140,30 @@ def test_kernel_errors_name_the_fused_op():
     with pytest.raises(ShapeError, match="Unsqueeze"):
         scalar_chain(np.ones(3, np.float32), np.array([5]), np.array(1.0, np.float32),
                      ops=["Unsqueeze", "Mul"], swap=[0, 0], cast_to=[0, 0])
+
+
+def test_replayed_program_matches_every_run():
+    """A node's program (remembered per input type, shape and dtype) replays the same bits,
+    and another input dtype or shape builds a new one: 0-d, NaN/inf, -0.0, Div by zero."""
+    inits = [numpy_helper.from_array(np.array(-0.0, np.float32), "nz"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(3.0, np.float32), "three")]
+    nodes = [helper.make_node("Mul", ["x", "three"], ["a"]),
+             helper.make_node("Div", ["a", "zero"], ["b"]),
+             helper.make_node("Add", ["nz", "b"], ["c"]),
+             helper.make_node("Div", ["three", "x"], ["d"]),
+             helper.make_node("Sub", ["d", "nz"], ["y"])]
+    g = helper.make_graph(nodes, "f", [helper.make_tensor_value_info("x", F, None)],
+                          [helper.make_tensor_value_info("c", F, None),
+                           helper.make_tensor_value_info("y", F, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    graph = load(model, check=False).graph
+    plain, fused = Plan(graph), Plan(passes.optimize(graph))
+    assert [n.op_type for n in fused.graph.nodes] == ["ScalarChain", "ScalarChain"]
+    feeds = [np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.5, -2.0], np.float32),
+             np.array(2.5, np.float32), np.zeros((2, 0, 3), np.float32),
+             np.array([[1.0, -0.0]], np.float32)]
+    with np.errstate(all="ignore"):
+        for x in feeds + feeds[::-1]:
+            for a, b in zip(fused.run([x]), plain.run([x])):
+                assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
