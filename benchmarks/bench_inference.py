@@ -202,13 +202,29 @@ def sgemm_gflops(seconds: float = 3.0) -> float:
 CLOCK = [time.perf_counter]
 
 
+#: seconds of warm-up and of timed runs each worker runs at least (``--warmup-time``,
+#: ``--min-time``), on top of the counts: a sub-millisecond model is still settling after 2
+#: warm-up runs, and 10 runs of 0.3 ms are one scheduler tick (see ``_time_runs``)
+MIN_SECONDS = {"warmup": 0.25, "timed": 1.0}
+
+
 def _time_runs(fn, runs: int, warmup: int) -> tuple[list, object]:
+    """``warmup`` untimed runs and ``runs`` timed ones, each continued until it has lasted
+    ``MIN_SECONDS`` (wall). The same rule for every engine. Why: in fresh processes both
+    ours and onnxruntime need ~10 runs of a small model to settle (BERT-like b1, the fastest
+    run at each position over 6 processes: ours 0.52 -> 0.35 ms, onnxruntime 0.30 -> 0.22 ms
+    over runs 3-12), which 2 warm-up runs did not cover; and 10 timed runs of 0.3 ms span
+    3 ms, so one preemption on a shared VM moved a process' median by 30-100 %."""
     out = None
-    for _ in range(warmup):
+    end = time.perf_counter() + MIN_SECONDS["warmup"]
+    k = 0
+    while k < warmup or time.perf_counter() < end:
         out = fn()
+        k += 1
     times = []
     clock = CLOCK[0]
-    for _ in range(runs):
+    end = time.perf_counter() + MIN_SECONDS["timed"]
+    while len(times) < runs or time.perf_counter() < end:
         t0 = clock()
         out = fn()
         times.append((clock() - t0) * 1e3)
@@ -327,7 +343,8 @@ def profile_plan(plan, inputs, runs: int) -> dict:
 def run_worker(engine, model_path, npz, args, name, out_npz=None, profile=False) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", engine, str(model_path),
            str(npz), "--runs", str(args.runs), "--warmup", str(args.warmup),
-           "--threads", str(args.threads), "--name", name, "--clock", args.clock]
+           "--threads", str(args.threads), "--name", name, "--clock", args.clock,
+           "--warmup-time", str(args.warmup_time), "--min-time", str(args.min_time)]
     if out_npz:
         cmd += ["--out", str(out_npz)]
     if profile:
@@ -501,8 +518,14 @@ def prepare_report(args) -> list:
 
 
 # ----------------------------------------------------------------------------- output
-def _fmt(v, spec="{:.1f}"):
-    return "-" if v is None else spec.format(v)
+def _fmt(v, spec=None):
+    """``spec`` or, by default, three significant digits below 10 (a 0.3 ms model's times
+    would read 0.3 or 0.4 at one decimal: 30 % steps), one decimal above."""
+    if v is None:
+        return "-"
+    if spec is None:
+        spec = "{:.1f}" if abs(v) >= 10 else "{:.2f}" if abs(v) >= 1 else "{:.3f}"
+    return spec.format(v)
 
 
 def print_table(rows: list[Row]) -> None:
@@ -584,6 +607,11 @@ def main(argv=None) -> int:
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     p.add_argument("--runs", type=int, default=10, help="timed runs per worker (median)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs first")
+    p.add_argument("--warmup-time", type=float, default=MIN_SECONDS["warmup"],
+                   help="untimed runs go on at least this many seconds")
+    p.add_argument("--min-time", type=float, default=MIN_SECONDS["timed"],
+                   help="timed runs go on at least this many seconds (the median of them "
+                        "all; 0: exactly --runs runs)")
     p.add_argument("--rounds", type=int, default=2,
                    help="fresh processes per engine, alternating engines (median of rounds)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
@@ -618,6 +646,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.clock == "cpu":
         CLOCK[0] = time.process_time
+    MIN_SECONDS["warmup"], MIN_SECONDS["timed"] = args.warmup_time, args.min_time
     if args.worker:
         engine, model, npz = args.worker
         res = worker(engine, model, npz, args.runs, args.warmup, args.threads, args.out,
@@ -626,6 +655,7 @@ def main(argv=None) -> int:
         return 0
     if args.quick:
         args.batches, args.runs, args.warmup, args.rounds = [1], 3, 1, 1
+        args.warmup_time, args.min_time = 0.0, 0.0
 
     prep_rows = []
     if args.prepare or args.prepare_only:
@@ -652,8 +682,9 @@ def main(argv=None) -> int:
     if env.get("loadavg_1m", 0) > 0.5 * (os.cpu_count() or 1):
         print(f"warning: the machine is busy (load average {env['loadavg_1m']}): timings will "
               "be noisy; compare ratios within one run")
-    print(f"{args.clock} clock; median of {args.runs} runs after {args.warmup} warm-up runs "
-          f"per fresh process, median of {args.rounds} alternating rounds; ours/ort < 1 "
+    print(f"{args.clock} clock; median of >= {args.runs} runs and >= {args.min_time} s after "
+          f">= {args.warmup} warm-up runs and >= {args.warmup_time} s per fresh process, "
+          f"median of {args.rounds} alternating rounds; ours/ort < 1 "
           f"means faster than onnxruntime\n")
     rows = []
     profiles = []

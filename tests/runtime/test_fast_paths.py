@@ -145,6 +145,26 @@ def test_feeds_that_do_not_match_get_the_full_check(feeds, err, match):
         plan.run(feeds(a, b))
 
 
+def test_remembered_feed_shapes_still_reject_what_does_not_match():
+    """The shapes a plan remembers as matching (per input) let nothing else through: after
+    good runs, another dtype, shape or rank still gets the full check and its error."""
+    plan = Plan(load(_two_inputs()).graph)
+    b = np.ones((1, 3), np.float32)
+    for n in (2, 5, 2):
+        a = np.full((n, 3), n, np.float32)
+        np.testing.assert_array_equal(plan.run([a, b])[0], a + b)
+    assert plan._feed_shapes[0] == {(2, 3), (5, 3)} and plan._feed_shapes[1] == {(1, 3)}
+    a = np.zeros((2, 3), np.float32)
+    with pytest.raises(InputError, match="expects dtype"):
+        plan.run([a.astype(np.float64), b])
+    with pytest.raises(ShapeError, match="dimension 0 differs"):
+        plan.run([a, b.reshape(3, 1)])
+    with pytest.raises(ShapeError, match="dimension 1 differs|expects"):
+        plan.run([np.zeros((2, 4), np.float32), b])
+    with pytest.raises(ShapeError, match="expects rank 2"):
+        plan.run([a.reshape(-1), b])
+
+
 def test_backend_host_path_matches_the_general_path():
     rep = backend.prepare(_two_inputs())
     a = np.arange(6, dtype=np.float32).reshape(2, 3)

@@ -831,6 +831,101 @@ def fuse_attention_layout(graph: Graph, variables=frozenset()) -> Graph:
     return g
 
 
+def fuse_scalar_chains(graph: Graph, variables=frozenset()) -> Graph:
+    """Fuse chains of ``Unsqueeze`` (constant axes), ``Cast`` and ``Add``/``Sub``/``Mul``/
+    ``Div`` with a one-element constant (either side) into one internal
+    ``com.workbench::ScalarChain`` node (``ops/chain.py``): the attention-mask chain of
+    exported transformers, ``Unsqueeze -> Unsqueeze -> Cast -> Sub(1, .) -> Mul(., c)``, is
+    five steps of a few dozen elements each. Every intermediate value must have a single
+    consumer and not be a graph output; constants must not be ``variables``; two nodes at
+    least. The fused node keeps the last node's name and output, and computes the same
+    operations in the same order (bit for bit the chain). Runs after the product and
+    attention fusions, so it never takes a node they would have folded."""
+    g = graph.copy()
+    opset = g.opsets.get("", g.opsets.get("ai.onnx", 1))
+    consumers = g.consumers()
+    outputs = {v.name for v in g.outputs}
+    only_consumer = _sole_reader(consumers, outputs, _uses_in_subgraphs(g))
+    consts = {k: v for k, v in g.initializers.items() if k not in variables}
+    new_inits: dict = {}
+    names = set(g.initializers) | {v for n in g.nodes for v in n.outputs} | \
+        {v.name for v in g.inputs}
+
+    def link(n, value):
+        """(param name, swap, cast_to) when ``n`` can be a link reading ``value``, else None."""
+        if n.domain or len(n.outputs) != 1 or not n.outputs[0] or n.subgraphs:
+            return None
+        if n.op_type == "Unsqueeze":
+            if opset >= 13:
+                if len(n.inputs) != 2 or n.inputs[0] != value or n.attrs \
+                        or n.inputs[1] not in consts:
+                    return None
+                return n.inputs[1], 0, 0
+            axes = n.attrs.get("axes")
+            if len(n.inputs) != 1 or n.inputs[0] != value or not isinstance(axes, list) \
+                    or set(n.attrs) != {"axes"}:
+                return None
+            return tuple(int(a) for a in axes), 0, 0   # made an initializer when fused
+        if n.op_type == "Cast":
+            if len(n.inputs) != 1 or n.inputs[0] != value or set(n.attrs) != {"to"} \
+                    or opset < 6:
+                return None
+            return "", 0, int(n.attrs["to"])
+        if n.op_type in ("Add", "Sub", "Mul", "Div"):
+            if len(n.inputs) != 2 or n.attrs or opset < 7 or n.inputs[0] == n.inputs[1]:
+                return None
+            side = 0 if n.inputs[0] == value else 1 if n.inputs[1] == value else None
+            other = n.inputs[1 - side] if side is not None else None
+            if other is None or _scalar_const(consts, other) is None:
+                return None
+            return other, side, 0
+        return None
+
+    taken: set = set()
+    fused_at: dict = {}
+    for n in g.nodes:
+        if id(n) in taken or not n.inputs:
+            continue
+        first = link(n, n.inputs[0]) or (link(n, n.inputs[1]) if len(n.inputs) == 2 else None)
+        if first is None:
+            continue
+        x = n.inputs[0] if first[1] == 0 or n.op_type in ("Unsqueeze", "Cast") \
+            else n.inputs[1]
+        chain, links = [n], [first]
+        while True:
+            nxt = only_consumer(chain[-1].outputs[0])
+            lk = None if nxt is None or id(nxt) in taken else link(nxt, chain[-1].outputs[0])
+            if lk is None:
+                break
+            chain.append(nxt)
+            links.append(lk)
+        if len(chain) < 2:
+            continue
+        last = chain[-1]
+        params = []
+        for c, (p, _, _) in zip(chain, links):
+            if isinstance(p, tuple):   # Unsqueeze-1..12's axes attribute
+                p_name = _fresh(names, f"{c.name or 'unsqueeze'}_axes")
+                names.add(p_name)
+                new_inits[p_name] = np.asarray(p, dtype=np.int64)
+                p = p_name
+            params.append(p)
+        fused = Node("ScalarChain", [x] + params, list(last.outputs),
+                     {"ops": [c.op_type for c in chain], "swap": [s for _, s, _ in links],
+                      "cast_to": [t for _, _, t in links]}, last.name, FUSED_DOMAIN)
+        taken.update(id(c) for c in chain)
+        fused_at[id(last)] = fused
+    if not fused_at:
+        return g
+    g.nodes = [fused_at.get(id(n), n) for n in g.nodes
+               if id(n) not in taken or id(n) in fused_at]
+    if new_inits:
+        g.initializers = {**g.initializers, **new_inits}
+    g.opsets = dict(g.opsets)
+    g.opsets[FUSED_DOMAIN] = 1
+    return g
+
+
 def _fresh(names, base: str) -> str:
     name, i = base, 1
     while name in names:
@@ -906,6 +1001,7 @@ def optimize(graph: Graph, *, fold: bool = True, bn: bool = True, identities: bo
              (fuse, fuse_matmul_epilogue), (fuse, fuse_attention),
              (fuse, fuse_attention_layout),
              (fuse and layout is not None, _channels_last(layout)),
+             (fuse and layout is not None, fuse_scalar_chains),
              (True, eliminate_dead_code)]
     for enabled, fn in steps:
         if not enabled:

@@ -18,7 +18,7 @@ _FAMILIES = (
     "shape", "indexing", "tensorgen", "loss",
     "controlflow", "sequence", "quant", "resize", "rnn", "signal", "misc", "nlp",
     "attention", "training", "ml", "ml_linear", "ml_trees", "contrib_tokenizer",
-    "contrib_quant", "contrib_transformer",
+    "contrib_quant", "contrib_transformer", "chain",
 )
 
 

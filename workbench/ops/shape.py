@@ -61,9 +61,25 @@ def reshape_attr(data, *, shape=None, consumed_inputs=None):
     return data.reshape(_target_shape(data.shape, ints(shape), False))
 
 
+#: Reshape-5+'s target shapes by (input shape, the shape input's int64 bytes, allowzero): a
+#: pure function of the key; a transformer's Reshapes see the same few keys every run, and
+#: resolving 0 / -1 and checking the sizes costs ~5x the lookup
+_TARGETS: dict = {}
+_TARGETS_KEPT = 256
+
+
 @kernel("Reshape", since=5)
 def reshape(data, shape, *, allowzero=0):
     """Reshape-5+: 0 copies the input dimension (unless ``allowzero``), -1 is inferred."""
+    if type(shape) is np.ndarray and shape.dtype == np.int64 and shape.ndim == 1:
+        key = (data.shape, shape.tobytes(), allowzero)
+        target = _TARGETS.get(key)
+        if target is None:
+            target = _target_shape(data.shape, ints(shape), bool(allowzero))
+            if len(_TARGETS) >= _TARGETS_KEPT:
+                _TARGETS.clear()
+            _TARGETS[key] = target
+        return data.reshape(target)
     return data.reshape(_target_shape(data.shape, ints(shape), bool(allowzero)))
 
 

@@ -315,6 +315,7 @@ class Plan:
         self._bound_fast: list | None = None
         #: per input, what a feed that needs no conversion looks like (built on first use)
         self._feed_patterns: list | None = None
+        self._feed_shapes: list = []    # per input, the shapes that matched its pattern
 
     @classmethod
     def of_steps(cls, steps: Sequence[Step], *, n_slots: int, inputs: Sequence[int],
@@ -466,6 +467,7 @@ class Plan:
         pats = self._feed_patterns
         if pats is None:
             pats = self._feed_patterns = _feed_patterns(self)
+            self._feed_shapes = [set() for _ in pats]
         if pats:    # the common case first: arrays of the declared dtype, rank and sizes
             values = feeds if type(feeds) is list else \
                 list(feeds) if type(feeds) is tuple else None
@@ -474,11 +476,8 @@ class Plan:
                     values = [feeds[name] for name, *_ in pats]
                 except KeyError:
                     values = None
-            if values is not None and len(values) == len(pats) and all(
-                    type(v) is np.ndarray and v.dtype == dt and (
-                        shp is None or v.shape == shp or free and len(v.shape) == len(shp)
-                        and all(w is None or w == d for w, d in zip(shp, v.shape)))
-                    for v, (_, dt, shp, free) in zip(values, pats)):
+            if values is not None and len(values) == len(pats) \
+                    and _match_feeds(values, pats, self._feed_shapes):
                 return values
         infos = self.input_infos
         if isinstance(feeds, dict):
@@ -517,6 +516,29 @@ def _caller_owned(outs: list) -> list:
         if type(v) is np.ndarray and not v.flags.writeable:
             outs[k] = v.copy()
     return outs
+
+
+#: shapes remembered per input as matching its declared shape (``_match_feeds``)
+_FEED_SHAPES_KEPT = 64
+
+
+def _match_feeds(values: list, pats: list, shapes: list) -> bool:
+    """Whether every feed is an array of its input's declared dtype and a shape that fits the
+    declared one (``_feed_patterns``); shapes found to fit are remembered per input (a set
+    lookup instead of the per-dimension comparison on every run of a free-dimension input)."""
+    for v, (_, dt, shp, free), seen in zip(values, pats, shapes):
+        if type(v) is not np.ndarray or v.dtype != dt:
+            return False
+        sh = v.shape
+        if sh in seen:
+            continue
+        if shp is None or sh == shp or free and len(sh) == len(shp) \
+                and all(w is None or w == d for w, d in zip(shp, sh)):
+            if len(seen) < _FEED_SHAPES_KEPT:
+                seen.add(sh)
+            continue
+        return False
+    return True
 
 
 def _feed_patterns(plan) -> list:
