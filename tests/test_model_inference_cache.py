@@ -196,3 +196,19 @@ def test_tracked_graph_behaves_as_the_plain_one():
     before = m._graph_version.n
     g.copy().nodes[0].attrs["pads"] = [0, 0, 0, 0]     # a copy is not the model's graph
     assert m._graph_version.n == before
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copies_of_a_model_track_their_own_edits(data, how):
+    import copy
+    import pickle
+    x, _ = data
+    m = wb.load(small_cnn_proto())
+    m.run(x)
+    c = copy.deepcopy(m) if how == "deepcopy" else pickle.loads(pickle.dumps(m))
+    _same(c.run(x), m.run(x))
+    c.imported_params()["fc2_w"].data[0, 0] += 1.0      # the copy's weights are its own
+    _fresh(c, x)
+    next(n for n in c.onnx_graph.nodes if n.name == "fc2").attrs["alpha"] = 2.0
+    _fresh(c, x)
+    _same(m.run(x), backend.prepare(_proto_now(m)).run([x]))  # the original is untouched

@@ -276,6 +276,12 @@ def track(graph: Graph, version: Version) -> None:
             track(sg, version)
 
 
+def tracked_by(graph, version) -> bool:
+    """Whether ``graph`` counts its edits on ``version`` (a copy or a pickle of a tracked
+    graph is a plain one; a graph taken from another model counts on that model's)."""
+    return version is not None and getattr(graph, "__dict__", {}).get("_wb_version") is version
+
+
 def list_attrs(graph: Graph) -> list:
     """``[(list, copy)]`` for every list-valued attribute (recursively): compared each run."""
     out = []

@@ -518,18 +518,31 @@ class SONNXModel(Model):
 
     def _track_graph(self) -> None:
         """Count every in-place edit of ``onnx_graph`` (``inference_cache.track``): the
-        cached plans (inference, training, cuts) are dropped when the count moves."""
+        cached plans (inference, training, cuts) are dropped when the count moves. A graph
+        that was not tracked (new, or a copy: copies and pickles are plain objects) moves the
+        count once, since it may have been edited before."""
         version = self.__dict__.get("_graph_version")
         if version is None:
             version = self.__dict__["_graph_version"] = _icache.Version()
+        if not _icache.tracked_by(self.onnx_graph, version):
+            version.n += 1
         _icache.track(self.onnx_graph, version)
 
     def _graph_state(self) -> tuple:
         """``(id of the graph, edit count, graph)``: cached plans are valid while the first
         two stay the same (the graph is held so that its id is not reused)."""
-        if "_graph_version" not in self.__dict__:
+        if not _icache.tracked_by(self.onnx_graph, self.__dict__.get("_graph_version")):
             self._track_graph()
         return id(self.onnx_graph), self.__dict__["_graph_version"].n, self.onnx_graph
+
+    def __getstate__(self) -> dict:
+        """Pickles and deep copies leave the prepared plans behind (they hold addresses of
+        this model's buffers) and the weight block (the copy's arrays are its own)."""
+        state = self.__dict__.copy()
+        for k in ("_inference_cache", "_arena", "_feed_dtypes", "_tplans_state"):
+            state.pop(k, None)
+        state["_tplans"] = {}
+        return state
 
     def _share_initializers(self) -> None:
         # the graph's initializer arrays are not used by the Tensor runner: share ours
@@ -616,8 +629,8 @@ class SONNXModel(Model):
         d = self.__dict__
         cache = d.setdefault("_inference_cache", {})
         g = self.onnx_graph
-        if "_graph_version" not in d:
-            self._track_graph()
+        if not _icache.tracked_by(g, d.get("_graph_version")):
+            self._track_graph()     # a new graph, a copy, or one tracked by another model
         version = d["_graph_version"]
         ent = cache.get(outputs)
         same_graph = ent is not None and ent[0] is g and ent[1] == version.n
@@ -633,8 +646,11 @@ class SONNXModel(Model):
         if ent is not None and ent[0] is not g:
             cache.clear()            # another graph (compile re-planned): drop the old plans
         _icache.track(g, version)    # nodes the user added since: count their edits too
-        names = [k for k in g.initializers if k in self._weights]
-        snap = _icache.Snapshot(self._weights, names, d.get("_arena"), g)
+        snap = next((e[3] for e in cache.values() if e[0] is g and e[1] == version.n
+                     and e[3].unchanged()), None)   # another cut's: share its frozen weights
+        if snap is None:
+            names = [k for k in g.initializers if k in self._weights]
+            snap = _icache.Snapshot(self._weights, names, d.get("_arena"), g)
         if same_graph:
             # only the weights changed (a training step): this run on the variable-weight
             # plan, the prepared plan built on the next run that finds them unchanged
