@@ -59,6 +59,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 from dataclasses import fields
+from operator import attrgetter, is_
 
 import numpy as np
 
@@ -295,6 +296,8 @@ def list_attrs(graph: Graph) -> list:
 
 
 # --------------------------------------------------------------------------- the snapshot
+_DATA, _SHAPE, _DTYPE = attrgetter("data"), attrgetter("shape"), attrgetter("dtype")
+
 class Snapshot:
     """The exact state a cached plan was built from, and the arrays to build it from.
 
@@ -305,6 +308,9 @@ class Snapshot:
         in_arena = {id(v) for v in arena.views} if arena is not None else set()
         self.arena_live = arena.buf if arena is not None else None
         self.arena_snap = arena.buf.copy() if arena is not None else None
+        # the block and its copy are never resized: their addresses are taken once
+        self._arena_args = None if arena is None else \
+            (self.arena_live.ctypes.data, self.arena_snap.ctypes.data, self.arena_live.nbytes)
         base = self.arena_snap
         offs = arena._offsets if arena is not None else {}
         #: {id(live array): frozen array}: what the plan is built from
@@ -322,6 +328,13 @@ class Snapshot:
                     self.arrays.append((a, a.shape, a.dtype))
                     self._freeze(a, in_arena, offs, base)
         self.lists = list_attrs(graph)
+        # the per-run identity/shape/dtype checks as C-level maps over flat lists
+        self._objs = [t for t, _, _, _ in self.tensors]
+        self._datas = [a for _, a, _, _ in self.tensors]
+        every = self._datas + [a for a, _, _ in self.arrays]
+        self._attr_arrays = [a for a, _, _ in self.arrays]
+        self._shapes = [a.shape for a in every]
+        self._dtypes = [a.dtype for a in every]
 
     def _freeze(self, a, in_arena, offs, base) -> None:
         if id(a) in self.frozen:
@@ -340,18 +353,23 @@ class Snapshot:
 
     def unchanged(self) -> bool:
         """True when every array still holds the bytes it held at the snapshot (exact)."""
-        for t, a, shape, dtype in self.tensors:
-            d = t.data
-            if d is not a or d.shape != shape or d.dtype is not dtype:
-                return False
-        for a, shape, dtype in self.arrays:
-            if a.shape != shape or a.dtype is not dtype:
-                return False
+        datas = list(map(_DATA, self._objs))
+        if not all(map(is_, datas, self._datas)):
+            return False
+        every = datas + self._attr_arrays
+        if list(map(_SHAPE, every)) != self._shapes or \
+                not all(map(is_, map(_DTYPE, every), self._dtypes)):
+            return False
         for lst, copy in self.lists:
             if lst != copy:
                 return False
-        if self.arena_live is not None and not bytes_equal(self.arena_live, self.arena_snap):
-            return False
+        args = self._arena_args
+        if args is not None:
+            if _MEMCMP is not None:
+                if _MEMCMP(*args) != 0:
+                    return False
+            elif not bytes_equal(self.arena_live, self.arena_snap):
+                return False
         for live, frozen in self.foreign:
             if live.dtype.hasobject or not live.flags.c_contiguous:
                 if not np.array_equal(live, frozen):

@@ -642,6 +642,8 @@ class SONNXModel(Model):
             if plan is None:         # weights unchanged since the last run noticed a change
                 plan = self._build_cached_plan(outputs, ent[3])
                 cache[outputs] = (g, ent[1], plan, ent[3])
+            if plan is False:
+                return self._variable_run(inputs, list(outputs), ())
             return plan.run(feeds)
         if ent is not None and ent[0] is not g:
             cache.clear()            # another graph (compile re-planned): drop the old plans
@@ -662,10 +664,20 @@ class SONNXModel(Model):
             return self._variable_run(inputs, list(outputs), ())
         plan = self._build_cached_plan(outputs, snap)
         cache[outputs] = (g, version.n, plan, snap)
+        if plan is False:
+            return self._variable_run(inputs, list(outputs), ())
         return plan.run(feeds)
 
-    def _build_cached_plan(self, outputs: tuple, snap) -> Plan:
-        """``backend.prepare``'s plan of the graph with the snapshot's (frozen) weights."""
+    def _build_cached_plan(self, outputs: tuple, snap) -> Plan | bool:
+        """``backend.prepare``'s plan of the graph with the snapshot's (frozen) weights;
+        False when the inference passes or the planner refuse this graph with every weight
+        constant (the variable-weight plan runs it then, and says what is wrong if it is)."""
+        try:
+            return self._prepared_plan(outputs, snap)
+        except Exception:  # noqa: BLE001 - the variable-weight path reports the model's faults
+            return False
+
+    def _prepared_plan(self, outputs: tuple, snap) -> Plan:
         g = self.onnx_graph.copy()
         g.outputs = [self._value_info(o) for o in outputs]
         g.initializers = {k: snap.frozen_of(self._weights[k].data if k in self._weights
