@@ -123,10 +123,15 @@ class Arena:
         #: {id(view): offset}: the views are held by ``views``, so their ids stay theirs
         self._offsets = dict(zip((id(v) for v in self.views), offs))
 
+    def holds(self, a) -> bool:
+        """Whether ``a`` is one of this block's arrays (the very object)."""
+        return id(a) in self._offsets
+
 
 def arena_for(weights: dict, graph: Graph) -> Arena | None:
-    """Move the model's initial weights (``{name: array}``, replaced in place) and the graph's
-    node attribute arrays into one :class:`Arena` (a fresh model: nobody holds them yet)."""
+    """Copy the model's initial weights (``{name: array}``, replaced in that dict) and the
+    graph's node attribute arrays (replaced in the graph) into one :class:`Arena` (a fresh
+    model: nobody holds them yet)."""
     holders = []   # (dict, key)
     for k, a in weights.items():
         if _numeric(a):

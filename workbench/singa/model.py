@@ -487,8 +487,15 @@ class SONNXModel(Model):
             trainable.update(i for k, i in enumerate(n.inputs) if i and k not in fixed)
             for sg in n.subgraphs:
                 trainable.update(sg.free_variables())
-        for name, arr in self.onnx_graph.initializers.items():
-            a = np.array(arr, copy=True)
+        # the initial host weights and the graph's attribute arrays in one block
+        # (``inference_cache.Arena``): the inference cache compares them with its snapshot in
+        # one ``memcmp`` per run; copied once, straight from the loader's arrays
+        arrays = dict(self.onnx_graph.initializers)
+        arena = None if self._dev.is_cuda else _icache.arena_for(arrays, self.onnx_graph)
+        self.__dict__["_arena"] = arena
+        for name, arr in arrays.items():
+            held = arena is not None and arena.holds(arr)
+            a = arr if held else np.array(arr, copy=True)
             if _is_float(a) and name not in stats and name in trainable:
                 t = Tensor(device=self._dev, data=a, requires_grad=True, stores_grad=True,
                            name=name)
@@ -498,23 +505,11 @@ class SONNXModel(Model):
                 self._buffers[name] = t
             else:
                 t = Tensor(device=self._dev, data=a, name=name)
+            if held:
+                t.data = a           # the block's array itself (the Tensor made a copy)
             self._weights[name] = t
-        self._arena_weights()
-        self._share_initializers()
-
-    def _arena_weights(self) -> None:
-        """The initial host weights and the graph's attribute arrays in one block
-        (``inference_cache.Arena``): the inference cache compares them with its snapshot in
-        one ``memcmp`` per run. Fresh copies nobody else holds yet."""
-        arena = None
-        if not self._dev.is_cuda:
-            arrays = {k: t.data for k, t in self._weights.items()}
-            arena = _icache.arena_for(arrays, self.onnx_graph)
-            for k, a in arrays.items():
-                if a is not self._weights[k].data:
-                    self._weights[k].data = a
-        self.__dict__["_arena"] = arena
         self._track_graph()
+        self._share_initializers()
 
     def _track_graph(self) -> None:
         """Count every in-place edit of ``onnx_graph`` (``inference_cache.track``): the
