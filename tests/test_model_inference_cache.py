@@ -175,12 +175,18 @@ def test_kernels_disabled_and_numpy_compare(data, monkeypatch):
     _fresh(m, x)
 
 
-def test_other_float_inputs_keep_the_variable_path(data):
+def test_other_float_inputs_and_batches_keep_the_variable_path(data):
     x, _ = data
     m = wb.load(small_cnn_proto())
     out = m.run(x.astype(np.float64))[0]     # computed in float64 by the variable plan
     assert out.dtype == np.float64
     np.testing.assert_allclose(out, m.run(x)[0], rtol=1e-4, atol=1e-4)
+    fixed = small_cnn_proto()                # a file that fixes the batch at 8
+    fixed.graph.input[0].type.tensor_type.shape.dim[0].dim_value = x.shape[0]
+    f = wb.load(fixed)
+    _same(f.run(x), m.run(x))
+    five = f.run(x[:5])[0]                   # forward takes another batch: so does run
+    np.testing.assert_allclose(five, m.run(x[:5])[0], rtol=1e-5, atol=1e-5)
 
 
 def test_tracked_graph_behaves_as_the_plain_one():

@@ -687,7 +687,8 @@ class SONNXModel(Model):
     def _cached_feeds(self, inputs) -> list | None:
         """The inputs as arrays of the declared dtypes, checked and converted as ``forward``
         checks them; None when a float input comes in another float dtype (``forward``
-        computes in that dtype: the variable-weight plan runs it, as before)."""
+        computes in that dtype) or with a size other than one the file fixes (``forward``
+        takes another batch): the variable-weight plan runs those, as before."""
         infos = self.onnx_graph.inputs
         if len(inputs) != len(infos):
             raise InputError(f"the model takes {len(infos)} input(s) "
@@ -697,11 +698,19 @@ class SONNXModel(Model):
             from workbench.arrays.dtypes import np_dtype_of_onnx
             wants = self.__dict__["_feed_dtypes"] = (infos, [
                 (np_dtype_of_onnx(v.dtype) if v.dtype else None,
-                 None if v.shape is None else len(v.shape)) for v in infos])
+                 None if v.shape is None else len(v.shape),
+                 () if v.shape is None else tuple((d, n) for d, n in enumerate(v.shape)
+                                                  if isinstance(n, int))) for v in infos])
         feeds = []
-        for info, (want, rank), a in zip(infos, wants[1], inputs):
+        for info, (want, rank, fixed), a in zip(infos, wants[1], inputs):
+            shape = getattr(a, "shape", None)
+            if fixed and shape is not None and len(shape) == rank and \
+                    any(shape[d] != n for d, n in fixed):
+                # another size where the file fixes one (forward accepts another batch):
+                # the prepared plan may have folded the declared sizes in
+                return None
             if type(a) is np.ndarray and a.dtype == want and a.ndim == rank:
-                feeds.append(a)      # the plan checks the sizes
+                feeds.append(a)
                 continue
             if isinstance(a, Tensor):
                 if a.device != self._dev:
