@@ -376,10 +376,11 @@ class Snapshot:
             elif not bytes_equal(self.arena_live, self.arena_snap):
                 return False
         for live, frozen in self.foreign:
-            if live.dtype.hasobject or not live.flags.c_contiguous:
+            if live.dtype.hasobject:        # strings: the objects compared
                 if not np.array_equal(live, frozen):
                     return False
-            elif not bytes_equal(live, frozen):
+            elif not bytes_equal(live if live.flags.c_contiguous
+                                 else np.ascontiguousarray(live), frozen):
                 return False
         return True
 
