@@ -3,11 +3,11 @@ nodes with the same kernels: the same numbers, also after training has changed t
 running statistics.
 
 What "the same" promises: bit for bit while BLAS runs on one thread; within float32 rounding
-at any BLAS thread count. A plain ``backend`` run pins BLAS to one thread (see
-docs/architecture.md, CPU performance), the trainable model's run leaves BLAS at its configured
-thread count (``OPENBLAS_NUM_THREADS``), and a multi-threaded BLAS may add a product's terms in
-another order. Each test checks both: bit for bit under ``threadpool_limits(1)``, and to float32
-rounding as the environment has it.
+at any BLAS thread count. Every CPU run pins BLAS to one thread now (see docs/architecture.md,
+CPU performance; ``model.run`` runs a prepared plan, ``workbench.singa.inference_cache``), but a
+multi-threaded BLAS may add a product's terms in another order, so each test checks both: bit
+for bit under ``threadpool_limits(1)``, and to float32 rounding as the environment has it.
+``tests/test_model_inference_cache.py`` checks the cached plan against edits of the model.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from workbench import trunk_cache as _trunk_cache
 from workbench.arrays.device import graph_generation
 from workbench.autodiff.export import to_onnx as _to_onnx
 from workbench.autodiff.runner import TapeRunner
-from workbench.autodiff.tape import tape_order
+from workbench.autodiff.tape import _recording, tape_order
 from workbench.errors import InputError, OverwriteError, ShapeError, WorkbenchError
 from workbench.files import write_atomic
 from workbench.graph import passes as _passes
@@ -60,6 +60,7 @@ from workbench.runtime.plan import Plan, Step
 from workbench.singa import autograd
 from workbench.singa import counting as _singa_counting  # noqa: F401 - registers "singa"
 from workbench.singa import device as _device
+from workbench.singa import inference_cache as _icache
 from workbench.singa.layer import Layer
 from workbench.singa.tensor import Tensor, as_tensor
 
@@ -486,8 +487,15 @@ class SONNXModel(Model):
             trainable.update(i for k, i in enumerate(n.inputs) if i and k not in fixed)
             for sg in n.subgraphs:
                 trainable.update(sg.free_variables())
-        for name, arr in self.onnx_graph.initializers.items():
-            a = np.array(arr, copy=True)
+        # the initial host weights and the graph's attribute arrays in one block
+        # (``inference_cache.Arena``): the inference cache compares them with its snapshot in
+        # one ``memcmp`` per run; copied once, straight from the loader's arrays
+        arrays = dict(self.onnx_graph.initializers)
+        arena = None if self._dev.is_cuda else _icache.arena_for(arrays, self.onnx_graph)
+        self.__dict__["_arena"] = arena
+        for name, arr in arrays.items():
+            held = arena is not None and arena.holds(arr)
+            a = arr if held else np.array(arr, copy=True)
             if _is_float(a) and name not in stats and name in trainable:
                 t = Tensor(device=self._dev, data=a, requires_grad=True, stores_grad=True,
                            name=name)
@@ -497,8 +505,39 @@ class SONNXModel(Model):
                 self._buffers[name] = t
             else:
                 t = Tensor(device=self._dev, data=a, name=name)
+            if held:
+                t.data = a           # the block's array itself (the Tensor made a copy)
             self._weights[name] = t
+        self._track_graph()
         self._share_initializers()
+
+    def _track_graph(self) -> None:
+        """Count every in-place edit of ``onnx_graph`` (``inference_cache.track``): the
+        cached plans (inference, training, cuts) are dropped when the count moves. A graph
+        that was not tracked (new, or a copy: copies and pickles are plain objects) moves the
+        count once, since it may have been edited before."""
+        version = self.__dict__.get("_graph_version")
+        if version is None:
+            version = self.__dict__["_graph_version"] = _icache.Version()
+        if not _icache.tracked_by(self.onnx_graph, version):
+            version.n += 1
+        _icache.track(self.onnx_graph, version)
+
+    def _graph_state(self) -> tuple:
+        """``(id of the graph, edit count, graph)``: cached plans are valid while the first
+        two stay the same (the graph is held so that its id is not reused)."""
+        if not _icache.tracked_by(self.onnx_graph, self.__dict__.get("_graph_version")):
+            self._track_graph()
+        return id(self.onnx_graph), self.__dict__["_graph_version"].n, self.onnx_graph
+
+    def __getstate__(self) -> dict:
+        """Pickles and deep copies leave the prepared plans behind (they hold addresses of
+        this model's buffers) and the weight block (the copy's arrays are its own)."""
+        state = self.__dict__.copy()
+        for k in ("_inference_cache", "_arena", "_feed_dtypes", "_tplans_state"):
+            state.pop(k, None)
+        state["_tplans"] = {}
+        return state
 
     def _share_initializers(self) -> None:
         # the graph's initializer arrays are not used by the Tensor runner: share ours
@@ -559,6 +598,12 @@ class SONNXModel(Model):
         folding, BatchNorm folding, fusions), on the current weights: the same numbers as
         ``backend.prepare(model).run`` of the same weights. Appended layers are not run (use
         ``forward``)."""
+        if not self._dev.is_cuda:
+            return self._cached_run(inputs, self._outputs_for(last_layers, aux_output))
+        return self._variable_run(inputs, last_layers, aux_output)
+
+    def _variable_run(self, inputs, last_layers, aux_output) -> list:
+        """``run`` on the variable-weight inference plan (``_tplan(..., inference=True)``)."""
         xs = [x if isinstance(x, Tensor) else Tensor(device=self._dev, data=np.asarray(x))
               for x in inputs]
         was = self.training
@@ -570,6 +615,114 @@ class SONNXModel(Model):
         finally:
             super().train(was)
         return [o.numpy() for o in outs]
+
+    # ------------------------------------------------------------------ inference cache
+    def _cached_run(self, inputs, outputs: tuple) -> list:
+        """The outputs of a host run on the cached prepared plan (``inference_cache``): built
+        as ``backend.prepare`` builds one, with the weights as constants, and used only while
+        the exact checks say nothing it was built from changed."""
+        d = self.__dict__
+        cache = d.setdefault("_inference_cache", {})
+        g = self.onnx_graph
+        if not _icache.tracked_by(g, d.get("_graph_version")):
+            self._track_graph()     # a new graph, a copy, or one tracked by another model
+        version = d["_graph_version"]
+        ent = cache.get(outputs)
+        same_graph = ent is not None and ent[0] is g and ent[1] == version.n
+        if same_graph and ent[3].unchanged():
+            plan = ent[2]
+            feeds = self._cached_feeds(inputs)
+            if feeds is None:
+                return self._variable_run(inputs, list(outputs), ())
+            if plan is None:         # weights unchanged since the last run noticed a change
+                plan = self._build_cached_plan(outputs, ent[3])
+                cache[outputs] = (g, ent[1], plan, ent[3])
+            if plan is False:
+                return self._variable_run(inputs, list(outputs), ())
+            return plan.run(feeds)
+        if ent is not None and ent[0] is not g:
+            cache.clear()            # another graph (compile re-planned): drop the old plans
+        _icache.track(g, version)    # nodes the user added since: count their edits too
+        snap = next((e[3] for e in cache.values() if e[0] is g and e[1] == version.n
+                     and e[3].unchanged()), None)   # another cut's: share its frozen weights
+        if snap is None:
+            names = [k for k in g.initializers if k in self._weights]
+            snap = _icache.Snapshot(self._weights, names, d.get("_arena"), g)
+        if same_graph:
+            # only the weights changed (a training step): this run on the variable-weight
+            # plan, the prepared plan built on the next run that finds them unchanged
+            cache[outputs] = (g, version.n, None, snap)
+            return self._variable_run(inputs, list(outputs), ())
+        feeds = self._cached_feeds(inputs)
+        if feeds is None:
+            cache[outputs] = (g, version.n, None, snap)
+            return self._variable_run(inputs, list(outputs), ())
+        plan = self._build_cached_plan(outputs, snap)
+        cache[outputs] = (g, version.n, plan, snap)
+        if plan is False:
+            return self._variable_run(inputs, list(outputs), ())
+        return plan.run(feeds)
+
+    def _build_cached_plan(self, outputs: tuple, snap) -> Plan | bool:
+        """``backend.prepare``'s plan of the graph with the snapshot's (frozen) weights;
+        False when the inference passes or the planner refuse this graph with every weight
+        constant (the variable-weight plan runs it then, and says what is wrong if it is)."""
+        try:
+            return self._prepared_plan(outputs, snap)
+        except Exception:  # noqa: BLE001 - the variable-weight path reports the model's faults
+            return False
+
+    def _prepared_plan(self, outputs: tuple, snap) -> Plan:
+        g = self.onnx_graph.copy()
+        g.outputs = [self._value_info(o) for o in outputs]
+        g.initializers = {k: snap.frozen_of(self._weights[k].data if k in self._weights
+                                            else v) for k, v in g.initializers.items()}
+        for n in g.nodes:
+            for k, v in n.attrs.items():
+                if isinstance(v, np.ndarray):
+                    n.attrs[k] = snap.frozen_of(v)
+        g = _passes.optimize(g, layout="auto")
+        return Plan(g, outputs=list(outputs), device=self._dev)
+
+    def _cached_feeds(self, inputs) -> list | None:
+        """The inputs as arrays of the declared dtypes, checked and converted as ``forward``
+        checks them; None when a float input comes in another float dtype (``forward``
+        computes in that dtype) or with a size other than one the file fixes (``forward``
+        takes another batch): the variable-weight plan runs those, as before."""
+        infos = self.onnx_graph.inputs
+        if len(inputs) != len(infos):
+            raise InputError(f"the model takes {len(infos)} input(s) "
+                             f"{[v.name for v in infos]}, got {len(inputs)}")
+        wants = self.__dict__.get("_feed_dtypes")
+        if wants is None or wants[0] is not infos:
+            from workbench.arrays.dtypes import np_dtype_of_onnx
+            wants = self.__dict__["_feed_dtypes"] = (infos, [
+                (np_dtype_of_onnx(v.dtype) if v.dtype else None,
+                 None if v.shape is None else len(v.shape),
+                 () if v.shape is None else tuple((d, n) for d, n in enumerate(v.shape)
+                                                  if isinstance(n, int))) for v in infos])
+        feeds = []
+        for info, (want, rank, fixed), a in zip(infos, wants[1], inputs):
+            shape = getattr(a, "shape", None)
+            if fixed and shape is not None and len(shape) == rank and \
+                    any(shape[d] != n for d, n in fixed):
+                # another size where the file fixes one (forward accepts another batch):
+                # the prepared plan may have folded the declared sizes in
+                return None
+            if type(a) is np.ndarray and a.dtype == want and a.ndim == rank:
+                feeds.append(a)
+                continue
+            if isinstance(a, Tensor):
+                if a.device != self._dev:
+                    raise InputError(f"input {info.name!r} lives on {a.device} but the model "
+                                     f"on {self._dev}; move it with Tensor.to_device")
+            else:
+                a = Tensor._make(np.asarray(a), self._dev, False, None, 0, None)
+            a = self._check_input(info, a).data
+            if want is not None and getattr(a, "dtype", want) != want:
+                return None
+            feeds.append(a)
+        return feeds
 
     def _example_inputs(self, inputs):
         if inputs is None and self._placeholders is None:
@@ -630,6 +783,8 @@ class SONNXModel(Model):
                                          for k in loaded.graph.initializers}
             self.onnx_graph = loaded.graph
             self._tplans = {}
+            self.__dict__.pop("_inference_cache", None)
+            self._track_graph()
         dev = inputs[0].device if inputs else None
         if dev is not None and dev != self._dev:
             self.to_device(dev)
@@ -666,10 +821,11 @@ class SONNXModel(Model):
                          + list(aux_output))
         key = key + (self.last_layers_counting,)
         cache = self.__dict__.setdefault("_cut_cache", {})
-        if key not in cache or cache[key][0] is not self.onnx_graph:
+        state = self._graph_state()
+        if key not in cache or cache[key][0][:2] != state[:2]:
             outs = tuple(resolve_cut(self.onnx_graph, last_layers, self.last_layers_counting)
                          + list(aux_output))
-            cache[key] = (self.onnx_graph, outs)
+            cache[key] = (state, outs)
         return cache[key][1]
 
     def _tplan(self, outputs: tuple, inference: bool = False) -> tuple:
@@ -681,6 +837,10 @@ class SONNXModel(Model):
         same nodes with the same kernels and give the same numbers. Training and recorded
         forwards run the graph as written (every node has its gradient rule)."""
         key = (outputs, self.training, inference)
+        state = self._graph_state()
+        if self.__dict__.get("_tplans_state", (None, None))[:2] != state[:2]:
+            self._tplans = {}        # the graph was edited in place since these were made
+            self.__dict__["_tplans_state"] = state
         tp = self._tplans.get(key)
         if tp is None:
             graph = self.onnx_graph
@@ -718,6 +878,13 @@ class SONNXModel(Model):
             out = _trunk_cache.forward_hook(self, x, last_layers, aux_output)
             if out is not None:
                 return out
+        if not inference and not self.training and not self._dev.is_cuda \
+                and not _recording.get():
+            # eval mode with no tape at all (autograd.inference_mode): nothing can be
+            # exported or differentiated from these outputs, so the cached prepared plan
+            outs = self._cached_run(x, self._outputs_for(last_layers, aux_output))
+            return [Tensor._make(o, self._dev, False, None, 0, None) if type(o) is np.ndarray
+                    else o for o in outs]
         tp = self._tplan(self._outputs_for(last_layers, aux_output), inference)
         infos = self.onnx_graph.inputs
         if len(x) != len(infos):

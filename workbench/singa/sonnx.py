@@ -210,8 +210,8 @@ class SingaRep:
         else:
             from workbench.runtime.cut import resolve_cut  # noqa: PLC0415
             outputs = resolve_cut(self.model.onnx_graph, last_layers, "singa")
-        if as_arrays:
-            with autograd.no_grad():
+        if as_arrays:   # numpy out: nothing recorded, so the model's cached prepared plan
+            with autograd.inference_mode():
                 outs = self.model.forward(*xs, last_layers=outputs, aux_output=aux_output)
             return [_to_numpy(o) for o in outs]
         outs = self.model.forward(*xs, last_layers=outputs, aux_output=aux_output)
