@@ -218,3 +218,19 @@ def test_copies_of_a_model_track_their_own_edits(data, how):
     next(n for n in c.onnx_graph.nodes if n.name == "fc2").attrs["alpha"] = 2.0
     _fresh(c, x)
     _same(m.run(x), backend.prepare(_proto_now(m)).run([x]))  # the original is untouched
+
+
+def test_a_model_over_the_snapshot_budget_keeps_the_variable_plan(data, monkeypatch):
+    """Weights above ``WORKBENCH_INFERENCE_CACHE_MB`` get no snapshot (no second copy of a
+    big model): the variable-weight plan runs, with the same numbers."""
+    x, _ = data
+    proto = small_cnn_proto()
+    m, want = wb.load(proto), backend.prepare(proto).run([x])
+    monkeypatch.setenv("WORKBENCH_INFERENCE_CACHE_MB", "0")
+    _same(m.run(x), want)
+    assert not m.__dict__.get("_inference_cache")
+    monkeypatch.setenv("WORKBENCH_INFERENCE_CACHE_MB", "1024")
+    node = m.onnx_graph.nodes[0]
+    node.name = node.name               # a tracked edit: the budget is decided again
+    _same(m.run(x), want)
+    assert m.__dict__.get("_inference_cache")

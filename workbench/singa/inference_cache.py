@@ -303,6 +303,28 @@ def list_attrs(graph: Graph) -> list:
 # --------------------------------------------------------------------------- the snapshot
 _DATA, _SHAPE, _DTYPE = attrgetter("data"), attrgetter("shape"), attrgetter("dtype")
 
+def snapshot_budget() -> int:
+    """Bytes the inference cache may spend on its snapshot of a model's weights:
+    ``WORKBENCH_INFERENCE_CACHE_MB`` (default 1024; 0 = no cache), and no more than a quarter
+    of ``MemAvailable`` in ``/proc/meminfo`` where that is readable."""
+    import os  # noqa: PLC0415
+
+    try:
+        mb = float(os.environ.get("WORKBENCH_INFERENCE_CACHE_MB", "1024"))
+    except ValueError:
+        mb = 1024.0
+    budget = int(max(mb, 0.0) * 2 ** 20)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    budget = min(budget, int(line.split()[1]) * 1024 // 4)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    return budget
+
+
 class Snapshot:
     """The exact state a cached plan was built from, and the arrays to build it from.
 

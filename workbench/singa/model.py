@@ -534,7 +534,7 @@ class SONNXModel(Model):
         """Pickles and deep copies leave the prepared plans behind (they hold addresses of
         this model's buffers) and the weight block (the copy's arrays are its own)."""
         state = self.__dict__.copy()
-        for k in ("_inference_cache", "_arena", "_feed_dtypes", "_tplans_state"):
+        for k in ("_inference_cache", "_arena", "_feed_dtypes", "_tplans_state", "_icache_fits"):
             state.pop(k, None)
         state["_tplans"] = {}
         return state
@@ -598,9 +598,27 @@ class SONNXModel(Model):
         folding, BatchNorm folding, fusions), on the current weights: the same numbers as
         ``backend.prepare(model).run`` of the same weights. Appended layers are not run (use
         ``forward``)."""
-        if not self._dev.is_cuda:
+        if not self._dev.is_cuda and self._inference_cache_fits():
             return self._cached_run(inputs, self._outputs_for(last_layers, aux_output))
         return self._variable_run(inputs, last_layers, aux_output)
+
+    def _inference_cache_fits(self) -> bool:
+        """Whether the inference cache may hold its snapshot of the weights (a second copy of
+        them, see ``inference_cache``): at most ``WORKBENCH_INFERENCE_CACHE_MB`` (1024 by
+        default; 0 turns the cache off) and at most a quarter of the memory available when
+        it is decided (``/proc/meminfo``). A bigger model keeps the variable-weight plan (the
+        same numbers, slower, no copy). Decided once per graph version and weight set."""
+        d = self.__dict__
+        version = d.get("_graph_version")
+        key = (id(self.onnx_graph), version.n if version is not None else None,
+               len(self._weights))
+        got = d.get("_icache_fits")
+        if got is not None and got[0] == key:
+            return got[1]
+        need = sum(int(getattr(t.data, "nbytes", 0)) for t in self._weights.values())
+        fits = need <= _icache.snapshot_budget()
+        d["_icache_fits"] = (key, fits)
+        return fits
 
     def _variable_run(self, inputs, last_layers, aux_output) -> list:
         """``run`` on the variable-weight inference plan (``_tplan(..., inference=True)``)."""
@@ -879,7 +897,7 @@ class SONNXModel(Model):
             if out is not None:
                 return out
         if not inference and not self.training and not self._dev.is_cuda \
-                and not _recording.get():
+                and not _recording.get() and self._inference_cache_fits():
             # eval mode with no tape at all (autograd.inference_mode): nothing can be
             # exported or differentiated from these outputs, so the cached prepared plan
             outs = self._cached_run(x, self._outputs_for(last_layers, aux_output))
