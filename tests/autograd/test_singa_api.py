@@ -33,6 +33,28 @@ def test_the_flag_is_off_outside_singas_test_files():
     assert autograd.training is False
 
 
+@pytest.mark.parametrize("flag", [False, True])
+def test_export_and_cut_leave_singas_flag_as_it_was(tmp_path, flag):
+    """``to_onnx``/``export``/``cut`` run the forward in eval mode for a moment: SINGA's
+    global ``autograd.training`` comes back as it was, not as the model's own mode."""
+    import workbench as wb
+    from workbench.cli import default_model_path
+
+    m = wb.load(default_model_path())
+    before = autograd.training
+    autograd.training = flag
+    try:
+        m.train(not flag)
+        autograd.training = flag
+        m.export(str(tmp_path / "m.onnx"))
+        assert autograd.training is flag
+        m.cut(-2)
+        assert autograd.training is flag
+        assert m.training is (not flag)
+    finally:
+        autograd.training = before
+
+
 def test_operator_class_records_the_same_node_and_backward(singa_training):
     a = R.normal(size=(3, 4)).astype(np.float32)
     x = tensor.from_numpy(a)

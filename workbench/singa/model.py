@@ -160,13 +160,14 @@ class Model(Layer):
 
     def _init_forward(self, inputs) -> None:
         saved = {k: t.data.copy() for k, t in self.get_states().items() if not t.stores_grad}
-        was = self.training
+        was, flag = self.training, autograd.training
         self.train(False)
         try:
             with autograd.no_grad(), _trunk_cache.bypassed():   # placeholders: not samples
                 type(self).forward(self, *inputs)
         finally:
             self.train(was)
+            autograd.training = flag    # SINGA's global as it was, not the model's mode
             states = self.get_states()
             for k, a in saved.items():
                 states[k].data = a
@@ -290,7 +291,7 @@ class Model(Layer):
         arguments go to ``sonnx.to_onnx`` (input_names, output_names, dynamic_axes,
         opset_version...)."""
         xs = self._example_inputs(inputs)
-        was = self.training
+        was, flag = self.training, autograd.training
         self.train(False)
         try:
             # the trunk is recorded, never served from a trunk cache (workbench.trunk_cache)
@@ -298,6 +299,7 @@ class Model(Layer):
                 out = type(self).forward(self, *xs)
         finally:
             self.train(was)
+            autograd.training = flag    # SINGA's global as it was, not the model's mode
         outs = [out] if isinstance(out, Tensor) else list(out)
         kwargs.setdefault("model_name", type(self).__name__)
         self._export_defaults(xs, outs, kwargs)
