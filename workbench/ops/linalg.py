@@ -751,7 +751,7 @@ def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
                       dp(gamma), dp(_DUMMY if beta is None else beta), 0, dp(_DUMMY), dp(p),
                       0, rows, _f64_bits(float(epsilon)))
     idx, w_sample, b_bytes = got[2], got[3], got[4]
-    off = _object_data_offset()
+    off = compiled.data_pointer_offset()
     chk = _kernel_address("gemm_avx2.checked_block")
     if off is None or chk is None or B.dtype != _F32 \
             or (gemm_bias is not None and not gemm_bias.flags.c_contiguous):
@@ -811,25 +811,6 @@ def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
 
 
 _BLOCK = 46   # slots of a pre-bound step's call block (gemm_avx2.checked_block)
-
-
-def _object_data_offset():
-    """The offset of the data pointer in a numpy array object when
-    :data:`workbench.compiled.data_pointer` reads it there (the C side of a pre-bound step
-    reads it the same way), else None."""
-    if not _DATA_OFFSET:
-        import ctypes
-
-        off = object.__basicsize__
-        probe = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
-        arrays = (probe, probe[1], probe[:, 1:], np.empty(0), probe.T)
-        ok = all(compiled.data_pointer(a) == a.ctypes.data
-                 == ctypes.c_int64.from_address(id(a) + off).value for a in arrays)
-        _DATA_OFFSET.append(off if ok else None)
-    return _DATA_OFFSET[0]
-
-
-_DATA_OFFSET: list = []
 
 
 def _matmul_epilogue(y, bias, Z, activation, xp):
@@ -1309,6 +1290,15 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
     enabled, empty, nd = compiled.enabled, np.empty, np.ndarray
     busy = threading.Lock()   # the blocks are shared: a second thread binds its own
     addr1, view1 = slots[0][:2]
+    # one block: the arrays' objects go to gemm_avx2.objects_call, which writes their data
+    # pointers into the block and calls the kernel (no data pointer read in Python)
+    tcall, off = compiled.kernel("gemm_avx2.objects_call"), compiled.data_pointer_offset()
+    tramp = tview = None
+    if tcall is not None and off is not None:
+        tramp = np.zeros(9, np.int64)
+        tramp[:4] = (ctypes.cast(raw, ctypes.c_void_p).value, addr1, off, 5)
+        tview = (ctypes.c_int64 * 5).from_buffer(tramp, 32)
+        tcall, taddr = tcall.raw, dp(tramp)
 
     def bound(Q_, K_, V_, M_, qs, ks, vs, os_):
         if type(Q_) is not nd or type(K_) is not nd or type(V_) is not nd \
@@ -1329,6 +1319,10 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
         if not busy.acquire(False):
             return None
         try:
+            if tview is not None and (not many or n_workers() < 2):
+                tview[:] = (id(Q_), id(K_), id(V_), id(M_) if mkey is not None else 0, id(y))
+                tcall(taddr)
+                return y
             ptrs = (dp(Q_), dp(K_), dp(V_), dp(M_) if mkey is not None else 0, dp(y))
             if not many or n_workers() < 2:
                 view1[:] = ptrs
@@ -1345,4 +1339,5 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
         finally:
             busy.release()
     bound.blocks = slots   # the call blocks and their scratch live as long as the call
+    bound.objects_block = tramp   # (and objects_call's block)
     return bound

@@ -291,6 +291,17 @@ int64_t wb_gemm_avx2_checked_block(int64_t *a) {
     return 0;
 }
 
+/* A pre-bound call's array addresses from the array objects, then the call: a[0] a kernel
+ * taking one int64 block, a[1] that block, a[2] the offset of the data pointer in a numpy
+ * array object, a[3] n; slot i < n of the block gets the data pointer of the object at
+ * address a[4 + i] (Python's id), or 0 where that is 0. */
+void wb_gemm_avx2_objects_call(const int64_t *a) {
+    int64_t *blk = (int64_t *)(intptr_t)a[1];
+    for (int64_t i = 0; i < a[3]; i++)
+        blk[i] = a[4 + i] ? *(const int64_t *)((const char *)(intptr_t)a[4 + i] + a[2]) : 0;
+    ((void (*)(int64_t *))(intptr_t)a[0])(blk);
+}
+
 /* ------------------------------------------------------------------------------------------
  * Indirect convolution (group 1, any kernel size, stride, padding, dilation), channels-last:
  *

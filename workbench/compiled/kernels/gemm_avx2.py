@@ -25,6 +25,10 @@ kernel cache; the engine loads it with ctypes. Used only when the CPU reports ev
   read from the array objects (the data field's offset in numpy's array struct, as
   :data:`workbench.compiled.data_pointer` reads it) into their slots. It returns an int64
   (the loader's prototype says void; the caller that reads the code makes its own).
+- ``objects_call``: a kernel that takes one int64 block (the attention kernel's) called
+  after the data pointers of the array objects named in the call's slots are written into
+  that block's first slots: a pre-bound call hands over Python's ``id`` of its arrays
+  instead of reading each data pointer in Python.
 - ``iconv``: the channels-last group-1 convolution of any kernel size, stride, padding and
   dilation as an indirect GEMM: output pixels ``r0 <= r < r1`` of ``Y`` (N*OH*OW, M) =
   ``clip(sum over taps t, channels c of X[pixel(r, t), c] * W[t, c, :] + bias + Z[r], lo,
@@ -51,5 +55,6 @@ EXPORTS = {
     "gemm_block": "i64[]",
     "fused_block": "i64[]",
     "checked_block": "i64[]!",
+    "objects_call": "i64[]",
     "iconv": "f32[] i64[] f32[] f32[] f32[] f32[] f32[]! i64 i64 i64 i64 i64 i64 i64 i64 f32 f32",
 }
