@@ -245,6 +245,14 @@ def test_layer_norm_node_bound_call(kernels):
         assert np.isnan(ys[2][1, 2]).all() and np.isfinite(ys[2][0]).all()
     bound = ctx.extra[_LN_BOUND]
     assert bound(_f32(1, 7, 24), g, None) is None and bound(x, g.copy(), None) is None
+    assert bound(_f32(2, 7, 48)[:, :, ::2], g, None) is None          # not C-contiguous
+    x1 = _f32(1, 7, 24)   # bind on a size-1 axis, then give it other strides there
+    for _ in range(2):
+        layer_norm(x1, g, None, epsilon=1e-5, ctx=ctx)
+    odd = np.lib.stride_tricks.as_strided(x1, x1.shape, (8, 96, 4))
+    assert odd.flags.c_contiguous and odd.strides != x1.strides
+    np.testing.assert_array_equal(ctx.extra[_LN_BOUND](odd, g, None),
+                                  layer_norm(x1, g, None, epsilon=1e-5))
     g *= 2
     with np.errstate(invalid="ignore"):
         np.testing.assert_array_equal(layer_norm(x, g, None, epsilon=1e-5, ctx=ctx),
