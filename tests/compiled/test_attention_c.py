@@ -235,3 +235,26 @@ def test_falls_back_without_the_module(fresh_home, monkeypatch):
                                rtol=2e-5, atol=2e-6)
     monkeypatch.setattr(cache, "cpu_flags", lambda: frozenset({"sse2", "avx"}))
     assert "lacks avx2, fma" in compiled.c_unavailable("attention_avx2")
+
+
+def test_objects_call_gives_the_same_bits(att, monkeypatch):
+    """The pre-bound call hands the arrays' ids to ``gemm_avx2.objects_call`` (C reads their
+    data pointers): the same bits as the call that writes the pointers from Python."""
+    if not compiled.wait(["gemm_avx2"], timeout=300) \
+            or compiled.kernel("gemm_avx2.objects_call") is None:
+        pytest.skip("gemm_avx2 is not available")
+    args, kw = _heads(1, 32, 4, 16)
+    m = np.where(RNG.random((1, 1, 1, 32)) < 0.3, -10000.0, 0.0).astype(np.float32)
+    args = (*args[:3], m, args[3], args[3], args[3], args[4])
+    kw = dict(kw, mask="add")
+    ctx = _ctx()
+    by_id = [_op(*args, ctx=ctx, **kw) for _ in range(3)]
+    assert ctx.extra[linalg._ATT_BOUND].objects_block is not None
+    real = compiled.kernel
+    monkeypatch.setattr(compiled, "kernel",
+                        lambda name: None if name == "gemm_avx2.objects_call" else real(name))
+    ctx2 = _ctx()
+    by_ptr = [_op(*args, ctx=ctx2, **kw) for _ in range(3)]
+    assert ctx2.extra[linalg._ATT_BOUND].objects_block is None
+    for a, b in zip(by_id, by_ptr):
+        np.testing.assert_array_equal(a, b)

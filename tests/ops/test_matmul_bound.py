@@ -142,6 +142,37 @@ def test_in_place_edits_reach_the_bound_step(kernels):
     assert linalg._MM_BOUND in ctx.extra
 
 
+def test_checks_made_in_c_decline_before_computing(kernels):
+    """The bound call's weight-sample and bias checks run in C (``checked_block``): an edit
+    of one sampled weight element or of one bias element declines (None: the full path runs,
+    which packs again); an A whose strides differ but that numpy calls C-contiguous (a
+    size-1 axis) still takes the bound call; kernels turned off decline."""
+    a, w, b, z = _f32(1, 6, 12), _f32(12, 20), _f32(20), _f32(1, 6, 20)
+    for kw in (dict(Z=z), dict(Z=z, activation="Gelu"), dict(Z=z, gamma=_f32(20) + 1)):
+        ctx, _ = _runs(lambda c, kw=kw: fused_matmul_epilogue(a, w, b, ctx=c, **kw))
+        bound = ctx.extra[linalg._MM_BOUND]
+        args = (a, w, b, z, kw.get("gamma"), None)
+        want = fused_matmul_epilogue(a, w, b, **kw)
+        np.testing.assert_allclose(bound(*args), want, rtol=3e-5, atol=3e-5)
+        odd = np.lib.stride_tricks.as_strided(a, a.shape, (4, 48, 4))
+        assert odd.flags.c_contiguous and odd.strides != a.strides
+        np.testing.assert_array_equal(bound(odd, *args[1:]), bound(*args))
+        idx = ctx.extra[linalg._GEMM_PACK][2]
+        flat = w.reshape(-1)
+        keep = flat[idx[5]]
+        flat[idx[5]] = keep + 1
+        assert bound(*args) is None                     # a sampled weight edited in place
+        flat[idx[5]] = keep
+        assert bound(*args) is not None
+        keep = b[7]
+        b[7] = keep + 1
+        assert bound(*args) is None                     # one bias element edited
+        b[7] = keep
+        with compiled.disabled():
+            assert bound(*args) is None
+        np.testing.assert_allclose(bound(*args), want, rtol=3e-5, atol=3e-5)
+
+
 def test_not_bound_without_the_kernel(monkeypatch):
     """No C compiler / no AVX2+FMA / not built yet: the numpy path, nothing bound."""
     a, w = _f32(1, 4, 8), _f32(8, 9)
@@ -214,6 +245,14 @@ def test_layer_norm_node_bound_call(kernels):
         assert np.isnan(ys[2][1, 2]).all() and np.isfinite(ys[2][0]).all()
     bound = ctx.extra[_LN_BOUND]
     assert bound(_f32(1, 7, 24), g, None) is None and bound(x, g.copy(), None) is None
+    assert bound(_f32(2, 7, 48)[:, :, ::2], g, None) is None          # not C-contiguous
+    x1 = _f32(1, 7, 24)   # bind on a size-1 axis, then give it other strides there
+    for _ in range(2):
+        layer_norm(x1, g, None, epsilon=1e-5, ctx=ctx)
+    odd = np.lib.stride_tricks.as_strided(x1, x1.shape, (8, 96, 4))
+    assert odd.flags.c_contiguous and odd.strides != x1.strides
+    np.testing.assert_array_equal(ctx.extra[_LN_BOUND](odd, g, None),
+                                  layer_norm(x1, g, None, epsilon=1e-5))
     g *= 2
     with np.errstate(invalid="ignore"):
         np.testing.assert_array_equal(layer_norm(x, g, None, epsilon=1e-5, ctx=ctx),

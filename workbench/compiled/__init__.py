@@ -78,6 +78,23 @@ def _data_pointer_reader():
 data_pointer = _data_pointer_reader()
 
 
+def data_pointer_offset():
+    """The offset of the data pointer in a numpy array object when :data:`data_pointer`
+    reads it there (C code given an array object's address, Python's ``id``, reads the same
+    field), else None."""
+    if not _DATA_OFFSET:
+        off = object.__basicsize__
+        probe = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+        ok = all(data_pointer(a) == a.ctypes.data
+                 == ctypes.c_size_t.from_address(id(a) + off).value
+                 for a in (probe, probe[1], probe[:, 1:], np.empty(0), probe.T))
+        _DATA_OFFSET.append(off if ok else None)
+    return _DATA_OFFSET[0]
+
+
+_DATA_OFFSET: list = []
+
+
 class Kernel:
     """A loaded kernel: call it with numpy arrays and Python numbers in the order of its
     argument string; arrays are checked (dtype, C-contiguous, writeable where written) before

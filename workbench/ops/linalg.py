@@ -692,9 +692,11 @@ def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
     """A function ``(A, B, bias, Z, gamma, beta) -> Y or None`` that repeats this node's
     last run (see :func:`_bind_step`) with everything looked up, packed and checked once
     here: one int64 call block holding the packed weights', the epilogue kernels' and their
-    parameters' addresses; a call checks the inputs' identity / shape / dtype / layout, the
-    weight's sample and the bias bytes (the packing's check, :func:`_packed_weights`) and that
-    kernels are on, writes the A, Z and output addresses and makes one ctypes call. It
+    parameters' addresses; a call checks the inputs' identity / shape / dtype / layout and
+    that kernels are on, writes the A, Z and output objects' addresses and makes one ctypes
+    call (``gemm_avx2.checked_block``), which compares the weight's sample and the bias
+    bytes (the packing's check, :func:`_packed_weights`) in C before anything is computed
+    and reads the arrays' data pointers from the objects. It
     answers None (the full path runs) when anything differs. The same kernels with the same
     arguments as the full path: the same bits. None when this run cannot be bound."""
     import ctypes
@@ -715,7 +717,7 @@ def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
     dp = compiled.data_pointer
     wp, bp = got[5]
     gemm_z = Z is not None and not activation and not skip_norm
-    blk = np.zeros(32, np.int64)
+    blk = np.zeros(_BLOCK, np.int64)
     blk[:12] = (0, dp(wp), dp(bp), dp(_DUMMY), 0, kk, n, 0, rows, int(gemm_z),
                 _f64_bits(_NEG_INF), _f64_bits(_POS_INF))
     keep = [wp, bp, blk]
@@ -748,61 +750,67 @@ def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
                                               else bias),
                       dp(gamma), dp(_DUMMY if beta is None else beta), 0, dp(_DUMMY), dp(p),
                       0, rows, _f64_bits(float(epsilon)))
-    view = (ctypes.c_int64 * 32).from_buffer(blk)
-    raw, addr = k.raw, dp(blk)
-    a_shape, z_shape = A.shape, None if Z is None else Z.shape
-    w_flat = B.reshape(-1)
     idx, w_sample, b_bytes = got[2], got[3], got[4]
-    enabled, empty, f32 = compiled.enabled, np.empty, _F32
+    off = compiled.data_pointer_offset()
+    chk = _kernel_address("gemm_avx2.checked_block")
+    if off is None or chk is None or B.dtype != _F32 \
+            or (gemm_bias is not None and not gemm_bias.flags.c_contiguous):
+        return None
+    w_flat = B.reshape(-1)   # a view: the weights' buffer lives as long as the step
+    sidx = np.ascontiguousarray(idx, np.int64)
+    smp = np.frombuffer(w_sample, np.uint32).copy()
+    bsnap = None if b_bytes is None else np.frombuffer(b_bytes, np.uint8).copy()
+    keep += [w_flat, sidx, smp, bsnap]
     norm, gelu = gamma is not None, bool(activation)
+    blk[32:40] = (sidx.size, dp(sidx), dp(w_flat), dp(smp),
+                  0 if bsnap is None else bsnap.size, 0 if bsnap is None else dp(gemm_bias),
+                  0 if bsnap is None else dp(bsnap), off)
+    blk[43:46] = (3 if gemm_z else 16 if gelu else 22, 26 if norm else 4,
+                  14 if gelu and not norm else -1)
     # with a LayerNorm the product is an intermediate: one buffer of the step's own
-    mid = empty(y_shape, f32) if norm else None
     if norm:
-        view[4] = view[14] = view[21] = dp(mid)
+        mid = np.empty(y_shape, _F32)
+        blk[4] = blk[14] = blk[21] = dp(mid)
         keep.append(mid)
+    view = (ctypes.c_int64 * _BLOCK).from_buffer(blk)
+    call = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)(chk)
+    addr = dp(blk)
+    a_shape, a_strides, z_shape = A.shape, A.strides, None if Z is None else Z.shape
+    z_strides = None if Z is None else Z.strides
+    empty, f32, nd, on = np.empty, _F32, np.ndarray, compiled._ENABLED
     busy = threading.Lock()   # the block is shared: a second thread takes the full path
 
     def bound(A_, B_, bias_, Z_, gamma_, beta_, _keep=tuple(keep)):
-        # _keep: the packed weights, parameters and block live as long as this function
+        # _keep: the packed weights, parameters, samples and block live as long as this
+        # function. Checked here: the arrays' identity, A's and Z's type, dtype, shape and
+        # layout (the strides of the bound run, else numpy's C-contiguous flag), kernels
+        # on; in C (gemm_avx2.checked_block): the weights' sample and the bias bytes.
         if B_ is not B or bias_ is not bias or gamma_ is not gamma or beta_ is not beta \
-                or type(A_) is not np.ndarray or A_.shape != a_shape or A_.dtype is not f32 \
-                or not A_.flags.c_contiguous:
+                or type(A_) is not nd or A_.dtype is not f32 or A_.shape != a_shape \
+                or (A_.strides != a_strides and not A_.flags.c_contiguous) \
+                or not (on and on[0]):
             return None
         if Z_ is None:
             if z_shape is not None:
                 return None
-        elif type(Z_) is not np.ndarray or Z_.shape != z_shape or Z_.dtype is not f32 \
-                or not Z_.flags.c_contiguous:
-            return None
-        if w_flat[idx].tobytes() != w_sample or (b_bytes is not None
-                                                  and bias_.tobytes() != b_bytes) \
-                or not enabled():
+        elif type(Z_) is not nd or Z_.dtype is not f32 or Z_.shape != z_shape \
+                or (Z_.strides != z_strides and not Z_.flags.c_contiguous):
             return None
         if not busy.acquire(False):
             return None
         try:
             y = empty(y_shape, f32)
-            py = dp(y)
-            view[0] = dp(A_)
+            view[40] = id(A_)
             if Z_ is not None:
-                pz = dp(Z_)
-                if gemm_z:
-                    view[3] = pz
-                elif gelu:
-                    view[16] = pz
-                else:
-                    view[22] = pz
-            if norm:
-                view[26] = py
-            else:
-                view[4] = py
-                if gelu:
-                    view[14] = py
-            raw(addr)
-            return y
+                view[41] = id(Z_)
+            view[42] = id(y)
+            return None if call(addr) else y
         finally:
             busy.release()
     return bound
+
+
+_BLOCK = 46   # slots of a pre-bound step's call block (gemm_avx2.checked_block)
 
 
 def _matmul_epilogue(y, bias, Z, activation, xp):
@@ -1282,6 +1290,15 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
     enabled, empty, nd = compiled.enabled, np.empty, np.ndarray
     busy = threading.Lock()   # the blocks are shared: a second thread binds its own
     addr1, view1 = slots[0][:2]
+    # one block: the arrays' objects go to gemm_avx2.objects_call, which writes their data
+    # pointers into the block and calls the kernel (no data pointer read in Python)
+    tcall, off = compiled.kernel("gemm_avx2.objects_call"), compiled.data_pointer_offset()
+    tramp = tview = None
+    if tcall is not None and off is not None:
+        tramp = np.zeros(9, np.int64)
+        tramp[:4] = (ctypes.cast(raw, ctypes.c_void_p).value, addr1, off, 5)
+        tview = (ctypes.c_int64 * 5).from_buffer(tramp, 32)
+        tcall, taddr = tcall.raw, dp(tramp)
 
     def bound(Q_, K_, V_, M_, qs, ks, vs, os_):
         if type(Q_) is not nd or type(K_) is not nd or type(V_) is not nd \
@@ -1302,6 +1319,10 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
         if not busy.acquire(False):
             return None
         try:
+            if tview is not None and (not many or n_workers() < 2):
+                tview[:] = (id(Q_), id(K_), id(V_), id(M_) if mkey is not None else 0, id(y))
+                tcall(taddr)
+                return y
             ptrs = (dp(Q_), dp(K_), dp(V_), dp(M_) if mkey is not None else 0, dp(y))
             if not many or n_workers() < 2:
                 view1[:] = ptrs
@@ -1318,4 +1339,5 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
         finally:
             busy.release()
     bound.blocks = slots   # the call blocks and their scratch live as long as the call
+    bound.objects_block = tramp   # (and objects_call's block)
     return bound

@@ -259,6 +259,49 @@ void wb_gemm_avx2_fused_block(const int64_t *a) {
     }
 }
 
+/* fused_block behind the checks a pre-bound step makes on every call, done here instead of in
+ * Python: slots 0..31 as fused_block's, then
+ *   32 ns, 33 idx (int64[ns]), 34 W (the weights' first element), 35 sample (uint32[ns]):
+ *      the weights' elements W[idx[i]] must still hold the bits sample[i] (the packing's check
+ *      for an in-place edit);
+ *   36 nb, 37 bias, 38 snapshot: the bias's nb bytes must still be the snapshot's;
+ *   39 off: the offset of the data pointer in a numpy array object;
+ *   40 A, 41 Z (0: none), 42 Y: the array objects' addresses (Python's id); their data
+ *      pointers go to slot 0, slot a[43] (Z) and slots a[44] and a[45] (Y; -1: none).
+ * Returns 1, with nothing computed or written, when a check fails; else runs fused_block and
+ * returns 0. */
+int64_t wb_gemm_avx2_checked_block(int64_t *a) {
+    const uint32_t *w = (const uint32_t *)(intptr_t)a[34];
+    const int64_t *idx = (const int64_t *)(intptr_t)a[33];
+    const uint32_t *smp = (const uint32_t *)(intptr_t)a[35];
+    for (int64_t i = 0; i < a[32]; i++)
+        if (w[idx[i]] != smp[i]) return 1;
+    if (a[36] && memcmp((const void *)(intptr_t)a[37], (const void *)(intptr_t)a[38],
+                        (size_t)a[36]))
+        return 1;
+    const int64_t off = a[39];
+#define WB_DATA(obj) (*(const int64_t *)((const char *)(intptr_t)(obj) + off))
+    a[0] = WB_DATA(a[40]);
+    if (a[41]) a[a[43]] = WB_DATA(a[41]);
+    const int64_t y = WB_DATA(a[42]);
+    a[a[44]] = y;
+    if (a[45] >= 0) a[a[45]] = y;
+#undef WB_DATA
+    wb_gemm_avx2_fused_block(a);
+    return 0;
+}
+
+/* A pre-bound call's array addresses from the array objects, then the call: a[0] a kernel
+ * taking one int64 block, a[1] that block, a[2] the offset of the data pointer in a numpy
+ * array object, a[3] n; slot i < n of the block gets the data pointer of the object at
+ * address a[4 + i] (Python's id), or 0 where that is 0. */
+void wb_gemm_avx2_objects_call(const int64_t *a) {
+    int64_t *blk = (int64_t *)(intptr_t)a[1];
+    for (int64_t i = 0; i < a[3]; i++)
+        blk[i] = a[4 + i] ? *(const int64_t *)((const char *)(intptr_t)a[4 + i] + a[2]) : 0;
+    ((void (*)(int64_t *))(intptr_t)a[0])(blk);
+}
+
 /* ------------------------------------------------------------------------------------------
  * Indirect convolution (group 1, any kernel size, stride, padding, dilation), channels-last:
  *

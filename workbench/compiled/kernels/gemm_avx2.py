@@ -19,6 +19,16 @@ kernel cache; the engine loads it with ctypes. Used only when the CPU reports ev
   zero address skips one) called from C after the product: a FusedMatMul / MatMul / Gemm
   node's whole step in one ctypes call (``workbench/ops/linalg.py``), the same kernels on the
   same arrays as separate calls, so the same bits.
+- ``checked_block``: ``fused_block`` behind a pre-bound step's per-call checks done in C
+  (slots 32-45): the weights' sampled elements and the bias against their bits at packing
+  time (1 returned, nothing computed, when one differs), then the A, Z and Y data pointers
+  read from the array objects (the data field's offset in numpy's array struct, as
+  :data:`workbench.compiled.data_pointer` reads it) into their slots. It returns an int64
+  (the loader's prototype says void; the caller that reads the code makes its own).
+- ``objects_call``: a kernel that takes one int64 block (the attention kernel's) called
+  after the data pointers of the array objects named in the call's slots are written into
+  that block's first slots: a pre-bound call hands over Python's ``id`` of its arrays
+  instead of reading each data pointer in Python.
 - ``iconv``: the channels-last group-1 convolution of any kernel size, stride, padding and
   dilation as an indirect GEMM: output pixels ``r0 <= r < r1`` of ``Y`` (N*OH*OW, M) =
   ``clip(sum over taps t, channels c of X[pixel(r, t), c] * W[t, c, :] + bias + Z[r], lo,
@@ -44,5 +54,7 @@ EXPORTS = {
     "gemm": "f32[] f32[] f32[] f32[] f32[]! i64 i64 i64 i64 i64 f32 f32",
     "gemm_block": "i64[]",
     "fused_block": "i64[]",
+    "checked_block": "i64[]!",
+    "objects_call": "i64[]",
     "iconv": "f32[] i64[] f32[] f32[] f32[] f32[] f32[]! i64 i64 i64 i64 i64 i64 i64 i64 f32 f32",
 }
