@@ -230,6 +230,23 @@ def test_a_cached_module_loads_in_a_fresh_process_without_building():
     assert ok == "True" and started == "False" and float(secs) < 5, out
 
 
+def test_a_cached_kernel_is_there_at_its_first_call():
+    """A module already built for this CPU is loaded at the first call of one of its kernels
+    (milliseconds), so a model's first run computes as its later runs do: no numpy-path first
+    run that differs from them in the last bits."""
+    if not compiled.wait(["conv_nhwc", "transformer"], timeout=30):
+        pytest.skip(f"kernels are not available: {compiled.status()['modules']}")
+    code = ("import time, workbench.compiled as c; t=time.perf_counter(); "
+            "k=c.kernel('conv_nhwc.bias_act'); r=c.request(['transformer']); "
+            "print(k is not None, c.status()['modules']['transformer']['state'], "
+            "time.perf_counter()-t, bool(c._PROCS))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ), timeout=120)
+    got, state, secs, started = out.stdout.split()
+    assert got == "True" and state == "ready" and started == "False", out
+    assert float(secs) < 5, out
+
+
 def test_old_versions_are_pruned(tmp_path):
     folder = str(tmp_path)
     today = cache.paths("conv_nhwc", folder)
