@@ -100,3 +100,50 @@ def test_operator_backward_holds_its_last_call_while_the_outputs_live(no_collect
             op.backward(dy)
     finally:
         autograd.training = before
+
+
+def test_training_step_raises_gen0_only_inside_and_restores_the_users_thresholds():
+    from workbench.autodiff.collector import STEP_GEN0_THRESHOLD, training_step
+    found, was = gc.get_threshold(), gc.isenabled()
+    try:
+        gc.enable()
+        gc.set_threshold(700, 11, 12)
+        with training_step():
+            assert gc.get_threshold() == (STEP_GEN0_THRESHOLD, 11, 12)
+            with training_step():  # nested: nothing more to do
+                assert gc.get_threshold() == (STEP_GEN0_THRESHOLD, 11, 12)
+            assert gc.get_threshold() == (STEP_GEN0_THRESHOLD, 11, 12)
+        assert gc.get_threshold() == (700, 11, 12)
+        with pytest.raises(ValueError), training_step():
+            raise ValueError("a failing step")
+        assert gc.get_threshold() == (700, 11, 12)
+        gc.set_threshold(0, 11, 12)  # automatic collection off: left off
+        with training_step():
+            assert gc.get_threshold() == (0, 11, 12)
+        gc.set_threshold(700, 11, 12)
+        gc.disable()
+        with training_step():
+            assert gc.get_threshold() == (700, 11, 12) and not gc.isenabled()
+    finally:
+        gc.set_threshold(*found)
+        if was:
+            gc.enable()
+
+
+def test_fit_leaves_the_collector_as_it_found_it():
+    from workbench import layer, model, training
+
+    class Net(model.Model):
+        def __init__(self):
+            super().__init__()
+            self.fc = layer.Linear(3)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    x = R.normal(size=(32, 4)).astype(np.float32)
+    y = R.integers(0, 3, size=32).astype(np.int64)
+    found = gc.get_threshold()
+    hist = training.fit(Net(), x, y, epochs=2, batch_size=8, optimizer=opt.SGD(lr=0.1))
+    assert gc.get_threshold() == found
+    assert len(hist["loss"]) == 2 and all(np.isfinite(hist["loss"]))
