@@ -35,6 +35,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
+from workbench.autodiff.collector import training_step
 from workbench.errors import InputError
 from workbench.singa import autograd
 from workbench.singa.tensor import PlaceHolder, Tensor, from_numpy
@@ -102,14 +103,19 @@ def fit(model, x, y, *, epochs: int = 1, batch_size: int = 32, optimizer=None,
                 xb, yb = x[b], y[b]
                 if augment is not None:
                     xb = augment(xb, rng)
-                with caches.samples(b, "train"):
-                    out = _scores(model.forward(xb if isinstance(xb, Tensor)
-                                                else from_numpy(xb)))
-                lv = loss(out, yb)
-                optimizer.backward_and_update(lv)
-                total += lv.item() * len(b)
-                if out.ndim() == 2 and np.asarray(yb).ndim == 1:
-                    correct += int((out.numpy().argmax(1) == np.asarray(yb)).sum())
+                # the collector's policy for one step (workbench.autodiff.collector); the
+                # step's Tensors go inside the block, so its tape is freed before the
+                # thresholds come back
+                with training_step():
+                    with caches.samples(b, "train"):
+                        out = _scores(model.forward(xb if isinstance(xb, Tensor)
+                                                    else from_numpy(xb)))
+                    lv = loss(out, yb)
+                    optimizer.backward_and_update(lv)
+                    total += lv.item() * len(b)
+                    if out.ndim() == 2 and np.asarray(yb).ndim == 1:
+                        correct += int((out.numpy().argmax(1) == np.asarray(yb)).sum())
+                    del out, lv
                 n += len(b)
             hist["loss"].append(total / n)
             hist["accuracy"].append(correct / n)

@@ -8,13 +8,16 @@
 - :mod:`workbench.autodiff.rules`: the gradient rules per op family (``@gradient("Op")``) and
   the training forms of the ops that have one; ``rules.cuda`` their GPU overrides;
 - :mod:`workbench.autodiff.export`: ``to_onnx``, the walk from output Tensors back over the
-  tape to an ONNX ModelProto.
+  tape to an ONNX ModelProto;
+- :mod:`workbench.autodiff.collector`: :func:`training_step`, the garbage collector's policy
+  for one training step (``training.fit`` wraps each step in it).
 
 This package is the engine's: it imports the arrays, ops and graph layers, never SINGA's API
 (``workbench.singa``), the widgets or the facade.
 """
 
 from workbench.autodiff.backprop import backward, gradients, run_rule
+from workbench.autodiff.collector import training_step
 from workbench.autodiff.runner import StepCall, TapeRunner
 from workbench.autodiff.tape import (
     DEFAULT_OPSET,
@@ -43,5 +46,5 @@ __all__ = [
     "as_tensor", "backward", "enable_grad", "gradients", "inference_mode", "is_float_dtype",
     "is_grad_enabled",
     "no_grad", "parse_dtype", "run_op", "run_rule", "save_all_enabled", "saving_all",
-    "set_node_class", "set_save_all", "tape_order", "walk_tape",
+    "set_node_class", "set_save_all", "tape_order", "training_step", "walk_tape",
 ]
