@@ -921,14 +921,18 @@ def measure(timeline: MemoryTimeline, plan, graph, feeds_fn, *, params=()) -> Me
 
     # warm-up: caches of kernels, of the plan and of the training runner (its per-step call
     # records, kept between steps as a training loop keeps them) are made here, outside the
-    # measurement
+    # measurement. Two training steps: the runner analyses its steps for fusion
+    # (``autodiff.fusion``) at the start of its second run, so the measured (third) step is a
+    # steady one, as a training loop's are, and that one-time analysis's temporaries do not
+    # refill the drained free lists inside the measurement
     tape_runner = TapeRunner(training_mode=True) if training else None
     if training:
-        values = _training_values(graph, params)
-        feeds = feeds_fn()
-        outs, loss, backward = _training_step(plan, feeds, names, values, tape_runner)
-        backward(loss)
-        del outs, loss, values, feeds
+        for _ in range(2):
+            values = _training_values(graph, params)
+            feeds = feeds_fn()
+            outs, loss, backward = _training_step(plan, feeds, names, values, tape_runner)
+            backward(loss)
+            del outs, loss, values, feeds
     else:
         # twice: the engine's worker threads keep per-thread workspaces (ops.parallel.scratch)
         # made the first time a thread gets work, which on a busy machine one run may not give
