@@ -192,3 +192,34 @@ def test_a_training_step_records_its_constants_made_once():
     consts = [n for n in exported.graph.node if n.op_type == "Constant"]
     inits = {i.name: numpy_helper.to_array(i) for i in exported.graph.initializer}
     assert consts or any(v.shape == () and float(v) == 2.0 for v in inits.values())
+
+
+def test_a_direct_forward_runs_with_one_blas_thread():
+    """``forward`` called directly computes with one BLAS thread, as ``model(...)`` and the
+    backward do, and gives BLAS its thread count back afterwards."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from workbench.ops import parallel
+
+    m = sonnx.SONNXModel(mlp_proto())
+    m.eval()
+    seen = []
+    real = m._forward
+
+    def spy(*a, **k):
+        seen.append(threadpoolctl.threadpool_info())
+        return real(*a, **k)
+
+    m._forward = spy
+    def blas_threads(info):
+        return [i["num_threads"] for i in info if i["user_api"] == "blas"]
+
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        before = blas_threads(threadpoolctl.threadpool_info())
+        y = m.forward(tensor.from_numpy(X))[0].numpy()
+        after = blas_threads(threadpoolctl.threadpool_info())
+    inside = blas_threads(seen[0])
+    assert inside and all(n == 1 for n in inside)
+    assert after == before
+    with parallel.one_blas_thread():
+        want = m.forward(tensor.from_numpy(X))[0].numpy()
+    np.testing.assert_array_equal(y, want)

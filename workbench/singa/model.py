@@ -889,8 +889,14 @@ class SONNXModel(Model):
         counting - then the ``aux_output`` values).
 
         The graph runs as written, each node recorded (for gradients, and for ``to_onnx``,
-        which exports what was recorded); :meth:`run` runs the optimized inference graph."""
-        return self._forward(x, last_layers, aux_output)
+        which exports what was recorded); :meth:`run` runs the optimized inference graph.
+        On the host it runs with one BLAS thread, as ``model(...)`` and the backward do (the
+        engine's own threads split the large products): a direct ``forward`` call computes
+        as the same step through ``__call__`` does, whatever BLAS' own thread count."""
+        if self._dev.is_cuda:
+            return self._forward(x, last_layers, aux_output)
+        with one_blas_thread():
+            return self._forward(x, last_layers, aux_output)
 
     def _forward(self, x, last_layers, aux_output, inference: bool = False):
         if not inference and (self.__dict__.get("_trunk_cache") is not None
