@@ -58,6 +58,11 @@ __all__ = ["Kernel", "kernel", "wait", "warmup", "status", "enabled", "set_enabl
 _CTYPES = {"i64": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double}
 
 
+#: the offset of the data pointer in a numpy array object, when :data:`data_pointer` reads it
+#: there (set by :func:`_data_pointer_reader`'s probe), else None
+_DATA_OFFSET: list = [None]
+
+
 def _data_pointer_reader():
     """A fast ``a -> a.ctypes.data``: the ``data`` field of numpy's array struct sits right
     after the object header (``object.__basicsize__``); read there when a check on a few
@@ -69,6 +74,7 @@ def _data_pointer_reader():
     try:
         if all(at(id(a) + off).value == a.ctypes.data
                for a in (probe, probe[1], probe[:, 1:], np.empty(0), probe.T)):
+            _DATA_OFFSET[0] = off
             return lambda a: at(id(a) + off).value
     except (ValueError, OverflowError):  # pragma: no cover - an unusual interpreter
         pass
@@ -81,18 +87,8 @@ data_pointer = _data_pointer_reader()
 def data_pointer_offset():
     """The offset of the data pointer in a numpy array object when :data:`data_pointer`
     reads it there (C code given an array object's address, Python's ``id``, reads the same
-    field), else None."""
-    if not _DATA_OFFSET:
-        off = object.__basicsize__
-        probe = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
-        ok = all(data_pointer(a) == a.ctypes.data
-                 == ctypes.c_size_t.from_address(id(a) + off).value
-                 for a in (probe, probe[1], probe[:, 1:], np.empty(0), probe.T))
-        _DATA_OFFSET.append(off if ok else None)
+    field), else None. The probe that chose :data:`data_pointer`'s fast path established it."""
     return _DATA_OFFSET[0]
-
-
-_DATA_OFFSET: list = []
 
 
 class Kernel:
@@ -211,8 +207,9 @@ def _load_cached(mods) -> list:
     returned for the background worker; nothing ever waits for a compiler."""
     rest = []
     folder = None
+    known = set(cache.module_names())
     for m in mods:
-        if m in _STATE or m not in cache.module_names():
+        if m in _STATE or m not in known:
             rest.append(m)
             continue
         try:
