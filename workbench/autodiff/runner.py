@@ -10,9 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
+
 from workbench.autodiff import fusion, rules
 from workbench.autodiff.tape import Tensor, run_op
 from workbench.ops.registry import facts
+from workbench.runtime.segments import _pure_kernel
 
 
 def _constant_once(fn, wants_ctx):
@@ -29,6 +32,98 @@ def _constant_once(fn, wants_ctx):
 
     constant.__name__ = getattr(fn, "__name__", "constant")
     return constant
+
+
+class _Memo:
+    """The remembered outputs of one shape-arithmetic step of a Tensor runner's plan.
+
+    An exported transformer computes its Reshape targets and position ids in the graph
+    (``Shape -> Gather -> Unsqueeze -> Concat``, ``Range``, ``Cast`` ...: ~90 nodes of the
+    BERT-like step) and a training step ran each kernel every step. A step whose kernel is
+    one of the engine's own and deterministic (no ``random`` fact, no subgraph, no training
+    form or state, host arrays) remembers its outputs under a key made of
+
+    - the *shapes* of its inputs, for an op that reads only shapes (Shape, Size);
+    - else the dtype, shape and *bytes* of every input, each at most ``KEY_ELEMENTS``
+      elements and none requiring a gradient (otherwise the step just runs).
+
+    The key is the whole of what the kernel reads, so a changed input shape, an edited
+    Constant or weight (in place or replaced) never hands out a stale value: it makes another
+    key. A hit still records the node on the tape through :func:`run_op` (its real kernel
+    kept as the node's ``fn``, its inputs and attributes as they are: ``to_onnx``, graph-mode
+    replays and ``creator.backward`` see the original nodes); only the kernel call is
+    skipped. Remembered outputs are private read-only copies of at most ``MEMO_BYTES`` each
+    (a consumer cannot write into them, and they alias no input); at most ``MEMO_KEYS`` keys
+    per step (all dropped when a new one would exceed it). Results are bit for bit the
+    kernel's: the same kernel computed them from the same bytes.
+    """
+
+    __slots__ = ("shape_only", "entries", "off")
+
+    KEY_ELEMENTS = 256
+    MEMO_BYTES = 1 << 16
+    MEMO_KEYS = 8
+
+    def __init__(self, shape_only: bool):
+        self.shape_only = shape_only
+        self.entries: dict = {}
+        self.off = False          # an output that cannot be remembered: the step just runs
+
+    def key(self, args) -> tuple | None:
+        """The key of these inputs, or None when the step must run (see the class)."""
+        key = []
+        for t in args:
+            if t is None:
+                key.append(None)
+                continue
+            if not isinstance(t, Tensor):
+                return None
+            a = t.data
+            if type(a) is not np.ndarray:
+                return None
+            if self.shape_only:
+                key.append(a.shape)
+            elif t.requires_grad or a.size > self.KEY_ELEMENTS:
+                return None
+            else:
+                key.append((a.dtype, a.shape, a.tobytes()))
+        return tuple(key)
+
+    def store(self, key, r) -> None:
+        """Remember the outputs ``r`` (a Tensor or a tuple of Tensors) under ``key``."""
+        arrays = []
+        for t in (r if type(r) is tuple else (r,)):
+            a = t.data if isinstance(t, Tensor) else None
+            if type(a) is not np.ndarray or a.nbytes > self.MEMO_BYTES:
+                self.off = True
+                self.entries.clear()
+                return
+            a = a.copy()
+            a.flags.writeable = False
+            arrays.append(a)
+        arrays = tuple(arrays)
+        if len(self.entries) >= self.MEMO_KEYS:
+            self.entries.clear()
+        self.entries[key] = lambda *a, **k: arrays
+
+
+def _memo_for(step, fn, state, device) -> _Memo | None:
+    """A :class:`_Memo` for ``step`` when its outputs may be remembered, else None."""
+    n = step.node
+    if state or fn is not step.fn or step.subplans or n.op_type == "Constant" \
+            or (device is not None and device.is_cuda):
+        return None
+    f = facts(n.op_type, n.domain)
+    if f.random or not _pure_kernel(step.fn):
+        return None
+    return _Memo(bool(f.shape_only))
+
+
+def memo_enabled() -> bool:
+    """Whether Tensor runners remember their shape arithmetic (``WORKBENCH_SHAPE_MEMO``, as
+    the inference plans' segments: "0", "off", "false" or "no" turn it off)."""
+    from workbench.runtime.segments import memo_enabled as on
+    return on()
 
 
 # --------------------------------------------------------------------------- the Tensor runner
@@ -64,6 +159,9 @@ class TapeRunner:
         # them when the second run starts ({id(step): (role, chain)}; None: not looked yet)
         self._order: list = []
         self._fused: dict | None = None if self.training_mode and fusion.enabled() else {}
+        # {id(step): _Memo} of the steps whose outputs are remembered (see _Memo)
+        self._memo: dict = {}
+        self._memo_on = memo_enabled()
 
     def preset(self, step, *, kw: dict, wants_ctx: bool, n_outputs: int, fn: Callable,
                training_mode: bool, state_updates: dict | None, out_names=None) -> None:
@@ -94,6 +192,10 @@ class TapeRunner:
         call = StepCall(kw, wants_ctx, n_out, fn, state, self.training_mode, None,
                         tuple(n.outputs))
         self._calls[id(step)] = call
+        if self._memo_on:
+            m = _memo_for(step, fn, state, self.device)
+            if m is not None:
+                self._memo[id(step)] = m
         if self._fused is None:
             self._order.append(step)
         return call
@@ -113,6 +215,27 @@ class TapeRunner:
                     r = fusion.run_step(self, f[0], f[1], step, call, args)
                     if r is not None:
                         return r
+        m = self._memo.get(id(step))
+        if m is not None and not m.off and kw is step.attrs:
+            key = m.key(args)
+            if key is not None:
+                given = m.entries.get(key)
+                if given is not None:   # the kernel's outputs for these inputs, remembered
+                    n = step.node
+                    r = run_op(n.op_type, n.domain, step.opset, given, False, call.kw,
+                               n.attrs, args, call.n_outputs, n.name, call.out_names,
+                               call.training_mode, None, device=self.device)
+                    node = r[0].creator
+                    if node is not None:   # the node keeps its real kernel (replays)
+                        node.fn, node.wants_ctx = call.fn, call.wants_ctx
+                    return r[0] if call.n_outputs == 1 else tuple(r)
+                r = self._run(step, call, args, kw)
+                m.store(key, r)
+                return r
+        return self._run(step, call, args, kw)
+
+    def _run(self, step, call: StepCall, args: list, kw: dict):
+        """Run ``step``'s kernel through :func:`run_op` (recorded on the tape)."""
         kw0, wants_ctx, n_out, fn, state, training_mode, ups, out_names = call
         if kw is not step.attrs:  # subgraph bodies bound for this run
             kw = {k: v for k, v in kw.items() if k != "ctx"}

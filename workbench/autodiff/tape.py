@@ -852,14 +852,18 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
         if err is e:
             raise
         raise err from e
-    if type(r) is not tuple:
-        r = (r,)
-    if len(r) < n_outputs:
-        raise KernelError(f"{op_type}{f' (node {name!r})' if name else ''}: the kernel "
-                          f"returned {len(r)} output(s), {n_outputs} were asked for",
-                          node_name=name, op_type=op_type)
-    extra = r[n_outputs:]  # training forms may return statistics for their gradient rule
-    r = [np.asarray(a) if isinstance(a, np.generic) else a for a in r[:n_outputs]]
+    if type(r) is not tuple and n_outputs == 1:   # the usual case: one array
+        extra = ()
+        r = [np.asarray(r) if isinstance(r, np.generic) else r]
+    else:
+        if type(r) is not tuple:
+            r = (r,)
+        if len(r) < n_outputs:
+            raise KernelError(f"{op_type}{f' (node {name!r})' if name else ''}: the kernel "
+                              f"returned {len(r)} output(s), {n_outputs} were asked for",
+                              node_name=name, op_type=op_type)
+        extra = r[n_outputs:]  # training forms may return statistics for their gradient rule
+        r = [np.asarray(a) if isinstance(a, np.generic) else a for a in r[:n_outputs]]
 
     node = None
     grad_on = False
@@ -874,17 +878,26 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
         node.name = name or f"{op_type}_{uid}"
         node.out_names = out_names
         node.training_mode = training_mode
-        node.parents = [t if t is None or t.creator is None else (t.creator, t._index)
-                        for t in ts]
-        node.out_meta = [(tuple(a.shape), a.dtype) if is_array(a) else (None, None)
-                         for a in r]
+        # (plain loops: a comprehension is a function call of its own in this Python)
+        parents = []
+        for t in ts:
+            parents.append(t if t is None or t.creator is None else (t.creator, t._index))
+        node.parents = parents
+        meta = []
+        for a in r:
+            meta.append((a.shape, a.dtype) if type(a) is np.ndarray else
+                        (tuple(a.shape), a.dtype) if is_array(a) else (None, None))
+        node.out_meta = meta
         node.requires_grad = grad_on
         node.state_updates = state_updates
         node.freed = False
         node.origin = None
         node.grad_rule = None
         if grad_on or (_save_all and grad_enabled):
-            node.needs_input_grad = tuple(t is not None and t.requires_grad for t in ts)
+            needs = []
+            for t in ts:
+                needs.append(t is not None and t.requires_grad)
+            node.needs_input_grad = tuple(needs)
             node.saved_in = arrays
             node.saved_out = r + list(extra) if extra else r
         else:
@@ -898,7 +911,7 @@ def run_op(op_type: str, domain: str, opset: int, fn: Callable, wants_ctx: bool,
         t = new(Tensor)      # Tensor._make, inlined
         t.data = a
         t.device = dev
-        if grad_on and is_array(a):
+        if grad_on and (type(a) is np.ndarray or is_array(a)):
             dt = a.dtype     # is_float_dtype, inlined
             t.requires_grad = dt.kind == "f" or (dt.kind == "V" and dt.name == "bfloat16")
         else:

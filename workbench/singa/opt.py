@@ -182,7 +182,10 @@ class Optimizer:
         return int(self.step_counter.numpy().reshape(-1)[0])
 
     def get_lr(self) -> float:
-        return _now(self.lr, self.steps)
+        lr = self.lr
+        if type(lr) is float:   # a number: no need to read the step counter
+            return lr
+        return _now(lr, self.steps)
 
     def _state_of(self, key, param) -> dict:
         """The slots kept under ``key`` for ``param``; fresh when the key is new or its
@@ -190,9 +193,14 @@ class Optimizer:
         st = self._state.get(key)
         ref = self._owner.get(key)
         owner = ref() if ref is not None else None
-        stale = ref is not None and (owner is None or tuple(owner.shape) != tuple(param.shape))
-        if st is None or stale or any(tuple(getattr(a, "shape", ())) != tuple(param.shape)
-                                      for a in st.values()):
+        shape = tuple(param.shape)
+        stale = ref is not None and (owner is None or tuple(owner.shape) != shape)
+        if not stale and st is not None:
+            for a in st.values():
+                if tuple(getattr(a, "shape", ())) != shape:
+                    stale = True
+                    break
+        if st is None or stale:
             st = self._state[key] = {}
             if isinstance(key, int):  # keyed by id: forget the slots with the parameter
                 weakref.finalize(param, _forget, weakref.ref(self), key, st)
@@ -421,11 +429,15 @@ class SGD(Optimizer):
             raise ValueError("SGD: Nesterov momentum needs momentum > 0 and dampening 0")
 
     def _apply(self, st, w, g, lr):
-        step = self.steps
-        mom, damp = _now(self.momentum, step), _now(self.dampening, step)
-        wd = _now(self.weight_decay, step)
-        use_mom = _init_of(self.momentum) != 0
-        if _fused_gpu(w, g):  # one CUDA kernel per parameter
+        mom, damp, wd = self.momentum, self.dampening, self.weight_decay
+        if type(mom) is float and type(damp) is float and type(wd) is float:
+            use_mom = mom != 0      # plain numbers (the usual case): no step counter read
+        else:
+            step = self.steps
+            mom, damp = _now(self.momentum, step), _now(self.dampening, step)
+            wd = _now(self.weight_decay, step)
+            use_mom = _init_of(self.momentum) != 0
+        if type(w) is not np.ndarray and _fused_gpu(w, g):  # one CUDA kernel per parameter
             from workbench.arrays.cuda.elementwise import sgd_step  # noqa: PLC0415
             buf = st.get("momentum")
             first = buf is None
