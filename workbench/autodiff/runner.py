@@ -12,7 +12,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from workbench.arrays.device import default_device
 from workbench.autodiff import fusion, rules
+from workbench.autodiff import tape as _tape
 from workbench.autodiff.tape import Tensor, run_op
 from workbench.ops.registry import facts
 from workbench.runtime.segments import _pure_kernel
@@ -107,6 +109,21 @@ class _Memo:
         self.entries[key] = lambda *a, **k: arrays
 
 
+class _Reused:
+    """A host Constant's recorded output Tensor (and so its tape node), made at the step's
+    first run and handed out again on later runs while the settings that shape a recorded
+    node are the same (recording on/off, gradients enabled, ``set_save_all``, the device).
+    A Constant has no inputs and its kernel ran once anyway (:func:`_constant_once`): what
+    this saves is recording ~60 identical nodes a step of an exported transformer, and freeing
+    them after. The node is the one ``to_onnx`` exports (a walk meets it once), and a
+    backward never frees or changes it (it requires no gradient)."""
+
+    __slots__ = ("made_under", "out")
+
+    def __init__(self):
+        self.made_under = self.out = None
+
+
 def _memo_for(step, fn, state, device) -> _Memo | None:
     """A :class:`_Memo` for ``step`` when its outputs may be remembered, else None."""
     n = step.node
@@ -159,8 +176,9 @@ class TapeRunner:
         # them when the second run starts ({id(step): (role, chain)}; None: not looked yet)
         self._order: list = []
         self._fused: dict | None = None if self.training_mode and fusion.enabled() else {}
-        # {id(step): _Memo} of the steps whose outputs are remembered (see _Memo)
-        self._memo: dict = {}
+        # {id(step): _Memo or _Reused}: the steps whose outputs are remembered (_Memo) and
+        # the host Constants whose recorded output is reused (_Reused)
+        self._special: dict = {}
         self._memo_on = memo_enabled()
 
     def preset(self, step, *, kw: dict, wants_ctx: bool, n_outputs: int, fn: Callable,
@@ -189,13 +207,15 @@ class TapeRunner:
         if n.op_type == "Constant" and not n.domain and fn is step.fn and not state \
                 and (self.device is None or not self.device.is_cuda):
             fn, wants_ctx = _constant_once(fn, wants_ctx), False
+            if self._memo_on:
+                self._special[id(step)] = _Reused()
         call = StepCall(kw, wants_ctx, n_out, fn, state, self.training_mode, None,
                         tuple(n.outputs))
         self._calls[id(step)] = call
         if self._memo_on:
             m = _memo_for(step, fn, state, self.device)
             if m is not None:
-                self._memo[id(step)] = m
+                self._special[id(step)] = m
         if self._fused is None:
             self._order.append(step)
         return call
@@ -215,23 +235,34 @@ class TapeRunner:
                     r = fusion.run_step(self, f[0], f[1], step, call, args)
                     if r is not None:
                         return r
-        m = self._memo.get(id(step))
-        if m is not None and not m.off and kw is step.attrs:
-            key = m.key(args)
-            if key is not None:
-                given = m.entries.get(key)
-                if given is not None:   # the kernel's outputs for these inputs, remembered
-                    n = step.node
-                    r = run_op(n.op_type, n.domain, step.opset, given, False, call.kw,
-                               n.attrs, args, call.n_outputs, n.name, call.out_names,
-                               call.training_mode, None, device=self.device)
-                    node = r[0].creator
-                    if node is not None:   # the node keeps its real kernel (replays)
-                        node.fn, node.wants_ctx = call.fn, call.wants_ctx
-                    return r[0] if call.n_outputs == 1 else tuple(r)
+        sp = self._special.get(id(step))
+        if sp is not None and kw is step.attrs:
+            if type(sp) is _Reused:
+                # a host Constant: its node and output made once, while the settings that
+                # shape a recorded node are the same
+                now = (_tape._recording.get(), _tape._grad_enabled.get(), _tape._save_all,
+                       self.device if self.device is not None else default_device())
+                if sp.made_under == now:
+                    return sp.out
                 r = self._run(step, call, args, kw)
-                m.store(key, r)
+                sp.made_under, sp.out = now, r
                 return r
+            if not sp.off:
+                key = sp.key(args)
+                if key is not None:
+                    given = sp.entries.get(key)
+                    if given is not None:   # the kernel's outputs for these inputs
+                        n = step.node
+                        r = run_op(n.op_type, n.domain, step.opset, given, False, call.kw,
+                                   n.attrs, args, call.n_outputs, n.name, call.out_names,
+                                   call.training_mode, None, device=self.device)
+                        node = r[0].creator
+                        if node is not None:   # the node keeps its real kernel (replays)
+                            node.fn, node.wants_ctx = call.fn, call.wants_ctx
+                        return r[0] if call.n_outputs == 1 else tuple(r)
+                    r = self._run(step, call, args, kw)
+                    sp.store(key, r)
+                    return r
         return self._run(step, call, args, kw)
 
     def _run(self, step, call: StepCall, args: list, kw: dict):
