@@ -204,7 +204,8 @@ class Optimizer:
             st = self._state[key] = {}
             if isinstance(key, int):  # keyed by id: forget the slots with the parameter
                 weakref.finalize(param, _forget, weakref.ref(self), key, st)
-        self._owner[key] = weakref.ref(param)
+        if owner is not param:
+            self._owner[key] = weakref.ref(param)
         return st
 
     @staticmethod
