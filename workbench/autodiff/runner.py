@@ -47,7 +47,8 @@ class _Memo:
 
     - the *shapes* of its inputs, for an op that reads only shapes (Shape, Size);
     - else the dtype, shape and *bytes* of every input, each at most ``KEY_ELEMENTS``
-      elements and none requiring a gradient (otherwise the step just runs).
+      elements of a bool, integer or float dtype and none requiring a gradient (otherwise
+      the step just runs; an object array's bytes would be addresses, not values).
 
     The key is the whole of what the kernel reads, so a changed input shape, an edited
     Constant or weight (in place or replaced) never hands out a stale value: it makes another
@@ -85,8 +86,8 @@ class _Memo:
                 return None
             if self.shape_only:
                 key.append(a.shape)
-            elif t.requires_grad or a.size > self.KEY_ELEMENTS:
-                return None
+            elif t.requires_grad or a.size > self.KEY_ELEMENTS or a.dtype.kind not in "biuf":
+                return None     # (an object array's bytes are addresses, not values)
             else:
                 key.append((a.dtype, a.shape, a.tobytes()))
         return tuple(key)
@@ -96,7 +97,8 @@ class _Memo:
         arrays = []
         for t in (r if type(r) is tuple else (r,)):
             a = t.data if isinstance(t, Tensor) else None
-            if type(a) is not np.ndarray or a.nbytes > self.MEMO_BYTES:
+            if type(a) is not np.ndarray or a.nbytes > self.MEMO_BYTES \
+                    or a.dtype.kind not in "biuf":
                 self.off = True
                 self.entries.clear()
                 return
@@ -112,7 +114,8 @@ class _Memo:
 class _Reused:
     """A host Constant's recorded output Tensor (and so its tape node), made at the step's
     first run and handed out again on later runs while the settings that shape a recorded
-    node are the same (recording on/off, gradients enabled, ``set_save_all``, the device).
+    node are the same (recording on/off, gradients enabled, ``set_save_all``, the node class,
+    the device).
     A Constant has no inputs and its kernel ran once anyway (:func:`_constant_once`): what
     this saves is recording ~60 identical nodes a step of an exported transformer, and freeing
     them after. The node is the one ``to_onnx`` exports (a walk meets it once), and a
@@ -241,6 +244,7 @@ class TapeRunner:
                 # a host Constant: its node and output made once, while the settings that
                 # shape a recorded node are the same
                 now = (_tape._recording.get(), _tape._grad_enabled.get(), _tape._save_all,
+                       _tape._node_class,
                        self.device if self.device is not None else default_device())
                 if sp.made_under == now:
                     return sp.out
