@@ -174,4 +174,10 @@ def test_export_graph_mode_and_inference_mode_see_the_original_nodes(monkeypatch
     monkeypatch.setenv("WORKBENCH_SHAPE_MEMO", "0")
     plain_graph = train(shape_chain_mlp(), batches=(4, 4, 4, 4), use_graph=True)
     assert graph[0] == plain_graph[0]
+    (rep,) = graph[2]._replays.values()     # the replayed tape remembered its shape steps
+    assert sum(isinstance(s, _runner._Memo) and bool(s.entries)
+               for s in rep.runner._special.values()) >= 8
+    assert sum(isinstance(s, _runner._Reused) for s in rep.runner._special.values()) == 5
+    (rep,) = plain_graph[2]._replays.values()
+    assert not rep.runner._special
     np.testing.assert_allclose(graph[0], eager[0], rtol=1e-6)

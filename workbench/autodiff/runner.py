@@ -189,6 +189,15 @@ class TapeRunner:
         """Give ``step`` a fixed call (a replayed tape node)."""
         self._calls[id(step)] = StepCall(kw, wants_ctx, n_outputs, fn, (), training_mode,
                                          state_updates, out_names)
+        if self._memo_on and not state_updates:   # a replay remembers its shape steps too
+            n = step.node
+            if n.op_type == "Constant" and not n.domain:
+                if self.device is None or not self.device.is_cuda:
+                    self._special[id(step)] = _Reused()
+            else:
+                m = _memo_for(step, fn, (), self.device)
+                if m is not None:
+                    self._special[id(step)] = m
 
     def _prepare(self, step) -> StepCall:
         n = step.node
