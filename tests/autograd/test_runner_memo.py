@@ -31,7 +31,7 @@ def _const(name, value, dtype=np.int64):
                             value=numpy_helper.from_array(np.array(value, dtype), name))
 
 
-def shape_chain_mlp(inner=(2, 4)):
+def shape_chain_mlp(inner=(2, 4), constant_output=False):
     """X(N,6) @ W1 -> Reshape to (N, *inner) with a target computed in the graph (Shape ->
     Gather -> Unsqueeze -> Concat with a Constant) -> Transpose -> Reshape back to (N, 8) the
     same way -> Mul by a Cast of a shape value -> @ W2 (3 classes)."""
@@ -61,10 +61,12 @@ def shape_chain_mlp(inner=(2, 4)):
              helper.make_node("Mul", ["nf", "tenth"], ["scale"], name="scale"),
              helper.make_node("Mul", ["flat", "scale"], ["scaled"], name="scaled"),
              helper.make_node("MatMul", ["scaled", "W2"], ["logits"], name="head")]
+    outs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])]
+    if constant_output:     # a Constant's value is also a graph output
+        outs.append(helper.make_tensor_value_info("inner", TensorProto.INT64, [2]))
     g = helper.make_graph(nodes, "shape_chain_mlp",
                           [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 6])],
-                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT,
-                                                         ["N", 3])], inits)
+                          outs, inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -181,3 +183,18 @@ def test_export_graph_mode_and_inference_mode_see_the_original_nodes(monkeypatch
     (rep,) = plain_graph[2]._replays.values()
     assert not rep.runner._special
     np.testing.assert_allclose(graph[0], eager[0], rtol=1e-6)
+
+
+def test_a_constant_output_changed_by_the_caller_is_not_handed_out_again():
+    m = sonnx.SONNXModel(shape_chain_mlp(constant_output=True))
+    x4, _ = _data(4)
+    m.compile([tensor.PlaceHolder(x4.shape)], is_train=True)
+    x = tensor.from_numpy(x4)
+    m.forward(x)
+    first = m.forward(x)[1]
+    assert m.forward(x)[1] is first          # reused while nobody changed it
+    first.data = first.data * 3              # the caller's Tensor given other data
+    again = m.forward(x)[1]
+    assert again is not first and again.numpy().tolist() == [2, 4]
+    again.requires_grad = True
+    assert m.forward(x)[1] is not again

@@ -119,12 +119,14 @@ class _Reused:
     A Constant has no inputs and its kernel ran once anyway (:func:`_constant_once`): what
     this saves is recording ~60 identical nodes a step of an exported transformer, and freeing
     them after. The node is the one ``to_onnx`` exports (a walk meets it once), and a
-    backward never frees or changes it (it requires no gradient)."""
+    backward never frees or changes it (it requires no gradient). A Tensor handed to the
+    caller (a Constant that is a graph output) and then moved or given other data or
+    ``requires_grad`` is not handed out again: the step records afresh."""
 
-    __slots__ = ("made_under", "out")
+    __slots__ = ("made_under", "out", "data")
 
     def __init__(self):
-        self.made_under = self.out = None
+        self.made_under = self.out = self.data = None
 
 
 def _memo_for(step, fn, state, device) -> _Memo | None:
@@ -255,10 +257,11 @@ class TapeRunner:
                 now = (_tape._recording.get(), _tape._grad_enabled.get(), _tape._save_all,
                        _tape._node_class,
                        self.device if self.device is not None else default_device())
-                if sp.made_under == now:
-                    return sp.out
+                out = sp.out
+                if sp.made_under == now and out.data is sp.data and not out.requires_grad:
+                    return out
                 r = self._run(step, call, args, kw)
-                sp.made_under, sp.out = now, r
+                sp.made_under, sp.out, sp.data = now, r, r.data
                 return r
             if not sp.off:
                 key = sp.key(args)
