@@ -324,7 +324,7 @@ def pair_worker(model: str, npz: str, runs: int, warmup: int, threads: int, bloc
     the first (with ``block`` 1: its one run), the reference kernel is timed before each
     pair. Returns both engines' block times, the pairs' ratios and the reference times."""
     inputs = _read_inputs(npz)
-    fo, _plan = _engine_fn("ours", model, inputs, threads, "", fixed_shapes)
+    fo, _ = _engine_fn("ours", model, inputs, threads, "", fixed_shapes)
     fr, _ = _engine_fn("ort", model, inputs, threads, "", False, spin=False)
     outs = {}
     for key, fn in (("ours", fo), ("ort", fr)):
@@ -807,6 +807,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--name", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.interleave and (args.torch or args.numpy):
+        p.error("--interleave pairs ours with onnxruntime only: run --torch / --numpy "
+                "without it")
+    if args.block < 1:
+        p.error(f"--block is at least 1, not {args.block}")
     if args.clock == "cpu":
         CLOCK[0] = time.process_time
     MIN_SECONDS["warmup"], MIN_SECONDS["timed"] = args.warmup_time, args.min_time
