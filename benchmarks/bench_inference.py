@@ -12,6 +12,20 @@ memory (``VmHWM``, the RSS high-water mark of the whole process). Rounds alterna
 engine's worker threads (onnxruntime spins its thread pool after each run) slow the other.
 The reported time is the median over the rounds of each round's median.
 
+``--interleave`` runs both engines in ONE fresh process per round instead, alternately in
+blocks of ``--block`` runs (ours, ort, ort, ours, ...; a block's time is the median of its runs
+after the first, which re-warms the caches the other engine used), and reports the median of
+the neighbouring blocks' ratios ("paired"). On a VM the core itself can run ~1.4x slower for
+seconds at a time (another tenant on the host core: see "ShuffleNetV2 b8's two speeds" in
+benchmarks/README.md), which in fresh processes lands on one engine's process and not the
+other's; a pair of neighbouring blocks sees the same speed. Peak memory and first-run times
+are not measured in this mode (two engines share the process).
+
+Every worker also times a fixed reference kernel (a 64x64 float32 product 150 times: it stays
+in L1, so only the core's own speed moves it) before and after its timed runs: the ``ref ms``
+column gives its range over the row's processes, and a note says when it moved by more than
+15 % (the machine's speed changed between or within processes).
+
 The ``floor ms`` column is the sgemm-bound floor: the model's FLOPs (2 x the multiply-adds of
 its Conv, ConvTranspose, MatMul and Gemm nodes at these input shapes) divided by the float32
 GEMM rate numpy's BLAS reaches on this machine (measured at the start, all threads).
@@ -22,6 +36,7 @@ GEMM rate numpy's BLAS reaches on this machine (measured at the start, all threa
     python benchmarks/bench_inference.py --profile --models mobilenetv2 --batches 8
     python benchmarks/bench_inference.py --prepare        # prepare seconds (GPT-2, 20k nodes)
     python benchmarks/bench_inference.py --threads 1 --clock cpu   # CPU time: a shared machine
+    python benchmarks/bench_inference.py --threads 1 --clock cpu --interleave --models shufflenetv2
     python benchmarks/bench_inference.py --json out.json
 
 Not part of the test pass/fail. See benchmarks/README.md for the targets and the last results.
@@ -79,6 +94,8 @@ class Row:
     ort_first_s: float | None = None     # session creation + first run, fresh process
     prepare_s: float | None = None
     max_err: float | None = None
+    paired_ratio: float | None = None    # --interleave: median of neighbouring blocks' ratios
+    ref_ms: list = field(default_factory=list)   # the reference kernel, every process (ms)
     rounds: dict = field(default_factory=dict)   # engine -> [median ms of each round]
     notes: list = field(default_factory=list)
 
@@ -208,13 +225,16 @@ CLOCK = [time.perf_counter]
 MIN_SECONDS = {"warmup": 0.25, "timed": 1.0}
 
 
-def _time_runs(fn, runs: int, warmup: int) -> tuple[list, object]:
+def _time_runs(fn, runs: int, warmup: int,
+               timed: float | None = None) -> tuple[list, object]:
     """``warmup`` untimed runs and ``runs`` timed ones, each continued until it has lasted
     ``MIN_SECONDS`` (wall). The same rule for every engine. Why: in fresh processes both
     ours and onnxruntime need ~10 runs of a small model to settle (BERT-like b1, the fastest
     run at each position over 6 processes: ours 0.52 -> 0.35 ms, onnxruntime 0.30 -> 0.22 ms
     over runs 3-12), which 2 warm-up runs did not cover; and 10 timed runs of 0.3 ms span
-    3 ms, so one preemption on a shared VM moved a process' median by 30-100 %."""
+    3 ms, so one preemption on a shared VM moved a process' median by 30-100 %.
+    ``timed``: seconds of timed runs instead of ``MIN_SECONDS["timed"]`` (0 with ``runs`` 0:
+    the warm-up only)."""
     out = None
     end = time.perf_counter() + MIN_SECONDS["warmup"]
     k = 0
@@ -223,7 +243,7 @@ def _time_runs(fn, runs: int, warmup: int) -> tuple[list, object]:
         k += 1
     times = []
     clock = CLOCK[0]
-    end = time.perf_counter() + MIN_SECONDS["timed"]
+    end = time.perf_counter() + (MIN_SECONDS["timed"] if timed is None else timed)
     while len(times) < runs or time.perf_counter() < end:
         t0 = clock()
         out = fn()
@@ -231,32 +251,55 @@ def _time_runs(fn, runs: int, warmup: int) -> tuple[list, object]:
     return times, out
 
 
-def worker(engine: str, model: str, npz: str, runs: int, warmup: int, threads: int,
-           out_npz: str | None, profile: bool, name: str, fixed_shapes: bool = False) -> dict:
-    """Run one engine on one model in this (fresh) process; returns the measurements.
-    ``fixed_shapes``: ours is prepared for the inputs' batch (``backend.prepare(...,
-    batch_size=)``: shape arithmetic folded at prepare)."""
-    inputs = _read_inputs(npz)
-    res: dict = {"engine": engine}
-    t0 = time.perf_counter()
+#: the reference kernel's operands (made on first use): 64x64 float32, 48 KiB in all
+_REF: list = []
+
+
+def reference_ms(repeat: int = 5) -> float:
+    """The median over ``repeat`` of one timing (on :data:`CLOCK`) of a fixed reference kernel:
+    a 64x64 float32 product 150 times (about 1.3 ms on a 2-core AMD EPYC). Its operands stay
+    in L1 and the product is too small for BLAS to split, so nothing of the process (buffer
+    addresses, huge pages, caches) moves it: only the core's own speed does, which on a VM
+    changes when another tenant runs on the same host core."""
+    if not _REF:
+        rng = np.random.default_rng(0)
+        _REF.extend([rng.standard_normal((64, 64), dtype=np.float32),
+                     rng.standard_normal((64, 64), dtype=np.float32),
+                     np.empty((64, 64), np.float32)])
+    a, b, c = _REF
+    clock, out = CLOCK[0], []
+    for _ in range(repeat):
+        t0 = clock()
+        for _ in range(150):
+            np.matmul(a, b, out=c)
+        out.append((clock() - t0) * 1e3)
+    return statistics.median(out)
+
+
+def _engine_fn(engine: str, model: str, inputs: list, threads: int, name: str,
+               fixed_shapes: bool, spin: bool = True):
+    """(the engine's run on ``inputs``, its plan or None) for one engine in this process;
+    ``spin``: onnxruntime's pool busy-waits between runs (its default; off when it shares the
+    process with another engine)."""
     if engine in ("ours", "ours_np"):
         import workbench.backend as backend
 
         rep = backend.prepare(model, batch_size=int(inputs[0].shape[0])) \
             if fixed_shapes and inputs and inputs[0].ndim else backend.prepare(model)
-        res["prepare_s"] = time.perf_counter() - t0
-        fn = lambda: rep.run(inputs)  # noqa: E731
-    elif engine == "ort":
+        return (lambda: rep.run(inputs)), rep.plan
+    if engine == "ort":
         import onnxruntime as ort
 
         so = ort.SessionOptions()
         so.log_severity_level = 3
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
+        if not spin:
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         sess = ort.InferenceSession(model, sess_options=so, providers=["CPUExecutionProvider"])
         feeds = dict(zip([i.name for i in sess.get_inputs()], inputs))
-        fn = lambda: sess.run(None, feeds)  # noqa: E731
-    elif engine == "torch":
+        return (lambda: sess.run(None, feeds)), None
+    if engine == "torch":
         import torch
 
         from tests.helpers import torch_models
@@ -268,17 +311,73 @@ def worker(engine: str, model: str, npz: str, runs: int, warmup: int, threads: i
         def fn():
             with torch.inference_mode():
                 return tmodel(*xs)
-    else:
-        raise SystemExit(f"unknown engine {engine!r}")
+        return fn, None
+    raise SystemExit(f"unknown engine {engine!r}")
+
+
+def pair_worker(model: str, npz: str, runs: int, warmup: int, threads: int, block: int,
+                out_npz: str | None, fixed_shapes: bool = False) -> dict:
+    """Ours and onnxruntime in this (fresh) process, run alternately in blocks of ``block``
+    runs (ours, ort, ort, ours, ...) after the warm-up rule of :func:`_time_runs` for each;
+    pairs of neighbouring blocks go on until there are ``runs`` pairs and
+    ``MIN_SECONDS["timed"]`` have passed. A block's time is the median of its runs after
+    the first (with ``block`` 1: its one run), the reference kernel is timed before each
+    pair. Returns both engines' block times, the pairs' ratios and the reference times."""
+    inputs = _read_inputs(npz)
+    fo, _ = _engine_fn("ours", model, inputs, threads, "", fixed_shapes)
+    fr, _ = _engine_fn("ort", model, inputs, threads, "", False, spin=False)
+    outs = {}
+    for key, fn in (("ours", fo), ("ort", fr)):
+        _t, outs[key] = _time_runs(fn, 0, warmup, timed=0.0)
+    clock = CLOCK[0]
+
+    def one_block(fn):
+        t = []
+        for _ in range(max(1, block)):
+            t0 = clock()
+            fn()
+            t.append((clock() - t0) * 1e3)
+        return statistics.median(t[1:] if len(t) > 1 else t)
+
+    ours, ort_, ref = [], [], []
+    end = time.perf_counter() + MIN_SECONDS["timed"]
+    while len(ours) < max(1, runs) or time.perf_counter() < end:
+        ref.append(reference_ms(3))
+        if len(ours) % 2 == 0:
+            ours.append(one_block(fo))
+            ort_.append(one_block(fr))
+        else:
+            ort_.append(one_block(fr))
+            ours.append(one_block(fo))
+    if out_npz:
+        np.savez(out_npz + ".ours.npz", *[np.asarray(o) for o in outs["ours"]])
+        np.savez(out_npz + ".ort.npz", *[np.asarray(o) for o in outs["ort"]])
+    return {"engine": "pair", "ours_ms": ours, "ort_ms": ort_,
+            "ratios": [a / b for a, b in zip(ours, ort_)], "ref_ms": ref}
+
+
+def worker(engine: str, model: str, npz: str, runs: int, warmup: int, threads: int,
+           out_npz: str | None, profile: bool, name: str, fixed_shapes: bool = False) -> dict:
+    """Run one engine on one model in this (fresh) process; returns the measurements.
+    ``fixed_shapes``: ours is prepared for the inputs' batch (``backend.prepare(...,
+    batch_size=)``: shape arithmetic folded at prepare)."""
+    inputs = _read_inputs(npz)
+    res: dict = {"engine": engine}
+    t0 = time.perf_counter()
+    fn, plan = _engine_fn(engine, model, inputs, threads, name, fixed_shapes)
+    if plan is not None:
+        res["prepare_s"] = time.perf_counter() - t0
     out = fn()
     res["first_s"] = time.perf_counter() - t0
+    ref0 = reference_ms()
     times, out = _time_runs(fn, runs, warmup)
+    res["ref_ms"] = [ref0, reference_ms()]
     res["times_ms"] = times
     res["peak_mb"] = peak_rss_mib()
     if out_npz and engine in ("ours", "ort"):
         np.savez(out_npz, *[np.asarray(o) for o in out])
     if profile and engine in ("ours", "ours_np"):
-        res["profile"] = profile_plan(rep.plan, inputs, max(3, runs // 2))
+        res["profile"] = profile_plan(plan, inputs, max(3, runs // 2))
     return res
 
 
@@ -351,9 +450,11 @@ def run_worker(engine, model_path, npz, args, name, out_npz=None, profile=False)
         cmd += ["--profile"]
     if getattr(args, "fixed_shapes", False):
         cmd += ["--fixed-shapes"]
-    env = dict(WORKER_ENV.get(engine) or os.environ)
+    if engine == "pair":
+        cmd += ["--block", str(args.block)]
+    env = dict(WORKER_ENV.get("ours" if engine == "pair" else engine) or os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    if engine.startswith("ours"):   # the same thread count as the other engines get
+    if engine.startswith("ours") or engine == "pair":   # the thread count the others get
         env["WORKBENCH_NUM_THREADS"] = str(args.threads)
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     if p.returncode != 0:
@@ -372,6 +473,8 @@ def bench_one(name, batch, args, folder, cache, rate) -> Row:
         row.floor_ms = row.gflop / rate * 1e3
     except Exception as e:  # noqa: BLE001 -- the floor is informative only
         row.notes.append(f"FLOP count failed: {type(e).__name__}: {e}")
+    if getattr(args, "interleave", False):
+        return _bench_pairs(row, name, path, npz, args, folder)
     engines = ["ours", "ort"]
     if args.torch and name in TORCH_MODELS:
         engines.append("torch")
@@ -392,6 +495,7 @@ def bench_one(name, batch, args, folder, cache, rate) -> Row:
             continue
         meds = [statistics.median(x["times_ms"]) for x in rs]
         row.rounds[e] = meds
+        row.ref_ms += [v for x in rs for v in x.get("ref_ms", ())]
         ms = statistics.median(meds)
         mb = statistics.median(x["peak_mb"] for x in rs)
         first = statistics.median(x["first_s"] for x in rs)
@@ -412,7 +516,58 @@ def bench_one(name, batch, args, folder, cache, rate) -> Row:
 
         a, b = _read_inputs(outs["ours"]), _read_inputs(outs["ort"])
         row.max_err = max(normalised_max_error(x, y) for x, y in zip(a, b))
+    _note_speed(row)
     return row
+
+
+def _bench_pairs(row: Row, name, path, npz, args, folder) -> Row:
+    """``--interleave``: ``args.rounds`` fresh processes, each running both engines
+    alternately (:func:`pair_worker`); the times are the medians of all blocks, the ratio the
+    median of all neighbouring pairs' ratios."""
+    out = folder / "pair_out"
+    res = []
+    for r in range(args.rounds):
+        try:
+            res.append(run_worker("pair", path, npz, args, name,
+                                  out_npz=str(out) if r == 0 else None))
+        except Exception as ex:  # noqa: BLE001 -- report, go on
+            row.notes.append(f"pair round {r}: {str(ex)[:300]}")
+    if not res:
+        return row
+    ours = [v for x in res for v in x["ours_ms"]]
+    ort_ = [v for x in res for v in x["ort_ms"]]
+    row.rounds = {"ours": [statistics.median(x["ours_ms"]) for x in res],
+                  "ort": [statistics.median(x["ort_ms"]) for x in res]}
+    row.ours_ms, row.ort_ms = statistics.median(ours), statistics.median(ort_)
+    row.ours_best_ms, row.ort_best_ms = min(ours), min(ort_)
+    row.paired_ratio = statistics.median(v for x in res for v in x["ratios"])
+    row.ref_ms = [v for x in res for v in x["ref_ms"]]
+    from tests.helpers.compare import normalised_max_error
+
+    if Path(str(out) + ".ours.npz").exists():
+        a, b = _read_inputs(str(out) + ".ours.npz"), _read_inputs(str(out) + ".ort.npz")
+        row.max_err = max(normalised_max_error(x, y) for x, y in zip(a, b))
+    _note_speed(row)
+    return row
+
+
+#: the reference kernel's spread (slowest / fastest) above which a row gets a note
+SPEED_SPREAD = 1.15
+
+
+def _note_speed(row: Row) -> None:
+    """A note when the reference kernel's times over the row's processes differ by more
+    than :data:`SPEED_SPREAD`: the core's own speed changed while the row was measured."""
+    if row.ref_ms and min(row.ref_ms) > 0:
+        spread = max(row.ref_ms) / min(row.ref_ms)
+        if spread > SPEED_SPREAD:
+            how = "neighbouring blocks in one process are paired (--interleave)" \
+                if row.paired_ratio is not None else \
+                "fresh-process times may be off by as much: --interleave pairs the engines' " \
+                "runs in one process"
+            row.notes.append(f"the reference kernel ran {min(row.ref_ms):.2f}-"
+                             f"{max(row.ref_ms):.2f} ms ({spread:.2f}x): the core's speed "
+                             f"changed during this row; {how}")
 
 
 def print_profile(name, batch, prof, top: int) -> None:
@@ -529,7 +684,8 @@ def _fmt(v, spec=None):
 
 
 def print_table(rows: list[Row]) -> None:
-    head = ("model", "batch", "ours ms", "ort ms", "ours/ort", "best ours/ort", "floor ms",
+    head = ("model", "batch", "ours ms", "ort ms", "ours/ort", "paired", "best ours/ort",
+            "ref ms", "floor ms",
             "torch ms", "numpy ms",
             "ours MB", "ort MB", "mem ratio", "first s (ours/ort)", "prepare s", "max err",
             "rounds ours | ort")
@@ -538,8 +694,9 @@ def print_table(rows: list[Row]) -> None:
         rounds = " ".join(_fmt(v) for v in r.rounds.get("ours", [])) + " | " + \
             " ".join(_fmt(v) for v in r.rounds.get("ort", []))
         lines.append((r.model, str(r.batch), _fmt(r.ours_ms), _fmt(r.ort_ms),
-                      _fmt(r.ratio, "{:.2f}x"),
+                      _fmt(r.ratio, "{:.2f}x"), _fmt(r.paired_ratio, "{:.2f}x"),
                       f"{_fmt(r.ours_best_ms)}/{_fmt(r.ort_best_ms)}",
+                      f"{min(r.ref_ms):.2f}-{max(r.ref_ms):.2f}" if r.ref_ms else "-",
                       _fmt(r.floor_ms, "{:.2f}"), _fmt(r.torch_ms), _fmt(r.numpy_ms),
                       _fmt(r.ours_mb, "{:.0f}"), _fmt(r.ort_mb, "{:.0f}"),
                       _fmt(r.mem_ratio, "{:.2f}x"),
@@ -638,15 +795,31 @@ def main(argv=None) -> int:
     p.add_argument("--fixed-shapes", action="store_true",
                    help="prepare ours for each batch's input shapes (backend.prepare(..., "
                         "batch_size=N): shape arithmetic folded at prepare)")
+    p.add_argument("--interleave", action="store_true",
+                   help="ours and onnxruntime in one fresh process per round, alternately in "
+                        "blocks of --block runs; the ratio is the median of neighbouring "
+                        "blocks' ratios (no memory or first-run columns)")
+    p.add_argument("--block", type=int, default=3,
+                   help="runs per block with --interleave (the first re-warms the caches)")
     # internal: one engine in a fresh process
     p.add_argument("--worker", nargs=3, metavar=("ENGINE", "MODEL", "INPUTS"),
                    help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--name", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.interleave and (args.torch or args.numpy):
+        p.error("--interleave pairs ours with onnxruntime only: run --torch / --numpy "
+                "without it")
+    if args.block < 1:
+        p.error(f"--block is at least 1, not {args.block}")
     if args.clock == "cpu":
         CLOCK[0] = time.process_time
     MIN_SECONDS["warmup"], MIN_SECONDS["timed"] = args.warmup_time, args.min_time
+    if args.worker and args.worker[0] == "pair":
+        _, model, npz = args.worker
+        print(json.dumps(pair_worker(model, npz, args.runs, args.warmup, args.threads,
+                                     args.block, args.out, args.fixed_shapes)))
+        return 0
     if args.worker:
         engine, model, npz = args.worker
         res = worker(engine, model, npz, args.runs, args.warmup, args.threads, args.out,
@@ -682,10 +855,17 @@ def main(argv=None) -> int:
     if env.get("loadavg_1m", 0) > 0.5 * (os.cpu_count() or 1):
         print(f"warning: the machine is busy (load average {env['loadavg_1m']}): timings will "
               "be noisy; compare ratios within one run")
-    print(f"{args.clock} clock; median of >= {args.runs} runs and >= {args.min_time} s after "
-          f">= {args.warmup} warm-up runs and >= {args.warmup_time} s per fresh process, "
-          f"median of {args.rounds} alternating rounds; ours/ort < 1 "
-          f"means faster than onnxruntime\n")
+    if args.interleave:
+        print(f"{args.clock} clock; both engines in one fresh process per round ({args.rounds} "
+              f"rounds), >= {args.warmup} warm-up runs and >= {args.warmup_time} s each, then "
+              f">= {args.runs} pairs of blocks of {args.block} runs (ours, ort, ort, ours, "
+              f"...) and >= {args.min_time} s; paired = median of the pairs' ratios; ours/ort "
+              f"< 1 means faster than onnxruntime\n")
+    else:
+        print(f"{args.clock} clock; median of >= {args.runs} runs and >= {args.min_time} s "
+              f"after >= {args.warmup} warm-up runs and >= {args.warmup_time} s per fresh "
+              f"process, median of {args.rounds} alternating rounds; ours/ort < 1 "
+              f"means faster than onnxruntime\n")
     rows = []
     profiles = []
     with tempfile.TemporaryDirectory(prefix="wb-bench-") as tmp:
