@@ -179,8 +179,9 @@ def _reference(q, k, v, m, c, op):
     return p / p.sum(-1, keepdims=True)
 
 
-@pytest.mark.parametrize("op,c", [("/", 3.0), ("*", 0.25), ("/", 8.0), (None, None)])
-def test_compiled_forward_and_backward_match_numpy(kernels, op, c):
+@pytest.mark.parametrize("op,c,rank", [("/", 3.0, 4), ("*", 0.25, 4), ("/", 8.0, 3),
+                                       (None, None, 4)])
+def test_compiled_forward_and_backward_match_numpy(kernels, op, c, rank):
     rng = np.random.default_rng(5)
     b, h, sq, sk, d, dv = 2, 3, 5, 11, 3, 9
     # strided operands, as the graph's head split gives them
@@ -188,9 +189,12 @@ def test_compiled_forward_and_backward_match_numpy(kernels, op, c):
     k = rng.standard_normal((b, sk, h, d)).astype(np.float32).transpose(0, 2, 3, 1)
     v = rng.standard_normal((b, sk, h, dv)).astype(np.float32).transpose(0, 2, 1, 3)
     m = (rng.standard_normal((b, 1, 1, sk)) * 2).astype(np.float32)
+    if rank == 3:   # no head axis: (batch, rows, columns), a causal-style (Sq, Sk) mask
+        q, k, v = q[:, 0], k[:, 1], v[:, 2]
+        m = np.triu(np.full((sq, sk), -1e4, np.float32), 1)
     core = fuse_attention.Core(None if op is None else (op, c), (0, 0, 0))
     core.q, core.k, core.mask = q, k, m
-    core.p = np.empty((b, h, sq, sk), np.float32)
+    core.p = np.empty(q.shape[:-1] + (sk,), np.float32)
     o = fuse_attention._forward_c(core, v)
     p_ref = _reference(q, k, v, m, c, op)
     np.testing.assert_allclose(core.p, p_ref, rtol=2e-5, atol=1e-6)
@@ -212,3 +216,24 @@ def test_compiled_forward_and_backward_match_numpy(kernels, op, c):
     np.testing.assert_allclose(got[1], np.matmul(q.swapaxes(-1, -2), ds), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got[2], np.matmul(p64.swapaxes(-1, -2), g64), rtol=1e-4,
                                atol=1e-5)
+
+
+def test_backward_without_kernels_after_a_fused_forward_uses_numpy(kernels):
+    def step(off_in_backward):
+        m = sonnx.SONNXModel(attention_model())
+        m.compile([tensor.PlaceHolder(X.shape), tensor.PlaceHolder(MASK.shape)],
+                  is_train=True)
+        sgd = opt.SGD(lr=0.1)
+        xs = [tensor.from_numpy(X), tensor.from_numpy(MASK)]
+        for i in range(2):
+            loss = autograd.softmax_cross_entropy(m.forward(*xs)[0], Y)
+            if i == 1 and off_in_backward:
+                assert _fused_ops(tape_order([loss]))
+                with compiled.disabled():
+                    sgd.backward_and_update(loss)
+            else:
+                sgd.backward_and_update(loss)
+        return {k: v.numpy().copy() for k, v in m.get_params().items()}
+    c, n = step(False), step(True)
+    for k in c:
+        np.testing.assert_allclose(n[k], c[k], rtol=1e-5, atol=1e-6)

@@ -57,6 +57,7 @@ from workbench.errors import GradientError
 
 _MM1, _SCALE, _MASK, _SOFTMAX, _MM2 = range(5)
 _F32 = np.float32
+_BLOCKS_MAX = 16   # call blocks a core keeps (one per set of shapes and strides)
 
 
 class Core:
@@ -312,6 +313,8 @@ def _forward_c(core, v):
            None if m is None else (m.shape, m.strides))
     bound = core.blocks.get(key)
     if bound is None:
+        if len(core.blocks) >= _BLOCKS_MAX:   # shapes that come and go (sequence lengths)
+            core.blocks.clear()
         bound = core.blocks[key] = _bind_forward(core, spec, q, k, v, m)
     if bound is False:
         return None
