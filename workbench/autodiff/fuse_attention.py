@@ -5,47 +5,49 @@ torch.onnx (and most exporters) write the core of a self-attention layer as::
     S = MatMul(Q, Kt); D = Div(S, c) (or Mul(S, c)); A = Add(D, M); P = Softmax(A, axis=-1)
     O = MatMul(P, V)
 
-with Q (..., Sq, d), Kt (..., d, Sk), V (..., Sk, dv), a scalar Constant ``c`` and an additive
-mask M broadcast to the scores (the scale and the mask are each optional). A training step
-through the Tensor runner ran five kernels for it and five gradient rules in the backward: at
-BERT-like's batch 8 x 4 heads x 32 tokens ~1.2 ms a layer, of which the numpy softmax alone
-~0.3 ms and each stacked product through the general MatMul path ~0.15 ms. Here the core is
-found once per plan (:func:`find`, called by :func:`workbench.autodiff.fusion.find_chains` in
-the order the runner saw its steps) and, from the runner's second step on, run as:
+with Q (..., Sq, d), Kt (..., d, Sk), V (..., Sk, dv) (rank 3 or 4, equal batch dimensions),
+a scalar Constant ``c`` and an additive mask M broadcast to the scores (the scale and the mask
+are each optional). A training step through the Tensor runner ran five kernels for it and five
+gradient rules in the backward (BERT-like, batch 8 x 4 heads x 32 tokens: ~1.2 ms a layer,
+the numpy softmax ~0.3 ms and each stacked product through the general MatMul path ~0.15-0.2
+ms). Here the core is found once per plan (:func:`find`, called by
+:func:`workbench.autodiff.fusion.find_chains` in the order the runner saw its steps) and, from
+the runner's second step on:
 
-- ``S = Q @ Kt`` and ``O = P @ V``: one ``numpy.matmul`` each on the stacked operands (the BLAS
-  calls the MatMul kernel makes on one thread, without its bookkeeping);
-- ``P``: the compiled softmax (``transformer.softmax``, :func:`workbench.ops.rowwise.softmax`)
-  applying the scale and adding the mask in the same pass over each row;
-- the backward: one rule for the whole core at the second MatMul (``dV = P^T dO``,
-  ``dP = dO V^T``, the softmax gradient ``P (dP - sum(dP P))`` and the scale's ``/ c`` or
-  ``* c``, in the Softmax and Div/Mul rules' own arithmetic), handed to the first MatMul as the
-  gradient of ``S``, whose rule makes ``dQ = dS Kt^T`` and ``dKt = Q^T dS``. Softmax, Add and
-  Div/Mul only pass that gradient on.
+- the second MatMul's step makes O and P in one call of the compiled
+  ``attention_avx2.attention_probs`` (the inference kernel's loop: scores, scale, mask,
+  softmax and the product with V per (batch, head) pair, reading Q, Kt, V and M through their
+  strides, so the head split's Transposes cost no copy), P written to the Softmax step's
+  output array;
+- its rule makes dQ, dKt and dV in one call of ``attention_avx2.attention_grad`` from P and dO
+  (dP = dO V^T, dS = P (dP - rowsum(dP P)) then the scale's ``/ c`` or ``* c``, dQ = dS K,
+  dKt = Q^T dS, dV = P^T dO), keeps dQ and dKt for the first MatMul's rule, and hands P a NaN
+  token that the Softmax, Add and Div/Mul rules pass on unchanged.
 
 **The tape still records the five original nodes** with their own attributes and constants
 (``to_onnx`` writes the graph as it was; a graph-mode replay runs their own kernels: each node
-keeps its kernel as ``fn``). What they hold: ``S`` and ``P`` and ``O`` their real values; the
-scaled and the masked scores (``D``, ``A``) are not computed - their Tensors hold a read-only NaN
-array, so a reader the analysis did not foresee gets NaN, never a plausible number. The
-analysis fuses only when ``S``, ``D``, ``A`` and ``P`` each have exactly one reader, the next
-node of the core, which frees them there (no graph output, no other reader); the scale is a
-scalar float32 Constant. At run time each step checks that it receives the Tensor the previous
-step made, that the arrays are float32 host arrays of one rank with equal batch dimensions,
-that the softmax is over the last axis, that the mask needs no gradient, is float32 and
-broadcasts to the scores without growing them, and that the compiled softmax is loaded; where
-a check fails before the scores were scaled the step runs its own kernel, after that the
-skipped values are made with the same numpy ufuncs as the Div/Mul and Add kernels and the
-core runs unfused from there. A backward of single nodes (SINGA's ``creator.backward``) of a
-fused node is refused with a clear error (their rules hold within a whole backward only).
+keeps its kernel as ``fn``). What they hold: P and O their real values; the scores and the
+scaled and masked scores are not computed - their Tensors hold a read-only NaN array, so a
+reader the analysis did not foresee gets NaN, never a plausible number. The analysis fuses
+only when S, D, A and P each have exactly one reader, the next node of the core, which frees
+them there (no graph output, no other reader), P's reader reading it as its first input. At run
+time each step checks that it receives the Tensor the previous step made, that the arrays are
+float32 host arrays, that the softmax is over the last axis, that the mask needs no gradient,
+is float32 and broadcasts to the scores without growing them, and that the compiled kernels are
+loaded. Where a check fails the value the step reads is made from Q and Kt with the same numpy
+ufuncs as the MatMul, Div/Mul and Add kernels, and the rest of the core runs unfused; the
+steps before keep their own rules (none of them reads a skipped value). The fused rules are
+set only when the core ran fused to its end. A backward of single nodes (SINGA's
+``creator.backward``) of a fused node is refused with a clear error (their rules hold within a
+whole ``backward(loss)`` only). When the kernels were switched off between the forward and the
+backward, the rule computes the same gradients in numpy.
 
-Numbers: the products and every gradient are the unfused core's to the bit (the same BLAS
-calls on one thread; the Softmax/Div/Mul rules' formulas). The forward softmax is the compiled
-kernel's: its exp is the engine's fitted float32 exp (within ~1 ulp), where the Softmax kernel
-used numpy's; so a fused training step differs from the unfused one in the last bits of the
-attention probabilities (relative ~1e-7) and of what follows (losses agree to ~7 digits).
-Nothing depends on the thread count (the products run on one BLAS thread inside the step, the
-softmax's row split changes no bit). ``WORKBENCH_FUSE_ATTENTION=0`` turns it off.
+Numbers: the kernels' products are FMA chains in a fixed order and the softmax's exp is the
+engine's fitted float32 exp, where the unfused core used BLAS and the compiled row softmax; so
+a fused step differs from the unfused one in the last bits of P, O and the gradients (relative
+~1e-7; BERT-like losses agree to ~7 digits, the first step's loss is unchanged). Each (batch,
+head) pair is computed alone in a fixed order and the calls are not split: nothing depends on
+the thread count. ``WORKBENCH_FUSE_ATTENTION=0`` turns it off.
 """
 
 from __future__ import annotations

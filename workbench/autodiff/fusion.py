@@ -33,6 +33,10 @@ op's kernel (within 1 ulp of float32); so a fused training step differs from the
 in the last bits of the activations (relative ~1e-7) and of its gradients. Elementwise work
 split over threads changes no bit: nothing depends on the thread count. Only float32 host
 arrays with the compiled kernels loaded are fused; ``WORKBENCH_FUSE_GELU=0`` turns it off.
+
+:func:`find_chains` also finds the attention cores that :mod:`workbench.autodiff.fuse_attention`
+runs fused (``WORKBENCH_FUSE_ATTENTION=0`` turns that off), and :func:`run_step` hands their
+steps to it.
 """
 
 from __future__ import annotations
