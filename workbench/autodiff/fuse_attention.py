@@ -153,8 +153,17 @@ def find(order, readers, consts) -> dict:
 
 
 def _placeholder(shape):
-    """The read-only NaN array a value the fused core skips holds."""
-    return np.broadcast_to(_F32(np.nan), shape)
+    """The read-only NaN array a value the fused core skips holds (one per shape, shared:
+    nothing can write it)."""
+    a = _PLACEHOLDERS.get(shape)
+    if a is None:
+        if len(_PLACEHOLDERS) >= 64:
+            _PLACEHOLDERS.clear()
+        a = _PLACEHOLDERS[shape] = np.broadcast_to(_F32(np.nan), shape)
+    return a
+
+
+_PLACEHOLDERS: dict = {}
 
 
 def _host_f32(t) -> bool:
