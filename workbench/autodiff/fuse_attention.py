@@ -287,9 +287,12 @@ def _unfuse(core, runner, step, call, args, role):
     prev = core.expect
     try:
         if role == _MM2:
-            if core.p is not None and args[0] is prev:   # the probabilities, as Softmax makes
-                fn, wants_ctx, kw = core.softmax
-                np.copyto(core.p, _call(fn, wants_ctx, kw, [_prev_value(core, _SOFTMAX)]))
+            if core.p is not None:
+                if args[0] is prev:   # the probabilities, as Softmax makes them
+                    fn, wants_ctx, kw = core.softmax
+                    np.copyto(core.p, _call(fn, wants_ctx, kw, [_prev_value(core, _SOFTMAX)]))
+                else:                 # read by nothing: NaN, never a plausible number
+                    core.p.fill(np.nan)
             return None
         if not any(a is prev for a in args):
             return None
