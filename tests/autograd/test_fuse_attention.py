@@ -68,7 +68,17 @@ def attention_model(scale="Div", mask=True, extra_output=False, mask_input=True)
         nodes += [_const("c", 2.0 if scale == "Div" else 0.5),
                   helper.make_node(scale, ["s", "c"], ["d"], name=f"attn/{scale}")]
         x = "d"
-    if mask:
+    if mask in ("where", "where_rev"):   # GPT-2's causal mask: a scalar fill by a Where
+        causal = np.triu(np.ones((S, S), bool), 1)
+        cond = causal if mask == "where" else ~causal
+        nodes += [helper.make_node("Constant", [], ["cond"], name="cond",
+                                   value=numpy_helper.from_array(cond.reshape(1, 1, S, S),
+                                                                 "cond")),
+                  _const("fill", np.finfo(np.float32).min)]
+        ins_ = ["cond", "fill", x] if mask == "where" else ["cond", x, "fill"]
+        nodes.append(helper.make_node("Where", ins_, ["a"], name="attn/Where"))
+        x = "a"
+    elif mask:
         nodes.append(helper.make_node("Add", [x, "M"], ["a"], name="attn/Add"))
         x = "a"
     nodes += [helper.make_node("Softmax", [x], ["p"], axis=-1, name="attn/Softmax"),
@@ -77,9 +87,9 @@ def attention_model(scale="Div", mask=True, extra_output=False, mask_input=True)
               helper.make_node("Reshape", ["ot", "merge"], ["flat"], name="o/merge"),
               helper.make_node("MatMul", ["flat", "Wo"], ["logits"], name="head")]
     ins = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [B, S, E])]
-    if mask and mask_input:
+    if mask is True and mask_input:
         ins.append(helper.make_tensor_value_info("M", TensorProto.FLOAT, [B, 1, 1, S]))
-    elif mask:
+    elif mask is True:
         inits.append(numpy_helper.from_array(MASK, "M"))
     outs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [B, 3])]
     if extra_output:   # the probabilities are also a graph output: must not fuse
@@ -97,7 +107,7 @@ Y = np.array([0, 2])
 def train(proto, steps=3, mask=True, mask_input=True):
     """(losses, weights, the last step's tape nodes) of ``steps`` SGD steps."""
     m = sonnx.SONNXModel(proto)
-    feeds = [X, MASK] if mask and mask_input else [X]
+    feeds = [X, MASK] if mask is True and mask_input else [X]
     m.compile([tensor.PlaceHolder(a.shape) for a in feeds], is_train=True)
     sgd = opt.SGD(lr=0.1, momentum=0.9)
     losses, nodes = [], []
@@ -114,13 +124,14 @@ def _fused_ops(nodes):
     return [n.op_type for n in nodes if n.grad_rule is not None]
 
 
-@pytest.mark.parametrize("scale,mask", [("Div", True), ("Mul", False), ("", True)])
+@pytest.mark.parametrize("scale,mask", [("Div", True), ("Mul", False), ("", True),
+                                        ("Mul", "where"), ("Div", "where_rev")])
 def test_fused_training_equals_unfused(kernels, monkeypatch, scale, mask):
     fused = train(attention_model(scale, mask), mask=mask)
     monkeypatch.setenv("WORKBENCH_FUSE_ATTENTION", "0")
     plain = train(attention_model(scale, mask), mask=mask)
-    want = ["MatMul"] + ([scale] if scale else []) + (["Add"] if mask else []) \
-        + ["Softmax", "MatMul"]
+    masks = {True: ["Add"], False: [], "where": ["Where"], "where_rev": ["Where"]}
+    want = ["MatMul"] + ([scale] if scale else []) + masks[mask] + ["Softmax", "MatMul"]
     assert _fused_ops(fused[2]) == want
     assert not _fused_ops(plain[2])
     assert [n.op_type for n in fused[2]] == [n.op_type for n in plain[2]]
@@ -179,9 +190,17 @@ def _reference(q, k, v, m, c, op):
     return p / p.sum(-1, keepdims=True)
 
 
-@pytest.mark.parametrize("op,c,rank", [("/", 3.0, 4), ("*", 0.25, 4), ("/", 8.0, 3),
-                                       (None, None, 4)])
-def test_compiled_forward_and_backward_match_numpy(kernels, op, c, rank):
+def _reference_fill(q, k, cond, c, op, fill):
+    s = np.matmul(q.astype(np.float64), k)
+    s = s / c if op == "/" else (s * c if op == "*" else s)
+    s = np.where(cond == (fill == 2), -2.0, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("op,c,rank,fill", [("/", 3.0, 4, 0), ("*", 0.25, 4, 2),
+                                            ("/", 8.0, 3, 0), (None, None, 4, 3)])
+def test_compiled_forward_and_backward_match_numpy(kernels, op, c, rank, fill):
     rng = np.random.default_rng(5)
     b, h, sq, sk, d, dv = 2, 3, 5, 11, 3, 9
     # strided operands, as the graph's head split gives them
@@ -192,18 +211,24 @@ def test_compiled_forward_and_backward_match_numpy(kernels, op, c, rank):
     if rank == 3:   # no head axis: (batch, rows, columns), a causal-style (Sq, Sk) mask
         q, k, v = q[:, 0], k[:, 1], v[:, 2]
         m = np.triu(np.full((sq, sk), -1e4, np.float32), 1)
-    core = fuse_attention.Core(None if op is None else (op, c), (0, 0, 0))
+    core = fuse_attention.Core(None if op is None else (op, c), (0, 0, 0),
+                               (fill, -2.0) if fill else None)
+    if fill:   # a Where's condition (filled where true / where false), broadcast over rows
+        m = rng.random((b, 1, sq, sk)) < 0.3
+        m[..., 0] = fill == 3   # no row filled everywhere
     core.q, core.k, core.mask = q, k, m
     core.p = np.empty(q.shape[:-1] + (sk,), np.float32)
     o = fuse_attention._forward_c(core, v)
-    p_ref = _reference(q, k, v, m, c, op)
+    p_ref = _reference(q, k, v, m, c, op) if not fill else _reference_fill(q, k, m, c, op,
+                                                                           fill)
     np.testing.assert_allclose(core.p, p_ref, rtol=2e-5, atol=1e-6)
     np.testing.assert_allclose(o, np.matmul(p_ref, v), rtol=2e-5, atol=2e-6)
     g = rng.standard_normal(o.shape).astype(np.float32).swapaxes(-1, -2).copy() \
         .swapaxes(-1, -2)   # a strided output gradient
     scale = None if op is None else (op, c)
-    got = fuse_attention._grad_c(core.p, g, q, k, v, core.c, scale)
-    ref = fuse_attention._grad_numpy(core.p, g, q, k, v, core.c, scale)
+    fm = (m, fill) if fill else (None, 0)
+    got = fuse_attention._grad_c(core.p, g, q, k, v, core.c, scale, *fm)
+    ref = fuse_attention._grad_numpy(core.p, g, q, k, v, core.c, scale, *fm)
     for a, r in zip(got, ref):
         assert a.shape == r.shape
         np.testing.assert_allclose(a, r, rtol=2e-5, atol=2e-6)
@@ -212,6 +237,8 @@ def test_compiled_forward_and_backward_match_numpy(kernels, op, c, rank):
     dp = np.matmul(g64, v.swapaxes(-1, -2))
     ds = p64 * (dp - (dp * p64).sum(-1, keepdims=True))
     ds = ds / c if op == "/" else (ds * c if op == "*" else ds)
+    if fill:   # Where's rule: the filled scores take no gradient
+        ds = np.where(m == (fill == 2), 0.0, ds)
     np.testing.assert_allclose(got[0], np.matmul(ds, k.swapaxes(-1, -2)), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got[1], np.matmul(q.swapaxes(-1, -2), ds), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got[2], np.matmul(p64.swapaxes(-1, -2), g64), rtol=1e-4,

@@ -6,8 +6,9 @@ torch.onnx (and most exporters) write the core of a self-attention layer as::
     O = MatMul(P, V)
 
 with Q (..., Sq, d), Kt (..., d, Sk), V (..., Sk, dv) (rank 3 or 4, equal batch dimensions),
-a scalar Constant ``c`` and an additive mask M broadcast to the scores (the scale and the mask
-are each optional). A training step through the Tensor runner ran five kernels for it and five
+a scalar Constant ``c`` and an additive mask M broadcast to the scores, or instead of the Add a
+``Where(cond, fill, D)`` / ``Where(cond, D, fill)`` with a boolean condition and a scalar
+Constant ``fill`` (GPT-2's causal mask); the scale and the mask are each optional. A training step through the Tensor runner ran five kernels for it and five
 gradient rules in the backward (BERT-like, batch 8 x 4 heads x 32 tokens: ~1.2 ms a layer,
 the numpy softmax ~0.3 ms and each stacked product through the general MatMul path ~0.15-0.2
 ms). Here the core is found once per plan (:func:`find`, called by
@@ -33,8 +34,8 @@ only when S, D, A and P each have exactly one reader, the next node of the core,
 them there (no graph output, no other reader), P's reader reading it as its first input. At run
 time each step checks that it receives the Tensor the previous step made, that the arrays are
 float32 host arrays, that the softmax is over the last axis, that the mask needs no gradient,
-is float32 and broadcasts to the scores without growing them, and that the compiled kernels are
-loaded. Where a check fails the value the step reads is made from Q and Kt with the same numpy
+is float32 (a Where's condition boolean) and broadcasts to the scores without growing them,
+and that the compiled kernels are loaded. Where a check fails the value the step reads is made from Q and Kt with the same numpy
 ufuncs as the MatMul, Div/Mul and Add kernels, and the rest of the core runs unfused; the
 steps before keep their own rules (none of them reads a skipped value). The fused rules are
 set only when the core ran fused to its end. A backward of single nodes (SINGA's
@@ -66,11 +67,13 @@ class Core:
     """One attention core of a plan: the scale (None, ``("/", c)`` or ``("*", c)``), the input
     positions the run-time checks read, and the run in progress."""
 
-    __slots__ = ("scale", "pos", "c", "passes", "q", "k", "s", "p", "mask", "softmax",
-                 "expect", "nodes", "blocks")
+    __slots__ = ("scale", "pos", "fill", "c", "passes", "q", "k", "s", "p", "mask",
+                 "softmax", "expect", "nodes", "blocks")
 
-    def __init__(self, scale, pos):
-        self.scale, self.pos = scale, pos
+    def __init__(self, scale, pos, fill=None):
+        # fill: None (an additive mask, or none), or (mode, value) for a Where that puts the
+        # scalar ``value`` where its condition is true (mode 2) or false (mode 3)
+        self.scale, self.pos, self.fill = scale, pos, fill
         # the scale's constant as the float32 the kernels compute with
         self.c = None if scale is None else _F32(scale[1])
         self.passes = (_pass_rule(pos[0]), _pass_rule(pos[1]), _pass_rule(0))
@@ -115,7 +118,7 @@ def find(order, readers, consts) -> dict:
         if n.op_type != "MatMul" or n.domain or len(mm1.ins) != 2 or min(mm1.ins) < 0:
             continue
         steps, scale, pos = [mm1], None, [-1, -1, -1]
-        nxt, k = only_reader(mm1, ("Div", "Mul", "Add", "Softmax"))
+        nxt, k = only_reader(mm1, ("Div", "Mul", "Add", "Where", "Softmax"))
         if nxt is not None and nxt.node.op_type in ("Div", "Mul"):
             if len(nxt.ins) != 2 or (nxt.node.op_type == "Div" and k != 0):
                 continue
@@ -125,12 +128,24 @@ def find(order, readers, consts) -> dict:
             scale = ("/" if nxt.node.op_type == "Div" else "*", c)
             steps.append(nxt)
             pos[0] = k
-            nxt, k = only_reader(nxt, ("Add", "Softmax"))
+            nxt, k = only_reader(nxt, ("Add", "Where", "Softmax"))
         else:
             steps.append(None)
+        fill = None
         if nxt is not None and nxt.node.op_type == "Add":
             if len(nxt.ins) != 2 or nxt.ins[1 - k] < 0:
                 continue
+            steps.append(nxt)
+            pos[1] = k
+            nxt, k = only_reader(nxt, ("Softmax",))
+        elif nxt is not None and nxt.node.op_type == "Where":
+            # Where(cond, fill, scores) / Where(cond, scores, fill), fill a scalar Constant
+            if len(nxt.ins) != 3 or k == 0 or nxt.ins[0] < 0:
+                continue
+            value = consts.get(nxt.ins[3 - k])
+            if value is None:
+                continue
+            fill = (2 if k == 2 else 3, value)
             steps.append(nxt)
             pos[1] = k
             nxt, k = only_reader(nxt, ("Softmax",))
@@ -145,7 +160,7 @@ def find(order, readers, consts) -> dict:
         steps.append(mm2)
         if any(s is not None and id(s) in found for s in steps):
             continue
-        core = Core(scale, tuple(pos))
+        core = Core(scale, tuple(pos), fill)
         for role, s in enumerate(steps):
             if s is not None:
                 found[id(s)] = (role, core)
@@ -193,6 +208,9 @@ def _prev_value(core, role):
         d = np.divide(d, core.c) if core.scale[0] == "/" else np.multiply(d, core.c)
     if role == _MASK or core.mask is None:
         return d
+    if core.fill is not None:   # Where, as its kernel: the fill where the condition says
+        f = _F32(core.fill[1])
+        return np.where(core.mask, f, d) if core.fill[0] == 2 else np.where(core.mask, d, f)
     return np.add(d, core.mask) if core.pos[1] == 0 else np.add(core.mask, d)
 
 
@@ -229,9 +247,10 @@ def _run(core, runner, role, step, call, args):
         out = _record(runner, step, call, args, _placeholder(shape))
     elif role == _MASK:
         kx = core.pos[1]
-        m = args[1 - kx]
+        m = args[0 if core.fill is not None else 1 - kx]
         md = getattr(m, "data", m)
-        if args[kx] is not prev or type(md) is not np.ndarray or md.dtype != _F32 \
+        if args[kx] is not prev or type(md) is not np.ndarray \
+                or md.dtype != (np.bool_ if core.fill is not None else _F32) \
                 or (isinstance(m, _tape.Tensor) and m.requires_grad) \
                 or md.ndim > len(shape) or _broadcast(md.shape, shape) != shape:
             return _unfuse(core, runner, step, call, args, role)
@@ -258,7 +277,9 @@ def _run(core, runner, role, step, call, args):
         # first MatMul, which hands out what this rule left (set now that the core ran
         # fused to the end: until then their own rules are the right ones)
         stash = []
-        out.creator.grad_rule = _core_rule(core.q, core.k, core.c, core.scale, stash)
+        fill_mask, fill_mode = (None, 0) if core.fill is None else (core.mask, core.fill[0])
+        out.creator.grad_rule = _core_rule(core.q, core.k, core.c, core.scale, stash,
+                                           fill_mask, fill_mode)
         for r, node in core.nodes:
             node.grad_rule = _scores_rule(stash) if r == _MM1 else core.passes[r - 1]
         core.off()
@@ -308,9 +329,10 @@ def _unfuse(core, runner, step, call, args, role):
 def _elem_strides(a):
     """``a``'s element strides padded in front to (batch, head, row, column), 0 where a
     dimension has size 1; None when a stride is not whole elements."""
-    if any(st % 4 for st in a.strides):
+    item = a.itemsize
+    if any(st % item for st in a.strides):
         return None
-    st = [0 if d == 1 else s // 4 for d, s in zip(a.shape, a.strides)]
+    st = [0 if d == 1 else s // item for d, s in zip(a.shape, a.strides)]
     return [0] * (4 - len(st)) + st
 
 
@@ -362,9 +384,11 @@ def _bind_forward(core, spec, q, k, v, m):
     so = [H * Sq * Dv, Sq * Dv, Dv, 1]
     mode = 0 if core.scale is None else (2 if core.scale[0] == "/" else 1)
     blk = np.zeros(len(spec.BLOCK) + 1, np.int64)
-    blk[6:33] = [H, Sq, Sk, D, Dv] + sq + sk + sv + so + sm + [mode, 0 if m is None else 1]
+    mask_mode = 0 if m is None else (1 if core.fill is None else core.fill[0])
+    fill = 0.0 if core.fill is None else float(core.fill[1])
+    blk[6:33] = [H, Sq, Sk, D, Dv] + sq + sk + sv + so + sm + [mode, mask_mode]
     blk[33:36] = (0, B * H, min(Sq, spec.ROWS))
-    blk[36:38].view(np.float64)[:] = (float(core.c if core.c is not None else 1.0), 0.0)
+    blk[36:38].view(np.float64)[:] = (float(core.c if core.c is not None else 1.0), fill)
     work = np.empty(wf, _F32)
     blk[5] = _data(work)
     return blk, work, o_shape
@@ -375,16 +399,20 @@ def _data(a):
     return data_pointer(a)
 
 
-def _grad_c(p, g, q, k, v, c, scale):
+def _grad_c(p, g, q, k, v, c, scale, fill_mask=None, fill_mode=0):
     """``(dQ, dKt, dV)`` by the compiled ``attention_avx2.attention_grad``, or None when it
-    is not loaded or does not take the arrays."""
+    is not loaded or does not take the arrays. ``fill_mask``: a Where's boolean condition
+    (``fill_mode`` 2: filled where true, 3: where false), whose filled scores take no
+    gradient."""
     from workbench.compiled.kernels import attention_avx2 as spec  # noqa: PLC0415
     kern = _kernel("attention_avx2.attention_grad")
     if kern is None or type(g) is not np.ndarray or g.dtype != _F32 \
             or g.shape != p.shape[:-1] + v.shape[-1:] or not p.flags.c_contiguous:
         return None
     sg, sq, sk, sv = (_elem_strides(a) for a in (g, q, k, v))
-    if None in (sg, sq, sk, sv):
+    sm = [0, 0, 0, 0] if fill_mask is None else \
+        _elem_strides(np.broadcast_to(fill_mask, p.shape))
+    if None in (sg, sq, sk, sv, sm):
         return None
     Sq, D = q.shape[-2:]
     Sk, Dv = k.shape[-1], v.shape[-1]
@@ -397,33 +425,39 @@ def _grad_c(p, g, q, k, v, c, scale):
     blk[9:32] = [H, Sq, Sk, D, Dv] + sg + sq + sk + sv + [mode, 0]
     blk[32] = B * H
     blk[33:34].view(np.float64)[0] = float(c if c is not None else 1.0)
+    if fill_mask is not None:
+        blk[34] = _data(fill_mask)
+        blk[35:40] = sm + [fill_mode]
     kern.raw(_data(blk))
     return dq, dk, dv
 
 
-def _grad_numpy(p, g, q, k, v, c, scale):
+def _grad_numpy(p, g, q, k, v, c, scale, fill_mask=None, fill_mode=0):
     """``(dQ, dKt, dV)`` in numpy (the kernels were switched off since the forward): the
-    Softmax, Div/Mul and MatMul rules' arithmetic."""
+    Softmax, Where, Div/Mul and MatMul rules' arithmetic."""
     dv = np.matmul(p.swapaxes(-1, -2), g)
     dp = np.matmul(g, v.swapaxes(-1, -2))
     ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    if fill_mask is not None:
+        zero = _F32(0)
+        ds = np.where(fill_mask, zero, ds) if fill_mode == 2 else np.where(fill_mask, ds, zero)
     if scale is not None:
         ds = ds / c if scale[0] == "/" else ds * c
     return np.matmul(ds, k.swapaxes(-1, -2)), np.matmul(q.swapaxes(-1, -2), ds), dv
 
 
-def _core_rule(q, k, c, scale, stash):
+def _core_rule(q, k, c, scale, stash, fill_mask=None, fill_mode=0):
     """The second MatMul's rule: dV for V, and dQ, dKt left in ``stash`` for the first
-    MatMul's rule; P receives a NaN token (the Softmax, mask Add and scale rules pass it on)."""
+    MatMul's rule; P receives a NaN token (the Softmax, mask and scale rules pass it on)."""
     def rule(ctx, grads_out, inputs, outputs, **attrs):
         g = grads_out[0]
         if g is None:
             stash.append(None)
             return None, None
         p, v = inputs
-        r = _grad_c(p, g, q, k, v, c, scale)
+        r = _grad_c(p, g, q, k, v, c, scale, fill_mask, fill_mode)
         if r is None:
-            r = _grad_numpy(p, g, q, k, v, c, scale)
+            r = _grad_numpy(p, g, q, k, v, c, scale, fill_mask, fill_mode)
         stash.append(r[:2])
         need = ctx.needs_input_grad
         return (_placeholder(p.shape) if need[0] else None), (r[2] if need[1] else None)
@@ -446,8 +480,9 @@ def _scores_rule(stash):
 
 
 def _pass_rule(pos):
-    """Softmax, the mask Add and the scale: the token that arrived goes on to input ``pos``;
-    a Constant scale and a mask that needs no gradient receive none."""
+    """Softmax, the mask Add / Where and the scale: the token that arrived goes on to input
+    ``pos``; a Constant scale or fill, a condition and a mask that needs no gradient receive
+    none (a Where's zeros at the filled scores are made by the core's rule)."""
     def rule(ctx, grads_out, inputs, outputs, **attrs):
         if ctx.op_type == "Softmax":
             return (grads_out[0],)

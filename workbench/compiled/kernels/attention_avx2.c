@@ -415,6 +415,9 @@ typedef struct {
     int64_t gb, gh, gi, ge, qb, qh, qi, qd, kb, kh, kd, kj, vb, vh, vj, ve;
     int64_t scale_mode, p0, p1;
     double scale;
+    const uint8_t *m;                   /* a fill mask's (uint8) values, or NULL */
+    int64_t mb, mh, mi, mj, mask_mode;  /* its element strides; 2: filled where non-zero,
+                                         * 3: where zero (dS is 0 there, as Where's rule) */
 } grad_t;
 
 /* C[i, n] = sum_{k < K} A[i * ai + k * ak] * B[k * bs + n] for i < M, n < N, stored at
@@ -496,6 +499,13 @@ void wb_attention_avx2_attention_grad(const int64_t *blk) {
                 else if (mode == 2)
                     t = _mm256_div_ps(t, cv);
                 _mm256_storeu_ps(r + j, t);     /* padding columns: P's masked lanes give 0 */
+            }
+            if (a->mask_mode >= 2) {   /* filled scores take no gradient (Where's rule) */
+                const uint8_t *mr = a->m + b * a->mb + h * a->mh + i * a->mi;
+                const int want = a->mask_mode == 2;
+                for (int64_t j = 0; j < Sk; j++)
+                    if ((mr[j * a->mj] != 0) == want)
+                        r[j] = 0.0f;
             }
         }
         /* dV = P^T dY (over i), dQ = dS K (over j), dKt = Q^T dS (over i) */

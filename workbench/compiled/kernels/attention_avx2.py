@@ -29,7 +29,10 @@ runs its numpy / BLAS path (``workbench/ops/linalg.py``).
   dS K^T, dK = Q^T dS (K as the (D, Sk) operand). dY, Q, K, V read through element strides
   (batch, head, row, column); dQ (pairs, Sq, D), dK (pairs, D, Sk), dV (pairs, Sk, Dv) written
   C-contiguous. Each sum runs in a fixed order (over e, over i, over j; the row dot product
-  in 8 lanes), so results do not depend on how the pairs are split. ``work``:
+  in 8 lanes), so results do not depend on how the pairs are split. With a fill mask
+  (``mask_mode`` 2: filled where the uint8 mask is non-zero, 3: where it is zero; read through
+  its element strides) dS is 0 at the filled scores, as the gradient of ONNX Where is.
+  ``work``:
   :func:`grad_work_floats` values per call block. One argument: an int64 block of
   :data:`GRAD_BLOCK` slots.
 """
@@ -48,7 +51,8 @@ BLOCK = ("q", "k", "v", "m", "y", "work", "H", "Sq", "Sk", "D", "Dv",
 #: the slots of ``attention_grad``'s block (the C struct ``grad_t``)
 GRAD_BLOCK = ("p", "g", "q", "k", "v", "dq", "dk", "dv", "work", "H", "Sq", "Sk", "D", "Dv",
               "gb", "gh", "gi", "ge", "qb", "qh", "qi", "qd", "kb", "kh", "kd", "kj",
-              "vb", "vh", "vj", "ve", "scale_mode", "p0", "p1", "scale")
+              "vb", "vh", "vj", "ve", "scale_mode", "p0", "p1", "scale",
+              "m", "mb", "mh", "mi", "mj", "mask_mode")
 #: query rows whose scores are held at once (the scratch's first part)
 ROWS = 64
 #: kernel name -> argument string (:mod:`workbench.compiled.spec`)
