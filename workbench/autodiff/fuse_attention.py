@@ -5,15 +5,15 @@ torch.onnx (and most exporters) write the core of a self-attention layer as::
     S = MatMul(Q, Kt); D = Div(S, c) (or Mul(S, c)); A = Add(D, M); P = Softmax(A, axis=-1)
     O = MatMul(P, V)
 
-with Q (..., Sq, d), Kt (..., d, Sk), V (..., Sk, dv) (rank 3 or 4, equal batch dimensions),
-a scalar Constant ``c`` and an additive mask M broadcast to the scores, or instead of the Add a
+with Q (..., Sq, d), Kt (..., d, Sk), V (..., Sk, dv) (rank 3 or 4, equal batch dimensions), a
+scalar Constant ``c`` and an additive mask M broadcast to the scores, or instead of the Add a
 ``Where(cond, fill, D)`` / ``Where(cond, D, fill)`` with a boolean condition and a scalar
-Constant ``fill`` (GPT-2's causal mask); the scale and the mask are each optional. A training step through the Tensor runner ran five kernels for it and five
-gradient rules in the backward (BERT-like, batch 8 x 4 heads x 32 tokens: ~1.2 ms a layer,
-the numpy softmax ~0.3 ms and each stacked product through the general MatMul path ~0.15-0.2
-ms). Here the core is found once per plan (:func:`find`, called by
-:func:`workbench.autodiff.fusion.find_chains` in the order the runner saw its steps) and, from
-the runner's second step on:
+Constant ``fill`` (GPT-2's causal mask); the scale and the mask are each optional. A training
+step through the Tensor runner ran five kernels for it and five gradient rules in the backward
+(BERT-like, batch 8 x 4 heads x 32 tokens: ~1.2 ms a layer, the numpy softmax ~0.3 ms and each
+stacked product through the general MatMul path ~0.15-0.2 ms). Here the core is found once per
+plan (:func:`find`, called by :func:`workbench.autodiff.fusion.find_chains` in the order the
+runner saw its steps) and, from the runner's second step on:
 
 - the second MatMul's step makes O and P in one call of the compiled
   ``attention_avx2.attention_probs`` (the inference kernel's loop: scores, scale, mask,
@@ -29,19 +29,19 @@ the runner's second step on:
 (``to_onnx`` writes the graph as it was; a graph-mode replay runs their own kernels: each node
 keeps its kernel as ``fn``). What they hold: P and O their real values; the scores and the
 scaled and masked scores are not computed - their Tensors hold a read-only NaN array, so a
-reader the analysis did not foresee gets NaN, never a plausible number. The analysis fuses
-only when S, D, A and P each have exactly one reader, the next node of the core, which frees
-them there (no graph output, no other reader), P's reader reading it as its first input. At run
-time each step checks that it receives the Tensor the previous step made, that the arrays are
+reader the analysis did not foresee gets NaN, never a plausible number. The analysis fuses only
+when S, D, A and P each have exactly one reader, the next node of the core, which frees them
+there (no graph output, no other reader), P's reader reading it as its first input. At run time
+each step checks that it receives the Tensor the previous step made, that the arrays are
 float32 host arrays, that the softmax is over the last axis, that the mask needs no gradient,
-is float32 (a Where's condition boolean) and broadcasts to the scores without growing them,
-and that the compiled kernels are loaded. Where a check fails the value the step reads is made from Q and Kt with the same numpy
-ufuncs as the MatMul, Div/Mul and Add kernels, and the rest of the core runs unfused; the
-steps before keep their own rules (none of them reads a skipped value). The fused rules are
-set only when the core ran fused to its end. A backward of single nodes (SINGA's
-``creator.backward``) of a fused node is refused with a clear error (their rules hold within a
-whole ``backward(loss)`` only). When the kernels were switched off between the forward and the
-backward, the rule computes the same gradients in numpy.
+is float32 (a Where's condition boolean) and broadcasts to the scores without growing them, and
+that the compiled kernels are loaded. Where a check fails the value the step reads is made from
+Q and Kt with the same numpy ufuncs as the MatMul, Div/Mul, Add and Where kernels, and the rest
+of the core runs unfused; the steps before keep their own rules (none of them reads a skipped
+value). The fused rules are set only when the core ran fused to its end. A backward of single
+nodes (SINGA's ``creator.backward``) of a fused node is refused with a clear error (their rules
+hold within a whole ``backward(loss)`` only). When the kernels were switched off between the
+forward and the backward, the rule computes the same gradients in numpy.
 
 Numbers: the kernels' products are FMA chains in a fixed order and the softmax's exp is the
 engine's fitted float32 exp, where the unfused core used BLAS and the compiled row softmax; so
