@@ -114,10 +114,10 @@ def run_rule(node: TapeNode, gouts: list, needs: tuple | None = None) -> tuple:
     rule = node.grad_rule   # a node's own rule (a fused chain's), else its op's
     if rule is not None and needs is not None:
         raise GradientError(
-            f"node {node.name!r} ({node.op_type}) ran fused with its GELU chain in a training "
-            f"step (workbench.autodiff.fusion): its own inputs were not kept, so it has no "
-            f"backward of its own; differentiate through backward(loss), or set "
-            f"WORKBENCH_FUSE_GELU=0 before the training step")
+            f"node {node.name!r} ({node.op_type}) ran fused with its GELU chain or attention "
+            f"core in a training step (workbench.autodiff.fusion): its own inputs were not "
+            f"kept, so it has no backward of its own; differentiate through backward(loss), or "
+            f"set WORKBENCH_FUSE_GELU=0 / WORKBENCH_FUSE_ATTENTION=0 before the training step")
     if rule is None:
         rule = rules.rule_for(node.op_type, node.domain, xp=xp)  # the device's override first
     if rule is None:

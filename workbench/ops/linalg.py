@@ -42,9 +42,14 @@ def _matmul(op, a, b):
         # small host products (the per-token layers of a transformer at batch 1) are one BLAS
         # call whatever the threads (parallel_matmul's own rule): skip its bookkeeping. The
         # bound on the output (every batch entry of one operand against every one of the
-        # other) keeps the memory check's rule: only outputs that need no check come here
+        # other; the output itself when both have the same batch dimensions, as attention's
+        # stacked products: 45-53 -> 29-35 us at 8x4x32x16) keeps the memory check's rule:
+        # only outputs that need no check come here
         k = a.shape[-1]
-        out_bound = (a.size // k) * (b.size // k)
+        if a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]:
+            out_bound = (a.size // k) * b.shape[-1]   # equal batch dims: the output's size
+        else:
+            out_bound = (a.size // k) * (b.size // k)
         if out_bound * k < _PARALLEL_GEMM_MIN and \
                 out_bound * max(a.dtype.itemsize, b.dtype.itemsize, 4) <= _UNCHECKED_BYTES:
             try:
