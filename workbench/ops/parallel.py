@@ -8,6 +8,8 @@
   BLAS' own worker threads busy-wait between calls and collapse when the machine has more
   runnable threads than cores.
 - :func:`scratch` hands out per-thread reusable workspaces for large temporaries.
+- :func:`exact_matmul` is a product whose bits do not depend on the thread count (what a
+  training step's products use, see :func:`exact_products`).
 
 The thread count is ``WORKBENCH_NUM_THREADS`` (or ``OMP_NUM_THREADS``) when set, else the
 CPUs the process may run on (at most 8). On cupy everything runs as one block on the calling
@@ -316,4 +318,69 @@ def parallel_matmul(xp, a, b, out=None, epilogue=None):
     jobs = [(i, min(n, i + step)) for i in range(0, n, step)]
     with single_threaded_blas(ctl):
         run_blocks(xp, jobs, work, 1 << 30)
+    return out
+
+
+# Inside a training step the products must compute the same bits at any thread count (a
+# step's losses and weights must not depend on it). Splitting one 2-D product over columns or
+# rows does not: OpenBLAS 0.3.31 (AVX2 Zen 3, one BLAS thread) rounds 256x64 @ 64x256 split
+# into 64- or 128-column pieces differently from the whole product, and so for every shape
+# tried up to 1024^3 and conv-like 64x576 @ 576x3136, whichever axis is split. Stacked
+# products split over their leading batch axis do keep their bits (numpy's loop makes the
+# same one-matrix BLAS call for each batch entry either way). At a BERT-like step's sizes the
+# column split was also slower (256x64 @ 64x256: 101 us as one call, 174 us split over two
+# threads), its pieces being too small to pay the pool's hand-off.
+_EXACT = [0]
+
+
+class exact_products:
+    """Context manager: MatMul-family products inside give the same bits at any thread count
+    (:func:`exact_matmul`). Reentrant (a counter); the training forward and backward enter it.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self):
+        _EXACT[0] += 1
+        return self
+
+    def __exit__(self, *exc):
+        _EXACT[0] -= 1
+        return False
+
+
+def exact_products_active() -> bool:
+    """Whether the calling code runs inside :class:`exact_products`."""
+    return _EXACT[0] > 0
+
+
+def exact_matmul(xp, a, b, out=None):
+    """``matmul(a, b)`` with bits independent of the engine's thread count.
+
+    A 2-D product (or a stack whose leading axis is shorter than the thread count) is one
+    BLAS call; a stack of products is split over its leading batch axis only, each piece one
+    single-threaded BLAS call per matrix as numpy's own loop makes them, so the pieces round
+    as the whole does.
+    """
+    if xp is np and _BLAS["users"] == 0 and n_workers() > 1:
+        ctl = blas_controller()   # BLAS' own threads would change the bits: one thread
+        if ctl is not None:
+            with single_threaded_blas(ctl):
+                return exact_matmul(xp, a, b, out)
+    if xp is np and a.ndim > 2 and b.ndim >= 2:
+        nd = max(a.ndim, b.ndim)
+        if out is None:
+            shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2],
+                                                                       b.shape[-1])
+            out = xp.empty(shape, dtype=np.result_type(a.dtype, b.dtype))
+        nw = n_workers()
+        ctl = blas_controller() if nw > 1 else None
+        if ctl is not None and out.ndim == nd and out.shape[0] >= nw and \
+                int(math.prod(out.shape)) * int(a.shape[-1]) >= _PARALLEL_GEMM_MIN:
+            return parallel_matmul(xp, a, b, out=out)   # splits over the batch axis only
+        xp.matmul(a, b, out=out)
+        return out
+    if out is None:
+        return xp.matmul(a, b)
+    xp.matmul(a, b, out=out)
     return out

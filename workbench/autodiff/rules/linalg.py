@@ -1,9 +1,10 @@
 """Gradients of MatMul (1-D promotion, batched, broadcast batch dimensions) and Gemm.
 
-On numpy the products run through ``ops.parallel.parallel_matmul`` with BLAS single-threaded:
-large products are split over the worker threads, small ones (most of a small transformer's)
-stay one single-threaded BLAS call, which avoids BLAS' own threads busy-waiting and collapsing
-on a loaded machine.
+On numpy each product is one single-threaded BLAS call (stacked products may be split over
+their batch axis: ``ops.parallel.exact_matmul``), so a step's gradients have the same bits at
+any thread count: splitting a 2-D product over threads changes its rounding (and at a
+BERT-like step's sizes was slower too). BLAS' own threads are kept out (they busy-wait and
+collapse on a loaded machine, and change the bits as well).
 
 The gradients' products stay on BLAS, not the inference plans' C GEMM (``gemm_avx2.gemm``),
 by measurement, not for their bits: that kernel reads its right operand packed into column
@@ -20,10 +21,9 @@ import contextlib
 
 from workbench.autodiff.rules import gradient, unbroadcast
 from workbench.ops.parallel import (
-    _PARALLEL_GEMM_MIN,
     blas_controller,
+    exact_matmul,
     n_workers,
-    parallel_matmul,
     single_threaded_blas,
 )
 
@@ -37,12 +37,11 @@ def _blas(xp):
 
 def _mm(xp, a, b):
     if xp.__name__ == "numpy" and a.ndim >= 2 and b.ndim >= 2 and a.dtype == b.dtype:
-        if a.ndim == 2 and b.ndim == 2 and \
-                a.shape[0] * a.shape[1] * b.shape[1] < _PARALLEL_GEMM_MIN:
-            # a small 2-D product (most of a small transformer's) is one BLAS call whatever
-            # the threads (parallel_matmul's own rule): skip its bookkeeping
+        # the same bits at any thread count: a 2-D product is one BLAS call (the rules run
+        # inside _blas: one BLAS thread), a stack may split over its batch axis only
+        if a.ndim == 2 and b.ndim == 2:
             return a @ b
-        return parallel_matmul(xp, a, b)
+        return exact_matmul(xp, a, b)
     return a @ b
 
 
