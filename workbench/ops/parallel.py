@@ -384,3 +384,151 @@ def exact_matmul(xp, a, b, out=None):
         return xp.matmul(a, b)
     xp.matmul(a, b, out=out)
     return out
+
+
+# ------------------------------------------------------------------ products on a BLAS worker
+# A training backward's weight-gradient products (X^T @ dY) are needed only by the optimizer
+# after the backward: inside deferred_products() they are queued on a C worker thread
+# (compiled module blas_worker) that calls OpenBLAS' cblas_sgemm with exactly the arguments
+# numpy's matmul passes on the calling thread, so each product has the same bits whichever
+# thread runs it and whatever the thread count; the calling thread goes on with the backward.
+# A Python thread pool cannot do this cheaply: a worker needs the GIL to start each product,
+# which the busy main thread hands over only every few milliseconds.
+_DEFER = threading.local()
+_SGEMM: list = []       # [(address, ilp64) or None] once looked up
+
+
+def _blas_layout(x):
+    """(transpose code, leading dimension) numpy's matmul gives a 2-D float32 operand
+    (CblasNoTrans 111 for rows of unit stride, CblasTrans 112 for columns), or None when
+    numpy would copy it first."""
+    s0, s1 = x.strides
+    m, n = x.shape
+    if s1 == 4 and s0 % 4 == 0 and n <= s0 // 4 < (1 << 31):
+        return 111, s0 // 4
+    if s0 == 4 and s1 % 4 == 0 and m <= s1 // 4 < (1 << 31):
+        return 112, s1 // 4
+    return None
+
+
+def _sgemm():
+    """``(address, ilp64)`` of ``cblas_sgemm`` in the OpenBLAS numpy itself loaded, or None
+    (another BLAS, or numpy's library not recognised: the products then stay inline)."""
+    if _SGEMM:
+        return _SGEMM[0]
+    import ctypes  # noqa: PLC0415
+
+    found = None
+    for ctl in blas_controller() or ():
+        path = str(getattr(ctl, "filepath", "") or "")
+        if getattr(ctl, "internal_api", None) != "openblas" or "numpy" not in path:
+            continue
+        lib = getattr(ctl, "dynlib", None)
+        for prefix in ("scipy_", ""):
+            for suffix in ("64_", "_64", ""):
+                fn = getattr(lib, f"{prefix}cblas_sgemm{suffix}", None)
+                if fn is not None:
+                    found = (ctypes.cast(fn, ctypes.c_void_p).value, bool(suffix))
+                    break
+            if found:
+                break
+        if found:
+            break
+    _SGEMM.append(found)
+    return found
+
+
+def _worker_calls():
+    """``(submit, wait_for)`` raw calls of the loaded ``blas_worker`` module, checked once
+    against numpy's own product (same bits, both layouts), or None."""
+    from workbench import compiled  # noqa: PLC0415
+
+    sub = compiled.kernel("blas_worker.submit")     # None while kernels are turned off
+    if sub is None:
+        return None    # or not built yet: asked again at the next product
+    w = _BLAS.get("worker")
+    if w is not None:
+        return w or None
+    wait = compiled.kernel("blas_worker.wait_for")
+    if wait is None or _sgemm() is None:
+        return None
+    calls = (sub.raw, wait.raw)
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((37, 19)).astype(np.float32)
+    b = rng.standard_normal((37, 23)).astype(np.float32)
+    ok = True
+    with one_blas_thread():
+        for x, y in ((a.T, b), (a[:, :17].T, b[:, 1:])):   # Trans (lda 19), NoTrans (ldb 23)
+            out = _submit(calls, x, y)
+            calls[1](int(out[1][-1]))
+            ok = ok and np.array_equal(out[0], np.matmul(x, y))
+    _BLAS["worker"] = calls if ok else ()
+    return calls if ok else None
+
+
+def _submit(calls, a, b):
+    la, lb = _blas_layout(a), _blas_layout(b)
+    m, k = a.shape
+    n = b.shape[1]
+    out = np.empty((m, n), np.float32)
+    addr, ilp64 = _sgemm()
+    job = np.array([addr, int(ilp64), la[0], lb[0], m, n, k, a.ctypes.data, la[1],
+                    b.ctypes.data, lb[1], out.ctypes.data, n, 0], np.int64)
+    calls[0](job.ctypes.data)
+    return out, job
+
+
+class deferred_products:
+    """Context manager: inside, :func:`defer_matmul` may queue products on the BLAS worker;
+    on leaving (also on an error) every product queued inside has finished. Reentrant per
+    thread. Enter it inside the one-BLAS-thread region the products need
+    (:func:`one_blas_thread`): the worker's calls read OpenBLAS' global thread count."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        st = _DEFER.__dict__
+        st["on"] = st.get("on", 0) + 1
+        return self
+
+    def __exit__(self, *exc):
+        st = _DEFER.__dict__
+        st["on"] -= 1
+        if st["on"] == 0:
+            settle()
+        return False
+
+
+def settle() -> None:
+    """Wait until the products this thread queued have finished (their arrays are then
+    complete); a no-op when none is queued."""
+    keep = _DEFER.__dict__.get("keep")
+    if keep:
+        _BLAS["worker"][1](_DEFER.__dict__["last"])
+        keep.clear()
+
+
+def defer_matmul(a, b):
+    """``a @ b`` for 2-D float32 numpy arrays queued on the BLAS worker: returns the output
+    array, complete only after :func:`settle` (or the end of :func:`deferred_products`);
+    nobody may read it, nor write ``a`` or ``b``, before. None where the product is to be
+    computed inline: outside :func:`deferred_products`, with one engine thread, the worker
+    not built, other dtypes or layouts numpy would copy, a dimension under 2 (numpy's
+    vector paths), ``a`` and ``b`` the same data (numpy's syrk path)."""
+    st = _DEFER.__dict__
+    if not st.get("on") or type(a) is not np.ndarray or type(b) is not np.ndarray \
+            or a.dtype != np.float32 or b.dtype != np.float32 or a.ndim != 2 or b.ndim != 2 \
+            or min(a.shape) < 2 or b.shape[1] < 2 or a.shape[1] != b.shape[0] \
+            or n_workers() < 2:
+        return None
+    calls = _worker_calls()
+    if not calls or _blas_layout(a) is None or _blas_layout(b) is None \
+            or a.ctypes.data == b.ctypes.data:
+        return None
+    out, job = _submit(calls, a, b)
+    keep = st.get("keep")
+    if keep is None:
+        keep = st["keep"] = []
+    keep.append((a, b, out))    # alive (and unchanged: the caller's promise) until settled
+    st["last"] = int(job[-1])
+    return out

@@ -22,6 +22,7 @@ import contextlib
 from workbench.autodiff.rules import gradient, unbroadcast
 from workbench.ops.parallel import (
     blas_controller,
+    defer_matmul,
     exact_matmul,
     n_workers,
     single_threaded_blas,
@@ -49,8 +50,28 @@ def _swap(a):
     return a.swapaxes(-1, -2)
 
 
-def matmul_grads(xp, g, a, b, need_a=True, need_b=True):
-    """Gradients of ``a @ b`` (numpy semantics) with respect to ``a`` and ``b``."""
+def _leaf(ctx, i) -> bool:
+    """Whether input ``i`` of the node is a leaf of the tape (a parameter): its gradient is
+    read only after the backward (by the optimizer), or where the backward engine adds two
+    of them (it settles queued products first), so its product may go to the BLAS worker."""
+    p = ctx.parents[i] if len(ctx.parents) > i else None
+    return p is not None and type(p) is not tuple
+
+
+def _mm_later(xp, a, b, defer):
+    """``a @ b``, queued on the BLAS worker (``ops.parallel.defer_matmul``: the same bits as
+    here) when ``defer`` and the worker takes it, else computed now."""
+    if defer:
+        out = defer_matmul(a, b)
+        if out is not None:
+            return out
+    return _mm(xp, a, b)
+
+
+def matmul_grads(xp, g, a, b, need_a=True, need_b=True, defer_b=False):
+    """Gradients of ``a @ b`` (numpy semantics) with respect to ``a`` and ``b``. With
+    ``defer_b`` a 2-D ``b``'s gradient may be computed on the BLAS worker: its array is then
+    complete only once ``ops.parallel.settle()`` returns (the backward engine settles)."""
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
     g2 = g
@@ -69,8 +90,8 @@ def matmul_grads(xp, g, a, b, need_a=True, need_b=True):
             ga = unbroadcast(ga, a2.shape).reshape(a.shape)
         if need_b:
             if b2.ndim == 2 and a2.ndim >= 2:
-                gb = _mm(xp, a2.reshape(-1, k).T, g2.reshape(-1, n)) if a2.ndim > 2 else \
-                    _mm(xp, a2.T, g2)
+                gb = _mm_later(xp, a2.reshape(-1, k).T, g2.reshape(-1, n), defer_b) \
+                    if a2.ndim > 2 else _mm_later(xp, a2.T, g2, defer_b)
             else:
                 gb = unbroadcast(_mm(xp, _swap(a2), g2), b2.shape)
             gb = gb.reshape(b.shape)
@@ -81,7 +102,8 @@ def matmul_grads(xp, g, a, b, need_a=True, need_b=True):
 def matmul_grad(ctx, grads_out, inputs, outputs, **attrs):
     a, b = inputs
     need = ctx.needs_input_grad
-    return matmul_grads(ctx.xp, grads_out[0], a, b, need[0], need[1])
+    return matmul_grads(ctx.xp, grads_out[0], a, b, need[0], need[1],
+                        need[1] and b.ndim == 2 and _leaf(ctx, 1))
 
 
 @gradient("Gemm")
@@ -102,7 +124,8 @@ def gemm_grad(ctx, grads_out, inputs, outputs, *, alpha=1.0, beta=1.0, transA=0,
             if alpha != 1.0:
                 ga *= t(alpha)
         if need[1]:
-            gb = _mm(xp, g.T, ap) if transB else _mm(xp, ap.T, g)
+            later = alpha == 1.0 and _leaf(ctx, 1)   # (a scaled gradient is computed now)
+            gb = _mm_later(xp, g.T, ap, later) if transB else _mm_later(xp, ap.T, g, later)
             if alpha != 1.0:
                 gb *= t(alpha)
     if c is not None and len(need) > 2 and need[2]:
