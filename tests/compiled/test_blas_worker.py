@@ -28,6 +28,7 @@ def worker():
 @pytest.fixture
 def two(monkeypatch):
     monkeypatch.setenv("WORKBENCH_NUM_THREADS", "2")
+    monkeypatch.setattr(parallel, "_DEFER_MIN", 1)    # small products queue too
 
 
 def _stats(k):
@@ -92,18 +93,20 @@ def test_products_stay_inline_where_they_must(worker, monkeypatch):
     monkeypatch.setenv("WORKBENCH_NUM_THREADS", "2")
     assert parallel.defer_matmul(a.T, b) is None              # outside deferred_products
     with parallel.deferred_products():
+        assert parallel.defer_matmul(a.T, b) is None          # under _DEFER_MIN: inline
+        monkeypatch.setattr(parallel, "_DEFER_MIN", 1)
         assert parallel.defer_matmul(a.T.astype(np.float64), b.astype(np.float64)) is None
         assert parallel.defer_matmul(a[:, :1].T, b) is None      # one row: numpy.s vector path
         assert parallel.defer_matmul(a.T[::2, ::2], b[::2]) is None  # numpy copies these
         assert parallel.defer_matmul(a.T, a) is None               # same data: numpy's syrk
         with compiled.disabled():
             assert parallel.defer_matmul(a.T, b) is None
-        monkeypatch.setenv("WORKBENCH_NUM_THREADS", "1")
-        assert parallel.defer_matmul(a.T, b) is None               # one engine thread
-        monkeypatch.setenv("WORKBENCH_NUM_THREADS", "2")
         y = parallel.defer_matmul(a.T, b)
         assert y is not None
     assert np.array_equal(y, np.full((6, 5), 8, np.float32))
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "1")   # (read when the block begins)
+    with parallel.deferred_products():
+        assert parallel.defer_matmul(a.T, b) is None               # one engine thread
 
 
 def test_the_module_needs_no_vector_instructions():

@@ -395,6 +395,11 @@ def exact_matmul(xp, a, b, out=None):
 # A Python thread pool cannot do this cheaply: a worker needs the GIL to start each product,
 # which the busy main thread hands over only every few milliseconds.
 _DEFER = threading.local()
+# multiply-adds under which a product stays inline: queuing costs the calling thread ~5-10 us
+# (64x8 @ 8x64 takes 4 us, 64x256 @ 256x64 37 us on the 2-core AMD EPYC)
+_DEFER_MIN = 1 << 18
+# the worker polls for jobs during a deferred_products block instead of sleeping between them
+_POLL = [True]
 _SGEMM: list = []       # [(address, ilp64) or None] once looked up
 
 
@@ -450,9 +455,10 @@ def _worker_calls():
     if w is not None:
         return w or None
     wait = compiled.kernel("blas_worker.wait_for")
-    if wait is None or _sgemm() is None:
+    poll = compiled.kernel("blas_worker.poll")
+    if wait is None or poll is None or _sgemm() is None:
         return None
-    calls = (sub.raw, wait.raw)
+    calls = (sub.raw, wait.raw, poll.raw)
     rng = np.random.default_rng(7)
     a = rng.standard_normal((37, 19)).astype(np.float32)
     b = rng.standard_normal((37, 23)).astype(np.float32)
@@ -460,22 +466,26 @@ def _worker_calls():
     with one_blas_thread():
         for x, y in ((a.T, b), (a[:, :17].T, b[:, 1:])):   # Trans (lda 19), NoTrans (ldb 23)
             out = _submit(calls, x, y)
-            calls[1](int(out[1][-1]))
+            calls[1](out[1])
             ok = ok and np.array_equal(out[0], np.matmul(x, y))
     _BLAS["worker"] = calls if ok else ()
     return calls if ok else None
 
 
 def _submit(calls, a, b):
+    """Queue ``a @ b`` (2-D float32, layouts numpy hands to BLAS as they are); returns the
+    output array and the job's ticket."""
+    from workbench.compiled import data_pointer  # noqa: PLC0415
+
     la, lb = _blas_layout(a), _blas_layout(b)
     m, k = a.shape
     n = b.shape[1]
     out = np.empty((m, n), np.float32)
-    addr, ilp64 = _sgemm()
-    job = np.array([addr, int(ilp64), la[0], lb[0], m, n, k, a.ctypes.data, la[1],
-                    b.ctypes.data, lb[1], out.ctypes.data, n, 0], np.int64)
-    calls[0](job.ctypes.data)
-    return out, job
+    addr, ilp64 = _SGEMM[0]
+    job = np.array((addr, ilp64, la[0], lb[0], m, n, k, data_pointer(a), la[1],
+                    data_pointer(b), lb[1], data_pointer(out), n, 0), np.int64)
+    calls[0](data_pointer(job))
+    return out, int(job[13])
 
 
 class deferred_products:
@@ -488,14 +498,24 @@ class deferred_products:
 
     def __enter__(self):
         st = _DEFER.__dict__
-        st["on"] = st.get("on", 0) + 1
+        on = st["on"] = st.get("on", 0) + 1
+        if on == 1:   # the worker's calls, or None: looked up once per block
+            calls = st["calls"] = _worker_calls() if n_workers() > 1 else None
+            if calls and _POLL[0]:
+                calls[2](1)
+                st["polling"] = calls[2]
         return self
 
     def __exit__(self, *exc):
         st = _DEFER.__dict__
         st["on"] -= 1
         if st["on"] == 0:
-            settle()
+            try:
+                settle()
+            finally:
+                poll = st.pop("polling", None)
+                if poll is not None:
+                    poll(0)
         return False
 
 
@@ -512,23 +532,25 @@ def defer_matmul(a, b):
     """``a @ b`` for 2-D float32 numpy arrays queued on the BLAS worker: returns the output
     array, complete only after :func:`settle` (or the end of :func:`deferred_products`);
     nobody may read it, nor write ``a`` or ``b``, before. None where the product is to be
-    computed inline: outside :func:`deferred_products`, with one engine thread, the worker
-    not built, other dtypes or layouts numpy would copy, a dimension under 2 (numpy's
-    vector paths), ``a`` and ``b`` the same data (numpy's syrk path)."""
+    computed inline: outside :func:`deferred_products`, with one engine thread (when the
+    block began), the worker not built, kernels turned off, other dtypes or layouts numpy
+    would copy, a dimension under 2 (numpy's vector paths), ``a`` and ``b`` the same data
+    (numpy's syrk path), a small product (under ``_DEFER_MIN`` multiply-adds)."""
+    from workbench.compiled import data_pointer, enabled  # noqa: PLC0415
+
     st = _DEFER.__dict__
-    if not st.get("on") or type(a) is not np.ndarray or type(b) is not np.ndarray \
+    calls = st.get("calls") if st.get("on") else None
+    if not calls or not enabled() or type(a) is not np.ndarray or type(b) is not np.ndarray \
             or a.dtype != np.float32 or b.dtype != np.float32 or a.ndim != 2 or b.ndim != 2 \
             or min(a.shape) < 2 or b.shape[1] < 2 or a.shape[1] != b.shape[0] \
-            or n_workers() < 2:
-        return None
-    calls = _worker_calls()
-    if not calls or _blas_layout(a) is None or _blas_layout(b) is None \
-            or a.ctypes.data == b.ctypes.data:
+            or a.shape[0] * a.shape[1] * b.shape[1] < _DEFER_MIN \
+            or _blas_layout(a) is None or _blas_layout(b) is None \
+            or data_pointer(a) == data_pointer(b):
         return None
     out, job = _submit(calls, a, b)
     keep = st.get("keep")
     if keep is None:
         keep = st["keep"] = []
     keep.append((a, b, out))    # alive (and unchanged: the caller's promise) until settled
-    st["last"] = int(job[-1])
+    st["last"] = job
     return out

@@ -25,6 +25,7 @@ static int64_t ran_worker, ran_helper;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static int started, sleeping, atfork_set;
+static int active;                  /* inside a backward: the idle worker polls, never sleeps */
 
 static inline void cpu_pause(void) { __asm__ __volatile__("pause"); }
 
@@ -66,16 +67,21 @@ static void *worker(void *arg) {
             continue;
         }
         int s = 0;
-        while (s < SPIN && __atomic_load_n(&claim, __ATOMIC_ACQUIRE) >=
-                               __atomic_load_n(&head, __ATOMIC_ACQUIRE)) {
+        while (__atomic_load_n(&claim, __ATOMIC_ACQUIRE) >=
+               __atomic_load_n(&head, __ATOMIC_ACQUIRE)) {
+            if (++s >= SPIN) {
+                if (!__atomic_load_n(&active, __ATOMIC_RELAXED)) break;
+                sched_yield();   /* polling, but any other runnable thread goes first */
+                s = 0;
+            }
             cpu_pause();
-            s++;
         }
         if (s < SPIN) continue;
         pthread_mutex_lock(&mu);
         sleeping = 1;
         while (__atomic_load_n(&claim, __ATOMIC_ACQUIRE) >=
-               __atomic_load_n(&head, __ATOMIC_ACQUIRE))
+               __atomic_load_n(&head, __ATOMIC_ACQUIRE) &&
+               !__atomic_load_n(&active, __ATOMIC_RELAXED))
             pthread_cond_wait(&cv, &mu);
         sleeping = 0;
         pthread_mutex_unlock(&mu);
@@ -129,6 +135,17 @@ void wb_blas_worker_submit(int64_t *job) {
     }
     if (sleeping) pthread_cond_signal(&cv);
     pthread_mutex_unlock(&mu);
+}
+
+/* on != 0: a backward begins (the worker polls for jobs instead of sleeping, so a submit
+ * needs no wake-up); 0: it has ended */
+void wb_blas_worker_poll(int64_t on) {
+    __atomic_store_n(&active, on ? 1 : 0, __ATOMIC_RELAXED);
+    if (on) {
+        pthread_mutex_lock(&mu);
+        if (sleeping) pthread_cond_signal(&cv);
+        pthread_mutex_unlock(&mu);
+    }
 }
 
 void wb_blas_worker_wait_for(int64_t ticket) { wait_upto(ticket); }

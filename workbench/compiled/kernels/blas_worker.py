@@ -13,6 +13,8 @@ runs it. The worker never touches Python objects (no GIL).
 - ``wait_for``: returns once every job with a ticket <= the given one has finished; meanwhile
   the caller runs the queued jobs nobody has claimed (so nothing ever waits on a worker the OS
   has not scheduled, and a process forked with jobs queued still completes them).
+- ``poll``: 1 while a backward runs (the idle worker then polls for jobs, yielding to any
+  other runnable thread, instead of sleeping: a submit needs no wake-up), 0 after.
 - ``stats``: jobs run by the worker, by waiters, submitted, and the worker's state (0 not
   started, 1 running, -1 could not be started).
 
@@ -31,4 +33,5 @@ EXPORTS = {
     "submit": "i64[]!",
     "wait_for": "i64",
     "stats": "i64[]!",
+    "poll": "i64",
 }
