@@ -392,10 +392,11 @@ def exact_matmul(xp, a, b, out=None):
 # (compiled module blas_worker) that calls OpenBLAS' cblas_sgemm with exactly the arguments
 # numpy's matmul passes on the calling thread, so each product has the same bits whichever
 # thread runs it and whatever the thread count; the calling thread goes on with the backward.
-# A Python thread pool cannot do this cheaply: a worker needs the GIL to start each product,
-# which the busy main thread hands over only every few milliseconds.
+# A Python thread pool hands over slowly: its worker needs the GIL to start each product and
+# to finish it, and the main thread holds the GIL between its numpy calls (row 23u's pool
+# version: same bits, slower on the loaded machine).
 _DEFER = threading.local()
-# multiply-adds under which a product stays inline: queuing costs the calling thread ~5-10 us
+# multiply-adds under which a product stays inline: queuing costs the calling thread ~13 us
 # (64x8 @ 8x64 takes 4 us, 64x256 @ 256x64 37 us on the 2-core AMD EPYC)
 _DEFER_MIN = 1 << 18
 # the worker polls for jobs during a deferred_products block instead of sleeping between them
