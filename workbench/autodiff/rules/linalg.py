@@ -82,19 +82,19 @@ def matmul_grads(xp, g, a, b, need_a=True, need_b=True, defer_b=False):
     ga = gb = None
     k, n = b2.shape[-2], b2.shape[-1]
     with _blas(xp):
-        if need_a:
-            if b2.ndim == 2:  # one big GEMM instead of a batch of small ones
-                ga = _mm(xp, g2.reshape(-1, n), b2.T).reshape(g2.shape[:-1] + (k,))
-            else:
-                ga = _mm(xp, g2, _swap(b2))
-            ga = unbroadcast(ga, a2.shape).reshape(a.shape)
-        if need_b:
+        if need_b:   # first: a queued product then runs while ga is computed here
             if b2.ndim == 2 and a2.ndim >= 2:
                 gb = _mm_later(xp, a2.reshape(-1, k).T, g2.reshape(-1, n), defer_b) \
                     if a2.ndim > 2 else _mm_later(xp, a2.T, g2, defer_b)
             else:
                 gb = unbroadcast(_mm(xp, _swap(a2), g2), b2.shape)
             gb = gb.reshape(b.shape)
+        if need_a:
+            if b2.ndim == 2:  # one big GEMM instead of a batch of small ones
+                ga = _mm(xp, g2.reshape(-1, n), b2.T).reshape(g2.shape[:-1] + (k,))
+            else:
+                ga = _mm(xp, g2, _swap(b2))
+            ga = unbroadcast(ga, a2.shape).reshape(a.shape)
     return ga, gb
 
 
@@ -119,15 +119,15 @@ def gemm_grad(ctx, grads_out, inputs, outputs, *, alpha=1.0, beta=1.0, transA=0,
     ga = gb = gc = None
     xp = ctx.xp
     with _blas(xp):
-        if need[0]:  # computed directly in the input's layout (no transposed copy)
-            ga = _mm(xp, bp, g.T) if transA else _mm(xp, g, bp.T)
-            if alpha != 1.0:
-                ga *= t(alpha)
-        if need[1]:
+        if need[1]:  # first: a queued product then runs while ga is computed here
             later = alpha == 1.0 and _leaf(ctx, 1)   # (a scaled gradient is computed now)
             gb = _mm_later(xp, g.T, ap, later) if transB else _mm_later(xp, ap.T, g, later)
             if alpha != 1.0:
                 gb *= t(alpha)
+        if need[0]:  # computed directly in the input's layout (no transposed copy)
+            ga = _mm(xp, bp, g.T) if transA else _mm(xp, g, bp.T)
+            if alpha != 1.0:
+                ga *= t(alpha)
     if c is not None and len(need) > 2 and need[2]:
         gc = unbroadcast(g * t(beta) if beta != 1.0 else g, c.shape)
     return ga, gb, gc
