@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 typedef void (*sgemm64_t)(int, int, int, int64_t, int64_t, int64_t, float, const float *,
                           int64_t, const float *, int64_t, float, float *, int64_t);
@@ -16,6 +17,7 @@ typedef void (*sgemm32_t)(int, int, int, int32_t, int32_t, int32_t, float, const
 #define CAP 256          /* queued jobs at most (a submit first waits for the oldest) */
 #define NJ 13            /* fn, ilp64, transA, transB, M, N, K, A, lda, B, ldb, C, ldc */
 #define SPIN 64          /* pause loops (~1-2 us) the idle worker polls before it sleeps */
+#define POLL_NS 150000   /* inside a backward: polls up to 150 us after its last job */
 
 static int64_t jobs[CAP][NJ];
 static int64_t finished[CAP];       /* index + 1 of the last job finished in each slot */
@@ -28,6 +30,12 @@ static int started, sleeping, atfork_set;
 static int active;                  /* inside a backward: the idle worker polls, never sleeps */
 
 static inline void cpu_pause(void) { __asm__ __volatile__("pause"); }
+
+static inline int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
 
 static void run(int64_t i) {
     const int64_t *j = jobs[i % CAP];
@@ -66,22 +74,23 @@ static void *worker(void *arg) {
             __atomic_add_fetch(&ran_worker, 1, __ATOMIC_RELAXED);
             continue;
         }
-        int s = 0;
-        while (__atomic_load_n(&claim, __ATOMIC_ACQUIRE) >=
-               __atomic_load_n(&head, __ATOMIC_ACQUIRE)) {
+        /* idle: poll POLL_NS (inside a backward) or SPIN pauses, then sleep */
+        int s = 0, found = 0;
+        int64_t t0 = now_ns();
+        while (!(found = __atomic_load_n(&claim, __ATOMIC_ACQUIRE) <
+                         __atomic_load_n(&head, __ATOMIC_ACQUIRE))) {
+            cpu_pause();
             if (++s >= SPIN) {
-                if (!__atomic_load_n(&active, __ATOMIC_RELAXED)) break;
-                sched_yield();   /* polling, but any other runnable thread goes first */
+                if (!__atomic_load_n(&active, __ATOMIC_RELAXED) || now_ns() - t0 > POLL_NS)
+                    break;
                 s = 0;
             }
-            cpu_pause();
         }
-        if (s < SPIN) continue;
+        if (found) continue;
         pthread_mutex_lock(&mu);
         sleeping = 1;
         while (__atomic_load_n(&claim, __ATOMIC_ACQUIRE) >=
-               __atomic_load_n(&head, __ATOMIC_ACQUIRE) &&
-               !__atomic_load_n(&active, __ATOMIC_RELAXED))
+               __atomic_load_n(&head, __ATOMIC_ACQUIRE))
             pthread_cond_wait(&cv, &mu);
         sleeping = 0;
         pthread_mutex_unlock(&mu);
@@ -137,16 +146,9 @@ void wb_blas_worker_submit(int64_t *job) {
     pthread_mutex_unlock(&mu);
 }
 
-/* on != 0: a backward begins (the worker polls for jobs instead of sleeping, so a submit
- * needs no wake-up); 0: it has ended */
-void wb_blas_worker_poll(int64_t on) {
-    __atomic_store_n(&active, on ? 1 : 0, __ATOMIC_RELAXED);
-    if (on) {
-        pthread_mutex_lock(&mu);
-        if (sleeping) pthread_cond_signal(&cv);
-        pthread_mutex_unlock(&mu);
-    }
-}
+/* on != 0: a backward begins (after a job the worker polls up to POLL_NS for the next one
+ * before it sleeps: the next submit then needs no wake-up); 0: it has ended */
+void wb_blas_worker_poll(int64_t on) { __atomic_store_n(&active, on ? 1 : 0, __ATOMIC_RELAXED); }
 
 void wb_blas_worker_wait_for(int64_t ticket) { wait_upto(ticket); }
 
