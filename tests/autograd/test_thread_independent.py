@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from workbench import autograd, opt, sonnx, tensor
+from workbench import autograd, compiled, opt, sonnx, tensor
 from workbench.ops import parallel
 
 
@@ -95,3 +95,35 @@ def test_exact_matmul_gives_one_threads_bits(monkeypatch, sa, sb):
     with parallel.exact_products(), parallel.exact_products():
         assert parallel.exact_products_active()
     assert not parallel.exact_products_active()
+
+
+def _shared_weight_grads(monkeypatch, threads):
+    """Gradients of a weight used by two MatMuls (its two gradients are added by the backward
+    engine: a queued product must be complete by then) and of a Gemm's weight."""
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", str(threads))
+    rng = np.random.default_rng(5)
+    w = tensor.from_numpy(rng.standard_normal((48, 48)).astype(np.float32) * 0.2)
+    v = tensor.from_numpy(rng.standard_normal((5, 48)).astype(np.float32) * 0.2)
+    for t in (w, v):
+        t.requires_grad = t.stores_grad = True
+    x = tensor.from_numpy(rng.standard_normal((4, 40, 48)).astype(np.float32))
+    h = autograd.matmul(autograd.relu(autograd.matmul(x, w)), w)
+    y = autograd.gemm(autograd.reshape(h, (160, 48)), v, None, 1.0, 0.0, 0, 1)
+    loss = autograd.reduce_mean(autograd.mul(y, y))
+    got = {id(p): g.numpy().copy() for p, g in autograd.backward(loss)}
+    return got[id(w)], got[id(v)]
+
+
+def test_a_weight_used_twice_gets_its_queued_gradients_added_complete(monkeypatch):
+    monkeypatch.setattr(parallel, "_DEFER_MIN", 1)     # every weight gradient queued
+    one = _shared_weight_grads(monkeypatch, 1)
+    stats = compiled.kernel("blas_worker.stats") if parallel._worker_calls() else None
+    counts = np.zeros(4, np.int64)
+    if stats is not None:
+        stats(counts)
+    two = _shared_weight_grads(monkeypatch, 2)
+    assert all(np.array_equal(a, b) for a, b in zip(one, two))
+    if stats is not None:       # the worker is built: the three products went through it
+        after = np.zeros(4, np.int64)
+        stats(after)
+        assert after[2] - counts[2] == 3
