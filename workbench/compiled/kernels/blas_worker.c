@@ -17,7 +17,7 @@ typedef void (*sgemm32_t)(int, int, int, int32_t, int32_t, int32_t, float, const
 #define CAP 256          /* queued jobs at most (a submit first waits for the oldest) */
 #define NJ 13            /* fn, ilp64, transA, transB, M, N, K, A, lda, B, ldb, C, ldc */
 #define SPIN 64          /* pause loops (~1-2 us) the idle worker polls before it sleeps */
-#define POLL_NS 150000   /* inside a backward: polls up to 150 us after its last job */
+#define POLL_NS 30000    /* inside a backward: polls up to 30 us after its last job */
 
 static int64_t jobs[CAP][NJ];
 static int64_t finished[CAP];       /* index + 1 of the last job finished in each slot */
