@@ -66,13 +66,17 @@ def test_losses_and_weights_do_not_depend_on_the_thread_count(monkeypatch):
     threadpoolctl = pytest.importorskip("threadpoolctl")
     monkeypatch.setattr(parallel, "_PARALLEL_GEMM_MIN", 1 << 16)  # every stack splits too
     one = _train(monkeypatch, 1)
-    with threadpoolctl.threadpool_limits(2, user_api="blas"):   # BLAS' own threads kept out
-        two = _train(monkeypatch, 2)
-    for a, b in zip(one[0], two[0]):
-        assert np.array_equal(a, b)
-    assert one[1].keys() == two[1].keys()
-    for k in one[1]:
-        assert np.array_equal(one[1][k], two[1][k]), k
+    runs = []
+    for worker in ("0", "1"):    # the weight gradients inline, and on the BLAS worker
+        monkeypatch.setenv("WORKBENCH_BLAS_WORKER", worker)
+        with threadpoolctl.threadpool_limits(2, user_api="blas"):  # BLAS' own threads kept out
+            runs.append(_train(monkeypatch, 2))
+    for two in runs:
+        for a, b in zip(one[0], two[0]):
+            assert np.array_equal(a, b)
+        assert one[1].keys() == two[1].keys()
+        for k in one[1]:
+            assert np.array_equal(one[1][k], two[1][k]), k
 
 
 @pytest.mark.parametrize("sa,sb", [((256, 64), (64, 256)), ((8, 32, 64), (64, 48)),
@@ -117,6 +121,7 @@ def _shared_weight_grads(monkeypatch, threads):
 def test_a_weight_used_twice_gets_its_queued_gradients_added_complete(monkeypatch):
     monkeypatch.setattr(parallel, "_DEFER_MIN", 1)     # every weight gradient queued
     one = _shared_weight_grads(monkeypatch, 1)
+    monkeypatch.setenv("WORKBENCH_BLAS_WORKER", "1")
     stats = compiled.kernel("blas_worker.stats") if parallel._worker_calls() else None
     counts = np.zeros(4, np.int64)
     if stats is not None:

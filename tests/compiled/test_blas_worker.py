@@ -28,6 +28,7 @@ def worker():
 @pytest.fixture
 def two(monkeypatch):
     monkeypatch.setenv("WORKBENCH_NUM_THREADS", "2")
+    monkeypatch.setenv("WORKBENCH_BLAS_WORKER", "1")
     monkeypatch.setattr(parallel, "_DEFER_MIN", 1)    # small products queue too
 
 
@@ -91,6 +92,12 @@ def test_products_stay_inline_where_they_must(worker, monkeypatch):
     a = np.ones((8, 6), np.float32)
     b = np.ones((8, 5), np.float32)
     monkeypatch.setenv("WORKBENCH_NUM_THREADS", "2")
+    monkeypatch.delenv("WORKBENCH_BLAS_WORKER", raising=False)
+    monkeypatch.setattr(parallel, "_DEFER_MIN", 1)
+    with parallel.deferred_products():
+        assert parallel.defer_matmul(a.T, b) is None          # off unless asked for
+    monkeypatch.setattr(parallel, "_DEFER_MIN", 1 << 18)
+    monkeypatch.setenv("WORKBENCH_BLAS_WORKER", "1")
     assert parallel.defer_matmul(a.T, b) is None              # outside deferred_products
     with parallel.deferred_products():
         assert parallel.defer_matmul(a.T, b) is None          # under _DEFER_MIN: inline

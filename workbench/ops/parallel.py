@@ -404,6 +404,17 @@ _POLL = [True]
 _SGEMM: list = []       # [(address, ilp64) or None] once looked up
 
 
+def worker_wanted() -> bool:
+    """Whether :func:`deferred_products` may use the BLAS worker: ``WORKBENCH_BLAS_WORKER``
+    set to 1/on/true/yes. Off by default: on the shared 2-core AMD EPYC (load 2-5) the
+    BERT-like step measured no faster with it (in-process, alternated: wall min/q25 14.20/15.69
+    vs 13.31/14.79 ms without, load 2.2; 11.40/12.45 vs 12.00/12.49 at an idle moment): the
+    products it takes (~0.8 ms a step) are small, and on a busy machine the worker waits for a
+    core while the backward waits for its products (benchmarks/README.md, row 23z2)."""
+    return os.environ.get("WORKBENCH_BLAS_WORKER", "").strip().lower() in ("1", "on", "true",
+                                                                           "yes")
+
+
 def _blas_layout(x):
     """(transpose code, leading dimension) numpy's matmul gives a 2-D float32 operand
     (CblasNoTrans 111 for rows of unit stride, CblasTrans 112 for columns), or None when
@@ -501,7 +512,8 @@ class deferred_products:
         st = _DEFER.__dict__
         on = st["on"] = st.get("on", 0) + 1
         if on == 1:   # the worker's calls, or None: looked up once per block
-            calls = st["calls"] = _worker_calls() if n_workers() > 1 else None
+            calls = st["calls"] = _worker_calls() if worker_wanted() and n_workers() > 1 \
+                else None
             if calls and _POLL[0]:
                 calls[2](1)
                 st["polling"] = calls[2]
@@ -533,8 +545,9 @@ def defer_matmul(a, b):
     """``a @ b`` for 2-D float32 numpy arrays queued on the BLAS worker: returns the output
     array, complete only after :func:`settle` (or the end of :func:`deferred_products`);
     nobody may read it, nor write ``a`` or ``b``, before. None where the product is to be
-    computed inline: outside :func:`deferred_products`, with one engine thread (when the
-    block began), the worker not built, kernels turned off, other dtypes or layouts numpy
+    computed inline: outside :func:`deferred_products`, with one engine thread or without
+    ``WORKBENCH_BLAS_WORKER`` (:func:`worker_wanted`; both read when the block began), the
+    worker not built, kernels turned off, other dtypes or layouts numpy
     would copy, a dimension under 2 (numpy's vector paths), ``a`` and ``b`` the same data
     (numpy's syrk path), a small product (under ``_DEFER_MIN`` multiply-adds)."""
     from workbench.compiled import data_pointer, enabled  # noqa: PLC0415
