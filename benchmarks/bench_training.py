@@ -393,10 +393,15 @@ def run_model(name, args, threads, tmpdir):
         for _ in range(max(0, args.warmup - 1)):
             ours.ask(do="step"), theirs.ask(do="step")
         t_ours, t_theirs, c_ours, c_theirs = [], [], [], []
+        gap = getattr(args, "gap", 0.0) or 0.0
         for _ in range(args.runs):
+            if gap:   # the other engine's idle threads (PyTorch's OpenMP spin) settle first
+                time.sleep(gap)
             r = ours.ask(do="step")
             t_ours.append(r["s"])
             c_ours.append(r["cpu"])
+            if gap:
+                time.sleep(gap)
             r = theirs.ask(do="step")
             t_theirs.append(r["s"])
             c_theirs.append(r["cpu"])
@@ -432,6 +437,10 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--graph", action="store_true", help="compile with use_graph=True")
+    ap.add_argument("--gap", type=float, default=0.0,
+                    help="seconds to wait before each timed step of either engine (with several "
+                         "threads PyTorch's OpenMP workers spin ~10 ms of CPU after its step, "
+                         "on the cores the next step of ours then runs on)")
     ap.add_argument("--quick", action="store_true", help="112x112 images, 2 timed runs")
     ap.add_argument("--threads", type=int, default=None,
                     help="threads for both sides (default: all cores): torch.set_num_threads, the "

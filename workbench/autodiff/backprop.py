@@ -12,7 +12,7 @@ from workbench.arrays import xp_of
 from workbench.autodiff import rules
 from workbench.autodiff.tape import TapeNode, Tensor, tape_order
 from workbench.errors import GradientError, InputError
-from workbench.ops.parallel import one_blas_thread
+from workbench.ops.parallel import deferred_products, one_blas_thread, settle
 
 
 def backward(y: Tensor, dy=None, *, retain_graph: bool = False) -> list:
@@ -41,7 +41,9 @@ def backward(y: Tensor, dy=None, *, retain_graph: bool = False) -> list:
         # the rules' small products are one BLAS call each and the large ones are split
         # over the engine's own threads: BLAS' own threads would only spin between them (a
         # BERT-like step at 2 threads: 3x the CPU time of one BLAS thread)
-        with one_blas_thread():
+        # (weight-gradient products may run on the BLAS worker meanwhile: all finished when
+        # deferred_products ends, before the gradients are returned; ops.parallel)
+        with one_blas_thread(), deferred_products():
             return _backward(y, g0, retain_graph)
     return _backward(y, g0, retain_graph)
 
@@ -87,6 +89,8 @@ def _backward(y: Tensor, g0, retain_graph: bool) -> list:
                 g = g.astype(dtype)
             if key is None:
                 prev = leaf.get(id(p))
+                if prev is not None:
+                    settle()   # a product queued on the BLAS worker is read here
                 leaf[id(p)] = (p, g if prev is None else prev[1] + g)
             else:
                 prev = grads.get(key)
@@ -130,7 +134,7 @@ def run_rule(node: TapeNode, gouts: list, needs: tuple | None = None) -> tuple:
             f"@workbench.autodiff.rules.gradient({node.op_type!r})")
     ctx = rules.GradContext(node.op_type, node.opset,
                             node.needs_input_grad if needs is None else needs, xp, node.name,
-                            node.n_outputs)
+                            node.n_outputs, node.parents)
     kw = node.kw
     if node.training_mode:
         kw = dict(kw)
