@@ -173,7 +173,8 @@ def to_compute(x):
 def widen_half(x):
     """``x`` as float32 (a new array) when it is float16 or bfloat16, else ``x`` itself: the
     precision to accumulate half floats in."""
-    return x.astype(np.float32) if x.dtype.name in ("float16", "bfloat16") else x
+    dt = x.dtype   # (``dtype.name`` is Python code in numpy: asked only of 2-byte dtypes)
+    return x.astype(np.float32) if dt.itemsize == 2 and dt.name in ("float16", "bfloat16") else x
 
 
 def work_dtype(dtype) -> np.dtype:
