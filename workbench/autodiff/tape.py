@@ -962,7 +962,7 @@ def walk_tape(roots, stop: set | None = None, only_grad: bool = False) -> list[T
                 if type(p) is not tuple:
                     continue
                 pn = p[0]
-                if id(pn) in seen or (id(pn), p[1]) in stop:
+                if id(pn) in seen or (stop and (id(pn), p[1]) in stop):
                     continue
                 if only_grad and not pn.requires_grad:
                     continue
