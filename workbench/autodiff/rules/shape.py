@@ -101,9 +101,14 @@ def reshape_grad(ctx, grads_out, inputs, outputs, **attrs):
 @gradient("Transpose")
 def transpose_grad(ctx, grads_out, inputs, outputs, *, perm=None, **attrs):
     x = inputs[0]
+    n = x.ndim
     if perm is None:
-        perm = list(range(x.ndim))[::-1]
-    inv = np.argsort(np.asarray(perm)).tolist()
+        perm = range(n - 1, -1, -1)
+    inv = [0] * n   # the inverse permutation (argsort of perm), without numpy on a few ints
+    i = 0
+    for p in perm:
+        inv[int(p) % n] = i
+        i += 1
     return (grads_out[0].transpose(inv),)
 
 
