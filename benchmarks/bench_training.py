@@ -174,6 +174,9 @@ def _profile_ours(step, steps, top) -> str:
     totals = defaultdict(float)
     # the tape's apply and the Tensor runner call run_op, backward() calls run_rule
     orig_run_op, orig_rule = _tape.run_op, _bw.run_rule
+    from workbench.autodiff import fusion as _fusion
+    orig_fused = _fusion.run_step
+    inside = [0]    # a fused step's own recording is counted with the step (below)
     orig_backward, orig_update = autograd.backward, opt.Optimizer.update
     orig_loss = autograd.softmax_cross_entropy
     model = getattr(step, "m", None)
@@ -181,6 +184,9 @@ def _profile_ours(step, steps, top) -> str:
     clock, cpu_clock = time.perf_counter, time.process_time
 
     def run_op(op_type, domain, opset, fn, wants_ctx, kw, attrs, inputs, *a, **k):
+        if inside[0]:
+            return orig_run_op(op_type, domain, opset, fn, wants_ctx, kw, attrs, inputs, *a,
+                               **k)
         t0, c0 = clock(), cpu_clock()
         r = orig_run_op(op_type, domain, opset, fn, wants_ctx, kw, attrs, inputs, *a, **k)
         arrays = [getattr(t, "data", t) for t in inputs]
@@ -188,6 +194,22 @@ def _profile_ours(step, steps, top) -> str:
         fwd[key] += clock() - t0
         cpu[key] += cpu_clock() - c0
         cnt[key] += 1
+        return r
+
+    def run_fused(runner, role, chain, step, call, args):
+        # a step of a fused GELU chain / attention core: its kernels run here, outside
+        # run_op, so the whole call is the step's forward time (else "rest" would hold it)
+        t0, c0 = clock(), cpu_clock()
+        inside[0] += 1
+        try:
+            r = orig_fused(runner, role, chain, step, call, args)
+        finally:
+            inside[0] -= 1
+        if r is not None:
+            key = step.node.op_type
+            fwd[key] += clock() - t0
+            cpu[key] += cpu_clock() - c0
+            cnt[key] += 1
         return r
 
     def run_rule(node, gouts):
@@ -224,6 +246,7 @@ def _profile_ours(step, steps, top) -> str:
         return r
 
     _tape.run_op = _runner.run_op = run_op
+    _fusion.run_step = run_fused
     _bw.run_rule = run_rule
     autograd.backward, opt.Optimizer.update = backward, update
     autograd.softmax_cross_entropy = loss
@@ -236,6 +259,7 @@ def _profile_ours(step, steps, top) -> str:
         t_all, c_all = clock() - t_all, cpu_clock() - c_all
     finally:
         _tape.run_op = _runner.run_op = orig_run_op
+        _fusion.run_step = orig_fused
         _bw.run_rule = orig_rule
         autograd.backward, opt.Optimizer.update = orig_backward, orig_update
         autograd.softmax_cross_entropy = orig_loss
@@ -369,10 +393,15 @@ def run_model(name, args, threads, tmpdir):
         for _ in range(max(0, args.warmup - 1)):
             ours.ask(do="step"), theirs.ask(do="step")
         t_ours, t_theirs, c_ours, c_theirs = [], [], [], []
+        gap = getattr(args, "gap", 0.0) or 0.0
         for _ in range(args.runs):
+            if gap:   # the other engine's idle threads (PyTorch's OpenMP spin) settle first
+                time.sleep(gap)
             r = ours.ask(do="step")
             t_ours.append(r["s"])
             c_ours.append(r["cpu"])
+            if gap:
+                time.sleep(gap)
             r = theirs.ask(do="step")
             t_theirs.append(r["s"])
             c_theirs.append(r["cpu"])
@@ -408,6 +437,10 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--graph", action="store_true", help="compile with use_graph=True")
+    ap.add_argument("--gap", type=float, default=0.0,
+                    help="seconds to wait before each timed step of either engine (with several "
+                         "threads PyTorch's OpenMP workers spin ~10 ms of CPU after its step, "
+                         "on the cores the next step of ours then runs on)")
     ap.add_argument("--quick", action="store_true", help="112x112 images, 2 timed runs")
     ap.add_argument("--threads", type=int, default=None,
                     help="threads for both sides (default: all cores): torch.set_num_threads, the "

@@ -28,7 +28,8 @@ def _f(*shape, dtype=np.float32):
 
 @pytest.mark.parametrize("ashape,bshape", [
     ((32, 64), (64, 64)), ((1, 32, 64), (64, 256)), ((2, 4, 7, 16), (2, 4, 16, 7)),
-    ((3, 1, 5, 8), (4, 8, 2)), ((5,), (5, 3)), ((6, 5), (5,)), ((1, 1), (1, 1))])
+    ((3, 1, 5, 8), (4, 8, 2)), ((5,), (5, 3)), ((6, 5), (5,)), ((1, 1), (1, 1)),
+    ((8, 4, 32, 16), (8, 4, 16, 32))])   # attention's stacked product: equal batch dims
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
 def test_small_matmul_equals_the_general_path(ashape, bshape, dtype):
     a, b = _f(*ashape, dtype=np.float64), _f(*bshape, dtype=np.float64)

@@ -12,7 +12,7 @@ from workbench.arrays import xp_of
 from workbench.autodiff import rules
 from workbench.autodiff.tape import TapeNode, Tensor, tape_order
 from workbench.errors import GradientError, InputError
-from workbench.ops.parallel import one_blas_thread
+from workbench.ops.parallel import deferred_products, one_blas_thread, settle
 
 
 def backward(y: Tensor, dy=None, *, retain_graph: bool = False) -> list:
@@ -41,7 +41,9 @@ def backward(y: Tensor, dy=None, *, retain_graph: bool = False) -> list:
         # the rules' small products are one BLAS call each and the large ones are split
         # over the engine's own threads: BLAS' own threads would only spin between them (a
         # BERT-like step at 2 threads: 3x the CPU time of one BLAS thread)
-        with one_blas_thread():
+        # (weight-gradient products may run on the BLAS worker meanwhile: all finished when
+        # deferred_products ends, before the gradients are returned; ops.parallel)
+        with one_blas_thread(), deferred_products():
             return _backward(y, g0, retain_graph)
     return _backward(y, g0, retain_graph)
 
@@ -96,6 +98,8 @@ def _backward(y: Tensor, g0, retain_graph: bool) -> list:
                 grads[p] = g if prev is None else prev + g
             else:
                 prev = leaf.get(id(p))
+                if prev is not None:
+                    settle()   # a product queued on the BLAS worker is read here
                 leaf[id(p)] = (p, g if prev is None else prev[1] + g)
         if not retain_graph:
             node.saved_in = node.saved_out = None
@@ -125,10 +129,10 @@ def _run_rule(node: TapeNode, gouts: list, needs: tuple | None, found: dict | No
     rule = node.grad_rule   # a node's own rule (a fused chain's), else its op's
     if rule is not None and needs is not None:
         raise GradientError(
-            f"node {node.name!r} ({node.op_type}) ran fused with its GELU chain in a training "
-            f"step (workbench.autodiff.fusion): its own inputs were not kept, so it has no "
-            f"backward of its own; differentiate through backward(loss), or set "
-            f"WORKBENCH_FUSE_GELU=0 before the training step")
+            f"node {node.name!r} ({node.op_type}) ran fused with its GELU chain or attention "
+            f"core in a training step (workbench.autodiff.fusion): its own inputs were not "
+            f"kept, so it has no backward of its own; differentiate through backward(loss), or "
+            f"set WORKBENCH_FUSE_GELU=0 / WORKBENCH_FUSE_ATTENTION=0 before the training step")
     if rule is None:
         if found is None:
             rule = rules.rule_for(node.op_type, node.domain, xp=xp)  # the device's override first
@@ -147,7 +151,7 @@ def _run_rule(node: TapeNode, gouts: list, needs: tuple | None, found: dict | No
             f"@workbench.autodiff.rules.gradient({node.op_type!r})")
     ctx = rules.GradContext(node.op_type, node.opset,
                             node.needs_input_grad if needs is None else needs, xp, node.name,
-                            node.n_outputs)
+                            node.n_outputs, node.parents)
     kw = node.kw
     if node.training_mode:
         kw = dict(kw)

@@ -33,6 +33,10 @@ op's kernel (within 1 ulp of float32); so a fused training step differs from the
 in the last bits of the activations (relative ~1e-7) and of its gradients. Elementwise work
 split over threads changes no bit: nothing depends on the thread count. Only float32 host
 arrays with the compiled kernels loaded are fused; ``WORKBENCH_FUSE_GELU=0`` turns it off.
+
+:func:`find_chains` also finds the attention cores that :mod:`workbench.autodiff.fuse_attention`
+runs fused (``WORKBENCH_FUSE_ATTENTION=0`` turns that off), and :func:`run_step` hands their
+steps to it.
 """
 
 from __future__ import annotations
@@ -49,9 +53,20 @@ _PARALLEL_MIN = 1 << 15   # elements under which the gradient kernel runs on thi
 _DIV, _ERF, _ADD, _MUL, _MUL2 = range(5)
 
 
-def enabled() -> bool:
+def gelu_enabled() -> bool:
     """Whether training steps fuse the GELU chain (``WORKBENCH_FUSE_GELU`` not "0")."""
     return os.environ.get("WORKBENCH_FUSE_GELU", "1").strip() != "0"
+
+
+def attention_enabled() -> bool:
+    """Whether training steps fuse the attention core (``WORKBENCH_FUSE_ATTENTION`` not "0";
+    :mod:`workbench.autodiff.fuse_attention`)."""
+    return os.environ.get("WORKBENCH_FUSE_ATTENTION", "1").strip() != "0"
+
+
+def enabled() -> bool:
+    """Whether training steps fuse anything (the GELU chain or the attention core)."""
+    return gelu_enabled() or attention_enabled()
 
 
 class Chain:
@@ -84,7 +99,8 @@ def _const_value(st, calls):
 
 def find_chains(order, calls) -> dict:
     """``{id(step): (role, Chain)}`` for the GELU chains among ``order`` (the steps of one
-    plan in the order they ran; ``calls``: the runner's prepared calls by step id)."""
+    plan in the order they ran; ``calls``: the runner's prepared calls by step id), and
+    ``{id(step): (role, fuse_attention.Core)}`` for the attention cores."""
     readers: dict = {}
     for st in order:
         for k, s in enumerate(st.ins):
@@ -110,6 +126,11 @@ def find_chains(order, calls) -> dict:
         return nxt, k
 
     found: dict = {}
+    if attention_enabled():
+        from workbench.autodiff import fuse_attention  # noqa: PLC0415 - it imports this module
+        found.update(fuse_attention.find(order, readers, consts))
+    if not gelu_enabled():
+        return found
     for div in order:
         n = div.node
         if n.op_type != "Div" or n.domain or len(div.ins) != 2:
@@ -225,6 +246,8 @@ def _gelu_grad_numpy(x, g):
 def run_step(runner, role, chain, step, call, args):
     """Run ``step`` (role ``role`` of ``chain``) fused; its output Tensor, or None when the
     step must run its own kernel (the chain is then off for this run)."""
+    if type(chain) is not Chain:    # an attention core (fuse_attention.Core)
+        return chain.run_step(runner, role, step, call, args)
     if role == _DIV:
         chain.x = chain.y = chain.expect = None
         x = args[0]

@@ -8,6 +8,8 @@
   BLAS' own worker threads busy-wait between calls and collapse when the machine has more
   runnable threads than cores.
 - :func:`scratch` hands out per-thread reusable workspaces for large temporaries.
+- :func:`exact_matmul` is a product whose bits do not depend on the thread count (what a
+  training step's products use, see :func:`exact_products`).
 
 The thread count is ``WORKBENCH_NUM_THREADS`` (or ``OMP_NUM_THREADS``) when set, else the
 CPUs the process may run on (at most 8). On cupy everything runs as one block on the calling
@@ -316,4 +318,253 @@ def parallel_matmul(xp, a, b, out=None, epilogue=None):
     jobs = [(i, min(n, i + step)) for i in range(0, n, step)]
     with single_threaded_blas(ctl):
         run_blocks(xp, jobs, work, 1 << 30)
+    return out
+
+
+# Inside a training step the products must compute the same bits at any thread count (a
+# step's losses and weights must not depend on it). Splitting one 2-D product over columns or
+# rows does not: OpenBLAS 0.3.31 (AVX2 Zen 3, one BLAS thread) rounds 256x64 @ 64x256 split
+# into 64- or 128-column pieces differently from the whole product, and so for every shape
+# tried up to 1024^3 and conv-like 64x576 @ 576x3136, whichever axis is split. Stacked
+# products split over their leading batch axis do keep their bits (numpy's loop makes the
+# same one-matrix BLAS call for each batch entry either way). At a BERT-like step's sizes the
+# column split was also slower (256x64 @ 64x256: 101 us as one call, 174 us split over two
+# threads), its pieces being too small to pay the pool's hand-off.
+_EXACT = [0]
+
+
+class exact_products:
+    """Context manager: MatMul-family products inside give the same bits at any thread count
+    (:func:`exact_matmul`). Reentrant (a counter); the training forward and backward enter it.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self):
+        _EXACT[0] += 1
+        return self
+
+    def __exit__(self, *exc):
+        _EXACT[0] -= 1
+        return False
+
+
+def exact_products_active() -> bool:
+    """Whether the calling code runs inside :class:`exact_products`."""
+    return _EXACT[0] > 0
+
+
+def exact_matmul(xp, a, b, out=None):
+    """``matmul(a, b)`` with bits independent of the engine's thread count.
+
+    A 2-D product (or a stack whose leading axis is shorter than the thread count) is one
+    BLAS call; a stack of products is split over its leading batch axis only, each piece one
+    single-threaded BLAS call per matrix as numpy's own loop makes them, so the pieces round
+    as the whole does.
+    """
+    if xp is np and _BLAS["users"] == 0 and n_workers() > 1:
+        ctl = blas_controller()   # BLAS' own threads would change the bits: one thread
+        if ctl is not None:
+            with single_threaded_blas(ctl):
+                return exact_matmul(xp, a, b, out)
+    if xp is np and a.ndim > 2 and b.ndim >= 2:
+        nd = max(a.ndim, b.ndim)
+        if out is None:
+            shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2],
+                                                                       b.shape[-1])
+            out = xp.empty(shape, dtype=np.result_type(a.dtype, b.dtype))
+        nw = n_workers()
+        ctl = blas_controller() if nw > 1 else None
+        if ctl is not None and out.ndim == nd and out.shape[0] >= nw and \
+                int(math.prod(out.shape)) * int(a.shape[-1]) >= _PARALLEL_GEMM_MIN:
+            return parallel_matmul(xp, a, b, out=out)   # splits over the batch axis only
+        xp.matmul(a, b, out=out)
+        return out
+    if out is None:
+        return xp.matmul(a, b)
+    xp.matmul(a, b, out=out)
+    return out
+
+
+# ------------------------------------------------------------------ products on a BLAS worker
+# A training backward's weight-gradient products (X^T @ dY) are needed only by the optimizer
+# after the backward: inside deferred_products() they are queued on a C worker thread
+# (compiled module blas_worker) that calls OpenBLAS' cblas_sgemm with exactly the arguments
+# numpy's matmul passes on the calling thread, so each product has the same bits whichever
+# thread runs it and whatever the thread count; the calling thread goes on with the backward.
+# A Python thread pool hands over slowly: its worker needs the GIL to start each product and
+# to finish it, and the main thread holds the GIL between its numpy calls (row 23u's pool
+# version: same bits, slower on the loaded machine).
+_DEFER = threading.local()
+# multiply-adds under which a product stays inline: queuing costs the calling thread ~13 us
+# (64x8 @ 8x64 takes 4 us, 64x256 @ 256x64 37 us on the 2-core AMD EPYC)
+_DEFER_MIN = 1 << 18
+# the worker polls for jobs during a deferred_products block instead of sleeping between them
+_POLL = [True]
+_SGEMM: list = []       # [(address, ilp64) or None] once looked up
+
+
+def worker_wanted() -> bool:
+    """Whether :func:`deferred_products` may use the BLAS worker: ``WORKBENCH_BLAS_WORKER``
+    set to 1/on/true/yes. Off by default: on the shared 2-core AMD EPYC (load 2-5) the
+    BERT-like step measured no faster with it (in-process, alternated: wall min/q25 14.20/15.69
+    vs 13.31/14.79 ms without, load 2.2; 11.40/12.45 vs 12.00/12.49 at an idle moment): the
+    products it takes (~0.8 ms a step) are small, and on a busy machine the worker waits for a
+    core while the backward waits for its products (benchmarks/README.md, row 23z2)."""
+    return os.environ.get("WORKBENCH_BLAS_WORKER", "").strip().lower() in ("1", "on", "true",
+                                                                           "yes")
+
+
+def _blas_layout(x):
+    """(transpose code, leading dimension) numpy's matmul gives a 2-D float32 operand
+    (CblasNoTrans 111 for rows of unit stride, CblasTrans 112 for columns), or None when
+    numpy would copy it first."""
+    s0, s1 = x.strides
+    m, n = x.shape
+    if s1 == 4 and s0 % 4 == 0 and n <= s0 // 4 < (1 << 31):
+        return 111, s0 // 4
+    if s0 == 4 and s1 % 4 == 0 and m <= s1 // 4 < (1 << 31):
+        return 112, s1 // 4
+    return None
+
+
+def _sgemm():
+    """``(address, ilp64)`` of ``cblas_sgemm`` in the OpenBLAS numpy itself loaded, or None
+    (another BLAS, or numpy's library not recognised: the products then stay inline)."""
+    if _SGEMM:
+        return _SGEMM[0]
+    import ctypes  # noqa: PLC0415
+
+    found = None
+    for ctl in blas_controller() or ():
+        path = str(getattr(ctl, "filepath", "") or "")
+        if getattr(ctl, "internal_api", None) != "openblas" or "numpy" not in path:
+            continue
+        lib = getattr(ctl, "dynlib", None)
+        for prefix in ("scipy_", ""):
+            for suffix in ("64_", "_64", ""):
+                fn = getattr(lib, f"{prefix}cblas_sgemm{suffix}", None)
+                if fn is not None:
+                    found = (ctypes.cast(fn, ctypes.c_void_p).value, bool(suffix))
+                    break
+            if found:
+                break
+        if found:
+            break
+    _SGEMM.append(found)
+    return found
+
+
+def _worker_calls():
+    """``(submit, wait_for)`` raw calls of the loaded ``blas_worker`` module, checked once
+    against numpy's own product (same bits, both layouts), or None."""
+    from workbench import compiled  # noqa: PLC0415
+
+    sub = compiled.kernel("blas_worker.submit")     # None while kernels are turned off
+    if sub is None:
+        return None    # or not built yet: asked again at the next product
+    w = _BLAS.get("worker")
+    if w is not None:
+        return w or None
+    wait = compiled.kernel("blas_worker.wait_for")
+    poll = compiled.kernel("blas_worker.poll")
+    if wait is None or poll is None or _sgemm() is None:
+        return None
+    calls = (sub.raw, wait.raw, poll.raw)
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((37, 19)).astype(np.float32)
+    b = rng.standard_normal((37, 23)).astype(np.float32)
+    ok = True
+    with one_blas_thread():
+        for x, y in ((a.T, b), (a[:, :17].T, b[:, 1:])):   # Trans (lda 19), NoTrans (ldb 23)
+            out = _submit(calls, x, y)
+            calls[1](out[1])
+            ok = ok and np.array_equal(out[0], np.matmul(x, y))
+    _BLAS["worker"] = calls if ok else ()
+    return calls if ok else None
+
+
+def _submit(calls, a, b):
+    """Queue ``a @ b`` (2-D float32, layouts numpy hands to BLAS as they are); returns the
+    output array and the job's ticket."""
+    from workbench.compiled import data_pointer  # noqa: PLC0415
+
+    la, lb = _blas_layout(a), _blas_layout(b)
+    m, k = a.shape
+    n = b.shape[1]
+    out = np.empty((m, n), np.float32)
+    addr, ilp64 = _SGEMM[0]
+    job = np.array((addr, ilp64, la[0], lb[0], m, n, k, data_pointer(a), la[1],
+                    data_pointer(b), lb[1], data_pointer(out), n, 0), np.int64)
+    calls[0](data_pointer(job))
+    return out, int(job[13])
+
+
+class deferred_products:
+    """Context manager: inside, :func:`defer_matmul` may queue products on the BLAS worker;
+    on leaving (also on an error) every product queued inside has finished. Reentrant per
+    thread. Enter it inside the one-BLAS-thread region the products need
+    (:func:`one_blas_thread`): the worker's calls read OpenBLAS' global thread count."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        st = _DEFER.__dict__
+        on = st["on"] = st.get("on", 0) + 1
+        if on == 1:   # the worker's calls, or None: looked up once per block
+            calls = st["calls"] = _worker_calls() if worker_wanted() and n_workers() > 1 \
+                else None
+            if calls and _POLL[0]:
+                calls[2](1)
+                st["polling"] = calls[2]
+        return self
+
+    def __exit__(self, *exc):
+        st = _DEFER.__dict__
+        st["on"] -= 1
+        if st["on"] == 0:
+            try:
+                settle()
+            finally:
+                poll = st.pop("polling", None)
+                if poll is not None:
+                    poll(0)
+        return False
+
+
+def settle() -> None:
+    """Wait until the products this thread queued have finished (their arrays are then
+    complete); a no-op when none is queued."""
+    keep = _DEFER.__dict__.get("keep")
+    if keep:
+        _BLAS["worker"][1](_DEFER.__dict__["last"])
+        keep.clear()
+
+
+def defer_matmul(a, b):
+    """``a @ b`` for 2-D float32 numpy arrays queued on the BLAS worker: returns the output
+    array, complete only after :func:`settle` (or the end of :func:`deferred_products`);
+    nobody may read it, nor write ``a`` or ``b``, before. None where the product is to be
+    computed inline: outside :func:`deferred_products`, with one engine thread or without
+    ``WORKBENCH_BLAS_WORKER`` (:func:`worker_wanted`; both read when the block began), the
+    worker not built, kernels turned off, other dtypes or layouts numpy
+    would copy, a dimension under 2 (numpy's vector paths), ``a`` and ``b`` the same data
+    (numpy's syrk path), a small product (under ``_DEFER_MIN`` multiply-adds)."""
+    from workbench.compiled import data_pointer, enabled  # noqa: PLC0415
+
+    st = _DEFER.__dict__
+    calls = st.get("calls") if st.get("on") else None
+    if not calls or not enabled() or type(a) is not np.ndarray or type(b) is not np.ndarray \
+            or a.dtype != np.float32 or b.dtype != np.float32 or a.ndim != 2 or b.ndim != 2 \
+            or min(a.shape) < 2 or b.shape[1] < 2 or a.shape[1] != b.shape[0] \
+            or a.shape[0] * a.shape[1] * b.shape[1] < _DEFER_MIN \
+            or _blas_layout(a) is None or _blas_layout(b) is None \
+            or data_pointer(a) == data_pointer(b):
+        return None
+    out, job = _submit(calls, a, b)
+    keep = st.get("keep")
+    if keep is None:
+        keep = st["keep"] = []
+    keep.append((a, b, out))    # alive (and unchanged: the caller's promise) until settled
+    st["last"] = job
     return out

@@ -53,7 +53,7 @@ from workbench.graph import passes as _passes
 from workbench.graph.export import save_atomic as _save_atomic
 from workbench.graph.ir import Node, ValueInfo
 from workbench.graph.load import load
-from workbench.ops.parallel import one_blas_thread
+from workbench.ops.parallel import exact_products, one_blas_thread
 from workbench.ops.registry import facts
 from workbench.runtime.cut import COUNTINGS, cut, layer_nodes, resolve_cut
 from workbench.runtime.plan import Plan, Step
@@ -102,8 +102,9 @@ class Model(Layer):
 
     def __call__(self, *args, **kwargs):
         # one BLAS thread, as in every CPU run of the engine (its own workers split the large
-        # products): eager steps then round as graph-mode replays (plan runs) do
-        with one_blas_thread():
+        # products): eager steps then round as graph-mode replays (plan runs) do. Its
+        # MatMul-family products round alike at any thread count (exact_products)
+        with one_blas_thread(), exact_products():
             if self.training and type(self).train_one_batch is not Model.train_one_batch:
                 return self.train_one_batch(*args, **kwargs)
             if self.inference_only:
@@ -892,10 +893,12 @@ class SONNXModel(Model):
         which exports what was recorded); :meth:`run` runs the optimized inference graph.
         On the host it runs with one BLAS thread, as ``model(...)`` and the backward do (the
         engine's own threads split the large products): a direct ``forward`` call computes
-        as the same step through ``__call__`` does, whatever BLAS' own thread count."""
+        as the same step through ``__call__`` does, whatever BLAS' own thread count, and its
+        MatMul/Gemm products give the same bits at any engine thread count
+        (``ops.parallel.exact_products``)."""
         if self._dev.is_cuda:
             return self._forward(x, last_layers, aux_output)
-        with one_blas_thread():
+        with one_blas_thread(), exact_products():
             return self._forward(x, last_layers, aux_output)
 
     def _forward(self, x, last_layers, aux_output, inference: bool = False):

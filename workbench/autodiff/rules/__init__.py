@@ -151,6 +151,9 @@ class GradContext:
     xp: Any
     node_name: str = ""
     n_outputs: int = 1
+    #: the node's parents as the tape holds them (a leaf Tensor, a (node, index) pair or
+    #: None per input; empty when unknown): a rule may treat a leaf's gradient differently
+    parents: tuple = ()
 
 
 def unbroadcast(g, shape):

@@ -36,6 +36,9 @@ typedef struct {
     double scale, fill;
 } call_t;
 
+/* slots of call_t (the attention's call block; ``attention_probs`` reads one more) */
+#define ATT_SLOTS 38
+
 static const int32_t mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 
 static inline __m256i lanes(int64_t n) {   /* the first n (0..8) lanes on */
@@ -161,12 +164,12 @@ static inline void store_out(float *y, int64_t ye, int64_t n, __m256 acc) {
 }
 
 /* R rows of Y, NV vectors of values from e: y[r * yi + (e + x) * ye] = sum_{j < Sk}
- * p[r * ps + j] * vp[j * vs + e + x], for e + x < Dv */
+ * p[r * ps + j * pj] * vp[j * vs + e + x], for e + x < Dv */
 static inline __attribute__((always_inline)) void pv_tile(
-        const int R, const int NV, const float *p, int64_t ps, const float *ve, int64_t vs,
-        int64_t Sk, int64_t nleft, float *y, int64_t yi, int64_t ye) {
+        const int R, const int NV, const float *p, int64_t ps, int64_t pj, const float *ve,
+        int64_t vs, int64_t Sk, int64_t nleft, float *y, int64_t yi, int64_t ye) {
     __m256 a[4][2];
-    fma_tile(R, NV, a, p, ps, 1, ve, vs, Sk);
+    fma_tile(R, NV, a, p, ps, pj, ve, vs, Sk);
     _Pragma("GCC unroll 8")
     for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 8")
@@ -175,15 +178,15 @@ static inline __attribute__((always_inline)) void pv_tile(
                 store_out(y + r * yi + 8 * x * ye, ye, nleft - 8 * x, a[r][x]);
 }
 
-/* R rows of Y, all Dv values */
+/* R rows of Y, all Dv values (p's values along a row pj apart) */
 static inline __attribute__((always_inline)) void pv_rows(
-        const int R, const float *p, int64_t ps, const float *vp, int64_t vs, int64_t Sk,
-        int64_t Dv, float *y, int64_t yi, int64_t ye) {
+        const int R, const float *p, int64_t ps, int64_t pj, const float *vp, int64_t vs,
+        int64_t Sk, int64_t Dv, float *y, int64_t yi, int64_t ye) {
     int64_t e = 0;
     for (; e + 8 < Dv; e += 16)
-        pv_tile(R, 2, p, ps, vp + e, vs, Sk, Dv - e, y + e * ye, yi, ye);
+        pv_tile(R, 2, p, ps, pj, vp + e, vs, Sk, Dv - e, y + e * ye, yi, ye);
     if (e < Dv)
-        pv_tile(R, 1, p, ps, vp + e, vs, Sk, Dv - e, y + e * ye, yi, ye);
+        pv_tile(R, 1, p, ps, pj, vp + e, vs, Sk, Dv - e, y + e * ye, yi, ye);
 }
 
 /* 8 x 8 transpose in registers */
@@ -299,8 +302,9 @@ static void softmax_row(float *s, int64_t SkP) {
         _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv));
 }
 
-void wb_attention_avx2_attention(const int64_t *blk) {
-    const call_t *a = (const call_t *)blk;
+/* the forward of every entry; pout: where the probabilities go as well ((p1 - p0) pairs of
+ * (Sq, Sk), contiguous, the pair p0 first), or NULL (inference: inlined away) */
+static inline __attribute__((always_inline)) void attend(const call_t *a, float *pout) {
     const int64_t Sq = a->Sq, Sk = a->Sk, D = a->D, Dv = a->Dv, H = a->H;
     const int64_t SkP = (Sk + 7) & ~(int64_t)7, DvP = (Dv + 7) & ~(int64_t)7;
     const int64_t ROWS = a->rows;
@@ -381,12 +385,132 @@ void wb_attention_avx2_attention(const int64_t *blk) {
                                                                       _mm256_set1_epi32(-1)),
                                         ninf);
                 softmax_row(s, SkP);
+                if (pout)
+                    memcpy(pout + ((p - a->p0) * Sq + i0 + i) * Sk, s, (size_t)Sk * sizeof(float));
             }
             float *yr = y + i0 * a->yi;
             for (i = 0; i + 4 <= rc; i += 4)
-                pv_rows(4, sc + i * SkP, SkP, vv, vs, Sk, Dv, yr + i * a->yi, a->yi, a->ye);
+                pv_rows(4, sc + i * SkP, SkP, 1, vv, vs, Sk, Dv, yr + i * a->yi, a->yi, a->ye);
             for (; i < rc; i++)
-                pv_rows(1, sc + i * SkP, SkP, vv, vs, Sk, Dv, yr + i * a->yi, a->yi, a->ye);
+                pv_rows(1, sc + i * SkP, SkP, 1, vv, vs, Sk, Dv, yr + i * a->yi, a->yi, a->ye);
         }
+    }
+}
+
+void wb_attention_avx2_attention(const int64_t *blk) {
+    attend((const call_t *)blk, 0);
+}
+
+/* training's forward: the attention's call block followed by one slot, the address of the
+ * probabilities' output ((p1 - p0) x Sq x Sk floats, contiguous) */
+void wb_attention_avx2_attention_probs(const int64_t *blk) {
+    attend((const call_t *)blk, (float *)blk[ATT_SLOTS]);
+}
+
+/* training's backward (see attention_avx2.py, ``attention_grad``) */
+typedef struct {
+    const float *p, *g, *q, *k, *v;
+    float *dq, *dk, *dv, *work;
+    int64_t H, Sq, Sk, D, Dv;
+    int64_t gb, gh, gi, ge, qb, qh, qi, qd, kb, kh, kd, kj, vb, vh, vj, ve;
+    int64_t scale_mode, p0, p1;
+    double scale;
+    const uint8_t *m;                   /* a fill mask's (uint8) values, or NULL */
+    int64_t mb, mh, mi, mj, mask_mode;  /* its element strides; 2: filled where non-zero,
+                                         * 3: where zero (dS is 0 there, as Where's rule) */
+} grad_t;
+
+/* C[i, n] = sum_{k < K} A[i * ai + k * ak] * B[k * bs + n] for i < M, n < N, stored at
+ * C + i * cs + n; B's rows hold N rounded up to 8 readable values (zero padding) */
+static void small_gemm(const float *A, int64_t ai, int64_t ak, const float *B, int64_t bs,
+                       int64_t M, int64_t N, int64_t K, float *C, int64_t cs) {
+    int64_t i = 0;
+    for (; i + 4 <= M; i += 4)
+        pv_rows(4, A + i * ai, ai, ak, B, bs, K, N, C + i * cs, cs, 1);
+    for (; i < M; i++)
+        pv_rows(1, A + i * ai, ai, ak, B, bs, K, N, C + i * cs, cs, 1);
+}
+
+void wb_attention_avx2_attention_grad(const int64_t *blk) {
+    const grad_t *a = (const grad_t *)blk;
+    const int64_t Sq = a->Sq, Sk = a->Sk, D = a->D, Dv = a->Dv, H = a->H;
+    const int64_t SkP = (Sk + 7) & ~(int64_t)7, DP = (D + 7) & ~(int64_t)7,
+                  DvP = (Dv + 7) & ~(int64_t)7;
+    float *vt = a->work;            /* (Dv, SkP): V transposed */
+    float *kc = vt + Dv * SkP;      /* (Sk, DP): K (the rows of Kt's columns) */
+    float *gc = kc + Sk * DP;       /* (Sq, DvP): dY */
+    float *ds = gc + Sq * DvP;      /* (Sq, SkP): dP, then dS */
+    const float c = (float)a->scale;
+    const int64_t mode = a->scale_mode;
+    uint32_t bits;
+    memcpy(&bits, &c, 4);
+    const uint32_t ex = (bits >> 23) & 0xff;
+    /* dividing by a positive power of two (normal inverse) is multiplying by its inverse */
+    const int div_exact = mode == 2 && (bits & 0x807fffffu) == 0 && ex > 1 && ex < 253;
+    const __m256 inv = _mm256_set1_ps(div_exact ? 1.0f / c : c);
+    const __m256 cv = _mm256_set1_ps(c);
+    const int mul = mode == 1 || div_exact;
+    for (int64_t p = a->p0; p < a->p1; p++) {
+        const int64_t b = p / H, h = p % H;
+        const float *q = a->q + b * a->qb + h * a->qh;
+        const float *k = a->k + b * a->kb + h * a->kh;
+        const float *v = a->v + b * a->vb + h * a->vh;
+        const float *g = a->g + b * a->gb + h * a->gh;
+        const float *pp = a->p + p * Sq * Sk;
+        float *dq = a->dq + p * Sq * D;
+        float *dk = a->dk + p * D * Sk;
+        float *dv = a->dv + p * Sk * Dv;
+        for (int64_t e = 0; e < Dv; e++) {
+            for (int64_t j = 0; j < Sk; j++)
+                vt[e * SkP + j] = v[j * a->vj + e * a->ve];
+            for (int64_t j = Sk; j < SkP; j++)
+                vt[e * SkP + j] = 0.0f;
+        }
+        for (int64_t j = 0; j < Sk; j++) {
+            for (int64_t d = 0; d < D; d++)
+                kc[j * DP + d] = k[d * a->kd + j * a->kj];
+            for (int64_t d = D; d < DP; d++)
+                kc[j * DP + d] = 0.0f;
+        }
+        for (int64_t i = 0; i < Sq; i++) {
+            for (int64_t e = 0; e < Dv; e++)
+                gc[i * DvP + e] = g[i * a->gi + e * a->ge];
+            for (int64_t e = Dv; e < DvP; e++)
+                gc[i * DvP + e] = 0.0f;
+        }
+        /* dP = dY V^T (sums over e in order) */
+        small_gemm(gc, DvP, 1, vt, SkP, Sq, SkP, Dv, ds, SkP);
+        /* dS = P (dP - rowsum(dP P)), then the scale's */
+        for (int64_t i = 0; i < Sq; i++) {
+            const float *pr = pp + i * Sk;
+            float *r = ds + i * SkP;
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t j = 0; j < SkP; j += 8) {
+                const __m256i m = lanes(Sk - j < 8 ? Sk - j : 8);
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(r + j), _mm256_maskload_ps(pr + j, m), acc);
+            }
+            const __m256 dot = _mm256_set1_ps(hsum(acc));
+            for (int64_t j = 0; j < SkP; j += 8) {
+                const __m256i m = lanes(Sk - j < 8 ? Sk - j : 8);
+                __m256 t = _mm256_mul_ps(_mm256_maskload_ps(pr + j, m),
+                                         _mm256_sub_ps(_mm256_loadu_ps(r + j), dot));
+                if (mul)
+                    t = _mm256_mul_ps(t, inv);
+                else if (mode == 2)
+                    t = _mm256_div_ps(t, cv);
+                _mm256_storeu_ps(r + j, t);     /* padding columns: P's masked lanes give 0 */
+            }
+            if (a->mask_mode >= 2) {   /* filled scores take no gradient (Where's rule) */
+                const uint8_t *mr = a->m + b * a->mb + h * a->mh + i * a->mi;
+                const int want = a->mask_mode == 2;
+                for (int64_t j = 0; j < Sk; j++)
+                    if ((mr[j * a->mj] != 0) == want)
+                        r[j] = 0.0f;
+            }
+        }
+        /* dV = P^T dY (over i), dQ = dS K (over j), dKt = Q^T dS (over i) */
+        small_gemm(pp, 1, Sk, gc, DvP, Sk, Dv, Sq, dv, Dv);
+        small_gemm(ds, SkP, 1, kc, DP, Sq, D, Sk, dq, D);
+        small_gemm(q, a->qd, a->qi, ds, SkP, D, Sk, Sq, dk, Sk);
     }
 }

@@ -19,6 +19,22 @@ runs its numpy / BLAS path (``workbench/ops/linalg.py``).
   run at the same time need their own). One argument: an int64 block of :data:`BLOCK` slots
   (addresses, then integers, then ``scale`` and ``fill`` as float64 bit patterns), so a node
   keeps its blocks and rewrites only the array addresses (``ops/linalg.py``).
+- ``attention_probs`` (training's fused attention core, ``autodiff/fuse_attention.py``): the
+  same call, its block followed by one slot: the address of a C-contiguous float32 array that
+  receives the probabilities of the pairs ``p0 <= p < p1`` ((p1 - p0, Sq, Sk), the softmax's
+  output the backward needs). Y and P are exactly what ``attention`` computes.
+- ``attention_grad``: the backward of ``Y = softmax(scale(Q @ K) + M) @ V`` for the pairs
+  ``p0 <= p < p1`` from the saved probabilities P (contiguous (pairs, Sq, Sk)) and dY: dV =
+  P^T dY, dP = dY V^T, dS = P * (dP - rowsum(dP * P)) then ``* scale`` or ``/ scale``, dQ =
+  dS K^T, dK = Q^T dS (K as the (D, Sk) operand). dY, Q, K, V read through element strides
+  (batch, head, row, column); dQ (pairs, Sq, D), dK (pairs, D, Sk), dV (pairs, Sk, Dv) written
+  C-contiguous. Each sum runs in a fixed order (over e, over i, over j; the row dot product
+  in 8 lanes), so results do not depend on how the pairs are split. With a fill mask
+  (``mask_mode`` 2: filled where the uint8 mask is non-zero, 3: where it is zero; read through
+  its element strides) dS is 0 at the filled scores, as the gradient of ONNX Where is.
+  ``work``:
+  :func:`grad_work_floats` values per call block. One argument: an int64 block of
+  :data:`GRAD_BLOCK` slots.
 """
 
 #: the kernel's source file, in this folder
@@ -32,11 +48,18 @@ BLOCK = ("q", "k", "v", "m", "y", "work", "H", "Sq", "Sk", "D", "Dv",
          "qb", "qh", "qi", "qd", "kb", "kh", "kd", "kj", "vb", "vh", "vj", "ve",
          "yb", "yh", "yi", "ye", "mb", "mh", "mi", "mj",
          "scale_mode", "mask_mode", "p0", "p1", "rows", "scale", "fill")
+#: the slots of ``attention_grad``'s block (the C struct ``grad_t``)
+GRAD_BLOCK = ("p", "g", "q", "k", "v", "dq", "dk", "dv", "work", "H", "Sq", "Sk", "D", "Dv",
+              "gb", "gh", "gi", "ge", "qb", "qh", "qi", "qd", "kb", "kh", "kd", "kj",
+              "vb", "vh", "vj", "ve", "scale_mode", "p0", "p1", "scale",
+              "m", "mb", "mh", "mi", "mj", "mask_mode")
 #: query rows whose scores are held at once (the scratch's first part)
 ROWS = 64
 #: kernel name -> argument string (:mod:`workbench.compiled.spec`)
 EXPORTS = {
     "attention": "i64[]",
+    "attention_probs": "i64[]",
+    "attention_grad": "i64[]",
 }
 
 
@@ -45,3 +68,10 @@ def work_floats(Sq, Sk, D, Dv):
     (D, Sk rounded up to 8), V packed as (Sk, Dv rounded up to 8)."""
     skp, dvp = -(-Sk // 8) * 8, -(-Dv // 8) * 8
     return min(Sq, ROWS) * skp + D * skp + Sk * dvp
+
+
+def grad_work_floats(Sq, Sk, D, Dv):
+    """The scratch (float32 values) one ``attention_grad`` block needs: V transposed (Dv,
+    Sk8), K (Sk, D8), dY (Sq, Dv8) and dP / dS (Sq, Sk8) (n8: n rounded up to 8)."""
+    skp, dp, dvp = (-(-n // 8) * 8 for n in (Sk, D, Dv))
+    return Dv * skp + Sk * dp + Sq * dvp + Sq * skp

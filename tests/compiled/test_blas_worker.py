@@ -1,0 +1,120 @@
+"""The BLAS worker (``blas_worker``): weight-gradient products queued on a C thread give
+numpy's own bits (``ops.parallel.defer_matmul``), complete once settled, and stay inline
+wherever they must."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench import compiled
+from workbench.compiled import cache
+from workbench.ops import parallel
+
+
+@pytest.fixture(scope="module")
+def worker():
+    why = compiled.c_unavailable("blas_worker")
+    if why:
+        pytest.skip(why)
+    if not compiled.wait(["blas_worker"], timeout=300):
+        pytest.skip(f"blas_worker is not available: {compiled.status()['modules']}")
+    if parallel._sgemm() is None:
+        pytest.skip("numpy's BLAS is not a recognised OpenBLAS: products stay inline")
+    assert parallel._worker_calls() is not None   # (its one-time check against numpy)
+    return compiled.kernel("blas_worker.stats")
+
+
+@pytest.fixture
+def two(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "2")
+    monkeypatch.setenv("WORKBENCH_BLAS_WORKER", "1")
+    monkeypatch.setattr(parallel, "_DEFER_MIN", 1)    # small products queue too
+
+
+def _stats(k):
+    out = np.zeros(4, np.int64)
+    k(out)
+    return out
+
+
+def _operands(rng, m, k, n):
+    """(a, b) pairs in the layouts a backward hands over: X^T (a transposed view), row
+    slices and column slices (leading dimensions larger than the width), contiguous."""
+    x = rng.standard_normal((k + 3, m + 5)).astype(np.float32)
+    g = rng.standard_normal((k + 2, n + 4)).astype(np.float32)
+    yield x[:k, :m].T, g[:k, :n]                 # Trans, lda m + 5; NoTrans, ldb n + 4
+    yield np.ascontiguousarray(x[:k, :m].T), np.asfortranarray(g[:k, :n])   # NoTrans, Trans
+    yield x[1:k + 1, 2:m + 2].T.copy(), g[:k, 1:n + 1].copy()
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 256, 64), (2, 2, 2), (17, 300, 5), (256, 256, 64)])
+def test_queued_products_give_numpys_bits(worker, two, m, k, n):
+    rng = np.random.default_rng(m + k + n)
+    before = _stats(worker)[2]
+    pairs = list(_operands(rng, m, k, n))
+    with parallel.one_blas_thread():
+        want = [np.matmul(a, b) for a, b in pairs]
+        with parallel.deferred_products():
+            got = [parallel.defer_matmul(a, b) for a, b in pairs]
+            assert all(isinstance(y, np.ndarray) for y in got)
+        # leaving the block waited for every product
+    for y, w in zip(got, want):
+        assert y.shape == w.shape and y.dtype == np.float32 and np.array_equal(y, w)
+    assert _stats(worker)[2] == before + len(pairs)
+
+
+def test_more_jobs_than_the_queue_holds(worker, two):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((40, 33)).astype(np.float32)
+    bs = [rng.standard_normal((40, 9)).astype(np.float32) for _ in range(600)]
+    with parallel.one_blas_thread(), parallel.deferred_products():
+        got = [parallel.defer_matmul(a.T, b) for b in bs]
+        parallel.settle()
+        assert all(np.array_equal(y, np.matmul(a.T, b)) for y, b in zip(got, bs))
+        again = parallel.defer_matmul(a.T, bs[0])     # after settle(): queues afresh
+    assert np.array_equal(again, got[0])
+
+
+def test_an_error_inside_still_waits_for_the_queued_products(worker, two):
+    a = np.ones((300, 200), np.float32)
+    b = np.ones((300, 150), np.float32)
+    y = None
+    with pytest.raises(RuntimeError), parallel.one_blas_thread(), \
+            parallel.deferred_products():
+        y = parallel.defer_matmul(a.T, b)
+        raise RuntimeError("in the middle of a backward")
+    assert np.array_equal(y, np.full((200, 150), 300, np.float32))
+    assert not parallel._DEFER.__dict__.get("keep")
+
+
+def test_products_stay_inline_where_they_must(worker, monkeypatch):
+    a = np.ones((8, 6), np.float32)
+    b = np.ones((8, 5), np.float32)
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "2")
+    monkeypatch.delenv("WORKBENCH_BLAS_WORKER", raising=False)
+    monkeypatch.setattr(parallel, "_DEFER_MIN", 1)
+    with parallel.deferred_products():
+        assert parallel.defer_matmul(a.T, b) is None          # off unless asked for
+    monkeypatch.setattr(parallel, "_DEFER_MIN", 1 << 18)
+    monkeypatch.setenv("WORKBENCH_BLAS_WORKER", "1")
+    assert parallel.defer_matmul(a.T, b) is None              # outside deferred_products
+    with parallel.deferred_products():
+        assert parallel.defer_matmul(a.T, b) is None          # under _DEFER_MIN: inline
+        monkeypatch.setattr(parallel, "_DEFER_MIN", 1)
+        assert parallel.defer_matmul(a.T.astype(np.float64), b.astype(np.float64)) is None
+        assert parallel.defer_matmul(a[:, :1].T, b) is None      # one row: numpy.s vector path
+        assert parallel.defer_matmul(a.T[::2, ::2], b[::2]) is None  # numpy copies these
+        assert parallel.defer_matmul(a.T, a) is None               # same data: numpy's syrk
+        with compiled.disabled():
+            assert parallel.defer_matmul(a.T, b) is None
+        y = parallel.defer_matmul(a.T, b)
+        assert y is not None
+    assert np.array_equal(y, np.full((6, 5), 8, np.float32))
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "1")   # (read when the block begins)
+    with parallel.deferred_products():
+        assert parallel.defer_matmul(a.T, b) is None               # one engine thread
+
+
+def test_the_module_needs_no_vector_instructions():
+    assert cache.c_spec("blas_worker").REQUIRES == ()
