@@ -93,6 +93,17 @@ def test_set_node_class_takes_only_slotless_subclasses():
     with pytest.raises(TypeError, match="not a subclass"):
         tape.set_node_class(object)
 
+    class ComparedByValue(tape.TapeNode):
+        __slots__ = ()
+
+        def __eq__(self, other):
+            return isinstance(other, tape.TapeNode) and self.op_type == other.op_type
+
+        __hash__ = tape.TapeNode.__hash__
+
+    with pytest.raises(TypeError, match="__eq__"):
+        tape.set_node_class(ComparedByValue)
+
 
 def test_singa_autograd_all_is_explicit_and_complete():
     from workbench.singa import autograd

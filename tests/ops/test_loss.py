@@ -123,3 +123,45 @@ def test_loss_errors():
         run("NegativeLogLikelihoodLoss", np.zeros((2, 3)), np.array([0, 1]), reduction="avg")
     with pytest.raises(ShapeError, match="weights"):
         run("SoftmaxCrossEntropyLoss", np.zeros((2, 3)), np.array([0, 1]), np.ones(2))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_cross_entropy_mean_fast_paths_keep_the_general_bits(dtype):
+    """The usual training loss (mean, no weights, no ignore_index; 2-D scores) takes short
+    ways in the kernel (one fancy index for take_along_axis) and in its gradient rule (no
+    one-hot matrix, no weights of ones): the same bits as the general paths, reached here by
+    class weights of ones, an ignore_index no label has and a trailing axis of 1."""
+    from workbench.autodiff.rules import GradContext, rule_for
+    rng = np.random.default_rng(5)
+    rule = rule_for("SoftmaxCrossEntropyLoss")
+    ctx = GradContext("SoftmaxCrossEntropyLoss", 13, (True, False, False), np)
+    for n, c, scale in ((8, 3, 1.0), (1, 1, 1.0), (5, 7, 1e4), (33, 10, 30.0)):
+        x = (rng.standard_normal((n, c)) * scale).astype(dtype)
+        x[0, 0] = -np.inf if n > 1 else x[0, 0]     # a probability of exactly 0: -0.0 terms
+        lab = rng.integers(0, c, n)
+        fast = run("SoftmaxCrossEntropyLoss", x, lab, reduction="mean")
+        ones = np.ones(c, dtype)
+        for general in (run("SoftmaxCrossEntropyLoss", x, lab, ones, reduction="mean"),
+                        run("SoftmaxCrossEntropyLoss", x, lab, reduction="mean",
+                            ignore_index=-100),
+                        run("SoftmaxCrossEntropyLoss", x[..., None], lab[:, None],
+                            reduction="mean")):
+            assert general.tobytes() == fast.tobytes()
+        for g in (np.array(1.0, dtype), np.array(-0.0, dtype), np.array(-2.5, dtype)):
+            got = rule(ctx, [g], [x, lab], [fast], reduction="mean")[0]
+            want = rule(ctx, [g], [x, lab, ones], [fast], reduction="mean")[0]
+            assert got.tobytes() == want.tobytes()
+            want = rule(ctx, [g], [x, lab], [fast], reduction="mean", ignore_index=-100)[0]
+            assert got.tobytes() == want.tobytes()
+
+
+def test_label_range_checks_small_and_large_label_arrays():
+    from workbench.ops.loss import label_range
+    for size in (3, 256, 257, 5000):
+        lab = np.arange(size) % 7
+        assert label_range(lab) == (0, min(6, size - 1))
+        lab[size // 2] = 9
+        with pytest.raises(InputError, match="label 9 is out of range"):
+            run("SoftmaxCrossEntropyLoss", np.zeros((size, 7), np.float32), lab)
+        lab[size // 2] = -3
+        assert label_range(lab.astype(np.int32))[0] == -3

@@ -49,52 +49,58 @@ def backward(y: Tensor, dy=None, *, retain_graph: bool = False) -> list:
 
 
 def _backward(y: Tensor, g0, retain_graph: bool) -> list:
-    grads: dict = {(id(y.creator), y._index): g0}
+    # a gradient waiting for node output ``(node, index)`` is kept under that pair: the very
+    # tuple a child's ``parents`` holds (no key built per edge)
+    grads: dict = {(y.creator, y._index): g0}
     leaf: dict = {}
     order = tape_order([y], only_grad=True)
     pop = grads.pop
+    get = grads.get
+    found: dict = {}   # (op type, domain, array module) -> rule, for this backward
     for node in reversed(order):
         if node.n_outputs == 1:
-            g = pop((id(node), 0), None)
+            g = pop((node, 0), None)
             if g is None:
                 continue
             gouts = [g]
         else:
-            gouts = [pop((id(node), i), None) for i in range(node.n_outputs)]
+            gouts = [pop((node, i), None) for i in range(node.n_outputs)]
             if all(g is None for g in gouts):
                 continue
         if node.saved_in is None:
             raise GradientError(
                 f"node {node.name!r} ({node.op_type}): its saved arrays were freed by an earlier "
                 f"backward(); run the forward again (or pass retain_graph=True)")
-        gins = run_rule(node, gouts)
+        gins = _run_rule(node, gouts, None, found)
         needs = node.needs_input_grad
-        for i, p in enumerate(node.parents):
-            if p is None or i >= len(gins) or not needs[i]:
+        n_gins = len(gins)
+        i = -1
+        for p in node.parents:
+            i += 1
+            if p is None or i >= n_gins or not needs[i]:
                 continue
             g = gins[i]
             if g is None:
                 continue
             if type(p) is tuple:
                 shape, dtype = p[0].out_meta[p[1]]
-                key = (id(p[0]), p[1])
             else:
                 shape, dtype = tuple(p.shape), p.dtype
-                key = None
-            if tuple(g.shape) != shape:
+            gshape = g.shape
+            if gshape != shape and tuple(gshape) != shape:
                 raise GradientError(
                     f"node {node.name!r} ({node.op_type}): the gradient rule returned shape "
-                    f"{list(g.shape)} for input {i}, which has shape {list(shape)}")
+                    f"{list(gshape)} for input {i}, which has shape {list(shape)}")
             if g.dtype != dtype:
                 g = g.astype(dtype)
-            if key is None:
+            if type(p) is tuple:
+                prev = get(p)
+                grads[p] = g if prev is None else prev + g
+            else:
                 prev = leaf.get(id(p))
                 if prev is not None:
                     settle()   # a product queued on the BLAS worker is read here
                 leaf[id(p)] = (p, g if prev is None else prev[1] + g)
-            else:
-                prev = grads.get(key)
-                grads[key] = g if prev is None else prev + g
         if not retain_graph:
             node.saved_in = node.saved_out = None
             node.freed = True
@@ -114,6 +120,11 @@ def run_rule(node: TapeNode, gouts: list, needs: tuple | None = None) -> tuple:
     applied to the arrays the node saved. ``needs`` replaces ``node.needs_input_grad`` (a
     backward of single nodes: refused for the nodes of a fused chain, whose ``grad_rule`` is
     only right within a whole backward)."""
+    return _run_rule(node, gouts, needs, None)
+
+
+def _run_rule(node: TapeNode, gouts: list, needs: tuple | None, found: dict | None) -> tuple:
+    """:func:`run_rule`; ``found`` (a backward's) remembers the rules looked up so far."""
     xp = xp_of(*node.saved_in)
     rule = node.grad_rule   # a node's own rule (a fused chain's), else its op's
     if rule is not None and needs is not None:
@@ -123,7 +134,13 @@ def run_rule(node: TapeNode, gouts: list, needs: tuple | None = None) -> tuple:
             f"kept, so it has no backward of its own; differentiate through backward(loss), or "
             f"set WORKBENCH_FUSE_GELU=0 / WORKBENCH_FUSE_ATTENTION=0 before the training step")
     if rule is None:
-        rule = rules.rule_for(node.op_type, node.domain, xp=xp)  # the device's override first
+        if found is None:
+            rule = rules.rule_for(node.op_type, node.domain, xp=xp)  # the device's override first
+        else:
+            key = (node.op_type, node.domain, xp)
+            rule = found.get(key)
+            if rule is None:
+                rule = found[key] = rules.rule_for(node.op_type, node.domain, xp=xp)
     if rule is None:
         dom = node.domain or "ai.onnx"
         raise GradientError(

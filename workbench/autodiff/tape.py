@@ -721,7 +721,8 @@ _node_class: type = TapeNode
 
 def set_node_class(cls: type) -> type:
     """Record nodes as ``cls`` from now on (a subclass of :class:`TapeNode` that adds methods
-    and no slots; like ``logging.setLoggerClass``). Returns the previous class.
+    and no slots, and keeps object's identity comparison; like ``logging.setLoggerClass``).
+    Returns the previous class.
     ``workbench.singa.autograd`` gives nodes SINGA's operator face (``y.creator.backward``)
     this way when it is imported."""
     global _node_class
@@ -730,6 +731,10 @@ def set_node_class(cls: type) -> type:
     if cls.__dict__.get("__slots__", None) != () and cls is not TapeNode:
         raise TypeError(f"set_node_class: {cls.__name__} must declare __slots__ = () (nodes "
                         f"are many and small)")
+    if cls.__eq__ is not object.__eq__ or cls.__hash__ is not object.__hash__:
+        raise TypeError(f"set_node_class: {cls.__name__} must keep object's __eq__ and "
+                        f"__hash__ (a node is its own identity: backward keys gradients by "
+                        f"(node, output index))")
     previous, _node_class = _node_class, cls
     return previous
 
@@ -962,7 +967,7 @@ def walk_tape(roots, stop: set | None = None, only_grad: bool = False) -> list[T
                 if type(p) is not tuple:
                     continue
                 pn = p[0]
-                if id(pn) in seen or (id(pn), p[1]) in stop:
+                if id(pn) in seen or (stop and (id(pn), p[1]) in stop):
                     continue
                 if only_grad and not pn.requires_grad:
                     continue

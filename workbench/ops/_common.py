@@ -13,6 +13,8 @@ numpy and cupy arrays alike.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np  # dtype constants, np.errstate and np.generic only
 
 from workbench.errors import ShapeError
@@ -38,17 +40,22 @@ def _host_list(values, cast) -> list:
 def check_broadcast(op: str, *arrays) -> None:
     """Refuse (ResourceError) a broadcast whose result would exceed the memory budget, before
     numpy allocates it (``[N, 1] * [1, N]`` is N**2 elements). Cheap when shapes are equal."""
-    shapes = [a.shape for a in arrays if a is not None and hasattr(a, "shape")]
+    shapes = []
+    for a in arrays:
+        if a is not None and hasattr(a, "shape"):
+            shapes.append(a.shape)
     if len(shapes) < 2:
         return
     first = shapes[0]
-    if all(s == first for s in shapes[1:]):
+    for s in shapes:
+        if s != first:
+            break
+    else:
         return
     itemsize = max(getattr(getattr(arrays[0], "dtype", None), "itemsize", 8), 1)
     bound = itemsize
     for s in shapes:   # each output dimension is one of the inputs': at most their product
-        for d in s:
-            bound *= d
+        bound *= math.prod(s)
     if bound <= _UNCHECKED_BYTES:
         return
     nd = max(len(s) for s in shapes)
@@ -173,7 +180,8 @@ def to_compute(x):
 def widen_half(x):
     """``x`` as float32 (a new array) when it is float16 or bfloat16, else ``x`` itself: the
     precision to accumulate half floats in."""
-    return x.astype(np.float32) if x.dtype.name in ("float16", "bfloat16") else x
+    dt = x.dtype   # (``dtype.name`` is Python code in numpy: asked only of 2-byte dtypes)
+    return x.astype(np.float32) if dt.itemsize == 2 and dt.name in ("float16", "bfloat16") else x
 
 
 def work_dtype(dtype) -> np.dtype:

@@ -16,6 +16,17 @@ from workbench.ops._common import widen_half
 from workbench.ops.registry import kernel
 
 _REDUCTIONS = ("none", "sum", "mean")
+#: up to this many labels are range-checked as a Python list: a training step's batch of labels
+#: (two numpy reductions on a few elements cost ~10x the list's min and max)
+_SMALL_LABELS = 256
+
+
+def label_range(labels) -> tuple[int, int]:
+    """(smallest, largest) of a non-empty integer array, as Python ints."""
+    if type(labels) is np.ndarray and labels.size <= _SMALL_LABELS:
+        values = labels.ravel().tolist()
+        return min(values), max(values)
+    return int(labels.min()), int(labels.max())
 
 
 def _nll(op, log_prob, labels, weights, reduction, ignore_index):
@@ -35,11 +46,14 @@ def _nll(op, log_prob, labels, weights, reduction, ignore_index):
     keep = None if ignore_index is None else lab != int(ignore_index)
     safe = lab if keep is None else xp.where(keep, lab, 0)
     if safe.size:
-        lo, hi = int(safe.min()), int(safe.max())
+        lo, hi = label_range(safe)
         if lo < 0 or hi >= c:
             raise InputError(f"{op}: label {lo if lo < 0 else hi} is out of range [0, {c}) "
                              f"(and is not ignore_index={ignore_index})")
-    picked = xp.take_along_axis(log_prob, safe[:, None], axis=1)[:, 0]
+    if log_prob.ndim == 2:   # the same elements as take_along_axis, without its index arrays
+        picked = log_prob[xp.arange(n), safe]
+    else:
+        picked = xp.take_along_axis(log_prob, safe[:, None], axis=1)[:, 0]
     if weights is not None:
         if tuple(weights.shape) != (c,):
             raise ShapeError(f"{op}: weights must have shape ({c},), got "

@@ -77,6 +77,7 @@ from workbench.errors import (
     ShapeError,
     SingaShapeError,
 )
+from workbench.ops.loss import label_range
 from workbench.ops.registry import NodeContext
 
 __all__ = [
@@ -529,9 +530,11 @@ def _labels(t, n: int, c: int, op: str, like=None):
             raise SingaShapeError(f"{op}: integer labels must have shape ({n},) (one class index "
                                   f"per row of the ({n}, {c}) scores), got {list(shape)}")
         data = t.data
-        if data.size and (int(data.min()) < 0 or int(data.max()) >= c):
-            raise InputError(f"{op}: class indices must lie in [0, {c - 1}] for {c} classes, "
-                             f"got values in [{int(data.min())}, {int(data.max())}]")
+        if data.size:
+            lo, hi = label_range(data)
+            if lo < 0 or hi >= c:
+                raise InputError(f"{op}: class indices must lie in [0, {c - 1}] for {c} "
+                                 f"classes, got values in [{lo}, {hi}]")
         if dtype not in (np.int32, np.int64):
             t = cast(t, np.int64)
         return "index", t

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from workbench import compiled
 from workbench.autodiff.rules import gradient, ints, unbroadcast
 from workbench.errors import GradientError
 
@@ -31,6 +32,27 @@ _PASSES_MAX = 8
 _SCATTER_MIN = 8192
 
 
+def _scatter_rows_c(target, index, values) -> bool:
+    """:func:`_scatter_rows` by ``wgrad_avx2.scatter_rows`` (add.at's loop in C: ~10-20x
+    faster than the numpy ways below at an embedding's few hundred rows) on float32; False
+    (nothing written) when it does not apply, is not loaded, or an index is out of range."""
+    if target.dtype != np.float32 or values.dtype != np.float32 or target.ndim < 1 \
+            or not target.flags.c_contiguous or not target.flags.writeable \
+            or values.shape != index.shape + target.shape[1:]:
+        return False
+    kern = compiled.kernel("wgrad_avx2.scatter_rows")
+    if kern is None:
+        return False
+    index = np.ascontiguousarray(index, dtype=np.int64)
+    values = np.ascontiguousarray(values)
+    bad = np.ones(1, np.int64)
+    dp = compiled.data_pointer
+    rows = target.shape[0]
+    kern.raw(dp(target), dp(index), dp(values), dp(bad), index.size,
+             target.size // rows if rows else 0, rows)
+    return not bad[0]
+
+
 def _scatter_rows(target, index, values):
     """``np.add.at(target, index, values)`` on a numpy ``target`` of zeros: ``index`` 1-D
     (non-negative, in range), ``values`` one row per index. The same sums in the same order
@@ -42,6 +64,8 @@ def _scatter_rows(target, index, values):
     first add does). ``add.at`` itself otherwise, and for small scatters (under
     ``_SCATTER_MIN`` values), where add.at costs less than the sort."""
     n = index.size
+    if _scatter_rows_c(target, index, values):
+        return target
     if values.size < _SCATTER_MIN:
         np.add.at(target, index, values)
         return target
@@ -77,9 +101,14 @@ def reshape_grad(ctx, grads_out, inputs, outputs, **attrs):
 @gradient("Transpose")
 def transpose_grad(ctx, grads_out, inputs, outputs, *, perm=None, **attrs):
     x = inputs[0]
+    n = x.ndim
     if perm is None:
-        perm = list(range(x.ndim))[::-1]
-    inv = np.argsort(np.asarray(perm)).tolist()
+        perm = range(n - 1, -1, -1)
+    inv = [0] * n   # the inverse permutation (argsort of perm), without numpy on a few ints
+    i = 0
+    for p in perm:
+        inv[int(p) % n] = i
+        i += 1
     return (grads_out[0].transpose(inv),)
 
 

@@ -138,3 +138,27 @@ void wb_wgrad_avx2_wgrad(const float *x, const int64_t *ind, const float *zero,
         }
     }
 }
+
+/* The gradient of an embedding table (Gather along axis 0): target[index[k], :] += values[k, :]
+ * for k = 0, 1, ..., n - 1 in that order, target (rows, m) and values (n, m) float32: numpy's
+ * np.add.at(target, index, values), the same float32 sums in the same order (no reassociation:
+ * only the m columns of one row are added side by side). Every index is checked against
+ * [0, rows) first: with one outside, nothing is written and bad[0] is 1 (the caller then takes
+ * numpy's path, which raises), else bad[0] is 0. */
+void wb_wgrad_avx2_scatter_rows(float *restrict target, const int64_t *restrict index,
+                                const float *restrict values, int64_t *restrict bad, int64_t n,
+                                int64_t m, int64_t rows) {
+    for (int64_t k = 0; k < n; k++) {
+        if (index[k] < 0 || index[k] >= rows) {
+            bad[0] = 1;
+            return;
+        }
+    }
+    bad[0] = 0;
+    for (int64_t k = 0; k < n; k++) {
+        float *restrict t = target + index[k] * m;
+        const float *restrict v = values + k * m;
+        for (int64_t j = 0; j < m; j++)
+            t[j] += v[j];
+    }
+}

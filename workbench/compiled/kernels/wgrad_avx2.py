@@ -13,6 +13,10 @@ FMA): the training step's dL/dW without an im2col copy (``wgrad_avx2.c``).
   in place, rows of X and dY lie C or M floats apart and thrash the L1 sets: 1.5-2.7x slower
   at 256-512 channels, measured). Then C, taps, M, OH*OW, H*W*C, rows (N*OH*OW), bp (<= 512),
   t0, t1, m0, m1.
+- ``scatter_rows``: an embedding table's gradient, ``target[index[k]] += values[k]`` for k in
+  order (``np.add.at`` on a (rows, m) float32 target, the same sums in the same order): target,
+  index (n,) int64, values (n, m), bad (1,) int64 (set to 1, nothing written, when an index
+  lies outside [0, rows)), n, m, rows.
 """
 
 #: the kernel's source file, in this folder
@@ -25,4 +29,5 @@ REQUIRES = ("avx2", "fma")
 EXPORTS = {
     "wgrad": "f32[] i64[] f32[] f32[] f32[]! f32[]! f32[]! i64 i64 i64 i64 i64 i64 i64 i64 i64 i64 "
              "i64",
+    "scatter_rows": "f32[]! i64[] f32[] i64[]! i64 i64 i64",
 }
