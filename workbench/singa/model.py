@@ -342,6 +342,29 @@ class _NotReplayable(Exception):
     pass
 
 
+def _lifetimes(calls, keep: set) -> list[tuple]:
+    """The slots each replayed step frees (``calls``: ``[(node, in slots, out slots), ...]``
+    in run order): every value right after its last reader, an output nobody reads right
+    after its producer, never the slots in ``keep`` (the replay's outputs), as a plan made
+    from a graph does (``runtime.plan.lifetimes``). A value its reader frees is one nothing
+    else reads, which the training fusions (``autodiff.fusion``) look for; the tape keeps
+    what the backward needs."""
+    last: dict = {}
+    for k, (_, ins, _) in enumerate(calls):
+        for s in ins:
+            if s >= 0:
+                last[s] = k
+    frees: list[list[int]] = [[] for _ in calls]
+    for s, k in last.items():
+        if s not in keep:
+            frees[k].append(s)
+    for k, (_, _, outs_) in enumerate(calls):
+        for s in outs_:
+            if s >= 0 and s not in last and s not in keep:
+                frees[k].append(s)
+    return [tuple(sorted(f)) for f in frees]
+
+
 class _Replay:
     """A forward's tape as a static schedule of kernel calls (a ``Plan`` of steps over integer
     slots), re-run on new inputs by the executor's run loop with the Tensor runner."""
@@ -375,7 +398,7 @@ class _Replay:
 
         nodes = tape_order(outs, stop)
         runner = TapeRunner()
-        steps = []
+        calls = []
         for n in nodes:
             ins = []
             for p in n.parents:
@@ -388,19 +411,23 @@ class _Replay:
                         raise _NotReplayable
                     ins.append(slot_of(("l", id(p)), p))
             outs_ = tuple(slot_of(("n", id(n), i)) for i in range(n.n_outputs))
-            # keep what the kernel call needs, not the tape node (it holds saved arrays)
-            node = Node(n.op_type, [], list(n.out_names or ()), n.attrs, n.name, n.domain)
-            step = Step(n.fn, tuple(ins), outs_, n.kw, (), node, opset=n.opset)
-            runner.preset(step, kw=n.kw, wants_ctx=n.wants_ctx, n_outputs=n.n_outputs, fn=n.fn,
-                          training_mode=n.training_mode, state_updates=n.state_updates,
-                          out_names=n.out_names)
-            steps.append(step)
+            calls.append((n, tuple(ins), outs_))
         out_slots = []
         for t in outs:
             if t.creator is not None:
                 out_slots.append(slot_of(("n", id(t.creator), t._index)))
             else:
                 out_slots.append(slot_of(("l", id(t)), t))
+        frees = _lifetimes(calls, set(out_slots))
+        steps = []
+        for (n, ins, outs_), free in zip(calls, frees):
+            # keep what the kernel call needs, not the tape node (it holds saved arrays)
+            node = Node(n.op_type, [], list(n.out_names or ()), n.attrs, n.name, n.domain)
+            step = Step(n.fn, ins, outs_, n.kw, free, node, opset=n.opset)
+            runner.preset(step, kw=n.kw, wants_ctx=n.wants_ctx, n_outputs=n.n_outputs, fn=n.fn,
+                          training_mode=n.training_mode, state_updates=n.state_updates,
+                          out_names=n.out_names)
+            steps.append(step)
         self.plan = Plan.of_steps(steps, n_slots=n_slots[0],
                                   inputs=range(n_in), outputs=out_slots, constants=constants)
         self.runner = runner
