@@ -1,8 +1,9 @@
 """Graph mode (``compile(..., use_graph=True)``) trains with the training-time fusions
 (workbench/autodiff/fusion.py's GELU chain, fuse_attention.py's attention core) as eager
 training does: the same losses and weights bit for bit, the replayed tape holds the same fused
-nodes (and exports the original graph), an eval-mode replay is not fused, and a replay whose
-kernels are switched off runs unfused as eager does."""
+nodes (and exports the original graph), an eval-mode replay is not fused, a replay whose
+kernels are switched off runs unfused as eager does, and a direct ``forward`` replayed in graph
+mode gives the same bits at any thread count."""
 
 from __future__ import annotations
 
@@ -117,3 +118,35 @@ def test_eval_replay_and_replay_without_kernels_run_unfused(kernels):
         eager, graph = train("gelu", False, steps=3), train("gelu", True, steps=3)
     assert eager[2] == graph[2] == []
     assert graph[0] == eager[0]
+
+
+def test_graph_mode_forward_does_not_depend_on_the_thread_count(monkeypatch):
+    """A direct ``forward`` call replayed in graph mode rounds as the eager forward does:
+    its products are the same at any engine thread count."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from tests.autograd.test_thread_independent import _model
+    from workbench.ops import parallel
+    monkeypatch.setattr(parallel, "_PARALLEL_GEMM_MIN", 1 << 16)  # every stack splits too
+    rng = np.random.default_rng(4)
+    xa = rng.standard_normal((256, 64)).astype(np.float32)
+    labels = rng.integers(0, 4, size=256).astype(np.int64)
+
+    def run(threads, use_graph):
+        monkeypatch.setenv("WORKBENCH_NUM_THREADS", str(threads))
+        x = tensor.from_numpy(xa)
+        m = sonnx.SONNXModel(_model())
+        m.compile([x], is_train=True, use_graph=use_graph)
+        sgd = opt.SGD(lr=0.01, momentum=0.9)
+        losses = []
+        for _ in range(3):
+            loss = autograd.softmax_cross_entropy(m.forward(x)[-1], labels)
+            sgd.backward_and_update(loss)
+            losses.append(loss.item())
+        return losses, {k: v.numpy().copy() for k, v in m.get_params().items()}
+
+    one = run(1, False)
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        two = run(2, True)
+    assert two[0] == one[0]
+    for k in one[1]:
+        assert np.array_equal(two[1][k], one[1][k]), k

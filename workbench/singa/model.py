@@ -218,7 +218,12 @@ class Model(Layer):
             return out
         if rep is False:
             return eager(self, *args, **kwargs)
-        return rep.run([a for a in args if isinstance(a, Tensor)])
+        return self._run_replay(rep, [a for a in args if isinstance(a, Tensor)])
+
+    def _run_replay(self, rep, inputs):
+        """Hook: run a graph-mode replay under what the eager ``forward`` it replays holds
+        (``SONNXModel``: one BLAS thread and thread-independent products, as its forward)."""
+        return rep.run(inputs)
 
     # ------------------------------------------------------------------ dtype / device
     def astype(self, dtype) -> Model:
@@ -927,6 +932,14 @@ class SONNXModel(Model):
             return self._forward(x, last_layers, aux_output)
         with one_blas_thread(), exact_products():
             return self._forward(x, last_layers, aux_output)
+
+    def _run_replay(self, rep, inputs):
+        # a direct ``forward`` call in graph mode rounds as the eager forward does (the
+        # same products at any thread count), not only a step through ``__call__``
+        if self._dev.is_cuda:
+            return rep.run(inputs)
+        with one_blas_thread(), exact_products():
+            return rep.run(inputs)
 
     def _forward(self, x, last_layers, aux_output, inference: bool = False):
         if not inference and (self.__dict__.get("_trunk_cache") is not None
