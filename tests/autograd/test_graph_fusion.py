@@ -42,7 +42,8 @@ def kernels():
         pytest.skip(f"kernel modules are not available: {compiled.status()}")
 
 
-CASES = {"gelu": (gelu_mlp, [GX], GY), "attention": (attention_model, [AX, MASK], AY)}
+CASES = {"gelu": (gelu_mlp, [GX], GY), "attention": (attention_model, [AX, MASK], AY),
+         "causal": (lambda: attention_model("Mul", "where"), [AX], AY)}
 
 
 def train(case, use_graph, steps=4):
@@ -65,7 +66,8 @@ def train(case, use_graph, steps=4):
 def test_graph_mode_trains_fused_as_eager_bit_for_bit(kernels, case, monkeypatch):
     eager, graph = train(case, False), train(case, True)
     want = {"gelu": ["Div", "Erf", "Add", "Mul", "Mul"],
-            "attention": ["MatMul", "Div", "Add", "Softmax", "MatMul"]}[case]
+            "attention": ["MatMul", "Div", "Add", "Softmax", "MatMul"],
+            "causal": ["MatMul", "Mul", "Where", "Softmax", "MatMul"]}[case]
     assert eager[2] == want
     assert graph[2] == want                    # the replays ran fused
     assert [r for r in graph[3]._replays.values() if r]   # (and they were replays)
