@@ -152,3 +152,17 @@ def test_graph_mode_forward_does_not_depend_on_the_thread_count(monkeypatch):
     assert two[0] == one[0]
     for k in one[1]:
         assert np.array_equal(two[1][k], one[1][k]), k
+
+
+def test_a_replay_fuses_only_chains_whose_steps_all_ran_in_training_mode():
+    """A replayed tape may mix an imported graph's nodes (recorded in training mode) with
+    layers written in Python (recorded out of it), which eager training never fuses."""
+    from types import SimpleNamespace
+
+    from workbench.autodiff.runner import _training_chains
+    a, b = object(), object()                   # two chains of two steps each
+    found = {1: (0, a), 2: (1, a), 3: (0, b), 4: (1, b)}
+    calls = {k: SimpleNamespace(training_mode=k != 4) for k in found}
+    assert _training_chains(found, calls) == {1: (0, a), 2: (1, a)}
+    calls[4].training_mode = True
+    assert _training_chains(found, calls) is found
