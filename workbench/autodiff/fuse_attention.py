@@ -26,8 +26,9 @@ runner saw its steps) and, from the runner's second step on:
   token that the Softmax, Add and Div/Mul rules pass on unchanged.
 
 **The tape still records the five original nodes** with their own attributes and constants
-(``to_onnx`` writes the graph as it was; a graph-mode replay runs their own kernels: each node
-keeps its kernel as ``fn``). What they hold: P and O their real values; the scores and the
+(``to_onnx`` writes the graph as it was: each node keeps its kernel as ``fn``; a graph-mode
+replay of a training step finds the core again and runs it fused, as eager training does).
+What they hold: P and O their real values; the scores and the
 scaled and masked scores are not computed - their Tensors hold a read-only NaN array, so a
 reader the analysis did not foresee gets NaN, never a plausible number. The analysis fuses only
 when S, D, A and P each have exactly one reader, the next node of the core, which frees them

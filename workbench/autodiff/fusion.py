@@ -10,9 +10,10 @@ batch 8 x 32 tokens x 256: ~1.3 ms a layer, the Erf kernel alone ~0.5 ms). Here 
 found once per plan in the order the runner saw its steps (:func:`find_chains`) and, from then
 on, computed by one compiled GELU call (``transformer.gelu``) with its gradient by one more
 (``transformer.gelu_grad``), while **the tape still records the five original nodes** with
-their own attributes and constants: ``to_onnx`` writes the graph as it was, a graph-mode
-replay and SINGA's ``creator.backward`` run the nodes' own kernels (each node keeps its real
-kernel as ``fn``).
+their own attributes and constants: ``to_onnx`` writes the graph as it was (each node keeps
+its real kernel as ``fn``). A graph-mode replay of a training step (``use_graph=True``:
+``TapeRunner.preset``) finds the chains again among its steps and runs them fused, as eager
+training does (the same bits); an eval-mode replay runs the nodes' own kernels.
 
 What the five nodes hold: ``y`` is the fused GELU; the three intermediate values ``d``, ``e``,
 ``a`` and the product ``m`` are not computed - their Tensors hold a read-only NaN array of the

@@ -148,6 +148,19 @@ def memo_enabled() -> bool:
     return on()
 
 
+def _training_chains(found: dict, calls: dict) -> dict:
+    """The entries of ``found`` (``fusion.find_chains``: ``{id(step): (role, chain)}``)
+    whose chain's steps all run in training mode. A training runner's steps all do; a
+    replayed tape (graph mode) holds the nodes a training runner recorded (fused there from
+    its second run) beside nodes of layers written in Python (SINGA's autograd functions,
+    recorded out of training mode), which eager training never fuses: neither does the
+    replay, so a replay fuses exactly what eager training fuses, with the same bits."""
+    off = {id(chain) for sid, (_, chain) in found.items() if not calls[sid].training_mode}
+    if not off:
+        return found
+    return {sid: v for sid, v in found.items() if id(v[1]) not in off}
+
+
 # --------------------------------------------------------------------------- the Tensor runner
 class StepCall(NamedTuple):
     """How the Tensor runner calls one Plan step (prepared once per step)."""
@@ -191,6 +204,13 @@ class TapeRunner:
         """Give ``step`` a fixed call (a replayed tape node)."""
         self._calls[id(step)] = StepCall(kw, wants_ctx, n_outputs, fn, (), training_mode,
                                          state_updates, out_names)
+        if not self.training_mode and fusion.enabled():
+            # a replayed training tape fuses as the training runner that recorded it did:
+            # its chains are looked for at the first replay, among the steps of nodes that
+            # ran in training mode (:func:`_training_chains`)
+            self._order.append(step)
+            if training_mode:
+                self._fused = None
         if self._memo_on and not state_updates:   # a replay remembers its shape steps too
             n = step.node
             if n.op_type == "Constant" and not n.domain:
@@ -240,8 +260,9 @@ class TapeRunner:
             call = self._prepare(step)
         else:
             fused = self._fused
-            if fused is None:   # a second run: find the GELU chains once
-                fused = self._fused = fusion.find_chains(self._order, self._calls)
+            if fused is None:   # a second run (a replay's first): find the chains once
+                fused = self._fused = _training_chains(
+                    fusion.find_chains(self._order, self._calls), self._calls)
                 self._order = []
             if fused:
                 f = fused.get(id(step))

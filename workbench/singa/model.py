@@ -218,7 +218,12 @@ class Model(Layer):
             return out
         if rep is False:
             return eager(self, *args, **kwargs)
-        return rep.run([a for a in args if isinstance(a, Tensor)])
+        return self._run_replay(rep, [a for a in args if isinstance(a, Tensor)])
+
+    def _run_replay(self, rep, inputs):
+        """Hook: run a graph-mode replay under what the eager ``forward`` it replays holds
+        (``SONNXModel``: one BLAS thread and thread-independent products, as its forward)."""
+        return rep.run(inputs)
 
     # ------------------------------------------------------------------ dtype / device
     def astype(self, dtype) -> Model:
@@ -342,6 +347,29 @@ class _NotReplayable(Exception):
     pass
 
 
+def _lifetimes(calls, keep: set) -> list[tuple]:
+    """The slots each replayed step frees (``calls``: ``[(node, in slots, out slots), ...]``
+    in run order): every value right after its last reader, an output nobody reads right
+    after its producer, never the slots in ``keep`` (the replay's outputs), as a plan made
+    from a graph does (``runtime.plan.lifetimes``). A value its reader frees is one nothing
+    else reads, which the training fusions (``autodiff.fusion``) look for; the tape keeps
+    what the backward needs."""
+    last: dict = {}
+    for k, (_, ins, _) in enumerate(calls):
+        for s in ins:
+            if s >= 0:
+                last[s] = k
+    frees: list[list[int]] = [[] for _ in calls]
+    for s, k in last.items():
+        if s not in keep:
+            frees[k].append(s)
+    for k, (_, _, outs_) in enumerate(calls):
+        for s in outs_:
+            if s >= 0 and s not in last and s not in keep:
+                frees[k].append(s)
+    return [tuple(sorted(f)) for f in frees]
+
+
 class _Replay:
     """A forward's tape as a static schedule of kernel calls (a ``Plan`` of steps over integer
     slots), re-run on new inputs by the executor's run loop with the Tensor runner."""
@@ -375,7 +403,7 @@ class _Replay:
 
         nodes = tape_order(outs, stop)
         runner = TapeRunner()
-        steps = []
+        calls = []
         for n in nodes:
             ins = []
             for p in n.parents:
@@ -388,19 +416,23 @@ class _Replay:
                         raise _NotReplayable
                     ins.append(slot_of(("l", id(p)), p))
             outs_ = tuple(slot_of(("n", id(n), i)) for i in range(n.n_outputs))
-            # keep what the kernel call needs, not the tape node (it holds saved arrays)
-            node = Node(n.op_type, [], list(n.out_names or ()), n.attrs, n.name, n.domain)
-            step = Step(n.fn, tuple(ins), outs_, n.kw, (), node, opset=n.opset)
-            runner.preset(step, kw=n.kw, wants_ctx=n.wants_ctx, n_outputs=n.n_outputs, fn=n.fn,
-                          training_mode=n.training_mode, state_updates=n.state_updates,
-                          out_names=n.out_names)
-            steps.append(step)
+            calls.append((n, tuple(ins), outs_))
         out_slots = []
         for t in outs:
             if t.creator is not None:
                 out_slots.append(slot_of(("n", id(t.creator), t._index)))
             else:
                 out_slots.append(slot_of(("l", id(t)), t))
+        frees = _lifetimes(calls, set(out_slots))
+        steps = []
+        for (n, ins, outs_), free in zip(calls, frees):
+            # keep what the kernel call needs, not the tape node (it holds saved arrays)
+            node = Node(n.op_type, [], list(n.out_names or ()), n.attrs, n.name, n.domain)
+            step = Step(n.fn, ins, outs_, n.kw, free, node, opset=n.opset)
+            runner.preset(step, kw=n.kw, wants_ctx=n.wants_ctx, n_outputs=n.n_outputs, fn=n.fn,
+                          training_mode=n.training_mode, state_updates=n.state_updates,
+                          out_names=n.out_names)
+            steps.append(step)
         self.plan = Plan.of_steps(steps, n_slots=n_slots[0],
                                   inputs=range(n_in), outputs=out_slots, constants=constants)
         self.runner = runner
@@ -900,6 +932,14 @@ class SONNXModel(Model):
             return self._forward(x, last_layers, aux_output)
         with one_blas_thread(), exact_products():
             return self._forward(x, last_layers, aux_output)
+
+    def _run_replay(self, rep, inputs):
+        # a direct ``forward`` call in graph mode rounds as the eager forward does (the
+        # same products at any thread count), not only a step through ``__call__``
+        if self._dev.is_cuda:
+            return rep.run(inputs)
+        with one_blas_thread(), exact_products():
+            return rep.run(inputs)
 
     def _forward(self, x, last_layers, aux_output, inference: bool = False):
         if not inference and (self.__dict__.get("_trunk_cache") is not None
