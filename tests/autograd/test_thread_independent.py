@@ -228,3 +228,7 @@ def test_fixed_matmul_bits_do_not_depend_on_the_thread_count(monkeypatch, sa, sb
         got.append(out)
     assert all(np.array_equal(got[0], g) for g in got[1:])
     assert sum(int(np.prod(s)) for s in seen) == 3 * got[0].size   # each element once
+    # a layout whose one call rounds otherwise than its pieces: one thread runs the pieces
+    monkeypatch.setattr(parallel, "_WHOLE_SAME", dict.fromkeys(parallel._WHOLE_SAME, False))
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "1")
+    assert np.array_equal(parallel.fixed_matmul(np, a, b), got[0])
