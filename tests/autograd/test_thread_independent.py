@@ -132,3 +132,103 @@ def test_a_weight_used_twice_gets_its_queued_gradients_added_complete(monkeypatc
         after = np.zeros(4, np.int64)
         stats(after)
         assert after[2] - counts[2] == 3
+
+
+# ---------------------------------------------------------------- convolutions (row 23z6)
+def _conv_model():
+    """3x3 conv (im2col, the batch merged into one product), a strided 1x1 conv, a depthwise
+    conv, a ConvTranspose, global pooling and a Gemm head: 96-192 output channels, so that
+    the products of the forward and of both gradients have rows to split."""
+    rng = np.random.default_rng(6)
+    inits = {"w1": rng.standard_normal((96, 8, 3, 3)).astype(np.float32) * 0.1,
+             "b1": rng.standard_normal(96).astype(np.float32) * 0.1,
+             "w2": rng.standard_normal((192, 96, 1, 1)).astype(np.float32) * 0.1,
+             "w3": rng.standard_normal((192, 1, 3, 3)).astype(np.float32) * 0.2,
+             "w4": rng.standard_normal((192, 96, 2, 2)).astype(np.float32) * 0.05,
+             "w5": rng.standard_normal((4, 96)).astype(np.float32) * 0.1,
+             "b5": np.zeros(4, np.float32)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], strides=[2, 2]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w3"], ["c3"], group=192, pads=[1, 1, 1, 1]),
+        helper.make_node("ConvTranspose", ["c3", "w4"], ["c4"], strides=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["c4"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "w5", "b5"], ["y"], transB=1),
+    ]
+    g = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [4, 8, 10, 10])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [4, 4])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+def _train_conv(monkeypatch, threads, steps=3):
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", str(threads))
+    rng = np.random.default_rng(7)
+    x = tensor.from_numpy(rng.standard_normal((4, 8, 10, 10)).astype(np.float32))
+    labels = rng.integers(0, 4, size=4).astype(np.int64)
+    m = sonnx.SONNXModel(_conv_model())
+    m.compile([x], is_train=True, use_graph=False)
+    sgd = opt.SGD(lr=0.05, momentum=0.9)
+    losses = []
+    for _ in range(steps):
+        loss = autograd.softmax_cross_entropy(m.forward(x)[-1], labels)
+        sgd.backward_and_update(loss)
+        losses.append(loss.numpy().copy())
+    return losses, {k: v.numpy().copy() for k, v in m.get_params().items()}
+
+
+@pytest.mark.parametrize("kernels", ["numpy", "compiled"])
+def test_conv_training_does_not_depend_on_the_thread_count(monkeypatch, kernels):
+    """numpy: the im2col products (whatever the compiled kernels would take at these small
+    sizes runs on numpy's path); compiled: the kernels as they are (when built)."""
+    import contextlib
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    monkeypatch.setattr(parallel, "_PARALLEL_GEMM_MIN", 1 << 14)   # these small products split
+    mode = compiled.disabled if kernels == "numpy" else contextlib.nullcontext
+    with mode():
+        one = _train_conv(monkeypatch, 1)
+    assert np.isfinite(one[0]).all() and one[0][-1] < one[0][0]    # it trains
+    for threads in (2, 3):
+        with threadpoolctl.threadpool_limits(2, user_api="blas"), mode():   # BLAS' own
+            other = _train_conv(monkeypatch, threads)                     # threads kept out
+        for a, b in zip(one[0], other[0]):
+            assert np.array_equal(a, b), threads
+        assert one[1].keys() == other[1].keys()
+        for k in one[1]:
+            assert np.array_equal(one[1][k], other[1][k]), (threads, k)
+
+
+@pytest.mark.parametrize("sa,sb", [((200, 72), (72, 60)), ((1, 150, 40), (1, 40, 64)),
+                                   ((3, 100, 30), (30, 50)), ((97, 64), (2, 64, 33)),
+                                   ((40, 64), (64, 200))])
+def test_fixed_matmul_bits_do_not_depend_on_the_thread_count(monkeypatch, sa, sb):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(sa).astype(np.float32)
+    b = rng.standard_normal(sb).astype(np.float32)
+    monkeypatch.setattr(parallel, "_PARALLEL_GEMM_MIN", 1 << 10)
+    seen = []
+
+    def epilogue(piece, rows, cols):
+        seen.append(piece.shape)
+        piece += 1.0
+    got = []
+    for threads in (1, 2, 3):
+        monkeypatch.setenv("WORKBENCH_NUM_THREADS", str(threads))
+        out = parallel.fixed_matmul(np, a, b)
+        np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-5, atol=1e-4)
+        into = np.empty_like(out)
+        assert parallel.fixed_matmul(np, a, b, out=into, epilogue=epilogue) is into
+        np.testing.assert_array_equal(into, out + 1.0)
+        got.append(out)
+    assert all(np.array_equal(got[0], g) for g in got[1:])
+    assert sum(int(np.prod(s)) for s in seen) == 3 * got[0].size   # each element once
+    # a layout whose one call rounds otherwise than its pieces: one thread runs the pieces
+    monkeypatch.setattr(parallel, "_WHOLE_SAME", dict.fromkeys(parallel._WHOLE_SAME, False))
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "1")
+    assert np.array_equal(parallel.fixed_matmul(np, a, b), got[0])

@@ -30,6 +30,8 @@ from workbench.limits import check_alloc
 from workbench.ops._common import compute_dtype, quiet, to_compute
 from workbench.ops.parallel import (
     blas_controller,
+    exact_products_active,
+    fixed_matmul,
     n_workers,
     parallel_add,
     parallel_copy,
@@ -128,8 +130,10 @@ def conv_core(x, w, b, group, strides, dilations, pb, pe, extra, out_shape, epi=
 
     wm = w.reshape(group, Mg, Cg * K)
     bias = None if b is None else b.reshape(1, M, 1)
+    # a training step's products: pieces fixed by the shape, the same bits at any thread count
+    mm = fixed_matmul if exact_products_active() else parallel_matmul
     if merged:
-        y = parallel_matmul(xp, wm, cols)  # (group, Mg, N*OUT)
+        y = mm(xp, wm, cols)  # (group, Mg, N*OUT)
         y = y.reshape(M, N, OUT).transpose(1, 0, 2)
         out = xp.empty((N, M, OUT), dtype=dtype)
         post = None
@@ -146,9 +150,9 @@ def conv_core(x, w, b, group, strides, dilations, pb, pe, extra, out_shape, epi=
         def after(piece, rows, cols_):
             for g in range(group):   # piece is (n, group, Mg, positions): views per group
                 full_epi(piece[:, g], rows, cols_, slice(g * Mg, (g + 1) * Mg))
-        y = parallel_matmul(xp, wm, cols, epilogue=after).reshape(N, M, OUT)
+        y = mm(xp, wm, cols, epilogue=after).reshape(N, M, OUT)
         return y.reshape((N, M) + tuple(out_shape))
-    y = parallel_matmul(xp, wm, cols).reshape(N, M, OUT)  # (N, group, Mg, OUT)
+    y = mm(xp, wm, cols).reshape(N, M, OUT)  # (N, group, Mg, OUT)
     if bias is not None:
         parallel_add(xp, y, y, bias)
     return y.reshape((N, M) + tuple(out_shape))
@@ -573,7 +577,8 @@ def _conv_transpose(X, W, B, auto_pad, dilations, group, kernel_shape, output_pa
     IN = int(math.prod(ins))
     # columns: (N, group, Mg*K, IN) = W_g^T @ X_g
     wt = w.reshape(group, C // group, Mg * K).transpose(0, 2, 1)
-    cols = parallel_matmul(xp, wt, x.reshape(N, group, C // group, IN))
+    mm = fixed_matmul if exact_products_active() else parallel_matmul   # (see conv_core)
+    cols = mm(xp, wt, x.reshape(N, group, C // group, IN))
     cols = cols.reshape((N, M) + tuple(ks) + tuple(ins))
     full = [s * (i - 1) + e for s, i, e in zip(st, ins, eff)]
     lo = [min(0, b) for b in pb]
@@ -715,7 +720,8 @@ def _deform_conv(X, W, offset, B, mask, dilations, group, kernel_shape, offset_g
     cols = sampled.reshape(N, group, C // group, K, OUT).reshape(N, group, (C // group) * K,
                                                                    OUT)
     w = to_compute(W).astype(dt, copy=False).reshape(group, M // group, (C // group) * K)
-    y = parallel_matmul(xp, w, cols).reshape((N, M) + tuple(out))
+    mm = fixed_matmul if exact_products_active() else parallel_matmul   # (see conv_core)
+    y = mm(xp, w, cols).reshape((N, M) + tuple(out))
     if B is not None:
         y += B.astype(dt).reshape((1, M) + (1,) * nd)
     return y if y.dtype == X.dtype else y.astype(X.dtype)

@@ -379,6 +379,110 @@ def exact_products_active() -> bool:
     return _EXACT[0] > 0
 
 
+# fixed_matmul's row pieces are whole multiples of this many rows. OpenBLAS 0.3.31's AVX2
+# sgemm (Zen 3) computes a piece of rows of the left operand that starts at a multiple of 12
+# exactly as the whole product computes those rows (checked: 9 shapes from 64x100352x147 to
+# 4000x64x300, pieces of 12..192 rows; 6-row pieces and every column split differ), so there
+# such pieces also keep the bits of one call; 48 is a multiple of the row blocks of the
+# other x86 sgemm kernels too. What the contract rests on is only that the pieces depend on
+# the shape, not on the thread count.
+_ROW_UNIT = 48
+_ROW_PIECES = 4     # at most this many row pieces (the work of 2 threads, with some slack)
+
+
+# Per operand layout: whether one BLAS call computes exactly the bits of fixed_matmul's row
+# pieces (sgemm's order of operations depends on the shapes and strides, never on the
+# values, so one comparison on random operands of that layout answers for it). Where it
+# does, one thread makes one call (the pieces cost it up to ~7 %: 512x4608 @ 4608x392,
+# 22.7 ms as one call, 24.2 as four row pieces, one thread, AMD EPYC Zen 3); where not, the
+# pieces run at one thread too.
+_WHOLE_SAME: dict = {}
+
+
+def _probe_whole(a, b, out, step, key) -> None:
+    """Whether one call gives the row pieces' bits, on random operands of ``a``'s and ``b``'s
+    layout (real operands could be degenerate: zeros give equal results in any order); a
+    layout that cannot be copied (a sparse view) is taken as "no"."""
+    ra, rb = np.empty_like(a), np.empty_like(b)
+    same = False
+    if ra.strides == a.strides and rb.strides == b.strides:
+        rng = np.random.default_rng(0)
+        ra[...] = rng.standard_normal(a.shape)
+        rb[...] = rng.standard_normal(b.shape)
+        whole = np.empty_like(out)
+        np.matmul(ra, rb, out=whole)
+        pieces = np.empty_like(out)
+        for i in range(0, int(out.shape[-2]), step):
+            np.matmul(ra[..., i:i + step, :], rb, out=pieces[..., i:i + step, :])
+        same = whole.strides == out.strides and bool(np.array_equal(whole, pieces))
+    if len(_WHOLE_SAME) >= 4096:
+        _WHOLE_SAME.clear()
+    _WHOLE_SAME[key] = same
+
+
+def fixed_matmul(xp, a, b, out=None, epilogue=None):
+    """``matmul(a, b)`` split over the worker threads in pieces fixed by the operands' shapes
+    alone, so that its bits do not depend on the thread count (a training step's convolution
+    products: :func:`parallel_matmul` splits by the number of threads, and a column or row
+    piece of an OpenBLAS product may round differently from the whole).
+
+    A stack whose leading axis has more than one entry is split over that axis (each matrix
+    one BLAS call, as numpy's own loop makes it: the same bits as one call). A single matrix
+    product of at least ``_PARALLEL_GEMM_MIN`` multiply-adds and ``2 * _ROW_UNIT`` rows is
+    cut into at most ``_ROW_PIECES`` row pieces of whole ``_ROW_UNIT`` multiples; each piece
+    is one single-threaded BLAS call, at one thread as at several (in order on the calling
+    thread) — except where one call was seen to compute the pieces' very bits for that layout
+    (``_WHOLE_SAME``: checked once per process and layout, on random operands): one thread
+    then makes one call. Smaller products are one call. ``epilogue(piece, rows, cols)`` as in
+    :func:`parallel_matmul` (row pieces: called once on the whole result, after them).
+    """
+    if xp is not np or a.ndim < 2 or b.ndim < 2:
+        return parallel_matmul(xp, a, b, out=out, epilogue=epilogue)
+    full = slice(None)
+    if out is None:
+        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+        out = np.empty(shape, dtype=np.result_type(a.dtype, b.dtype))
+    nd = out.ndim
+    m = int(out.shape[-2])
+    macs = int(math.prod(out.shape)) * int(a.shape[-1])
+    with one_blas_thread():     # BLAS' own threads would split (and round) by their count
+        if macs < _PARALLEL_GEMM_MIN or out.size == 0 or \
+                not (nd > 2 and out.shape[0] > 1) and m < 2 * _ROW_UNIT:
+            np.matmul(a, b, out=out)
+            if epilogue is not None:
+                epilogue(out, full, full)
+            return out
+        if nd > 2 and out.shape[0] > 1:
+            def part(op, i0, i1):
+                return op[i0:i1] if op.ndim == nd and op.shape[0] != 1 else op
+
+            def work(chunk):
+                for i0, i1 in chunk:
+                    np.matmul(part(a, i0, i1), part(b, i0, i1), out=out[i0:i1])
+                    if epilogue is not None:
+                        epilogue(out[i0:i1], slice(i0, i1), full)
+            jobs = [(i, i + 1) for i in range(out.shape[0])]
+            run_blocks(np, jobs, work, 1 << 30)
+            return out
+        per = -(-m // _ROW_PIECES)
+        step = -(-per // _ROW_UNIT) * _ROW_UNIT
+
+        def rows(chunk):
+            for i0, i1 in chunk:
+                np.matmul(a[..., i0:i1, :], b, out=out[..., i0:i1, :])
+        key = (a.shape, b.shape, a.strides, b.strides, out.strides, a.dtype, b.dtype, step)
+        same = _WHOLE_SAME.get(key)
+        if same and n_workers() == 1:
+            np.matmul(a, b, out=out)    # one call: proven to give the pieces' bits
+        else:
+            run_blocks(np, [(i, min(m, i + step)) for i in range(0, m, step)], rows, 1 << 30)
+            if same is None:
+                _probe_whole(a, b, out, step, key)
+    if epilogue is not None:
+        epilogue(out, full, full)
+    return out
+
+
 def exact_matmul(xp, a, b, out=None):
     """``matmul(a, b)`` with bits independent of the engine's thread count.
 

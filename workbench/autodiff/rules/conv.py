@@ -50,9 +50,10 @@ from workbench.arrays.geometry import window_geometry
 from workbench.autodiff.rules import gradient
 from workbench.ops.parallel import (
     blas_controller,
+    exact_products,
+    fixed_matmul,
     n_workers,
     parallel_copy,
-    parallel_matmul,
     run_blocks,
     scratch,
     single_threaded_blas,
@@ -320,7 +321,7 @@ def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
         # 1x1, stride 1, per-image partial products smaller than the transposed copies:
         # (N, M, P) @ (N, P, C) on the arrays as they are, summed over the images
         with single_threaded_blas(ctl):
-            parts = parallel_matmul(np, gy.reshape(n, m, p),
+            parts = fixed_matmul(np, gy.reshape(n, m, p),
                                     x.reshape(n, c, p).transpose(0, 2, 1))
         gw = parts.sum(axis=0).reshape(tuple(w_shape))
     elif need_w and (gw := _weight_grad_c(x, gy, w_shape, k, s, d, pb, kept)) is not None:
@@ -337,13 +338,13 @@ def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
             cols = scratch(np, (c,) + tuple(k) + (n,) + out_sp, dt)
         parallel_copy(np, cols, src, axis=0)
         cols = cols.reshape(c * kp, n * p)
-        gw = parallel_matmul(np, gy_merged(), cols.T).reshape(tuple(w_shape))
+        gw = fixed_matmul(np, gy_merged(), cols.T).reshape(tuple(w_shape))
     if need_x:
         w2 = w.reshape(m, c * kp)
         if pointwise:
             # 1x1, stride 1: one product per image straight into dx, no scatter
             gx = np.empty(tuple(x_shape), dtype=dt)
-            parallel_matmul(np, w2.T, gy.reshape(n, m, p), out=gx.reshape(n, c, p))
+            fixed_matmul(np, w2.T, gy.reshape(n, m, p), out=gx.reshape(n, c, p))
             return gx, gw
         ext = [(k[i] - 1) * d[i] for i in range(nsp)]
         if kp > 1 and all(v == 1 for v in s) and all(pb[i] <= ext[i] and pe[i] <= ext[i]
@@ -361,7 +362,9 @@ def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
         gx = np.empty(tuple(x_shape), dtype=dt)
         taps = [(kk, _tap_ranges(kk, s, d, pb, sp, out_sp))
                 for kk in itertools.product(*[range(v) for v in k])]
-        cb = max(1, min(-(-c // (2 * nw)), _DCOLS_BLOCK // max(1, kp * n * p)))
+        # blocks of input channels fixed by the shape (rows of one product each: where a
+        # block starts decides how BLAS rounds its rows, so never by the thread count)
+        cb = max(1, min(-(-c // 4), _DCOLS_BLOCK // max(1, kp * n * p)))
         jobs = [(c0, min(c, c0 + cb)) for c0 in range(0, c, cb)]
         gym = gy_merged()
 
@@ -386,6 +389,13 @@ def _grads_cpu(x, gy, w, w_shape, x_shape, k, s, d, pb, pe, need_x, need_w):
 
 @gradient("Conv")
 def conv_grad(ctx, grads_out, inputs, outputs, *, group=1, **attrs):
+    # the products inside (and the forward Conv kernel the input gradient may run on) give
+    # the same bits at any thread count (ops.parallel.exact_products / fixed_matmul)
+    with exact_products():
+        return _conv_grad(ctx, grads_out, inputs, outputs, group, attrs)
+
+
+def _conv_grad(ctx, grads_out, inputs, outputs, group, attrs):
     xp = ctx.xp
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
@@ -432,6 +442,11 @@ def conv_transpose_pads(x, w, y, attrs):
 
 @gradient("ConvTranspose")
 def conv_transpose_grad(ctx, grads_out, inputs, outputs, *, group=1, **attrs):
+    with exact_products():   # the same bits at any thread count, as conv_grad
+        return _conv_transpose_grad(ctx, grads_out, inputs, outputs, group, attrs)
+
+
+def _conv_transpose_grad(ctx, grads_out, inputs, outputs, group, attrs):
     from workbench.ops.registry import lookup
     xp = ctx.xp
     x, w = inputs[0], inputs[1]
@@ -531,7 +546,14 @@ def conv_train(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
     """Conv's training form: the same convolution; float32 2-D group-1 KxK convolutions on
     numpy run on ``gemm_avx2.iconv`` (NCHW in and out, through a channels-last copy) when it
     is loaded, the rest on the registered Conv kernel. A training step's convolutions may
-    differ from an inference run's in the last bits (another order of the same sums)."""
+    differ from an inference run's in the last bits (another order of the same sums). Its
+    products (im2col GEMMs) give the same bits at any thread count (``exact_products``:
+    ``ops.parallel.fixed_matmul``)."""
+    with exact_products():   # im2col products with the same bits at any thread count
+        return _conv_train(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides)
+
+
+def _conv_train(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides):
     from workbench.arrays import xp_of  # noqa: PLC0415
     from workbench.arrays.geometry import window_geometry as geom  # noqa: PLC0415
     from workbench.ops.conv import _check_conv_inputs, _kernel_from  # noqa: PLC0415
