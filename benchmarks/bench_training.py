@@ -22,8 +22,8 @@ numpy's BLAS a threadpoolctl limit).
     python benchmarks/bench_training.py --models resnet18 --profile   # per-op breakdown
 
 ``--profile`` runs ``--profile-steps`` more steps after the timed ones with every forward kernel
-call (``tape.run_op``), every gradient rule (``backprop.run_rule``), the backward engine as a
-whole and the optimizer update timed, and prints per op (Conv split by kind: 1x1, kxk, depthwise,
+call (``tape.run_op``), every gradient rule (``backprop._run_rule``, behind ``run_rule``),
+the backward engine as a whole and the optimizer update timed, and prints per op (Conv split by kind: 1x1, kxk, depthwise,
 with its stride) the forward and backward milliseconds per step; beside it PyTorch's own
 profiler table (``torch.profiler``, self CPU time per aten op). Profiled steps are slower than
 timed ones (a clock read per call); the shares are what to read.
@@ -173,7 +173,7 @@ def _profile_ours(step, steps, top) -> str:
     cnt = defaultdict(int)
     totals = defaultdict(float)
     # the tape's apply and the Tensor runner call run_op, backward() calls run_rule
-    orig_run_op, orig_rule = _tape.run_op, _bw.run_rule
+    orig_run_op, orig_rule = _tape.run_op, _bw._run_rule
     from workbench.autodiff import fusion as _fusion
     orig_fused = _fusion.run_step
     inside = [0]    # a fused step's own recording is counted with the step (below)
@@ -212,10 +212,10 @@ def _profile_ours(step, steps, top) -> str:
             cnt[key] += 1
         return r
 
-    def run_rule(node, gouts):
+    def run_rule(node, gouts, needs=None, found=None):
         key = _op_key(node.op_type, node.kw, node.saved_in)
         t0, c0 = clock(), cpu_clock()
-        r = orig_rule(node, gouts)
+        r = orig_rule(node, gouts, needs, found)
         bwd[key] += clock() - t0
         cpu[key] += cpu_clock() - c0
         return r
@@ -247,7 +247,7 @@ def _profile_ours(step, steps, top) -> str:
 
     _tape.run_op = _runner.run_op = run_op
     _fusion.run_step = run_fused
-    _bw.run_rule = run_rule
+    _bw._run_rule = run_rule   # what backward() and run_rule() both call
     autograd.backward, opt.Optimizer.update = backward, update
     autograd.softmax_cross_entropy = loss
     if model is not None:
@@ -260,7 +260,7 @@ def _profile_ours(step, steps, top) -> str:
     finally:
         _tape.run_op = _runner.run_op = orig_run_op
         _fusion.run_step = orig_fused
-        _bw.run_rule = orig_rule
+        _bw._run_rule = orig_rule
         autograd.backward, opt.Optimizer.update = orig_backward, orig_update
         autograd.softmax_cross_entropy = orig_loss
         if model is not None:

@@ -800,9 +800,9 @@ class _RuleMeter:
         self.k = 0
 
     def run(self, backward, loss):
-        from workbench.autodiff import run_rule  # noqa: PLC0415
+        from workbench.autodiff.backprop import _run_rule  # noqa: PLC0415
 
-        code = run_rule.__code__
+        code = _run_rule.__code__   # what backward() calls for each node (run_rule's body)
         rec, names = self.rec, self.names
         depth = [0]
 
