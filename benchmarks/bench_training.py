@@ -22,11 +22,11 @@ numpy's BLAS a threadpoolctl limit).
     python benchmarks/bench_training.py --models resnet18 --profile   # per-op breakdown
 
 ``--profile`` runs ``--profile-steps`` more steps after the timed ones with every forward kernel
-call (``tape.run_op``), every gradient rule (``backprop._run_rule``, behind ``run_rule``),
-the backward engine as a whole and the optimizer update timed, and prints per op (Conv split
-by kind: 1x1, kxk, depthwise, with its stride) the forward and backward milliseconds per
-step; beside it PyTorch's own profiler table (``torch.profiler``, self CPU time per aten op). Profiled steps are slower than
-timed ones (a clock read per call); the shares are what to read.
+call (``tape.run_op``), every gradient rule (``backprop._run_rule``, behind ``run_rule``), the
+backward engine as a whole and the optimizer update timed, and prints per op (Conv split by
+kind: 1x1, kxk, depthwise, with its stride) the forward and backward milliseconds per step;
+beside it PyTorch's own profiler table (``torch.profiler``, self CPU time per aten op). Profiled
+steps are slower than timed ones (a clock read per call); the shares are what to read.
 
 Printed per model: median step time (ms) of ours and of PyTorch, their ratio (target: within
 1.3x of PyTorch, issue 23), the peak RSS of each process (MiB), the median CPU time of a step
