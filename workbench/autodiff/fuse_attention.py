@@ -57,6 +57,7 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.autodiff import tape as _tape
+from workbench.autodiff.fusion import _record  # a step recorded with a given output
 from workbench.errors import GradientError
 
 _MM1, _SCALE, _MASK, _SOFTMAX, _MM2 = range(5)
@@ -491,19 +492,3 @@ def _pass_rule(pos):
         out[pos] = grads_out[0]
         return tuple(out)
     return rule
-
-
-def _record(runner, step, call, args, value):
-    """Record ``step``'s node on the tape with ``value`` as its output, its real kernel kept
-    as the node's ``fn`` (for replays and exports)."""
-    n = step.node
-
-    def given(*a, **k):
-        return value
-    out = _tape.run_op(n.op_type, n.domain, step.opset, given, False, call.kw, n.attrs, args,
-                       1, n.name, call.out_names, call.training_mode, None,
-                       device=runner.device)[0]
-    node = out.creator
-    if node is not None:
-        node.fn, node.wants_ctx = call.fn, call.wants_ctx
-    return out
