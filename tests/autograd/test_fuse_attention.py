@@ -13,6 +13,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from tests.helpers.singa_flag import singa_training_flag  # noqa: E402,F401
 from workbench import autograd, compiled, opt, sonnx, tensor  # noqa: E402
 from workbench.autodiff import backprop, fuse_attention  # noqa: E402
 from workbench.autodiff.tape import tape_order  # noqa: E402
@@ -21,14 +22,6 @@ from workbench.errors import GradientError  # noqa: E402
 
 B, S, H, DH = 2, 6, 2, 4
 E = H * DH
-
-
-@pytest.fixture(autouse=True)
-def _singa_flag():
-    from workbench.singa import autograd as singa_autograd
-    before = singa_autograd.training
-    yield
-    singa_autograd.training = before
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from tests.helpers.singa_flag import singa_training_flag  # noqa: E402,F401
 from workbench import autograd, compiled, opt, sonnx, tensor  # noqa: E402
 from workbench.autodiff import backprop, fusion  # noqa: E402
 from workbench.autodiff.tape import tape_order  # noqa: E402
@@ -22,15 +23,6 @@ from workbench.errors import GradientError  # noqa: E402
 
 needs_kernels = pytest.mark.skipif(image.supported() is not None,
                                    reason=f"compiled kernels: {image.supported()}")
-
-
-@pytest.fixture(autouse=True)
-def _singa_flag():
-    """Training a model sets SINGA's global ``autograd.training`` (Model.train): put it back."""
-    from workbench.singa import autograd as singa_autograd
-    before = singa_autograd.training
-    yield
-    singa_autograd.training = before
 
 
 @pytest.fixture(scope="module")

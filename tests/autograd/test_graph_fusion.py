@@ -18,19 +18,12 @@ from tests.autograd.test_fuse_attention import Y as AY  # noqa: E402
 from tests.autograd.test_fusion import X as GX  # noqa: E402
 from tests.autograd.test_fusion import Y as GY  # noqa: E402
 from tests.autograd.test_fusion import gelu_mlp  # noqa: E402
+from tests.helpers.singa_flag import singa_training_flag  # noqa: E402,F401
 from workbench import autograd, compiled, opt, sonnx, tensor  # noqa: E402
 from workbench.autodiff import backprop  # noqa: E402
 from workbench.autodiff.tape import tape_order  # noqa: E402
 from workbench.compiled import image  # noqa: E402
 from workbench.errors import GradientError  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _singa_flag():
-    from workbench.singa import autograd as singa_autograd
-    before = singa_autograd.training
-    yield
-    singa_autograd.training = before
 
 
 @pytest.fixture(scope="module")

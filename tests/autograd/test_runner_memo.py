@@ -12,18 +12,10 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from tests.helpers.singa_flag import singa_training_flag  # noqa: E402,F401
 from workbench import autograd, backend, opt, sonnx, tensor  # noqa: E402
 from workbench.autodiff import runner as _runner  # noqa: E402
 from workbench.autodiff.tape import inference_mode, tape_order  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _singa_flag():
-    """Training a model sets SINGA's global ``autograd.training``: put it back."""
-    from workbench.singa import autograd as singa_autograd
-    before = singa_autograd.training
-    yield
-    singa_autograd.training = before
 
 
 def _const(name, value, dtype=np.int64):
