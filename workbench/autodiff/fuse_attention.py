@@ -57,7 +57,6 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.autodiff import tape as _tape
-from workbench.autodiff.fusion import _record  # a step recorded with a given output
 from workbench.errors import GradientError
 
 _MM1, _SCALE, _MASK, _SOFTMAX, _MM2 = range(5)
@@ -235,7 +234,7 @@ def _run(core, runner, role, step, call, args):
                 or _kernel("attention_avx2.attention_probs") is None:
             return None
         core.q, core.k = q.data, k.data
-        out = _record(runner, step, call, args, _placeholder(_score_shape(core)))
+        out = _tape.record_given(runner, step, call, args, _placeholder(_score_shape(core)))
         core.nodes.append((role, out.creator))
         core.expect = out
         return out
@@ -246,7 +245,7 @@ def _run(core, runner, role, step, call, args):
     if role == _SCALE:
         if args[core.pos[0]] is not prev:
             return _unfuse(core, runner, step, call, args, role)
-        out = _record(runner, step, call, args, _placeholder(shape))
+        out = _tape.record_given(runner, step, call, args, _placeholder(shape))
     elif role == _MASK:
         kx = core.pos[1]
         m = args[0 if core.fill is not None else 1 - kx]
@@ -257,7 +256,7 @@ def _run(core, runner, role, step, call, args):
                 or md.ndim > len(shape) or _broadcast(md.shape, shape) != shape:
             return _unfuse(core, runner, step, call, args, role)
         core.mask = md
-        out = _record(runner, step, call, args, _placeholder(shape))
+        out = _tape.record_given(runner, step, call, args, _placeholder(shape))
     elif role == _SOFTMAX:
         axis = call.kw.get("axis", -1 if step.opset >= 13 else 1)
         if args[0] is not prev or axis not in (-1, len(shape) - 1):
@@ -266,7 +265,7 @@ def _run(core, runner, role, step, call, args):
         # reader, next), or from the skipped values if that cannot run fused
         core.p = np.empty(shape, _F32)
         core.softmax = (call.fn, call.wants_ctx, call.kw)
-        out = _record(runner, step, call, args, core.p)
+        out = _tape.record_given(runner, step, call, args, core.p)
     else:   # the second MatMul
         v = args[1]
         o = None
@@ -274,7 +273,7 @@ def _run(core, runner, role, step, call, args):
             o = _forward_c(core, v.data)
         if o is None:
             return _unfuse(core, runner, step, call, args, role)
-        out = _record(runner, step, call, args, o)
+        out = _tape.record_given(runner, step, call, args, o)
         # the whole core's gradient at this node; the steps before pass on a token to the
         # first MatMul, which hands out what this rule left (set now that the core ran
         # fused to the end: until then their own rules are the right ones)
@@ -321,7 +320,7 @@ def _unfuse(core, runner, step, call, args, role):
             return None
         value = _prev_value(core, role)
         arrays = [value if a is prev else getattr(a, "data", a) for a in args]
-        return _record(runner, step, call, args, _call(call.fn, call.wants_ctx, call.kw,
+        return _tape.record_given(runner, step, call, args, _call(call.fn, call.wants_ctx, call.kw,
                                                         arrays))
     finally:
         core.off()

@@ -260,7 +260,7 @@ def run_step(runner, role, chain, step, call, args):
         if y is None:
             return None
         chain.x, chain.y = x, y
-        out = _record(runner, step, call, args, _placeholder(x.shape))
+        out = _tape.record_given(runner, step, call, args, _placeholder(x.shape))
         out.creator.grad_rule = _no_gradient
     else:
         prev = chain.expect
@@ -279,27 +279,13 @@ def run_step(runner, role, chain, step, call, args):
             chain.x = chain.y = chain.expect = None
             return None
         if role == _MUL2:
-            out = _record(runner, step, call, args, chain.y)
+            out = _tape.record_given(runner, step, call, args, chain.y)
             out.creator.grad_rule = _fused_rule(chain.x.data, k2, len(args))
             chain.x = chain.y = chain.expect = None
             return out
-        out = _record(runner, step, call, args, _placeholder(prev.shape))
+        out = _tape.record_given(runner, step, call, args, _placeholder(prev.shape))
         out.creator.grad_rule = _pass_to(1 - km, len(args)) if role == _MUL else _no_gradient
     chain.expect = out
     return out
 
 
-def _record(runner, step, call, args, value):
-    """Record ``step``'s node on the tape with ``value`` as its output, its real kernel kept
-    as the node's ``fn`` (for replays and exports)."""
-    n = step.node
-
-    def given(*a, **k):
-        return value
-    out = _tape.run_op(n.op_type, n.domain, step.opset, given, False, call.kw, n.attrs, args,
-                       1, n.name, call.out_names, call.training_mode, None,
-                       device=runner.device)[0]
-    node = out.creator
-    if node is not None:
-        node.fn, node.wants_ctx = call.fn, call.wants_ctx
-    return out

@@ -978,3 +978,20 @@ def walk_tape(roots, stop: set | None = None, only_grad: bool = False) -> list[T
                 stack.pop()
                 order.append(node)
     return order
+
+
+def record_given(runner, step, call, args, value):
+    """Record a runner ``step``'s node on the tape with ``value`` as its output, its real kernel
+    (``call.fn``) kept as the node's ``fn`` for replays and exports: how the training fusions
+    (:mod:`~workbench.autodiff.fusion`, :mod:`~workbench.autodiff.fuse_attention`) record the
+    nodes they computed together."""
+    n = step.node
+
+    def given(*a, **k):
+        return value
+    out = run_op(n.op_type, n.domain, step.opset, given, False, call.kw, n.attrs, args,
+                 1, n.name, call.out_names, call.training_mode, None, device=runner.device)[0]
+    node = out.creator
+    if node is not None:
+        node.fn, node.wants_ctx = call.fn, call.wants_ctx
+    return out
