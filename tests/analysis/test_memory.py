@@ -266,3 +266,25 @@ def test_the_tapes_objects_are_predicted_and_shown_apart():
     held_ns, saved_ns = tape_entry_bytes(1, 1, 1, False)
     assert held3 > held1 > held_ns > 0 and saved1 > 0 and saved_ns == 0
     assert array_object_bytes(4) > array_object_bytes(0) > 0
+
+
+def test_tape_entry_costs_do_not_depend_on_singas_training_flag(monkeypatch):
+    """A SINGA program's ``autograd.training = True`` makes the tape save every entry's arrays
+    (``tape.set_save_all``); the per-entry costs are measured with exactly the saving their key
+    says, whatever that flag was left at (it made the result depend on the tests run before)."""
+    from workbench.analysis import memory
+    from workbench.singa import autograd as singa_autograd
+
+    before = singa_autograd.training
+    try:
+        costs = {}
+        for flag in (False, True):
+            monkeypatch.setattr(memory, "_TAPE_COSTS", {})
+            singa_autograd.training = flag
+            costs[flag] = (memory.tape_entry_bytes(1, 1, 1, True),
+                           memory.tape_entry_bytes(1, 1, 1, False))
+    finally:
+        singa_autograd.training = before
+    for flag, (saving, not_saving) in costs.items():
+        assert not_saving[1] == 0 and saving[1] > 0, (flag, costs)
+        assert saving[0] > not_saving[0], (flag, costs)

@@ -206,7 +206,12 @@ def _per_item(change) -> list:
 
 
 def _measure_tape_entry(n_inputs: int, linked: int, n_outputs: int, saves: bool) -> tuple:
-    from workbench.autodiff.tape import Tensor, enable_grad, run_op  # noqa: PLC0415
+    from workbench.autodiff.tape import (  # noqa: PLC0415
+        Tensor,
+        enable_grad,
+        run_op,
+        saving_all,
+    )
 
     outs_fixed = tuple(np.zeros((1, 1), np.float32) for _ in range(n_outputs))
     one = np.zeros(1, np.float32)
@@ -219,7 +224,9 @@ def _measure_tape_entry(n_inputs: int, linked: int, n_outputs: int, saves: bool)
 
     kw: dict = {}
     names = ("out",) * n_outputs
-    with enable_grad(), _tracing():
+    # saving_all(False): an entry saves exactly when ``saves`` says, whatever a SINGA program
+    # left the tape's ``set_save_all`` at (its ``autograd.training = True`` turns it on)
+    with enable_grad(), saving_all(False), _tracing():
         leaf = Tensor(data=np.zeros(1, np.float32), requires_grad=saves)
         ins = [run_op("Identity", "", 13, producer, False, kw, kw, [leaf], 1, "producer",
                       None)[0] if k < linked else
