@@ -1,12 +1,18 @@
 """The training-time fusions (workbench/autodiff/fusion.py's GELU chain, fuse_attention.py's
-attention core) and the Tensor runner's shape memo on graphs as exporters write them beyond
-the shapes the fusion tests build: a fused step gives the graph's own shapes and values (a
-constant of a higher rank than the value it scales broadcasts the result to that rank), and
-the fused training equals the unfused one within float rounding."""
+attention core) with the Tensor runner's shape memo and Constant reuse, on graphs as exporters
+write them beyond the shapes the fusion tests build: a fused step gives the graph's own shapes
+(a constant of a higher rank than the value it scales broadcasts the result to that rank: such
+a chain or core runs unfused), and on small torch.onnx exports (nn.TransformerEncoderLayer
+with a padding mask, BERT- and GPT-2-style blocks) fused training equals unfused training
+within float rounding and PyTorch's gradients, with batch and mask values changing between
+steps, graph mode gives the eager bits, and the tape of a fused step exports a graph that
+onnxruntime runs to the same outputs."""
 
 from __future__ import annotations
 
+import io
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -148,3 +154,143 @@ def test_attention_constants_of_a_higher_rank_keep_the_graphs_shape(kernels, mon
         + ["Softmax", "MatMul"]
     assert fused[3] == (want if fuses else [])
     _same_training(fused, plain)
+
+
+# ----------------------------------------------------------------- torch.onnx exports
+def _torch_blocks(torch):
+    """Three small self-attention blocks as PyTorch writes them: ``nn.TransformerEncoderLayer``
+    (GELU, a boolean key padding mask), a BERT-style block (the extended mask ``(1 - mask) *
+    finfo.min`` made in the graph from int64 token masks, Q K^T then Div by sqrt(d), erf
+    GELU) and a GPT-2-style block (the causal ``Where`` with finfo.min, scores scaled by Mul,
+    odd head size 7 over 3 heads)."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class Attention(nn.Module):
+        def __init__(self, e, h, dh, bert):
+            super().__init__()
+            self.h, self.dh, self.bert = h, dh, bert
+            self.qkv = nn.Linear(e, 3 * h * dh)
+            self.o = nn.Linear(h * dh, e)
+            self.f1, self.f2 = nn.Linear(e, 2 * e), nn.Linear(2 * e, e)
+            self.register_buffer("causal", torch.tril(torch.ones(16, 16, dtype=torch.bool)))
+
+        def forward(self, x, am=None):
+            b, s, _ = x.shape
+            q, k, v = (t.reshape(b, s, self.h, self.dh).transpose(1, 2)
+                       for t in self.qkv(x).split(self.h * self.dh, -1))
+            if self.bert:
+                sc = q @ k.transpose(-1, -2) / math.sqrt(self.dh)
+                sc = sc + (1.0 - am[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+            else:
+                sc = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(self.dh))
+                sc = torch.where(self.causal[:s, :s], sc,
+                                 torch.tensor(torch.finfo(x.dtype).min, dtype=x.dtype))
+            o = (torch.softmax(sc, -1) @ v).transpose(1, 2).reshape(b, s, self.h * self.dh)
+            x = x + self.o(o)
+            return x + self.f2(F.gelu(self.f1(x)))
+
+    class Tel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation="gelu",
+                                                    batch_first=True)
+
+        def forward(self, x, pad):
+            return self.layer(x, src_key_padding_mask=pad)
+
+    return {"tel": Tel, "bert": lambda: Attention(16, 2, 8, True),
+            "gpt2": lambda: Attention(16, 3, 7, False)}
+
+
+def _feeds(case, batch, rng):
+    x = rng.standard_normal((batch, 5, 16)).astype(np.float32)
+    if case == "gpt2":
+        return [x]
+    keep = rng.random((batch, 5)) > 0.3
+    keep[:, 0] = True
+    return [x, ~keep] if case == "tel" else [x, keep.astype(np.int64)]
+
+
+def _train_export(proto, feeds, targets, use_graph=False):
+    m = sonnx.SONNXModel(proto)
+    m.compile([tensor.PlaceHolder(a.shape, dtype=a.dtype) for a in feeds[0]], is_train=True,
+              use_graph=use_graph)
+    params = m.get_params()
+    names = {id(p): k for k, p in params.items()}
+    losses, grads, fused = [], [], []
+    for f, t in zip(feeds, targets):
+        xs = [tensor.from_numpy(a) for a in f]
+        o = m.forward(*xs)[0]
+        # the tape of this step as ONNX (before the update changes the weights)
+        exported = (sonnx.to_onnx(xs, [o]), f, o.numpy().copy())
+        loss = autograd.mse_loss(o, t)
+        losses.append(loss.item())
+        fused = [n.op_type for n in tape_order([loss]) if n.grad_rule is not None]
+        g = {names[id(p)]: d.numpy().copy() for p, d in autograd.backward(loss)}
+        grads.append(g)
+        for k, d in g.items():
+            params[k].data = params[k].data - np.float32(0.05) * d
+    return losses, grads, fused, exported
+
+
+@pytest.mark.parametrize("case", ["tel", "bert", "gpt2"])
+def test_torch_exports_train_fused_as_unfused_and_as_torch(kernels, monkeypatch, case):
+    torch = pytest.importorskip("torch", reason="PyTorch CPU exports the models")
+    torch.manual_seed(0)
+    model = _torch_blocks(torch)[case]().eval()
+    with torch.no_grad():   # distinct values: the exporter merges equal initializers
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape) * 0.05)
+    rng = np.random.default_rng(3)
+    feeds = [_feeds(case, b, rng) for b in (2, 3, 2)]     # batch and mask values change
+    targets = [rng.standard_normal((b, 5, 16)).astype(np.float32) for b in (2, 3, 2)]
+    names = ["x", "mask"][:len(feeds[0])]
+    buf = io.BytesIO()
+    # (the legacy exporter: it needs no onnxscript; with gradients on, torch's fused
+    # encoder-layer fast path, which it cannot export, stays off)
+    with warnings.catch_warnings():   # the tracer's and the legacy exporter's notices
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, tuple(torch.from_numpy(a) for a in feeds[0]), buf,
+                          opset_version=17, input_names=names, output_names=["y"],
+                          dynamic_axes={n: {0: "batch"} for n in names + ["y"]}, dynamo=False)
+    proto = onnx.load_from_string(buf.getvalue())
+
+    fused = _train_export(proto, feeds, targets)
+    graph = _train_export(proto, feeds, targets, use_graph=True)
+    for k, v in UNFUSED.items():
+        monkeypatch.setenv(k, v)
+    plain = _train_export(proto, feeds, targets)
+    core = {"tel": ["MatMul", "Add"], "bert": ["MatMul", "Div", "Add"],
+            "gpt2": ["MatMul", "Mul", "Where"]}[case] + ["Softmax", "MatMul"]
+    assert fused[2] == core + ["Div", "Erf", "Add", "Mul", "Mul"]
+    assert graph[2] == fused[2] and not plain[2]
+    assert graph[0] == fused[0]                      # graph mode: the eager bits
+    np.testing.assert_allclose(fused[0], plain[0], rtol=1e-5)
+    for gf, gp in zip(fused[1], plain[1]):
+        assert gf.keys() == gp.keys()
+        scale = max(np.abs(g).max() for g in gp.values())
+        for k, g in gp.items():
+            np.testing.assert_allclose(gf[k], g, rtol=1e-4, atol=1e-5 * scale, err_msg=k)
+
+    # the first step's gradients against PyTorch's, initializers matched by value
+    xs = [torch.from_numpy(a) for a in feeds[0]]
+    loss = ((model(*xs) - torch.from_numpy(targets[0])) ** 2).mean()
+    loss.backward()
+    np.testing.assert_allclose(fused[0][0], loss.item(), rtol=1e-5)
+    tp = {k: (p.detach().numpy(), p.grad.numpy()) for k, p in model.named_parameters()}
+    inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    scale = max(np.abs(g).max() for _, g in tp.values())
+    for name, g in fused[1][0].items():
+        w = [tg if np.array_equal(tw, inits[name]) else tg.T for tw, tg in tp.values()
+             if np.array_equal(tw, inits[name]) or np.array_equal(tw.T, inits[name])]
+        assert len(w) == 1, name
+        np.testing.assert_allclose(g, w[0], rtol=1e-3, atol=1e-5 * scale, err_msg=name)
+
+    # the tape of a fused step exports the original graph: onnxruntime gives our forward
+    ort = pytest.importorskip("onnxruntime")
+    exported, f, out = fused[3]
+    assert "Softmax" in [n.op_type for n in exported.graph.node]
+    sess = ort.InferenceSession(exported.SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    got = sess.run(None, {i.name: a for i, a in zip(sess.get_inputs(), f)})[0]
+    np.testing.assert_allclose(got, out, rtol=1e-5, atol=1e-6)

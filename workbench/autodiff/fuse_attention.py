@@ -37,13 +37,14 @@ each step checks that it receives the Tensor the previous step made, that the ar
 float32 host arrays, that the softmax is over the last axis, that the mask needs no gradient,
 is float32 (a Where's condition boolean) and broadcasts to the scores without growing them, that
 the scale's and the fill's constants (one value, but maybe of shape (1, 1, 1, 1)) are of no
-higher rank than the scores, and that the compiled kernels are loaded. Where a check fails the value the step reads is made from
-Q and Kt with the same numpy ufuncs as the MatMul, Div/Mul, Add and Where kernels, and the rest
-of the core runs unfused; the steps before keep their own rules (none of them reads a skipped
-value). The fused rules are set only when the core ran fused to its end. A backward of single
-nodes (SINGA's ``creator.backward``) of a fused node is refused with a clear error (their rules
-hold within a whole ``backward(loss)`` only). When the kernels were switched off between the
-forward and the backward, the rule computes the same gradients in numpy.
+higher rank than the scores, and that the compiled kernels are loaded. Where a check fails the
+value the step reads is made from Q and Kt with the same numpy ufuncs as the MatMul, Div/Mul,
+Add and Where kernels, and the rest of the core runs unfused; the steps before keep their own
+rules (none of them reads a skipped value). The fused rules are set only when the core ran
+fused to its end. A backward of single nodes (SINGA's ``creator.backward``) of a fused node is
+refused with a clear error (their rules hold within a whole ``backward(loss)`` only). When the
+kernels were switched off between the forward and the backward, the rule computes the same
+gradients in numpy.
 
 Numbers: the kernels' products are FMA chains in a fixed order and the softmax's exp is the
 engine's fitted float32 exp, where the unfused core used BLAS and the compiled row softmax; so
