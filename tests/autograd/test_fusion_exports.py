@@ -10,6 +10,7 @@ onnxruntime runs to the same outputs."""
 
 from __future__ import annotations
 
+import copy
 import io
 import math
 import warnings
@@ -294,3 +295,56 @@ def test_torch_exports_train_fused_as_unfused_and_as_torch(kernels, monkeypatch,
                                 providers=["CPUExecutionProvider"])
     got = sess.run(None, {i.name: a for i, a in zip(sess.get_inputs(), f)})[0]
     np.testing.assert_allclose(got, out, rtol=1e-5, atol=1e-6)
+
+
+def _bn_model():
+    """X (2, 3, 6, 6) -> Conv 3x3 -> BatchNormalization -> Relu -> Flatten -> MatMul (3)."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in (
+        ("W", rng.standard_normal((4, 3, 3, 3)) * 0.3), ("s", 1 + rng.random(4)),
+        ("b", rng.standard_normal(4) * 0.1), ("mean", rng.standard_normal(4) * 0.1),
+        ("var", 1 + rng.random(4)), ("W2", rng.standard_normal((64, 3)) * 0.2))]
+    nodes = [helper.make_node("Conv", ["X", "W"], ["c"]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "mean", "var"], ["n"]),
+             helper.make_node("Relu", ["n"], ["r"]), helper.make_node("Flatten", ["r"], ["f"]),
+             helper.make_node("MatMul", ["f", "W2"], ["out"])]
+    return _model(nodes, (2, 3, 6, 6), [2, 3], inits)
+
+
+@pytest.mark.parametrize("build,shape", [(_bn_model, (2, 3, 6, 6)),
+                                         (lambda: attention_model(()), (3, 5, 8))])
+def test_a_deep_copy_of_a_graph_mode_model_trains_as_the_original(kernels, build, shape):
+    # a deep copy kept the graph-mode replays, whose Tensor runner knows its steps by id():
+    # the copy's steps (new objects) were all re-prepared as plain steps, which lost the
+    # recorded calls (BatchNormalization's running-statistics updates: other losses from the
+    # copy's second replay on) and the fusions, and could take another object's call
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(6)]
+
+    def step(m, x):
+        o = m.forward(tensor.from_numpy(x))[0]
+        loss = autograd.mse_loss(o, np.ones(o.shape, np.float32))
+        fused = [n.op_type for n in tape_order([loss]) if n.grad_rule is not None]
+        for p, g in autograd.backward(loss):
+            p.data = p.data - np.float32(0.1) * g.numpy()
+        return loss.item(), fused
+
+    def model():
+        m = sonnx.SONNXModel(build())
+        m.compile([tensor.PlaceHolder(shape)], is_train=True, use_graph=True)
+        return m
+
+    ref = model()
+    want = [step(ref, x) for x in xs]
+    m = model()
+    got = [step(m, x) for x in xs[:3]]
+    c = copy.deepcopy(m)
+    del m
+    got += [step(c, x) for x in xs[3:]]
+    if build is _bn_model:   # nothing fused: the same bits
+        assert got == want
+        for k, t in ref.get_states().items():
+            assert np.array_equal(c.get_states()[k].numpy(), t.numpy()), k
+    else:   # the copy's first step runs eager and unfused (as a new model's), then fused
+        np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], rtol=1e-6)
+        assert got[3][1] == [] and got[4][1] == got[5][1] == want[5][1] != []
