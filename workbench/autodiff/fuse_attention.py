@@ -366,15 +366,19 @@ def _forward_c(core, v):
     o = np.empty(o_shape, _F32)
     dp = compiled.data_pointer
     blk[0], blk[1], blk[2] = dp(q), dp(k), dp(v)
+    # every address is set per call, the scratch's too: a copied core (copy.deepcopy of its
+    # runner) gets new scratch arrays, and a block keeping the address of the original's
+    # scratch would have the kernel write into memory the copy does not own
     blk[3] = dp(work) if m is None else dp(m)
-    blk[4], blk[38] = dp(o), dp(core.p)
+    blk[4], blk[5], blk[38] = dp(o), dp(work), dp(core.p)
     kern.raw(dp(blk))
     return o
 
 
 def _bind_forward(core, spec, q, k, v, m):
-    """The call block (addresses filled per call) of :func:`_forward_c` for these shapes and
-    strides, its scratch and the output's shape; False when the kernel does not take them."""
+    """The call block (all addresses filled per call) of :func:`_forward_c` for these shapes
+    and strides, its scratch and the output's shape; False when the kernel does not take
+    them."""
     sq, sk, sv = _elem_strides(q), _elem_strides(k), _elem_strides(v)
     shape = _score_shape(core)
     sm = [0, 0, 0, 0] if m is None else _elem_strides(np.broadcast_to(m, shape))
@@ -397,9 +401,7 @@ def _bind_forward(core, spec, q, k, v, m):
     blk[6:33] = [H, Sq, Sk, D, Dv] + sq + sk + sv + so + sm + [mode, mask_mode]
     blk[33:36] = (0, B * H, min(Sq, spec.ROWS))
     blk[36:38].view(np.float64)[:] = (float(core.c if core.c is not None else 1.0), fill)
-    work = np.empty(wf, _F32)
-    blk[5] = _data(work)
-    return blk, work, o_shape
+    return blk, np.empty(wf, _F32), o_shape
 
 
 def _data(a):
