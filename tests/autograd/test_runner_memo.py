@@ -190,3 +190,27 @@ def test_a_constant_output_changed_by_the_caller_is_not_handed_out_again():
     assert again is not first and again.numpy().tolist() == [2, 4]
     again.requires_grad = True
     assert m.forward(x)[1] is not again
+
+
+@pytest.mark.parametrize("memo", ["1", "0"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_writing_into_a_constant_output_cannot_change_the_model(monkeypatch, memo, compiled):
+    # the Constant's kernel hands out its attribute's own array (writable in a model used
+    # without compile), run once per runner: a caller's in-place write into that graph output
+    # changed the Constant, and every output reading it, for all later steps
+    monkeypatch.setenv("WORKBENCH_SHAPE_MEMO", memo)
+    m = sonnx.SONNXModel(shape_chain_mlp(constant_output=True))
+    x4, _ = _data(4)
+    if compiled:
+        m.compile([tensor.PlaceHolder(x4.shape)], is_train=True)
+    else:
+        m.train()
+    x = tensor.from_numpy(x4)
+    want = [t.numpy().copy() for t in m.forward(x)]
+    for _ in range(2):
+        inner = m.forward(x)[1]
+        with pytest.raises(ValueError, match="read-only"):
+            inner.data *= 3
+    got = m.forward(x)
+    assert got[1].numpy().tolist() == [2, 4]
+    assert np.array_equal(got[0].numpy(), want[0])

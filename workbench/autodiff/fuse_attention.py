@@ -35,14 +35,16 @@ when S, D, A and P each have exactly one reader, the next node of the core, whic
 there (no graph output, no other reader), P's reader reading it as its first input. At run time
 each step checks that it receives the Tensor the previous step made, that the arrays are
 float32 host arrays, that the softmax is over the last axis, that the mask needs no gradient,
-is float32 (a Where's condition boolean) and broadcasts to the scores without growing them, and
-that the compiled kernels are loaded. Where a check fails the value the step reads is made from
-Q and Kt with the same numpy ufuncs as the MatMul, Div/Mul, Add and Where kernels, and the rest
-of the core runs unfused; the steps before keep their own rules (none of them reads a skipped
-value). The fused rules are set only when the core ran fused to its end. A backward of single
-nodes (SINGA's ``creator.backward``) of a fused node is refused with a clear error (their rules
-hold within a whole ``backward(loss)`` only). When the kernels were switched off between the
-forward and the backward, the rule computes the same gradients in numpy.
+is float32 (a Where's condition boolean) and broadcasts to the scores without growing them, that
+the scale's and the fill's constants (one value, but maybe of shape (1, 1, 1, 1)) are of no
+higher rank than the scores, and that the compiled kernels are loaded. Where a check fails the
+value the step reads is made from Q and Kt with the same numpy ufuncs as the MatMul, Div/Mul,
+Add and Where kernels, and the rest of the core runs unfused; the steps before keep their own
+rules (none of them reads a skipped value). The fused rules are set only when the core ran
+fused to its end. A backward of single nodes (SINGA's ``creator.backward``) of a fused node is
+refused with a clear error (their rules hold within a whole ``backward(loss)`` only). When the
+kernels were switched off between the forward and the backward, the rule computes the same
+gradients in numpy.
 
 Numbers: the kernels' products are FMA chains in a fixed order and the softmax's exp is the
 engine's fitted float32 exp, where the unfused core used BLAS and the compiled row softmax; so
@@ -68,13 +70,15 @@ class Core:
     """One attention core of a plan: the scale (None, ``("/", c)`` or ``("*", c)``), the input
     positions the run-time checks read, and the run in progress."""
 
-    __slots__ = ("scale", "pos", "fill", "c", "passes", "q", "k", "s", "p", "mask",
+    __slots__ = ("scale", "pos", "fill", "rank", "c", "passes", "q", "k", "s", "p", "mask",
                  "softmax", "expect", "nodes", "blocks")
 
-    def __init__(self, scale, pos, fill=None):
+    def __init__(self, scale, pos, fill=None, rank=0):
         # fill: None (an additive mask, or none), or (mode, value) for a Where that puts the
-        # scalar ``value`` where its condition is true (mode 2) or false (mode 3)
-        self.scale, self.pos, self.fill = scale, pos, fill
+        # scalar ``value`` where its condition is true (mode 2) or false (mode 3); rank: the
+        # highest rank of the scale's and the fill's constants (one of a higher rank than the
+        # scores would grow their shape: such a core runs unfused)
+        self.scale, self.pos, self.fill, self.rank = scale, pos, fill, rank
         # the scale's constant as the float32 the kernels compute with
         self.c = None if scale is None else _F32(scale[1])
         self.passes = (_pass_rule(pos[0]), _pass_rule(pos[1]), _pass_rule(0))
@@ -95,10 +99,11 @@ class Core:
             raise
 
 
-def find(order, readers, consts) -> dict:
+def find(order, readers, consts, ranks=None) -> dict:
     """``{id(step): (role, Core)}`` for the attention cores among ``order`` (``readers``:
-    ``{slot: [(step, input position), ...]}``; ``consts``: ``{slot: float}`` of the scalar
-    float32 Constants)."""
+    ``{slot: [(step, input position), ...]}``; ``consts``: ``{slot: float}`` of the float32
+    Constants of one value, ``ranks``: ``{slot: rank}`` of their arrays, 0 where missing)."""
+    ranks = ranks or {}
 
     def only_reader(st, ops):
         if len(st.outs) != 1 or st.outs[0] < 0:
@@ -118,7 +123,7 @@ def find(order, readers, consts) -> dict:
         n = mm1.node
         if n.op_type != "MatMul" or n.domain or len(mm1.ins) != 2 or min(mm1.ins) < 0:
             continue
-        steps, scale, pos = [mm1], None, [-1, -1, -1]
+        steps, scale, pos, rank = [mm1], None, [-1, -1, -1], 0
         nxt, k = only_reader(mm1, ("Div", "Mul", "Add", "Where", "Softmax"))
         if nxt is not None and nxt.node.op_type in ("Div", "Mul"):
             if len(nxt.ins) != 2 or (nxt.node.op_type == "Div" and k != 0):
@@ -127,6 +132,7 @@ def find(order, readers, consts) -> dict:
             if c is None:
                 continue
             scale = ("/" if nxt.node.op_type == "Div" else "*", c)
+            rank = ranks.get(nxt.ins[1 - k], 0)
             steps.append(nxt)
             pos[0] = k
             nxt, k = only_reader(nxt, ("Add", "Where", "Softmax"))
@@ -147,6 +153,7 @@ def find(order, readers, consts) -> dict:
             if value is None:
                 continue
             fill = (2 if k == 2 else 3, value)
+            rank = max(rank, ranks.get(nxt.ins[3 - k], 0))
             steps.append(nxt)
             pos[1] = k
             nxt, k = only_reader(nxt, ("Softmax",))
@@ -161,7 +168,7 @@ def find(order, readers, consts) -> dict:
         steps.append(mm2)
         if any(s is not None and id(s) in found for s in steps):
             continue
-        core = Core(scale, tuple(pos), fill)
+        core = Core(scale, tuple(pos), fill, rank)
         for role, s in enumerate(steps):
             if s is not None:
                 found[id(s)] = (role, core)
@@ -229,7 +236,7 @@ def _run(core, runner, role, step, call, args):
         core.off()
         q, k = args
         if not (_host_f32(q) and _host_f32(k)) or not (q.requires_grad or k.requires_grad) \
-                or not _stacked(q.data, k.data) or q.data.ndim > 4 \
+                or not _stacked(q.data, k.data) or q.data.ndim > 4 or q.data.ndim < core.rank \
                 or not _tape._recording.get() or not _tape._grad_enabled.get() \
                 or _kernel("attention_avx2.attention_probs") is None:
             return None
@@ -359,15 +366,19 @@ def _forward_c(core, v):
     o = np.empty(o_shape, _F32)
     dp = compiled.data_pointer
     blk[0], blk[1], blk[2] = dp(q), dp(k), dp(v)
+    # every address is set per call, the scratch's too: a copied core (copy.deepcopy of its
+    # runner) gets new scratch arrays, and a block keeping the address of the original's
+    # scratch would have the kernel write into memory the copy does not own
     blk[3] = dp(work) if m is None else dp(m)
-    blk[4], blk[38] = dp(o), dp(core.p)
+    blk[4], blk[5], blk[38] = dp(o), dp(work), dp(core.p)
     kern.raw(dp(blk))
     return o
 
 
 def _bind_forward(core, spec, q, k, v, m):
-    """The call block (addresses filled per call) of :func:`_forward_c` for these shapes and
-    strides, its scratch and the output's shape; False when the kernel does not take them."""
+    """The call block (all addresses filled per call) of :func:`_forward_c` for these shapes
+    and strides, its scratch and the output's shape; False when the kernel does not take
+    them."""
     sq, sk, sv = _elem_strides(q), _elem_strides(k), _elem_strides(v)
     shape = _score_shape(core)
     sm = [0, 0, 0, 0] if m is None else _elem_strides(np.broadcast_to(m, shape))
@@ -390,9 +401,7 @@ def _bind_forward(core, spec, q, k, v, m):
     blk[6:33] = [H, Sq, Sk, D, Dv] + sq + sk + sv + so + sm + [mode, mask_mode]
     blk[33:36] = (0, B * H, min(Sq, spec.ROWS))
     blk[36:38].view(np.float64)[:] = (float(core.c if core.c is not None else 1.0), fill)
-    work = np.empty(wf, _F32)
-    blk[5] = _data(work)
-    return blk, work, o_shape
+    return blk, np.empty(wf, _F32), o_shape
 
 
 def _data(a):

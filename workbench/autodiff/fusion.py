@@ -20,7 +20,9 @@ What the five nodes hold: ``y`` is the fused GELU; the three intermediate values
 right shape, so any reader the analysis did not foresee gets NaN, never a plausible number.
 The analysis only fuses when each intermediate value has exactly one reader, the next node of
 the chain, and is freed there (so it is neither a graph output nor read by another node), and
-when the three constants are Constant nodes holding sqrt(2), 1 and 0.5. At run time every
+when the three constants are Constant nodes holding sqrt(2), 1 and 0.5 (one value each; where
+one has a higher rank than ``x`` it broadcasts the output to that rank, which the fused kernel
+does not: that chain runs unfused). At run time every
 step of the chain checks that it receives the Tensor the previous step made (else it runs its
 own kernel). The backward: the last Mul's rule is the fused gradient
 ``g * (Phi(x) + x phi(x))`` for its product input, the first Mul's passes that gradient to
@@ -71,18 +73,21 @@ def enabled() -> bool:
 
 
 class Chain:
-    """One GELU chain of a plan: its five steps' ids and the positions of the inputs the
-    run-time checks read, plus the state of the run in progress."""
+    """One GELU chain of a plan: its five steps' ids, the positions of the inputs the
+    run-time checks read and the highest rank of its three constants (a constant of shape
+    (1, 1, 1) broadcasts a rank-2 ``x`` to rank 3: such a chain runs unfused), plus the state
+    of the run in progress."""
 
-    __slots__ = ("ids", "pos", "x", "y", "expect")
+    __slots__ = ("ids", "pos", "rank", "x", "y", "expect")
 
-    def __init__(self, ids, pos):
-        self.ids, self.pos = ids, pos
+    def __init__(self, ids, pos, rank=0):
+        self.ids, self.pos, self.rank = ids, pos, rank
         self.x = self.y = self.expect = None
 
 
 def _const_value(st, calls):
-    """The float value of a Constant step with one scalar value, else None."""
+    """``(value, rank)`` of a Constant step holding one float32 value (of any rank: its
+    shape is all ones), else None."""
     n = st.node
     if n.op_type != "Constant" or n.domain or len(st.outs) != 1:
         return None
@@ -95,23 +100,27 @@ def _const_value(st, calls):
         return None
     if not isinstance(v, np.ndarray) or v.size != 1 or v.dtype != np.float32:
         return None
-    return float(v.reshape(()))
+    return float(v.reshape(())), v.ndim
 
 
 def find_chains(order, calls) -> dict:
     """``{id(step): (role, Chain)}`` for the GELU chains among ``order`` (the steps of one
     plan in the order they ran; ``calls``: the runner's prepared calls by step id), and
-    ``{id(step): (role, fuse_attention.Core)}`` for the attention cores."""
+    ``{id(step): (role, fuse_attention.Core)}`` for the attention cores.
+
+    The constants are those of one value; their ranks are kept beside (``ranks``): a
+    constant of a higher rank than the value it scales grows the result's shape, which the
+    fused kernels do not, so the run-time checks compare them."""
     readers: dict = {}
     for st in order:
         for k, s in enumerate(st.ins):
             if s >= 0:
                 readers.setdefault(s, []).append((st, k))
-    consts = {}
+    consts, ranks = {}, {}
     for st in order:
         v = _const_value(st, calls)
         if v is not None:
-            consts[st.outs[0]] = v
+            consts[st.outs[0]], ranks[st.outs[0]] = v
 
     def only_reader(st, op):
         """The one step reading ``st``'s single output, if it is ``op`` and frees it."""
@@ -129,7 +138,7 @@ def find_chains(order, calls) -> dict:
     found: dict = {}
     if attention_enabled():
         from workbench.autodiff import fuse_attention  # noqa: PLC0415 - it imports this module
-        found.update(fuse_attention.find(order, readers, consts))
+        found.update(fuse_attention.find(order, readers, consts, ranks))
     if not gelu_enabled():
         return found
     for div in order:
@@ -154,7 +163,8 @@ def find_chains(order, calls) -> dict:
         steps = (div, erf, add, mul, mul2)
         if any(id(s) in found for s in steps):
             continue
-        chain = Chain(tuple(id(s) for s in steps), (ka, km, k2))
+        rank = max(ranks[c_slot], ranks[add.ins[1 - ka]], ranks[mul2.ins[1 - k2]])
+        chain = Chain(tuple(id(s) for s in steps), (ka, km, k2), rank)
         for role, s in enumerate(steps):
             found[id(s)] = (role, chain)
     return found
@@ -254,7 +264,8 @@ def run_step(runner, role, chain, step, call, args):
         x = args[0]
         if not isinstance(x, _tape.Tensor) or not x.requires_grad \
                 or type(x.data) is not np.ndarray or x.data.dtype != np.float32 \
-                or not _tape._recording.get() or not _tape._grad_enabled.get():
+                or x.data.ndim < chain.rank or not _tape._recording.get() \
+                or not _tape._grad_enabled.get():
             return None
         y = _gelu_forward(x.data)
         if y is None:

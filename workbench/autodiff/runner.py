@@ -23,13 +23,20 @@ from workbench.runtime.segments import _pure_kernel
 def _constant_once(fn, wants_ctx):
     """A host Constant's kernel run once, its array handed out on every later run (an
     exported transformer has ~60 Constants a step; the kernel's attribute checks and context
-    were ~8 us of each). The same array the kernel gives for a ``value`` attribute anyway;
-    kernels never write their inputs."""
+    were ~8 us of each). The kernel gives the ``value`` attribute's own array: it is handed
+    out as a read-only view, as the inference plans hand out their constant outputs, so a
+    caller writing into a Constant that is a graph output (``c.data *= 2``) gets an error
+    instead of changing the model's Constant for every later run and every other output
+    that reads it (kernels never write their inputs)."""
     made = []
 
     def constant(**kw):
         if not made:
-            made.append(fn(**kw, ctx=None) if wants_ctx else fn(**kw))
+            a = fn(**kw, ctx=None) if wants_ctx else fn(**kw)
+            if type(a) is np.ndarray and a.flags.writeable:
+                a = a.view()
+                a.flags.writeable = False
+            made.append(a)
         return made[0]
 
     constant.__name__ = getattr(fn, "__name__", "constant")

@@ -190,6 +190,17 @@ class Model(Layer):
     def _replays(self, value: dict) -> None:
         self.__dict__["_replay_cache"] = (graph_generation(), value)
 
+    def __getstate__(self) -> dict:
+        """Pickles and deep copies leave the graph-mode replays behind: a replay's Tensor
+        runner knows its steps by object identity (``id(step)``), and a copy's steps are new
+        objects, so a copied replay re-prepared every step as a plain one (a training step's
+        recorded calls lost: BatchNormalization's running-statistics updates, the training
+        fusions) and could even take another object's call for a reused id. A copy records
+        its own replays at its next graph-mode forward."""
+        state = self.__dict__.copy()
+        state.pop("_replay_cache", None)
+        return state
+
     def _set_graph_mode(self, mode: bool) -> None:
         self.graph_mode = bool(mode)
         self._replays = {}
@@ -567,8 +578,9 @@ class SONNXModel(Model):
 
     def __getstate__(self) -> dict:
         """Pickles and deep copies leave the prepared plans behind (they hold addresses of
-        this model's buffers) and the weight block (the copy's arrays are its own)."""
-        state = self.__dict__.copy()
+        this model's buffers), the weight block (the copy's arrays are its own) and the
+        graph-mode replays (:meth:`Model.__getstate__`)."""
+        state = super().__getstate__()
         for k in ("_inference_cache", "_arena", "_feed_dtypes", "_tplans_state", "_icache_fits"):
             state.pop(k, None)
         state["_tplans"] = {}
