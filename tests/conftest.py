@@ -140,6 +140,19 @@ def cuda_skip_reason() -> str | None:
 DEVICES = ["CPU", pytest.param("CUDA:0", marks=pytest.mark.gpu)]
 
 
+@pytest.fixture(autouse=True)
+def singa_training_flag():
+    """SINGA's global ``autograd.training`` (set by ``Model.train`` and SINGA's programs; it
+    also turns on the tape's ``set_save_all``) put back after every test, so no test sees what
+    an earlier one left (a test of another file failed when run after a training test)."""
+    mod = sys.modules.get("workbench.singa.autograd")
+    before = mod.training if mod is not None else False
+    yield
+    mod = sys.modules.get("workbench.singa.autograd")
+    if mod is not None and mod.training != before:
+        mod.training = before
+
+
 @pytest.fixture(params=DEVICES)
 def device(request):
     """A workbench Device: 'CPU', then 'CUDA:0' (skipped without cupy and a GPU)."""

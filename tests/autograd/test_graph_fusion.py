@@ -18,7 +18,6 @@ from tests.autograd.test_fuse_attention import Y as AY  # noqa: E402
 from tests.autograd.test_fusion import X as GX  # noqa: E402
 from tests.autograd.test_fusion import Y as GY  # noqa: E402
 from tests.autograd.test_fusion import gelu_mlp  # noqa: E402
-from tests.helpers.singa_flag import singa_training_flag  # noqa: E402,F401
 from workbench import autograd, compiled, opt, sonnx, tensor  # noqa: E402
 from workbench.autodiff import backprop  # noqa: E402
 from workbench.autodiff.tape import tape_order  # noqa: E402

@@ -12,7 +12,6 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from tests.helpers.singa_flag import singa_training_flag  # noqa: E402,F401
 from workbench import autograd, backend, opt, sonnx, tensor  # noqa: E402
 from workbench.autodiff import runner as _runner  # noqa: E402
 from workbench.autodiff.tape import inference_mode, tape_order  # noqa: E402
