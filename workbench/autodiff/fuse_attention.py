@@ -99,24 +99,29 @@ class Core:
             raise
 
 
+def only_reader(readers, st, ops):
+    """``(step, input position)`` of the one step reading ``st``'s single output, if its op
+    type is one of ``ops`` (default domain), it has one output and it frees that value (so
+    the value is no graph output and read by nothing else); else ``(None, -1)``.
+    ``readers``: ``{slot: [(step, input position), ...]}``. The GELU chains of
+    :mod:`~workbench.autodiff.fusion` are found with it too."""
+    if len(st.outs) != 1 or st.outs[0] < 0:
+        return None, -1
+    r = readers.get(st.outs[0], ())
+    if len(r) != 1:
+        return None, -1
+    nxt, k = r[0]
+    n = nxt.node
+    if n.op_type not in ops or n.domain or st.outs[0] not in nxt.free or len(nxt.outs) != 1:
+        return None, -1
+    return nxt, k
+
+
 def find(order, readers, consts, ranks=None) -> dict:
     """``{id(step): (role, Core)}`` for the attention cores among ``order`` (``readers``:
     ``{slot: [(step, input position), ...]}``; ``consts``: ``{slot: float}`` of the float32
     Constants of one value, ``ranks``: ``{slot: rank}`` of their arrays, 0 where missing)."""
     ranks = ranks or {}
-
-    def only_reader(st, ops):
-        if len(st.outs) != 1 or st.outs[0] < 0:
-            return None, -1
-        r = readers.get(st.outs[0], ())
-        if len(r) != 1:
-            return None, -1
-        nxt, k = r[0]
-        n = nxt.node
-        if n.op_type not in ops or n.domain or st.outs[0] not in nxt.free \
-                or len(nxt.outs) != 1:
-            return None, -1
-        return nxt, k
 
     found: dict = {}
     for mm1 in order:
@@ -124,7 +129,7 @@ def find(order, readers, consts, ranks=None) -> dict:
         if n.op_type != "MatMul" or n.domain or len(mm1.ins) != 2 or min(mm1.ins) < 0:
             continue
         steps, scale, pos, rank = [mm1], None, [-1, -1, -1], 0
-        nxt, k = only_reader(mm1, ("Div", "Mul", "Add", "Where", "Softmax"))
+        nxt, k = only_reader(readers, mm1, ("Div", "Mul", "Add", "Where", "Softmax"))
         if nxt is not None and nxt.node.op_type in ("Div", "Mul"):
             if len(nxt.ins) != 2 or (nxt.node.op_type == "Div" and k != 0):
                 continue
@@ -135,7 +140,7 @@ def find(order, readers, consts, ranks=None) -> dict:
             rank = ranks.get(nxt.ins[1 - k], 0)
             steps.append(nxt)
             pos[0] = k
-            nxt, k = only_reader(nxt, ("Add", "Where", "Softmax"))
+            nxt, k = only_reader(readers, nxt, ("Add", "Where", "Softmax"))
         else:
             steps.append(None)
         fill = None
@@ -144,7 +149,7 @@ def find(order, readers, consts, ranks=None) -> dict:
                 continue
             steps.append(nxt)
             pos[1] = k
-            nxt, k = only_reader(nxt, ("Softmax",))
+            nxt, k = only_reader(readers, nxt, ("Softmax",))
         elif nxt is not None and nxt.node.op_type == "Where":
             # Where(cond, fill, scores) / Where(cond, scores, fill), fill a scalar Constant
             if len(nxt.ins) != 3 or k == 0 or nxt.ins[0] < 0:
@@ -156,13 +161,13 @@ def find(order, readers, consts, ranks=None) -> dict:
             rank = max(rank, ranks.get(nxt.ins[3 - k], 0))
             steps.append(nxt)
             pos[1] = k
-            nxt, k = only_reader(nxt, ("Softmax",))
+            nxt, k = only_reader(readers, nxt, ("Softmax",))
         else:
             steps.append(None)
         if nxt is None or nxt.node.op_type != "Softmax" or len(nxt.ins) != 1:
             continue
         steps.append(nxt)
-        mm2, k = only_reader(nxt, ("MatMul",))
+        mm2, k = only_reader(readers, nxt, ("MatMul",))
         if mm2 is None or k != 0 or len(mm2.ins) != 2 or mm2.ins[1] < 0:
             continue
         steps.append(mm2)

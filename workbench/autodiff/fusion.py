@@ -49,7 +49,9 @@ import os
 
 import numpy as np
 
+from workbench.autodiff import fuse_attention
 from workbench.autodiff import tape as _tape
+from workbench.autodiff.fuse_attention import only_reader
 
 _SQRT2 = np.float32(math.sqrt(2.0))
 _PARALLEL_MIN = 1 << 15   # elements under which the gradient kernel runs on this thread
@@ -122,22 +124,8 @@ def find_chains(order, calls) -> dict:
         if v is not None:
             consts[st.outs[0]], ranks[st.outs[0]] = v
 
-    def only_reader(st, op):
-        """The one step reading ``st``'s single output, if it is ``op`` and frees it."""
-        if len(st.outs) != 1 or st.outs[0] < 0:
-            return None, -1
-        r = readers.get(st.outs[0], ())
-        if len(r) != 1:
-            return None, -1
-        nxt, k = r[0]
-        n = nxt.node
-        if n.op_type != op or n.domain or st.outs[0] not in nxt.free or len(nxt.outs) != 1:
-            return None, -1
-        return nxt, k
-
     found: dict = {}
     if attention_enabled():
-        from workbench.autodiff import fuse_attention  # noqa: PLC0415 - it imports this module
         found.update(fuse_attention.find(order, readers, consts, ranks))
     if not gelu_enabled():
         return found
@@ -148,16 +136,16 @@ def find_chains(order, calls) -> dict:
         x_slot, c_slot = div.ins
         if x_slot < 0 or consts.get(c_slot) != float(_SQRT2):
             continue
-        erf, _ = only_reader(div, "Erf")
+        erf, _ = only_reader(readers, div, ("Erf",))
         if erf is None or len(erf.ins) != 1:
             continue
-        add, ka = only_reader(erf, "Add")
+        add, ka = only_reader(readers, erf, ("Add",))
         if add is None or len(add.ins) != 2 or consts.get(add.ins[1 - ka]) != 1.0:
             continue
-        mul, km = only_reader(add, "Mul")
+        mul, km = only_reader(readers, add, ("Mul",))
         if mul is None or len(mul.ins) != 2 or mul.ins[1 - km] != x_slot:
             continue
-        mul2, k2 = only_reader(mul, "Mul")
+        mul2, k2 = only_reader(readers, mul, ("Mul",))
         if mul2 is None or len(mul2.ins) != 2 or consts.get(mul2.ins[1 - k2]) != 0.5:
             continue
         steps = (div, erf, add, mul, mul2)
