@@ -562,7 +562,10 @@ def _c_gemm(A, B, bias, Z, ctx, trans_b=False):
     B is (N, K) and ``A @ B.T`` is computed), bias None or
     an (N,) row, Z None or a C-contiguous array of the output's shape. Each output element is
     one accumulation over the whole K in the same order whatever the rows' split, so every
-    plan and thread count gets the same bits. None when the case is another or the kernel is
+    plan and thread count gets the same bits. From :data:`_GEMM_PIECES_MIN` multiply-adds at
+    2+ threads the rows are cut into pieces run by the C worker threads
+    (:func:`_gemm_pieces`), else (those not loaded) from ``_PARALLEL_GEMM_MIN`` over the
+    Python pool. None when the case is another or the kernel is
     not loaded (no C compiler, a CPU without AVX2+FMA, ``compiled.disabled()``): the caller's
     numpy/BLAS path runs."""
     if type(A) is not np.ndarray or type(B) is not np.ndarray or A.dtype != _F32 \
@@ -618,7 +621,7 @@ def _c_gemm(A, B, bias, Z, ctx, trans_b=False):
 #: ("Wave 3 session 9: transformer inference on two threads")
 _GEMM_PIECES_MIN = 1 << 19
 #: pieces per engine thread (the caller and the workers claim them in turn)
-_GEMM_PIECES_PER_THREAD = 1
+_GEMM_PIECES_PER_THREAD = 2
 
 
 def _piece_count(rows, nw):
@@ -720,8 +723,11 @@ def _bind_step(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm, 
     GELU / LayerNorm kernels: on the second such run with the same arrays (the same weight,
     bias, gamma, beta objects; A and Z of the same shapes), keep a pre-bound step in the
     context, one ``gemm_avx2.fused_block`` call that runs the product and calls those
-    epilogue kernels from C (:func:`_make_bound`). Work the full path would split over the
-    worker threads is not bound (it keeps its split)."""
+    epilogue kernels from C (:func:`_make_bound`). A product of :data:`_GEMM_PIECES_MIN`
+    multiply-adds or more is bound with row pieces (``gemm_avx2.checked_pieces``: the
+    product and its epilogue per piece, over the C workers at 2+ threads, one call at 1);
+    without the C workers, work the full path would split over the Python pool is not bound
+    (it keeps its split)."""
     key = (A.shape, id(B), id(bias), None if Z is None else Z.shape, id(gamma), id(beta))
     if ctx.extra.get(_MM_SEEN) != key:
         ctx.extra[_MM_SEEN] = key
@@ -1195,7 +1201,7 @@ _ATT_SPLIT_MIN = 1 << 24
 #: instead (:class:`workbench.ops.parallel.Pieces`: no Python pool hand-off), at 2+ threads;
 #: pieces per engine thread
 _ATT_PIECES_MIN = 1 << 18
-_ATT_PIECES_PER_THREAD = 1
+_ATT_PIECES_PER_THREAD = 2
 _ATT_WORK_MAX = 1 << 22    # scratch floats per call block above which BLAS runs instead
 _ATT_SCRATCH_MAX = 1 << 23  # scratch floats of a node's split blocks together (32 MB)
 _ATT_MASKS = {"": 0, "add": 1, "fill_where_true": 2, "fill_where_false": 3}
