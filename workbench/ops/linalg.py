@@ -619,7 +619,7 @@ def _c_gemm(A, B, bias, Z, ctx, trans_b=False):
 #: worker threads (:class:`workbench.ops.parallel.Pieces`) at 2+ engine threads. Measured on
 #: the 2-core AMD EPYC (AVX2, Zen 3), one process, pieces vs one call: see benchmarks/README.md
 #: ("Wave 3 session 9: transformer inference on two threads")
-_GEMM_PIECES_MIN = 1 << 19
+_GEMM_PIECES_MIN = 1 << 20
 #: pieces per engine thread (the caller and the workers claim them in turn)
 _GEMM_PIECES_PER_THREAD = 2
 
@@ -1200,7 +1200,7 @@ _ATT_SPLIT_MIN = 1 << 24
 #: element-operations from which the pairs are cut into pieces over the C worker threads
 #: instead (:class:`workbench.ops.parallel.Pieces`: no Python pool hand-off), at 2+ threads;
 #: pieces per engine thread
-_ATT_PIECES_MIN = 1 << 18
+_ATT_PIECES_MIN = 1 << 19
 _ATT_PIECES_PER_THREAD = 2
 _ATT_WORK_MAX = 1 << 22    # scratch floats per call block above which BLAS runs instead
 _ATT_SCRATCH_MAX = 1 << 23  # scratch floats of a node's split blocks together (32 MB)

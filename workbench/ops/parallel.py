@@ -734,8 +734,9 @@ def row_cuts(rows: int, pieces: int, unit: int) -> list:
 
 class Pieces:
     """A kernel call cut into pieces, each its own int64 block, run by
-    ``blas_worker.pieces`` on the calling thread and C worker threads (no Python, no GIL in
-    the workers): ``run()`` returns when every piece has run. The blocks and the argument
+    ``blas_worker.pieces`` on the calling thread and C worker threads (the engine's thread
+    count at construction less one; no Python, no GIL in the workers): ``run()`` returns
+    when every piece has run. The blocks and the argument
     array live as long as this object. The caller writes each block's array addresses
     before ``run()``; a kernel whose pieces write disjoint outputs, each in a fixed order,
     gives one call's bits whoever runs which piece."""
@@ -749,8 +750,9 @@ class Pieces:
             poll_ns = PIECE_POLL_NS
         self.blocks = list(blocks)
         n = len(self.blocks)
-        self.arg = np.array([fn_address, n, *[data_pointer(b) for b in self.blocks],
-                             poll_ns], np.int64)
+        workers = max(1, min(7, n_workers() - 1))
+        self.arg = np.array([fn_address, n, workers, poll_ns,
+                             *[data_pointer(b) for b in self.blocks]], np.int64)
         self._call, self._addr = entry[0], data_pointer(self.arg)
 
     def run(self) -> None:

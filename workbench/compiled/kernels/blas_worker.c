@@ -179,23 +179,24 @@ void wb_blas_worker_submit(int64_t *job) {
     pthread_mutex_unlock(&mu);
 }
 
-/* Pieces of one kernel call run by the caller and the worker: s[0] a function taking one
- * int64 block, s[1] the number n of pieces, s[2 + i] the block of piece i, s[2 + n] the
- * nanoseconds the idle worker polls for the next pieces after these (0: its usual SPIN).
+/* Pieces of one kernel call run by the caller and the workers: s[0] a function taking one
+ * int64 block, s[1] the number n of pieces, s[2] the worker threads wanted (at most
+ * MAX_WORKERS; started on demand, never stopped), s[3] the nanoseconds the idle workers poll
+ * for the next pieces after these (0: their usual SPIN), s[4 + i] the block of piece i.
  * Pieces 1..n-1 are queued (one lock, one wake-up), the caller runs piece 0 and then, while
  * any is unfinished, the queued pieces nobody has claimed: every piece has run when this
- * returns, whether the worker ran any or not. Each piece is the same call on its own block
+ * returns, whether a worker ran any or not. Each piece is the same call on its own block
  * whoever runs it, so a kernel whose pieces compute disjoint outputs in a fixed order gives
  * the same bits at any thread count. */
 void wb_blas_worker_pieces(const int64_t *s) {
     const int64_t n = s[1];
     block_fn_t fn = (block_fn_t)(intptr_t)s[0];
-    if (n <= 1 || n - 1 > CAP / 2) {   /* one piece, or more than the queue takes: inline */
-        for (int64_t p = 0; p < n; p++) fn((int64_t *)(intptr_t)s[2 + p]);
+    if (n <= 1 || n - 1 > CAP / 2 || s[2] < 1) {   /* nothing to share, or too many: inline */
+        for (int64_t p = 0; p < n; p++) fn((int64_t *)(intptr_t)s[4 + p]);
         return;
     }
-    if (s[2 + n] > 0) {
-        const int64_t until = now_ns() + s[2 + n];
+    if (s[3] > 0) {
+        const int64_t until = now_ns() + s[3];
         if (until > __atomic_load_n(&piece_until, __ATOMIC_RELAXED))
             __atomic_store_n(&piece_until, until, __ATOMIC_RELAXED);
     }
@@ -210,16 +211,17 @@ void wb_blas_worker_pieces(const int64_t *s) {
         int64_t *j = jobs[(i + p - 1) % CAP];
         j[0] = s[0];
         j[1] = 2;
-        j[2] = s[2 + p];
+        j[2] = s[4 + p];
     }
     __atomic_store_n(&head, i + n - 1, __ATOMIC_RELEASE);
-    start_workers(n - 1 < MAX_WORKERS ? n - 1 : MAX_WORKERS);
+    int64_t want = s[2] < n - 1 ? s[2] : n - 1;
+    start_workers(want < MAX_WORKERS ? want : MAX_WORKERS);
     if (sleeping) {
-        if (n > 2) pthread_cond_broadcast(&cv);
+        if (want > 1) pthread_cond_broadcast(&cv);
         else pthread_cond_signal(&cv);
     }
     pthread_mutex_unlock(&mu);
-    fn((int64_t *)(intptr_t)s[2]);
+    fn((int64_t *)(intptr_t)s[4]);
     wait_upto(i + n - 1);
 }
 

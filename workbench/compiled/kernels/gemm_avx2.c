@@ -299,17 +299,17 @@ int64_t wb_gemm_avx2_checked_block(int64_t *a) {
 /* checked_block's checks and addresses, then the step in row pieces run by the caller and
  * worker threads: slot 46 the address of a function running pieces (blas_worker's
  * wb_blas_worker_pieces), 47 the address of its argument s (s[0] fused_block's address,
- * s[1] the number n of pieces, s[2 + i] piece i's block of 32 slots, s[2 + n] its poll time,
- * then the n + 1 row cuts at s[3 + n]). Each piece's block gets slots 0..31 of this one
+ * s[1] the number n of pieces, s[2] the workers, s[3] their poll time, s[4 + i] piece i's
+ * block of 32 slots, then the n + 1 row cuts at s[4 + n]). Each piece's block gets slots 0..31 of this one
  * with its rows as the row range of the product, the GELU and the LayerNorm (each kernel
  * computes a row from that row's data alone, in the same order whatever the range: the
  * same bits as one call). Returns 1, nothing computed, when a check fails. */
 int64_t wb_gemm_avx2_checked_pieces(int64_t *a) {
     if (check_and_bind(a)) return 1;
     const int64_t *s = (const int64_t *)(intptr_t)a[47];
-    const int64_t n = s[1], *cuts = s + 3 + n;
+    const int64_t n = s[1], *cuts = s + 4 + n;
     for (int64_t p = 0; p < n; p++) {
-        int64_t *b = (int64_t *)(intptr_t)s[2 + p];
+        int64_t *b = (int64_t *)(intptr_t)s[4 + p];
         memcpy(b, a, 32 * sizeof(int64_t));
         b[7] = b[18] = b[29] = cuts[p];
         b[8] = b[19] = b[30] = cuts[p + 1];
