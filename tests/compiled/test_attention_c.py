@@ -188,7 +188,8 @@ def test_thread_split_is_bit_identical(att, monkeypatch):
 def test_pieces_over_the_c_workers_are_bit_identical(att, monkeypatch):
     """The (batch, head) pairs cut into pieces run by the C workers (``Pieces``; forced for
     this small call): at 2 and 3 threads, with a mask, the bits of one call at 1 thread; the
-    Python pool's split where the C workers are missing, again the same."""
+    Python pool's split while the C workers are missing, again the same; bound again with
+    pieces once they load."""
     from workbench.ops import parallel
 
     if parallel.pieces_entry() is None:
@@ -206,12 +207,16 @@ def test_pieces_over_the_c_workers_are_bit_identical(att, monkeypatch):
         for _ in range(3):
             np.testing.assert_array_equal(_op(*args, ctx=ctx, **kw), one)
         assert ctx.extra[linalg._ATT_BOUND].pieces is not None
+    real = linalg.pieces_entry
     monkeypatch.setattr(linalg, "pieces_entry", lambda: None)
     monkeypatch.setattr(linalg, "_ATT_SPLIT_MIN", 1)
     ctx = _ctx()
     for _ in range(2):
         np.testing.assert_array_equal(_op(*args, ctx=ctx, **kw), one)
     assert ctx.extra[linalg._ATT_BOUND].pieces is None
+    monkeypatch.setattr(linalg, "pieces_entry", real)   # loaded later: bound again
+    np.testing.assert_array_equal(_op(*args, ctx=ctx, **kw), one)
+    assert ctx.extra[linalg._ATT_BOUND].pieces is not None
 
 
 def test_the_pre_bound_call(att, monkeypatch):

@@ -315,3 +315,22 @@ def test_split_bound_step_at_one_thread_and_after_edits(kernels, monkeypatch):
     np.testing.assert_array_equal(got, fused_matmul_epilogue(a, w, b, activation="Gelu",
                                                              ctx=_ctx()))
     assert not np.array_equal(got, ys[0])
+
+
+def test_bound_again_once_the_c_workers_load(kernels, monkeypatch):
+    """Bound while ``blas_worker`` was not loaded yet (a cold start): one call; once it is
+    loaded the step is bound again with row pieces; the same bits throughout."""
+    if parallel.pieces_entry() is None:
+        pytest.skip("blas_worker is not loaded")
+    real = linalg.pieces_entry
+    monkeypatch.setattr(linalg, "_GEMM_PIECES_MIN", 1)
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "2")
+    a, w, b = _f32(1, 30, 16), _f32(16, 24), _f32(24)
+    monkeypatch.setattr(linalg, "pieces_entry", lambda: None)
+    ctx, ys = _runs(lambda c: fused_matmul_epilogue(a, w, b, activation="Gelu", ctx=c))
+    first = ctx.extra[linalg._MM_BOUND]
+    monkeypatch.setattr(linalg, "pieces_entry", real)
+    ys += [fused_matmul_epilogue(a, w, b, activation="Gelu", ctx=ctx) for _ in range(3)]
+    assert ctx.extra[linalg._MM_BOUND] is not first
+    for y in ys:
+        np.testing.assert_array_equal(y, ys[0])

@@ -779,7 +779,8 @@ def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
     rows = A.size // kk
     entry = pieces_entry()
     split = rows * n * kk >= _GEMM_PIECES_MIN and rows > _GEMM_TILE
-    if split and entry is None:
+    retry = split and entry is None   # blas_worker not loaded yet (a cold start): bound
+    if retry:                         # as one call until it is
         if rows * n * kk >= _PARALLEL_GEMM_MIN:
             return None    # the full path splits the rows over the pool
         split = False
@@ -880,6 +881,8 @@ def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
         elif type(Z_) is not nd or Z_.dtype is not f32 or Z_.shape != z_shape \
                 or (Z_.strides != z_strides and not Z_.flags.c_contiguous):
             return None
+        if retry and pieces_entry() is not None:
+            return None    # the C workers are loaded now: the full path binds with pieces
         if not busy.acquire(False):
             return None
         try:
@@ -1352,6 +1355,7 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
         return None
     work = pairs * Sq * Sk * (D + Dv)
     entry = pieces_entry()
+    retry = entry is None and work >= _ATT_PIECES_MIN   # blas_worker not loaded yet
     if entry is not None and work >= _ATT_PIECES_MIN:   # pieces over the C workers
         n_split = max(1, min(pairs, 8, max(2, n_workers()) * _ATT_PIECES_PER_THREAD,
                              _ATT_SCRATCH_MAX // wf))
@@ -1413,6 +1417,8 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
                 and (vs is kv or _same_dims(vs, dv)) and (os_ is ko or _same_dims(os_, do))) \
                 or not enabled():
             return None
+        if retry and pieces_entry() is not None:
+            return None    # the C workers are loaded now: bound again with pieces
         y = empty(ret_shape, _F32)
         if not size:
             return y
