@@ -853,10 +853,10 @@ def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
             return None
         cuts = row_cuts(rows, _piece_count(rows, max(2, n_workers())), _GEMM_TILE)
         pieces = Pieces(fb, [np.zeros(32, np.int64) for _ in cuts[1:]], entry)
-        cut_arr = np.array(cuts, np.int64)
-        arg = np.concatenate([pieces.arg, cut_arr])
-        keep += [pieces, arg]
-        blk[46:48] = (entry[1], dp(arg))
+        table = np.array([len(pieces.blocks), *[dp(b) for b in pieces.blocks], *cuts],
+                         np.int64)
+        keep += [pieces, table]
+        blk[46:49] = (pieces.runner, pieces.address, dp(table))
         call_split = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)(chkp)
     addr = dp(blk)
     a_shape, a_strides, z_shape = A.shape, A.strides, None if Z is None else Z.shape
@@ -899,7 +899,7 @@ def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
     return bound
 
 
-_BLOCK = 48   # slots of a pre-bound step's call block (gemm_avx2.checked_block / _pieces)
+_BLOCK = 49   # slots of a pre-bound step's call block (gemm_avx2.checked_block / _pieces)
 
 
 def _matmul_epilogue(y, bias, Z, activation, xp):

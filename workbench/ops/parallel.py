@@ -739,9 +739,11 @@ class Pieces:
     when every piece has run. The blocks and the argument
     array live as long as this object. The caller writes each block's array addresses
     before ``run()``; a kernel whose pieces write disjoint outputs, each in a fixed order,
-    gives one call's bits whoever runs which piece."""
+    gives one call's bits whoever runs which piece. This class is the engine's one door to
+    the C pieces runner: its callers (``ops/linalg.py``) know only ``blocks``, ``run()``,
+    ``runner`` and ``address``."""
 
-    __slots__ = ("blocks", "arg", "_call", "_addr")
+    __slots__ = ("blocks", "arg", "runner", "_call", "_addr")
 
     def __init__(self, fn_address: int, blocks, entry, poll_ns: int | None = None):
         from workbench.compiled import data_pointer  # noqa: PLC0415
@@ -754,6 +756,13 @@ class Pieces:
         self.arg = np.array([fn_address, n, workers, poll_ns,
                              *[data_pointer(b) for b in self.blocks]], np.int64)
         self._call, self._addr = entry[0], data_pointer(self.arg)
+        self.runner = entry[1]
+
+    @property
+    def address(self) -> int:
+        """The descriptor's address: a C caller (``gemm_avx2.checked_pieces``) runs the
+        pieces by calling the function at :attr:`runner` with it."""
+        return self._addr
 
     def run(self) -> None:
         self._call(self._addr)

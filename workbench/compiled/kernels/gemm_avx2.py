@@ -26,9 +26,10 @@ kernel cache; the engine loads it with ctypes. Used only when the CPU reports ev
   :data:`workbench.compiled.data_pointer` reads it) into their slots. It returns an int64
   (the loader's prototype says void; the caller that reads the code makes its own).
 - ``checked_pieces``: ``checked_block``'s checks and addresses, then the step cut into row
-  pieces run by the calling thread and the worker threads of ``blas_worker.pieces`` (slot 46:
-  that function's address, 47: its argument, see ``gemm_avx2.c``): each piece runs
-  ``fused_block`` on its own rows (product, GELU and LayerNorm alike), and every row is
+  pieces run by the calling thread and the engine's C worker threads (slot 46: the address
+  of the function running a set of pieces, 47: its descriptor, 48: the piece table, see
+  ``gemm_avx2.c``; :class:`workbench.ops.parallel.Pieces` makes the first two): each piece
+  runs ``fused_block`` on its own rows (product, GELU and LayerNorm alike), and every row is
   computed from its own data in a fixed order, so the pieces give one call's bits.
 - ``objects_call``: a kernel that takes one int64 block (the attention kernel's) called
   after the data pointers of the array objects named in the call's slots are written into
