@@ -192,7 +192,7 @@ def test_pieces_over_the_c_workers_are_bit_identical(att, monkeypatch):
     pieces once they load."""
     from workbench.ops import parallel
 
-    if parallel.pieces_entry() is None:
+    if not compiled.wait(["blas_worker"], timeout=300) or parallel.pieces_entry() is None:
         pytest.skip("blas_worker is not loaded")
     args, kw = _heads(3, 19, 5, 12)
     m = np.where(RNG.random((3, 1, 1, 19)) < 0.2, -1e4, 0).astype(np.float32)

@@ -269,7 +269,7 @@ def test_row_pieces_give_one_calls_bits(kernels, monkeypatch, k, n, rows):
     the bits of the one-call step at 1 thread, on the full path (first runs) and the bound
     step alike, pieces smaller than the 6-row tile included; without the C workers the
     Python pool's split, again the same bits."""
-    if parallel.pieces_entry() is None:
+    if not compiled.wait(["blas_worker"], timeout=300) or parallel.pieces_entry() is None:
         pytest.skip("blas_worker is not loaded")
     monkeypatch.setattr(linalg, "_GEMM_PIECES_MIN", 1)
     a, w, forms = _forms(k, n, rows)
@@ -295,7 +295,7 @@ def test_row_pieces_give_one_calls_bits(kernels, monkeypatch, k, n, rows):
 def test_split_bound_step_at_one_thread_and_after_edits(kernels, monkeypatch):
     """A step bound with row pieces runs as one call when the thread count drops to 1 and
     in pieces again at 2 (the same bits), and sees in-place weight and bias edits."""
-    if parallel.pieces_entry() is None:
+    if not compiled.wait(["blas_worker"], timeout=300) or parallel.pieces_entry() is None:
         pytest.skip("blas_worker is not loaded")
     monkeypatch.setattr(linalg, "_GEMM_PIECES_MIN", 1)
     a, w, b = _f32(2, 20, 32), _f32(32, 48), _f32(48)
@@ -320,7 +320,7 @@ def test_split_bound_step_at_one_thread_and_after_edits(kernels, monkeypatch):
 def test_bound_again_once_the_c_workers_load(kernels, monkeypatch):
     """Bound while ``blas_worker`` was not loaded yet (a cold start): one call; once it is
     loaded the step is bound again with row pieces; the same bits throughout."""
-    if parallel.pieces_entry() is None:
+    if not compiled.wait(["blas_worker"], timeout=300) or parallel.pieces_entry() is None:
         pytest.skip("blas_worker is not loaded")
     real = linalg.pieces_entry
     monkeypatch.setattr(linalg, "_GEMM_PIECES_MIN", 1)
