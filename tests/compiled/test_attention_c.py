@@ -185,6 +185,40 @@ def test_thread_split_is_bit_identical(att, monkeypatch):
     assert len(ctx.extra[linalg._ATT_BOUND].blocks) > 2   # the split blocks were used
 
 
+def test_pieces_over_the_c_workers_are_bit_identical(att, monkeypatch):
+    """The (batch, head) pairs cut into pieces run by the C workers (``Pieces``; forced for
+    this small call): at 2 and 3 threads, with a mask, the bits of one call at 1 thread; the
+    Python pool's split while the C workers are missing, again the same; bound again with
+    pieces once they load."""
+    from workbench.ops import parallel
+
+    if not compiled.wait(["blas_worker"], timeout=300) or parallel.pieces_entry() is None:
+        pytest.skip("blas_worker is not loaded")
+    args, kw = _heads(3, 19, 5, 12)
+    m = np.where(RNG.random((3, 1, 1, 19)) < 0.2, -1e4, 0).astype(np.float32)
+    args = (*args[:3], m, args[3], args[3], args[3], args[4])
+    kw = dict(kw, mask="add")
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "1")
+    one = _op(*args, ctx=_ctx(), **kw)
+    monkeypatch.setattr(linalg, "_ATT_PIECES_MIN", 1)
+    for threads in ("2", "3"):
+        monkeypatch.setenv("WORKBENCH_NUM_THREADS", threads)
+        ctx = _ctx()
+        for _ in range(3):
+            np.testing.assert_array_equal(_op(*args, ctx=ctx, **kw), one)
+        assert ctx.extra[linalg._ATT_BOUND].pieces is not None
+    real = linalg.pieces_entry
+    monkeypatch.setattr(linalg, "pieces_entry", lambda: None)
+    monkeypatch.setattr(linalg, "_ATT_SPLIT_MIN", 1)
+    ctx = _ctx()
+    for _ in range(2):
+        np.testing.assert_array_equal(_op(*args, ctx=ctx, **kw), one)
+    assert ctx.extra[linalg._ATT_BOUND].pieces is None
+    monkeypatch.setattr(linalg, "pieces_entry", real)   # loaded later: bound again
+    np.testing.assert_array_equal(_op(*args, ctx=ctx, **kw), one)
+    assert ctx.extra[linalg._ATT_BOUND].pieces is not None
+
+
 def test_the_pre_bound_call(att, monkeypatch):
     """Kept across runs with new data (Reshape targets equal but new arrays), made again for
     new shapes, skipped when kernels are turned off; training contexts never use it."""

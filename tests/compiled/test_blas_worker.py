@@ -118,3 +118,88 @@ def test_products_stay_inline_where_they_must(worker, monkeypatch):
 
 def test_the_module_needs_no_vector_instructions():
     assert cache.c_spec("blas_worker").REQUIRES == ()
+
+
+# ------------------------------------------------------------------ pieces (inference splits)
+@pytest.fixture(scope="module")
+def pieces():
+    why = compiled.c_unavailable("blas_worker") or compiled.c_unavailable("gemm_avx2")
+    if why:
+        pytest.skip(why)
+    if not compiled.wait(["blas_worker", "gemm_avx2"], timeout=300):
+        pytest.skip(f"kernels not available: {compiled.status()['modules']}")
+    entry = parallel.pieces_entry()
+    assert entry is not None
+    return entry
+
+
+def _gemm_blocks(a, packed, bias, y, k, m, cuts):
+    """gemm_avx2.gemm_block blocks computing rows cuts[i]..cuts[i+1] of y = a @ W + bias."""
+    from workbench.ops.linalg import _f64_bits
+
+    dp = compiled.data_pointer
+    out = []
+    for r0, r1 in zip(cuts[:-1], cuts[1:]):
+        out.append(np.array((dp(a), dp(packed[0]), dp(packed[1]), dp(a), dp(y), k, m, r0, r1,
+                             0, _f64_bits(-np.inf), _f64_bits(np.inf)), np.int64))
+    return out
+
+
+@pytest.mark.parametrize("rows,n", [(1, 1), (3, 5), (5, 2), (7, 3), (13, 8), (96, 5), (200, 40)])
+def test_pieces_run_every_piece_once_with_one_calls_bits(pieces, rows, n):
+    """A GEMM cut into n row pieces (pieces smaller than the 6-row tile, one row, more pieces
+    than rows: empty ones) run by the caller and the workers: every row written, the bits
+    of one call, whichever thread ran which piece; again right away (the workers polling)."""
+    from workbench.ops.conv_nhwc import pack_panels
+    from workbench.ops.linalg import _kernel_address
+
+    rng = np.random.default_rng(rows)
+    k, m = 37, 29
+    a = rng.standard_normal((rows, k)).astype(np.float32)
+    w = rng.standard_normal((k, m)).astype(np.float32)
+    bias = rng.standard_normal(m).astype(np.float32)
+    packed = pack_panels(w, bias)
+    fn = _kernel_address("gemm_avx2.gemm_block")
+    whole = np.full((rows, m), np.nan, np.float32)
+    compiled.kernel("gemm_avx2.gemm_block")(_gemm_blocks(a, packed, bias, whole, k, m,
+                                                         [0, rows])[0])
+    cuts = [rows * i // n for i in range(n + 1)]
+    for poll in (0, 200_000):
+        for _ in range(3):
+            y = np.full((rows, m), np.nan, np.float32)
+            job = parallel.Pieces(fn, _gemm_blocks(a, packed, bias, y, k, m, cuts), pieces,
+                                  poll_ns=poll)
+            job.run()
+            np.testing.assert_array_equal(y, whole)
+    np.testing.assert_allclose(whole, a @ w + bias, rtol=1e-4, atol=1e-4)
+
+
+def test_pieces_beyond_the_queue_run_inline(pieces):
+    """More pieces than the queue takes at once (CAP / 2): the caller runs them all, in
+    order; the queue's slots are never reused under a running piece."""
+    from workbench.ops.conv_nhwc import pack_panels
+    from workbench.ops.linalg import _kernel_address
+
+    rng = np.random.default_rng(5)
+    rows, k, m = 300, 8, 16
+    a = rng.standard_normal((rows, k)).astype(np.float32)
+    packed = pack_panels(rng.standard_normal((k, m)).astype(np.float32), None)
+    fn = _kernel_address("gemm_avx2.gemm_block")
+    y1, y2 = (np.full((rows, m), np.nan, np.float32) for _ in range(2))
+    parallel.Pieces(fn, _gemm_blocks(a, packed, None, y1, k, m, list(range(rows + 1))),
+                    pieces).run()
+    parallel.Pieces(fn, _gemm_blocks(a, packed, None, y2, k, m, [0, rows]), pieces).run()
+    np.testing.assert_array_equal(y1, y2)
+
+
+def test_row_cuts():
+    assert parallel.row_cuts(256, 4, 6) == [0, 60, 126, 192, 256]
+    assert parallel.row_cuts(7, 4, 6) == [0, 6, 7]          # fewer pieces than asked
+    assert parallel.row_cuts(5, 4, 6) == [0, 5]
+    assert parallel.row_cuts(12, 2, 6) == [0, 6, 12]
+    for rows in (1, 6, 13, 97, 1000):
+        for p in (1, 2, 3, 8):
+            c = parallel.row_cuts(rows, p, 6)
+            assert c[0] == 0 and c[-1] == rows and len(c) - 1 <= p
+            assert all(b > a for a, b in zip(c, c[1:]))
+            assert all(x % 6 == 0 for x in c[:-1])

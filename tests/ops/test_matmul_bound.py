@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from workbench import compiled
-from workbench.ops import linalg
+from workbench.ops import linalg, parallel
 from workbench.ops.linalg import fused_matmul_epilogue, gemm, matmul
 from workbench.ops.registry import NodeContext
 
@@ -260,3 +260,77 @@ def test_layer_norm_node_bound_call(kernels):
         with compiled.disabled():
             got = layer_norm(x, g, None, epsilon=1e-5, ctx=ctx)
             np.testing.assert_array_equal(got, layer_norm(x, g, None, epsilon=1e-5))
+
+
+@pytest.mark.parametrize("k,n,rows", [(9, 17, 7), (64, 40, 13), (16, 24, 71)])
+def test_row_pieces_give_one_calls_bits(kernels, monkeypatch, k, n, rows):
+    """Products cut into row pieces over the C workers (forced for these small shapes): at
+    2 and 3 threads, every epilogue form (GELU, LayerNorm, residual, SkipLayerNorm) gives
+    the bits of the one-call step at 1 thread, on the full path (first runs) and the bound
+    step alike, pieces smaller than the 6-row tile included; without the C workers the
+    Python pool's split, again the same bits."""
+    if not compiled.wait(["blas_worker"], timeout=300) or parallel.pieces_entry() is None:
+        pytest.skip("blas_worker is not loaded")
+    monkeypatch.setattr(linalg, "_GEMM_PIECES_MIN", 1)
+    a, w, forms = _forms(k, n, rows)
+    forms = [kw for kw in forms if kw.get("activation") != "Relu"]
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "1")
+    want = [_runs(lambda c, kw=kw: fused_matmul_epilogue(a, w, ctx=c, **kw))[1] for kw in forms]
+    for threads in ("2", "3"):
+        monkeypatch.setenv("WORKBENCH_NUM_THREADS", threads)
+        for kw, ys1 in zip(forms, want):
+            ctx, ys = _runs(lambda c, kw=kw: fused_matmul_epilogue(a, w, ctx=c, **kw), n=4)
+            assert linalg._MM_BOUND in ctx.extra, kw
+            for y in ys:
+                np.testing.assert_array_equal(y, ys1[0])
+    monkeypatch.setattr(linalg, "pieces_entry", lambda: None)
+    monkeypatch.setattr(linalg, "_PARALLEL_GEMM_MIN", 1)
+    monkeypatch.setattr(parallel, "_PARALLEL_MIN", 1)
+    for kw, ys1 in zip(forms, want):
+        _, ys = _runs(lambda c, kw=kw: fused_matmul_epilogue(a, w, ctx=c, **kw))
+        for y in ys:
+            np.testing.assert_array_equal(y, ys1[0])
+
+
+def test_split_bound_step_at_one_thread_and_after_edits(kernels, monkeypatch):
+    """A step bound with row pieces runs as one call when the thread count drops to 1 and
+    in pieces again at 2 (the same bits), and sees in-place weight and bias edits."""
+    if not compiled.wait(["blas_worker"], timeout=300) or parallel.pieces_entry() is None:
+        pytest.skip("blas_worker is not loaded")
+    monkeypatch.setattr(linalg, "_GEMM_PIECES_MIN", 1)
+    a, w, b = _f32(2, 20, 32), _f32(32, 48), _f32(48)
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "2")
+    ctx, ys = _runs(lambda c: fused_matmul_epilogue(a, w, b, activation="Gelu", ctx=c))
+    bound = ctx.extra[linalg._MM_BOUND]
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "1")
+    np.testing.assert_array_equal(fused_matmul_epilogue(a, w, b, activation="Gelu", ctx=ctx),
+                                  ys[0])
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "2")
+    np.testing.assert_array_equal(fused_matmul_epilogue(a, w, b, activation="Gelu", ctx=ctx),
+                                  ys[0])
+    assert ctx.extra[linalg._MM_BOUND] is bound
+    w *= -2                     # updated in place (the packing's sampled check sees it)
+    b[:] = 0.5
+    got = fused_matmul_epilogue(a, w, b, activation="Gelu", ctx=ctx)
+    np.testing.assert_array_equal(got, fused_matmul_epilogue(a, w, b, activation="Gelu",
+                                                             ctx=_ctx()))
+    assert not np.array_equal(got, ys[0])
+
+
+def test_bound_again_once_the_c_workers_load(kernels, monkeypatch):
+    """Bound while ``blas_worker`` was not loaded yet (a cold start): one call; once it is
+    loaded the step is bound again with row pieces; the same bits throughout."""
+    if not compiled.wait(["blas_worker"], timeout=300) or parallel.pieces_entry() is None:
+        pytest.skip("blas_worker is not loaded")
+    real = linalg.pieces_entry
+    monkeypatch.setattr(linalg, "_GEMM_PIECES_MIN", 1)
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", "2")
+    a, w, b = _f32(1, 30, 16), _f32(16, 24), _f32(24)
+    monkeypatch.setattr(linalg, "pieces_entry", lambda: None)
+    ctx, ys = _runs(lambda c: fused_matmul_epilogue(a, w, b, activation="Gelu", ctx=c))
+    first = ctx.extra[linalg._MM_BOUND]
+    monkeypatch.setattr(linalg, "pieces_entry", real)
+    ys += [fused_matmul_epilogue(a, w, b, activation="Gelu", ctx=ctx) for _ in range(3)]
+    assert ctx.extra[linalg._MM_BOUND] is not first
+    for y in ys:
+        np.testing.assert_array_equal(y, ys[0])

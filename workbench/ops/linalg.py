@@ -33,10 +33,13 @@ from workbench.ops.elementwise import erf_array
 from workbench.ops.norm import layer_norm as _layer_norm_op
 from workbench.ops.parallel import (
     _PARALLEL_GEMM_MIN,
+    Pieces,
     exact_matmul,
     exact_products_active,
     n_workers,
     parallel_matmul,
+    pieces_entry,
+    row_cuts,
     run_blocks,
 )
 from workbench.ops.registry import FUSED_DOMAIN, kernel
@@ -559,7 +562,10 @@ def _c_gemm(A, B, bias, Z, ctx, trans_b=False):
     B is (N, K) and ``A @ B.T`` is computed), bias None or
     an (N,) row, Z None or a C-contiguous array of the output's shape. Each output element is
     one accumulation over the whole K in the same order whatever the rows' split, so every
-    plan and thread count gets the same bits. None when the case is another or the kernel is
+    plan and thread count gets the same bits. From :data:`_GEMM_PIECES_MIN` multiply-adds at
+    2+ threads the rows are cut into pieces run by the C worker threads
+    (:func:`_gemm_pieces`), else (those not loaded) from ``_PARALLEL_GEMM_MIN`` over the
+    Python pool. None when the case is another or the kernel is
     not loaded (no C compiler, a CPU without AVX2+FMA, ``compiled.disabled()``): the caller's
     numpy/BLAS path runs."""
     if type(A) is not np.ndarray or type(B) is not np.ndarray or A.dtype != _F32 \
@@ -584,11 +590,19 @@ def _c_gemm(A, B, bias, Z, ctx, trans_b=False):
     dp = compiled.data_pointer
     args = (dp(A), dp(wp), dp(bp), dp(A if Z is None else Z), dp(y), k, n)
     raw, has_z = kern.raw, int(Z is not None)
-    if rows * n * k < _PARALLEL_GEMM_MIN or rows <= _GEMM_TILE:
+    macs = rows * n * k
+    if macs < _GEMM_PIECES_MIN or rows <= _GEMM_TILE:
         raw(*args, 0, rows, has_z, _NEG_INF, _POS_INF)
         return y
     nw = n_workers()
     if nw == 1:
+        raw(*args, 0, rows, has_z, _NEG_INF, _POS_INF)
+        return y
+    pieces = _gemm_pieces(args, rows, has_z, nw)
+    if pieces is not None:
+        pieces.run()
+        return y
+    if macs < _PARALLEL_GEMM_MIN:
         raw(*args, 0, rows, has_z, _NEG_INF, _POS_INF)
         return y
     step = max(_GEMM_TILE, -(-rows // (4 * nw) // _GEMM_TILE) * _GEMM_TILE)
@@ -599,6 +613,39 @@ def _c_gemm(A, B, bias, Z, ctx, trans_b=False):
     run_blocks(np, [(r, min(rows, r + step)) for r in range(0, rows, step)], work,
                rows * n * k)
     return y
+
+
+#: multiply-adds from which a C GEMM (with its epilogue) is cut into row pieces over the C
+#: worker threads (:class:`workbench.ops.parallel.Pieces`) at 2+ engine threads. Measured on
+#: the 2-core AMD EPYC (AVX2, Zen 3), one process, pieces vs one call: see benchmarks/README.md
+#: ("Wave 3 session 9: transformer inference on two threads")
+_GEMM_PIECES_MIN = 1 << 20
+#: pieces per engine thread (the caller and the workers claim them in turn)
+_GEMM_PIECES_PER_THREAD = 2
+
+
+def _piece_count(rows, nw):
+    """Row pieces of a split GEMM at ``nw`` (>= 2) engine threads: at most 8, whole tiles."""
+    return max(2, min(8, nw * _GEMM_PIECES_PER_THREAD, rows // _GEMM_TILE))
+
+
+def _gemm_pieces(args, rows, has_z, nw):
+    """``gemm_avx2.gemm`` on ``args`` (its first seven arguments) cut into row pieces of
+    whole register tiles (:class:`Pieces`; every row is computed alone over the whole K, so
+    the pieces give one call's bits), or None when the C workers or ``gemm_block`` are not
+    loaded."""
+    entry = pieces_entry()
+    fn = _kernel_address("gemm_avx2.gemm_block")
+    if entry is None or fn is None:
+        return None
+    cuts = row_cuts(rows, _piece_count(rows, nw), _GEMM_TILE)
+    head = list(args) + [0, 0, has_z, _f64_bits(_NEG_INF), _f64_bits(_POS_INF)]
+    blocks = []
+    for r0, r1 in zip(cuts[:-1], cuts[1:]):
+        b = np.array(head, np.int64)
+        b[7:9] = (r0, r1)
+        blocks.append(b)
+    return Pieces(fn, blocks, entry)
 
 
 def _c_fused(A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm, ctx):
@@ -676,8 +723,11 @@ def _bind_step(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm, 
     GELU / LayerNorm kernels: on the second such run with the same arrays (the same weight,
     bias, gamma, beta objects; A and Z of the same shapes), keep a pre-bound step in the
     context, one ``gemm_avx2.fused_block`` call that runs the product and calls those
-    epilogue kernels from C (:func:`_make_bound`). Work the full path would split over the
-    worker threads is not bound (it keeps its split)."""
+    epilogue kernels from C (:func:`_make_bound`). A product of :data:`_GEMM_PIECES_MIN`
+    multiply-adds or more is bound with row pieces (``gemm_avx2.checked_pieces``: the
+    product and its epilogue per piece, over the C workers at 2+ threads, one call at 1);
+    without the C workers, work the full path would split over the Python pool is not bound
+    (it keeps its split)."""
     key = (A.shape, id(B), id(bias), None if Z is None else Z.shape, id(gamma), id(beta))
     if ctx.extra.get(_MM_SEEN) != key:
         ctx.extra[_MM_SEEN] = key
@@ -727,8 +777,13 @@ def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
         return None
     n, kk = B.shape if trans_b else B.shape[::-1]
     rows = A.size // kk
-    if rows * n * kk >= _PARALLEL_GEMM_MIN and rows > _GEMM_TILE:
-        return None    # the full path may split the rows over the pool
+    entry = pieces_entry()
+    split = rows * n * kk >= _GEMM_PIECES_MIN and rows > _GEMM_TILE
+    retry = split and entry is None   # blas_worker not loaded yet (a cold start): bound
+    if retry:                         # as one call until it is
+        if rows * n * kk >= _PARALLEL_GEMM_MIN:
+            return None    # the full path splits the rows over the pool
+        split = False
     dp = compiled.data_pointer
     wp, bp = got[5]
     gemm_z = Z is not None and not activation and not skip_norm
@@ -740,14 +795,15 @@ def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
         act = _GELU_CODES.get(activation)
         addr = _kernel_address("transformer.gelu")
         cost = 2 if act == 1 else 4   # rowwise's split rule for the GELU kernel
-        if act is None or addr is None or rows * n * cost >= rowwise._PARALLEL_MIN:
+        if act is None or addr is None \
+                or (not split and rows * n * cost >= rowwise._PARALLEL_MIN):
             return None
         p = np.array((rows, n, 0, 0, int(Z is not None), act), np.int64)
         keep.append(p)
         blk[12:20] = (addr, dp(_DUMMY), 0, dp(_DUMMY), dp(_DUMMY), dp(p), 0, rows)
     if gamma is not None:
         addr = _kernel_address("transformer.layer_norm")
-        if addr is None or rows * n * 4 >= rowwise._PARALLEL_MIN:
+        if addr is None or (not split and rows * n * 4 >= rowwise._PARALLEL_MIN):
             return None
         if skip_norm:   # SkipLayerNormalization's sum (product + skip + bias) in the kernel
             if len(y_shape) not in (2, 3) or Z is None or Z.shape != y_shape \
@@ -789,11 +845,25 @@ def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
         keep.append(mid)
     view = (ctypes.c_int64 * _BLOCK).from_buffer(blk)
     call = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)(chk)
+    call_split = None
+    if split:   # row pieces over the C workers at 2+ threads (gemm_avx2.checked_pieces)
+        chkp = _kernel_address("gemm_avx2.checked_pieces")
+        fb = _kernel_address("gemm_avx2.fused_block")
+        if chkp is None or fb is None:
+            return None
+        cuts = row_cuts(rows, _piece_count(rows, max(2, n_workers())), _GEMM_TILE)
+        pieces = Pieces(fb, [np.zeros(32, np.int64) for _ in cuts[1:]], entry)
+        table = np.array([len(pieces.blocks), *[dp(b) for b in pieces.blocks], *cuts],
+                         np.int64)
+        keep += [pieces, table]
+        blk[46:49] = (pieces.runner, pieces.address, dp(table))
+        call_split = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)(chkp)
     addr = dp(blk)
     a_shape, a_strides, z_shape = A.shape, A.strides, None if Z is None else Z.shape
     z_strides = None if Z is None else Z.strides
     empty, f32, nd, on = np.empty, _F32, np.ndarray, compiled._ENABLED
     busy = threading.Lock()   # the block is shared: a second thread takes the full path
+    nworkers = n_workers
 
     def bound(A_, B_, bias_, Z_, gamma_, beta_, _keep=tuple(keep)):
         # _keep: the packed weights, parameters, samples and block live as long as this
@@ -811,6 +881,8 @@ def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
         elif type(Z_) is not nd or Z_.dtype is not f32 or Z_.shape != z_shape \
                 or (Z_.strides != z_strides and not Z_.flags.c_contiguous):
             return None
+        if retry and pieces_entry() is not None:
+            return None    # the C workers are loaded now: the full path binds with pieces
         if not busy.acquire(False):
             return None
         try:
@@ -819,13 +891,15 @@ def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
             if Z_ is not None:
                 view[41] = id(Z_)
             view[42] = id(y)
+            if call_split is not None and nworkers() > 1:
+                return None if call_split(addr) else y
             return None if call(addr) else y
         finally:
             busy.release()
     return bound
 
 
-_BLOCK = 46   # slots of a pre-bound step's call block (gemm_avx2.checked_block)
+_BLOCK = 49   # slots of a pre-bound step's call block (gemm_avx2.checked_block / _pieces)
 
 
 def _matmul_epilogue(y, bias, Z, activation, xp):
@@ -1126,6 +1200,11 @@ _ATT_SKIP = "attention_avx2_skip"     # ... of the inputs it did not take last t
 #: two threads (wall clock): BERT-like b8 (1 M) 280-350 us in one call vs 565-590 us split,
 #: 8 M (2 x 4 heads x 256 x 256 x 16) 3.9 ms vs 4.7 ms; so only far larger attention splits
 _ATT_SPLIT_MIN = 1 << 24
+#: element-operations from which the pairs are cut into pieces over the C worker threads
+#: instead (:class:`workbench.ops.parallel.Pieces`: no Python pool hand-off), at 2+ threads;
+#: pieces per engine thread
+_ATT_PIECES_MIN = 1 << 19
+_ATT_PIECES_PER_THREAD = 2
 _ATT_WORK_MAX = 1 << 22    # scratch floats per call block above which BLAS runs instead
 _ATT_SCRATCH_MAX = 1 << 23  # scratch floats of a node's split blocks together (32 MB)
 _ATT_MASKS = {"": 0, "add": 1, "fill_where_true": 2, "fill_where_false": 3}
@@ -1275,7 +1354,15 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
     if wf > _ATT_WORK_MAX:
         return None
     work = pairs * Sq * Sk * (D + Dv)
-    n_split = max(1, min(pairs, 8, _ATT_SCRATCH_MAX // wf)) if work >= _ATT_SPLIT_MIN else 1
+    entry = pieces_entry()
+    retry = entry is None and work >= _ATT_PIECES_MIN   # blas_worker not loaded yet
+    if entry is not None and work >= _ATT_PIECES_MIN:   # pieces over the C workers
+        n_split = max(1, min(pairs, 8, max(2, n_workers()) * _ATT_PIECES_PER_THREAD,
+                             _ATT_SCRATCH_MAX // wf))
+    else:
+        entry = None
+        n_split = max(1, min(pairs, 8, _ATT_SCRATCH_MAX // wf)) \
+            if work >= _ATT_SPLIT_MIN else 1
     scratch = [np.empty(wf, np.float32) for _ in range(n_split)]
     ints = [H, Sq, Sk, D, Dv] + strides[0][:2] + strides[0][2:] + strides[1][:2] \
         + strides[1][2:] + strides[2][:2] + strides[2][2:] + yst + mst \
@@ -1299,6 +1386,8 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
     slots = [(dp(b), (ctypes.c_int64 * 5).from_buffer(b), (b, w))
              for b, w in zip([single] + split, scratch[:1] + scratch)]
     many = slots[1:] if n_split > 1 else ()
+    pieces = Pieces(ctypes.cast(raw, ctypes.c_void_p).value, split, entry) \
+        if many and entry is not None else None
     keys = (Q.shape, Q.strides, K.shape, K.strides, V.shape, V.strides)
     mkey = None if not mask else (M.shape, M.strides, M.dtype)
     (kq, kk, kv, ko), (dq, dk, dv, do) = (q_shape, k_shape, v_shape, out_shape), dims
@@ -1328,6 +1417,8 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
                 and (vs is kv or _same_dims(vs, dv)) and (os_ is ko or _same_dims(os_, do))) \
                 or not enabled():
             return None
+        if retry and pieces_entry() is not None:
+            return None    # the C workers are loaded now: bound again with pieces
         y = empty(ret_shape, _F32)
         if not size:
             return y
@@ -1345,6 +1436,9 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
                 return y
             for _, view, _ in many:
                 view[:] = ptrs
+            if pieces is not None:
+                pieces.run()
+                return y
 
             def run(chunk):
                 for addr, _, _ in chunk:
@@ -1354,5 +1448,6 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
         finally:
             busy.release()
     bound.blocks = slots   # the call blocks and their scratch live as long as the call
+    bound.pieces = pieces
     bound.objects_block = tramp   # (and objects_call's block)
     return bound

@@ -697,3 +697,72 @@ def defer_matmul(a, b):
     keep.append((a, b, out))    # alive (and unchanged: the caller's promise) until settled
     st["last"] = job
     return out
+
+
+# ------------------------------------------------------------------------------------------
+# Pieces of one compiled kernel call over C worker threads (inference kernels)
+# ------------------------------------------------------------------------------------------
+#: nanoseconds the idle C workers poll for the next pieces after a split call (an inference
+#: run's split products come tens of microseconds apart: a sleeping worker's wake-up took
+#: longer than a piece of a BERT-like product on the 2-core AMD EPYC)
+PIECE_POLL_NS = 200_000
+
+
+def pieces_entry():
+    """``(call, address)`` of the loaded ``blas_worker.pieces`` (its ctypes call and its
+    machine-code address, for a C caller), or None (kernels not built or turned off)."""
+    from workbench import compiled  # noqa: PLC0415
+
+    k = compiled.kernel("blas_worker.pieces")
+    if k is None:
+        return None
+    import ctypes  # noqa: PLC0415
+
+    return k.raw, ctypes.cast(k.raw, ctypes.c_void_p).value
+
+
+def row_cuts(rows: int, pieces: int, unit: int) -> list:
+    """``pieces + 1`` row cuts of ``rows`` rows into at most ``pieces`` near-equal ranges of
+    whole multiples of ``unit`` rows (the last takes the rest); fewer where the rows do not
+    fill them."""
+    units = -(-rows // unit)
+    pieces = max(1, min(pieces, units))
+    cuts = [min(rows, (units * i // pieces) * unit) for i in range(pieces + 1)]
+    cuts[-1] = rows
+    return cuts
+
+
+class Pieces:
+    """A kernel call cut into pieces, each its own int64 block, run by
+    ``blas_worker.pieces`` on the calling thread and C worker threads (the engine's thread
+    count at construction less one; no Python, no GIL in the workers): ``run()`` returns
+    when every piece has run. The blocks and the argument
+    array live as long as this object. The caller writes each block's array addresses
+    before ``run()``; a kernel whose pieces write disjoint outputs, each in a fixed order,
+    gives one call's bits whoever runs which piece. This class is the engine's one door to
+    the C pieces runner: its callers (``ops/linalg.py``) know only ``blocks``, ``run()``,
+    ``runner`` and ``address``."""
+
+    __slots__ = ("blocks", "arg", "runner", "_call", "_addr")
+
+    def __init__(self, fn_address: int, blocks, entry, poll_ns: int | None = None):
+        from workbench.compiled import data_pointer  # noqa: PLC0415
+
+        if poll_ns is None:
+            poll_ns = PIECE_POLL_NS
+        self.blocks = list(blocks)
+        n = len(self.blocks)
+        workers = max(1, min(7, n_workers() - 1))
+        self.arg = np.array([fn_address, n, workers, poll_ns,
+                             *[data_pointer(b) for b in self.blocks]], np.int64)
+        self._call, self._addr = entry[0], data_pointer(self.arg)
+        self.runner = entry[1]
+
+    @property
+    def address(self) -> int:
+        """The descriptor's address: a C caller (``gemm_avx2.checked_pieces``) runs the
+        pieces by calling the function at :attr:`runner` with it."""
+        return self._addr
+
+    def run(self) -> None:
+        self._call(self._addr)

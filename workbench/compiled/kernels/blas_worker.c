@@ -18,6 +18,7 @@ typedef void (*sgemm32_t)(int, int, int, int32_t, int32_t, int32_t, float, const
 #define NJ 13            /* fn, ilp64, transA, transB, M, N, K, A, lda, B, ldb, C, ldc */
 #define SPIN 64          /* pause loops (~1-2 us) the idle worker polls before it sleeps */
 #define POLL_NS 30000    /* inside a backward: polls up to 30 us after its last job */
+#define MAX_WORKERS 7    /* worker threads at most (wb_blas_worker_pieces: n - 1 of them) */
 
 static int64_t jobs[CAP][NJ];
 static int64_t finished[CAP];       /* index + 1 of the last job finished in each slot */
@@ -26,8 +27,12 @@ static int64_t claim;               /* next job to claim */
 static int64_t ran_worker, ran_helper;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-static int started, sleeping, atfork_set;
+static int started, sleeping, atfork_set;   /* sleeping: workers waiting on cv */
+static int64_t nworkers;            /* worker threads started */
 static int active;                  /* inside a backward: the idle worker polls, never sleeps */
+static int64_t piece_until;         /* CLOCK_MONOTONIC ns until which the idle workers poll,
+                                       yielding (set by wb_blas_worker_pieces: split kernels
+                                       come close together in an inference run) */
 
 static inline void cpu_pause(void) { __asm__ __volatile__("pause"); }
 
@@ -37,9 +42,13 @@ static inline int64_t now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+typedef void (*block_fn_t)(int64_t *);
+
 static void run(int64_t i) {
     const int64_t *j = jobs[i % CAP];
-    if (j[1]) {
+    if (j[1] == 2) {            /* a piece: fn(block) (wb_blas_worker_pieces) */
+        ((block_fn_t)(intptr_t)j[0])((int64_t *)(intptr_t)j[2]);
+    } else if (j[1]) {
         ((sgemm64_t)(intptr_t)j[0])(101, (int)j[2], (int)j[3], j[4], j[5], j[6], 1.0f,
                                     (const float *)(intptr_t)j[7], j[8],
                                     (const float *)(intptr_t)j[9], j[10], 0.0f,
@@ -81,21 +90,50 @@ static void *worker(void *arg) {
                          __atomic_load_n(&head, __ATOMIC_ACQUIRE))) {
             cpu_pause();
             if (++s >= SPIN) {
-                if (!__atomic_load_n(&active, __ATOMIC_RELAXED) || now_ns() - t0 > POLL_NS)
+                const int64_t t = now_ns();
+                if (t < __atomic_load_n(&piece_until, __ATOMIC_RELAXED)) {
+                    /* polling for pieces gives the core to any other runnable thread: on
+                     * a machine with more runnable threads than cores a worker that only
+                     * spun took a third of the caller's core (BERT-like b8 at 2 threads
+                     * with another process running: median 4.2 ms spinning, 1.8 yielding) */
+                    sched_yield();
+                    s = 0;
+                    continue;
+                }
+                if (!__atomic_load_n(&active, __ATOMIC_RELAXED) || t - t0 > POLL_NS)
                     break;
                 s = 0;
             }
         }
         if (found) continue;
         pthread_mutex_lock(&mu);
-        sleeping = 1;
+        sleeping++;
         while (__atomic_load_n(&claim, __ATOMIC_ACQUIRE) >=
                __atomic_load_n(&head, __ATOMIC_ACQUIRE))
             pthread_cond_wait(&cv, &mu);
-        sleeping = 0;
+        sleeping--;
         pthread_mutex_unlock(&mu);
     }
     return 0;
+}
+
+/* with mu held: at least `want` worker threads running (as many as could be started; none
+ * started: started = -1 and the waiters run every job) */
+static void start_workers(int64_t want) {
+    while (nworkers < want) {
+        pthread_t t;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        const int ok = pthread_create(&t, &at, worker, 0) == 0;
+        pthread_attr_destroy(&at);
+        if (!ok) {
+            if (!nworkers) started = -1;
+            return;
+        }
+        nworkers++;
+        started = 1;
+    }
 }
 
 /* after fork() only the forking thread exists: queue emptied, worker restarted on demand */
@@ -103,6 +141,8 @@ static void child_reset(void) {
     pthread_mutex_init(&mu, 0);
     pthread_cond_init(&cv, 0);
     started = sleeping = 0;
+    nworkers = 0;
+    piece_until = 0;
     head = claim = 0;
     memset(finished, 0, sizeof finished);
 }
@@ -134,16 +174,55 @@ void wb_blas_worker_submit(int64_t *job) {
     memcpy(jobs[i % CAP], job, sizeof(int64_t) * NJ);
     __atomic_store_n(&head, i + 1, __ATOMIC_RELEASE);
     job[NJ] = i + 1;
-    if (!started) {
-        pthread_t t;
-        pthread_attr_t at;
-        pthread_attr_init(&at);
-        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        started = pthread_create(&t, &at, worker, 0) == 0 ? 1 : -1;  /* -1: waiters run all */
-        pthread_attr_destroy(&at);
-    }
+    start_workers(1);
     if (sleeping) pthread_cond_signal(&cv);
     pthread_mutex_unlock(&mu);
+}
+
+/* Pieces of one kernel call run by the caller and the workers: s[0] a function taking one
+ * int64 block, s[1] the number n of pieces, s[2] the worker threads wanted (at most
+ * MAX_WORKERS; started on demand, never stopped), s[3] the nanoseconds the idle workers poll
+ * for the next pieces after these (0: their usual SPIN), s[4 + i] the block of piece i.
+ * Pieces 1..n-1 are queued (one lock, one wake-up), the caller runs piece 0 and then, while
+ * any is unfinished, the queued pieces nobody has claimed: every piece has run when this
+ * returns, whether a worker ran any or not. Each piece is the same call on its own block
+ * whoever runs it, so a kernel whose pieces compute disjoint outputs in a fixed order gives
+ * the same bits at any thread count. */
+void wb_blas_worker_pieces(const int64_t *s) {
+    const int64_t n = s[1];
+    block_fn_t fn = (block_fn_t)(intptr_t)s[0];
+    if (n <= 1 || n - 1 > CAP / 2 || s[2] < 1) {   /* nothing to share, or too many: inline */
+        for (int64_t p = 0; p < n; p++) fn((int64_t *)(intptr_t)s[4 + p]);
+        return;
+    }
+    if (s[3] > 0) {
+        const int64_t until = now_ns() + s[3];
+        if (until > __atomic_load_n(&piece_until, __ATOMIC_RELAXED))
+            __atomic_store_n(&piece_until, until, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_lock(&mu);
+    if (!atfork_set) {
+        pthread_atfork(0, 0, child_reset);
+        atfork_set = 1;
+    }
+    int64_t i = head;
+    if (i + n - 1 > CAP) wait_upto(i + n - 1 - CAP);   /* the slots' previous jobs are done */
+    for (int64_t p = 1; p < n; p++) {
+        int64_t *j = jobs[(i + p - 1) % CAP];
+        j[0] = s[0];
+        j[1] = 2;
+        j[2] = s[4 + p];
+    }
+    __atomic_store_n(&head, i + n - 1, __ATOMIC_RELEASE);
+    int64_t want = s[2] < n - 1 ? s[2] : n - 1;
+    start_workers(want < MAX_WORKERS ? want : MAX_WORKERS);
+    if (sleeping) {
+        if (want > 1) pthread_cond_broadcast(&cv);
+        else pthread_cond_signal(&cv);
+    }
+    pthread_mutex_unlock(&mu);
+    fn((int64_t *)(intptr_t)s[4]);
+    wait_upto(i + n - 1);
 }
 
 /* on != 0: a backward begins (after a job the worker polls up to POLL_NS for the next one

@@ -15,7 +15,17 @@ runs it. The worker never touches Python objects (no GIL).
   has not scheduled, and a process forked with jobs queued still completes them).
 - ``poll``: 1 while a backward runs (after a job the idle worker then polls up to 30 us for the
   next one before it sleeps: jobs that come close together need no wake-up), 0 after.
-- ``stats``: jobs run by the worker, by waiters, submitted, and the worker's state (0 not
+- ``pieces``: one kernel call cut into pieces (``s[0]`` a C function taking one int64 block,
+  ``s[1]`` = n, ``s[2]`` the worker threads wanted, ``s[3]`` nanoseconds the idle workers
+  then poll, yielding the core at each check, for the next pieces, ``s[4 + i]`` piece i's
+  block): pieces 1..n-1 are queued for up to ``min(s[2], n - 1, 7)`` worker threads (started
+  on demand), the caller runs piece 0 and then every queued piece nobody has claimed, and
+  returns when all have run. The engine's inference kernels whose pieces write disjoint
+  outputs in a fixed order (``gemm_avx2`` row pieces, ``attention_avx2`` (batch, head)
+  pairs) use it in place of the Python thread pool, whose hand-off (~20-50 us a product)
+  cost more than the second core gave on a BERT-like model's products
+  (``workbench/ops/linalg.py``, :class:`workbench.ops.parallel.Pieces`).
+- ``stats``: jobs run by the workers, by waiters, submitted, and the workers' state (0 not
   started, 1 running, -1 could not be started).
 
 Outside a backward the idle worker polls ~1-2 us, then sleeps on a condition variable.
@@ -37,4 +47,5 @@ EXPORTS = {
     "wait_for": "i64",
     "stats": "i64[]!",
     "poll": "i64",
+    "pieces": "i64[]",
 }

@@ -270,7 +270,7 @@ void wb_gemm_avx2_fused_block(const int64_t *a) {
  *      pointers go to slot 0, slot a[43] (Z) and slots a[44] and a[45] (Y; -1: none).
  * Returns 1, with nothing computed or written, when a check fails; else runs fused_block and
  * returns 0. */
-int64_t wb_gemm_avx2_checked_block(int64_t *a) {
+static inline int64_t check_and_bind(int64_t *a) {
     const uint32_t *w = (const uint32_t *)(intptr_t)a[34];
     const int64_t *idx = (const int64_t *)(intptr_t)a[33];
     const uint32_t *smp = (const uint32_t *)(intptr_t)a[35];
@@ -287,7 +287,36 @@ int64_t wb_gemm_avx2_checked_block(int64_t *a) {
     a[a[44]] = y;
     if (a[45] >= 0) a[a[45]] = y;
 #undef WB_DATA
+    return 0;
+}
+
+int64_t wb_gemm_avx2_checked_block(int64_t *a) {
+    if (check_and_bind(a)) return 1;
     wb_gemm_avx2_fused_block(a);
+    return 0;
+}
+
+/* checked_block's checks and addresses, then the step in row pieces run by the caller and
+ * worker threads: slot 46 the address of a C function running a set of pieces (the engine's
+ * thread pool entry, workbench.ops.parallel.Pieces), 47 the address of its argument (the
+ * pieces' descriptor, whatever that function reads), 48 the address of the piece table
+ * t: t[0] the number n of pieces, t[1 + i] piece i's block of 32 slots (the blocks the
+ * descriptor names), t[1 + n .. 1 + 2n] the n + 1 row cuts. Each piece's block gets slots
+ * 0..31 of this one with its rows as the row range of the product, the GELU and the
+ * LayerNorm (each kernel computes a row from that row's data alone, in the same order
+ * whatever the range: the same bits as one call). Returns 1, nothing computed, when a check
+ * fails. */
+int64_t wb_gemm_avx2_checked_pieces(int64_t *a) {
+    if (check_and_bind(a)) return 1;
+    const int64_t *t = (const int64_t *)(intptr_t)a[48];
+    const int64_t n = t[0], *cuts = t + 1 + n;
+    for (int64_t p = 0; p < n; p++) {
+        int64_t *b = (int64_t *)(intptr_t)t[1 + p];
+        memcpy(b, a, 32 * sizeof(int64_t));
+        b[7] = b[18] = b[29] = cuts[p];
+        b[8] = b[19] = b[30] = cuts[p + 1];
+    }
+    ((void (*)(const int64_t *))(intptr_t)a[46])((const int64_t *)(intptr_t)a[47]);
     return 0;
 }
 

@@ -25,6 +25,12 @@ kernel cache; the engine loads it with ctypes. Used only when the CPU reports ev
   read from the array objects (the data field's offset in numpy's array struct, as
   :data:`workbench.compiled.data_pointer` reads it) into their slots. It returns an int64
   (the loader's prototype says void; the caller that reads the code makes its own).
+- ``checked_pieces``: ``checked_block``'s checks and addresses, then the step cut into row
+  pieces run by the calling thread and the engine's C worker threads (slot 46: the address
+  of the function running a set of pieces, 47: its descriptor, 48: the piece table, see
+  ``gemm_avx2.c``; :class:`workbench.ops.parallel.Pieces` makes the first two): each piece
+  runs ``fused_block`` on its own rows (product, GELU and LayerNorm alike), and every row is
+  computed from its own data in a fixed order, so the pieces give one call's bits.
 - ``objects_call``: a kernel that takes one int64 block (the attention kernel's) called
   after the data pointers of the array objects named in the call's slots are written into
   that block's first slots: a pre-bound call hands over Python's ``id`` of its arrays
@@ -55,6 +61,7 @@ EXPORTS = {
     "gemm_block": "i64[]",
     "fused_block": "i64[]",
     "checked_block": "i64[]!",
+    "checked_pieces": "i64[]!",
     "objects_call": "i64[]",
     "iconv": "f32[] i64[] f32[] f32[] f32[] f32[] f32[]! i64 i64 i64 i64 i64 i64 i64 i64 f32 f32",
 }
