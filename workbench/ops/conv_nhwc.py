@@ -61,9 +61,12 @@ from workbench.ops._common import to_compute
 from workbench.ops.conv import apply_activation
 from workbench.ops.nhwc import _row_stride, nhwc_concat_shuffle
 from workbench.ops.parallel import (
+    POOL_MIN,
+    BlockTask,
     blas_controller,
     call_blocks,
     n_workers,
+    pool_ready,
     run_blocks,
     scratch,
     single_threaded_blas,
@@ -77,7 +80,13 @@ _DW_COMPILED = {(3, 1), (3, 2), (5, 1), (5, 2)}   # (kernel, stride) with a comp
 _DW_C = "dwconv_avx2.dw3x3"   # the C depthwise 3x3 kernel (strides 1, 2)
 _SPLIT_MIN = 1 << 22   # multiply-adds under which a compiled call is not split over the pool
 # (~0.1 ms of 1x1 GEMM: handing the halves of a smaller call to the pool measured 1.05-4x
-# slower in wall time than one call on this 2-core machine under load)
+# slower in wall time than one call on this 2-core machine under load) ...
+
+
+def _split_min():
+    """... unless the C block pool runs the blocks (its hand-off costs microseconds): then
+    from ``parallel.POOL_MIN`` multiply-adds (~25-50 us of work)."""
+    return POOL_MIN if pool_ready() else _SPLIT_MIN
 
 
 def _bounds(activation, alpha, beta):
@@ -181,7 +190,7 @@ def _depthwise_c(k, x, wp, bp, z, clip, S, pb, out, y):
     rows = int(x.shape[0]) * out[0]
     lo, hi = float(clip[0]), float(clip[1])
     work = rows * out[1] * C * 9
-    jobs = _row_jobs(rows, out[1] * C) if work >= _SPLIT_MIN else [(0, rows)]
+    jobs = _row_jobs(rows, out[1] * C) if work >= _split_min() else [(0, rows)]
     call_blocks(k, [dw_block(x, wp, bp, z, y, S, pb, out, r0, r1, lo, hi)
                     for r0, r1 in jobs], work)
     return y
@@ -497,7 +506,7 @@ def _fewc(x, w, b, z, act, p, S, D, pb, out, y, ctx, w_in, b_in):
     OH, OW = out
     rows = N * OH
     work = rows * OW * M * kh * kw * C
-    jobs = _row_jobs(rows, OW * M) if work >= _SPLIT_MIN else [(0, rows)]
+    jobs = _row_jobs(rows, OW * M) if work >= _split_min() else [(0, rows)]
     dp = compiled.data_pointer
     sn, sh, sw, sc = (int(s) // 4 for s in x.strides)
     ptrs = [dp(x), dp(wp), dp(bp), dp(y if z is None else z), dp(y)]
@@ -660,7 +669,7 @@ def _bound_call(X, W, B, Z, y_shape, pack_key, ctx):
         S, pb, out, clip = ctx.extra["dwconv_avx2_args"]
         rows, per_row = N * y_shape[1], y_shape[2] * C
         work = rows * per_row * 9
-        jobs = _row_jobs(rows, per_row) if work >= _SPLIT_MIN else [(0, rows)]
+        jobs = _row_jobs(rows, per_row) if work >= _split_min() else [(0, rows)]
         blocks = [dw_block(X, wp, bp, Z, y0, S, pb, out, r0, r1, *clip) for r0, r1 in jobs]
     else:
         k = compiled.kernel("gemm_avx2.gemm_block")
@@ -671,12 +680,13 @@ def _bound_call(X, W, B, Z, y_shape, pack_key, ctx):
         dp = compiled.data_pointer
         ptrs = [dp(X), dp(wp), dp(bp), dp(X if Z is None else Z), dp(y0)]
         blocks = [call_block(ptrs, [C, M, r0, r1, int(Z is not None)], lo, hi)
-                  for r0, r1 in (_tile_jobs(rows) if work >= _SPLIT_MIN else [(0, rows)])]
+                  for r0, r1 in (_tile_jobs(rows) if work >= _split_min() else [(0, rows)])]
     if k is None:
         return None
     raw, dp = k.raw, compiled.data_pointer
     # per block: its address and a ctypes view to write the X, Z and Y addresses into
     slots = [(dp(blk), (ctypes.c_int64 * 5).from_buffer(blk), blk) for blk in blocks]
+    task = BlockTask(k, blocks)
     x_shape, z_shape, w_flat = X.shape, None if Z is None else Z.shape, W.reshape(-1)
     idx, w_sample, b_bytes = got[2], got[3], got[4]
     enabled = compiled.enabled
@@ -710,11 +720,7 @@ def _bound_call(X, W, B, Z, y_shape, pack_key, ctx):
                 return y
             for _, view, _ in slots:
                 view[0], view[3], view[4] = px, pz, py
-
-            def run(chunk):
-                for addr, _, _ in chunk:
-                    raw(addr)
-            run_blocks(np, slots, run, work)
+            task(work)
             return y
         finally:
             busy.release()
@@ -975,18 +981,19 @@ def _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx, I=None, first=True):  # n
     got = None if ctx is None else ctx.extra.get("chain_bound")
     busy = None
     if got is not None and got[0] == key and got[3].acquire(False):
-        blocks, busy = got[1], got[3]
+        blocks, task, busy = got[1], got[2], got[3]
     else:
         blocks = _chain_blocks(g, packs, We is not None, Wp is not None, z is not None,
                                (N, H, W, C0, C1, M, OH, OW, S, pb), clips,
                                None if I is None else first)
+        task = None if len(blocks) == 1 else BlockTask(k, [blk for blk, _ in blocks])
         if ctx is not None and (got is None or got[0] != key):
             busy = threading.Lock()
             busy.acquire()
-            ctx.extra["chain_bound"] = (key, blocks, None, busy)
+            ctx.extra["chain_bound"] = (key, blocks, task, busy)
     work = N * OH * OW * C1 * (9 + C0 + M)
     try:
-        _chain_run(k.raw, blocks, x, z, y, work, I, sa or 0)
+        _chain_run(k.raw, blocks, x, z, y, work, I, sa or 0, task)
     finally:
         if busy is not None:
             busy.release()
@@ -997,10 +1004,11 @@ def _chain_c(X, We, Be, Wd, Bd, Wp, Bp, Z, attrs, ctx, I=None, first=True):  # n
     return y
 
 
-def _chain_run(raw, blocks, x, z, y, work, other=None, sa=0):
+def _chain_run(raw, blocks, x, z, y, work, other=None, sa=0, task=None):
     """``dwconv_avx2.chain`` on its call blocks with these arrays (one call here with the
-    band buffers from this thread's workspace, or the blocks over the pool with a buffer of
-    the call's). ``other`` (row stride ``sa``): the half the results are interleaved with."""
+    band buffers from this thread's workspace, or the blocks over the C block pool, ``task``
+    (:class:`~workbench.ops.parallel.BlockTask`), with a buffer of the call's). ``other``
+    (row stride ``sa``): the half the results are interleaved with."""
     dp = compiled.data_pointer
     px, py = dp(x), dp(y)
     pz = py if z is None else dp(z)
@@ -1026,11 +1034,7 @@ def _chain_run(raw, blocks, x, z, y, work, other=None, sa=0):
     for blk, (ne, nd, npb, _packs) in blocks:
         blk[9], blk[10], blk[36] = at, at + 4 * ne, at + 4 * (ne + nd)
         at += 4 * (ne + nd + npb)
-
-    def run(chunk):
-        for blk, _ in chunk:
-            raw(dp(blk))
-    run_blocks(np, blocks, run, work)
+    task(work)
     del buf
 
 
@@ -1039,7 +1043,7 @@ def _chain_fast(ctx, weights, x_shape, z_shape, y_shape, raw, work, i_shape):
     checked once here (as NhwcConv's pre-bound call, :func:`_bound_call`): the same weight
     and bias arrays, unchanged (the packing's sample and bias bytes), X and Z of the same
     shapes, kernels on; else None (the full path runs, and binds again)."""
-    _key, blocks, _, busy = ctx.extra["chain_bound"]
+    _key, blocks, task, busy = ctx.extra["chain_bound"]
     checks = [(w_in, b_in, idx, sample, b_bytes) for w_in, b_in, idx, sample, b_bytes, _p in
               (ctx.extra[k] for k, w in zip(("chain_expand", "chain_dw", "chain_project"),
                                             weights[::2]) if w is not None)]
@@ -1075,11 +1079,48 @@ def _chain_fast(ctx, weights, x_shape, z_shape, y_shape, raw, work, i_shape):
         try:
             y = empty(y_shape, _F32)
             _chain_run(raw, blocks, _contiguous(X), None if Z is None
-                       else np.ascontiguousarray(Z), y, work, I, sa)
+                       else np.ascontiguousarray(Z), y, work, I, sa, task)
             return y
         finally:
             busy.release()
     return fast
+
+
+def _chain_cost(r0, r1, H, W, C0, C1, M, OH, OW, S, pt):
+    """Multiply-adds of ``dwconv_avx2.chain`` on output rows r0:r1 (rows of every image one
+    after another): the expand stage computes every input row the range's 3x3 windows read
+    (a range's first and last rows read rows of the ranges beside it, computed twice)."""
+    cost = 0
+    r = r0
+    while r < r1:
+        n = r // OH
+        oa, ob = r - n * OH, min(OH, r1 - n * OH)
+        ia, ib = max(0, oa * S - pt), min(H, (ob - 1) * S - pt + 3)
+        cost += max(0, ib - ia) * W * C1 * C0 + (ob - oa) * OW * C1 * (9 + M)
+        r = (n + 1) * OH
+    return cost
+
+
+def _chain_jobs(N, H, W, C0, C1, M, OH, OW, S, pt, nw):
+    """Output row ranges of a split chain: equal ranges, as many as minimises the work of
+    the busiest thread (ranges claimed in order by whichever thread is free; each range
+    computes its border rows' expansion again, which on the small maps of batch 1 (7 or 14
+    rows) makes 2 ranges per thread cost up to 1.9x the expand stage's work): 2 ranges per
+    thread (a thread the OS runs late leaves less to the others) unless ``nw`` to ``4 * nw``
+    ranges do clearly better."""
+    rows = N * OH
+    best = None
+    for k in [2 * nw] + [k for k in range(nw, 4 * nw + 1) if k != 2 * nw]:
+        step = -(-rows // k)
+        jobs = [(r, min(rows, r + step)) for r in range(0, rows, step)]
+        load = [0] * nw
+        for r0, r1 in jobs:
+            i = load.index(min(load))
+            load[i] += _chain_cost(r0, r1, H, W, C0, C1, M, OH, OW, S, pt)
+        span = max(load)
+        if best is None or span < best[0] * 0.98:   # more ranges only for a clear gain
+            best = (span, jobs)
+    return best[1]
 
 
 def _chain_blocks(g, packs, has_e, has_p, has_z, geom, clips, first=None):
@@ -1092,9 +1133,9 @@ def _chain_blocks(g, packs, has_e, has_p, has_z, geom, clips, first=None):
     rows = N * OH
     work = rows * OW * C1 * (9 + (C0 if has_e else 0) + (M if has_p else 0))
     nw = n_workers()
-    if nw > 1 and work >= _SPLIT_MIN:
-        step = max(1, -(-rows // (2 * nw)))
-        jobs = [(r, min(rows, r + step)) for r in range(0, rows, step)]
+    if nw > 1 and work >= _split_min():
+        jobs = _chain_jobs(N, H, W, C0 if has_e else 0, C1, M if has_p else 0, OH, OW, S,
+                           pb[0], nw)
     else:
         jobs = [(0, rows)]
     packs = list(packs)

@@ -143,16 +143,87 @@ def n_workers():
 
 def call_blocks(kernel, blocks_, work) -> None:
     """``kernel(b)`` for each call block of a compiled C kernel (one int64 array per range of
-    rows), split over the engine's threads as :func:`run_blocks` splits jobs; a single block
-    is called here, without the pool."""
+    rows), split over the engine's threads by the C block pool (:class:`BlockTask`), or as
+    :func:`run_blocks` splits jobs while that is not loaded; a single block is called here,
+    without a pool."""
     if len(blocks_) == 1:
         kernel(blocks_[0])
         return
+    BlockTask(kernel, blocks_)(work)
 
-    def run(chunk):
-        for b in chunk:
-            kernel(b)
-    run_blocks(np, blocks_, run, work)
+
+#: multiply-adds (element-operations) from which a :class:`BlockTask` of several blocks
+#: runs over the C block pool: its hand-off costs ~2-5 us when a pool thread is polling
+#: (the 200 us after its last block), ~30-60 us to wake it; below this the blocks run one
+#: after another on the calling thread (the same bits either way)
+POOL_MIN = 1 << 20
+_POOL_CALL: list = []   # [raw blas_worker.par] once loaded
+
+
+def _pool_call():
+    """The raw ``blas_worker.par`` entry (the C block pool), or None while it is not loaded
+    or compiled kernels are turned off."""
+    if _POOL_CALL:
+        from workbench import compiled  # noqa: PLC0415
+        return _POOL_CALL[0] if compiled.enabled() else None
+    from workbench import compiled  # noqa: PLC0415
+    k = compiled.kernel("blas_worker.par")
+    if k is None:
+        return None
+    _POOL_CALL.append(k.raw)
+    return k.raw
+
+
+def pool_ready() -> bool:
+    """Whether the C block pool is loaded (a split's hand-off then costs microseconds, not
+    the ~50-70 us of :func:`run_blocks`' Python pool)."""
+    return _pool_call() is not None
+
+
+class BlockTask:
+    """A compiled kernel's call blocks (int64 arrays, one per range of rows: the kernels of
+    ``dwconv_avx2``, ``gemm_avx2.gemm_block``, ...) made into one task of the C block pool
+    ``blas_worker.par``: calling it runs every block, over up to ``n_workers()`` threads
+    (the caller and the pool's C threads, which claim blocks one at a time) when ``work`` is
+    at least :data:`POOL_MIN`, else one after another in one C call. Each block is computed
+    whole by one thread, so the output is the same whichever thread ran it, at any thread
+    count. Without the pool entry (not built yet, kernels turned off) the blocks go to
+    :func:`run_blocks`.
+
+    The blocks are referenced by address: the task keeps them alive, and a caller may
+    rewrite their contents (array addresses) between calls. Not reentrant for one task; the
+    pool runs one task at a time (a second thread's task runs on that thread)."""
+
+    __slots__ = ("kernel", "blocks", "desc", "addr")
+
+    def __init__(self, kernel, blocks_):
+        import ctypes  # noqa: PLC0415
+
+        from workbench import compiled  # noqa: PLC0415
+
+        self.kernel = kernel
+        self.blocks = list(blocks_)
+        n = len(self.blocks)
+        dp = compiled.data_pointer
+        self.desc = np.empty(3 + n, np.int64)
+        self.desc[0] = ctypes.cast(kernel.raw, ctypes.c_void_p).value
+        self.desc[1], self.desc[2] = n, 1
+        self.desc[3:] = [dp(b) for b in self.blocks]
+        self.addr = dp(self.desc)
+
+    def __call__(self, work) -> None:
+        par = _pool_call()
+        if par is None:
+            raw = self.kernel.raw
+            dp = self.desc
+
+            def run(chunk):
+                for a in chunk:
+                    raw(int(a))
+            run_blocks(np, list(dp[3:]), run, work)
+            return
+        self.desc[2] = n_workers() if work >= POOL_MIN else 1
+        par(self.addr)
 
 
 def run_blocks(xp, jobs, fn, work):

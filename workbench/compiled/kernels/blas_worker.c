@@ -159,3 +159,147 @@ void wb_blas_worker_stats(int64_t *out) {
     out[2] = __atomic_load_n(&head, __ATOMIC_RELAXED);
     out[3] = started;
 }
+
+/* ------------------------------------------------------------------------------------------
+ * The block pool (entry `par`): inference's compiled kernels that take one int64 call block
+ * (dwconv_avx2.chain / dw3x3 / fewc / maxpool / interleave2, gemm_avx2.gemm_block, ...) run a
+ * layer's blocks over up to PW pool threads and the caller, with one ctypes call and no
+ * Python on the pool threads (Python's ThreadPoolExecutor hand-off costs 50-70 us a layer).
+ * Blocks are claimed one at a time from a shared counter: each block is computed whole by one
+ * thread, so the result does not depend on which thread ran which block (nor on how many).
+ * The caller claims blocks too and waits only for blocks a pool thread has claimed: nothing
+ * waits on a pool thread the OS has not scheduled.
+ *
+ * The task word packs the task's generation (32 bits), its block count (16) and the next
+ * block to claim (16); a claim is a compare-and-swap that also checks the generation, so a
+ * pool thread late for a finished task can never claim a block of the next one. The fields a
+ * claimer then reads (kernel, block addresses) stay valid until every claimed block is done,
+ * which is what the caller waits for before it returns. */
+typedef void (*blockfn_t)(int64_t *);
+
+#define PW 7                 /* pool threads at most (the engine runs at most 8 threads) */
+#define PSPIN_NS 200000      /* an idle pool thread polls this long before it sleeps */
+
+static int64_t p_word;                      /* gen << 32 | n << 16 | next */
+static blockfn_t p_fn;
+static const int64_t *p_addrs;
+static int64_t p_done;                      /* blocks finished in this task */
+static int64_t p_helpers;                   /* pool threads that take part in this task */
+static int64_t p_ran[PW + 1];               /* blocks run by each pool thread, by callers */
+static int p_started, p_sleepers, p_atfork;
+static pthread_mutex_t p_call = PTHREAD_MUTEX_INITIALIZER;    /* one task at a time */
+static pthread_mutex_t p_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t p_cv = PTHREAD_COND_INITIALIZER;
+
+#define W_GEN(w) ((w) >> 32)
+#define W_N(w) (((w) >> 16) & 0xffff)
+#define W_NEXT(w) ((w) & 0xffff)
+
+/* claim and run blocks of task generation `gen` until none is left; blocks run */
+static int64_t p_work(int64_t gen) {
+    int64_t ran = 0;
+    int64_t w = __atomic_load_n(&p_word, __ATOMIC_ACQUIRE);
+    while (W_GEN(w) == gen && W_NEXT(w) < W_N(w)) {
+        if (!__atomic_compare_exchange_n(&p_word, &w, w + 1, 0, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_ACQUIRE))
+            continue;                       /* w now holds the current word */
+        int64_t i = W_NEXT(w);
+        p_fn((int64_t *)(intptr_t)p_addrs[i]);
+        __atomic_add_fetch(&p_done, 1, __ATOMIC_RELEASE);
+        ran++;
+        w = __atomic_load_n(&p_word, __ATOMIC_ACQUIRE);
+    }
+    return ran;
+}
+
+static void *p_thread(void *arg) {
+    int64_t me = (int64_t)(intptr_t)arg;
+    int64_t seen = W_GEN(__atomic_load_n(&p_word, __ATOMIC_SEQ_CST));
+    for (;;) {
+        int64_t gen = W_GEN(__atomic_load_n(&p_word, __ATOMIC_SEQ_CST));
+        if (gen != seen) {
+            seen = gen;
+            if (me < __atomic_load_n(&p_helpers, __ATOMIC_ACQUIRE))
+                __atomic_add_fetch(&p_ran[me], p_work(gen), __ATOMIC_RELAXED);
+            continue;
+        }
+        /* idle: poll PSPIN_NS for the next task, then sleep until one is published */
+        int s = 0;
+        int64_t t0 = now_ns();
+        while (W_GEN(__atomic_load_n(&p_word, __ATOMIC_SEQ_CST)) == seen) {
+            cpu_pause();
+            if (++s >= SPIN) {          /* ~1-2 us: give the core up if anyone waits for it */
+                if (now_ns() - t0 > PSPIN_NS) break;
+                sched_yield();
+                s = 0;
+            }
+        }
+        if (W_GEN(__atomic_load_n(&p_word, __ATOMIC_SEQ_CST)) != seen) continue;
+        pthread_mutex_lock(&p_mu);
+        __atomic_add_fetch(&p_sleepers, 1, __ATOMIC_SEQ_CST);
+        while (W_GEN(__atomic_load_n(&p_word, __ATOMIC_SEQ_CST)) == seen)
+            pthread_cond_wait(&p_cv, &p_mu);
+        __atomic_sub_fetch(&p_sleepers, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_unlock(&p_mu);
+    }
+    return 0;
+}
+
+static void p_child_reset(void) {
+    pthread_mutex_init(&p_call, 0);
+    pthread_mutex_init(&p_mu, 0);
+    pthread_cond_init(&p_cv, 0);
+    p_started = p_sleepers = 0;
+    p_word = W_GEN(p_word) << 32;           /* no task */
+}
+
+/* d: kernel address, n blocks, threads (the caller included), then the n blocks' addresses.
+ * threads <= 1, a single block, more than 65535 blocks, or another task running (a second
+ * Python thread): the blocks run here one after another. */
+void wb_blas_worker_par(int64_t *d) {
+    blockfn_t fn = (blockfn_t)(intptr_t)d[0];
+    int64_t n = d[1], threads = d[2];
+    const int64_t *addrs = d + 3;
+    int64_t helpers = threads - 1 > PW ? PW : threads - 1;
+    if (helpers < 1 || n < 2 || n > 0xffff || pthread_mutex_trylock(&p_call) != 0) {
+        for (int64_t i = 0; i < n; i++) fn((int64_t *)(intptr_t)addrs[i]);
+        return;
+    }
+    if (!p_atfork) {
+        pthread_atfork(0, 0, p_child_reset);
+        p_atfork = 1;
+    }
+    while (p_started < helpers) {
+        pthread_t t;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        int ok = pthread_create(&t, &at, p_thread, (void *)(intptr_t)p_started) == 0;
+        pthread_attr_destroy(&at);
+        if (!ok) break;                     /* fewer helpers: the caller runs the rest */
+        p_started++;
+    }
+    p_fn = fn;
+    p_addrs = addrs;
+    __atomic_store_n(&p_done, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&p_helpers, helpers, __ATOMIC_RELEASE);
+    int64_t gen = (W_GEN(__atomic_load_n(&p_word, __ATOMIC_RELAXED)) + 1) & 0xffffffff;
+    __atomic_store_n(&p_word, (gen << 32) | (n << 16), __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&p_sleepers, __ATOMIC_SEQ_CST)) {
+        pthread_mutex_lock(&p_mu);
+        pthread_cond_broadcast(&p_cv);
+        pthread_mutex_unlock(&p_mu);
+    }
+    __atomic_add_fetch(&p_ran[PW], p_work(gen), __ATOMIC_RELAXED);
+    int k = 0;
+    while (__atomic_load_n(&p_done, __ATOMIC_ACQUIRE) < n) {
+        if (++k < 4000) cpu_pause(); else sched_yield();
+    }
+    pthread_mutex_unlock(&p_call);
+}
+
+/* out (PW + 2 values): blocks run by each pool thread, by callers, pool threads started */
+void wb_blas_worker_par_stats(int64_t *out) {
+    for (int i = 0; i <= PW; i++) out[i] = __atomic_load_n(&p_ran[i], __ATOMIC_RELAXED);
+    out[PW + 1] = p_started;
+}

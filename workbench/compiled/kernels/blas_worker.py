@@ -37,4 +37,6 @@ EXPORTS = {
     "wait_for": "i64",
     "stats": "i64[]!",
     "poll": "i64",
+    "par": "i64[]",
+    "par_stats": "i64[]!",
 }
