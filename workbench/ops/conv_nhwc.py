@@ -448,6 +448,9 @@ def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
     raw = k.raw
     rows = N * OH * OW
     y2 = y.reshape(rows, M)
+    if act is None and _iconv_pooled(args, rows, M, C * kh * kw, has_z, lo, hi, ctx, key,
+                                     wp):
+        return True
 
     def work(chunk):
         for r0, r1 in chunk:
@@ -459,6 +462,59 @@ def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
         work(jobs)
     else:
         run_blocks(np, jobs, work, rows * M * C * kh * kw)
+    return True
+
+
+def _iconv_jobs(rows, M, nw):
+    """``(r0, r1, q0, q1)`` pieces of an ``iconv_block`` layer over ``nw`` threads: the
+    pixel ranges of :func:`_conv_jobs` (all output channels) when every thread gets two
+    ranges of at least 64 pixels, else (the 7x7 and 14x14 maps of batch 1) all the pixels
+    in one range of whole 16-column panels per thread: a pixel range streams all the packed
+    weights (ResNet's 3x3x512 layers: 9.4 MB for 49 pixels), a panel range only its part
+    (2 threads, one process, 3x3 layers 7x7x512 / 14x14x256: 2.02 / 1.83 ms in 2 panel
+    ranges, 2.12 / 1.87 in 4, 2.50 / 2.04 in pixel ranges; AMD EPYC, AVX2)."""
+    panels = -(-M // _PANEL)
+    if nw == 1:
+        return [(0, rows, 0, panels)]
+    if rows >= 128 * nw or panels < 2 * nw:
+        return [(r0, r1, 0, panels) for r0, r1 in _conv_jobs(rows)]
+    k = nw
+    cuts = [panels * i // k for i in range(k + 1)]
+    return [(0, rows, q0, q1) for q0, q1 in zip(cuts, cuts[1:]) if q1 > q0]
+
+
+def _iconv_pooled(args, rows, M, K, has_z, lo, hi, ctx, key, wp):
+    """``_indirect``'s call as ``gemm_avx2.iconv_block`` pieces run by the C block pool
+    (:class:`~workbench.ops.parallel.BlockTask`; the pieces' blocks kept in the node's
+    context, only the X/Z/Y addresses written per call). False (nothing done) when the
+    entry or the pool is not loaded."""
+    kb = compiled.kernel("gemm_avx2.iconv_block")
+    if kb is None or not pool_ready():
+        return False
+    work = rows * M * K
+    nw = n_workers() if work >= _split_min() else 1
+    jobs = _iconv_jobs(rows, M, nw)
+    ident = (key, id(wp), tuple(args[1:5]), tuple(args[7:]), tuple(jobs), has_z, lo, hi)
+    got = None if ctx is None else ctx.extra.get("iconv_task")
+    busy = None
+    if got is not None and got[0] == ident and got[2].acquire(False):
+        task, busy = got[1], got[2]
+    else:
+        # slots: 7 addresses, C, taps, M, OH*OW, H*W*C, r0, r1, has_z, lo, hi, q0, q1
+        task = BlockTask(kb, [np.concatenate([
+            call_block(list(args[:7]), list(args[7:]) + [r0, r1, has_z], lo, hi),
+            np.array([q0, q1], np.int64)]) for r0, r1, q0, q1 in jobs])
+        if ctx is not None:
+            busy = threading.Lock()
+            busy.acquire()
+            ctx.extra["iconv_task"] = (ident, task, busy)
+    try:
+        for blk in task.blocks:
+            blk[0], blk[5], blk[6] = args[0], args[5], args[6]
+        task(work)
+    finally:
+        if busy is not None:
+            busy.release()
     return True
 
 

@@ -457,19 +457,19 @@ static inline __attribute__((always_inline)) void iconv_rows(
 #undef T_
 }
 
-/* Y rows (output pixels) r0 .. r1-1. X the (N, H, W, C) input, ind the (P, T) offsets
- * (negative: padding), zero a row of >= C zeros, Bp the packed (T*C, M) weights, bias padded
- * to a multiple of 16, Z read only when has_z. */
-void wb_gemm_avx2_iconv(const float *X, const int64_t *ind, const float *zero,
+/* iconv on rows r0 .. r1-1 and the 16-column panels q0 .. q1-1 (every output value is
+ * computed by the same instructions whatever the ranges: a panel is never paired) */
+static void iconv_range(const float *X, const int64_t *ind, const float *zero,
                         const float *Bp, const float *bias, const float *Z, float *Y,
                         int64_t C, int64_t T, int64_t M, int64_t P, int64_t img, int64_t r0,
-                        int64_t r1, int64_t has_z, float lo, float hi) {
-    if (r1 <= r0 || M <= 0 || P <= 0 || T <= 0 || C <= 0)
+                        int64_t r1, int64_t has_z, float lo, float hi, int64_t q0,
+                        int64_t q1) {
+    if (r1 <= r0 || M <= 0 || P <= 0 || T <= 0 || C <= 0 || q1 <= q0)
         return;
     const int clip = !(isinf(lo) && lo < 0 && isinf(hi) && hi > 0);
     const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
     const int hz = has_z != 0;
-    const int64_t K = T * C, panels = (M + NR - 1) / NR;
+    const int64_t K = T * C;
     /* taps per K block: the block's slice of a panel (tb*C*16 floats) stays in cache */
     int64_t tb = KC_CONV / (C * NR);
     if (tb < 1)
@@ -488,7 +488,7 @@ void wb_gemm_avx2_iconv(const float *X, const int64_t *ind, const float *zero,
         for (int64_t t0 = 0; t0 < T; t0 += tb) {
             const int64_t t1 = t0 + tb < T ? t0 + tb : T;
             const int first = t0 == 0, last = t1 == T;
-            for (int64_t p = 0; p < panels; p++) {
+            for (int64_t p = q0; p < q1; p++) {
                 const int64_t col = p * NR, ncols = M - col < NR ? M - col : NR;
                 const float *bp = Bp + p * K * NR + t0 * C * NR;
                 /* the slice after this one: the next panel's (same taps), else the next tap
@@ -496,8 +496,8 @@ void wb_gemm_avx2_iconv(const float *X, const int64_t *ind, const float *zero,
                  * shorter last tap block is prefetched as long as this one: the lines past
                  * it are the next panel's, or past the array's end for one panel, which a
                  * prefetch may name: it never faults.) */
-                const float *pf = p + 1 < panels ? bp + K * NR
-                                  : t1 < T ? Bp + t1 * C * NR : NULL;
+                const float *pf = p + 1 < q1 ? bp + K * NR
+                                  : t1 < T ? Bp + q0 * K * NR + t1 * C * NR : NULL;
                 if (ncols > 8)
                     iconv_rows(2, X, ind, zero, P, img, T, C, t0, t1, bp, bias + col, Z, Y,
                                M, col, ncols, rb, re, first, last, hz, clip, vlo, vhi, pf);
@@ -507,4 +507,30 @@ void wb_gemm_avx2_iconv(const float *X, const int64_t *ind, const float *zero,
             }
         }
     }
+}
+
+/* Y rows (output pixels) r0 .. r1-1. X the (N, H, W, C) input, ind the (P, T) offsets
+ * (negative: padding), zero a row of >= C zeros, Bp the packed (T*C, M) weights, bias padded
+ * to a multiple of 16, Z read only when has_z. */
+void wb_gemm_avx2_iconv(const float *X, const int64_t *ind, const float *zero,
+                        const float *Bp, const float *bias, const float *Z, float *Y,
+                        int64_t C, int64_t T, int64_t M, int64_t P, int64_t img, int64_t r0,
+                        int64_t r1, int64_t has_z, float lo, float hi) {
+    iconv_range(X, ind, zero, Bp, bias, Z, Y, C, T, M, P, img, r0, r1, has_z, lo, hi, 0,
+                (M + NR - 1) / NR);
+}
+
+/* iconv with its arguments in one int64 block (a pool's unit of work, see blas_worker.par):
+ * X, ind, zero, Bp, bias, Z, Y (addresses), C, T, M, P, img, r0, r1, has_z, lo and hi as
+ * float64 bit patterns, then the panels q0 .. q1-1 (16 output channels each) it computes:
+ * a layer with few output pixels (ResNet's 7x7 and 14x14 maps at batch 1) is split over
+ * its output channels, so each thread reads its part of the packed weights only. */
+void wb_gemm_avx2_iconv_block(const int64_t *a) {
+    double lo, hi;
+    memcpy(&lo, a + 15, sizeof lo);
+    memcpy(&hi, a + 16, sizeof hi);
+    iconv_range((const float *)a[0], (const int64_t *)a[1], (const float *)a[2],
+                (const float *)a[3], (const float *)a[4], (const float *)a[5], (float *)a[6],
+                a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], (float)lo, (float)hi,
+                a[17], a[18]);
 }

@@ -38,6 +38,12 @@ kernel cache; the engine loads it with ctypes. Used only when the CPU reports ev
   packed as for ``gemm``. Arguments after the arrays: C, taps, M, OH*OW, H*W*C, r0, r1,
   has_z, lo, hi. The first tile over each slice of the packed weights prefetches the next
   slice into L2 (no change in arithmetic: the same bits).
+- ``iconv_block``: ``iconv`` with its arguments in one int64 block (X, ind, zero, Bp, bias,
+  Z, Y, C, taps, M, OH*OW, H*W*C, r0, r1, has_z, lo and hi as float64 bit patterns), then
+  the 16-column panels ``q0 <= q < q1`` of the output channels it computes: the unit of work
+  the C block pool (``blas_worker.par``) runs, a layer cut into pixel ranges or, when it has
+  few output pixels, into panel ranges (each thread then streams only its part of the packed
+  weights). Every output value has the bits ``iconv`` gives it, whatever the ranges.
 """
 
 #: the kernel's source file, in this folder
@@ -57,4 +63,5 @@ EXPORTS = {
     "checked_block": "i64[]!",
     "objects_call": "i64[]",
     "iconv": "f32[] i64[] f32[] f32[] f32[] f32[] f32[]! i64 i64 i64 i64 i64 i64 i64 i64 f32 f32",
+    "iconv_block": "i64[]",
 }
