@@ -57,7 +57,7 @@ def test_every_block_runs_once_at_any_thread_count(pool, monkeypatch, threads):
         np.testing.assert_array_equal(y, want)
     out = np.zeros(9, np.int64)     # blocks run by each of 7 pool threads, by callers;
     compiled.kernel("blas_worker.par_stats")(out)             # threads started
-    assert out[-1] <= 7 and out[:8].sum() > 0
+    assert out[-1] <= 7 and (threads == "1" or out[:8].sum() > 0)
 
 
 def test_a_single_block_and_many_blocks(pool, monkeypatch):
