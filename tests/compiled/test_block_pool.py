@@ -198,12 +198,14 @@ def _chain(a, ctx):
 
 def test_layers_have_the_same_bits_at_1_2_3_threads(pool, monkeypatch):
     """A 3x3 layer on a 7x7 map (panel ranges at 2 threads), one on 20x20 (pixel ranges), a
-    strided 1x1, an inverted-residual chain on 7 rows: 1, 2, 3 threads, a node's repeated
-    runs (its kept blocks), the C pool or the Python pool: one answer."""
+    padded 1x1 (iconv), a 1x1 on 25 rows (its bound call: panel ranges), an inverted-residual
+    chain on 7 rows: 1, 2, 3 threads, a node's repeated runs (its kept blocks), the C pool or
+    the Python pool: one answer."""
     monkeypatch.setattr(conv_nhwc, "_split_min", lambda: 0)
     convs = [(_iconv_case(1, 7, 7, 32, 96, 3, 1), [1, 1, 1, 1]),
              (_iconv_case(1, 20, 20, 8, 24, 3, 1), [1, 1, 1, 1]),
-             (_iconv_case(1, 9, 9, 16, 40, 1, 1), [1, 0, 0, 1])]
+             (_iconv_case(1, 9, 9, 16, 40, 1, 1), [1, 0, 0, 1]),
+             (_iconv_case(1, 5, 5, 16, 72, 1, 1), [0, 0, 0, 0])]   # 1x1: panel ranges
     e = RNG.standard_normal
     chain = (e((1, 7, 7, 8)).astype(np.float32), e((1, 1, 8, 48)).astype(np.float32),
              e(48).astype(np.float32), e((3, 3, 1, 48)).astype(np.float32),
@@ -216,11 +218,42 @@ def test_layers_have_the_same_bits_at_1_2_3_threads(pool, monkeypatch):
             with monkeypatch.context() as mp:
                 if python_pool:
                     mp.setattr(parallel, "_pool_call", lambda: None)
-                ctxs = [NodeContext(f"n{i}", "NhwcConv", 1, 1) for i in range(4)]
+                ctxs = [NodeContext(f"n{i}", "NhwcConv", 1, 1) for i in range(5)]
                 for _ in range(2):
                     got = [_conv(*c[0], ctx, c[1]) for c, ctx in zip(convs, ctxs)]
-                    got.append(_chain(chain, ctxs[3]))
+                    got.append(_chain(chain, ctxs[4]))
                     if want is None:
                         want = got
                     for g, w in zip(got, want):
                         np.testing.assert_array_equal(g.view(np.int32), w.view(np.int32))
+
+
+@pytest.mark.parametrize("m", [40, 1280, 24 + 16 * 5, 9 + 16 * 4])
+def test_gemm_panels_block_gives_gemms_bits(pool, monkeypatch, m):
+    """Panel ranges of a 1x1 layer with few rows (a tail panel of <= 8 columns computed with
+    the full one before it: the cuts never part them), as the bound call makes them at 2, 3
+    and 4 threads: the bits of one ``gemm`` call."""
+    rows, c = 13, 24
+    a = RNG.standard_normal((rows, c)).astype(np.float32)
+    wt = RNG.standard_normal((c, m)).astype(np.float32)
+    b = RNG.standard_normal(m).astype(np.float32)
+    z = RNG.standard_normal((rows, m)).astype(np.float32)
+    wp, bp = conv_nhwc.pack_panels(wt, b)
+    ref = np.empty((rows, m), np.float32)
+    compiled.kernel("gemm_avx2.gemm")(a, wp, bp, z, ref, c, m, 0, rows, 1, -1.0, 2.0)
+    dp = compiled.data_pointer
+    panels = -(-m // 16)
+    for threads in ("2", "3", "4"):
+        monkeypatch.setenv("WORKBENCH_NUM_THREADS", threads)
+        cuts = conv_nhwc._panel_cuts(rows, m)
+        if cuts is None:
+            continue
+        assert cuts[0] == 0 and cuts[-1] == panels
+        if 0 < m % 16 <= 8:
+            assert panels - 1 not in cuts
+        y = np.full((rows, m), np.nan, np.float32)
+        blocks = [np.concatenate([conv_nhwc.call_block(
+            [dp(a), dp(wp), dp(bp), dp(z), dp(y)], [c, m, 0, rows, 1], -1.0, 2.0),
+            np.array([q0, q1], np.int64)]) for q0, q1 in zip(cuts, cuts[1:])]
+        parallel.BlockTask(compiled.kernel("gemm_avx2.gemm_panels_block"), blocks)(1 << 30)
+        np.testing.assert_array_equal(y.view(np.int32), ref.view(np.int32))

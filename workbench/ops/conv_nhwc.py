@@ -327,6 +327,22 @@ def _packed(ctx, w_in, b_in, w2, b, key="gemm_avx2_pack", pack=None):
     return packed
 
 
+def _panel_cuts(rows, M):
+    """Panel cuts (16 output channels each) of a pooled 1x1 layer with few rows (under 64
+    per thread: the 7x7 maps of batch 1, where every row range streams all the packed
+    weights, e.g. 1.6 MB for MobileNetV2's 320 -> 1280 layer), one range per thread; None
+    to split rows (enough rows, too few panels, one thread). A last panel of 8 columns or
+    fewer is computed with the full one before it by ``gemm_avx2``: no cut between them."""
+    nw = n_workers()
+    panels = -(-M // _PANEL)
+    if nw == 1 or rows >= 64 * nw or panels < 2 * nw:
+        return None
+    cuts = sorted({panels * i // nw for i in range(nw + 1)})
+    if 0 < M % _PANEL <= 8 and panels - 1 in cuts[1:-1]:
+        cuts.remove(panels - 1)
+    return cuts
+
+
 def _tile_jobs(rows, tile=6):
     """(r0, r1) ranges for the compiled GEMM: all rows in one call on one worker (the
     kernel blocks its rows itself), else about 4 ranges per worker, whole tiles each."""
@@ -735,8 +751,17 @@ def _bound_call(X, W, B, Z, y_shape, pack_key, ctx):
         lo, hi = ctx.extra["gemm_avx2_clip"]
         dp = compiled.data_pointer
         ptrs = [dp(X), dp(wp), dp(bp), dp(X if Z is None else Z), dp(y0)]
-        blocks = [call_block(ptrs, [C, M, r0, r1, int(Z is not None)], lo, hi)
-                  for r0, r1 in (_tile_jobs(rows) if work >= _split_min() else [(0, rows)])]
+        split = work >= _split_min()
+        cuts = _panel_cuts(rows, M) if split and pool_ready() else None
+        kp = None if cuts is None else compiled.kernel("gemm_avx2.gemm_panels_block")
+        if kp is not None:   # few rows: ranges of output channels, all the rows
+            k = kp
+            blocks = [np.concatenate([call_block(ptrs, [C, M, 0, rows, int(Z is not None)],
+                                                 lo, hi), np.array([q0, q1], np.int64)])
+                      for q0, q1 in zip(cuts, cuts[1:])]
+        else:
+            blocks = [call_block(ptrs, [C, M, r0, r1, int(Z is not None)], lo, hi)
+                      for r0, r1 in (_tile_jobs(rows) if split else [(0, rows)])]
     if k is None:
         return None
     raw, dp = k.raw, compiled.data_pointer

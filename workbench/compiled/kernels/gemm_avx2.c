@@ -167,12 +167,12 @@ static inline __attribute__((always_inline)) void panel_rows(
 #undef T
 }
 
-/* Y rows r0 .. r1-1; Bp the packed weights (ceil(M/16) panels of K x 16), bias padded to a
- * multiple of 16 (zeros when the convolution has none), Z read only when has_z. */
-void wb_gemm_avx2_gemm(const float *A, const float *Bp, const float *bias, const float *Z,
+/* gemm on rows r0 .. r1-1 and the panels q0 .. q1-1 (a range that holds the last full
+ * panel of a paired tail holds the tail too: see gemm_panels_block) */
+static void gemm_range(const float *A, const float *Bp, const float *bias, const float *Z,
                        float *Y, int64_t K, int64_t M, int64_t r0, int64_t r1, int64_t has_z,
-                       float lo, float hi) {
-    if (r1 <= r0 || M <= 0)
+                       float lo, float hi, int64_t q0, int64_t q1) {
+    if (r1 <= r0 || M <= 0 || q1 <= q0)
         return;
     const int clip = !(isinf(lo) && lo < 0 && isinf(hi) && hi > 0);
     const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
@@ -196,7 +196,7 @@ void wb_gemm_avx2_gemm(const float *A, const float *Bp, const float *bias, const
         const int64_t re = rb + mc < r1 ? rb + mc : r1;
         /* a last panel of <= 8 columns goes with the full one before it (4 x 24 tiles) */
         const int64_t tail = M % NR, paired = panels >= 2 && tail > 0 && tail <= 8;
-        for (int64_t p = 0; p < panels; p++) {
+        for (int64_t p = q0; p < q1; p++) {
             const int64_t col = p * NR, ncols = M - col < NR ? M - col : NR;
             const float *bp = Bp + p * K * NR;
             if (paired && p == panels - 2) {
@@ -212,6 +212,28 @@ void wb_gemm_avx2_gemm(const float *A, const float *Bp, const float *bias, const
                            vlo, vhi);
         }
     }
+}
+
+/* Y rows r0 .. r1-1; Bp the packed weights (ceil(M/16) panels of K x 16), bias padded to a
+ * multiple of 16 (zeros when the convolution has none), Z read only when has_z. */
+void wb_gemm_avx2_gemm(const float *A, const float *Bp, const float *bias, const float *Z,
+                       float *Y, int64_t K, int64_t M, int64_t r0, int64_t r1, int64_t has_z,
+                       float lo, float hi) {
+    gemm_range(A, Bp, bias, Z, Y, K, M, r0, r1, has_z, lo, hi, 0, (M + NR - 1) / NR);
+}
+
+/* gemm_block's 12 slots, then the panels q0 .. q1-1 (16 output columns each) to compute:
+ * a 1x1 layer with few rows (7x7 maps at batch 1) split over its output channels, each
+ * thread reading only its part of the packed weights. When the last panel has <= 8
+ * columns it is computed together with the full panel before it: a range must then hold
+ * both or neither (the caller's cuts), and every value has gemm's bits whatever the ranges. */
+void wb_gemm_avx2_gemm_panels_block(const int64_t *a) {
+    double lo, hi;
+    memcpy(&lo, a + 10, sizeof lo);
+    memcpy(&hi, a + 11, sizeof hi);
+    gemm_range((const float *)a[0], (const float *)a[1], (const float *)a[2],
+               (const float *)a[3], (float *)a[4], a[5], a[6], a[7], a[8], a[9], (float)lo,
+               (float)hi, a[12], a[13]);
 }
 
 /* gemm with its arguments in one int64 block: A, Bp, bias, Z, Y (addresses), K, M, r0, r1,

@@ -38,6 +38,10 @@ kernel cache; the engine loads it with ctypes. Used only when the CPU reports ev
   packed as for ``gemm``. Arguments after the arrays: C, taps, M, OH*OW, H*W*C, r0, r1,
   has_z, lo, hi. The first tile over each slice of the packed weights prefetches the next
   slice into L2 (no change in arithmetic: the same bits).
+- ``gemm_panels_block``: ``gemm_block``'s 12 slots, then the 16-column panels ``q0 <= q <
+  q1`` it computes (a last panel of 8 columns or fewer goes with the full one before it: a
+  range holds both or neither). The 1x1 layers with few rows (7x7 maps at batch 1) split
+  over their output channels in the C block pool; every value has ``gemm``'s bits.
 - ``iconv_block``: ``iconv`` with its arguments in one int64 block (X, ind, zero, Bp, bias,
   Z, Y, C, taps, M, OH*OW, H*W*C, r0, r1, has_z, lo and hi as float64 bit patterns), then
   the 16-column panels ``q0 <= q < q1`` of the output channels it computes: the unit of work
@@ -64,4 +68,5 @@ EXPORTS = {
     "objects_call": "i64[]",
     "iconv": "f32[] i64[] f32[] f32[] f32[] f32[] f32[]! i64 i64 i64 i64 i64 i64 i64 i64 f32 f32",
     "iconv_block": "i64[]",
+    "gemm_panels_block": "i64[]",
 }
