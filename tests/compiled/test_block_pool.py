@@ -257,3 +257,33 @@ def test_gemm_panels_block_gives_gemms_bits(pool, monkeypatch, m):
             np.array([q0, q1], np.int64)]) for q0, q1 in zip(cuts, cuts[1:])]
         parallel.BlockTask(compiled.kernel("gemm_avx2.gemm_panels_block"), blocks)(1 << 30)
         np.testing.assert_array_equal(y.view(np.int32), ref.view(np.int32))
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_an_iconv_nodes_bound_call_follows_its_inputs(pool, monkeypatch, threads):
+    """A 3x3 node bound after its second run (the kept iconv_block pieces, X/Z/Y written per
+    call): new input arrays each run, a residual or none, its weights and bias updated in
+    place, another input shape; and a 3-channel stem (a padded copy of X: never bound):
+    always the answer of a fresh node."""
+    monkeypatch.setenv("WORKBENCH_NUM_THREADS", threads)
+    monkeypatch.setattr(conv_nhwc, "_split_min", lambda: 0)
+    for c, m, has_z in ((16, 40, True), (16, 40, False), (3, 8, False)):
+        x, wt, b = _iconv_case(1, 6, 6, c, m, 3, 1)
+        ctx = NodeContext("n", "NhwcConv", 1, 1)
+        for run in range(6):
+            xs = RNG.standard_normal((1, 6 if run < 5 else 4, 6, c)).astype(np.float32)
+            z = RNG.standard_normal(xs.shape[:3] + (m,)).astype(np.float32) if has_z \
+                else None
+            if run == 3:
+                wt[0, 0, 0, 0] += 1.0      # an in-place update the node must see
+            if run == 4:
+                b[-1] -= 1.0
+            args = (xs, wt, b, z)
+            got = lookup("NhwcConv", FUSED_DOMAIN, 1).fn(*args, activation="Relu",
+                                                         pads=[1, 1, 1, 1], ctx=ctx)
+            want = lookup("NhwcConv", FUSED_DOMAIN, 1).fn(
+                *[None if a is None else a.copy() for a in args], activation="Relu",
+                pads=[1, 1, 1, 1], ctx=NodeContext("f", "NhwcConv", 1, 1))
+            np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+            if run == 2:
+                assert (conv_nhwc._BOUND in ctx.extra) == (c >= 8)

@@ -465,7 +465,7 @@ def _indirect(x, w, epi, S, D, pb, out, y, ctx=None, w_in=None, b_in=None):
     rows = N * OH * OW
     y2 = y.reshape(rows, M)
     if act is None and _iconv_pooled(args, rows, M, C * kh * kw, has_z, lo, hi, ctx, key,
-                                     wp):
+                                     wp, not rows_of_taps):
         return True
 
     def work(chunk):
@@ -499,11 +499,12 @@ def _iconv_jobs(rows, M, nw):
     return [(0, rows, q0, q1) for q0, q1 in zip(cuts, cuts[1:]) if q1 > q0]
 
 
-def _iconv_pooled(args, rows, M, K, has_z, lo, hi, ctx, key, wp):
+def _iconv_pooled(args, rows, M, K, has_z, lo, hi, ctx, key, wp, bindable):
     """``_indirect``'s call as ``gemm_avx2.iconv_block`` pieces run by the C block pool
     (:class:`~workbench.ops.parallel.BlockTask`; the pieces' blocks kept in the node's
-    context, only the X/Z/Y addresses written per call). False (nothing done) when the
-    entry or the pool is not loaded."""
+    context, only the X/Z/Y addresses written per call; ``bindable``: they read the node's
+    X and Z in place, so that its pre-bound call (:func:`_bound_call`) may use them). False
+    (nothing done) when the entry or the pool is not loaded."""
     kb = compiled.kernel("gemm_avx2.iconv_block")
     if kb is None or not pool_ready():
         return False
@@ -531,6 +532,8 @@ def _iconv_pooled(args, rows, M, K, has_z, lo, hi, ctx, key, wp):
     finally:
         if busy is not None:
             busy.release()
+    if bindable and ctx is not None and ctx.extra.get("iconv_task", (None,))[0] == ident:
+        ctx.extra["iconv_ran"], ctx.extra["iconv_work"] = True, work
     return True
 
 
@@ -713,6 +716,7 @@ def _im2col(x, w, group, epi, S, D, pb, out, y):
 
 
 _BOUND = "nhwc_bound"   # ctx.extra key of a node's pre-bound compiled call
+_ICONV = "iconv"   # _bound_call's kind for a run that took _iconv_pooled
 _F32 = np.dtype(np.float32)
 
 
@@ -728,7 +732,7 @@ def _bound_call(X, W, B, Z, y_shape, pack_key, ctx):
     cannot be bound. It answers None (the full path runs, and binds again) when an input is
     another array or shape, the weight or bias was changed in place (the packing's check,
     :func:`_packed`), or compiled kernels were turned off."""
-    got = ctx.extra.get(pack_key)
+    got = ctx.extra.get("gemm_avx2_pack" if pack_key == _ICONV else pack_key)
     if got is None or got[0] is not W or got[1] is not B or not _is_f32(X) \
             or not _is_f32(W) or (B is not None and not _is_f32(B)) \
             or (Z is not None and (not _is_f32(Z) or Z.shape != y_shape)):
@@ -736,7 +740,15 @@ def _bound_call(X, W, B, Z, y_shape, pack_key, ctx):
     N, H, Wd, C = (int(v) for v in X.shape)
     wp, bp = got[5]
     y0 = np.empty(y_shape, np.float32)   # stands for the output in the blocks made here
-    if pack_key == "dwconv_avx2_pack":
+    at = (0, 3, 4)   # the slots of the X, Z and Y addresses in a call block
+    task = lock = None
+    if pack_key == _ICONV:   # the blocks _iconv_pooled keeps (and their lock)
+        kept = ctx.extra.get("iconv_task")
+        if kept is None:
+            return None
+        _ident, task, lock = kept
+        k, blocks, work, at = task.kernel, task.blocks, ctx.extra["iconv_work"], (0, 5, 6)
+    elif pack_key == "dwconv_avx2_pack":
         k = compiled.kernel(_DW_C)
         S, pb, out, clip = ctx.extra["dwconv_avx2_args"]
         rows, per_row = N * y_shape[1], y_shape[2] * C
@@ -766,13 +778,15 @@ def _bound_call(X, W, B, Z, y_shape, pack_key, ctx):
         return None
     raw, dp = k.raw, compiled.data_pointer
     # per block: its address and a ctypes view to write the X, Z and Y addresses into
-    slots = [(dp(blk), (ctypes.c_int64 * 5).from_buffer(blk), blk) for blk in blocks]
-    task = BlockTask(k, blocks)
+    slots = [(dp(blk), (ctypes.c_int64 * 7).from_buffer(blk), blk) for blk in blocks]
+    task = task or BlockTask(k, blocks)
+    ax, az, ay = at
     x_shape, z_shape, w_flat = X.shape, None if Z is None else Z.shape, W.reshape(-1)
     idx, w_sample, b_bytes = got[2], got[3], got[4]
     enabled = compiled.enabled
     empty = np.empty
-    busy = threading.Lock()   # the blocks are shared: a second thread takes the full path
+    busy = lock or threading.Lock()   # the blocks are shared: a second thread takes the
+    # full path
 
     def bound(X_, W_, B_, Z_):
         if W_ is not W or B_ is not B or type(X_) is not np.ndarray or X_.shape != x_shape \
@@ -796,11 +810,11 @@ def _bound_call(X, W, B, Z, y_shape, pack_key, ctx):
             pz = px if Z_ is None else dp(Z_)
             if len(slots) == 1:
                 addr, view, _ = slots[0]
-                view[0], view[3], view[4] = px, pz, py
+                view[ax], view[az], view[ay] = px, pz, py
                 raw(addr)
                 return y
             for _, view, _ in slots:
-                view[0], view[3], view[4] = px, pz, py
+                view[ax], view[az], view[ay] = px, pz, py
             task(work)
             return y
         finally:
@@ -899,10 +913,13 @@ def nhwc_conv(X, W, B=None, Z=None, *, activation="", activation_params=(),
                                                        float(epi.clip[1]))
             elif not (group == 1 and _indirect(x, w, epi, st, dl, pb, out, y, ctx, W, B)):
                 _im2col(x, w, group, epi, st, dl, pb, out, y)
+            if ctx is not None and ctx.extra.pop("iconv_ran", None) and x is X and z is Z:
+                pack_key = _ICONV   # iconv_block read X and Z in place: bound from now on
         if ctx is not None:
             # bound on the second run with the same packed weights (a trainable plan's
             # weights are a new array every run: never bound, never paid for)
-            now = None if pack_key is None else ctx.extra.get(pack_key)
+            now = None if pack_key is None else ctx.extra.get(
+                "gemm_avx2_pack" if pack_key == _ICONV else pack_key)
             reused = now is not None and late_z is None and packs[
                 0 if pack_key == "dwconv_avx2_pack" else 1] is now
             if reused:
