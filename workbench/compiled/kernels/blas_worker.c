@@ -180,7 +180,8 @@ typedef void (*blockfn_t)(int64_t *);
 #define PW 7                 /* pool threads at most (the engine runs at most 8 threads) */
 #define PSPIN_NS 200000      /* an idle pool thread polls this long before it sleeps */
 
-static int64_t p_word;                      /* gen << 32 | n << 16 | next */
+static uint64_t p_word;                     /* gen << 32 | n << 16 | next (unsigned: a
+                                               generation past 2^31 stays positive) */
 static blockfn_t p_fn;
 static const int64_t *p_addrs;
 static int64_t p_done;                      /* blocks finished in this task */
@@ -191,19 +192,19 @@ static pthread_mutex_t p_call = PTHREAD_MUTEX_INITIALIZER;    /* one task at a t
 static pthread_mutex_t p_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t p_cv = PTHREAD_COND_INITIALIZER;
 
-#define W_GEN(w) ((w) >> 32)
+#define W_GEN(w) ((int64_t)((w) >> 32))
 #define W_N(w) (((w) >> 16) & 0xffff)
 #define W_NEXT(w) ((w) & 0xffff)
 
 /* claim and run blocks of task generation `gen` until none is left; blocks run */
 static int64_t p_work(int64_t gen) {
     int64_t ran = 0;
-    int64_t w = __atomic_load_n(&p_word, __ATOMIC_ACQUIRE);
+    uint64_t w = __atomic_load_n(&p_word, __ATOMIC_ACQUIRE);
     while (W_GEN(w) == gen && W_NEXT(w) < W_N(w)) {
         if (!__atomic_compare_exchange_n(&p_word, &w, w + 1, 0, __ATOMIC_ACQ_REL,
                                           __ATOMIC_ACQUIRE))
             continue;                       /* w now holds the current word */
-        int64_t i = W_NEXT(w);
+        int64_t i = (int64_t)W_NEXT(w);
         p_fn((int64_t *)(intptr_t)p_addrs[i]);
         __atomic_add_fetch(&p_done, 1, __ATOMIC_RELEASE);
         ran++;
@@ -250,7 +251,7 @@ static void p_child_reset(void) {
     pthread_mutex_init(&p_mu, 0);
     pthread_cond_init(&p_cv, 0);
     p_started = p_sleepers = 0;
-    p_word = W_GEN(p_word) << 32;           /* no task */
+    p_word = (uint64_t)W_GEN(p_word) << 32; /* no task */
 }
 
 /* d: kernel address, n blocks, threads (the caller included), then the n blocks' addresses.
@@ -284,7 +285,7 @@ void wb_blas_worker_par(int64_t *d) {
     __atomic_store_n(&p_done, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&p_helpers, helpers, __ATOMIC_RELEASE);
     int64_t gen = (W_GEN(__atomic_load_n(&p_word, __ATOMIC_RELAXED)) + 1) & 0xffffffff;
-    __atomic_store_n(&p_word, (gen << 32) | (n << 16), __ATOMIC_SEQ_CST);
+    __atomic_store_n(&p_word, ((uint64_t)gen << 32) | ((uint64_t)n << 16), __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&p_sleepers, __ATOMIC_SEQ_CST)) {
         pthread_mutex_lock(&p_mu);
         pthread_cond_broadcast(&p_cv);
