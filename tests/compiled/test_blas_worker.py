@@ -4,6 +4,8 @@ wherever they must."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -148,8 +150,9 @@ def _gemm_blocks(a, packed, bias, y, k, m, cuts):
 @pytest.mark.parametrize("rows,n", [(1, 1), (3, 5), (5, 2), (7, 3), (13, 8), (96, 5), (200, 40)])
 def test_pieces_run_every_piece_once_with_one_calls_bits(pieces, rows, n):
     """A GEMM cut into n row pieces (pieces smaller than the 6-row tile, one row, more pieces
-    than rows: empty ones) run by the caller and the workers: every row written, the bits
-    of one call, whichever thread ran which piece; again right away (the workers polling)."""
+    than rows: empty ones) run by the caller and the block pool's threads: every row
+    written, the bits of one call, whichever thread ran which piece; again right away (the
+    pool threads polling) and after a pause (asleep)."""
     from workbench.ops.conv_nhwc import pack_panels
     from workbench.ops.linalg import _kernel_address
 
@@ -164,19 +167,19 @@ def test_pieces_run_every_piece_once_with_one_calls_bits(pieces, rows, n):
     compiled.kernel("gemm_avx2.gemm_block")(_gemm_blocks(a, packed, bias, whole, k, m,
                                                          [0, rows])[0])
     cuts = [rows * i // n for i in range(n + 1)]
-    for poll in (0, 200_000):
+    for pause in (0.0, 0.002):
         for _ in range(3):
             y = np.full((rows, m), np.nan, np.float32)
-            job = parallel.Pieces(fn, _gemm_blocks(a, packed, bias, y, k, m, cuts), pieces,
-                                  poll_ns=poll)
+            job = parallel.Pieces(fn, _gemm_blocks(a, packed, bias, y, k, m, cuts), pieces)
+            time.sleep(pause)
             job.run()
             np.testing.assert_array_equal(y, whole)
     np.testing.assert_allclose(whole, a @ w + bias, rtol=1e-4, atol=1e-4)
 
 
-def test_pieces_beyond_the_queue_run_inline(pieces):
-    """More pieces than the queue takes at once (CAP / 2): the caller runs them all, in
-    order; the queue's slots are never reused under a running piece."""
+def test_many_one_row_pieces_give_one_calls_bits(pieces):
+    """300 one-row pieces (far more than threads: claimed one at a time from the pool's
+    counter) write what one call writes."""
     from workbench.ops.conv_nhwc import pack_panels
     from workbench.ops.linalg import _kernel_address
 

@@ -97,7 +97,7 @@ def test_the_chain_is_the_three_layers_bit_for_bit(chain, monkeypatch, case):
             mp.setattr(conv_nhwc, "_CHAIN_BYTES", band_bytes)
             if split:
                 mp.setattr(conv_nhwc, "n_workers", lambda: 2)
-                mp.setattr(conv_nhwc, "_SPLIT_MIN", 0)
+                mp.setattr(conv_nhwc, "_split_min", lambda: 0)
             calls = _c_calls(mp)
             _same_bits(_chain(a, attrs), ref)
             assert len(calls) == 1   # the C path ran: one call block per row range
@@ -186,7 +186,7 @@ def test_interleaved_into_a_two_group_shuffle(chain, monkeypatch, case):
                     calls = _c_calls(mp)
                     if split:
                         mp.setattr(conv_nhwc, "n_workers", lambda: 2)
-                        mp.setattr(conv_nhwc, "_SPLIT_MIN", 0)
+                        mp.setattr(conv_nhwc, "_split_min", lambda: 0)
                         mp.setattr(conv_nhwc, "_CHAIN_BYTES", 6000)
                     _same_bits(_chain(a, attrs, other=other, first=first), want)
                     assert len(calls) == 1

@@ -139,7 +139,7 @@ def test_row_ranges_split_the_work_exactly(dw, monkeypatch):
     np.testing.assert_array_equal(part[17:23], whole.reshape(60, -1)[17:23])
     np.testing.assert_array_equal(run([(0, 7), (7, 19), (19, 41), (41, 60)]), whole)
     monkeypatch.setenv("WORKBENCH_NUM_THREADS", "3")   # the node, split over a pool
-    monkeypatch.setattr(conv_nhwc, "_SPLIT_MIN", 0)     # (this small a layer is not, else)
+    monkeypatch.setattr(conv_nhwc, "_split_min", lambda: 0)     # (this small a layer is not, else)
     x, w, b, _ = _case(4, 40, 40, 40, 2, PADS[0], True, False)
     assert len(conv_nhwc._row_jobs(4 * 20, 20 * 40)) > 3
     want = _numpy(x, w, b, None, "Clip", (0.0, 6.0), 2)

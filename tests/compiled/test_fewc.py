@@ -85,11 +85,11 @@ def test_against_numpy_and_split_over_the_pool(fewc, monkeypatch, case):
             np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
     assert len(calls) == 9 and {c[0] for c in calls} == {"dwconv_avx2.fewc"}
     monkeypatch.setattr(conv_nhwc, "n_workers", lambda: 2)
-    monkeypatch.setattr(conv_nhwc, "_SPLIT_MIN", 0)
+    monkeypatch.setattr(conv_nhwc, "_split_min", lambda: 0)
     x = xn.transpose(0, 2, 3, 1)
     split = _conv(x, w, b, z, "Clip", (0.0, 6.0), stride, pads)
     assert calls[-1][1] > 1
-    monkeypatch.setattr(conv_nhwc, "_SPLIT_MIN", 1 << 62)
+    monkeypatch.setattr(conv_nhwc, "_split_min", lambda: 1 << 62)
     one = _conv(x, w, b, z, "Clip", (0.0, 6.0), stride, pads)
     assert calls[-1][1] == 1
     np.testing.assert_array_equal(split.view(np.int32), one.view(np.int32))

@@ -199,6 +199,24 @@ def test_slice_zero_step_raises():
         run("Slice", np.zeros(3), ints(0), ints(2), ints(0), ints(0))
 
 
+def test_slice_remembers_indices_per_shape_and_values():
+    """The remembered index is keyed by the data's shape and every input's dtype, shape and
+    values: the same inputs on another shape, int32 vs int64 inputs, changed values and a
+    zero step after a valid one each give their own answer."""
+    x, y = np.arange(30).reshape(5, 6), np.arange(12).reshape(2, 6)
+    for _ in range(2):
+        np.testing.assert_array_equal(run("Slice", x, ints(-3), ints(INT_MAX), ints(0)), x[-3:])
+        np.testing.assert_array_equal(run("Slice", y, ints(-3), ints(INT_MAX), ints(0)), y[-3:])
+        np.testing.assert_array_equal(run("Slice", x, ints(1), ints(4), ints(1), ints(2)),
+                                      x[:, 1:4:2])
+        np.testing.assert_array_equal(run("Slice", x, np.array([1], np.int32),
+                                          np.array([4], np.int32), np.array([1], np.int32)),
+                                      x[:, 1:4])
+        np.testing.assert_array_equal(run("Slice", x, ints(2), ints(4), ints(1)), x[:, 2:4])
+        with pytest.raises(ShapeError, match="steps cannot be 0"):
+            run("Slice", x, ints(1), ints(4), ints(1), ints(0))
+
+
 # Pad ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])

@@ -563,7 +563,7 @@ def _c_gemm(A, B, bias, Z, ctx, trans_b=False):
     an (N,) row, Z None or a C-contiguous array of the output's shape. Each output element is
     one accumulation over the whole K in the same order whatever the rows' split, so every
     plan and thread count gets the same bits. From :data:`_GEMM_PIECES_MIN` multiply-adds at
-    2+ threads the rows are cut into pieces run by the C worker threads
+    2+ threads the rows are cut into pieces run by the C block pool (``blas_worker.par``)
     (:func:`_gemm_pieces`), else (those not loaded) from ``_PARALLEL_GEMM_MIN`` over the
     Python pool. None when the case is another or the kernel is
     not loaded (no C compiler, a CPU without AVX2+FMA, ``compiled.disabled()``): the caller's
@@ -725,7 +725,7 @@ def _bind_step(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm, 
     context, one ``gemm_avx2.fused_block`` call that runs the product and calls those
     epilogue kernels from C (:func:`_make_bound`). A product of :data:`_GEMM_PIECES_MIN`
     multiply-adds or more is bound with row pieces (``gemm_avx2.checked_pieces``: the
-    product and its epilogue per piece, over the C workers at 2+ threads, one call at 1);
+    product and its epilogue per piece, over the C block pool at 2+ threads, one call at 1);
     without the C workers, work the full path would split over the Python pool is not bound
     (it keeps its split)."""
     key = (A.shape, id(B), id(bias), None if Z is None else Z.shape, id(gamma), id(beta))
@@ -846,7 +846,7 @@ def _make_bound(ctx, A, B, bias, Z, gamma, beta, activation, epsilon, skip_norm,
     view = (ctypes.c_int64 * _BLOCK).from_buffer(blk)
     call = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)(chk)
     call_split = None
-    if split:   # row pieces over the C workers at 2+ threads (gemm_avx2.checked_pieces)
+    if split:   # row pieces over the C block pool at 2+ threads (gemm_avx2.checked_pieces)
         chkp = _kernel_address("gemm_avx2.checked_pieces")
         fb = _kernel_address("gemm_avx2.fused_block")
         if chkp is None or fb is None:
@@ -1200,7 +1200,7 @@ _ATT_SKIP = "attention_avx2_skip"     # ... of the inputs it did not take last t
 #: two threads (wall clock): BERT-like b8 (1 M) 280-350 us in one call vs 565-590 us split,
 #: 8 M (2 x 4 heads x 256 x 256 x 16) 3.9 ms vs 4.7 ms; so only far larger attention splits
 _ATT_SPLIT_MIN = 1 << 24
-#: element-operations from which the pairs are cut into pieces over the C worker threads
+#: element-operations from which the pairs are cut into pieces over the C block pool
 #: instead (:class:`workbench.ops.parallel.Pieces`: no Python pool hand-off), at 2+ threads;
 #: pieces per engine thread
 _ATT_PIECES_MIN = 1 << 19
@@ -1356,7 +1356,7 @@ def _attention_bind(kern, Q, K, V, M, q_shape, k_shape, v_shape, out_shape, scal
     work = pairs * Sq * Sk * (D + Dv)
     entry = pieces_entry()
     retry = entry is None and work >= _ATT_PIECES_MIN   # blas_worker not loaded yet
-    if entry is not None and work >= _ATT_PIECES_MIN:   # pieces over the C workers
+    if entry is not None and work >= _ATT_PIECES_MIN:   # pieces over the C block pool
         n_split = max(1, min(pairs, 8, max(2, n_workers()) * _ATT_PIECES_PER_THREAD,
                              _ATT_SCRATCH_MAX // wf))
     else:

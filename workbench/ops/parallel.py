@@ -143,16 +143,87 @@ def n_workers():
 
 def call_blocks(kernel, blocks_, work) -> None:
     """``kernel(b)`` for each call block of a compiled C kernel (one int64 array per range of
-    rows), split over the engine's threads as :func:`run_blocks` splits jobs; a single block
-    is called here, without the pool."""
+    rows), split over the engine's threads by the C block pool (:class:`BlockTask`), or as
+    :func:`run_blocks` splits jobs while that is not loaded; a single block is called here,
+    without a pool."""
     if len(blocks_) == 1:
         kernel(blocks_[0])
         return
+    BlockTask(kernel, blocks_)(work)
 
-    def run(chunk):
-        for b in chunk:
-            kernel(b)
-    run_blocks(np, blocks_, run, work)
+
+#: multiply-adds (element-operations) from which a :class:`BlockTask` of several blocks
+#: runs over the C block pool: its hand-off costs ~2-5 us when a pool thread is polling
+#: (the 200 us after its last block), ~30-60 us to wake it; below this the blocks run one
+#: after another on the calling thread (the same bits either way)
+POOL_MIN = 1 << 20
+_POOL_CALL: list = []   # [raw blas_worker.par] once loaded
+
+
+def _pool_call():
+    """The raw ``blas_worker.par`` entry (the C block pool), or None while it is not loaded
+    or compiled kernels are turned off."""
+    if _POOL_CALL:
+        from workbench import compiled  # noqa: PLC0415
+        return _POOL_CALL[0] if compiled.enabled() else None
+    from workbench import compiled  # noqa: PLC0415
+    k = compiled.kernel("blas_worker.par")
+    if k is None:
+        return None
+    _POOL_CALL.append(k.raw)
+    return k.raw
+
+
+def pool_ready() -> bool:
+    """Whether the C block pool is loaded (a split's hand-off then costs microseconds, not
+    the ~50-70 us of :func:`run_blocks`' Python pool)."""
+    return _pool_call() is not None
+
+
+class BlockTask:
+    """A compiled kernel's call blocks (int64 arrays, one per range of rows: the kernels of
+    ``dwconv_avx2``, ``gemm_avx2.gemm_block``, ...) made into one task of the C block pool
+    ``blas_worker.par``: calling it runs every block, over up to ``n_workers()`` threads
+    (the caller and the pool's C threads, which claim blocks one at a time) when ``work`` is
+    at least :data:`POOL_MIN`, else one after another in one C call. Each block is computed
+    whole by one thread, so the output is the same whichever thread ran it, at any thread
+    count. Without the pool entry (not built yet, kernels turned off) the blocks go to
+    :func:`run_blocks`.
+
+    The blocks are referenced by address: the task keeps them alive, and a caller may
+    rewrite their contents (array addresses) between calls. Not reentrant for one task; the
+    pool runs one task at a time (a second thread's task runs on that thread)."""
+
+    __slots__ = ("kernel", "blocks", "desc", "addr")
+
+    def __init__(self, kernel, blocks_):
+        import ctypes  # noqa: PLC0415
+
+        from workbench import compiled  # noqa: PLC0415
+
+        self.kernel = kernel
+        self.blocks = list(blocks_)
+        n = len(self.blocks)
+        dp = compiled.data_pointer
+        self.desc = np.empty(3 + n, np.int64)
+        self.desc[0] = ctypes.cast(kernel.raw, ctypes.c_void_p).value
+        self.desc[1], self.desc[2] = n, 1
+        self.desc[3:] = [dp(b) for b in self.blocks]
+        self.addr = dp(self.desc)
+
+    def __call__(self, work) -> None:
+        par = _pool_call()
+        if par is None:
+            raw = self.kernel.raw
+            dp = self.desc
+
+            def run(chunk):
+                for a in chunk:
+                    raw(int(a))
+            run_blocks(np, list(dp[3:]), run, work)
+            return
+        self.desc[2] = n_workers() if work >= POOL_MIN else 1
+        par(self.addr)
 
 
 def run_blocks(xp, jobs, fn, work):
@@ -699,26 +770,18 @@ def defer_matmul(a, b):
     return out
 
 
+# Pieces of one compiled kernel call over the C block pool (inference products, attention)
 # ------------------------------------------------------------------------------------------
-# Pieces of one compiled kernel call over C worker threads (inference kernels)
-# ------------------------------------------------------------------------------------------
-#: nanoseconds the idle C workers poll for the next pieces after a split call (an inference
-#: run's split products come tens of microseconds apart: a sleeping worker's wake-up took
-#: longer than a piece of a BERT-like product on the 2-core AMD EPYC)
-PIECE_POLL_NS = 200_000
-
-
 def pieces_entry():
-    """``(call, address)`` of the loaded ``blas_worker.pieces`` (its ctypes call and its
-    machine-code address, for a C caller), or None (kernels not built or turned off)."""
-    from workbench import compiled  # noqa: PLC0415
-
-    k = compiled.kernel("blas_worker.pieces")
-    if k is None:
+    """``(call, address)`` of the loaded C block pool ``blas_worker.par`` (its ctypes call
+    and its machine-code address, for a C caller), or None (kernels not built or turned
+    off)."""
+    raw = _pool_call()
+    if raw is None:
         return None
     import ctypes  # noqa: PLC0415
 
-    return k.raw, ctypes.cast(k.raw, ctypes.c_void_p).value
+    return raw, ctypes.cast(raw, ctypes.c_void_p).value
 
 
 def row_cuts(rows: int, pieces: int, unit: int) -> list:
@@ -733,35 +796,32 @@ def row_cuts(rows: int, pieces: int, unit: int) -> list:
 
 
 class Pieces:
-    """A kernel call cut into pieces, each its own int64 block, run by
-    ``blas_worker.pieces`` on the calling thread and C worker threads (the engine's thread
-    count at construction less one; no Python, no GIL in the workers): ``run()`` returns
-    when every piece has run. The blocks and the argument
-    array live as long as this object. The caller writes each block's array addresses
-    before ``run()``; a kernel whose pieces write disjoint outputs, each in a fixed order,
-    gives one call's bits whoever runs which piece. This class is the engine's one door to
-    the C pieces runner: its callers (``ops/linalg.py``) know only ``blocks``, ``run()``,
-    ``runner`` and ``address``."""
+    """A kernel call cut into pieces, each its own int64 block, run by the C block pool
+    ``blas_worker.par`` (as :class:`BlockTask`) on the calling thread and the pool's C
+    threads (the engine's thread count at construction, the caller included; no Python, no
+    GIL in the pool threads): ``run()`` returns when every piece has run. The blocks and the
+    argument array live as long as this object. The caller writes each block's array
+    addresses before ``run()``; a kernel whose pieces write disjoint outputs, each in a
+    fixed order, gives one call's bits whoever runs which piece. Its callers
+    (``ops/linalg.py``) know only ``blocks``, ``run()``, ``runner`` and ``address`` (a C
+    caller, ``gemm_avx2.checked_pieces``, calls the function at ``runner`` with the
+    descriptor at ``address``)."""
 
     __slots__ = ("blocks", "arg", "runner", "_call", "_addr")
 
-    def __init__(self, fn_address: int, blocks, entry, poll_ns: int | None = None):
+    def __init__(self, fn_address: int, blocks, entry):
         from workbench.compiled import data_pointer  # noqa: PLC0415
 
-        if poll_ns is None:
-            poll_ns = PIECE_POLL_NS
         self.blocks = list(blocks)
         n = len(self.blocks)
-        workers = max(1, min(7, n_workers() - 1))
-        self.arg = np.array([fn_address, n, workers, poll_ns,
+        self.arg = np.array([fn_address, n, max(1, n_workers()),
                              *[data_pointer(b) for b in self.blocks]], np.int64)
         self._call, self._addr = entry[0], data_pointer(self.arg)
         self.runner = entry[1]
 
     @property
     def address(self) -> int:
-        """The descriptor's address: a C caller (``gemm_avx2.checked_pieces``) runs the
-        pieces by calling the function at :attr:`runner` with it."""
+        """The descriptor's address (``blas_worker.par``'s argument)."""
         return self._addr
 
     def run(self) -> None:

@@ -1,4 +1,5 @@
-"""A worker thread for queued float32 GEMMs, in C (``blas_worker.c``; plain C, no vector ISA).
+"""A worker thread for queued float32 GEMMs and a pool of threads for inference's split kernels,
+in C (``blas_worker.c``; plain C, no vector ISA).
 
 The training backward hands it the weight-gradient products (``X^T @ dY``) of MatMul/Gemm and
 goes on with the rest of the backward on the calling thread: the job is a call of OpenBLAS'
@@ -15,18 +16,27 @@ runs it. The worker never touches Python objects (no GIL).
   has not scheduled, and a process forked with jobs queued still completes them).
 - ``poll``: 1 while a backward runs (after a job the idle worker then polls up to 30 us for the
   next one before it sleeps: jobs that come close together need no wake-up), 0 after.
-- ``pieces``: one kernel call cut into pieces (``s[0]`` a C function taking one int64 block,
-  ``s[1]`` = n, ``s[2]`` the worker threads wanted, ``s[3]`` nanoseconds the idle workers
-  then poll, yielding the core at each check, for the next pieces, ``s[4 + i]`` piece i's
-  block): pieces 1..n-1 are queued for up to ``min(s[2], n - 1, 7)`` worker threads (started
-  on demand), the caller runs piece 0 and then every queued piece nobody has claimed, and
-  returns when all have run. The engine's inference kernels whose pieces write disjoint
-  outputs in a fixed order (``gemm_avx2`` row pieces, ``attention_avx2`` (batch, head)
-  pairs) use it in place of the Python thread pool, whose hand-off (~20-50 us a product)
-  cost more than the second core gave on a BERT-like model's products
-  (``workbench/ops/linalg.py``, :class:`workbench.ops.parallel.Pieces`).
-- ``stats``: jobs run by the workers, by waiters, submitted, and the workers' state (0 not
+- ``stats``: jobs run by the worker, by waiters, submitted, and the worker's state (0 not
   started, 1 running, -1 could not be started).
+- ``par``: the block pool of inference's one-block kernels (``dwconv_avx2.chain`` / ``dw3x3``
+  / ``fewc`` / ``maxpool`` / ``interleave2``, ``gemm_avx2.gemm_block`` /
+  ``gemm_panels_block`` / ``iconv_block``, the row pieces of a MatMul/Gemm product with its
+  epilogue (``gemm_avx2.checked_pieces`` calls it from C) and the (batch, head) pieces of
+  ``attention_avx2``: a function taking one int64 call block). Its
+  argument: the kernel's address, n blocks, the thread count (the caller included), then
+  the n blocks' addresses. Up to 7 pool threads (started on demand, never more than the
+  thread count asks for) and the caller claim the blocks one at a time from a shared counter
+  (a compare-and-swap on a word holding the task's generation, so a pool thread late for a
+  finished task never claims a block of the next); the call returns when every block has
+  run. The caller claims blocks too, so nothing waits on a pool thread the OS has not
+  scheduled. A thread count of 1, one block, or a second Python thread calling while a task
+  runs: the blocks run one after another on the calling thread. Each block is computed
+  whole by one thread: the output does not depend on which thread ran which block, nor on
+  how many there are (``workbench.ops.parallel.BlockTask``). An idle pool thread polls
+  200 us (yielding its core every ~1-2 us to any other runnable thread), then sleeps on a
+  condition variable: an inference run's layers come tens of microseconds apart, so the
+  hand-off costs ~3-5 us (the Python pool's: 50-70 us). Reset in a forked child.
+- ``par_stats``: blocks run by each pool thread and by callers, pool threads started.
 
 Outside a backward the idle worker polls ~1-2 us, then sleeps on a condition variable.
 Polling through a whole backward instead (no sleep at all) would burn a core for the ~6 ms of a
@@ -47,5 +57,6 @@ EXPORTS = {
     "wait_for": "i64",
     "stats": "i64[]!",
     "poll": "i64",
-    "pieces": "i64[]",
+    "par": "i64[]",
+    "par_stats": "i64[]!",
 }

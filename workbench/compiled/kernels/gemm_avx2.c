@@ -167,12 +167,12 @@ static inline __attribute__((always_inline)) void panel_rows(
 #undef T
 }
 
-/* Y rows r0 .. r1-1; Bp the packed weights (ceil(M/16) panels of K x 16), bias padded to a
- * multiple of 16 (zeros when the convolution has none), Z read only when has_z. */
-void wb_gemm_avx2_gemm(const float *A, const float *Bp, const float *bias, const float *Z,
+/* gemm on rows r0 .. r1-1 and the panels q0 .. q1-1 (a range that holds the last full
+ * panel of a paired tail holds the tail too: see gemm_panels_block) */
+static void gemm_range(const float *A, const float *Bp, const float *bias, const float *Z,
                        float *Y, int64_t K, int64_t M, int64_t r0, int64_t r1, int64_t has_z,
-                       float lo, float hi) {
-    if (r1 <= r0 || M <= 0)
+                       float lo, float hi, int64_t q0, int64_t q1) {
+    if (r1 <= r0 || M <= 0 || q1 <= q0)
         return;
     const int clip = !(isinf(lo) && lo < 0 && isinf(hi) && hi > 0);
     const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
@@ -196,7 +196,7 @@ void wb_gemm_avx2_gemm(const float *A, const float *Bp, const float *bias, const
         const int64_t re = rb + mc < r1 ? rb + mc : r1;
         /* a last panel of <= 8 columns goes with the full one before it (4 x 24 tiles) */
         const int64_t tail = M % NR, paired = panels >= 2 && tail > 0 && tail <= 8;
-        for (int64_t p = 0; p < panels; p++) {
+        for (int64_t p = q0; p < q1; p++) {
             const int64_t col = p * NR, ncols = M - col < NR ? M - col : NR;
             const float *bp = Bp + p * K * NR;
             if (paired && p == panels - 2) {
@@ -212,6 +212,28 @@ void wb_gemm_avx2_gemm(const float *A, const float *Bp, const float *bias, const
                            vlo, vhi);
         }
     }
+}
+
+/* Y rows r0 .. r1-1; Bp the packed weights (ceil(M/16) panels of K x 16), bias padded to a
+ * multiple of 16 (zeros when the convolution has none), Z read only when has_z. */
+void wb_gemm_avx2_gemm(const float *A, const float *Bp, const float *bias, const float *Z,
+                       float *Y, int64_t K, int64_t M, int64_t r0, int64_t r1, int64_t has_z,
+                       float lo, float hi) {
+    gemm_range(A, Bp, bias, Z, Y, K, M, r0, r1, has_z, lo, hi, 0, (M + NR - 1) / NR);
+}
+
+/* gemm_block's 12 slots, then the panels q0 .. q1-1 (16 output columns each) to compute:
+ * a 1x1 layer with few rows (7x7 maps at batch 1) split over its output channels, each
+ * thread reading only its part of the packed weights. When the last panel has <= 8
+ * columns it is computed together with the full panel before it: a range must then hold
+ * both or neither (the caller's cuts), and every value has gemm's bits whatever the ranges. */
+void wb_gemm_avx2_gemm_panels_block(const int64_t *a) {
+    double lo, hi;
+    memcpy(&lo, a + 10, sizeof lo);
+    memcpy(&hi, a + 11, sizeof hi);
+    gemm_range((const float *)a[0], (const float *)a[1], (const float *)a[2],
+               (const float *)a[3], (float *)a[4], a[5], a[6], a[7], a[8], a[9], (float)lo,
+               (float)hi, a[12], a[13]);
 }
 
 /* gemm with its arguments in one int64 block: A, Bp, bias, Z, Y (addresses), K, M, r0, r1,
@@ -486,19 +508,19 @@ static inline __attribute__((always_inline)) void iconv_rows(
 #undef T_
 }
 
-/* Y rows (output pixels) r0 .. r1-1. X the (N, H, W, C) input, ind the (P, T) offsets
- * (negative: padding), zero a row of >= C zeros, Bp the packed (T*C, M) weights, bias padded
- * to a multiple of 16, Z read only when has_z. */
-void wb_gemm_avx2_iconv(const float *X, const int64_t *ind, const float *zero,
+/* iconv on rows r0 .. r1-1 and the 16-column panels q0 .. q1-1 (every output value is
+ * computed by the same instructions whatever the ranges: a panel is never paired) */
+static void iconv_range(const float *X, const int64_t *ind, const float *zero,
                         const float *Bp, const float *bias, const float *Z, float *Y,
                         int64_t C, int64_t T, int64_t M, int64_t P, int64_t img, int64_t r0,
-                        int64_t r1, int64_t has_z, float lo, float hi) {
-    if (r1 <= r0 || M <= 0 || P <= 0 || T <= 0 || C <= 0)
+                        int64_t r1, int64_t has_z, float lo, float hi, int64_t q0,
+                        int64_t q1) {
+    if (r1 <= r0 || M <= 0 || P <= 0 || T <= 0 || C <= 0 || q1 <= q0)
         return;
     const int clip = !(isinf(lo) && lo < 0 && isinf(hi) && hi > 0);
     const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
     const int hz = has_z != 0;
-    const int64_t K = T * C, panels = (M + NR - 1) / NR;
+    const int64_t K = T * C;
     /* taps per K block: the block's slice of a panel (tb*C*16 floats) stays in cache */
     int64_t tb = KC_CONV / (C * NR);
     if (tb < 1)
@@ -517,7 +539,7 @@ void wb_gemm_avx2_iconv(const float *X, const int64_t *ind, const float *zero,
         for (int64_t t0 = 0; t0 < T; t0 += tb) {
             const int64_t t1 = t0 + tb < T ? t0 + tb : T;
             const int first = t0 == 0, last = t1 == T;
-            for (int64_t p = 0; p < panels; p++) {
+            for (int64_t p = q0; p < q1; p++) {
                 const int64_t col = p * NR, ncols = M - col < NR ? M - col : NR;
                 const float *bp = Bp + p * K * NR + t0 * C * NR;
                 /* the slice after this one: the next panel's (same taps), else the next tap
@@ -525,8 +547,8 @@ void wb_gemm_avx2_iconv(const float *X, const int64_t *ind, const float *zero,
                  * shorter last tap block is prefetched as long as this one: the lines past
                  * it are the next panel's, or past the array's end for one panel, which a
                  * prefetch may name: it never faults.) */
-                const float *pf = p + 1 < panels ? bp + K * NR
-                                  : t1 < T ? Bp + t1 * C * NR : NULL;
+                const float *pf = p + 1 < q1 ? bp + K * NR
+                                  : t1 < T ? Bp + q0 * K * NR + t1 * C * NR : NULL;
                 if (ncols > 8)
                     iconv_rows(2, X, ind, zero, P, img, T, C, t0, t1, bp, bias + col, Z, Y,
                                M, col, ncols, rb, re, first, last, hz, clip, vlo, vhi, pf);
@@ -536,4 +558,30 @@ void wb_gemm_avx2_iconv(const float *X, const int64_t *ind, const float *zero,
             }
         }
     }
+}
+
+/* Y rows (output pixels) r0 .. r1-1. X the (N, H, W, C) input, ind the (P, T) offsets
+ * (negative: padding), zero a row of >= C zeros, Bp the packed (T*C, M) weights, bias padded
+ * to a multiple of 16, Z read only when has_z. */
+void wb_gemm_avx2_iconv(const float *X, const int64_t *ind, const float *zero,
+                        const float *Bp, const float *bias, const float *Z, float *Y,
+                        int64_t C, int64_t T, int64_t M, int64_t P, int64_t img, int64_t r0,
+                        int64_t r1, int64_t has_z, float lo, float hi) {
+    iconv_range(X, ind, zero, Bp, bias, Z, Y, C, T, M, P, img, r0, r1, has_z, lo, hi, 0,
+                (M + NR - 1) / NR);
+}
+
+/* iconv with its arguments in one int64 block (a pool's unit of work, see blas_worker.par):
+ * X, ind, zero, Bp, bias, Z, Y (addresses), C, T, M, P, img, r0, r1, has_z, lo and hi as
+ * float64 bit patterns, then the panels q0 .. q1-1 (16 output channels each) it computes:
+ * a layer with few output pixels (ResNet's 7x7 and 14x14 maps at batch 1) is split over
+ * its output channels, so each thread reads its part of the packed weights only. */
+void wb_gemm_avx2_iconv_block(const int64_t *a) {
+    double lo, hi;
+    memcpy(&lo, a + 15, sizeof lo);
+    memcpy(&hi, a + 16, sizeof hi);
+    iconv_range((const float *)a[0], (const int64_t *)a[1], (const float *)a[2],
+                (const float *)a[3], (const float *)a[4], (const float *)a[5], (float *)a[6],
+                a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], (float)lo, (float)hi,
+                a[17], a[18]);
 }

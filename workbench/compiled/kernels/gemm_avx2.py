@@ -26,7 +26,7 @@ kernel cache; the engine loads it with ctypes. Used only when the CPU reports ev
   :data:`workbench.compiled.data_pointer` reads it) into their slots. It returns an int64
   (the loader's prototype says void; the caller that reads the code makes its own).
 - ``checked_pieces``: ``checked_block``'s checks and addresses, then the step cut into row
-  pieces run by the calling thread and the engine's C worker threads (slot 46: the address
+  pieces run by the calling thread and the C block pool (blas_worker.par) (slot 46: the address
   of the function running a set of pieces, 47: its descriptor, 48: the piece table, see
   ``gemm_avx2.c``; :class:`workbench.ops.parallel.Pieces` makes the first two): each piece
   runs ``fused_block`` on its own rows (product, GELU and LayerNorm alike), and every row is
@@ -44,6 +44,16 @@ kernel cache; the engine loads it with ctypes. Used only when the CPU reports ev
   packed as for ``gemm``. Arguments after the arrays: C, taps, M, OH*OW, H*W*C, r0, r1,
   has_z, lo, hi. The first tile over each slice of the packed weights prefetches the next
   slice into L2 (no change in arithmetic: the same bits).
+- ``gemm_panels_block``: ``gemm_block``'s 12 slots, then the 16-column panels ``q0 <= q <
+  q1`` it computes (a last panel of 8 columns or fewer goes with the full one before it: a
+  range holds both or neither). The 1x1 layers with few rows (7x7 maps at batch 1) split
+  over their output channels in the C block pool; every value has ``gemm``'s bits.
+- ``iconv_block``: ``iconv`` with its arguments in one int64 block (X, ind, zero, Bp, bias,
+  Z, Y, C, taps, M, OH*OW, H*W*C, r0, r1, has_z, lo and hi as float64 bit patterns), then
+  the 16-column panels ``q0 <= q < q1`` of the output channels it computes: the unit of work
+  the C block pool (``blas_worker.par``) runs, a layer cut into pixel ranges or, when it has
+  few output pixels, into panel ranges (each thread then streams only its part of the packed
+  weights). Every output value has the bits ``iconv`` gives it, whatever the ranges.
 """
 
 #: the kernel's source file, in this folder
@@ -64,4 +74,6 @@ EXPORTS = {
     "checked_pieces": "i64[]!",
     "objects_call": "i64[]",
     "iconv": "f32[] i64[] f32[] f32[] f32[] f32[] f32[]! i64 i64 i64 i64 i64 i64 i64 i64 f32 f32",
+    "iconv_block": "i64[]",
+    "gemm_panels_block": "i64[]",
 }
