@@ -42,7 +42,7 @@ def _scalars(proto):
                   if not i.dims and numpy_helper.to_array(i).dtype.kind == "f")
 
 
-def test_scalar_initializers_are_constants_with_explicit_overrides(monkeypatch):
+def test_scalar_initializers_are_constants_with_explicit_overrides(monkeypatch, tmp_path):
     proto = _proto("bert")
     scalars = _scalars(proto)
     assert len(scalars) == 5            # scale, 1, finfo.min, sqrt(2), 0.5
@@ -77,6 +77,13 @@ def test_scalar_initializers_are_constants_with_explicit_overrides(monkeypatch):
         sonnx.SONNXModel(proto, params="val_49")          # int64 shape
     with pytest.raises(InputError, match="both as params and as constants"):
         sonnx.SONNXModel(proto, params=["o.bias"], constants=["o.bias"])
+
+    # states saved with the scalars as parameters load only into a model that trains them
+    path = tmp_path / "states.npz"
+    sonnx.SONNXModel(proto, scalar_params=True).save_states(path)
+    with pytest.raises(InputError, match=r"keeps as constants .*scalar_params=True"):
+        sonnx.SONNXModel(proto).load_states(path)
+    sonnx.SONNXModel(proto, params=scalars).load_states(path)
 
 
 def _torch_training(torch, case, feeds, targets):
@@ -133,6 +140,15 @@ def test_dynamo_exports_train_fused_as_torch(monkeypatch, case):
     plain = _train_export(proto, feeds, targets)
     assert not plain[2]
     np.testing.assert_allclose(fused[0], plain[0], rtol=1e-6)
+
+    # the tape of a fused step exports the graph (constants included): onnxruntime gives
+    # our forward
+    ort = pytest.importorskip("onnxruntime")
+    exported, f, out = fused[3]
+    sess = ort.InferenceSession(exported.SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    got = sess.run(None, {i.name: a for i, a in zip(sess.get_inputs(), f)})[0]
+    np.testing.assert_allclose(got, out, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.usefixtures("kernels")

@@ -670,6 +670,17 @@ class SONNXModel(Model):
         for k in list(self.onnx_graph.initializers):
             self.onnx_graph.initializers[k] = self._weights[k].data
 
+    def _set(self, values: dict, mine: dict, what: str) -> None:
+        # states saved when these initializers were parameters (scalar_params=True, an
+        # earlier version, SINGA): say how to load them instead of only "unknown"
+        kept = [k for k in values if k not in mine and k in self._weights]
+        if kept:
+            raise InputError(f"{what}(s) {kept[:5]} are initializers that this model keeps as "
+                             f"constants (0-d initializers, settings or constants=...); to "
+                             f"load them as parameters build it with "
+                             f"SONNXModel(..., params={kept[:5]!r}) or scalar_params=True")
+        super()._set(values, mine, what)
+
     # ------------------------------------------------------------------ helpers
     @property
     def input_names(self) -> list:
