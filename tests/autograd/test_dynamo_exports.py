@@ -75,6 +75,8 @@ def test_scalar_initializers_are_constants_with_explicit_overrides(monkeypatch, 
         sonnx.SONNXModel(proto, params=["nope"])
     with pytest.raises(InputError, match="no float initializers"):
         sonnx.SONNXModel(proto, params="val_49")          # int64 shape
+    with pytest.raises(InputError, match="running statistics"):
+        sonnx.SONNXModel(_bn_proto(), params=["mean"])
     with pytest.raises(InputError, match="both as params and as constants"):
         sonnx.SONNXModel(proto, params=["o.bias"], constants=["o.bias"])
 
@@ -84,6 +86,17 @@ def test_scalar_initializers_are_constants_with_explicit_overrides(monkeypatch, 
     with pytest.raises(InputError, match=r"keeps as constants .*scalar_params=True"):
         sonnx.SONNXModel(proto).load_states(path)
     sonnx.SONNXModel(proto, params=scalars).load_states(path)
+
+
+def _bn_proto():
+    from onnx import TensorProto, helper
+    inits = [numpy_helper.from_array(np.full(3, v, np.float32), n)
+             for n, v in (("scale", 1.0), ("bias", 0.0), ("mean", 0.0), ("var", 1.0))]
+    g = helper.make_graph(
+        [helper.make_node("BatchNormalization", ["X", "scale", "bias", "mean", "var"], ["Y"])],
+        "bn", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
 
 
 def _torch_training(torch, case, feeds, targets):
@@ -153,7 +166,7 @@ def test_dynamo_exports_train_fused_as_torch(monkeypatch, case):
 
 @pytest.mark.usefixtures("kernels")
 def test_constants_trained_as_parameters_run_unfused(monkeypatch):
-    # WORKBENCH_SCALAR_PARAMS=1 (SINGA's rule): the scale and GELU's constants need
+    # WORKBENCH_SCALAR_PARAMS=1 (the earlier rule): the scale and GELU's constants need
     # gradients, which the fused kernels do not make: every chain runs unfused, with the
     # bits of the fusions turned off
     # (the GPT-2 block: in the BERT block, the extended mask's 1.0, which GELU's Add

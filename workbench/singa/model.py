@@ -548,6 +548,7 @@ def _parameter_rule(graph, params, constants, scalars):
         if name in fixed:
             return False
         return used_as_weight and (scalars or a.ndim > 0)
+    trainable.forced = forced
     return trainable
 
 
@@ -572,14 +573,15 @@ class SONNXModel(Model):
     framework's. The overrides: ``params=[names]`` trains these initializers anyway (e.g. a
     learnable 0-d ``nn.Parameter``), ``constants=[names]`` keeps these out of the
     parameters; ``scalar_params=True`` (or the class attribute, or the environment variable
-    ``WORKBENCH_SCALAR_PARAMS=1``) makes every 0-d float initializer a parameter, as SINGA's
-    own sonnx does. A name that is no initializer of the graph is an error.
+    ``WORKBENCH_SCALAR_PARAMS=1``) makes every 0-d float initializer a parameter (this class's
+    rule before 0-d initializers became constants). A name that is no initializer of the
+    graph is an error.
     """
 
     #: None: taken from WORKBENCH_LAST_LAYERS (default "workbench")
     last_layers_counting: str | None = None
     #: None: taken from WORKBENCH_SCALAR_PARAMS ("1": 0-d float initializers are parameters
-    #: too, as SINGA's own sonnx makes every initializer one; default: they are constants)
+    #: too, the rule before 0-d ones became constants; default: they are constants)
     scalar_params: bool | None = None
 
     def __init__(self, onnx_model, device=None, *, last_layers_counting: str | None = None,
@@ -612,6 +614,11 @@ class SONNXModel(Model):
             trainable.update(i for k, i in enumerate(n.inputs) if i and k not in fixed)
             for sg in n.subgraphs:
                 trainable.update(sg.free_variables())
+        stat_params = sorted(stats & trainable_now.forced)
+        if stat_params:
+            raise InputError(f"SONNXModel(params=...): {stat_params} are running statistics "
+                             f"(BatchNormalization's mean/variance: buffers updated in "
+                             f"training), not trainable weights")
         # the initial host weights and the graph's attribute arrays in one block
         # (``inference_cache.Arena``): the inference cache compares them with its snapshot in
         # one ``memcmp`` per run; copied once, straight from the loader's arrays
