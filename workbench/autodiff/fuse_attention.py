@@ -11,7 +11,7 @@ scalar constant ``c`` and an additive mask M broadcast to the scores, or instead
 constant ``fill`` (GPT-2's causal mask); the scale and the mask are each optional. The
 constants are Constant nodes or initializers that are no parameters (the dynamo exporter's),
 whose value, rank and ``requires_grad`` the first MatMul checks in every run
-(``fusion.guards_hold``). A training
+(:func:`guards_hold`). A training
 step through the Tensor runner ran five kernels for it and five gradient rules in the backward
 (BERT-like, batch 8 x 4 heads x 32 tokens: ~1.2 ms a layer, the numpy softmax ~0.3 ms and each
 stacked product through the general MatMul path ~0.15-0.2 ms). Here the core is found once per
@@ -83,7 +83,7 @@ class Core:
         # scores would grow their shape: such a core runs unfused)
         self.scale, self.pos, self.fill, self.rank = scale, pos, fill, rank
         # the scale's and the fill's constants held by initializers: (slot, value, rank),
-        # checked by the first MatMul in every run (fusion.guards_hold)
+        # checked by the first MatMul in every run (guards_hold)
         self.guards = guards
         # the scale's constant as the float32 the kernels compute with
         self.c = None if scale is None else _F32(scale[1])
@@ -191,9 +191,32 @@ def find(order, readers, consts, ranks=None, guards=None) -> dict:
     return found
 
 
-def _guards_hold(runner, guards) -> bool:
-    from workbench.autodiff.fusion import guards_hold  # noqa: PLC0415 - fusion imports us
-    return guards_hold(runner, guards)
+def leaf_value(t):
+    """``(value, rank)`` of a Tensor that can stand for a constant of one float32 value: a
+    host float32 array of one element that needs no gradient and has no creator (an
+    initializer that is no parameter, a replay's leaf); else None."""
+    if not isinstance(t, _tape.Tensor) or t.requires_grad or t.creator is not None:
+        return None
+    a = t.data
+    if type(a) is not np.ndarray or a.size != 1 or a.dtype != np.float32:
+        return None
+    return float(a.reshape(())), a.ndim
+
+
+def guards_hold(runner, guards) -> bool:
+    """Whether every ``(slot, value, rank)`` of ``guards`` still holds: the Tensor that the
+    runner's ``leaf_source`` gives for the slot (the one the step will read in this run) is
+    a constant (:func:`leaf_value`) of that value and rank. Checked by a chain's or a core's
+    first step: the fused kernels bake the value in, and a parameter (``requires_grad``)
+    would need a gradient they do not make."""
+    src = runner.leaf_source
+    if src is None:
+        return False
+    for slot, value, rank in guards:
+        v = leaf_value(src(slot))
+        if v is None or v[0] != value or v[1] != rank:
+            return False
+    return True
 
 
 def _placeholder(shape):
@@ -260,7 +283,7 @@ def _run(core, runner, role, step, call, args):
                 or not _stacked(q.data, k.data) or q.data.ndim > 4 or q.data.ndim < core.rank \
                 or not _tape._recording.get() or not _tape._grad_enabled.get() \
                 or _kernel("attention_avx2.attention_probs") is None \
-                or (core.guards and not _guards_hold(runner, core.guards)):
+                or (core.guards and not guards_hold(runner, core.guards)):
             return None
         core.q, core.k = q.data, k.data
         out = _tape.record_given(runner, step, call, args, _placeholder(_score_shape(core)))

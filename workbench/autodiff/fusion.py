@@ -26,7 +26,7 @@ runs unfused). The constants are Constant nodes or initializers that are no para
 (torch.onnx's dynamo exporter writes them as 0-d initializers, which ``SONNXModel`` keeps as
 constants): the runner's ``leaf_source`` gives the Tensor a plan input slot holds, and the
 chain's first step checks in every run that it still holds that value and rank and needs no
-gradient (:func:`guards_hold`; else the run is unfused). The half may come first, as the
+gradient (``fuse_attention.guards_hold``; else the run is unfused). The half may come first, as the
 dynamo exporter writes it: ``m = Mul(a, 0.5); y = Mul(x, m)`` (``Chain.swapped``; the last
 Mul's rule then gives the fused gradient to ``x`` itself). At run time every
 step of the chain checks that it receives the Tensor the previous step made (else it runs its
@@ -57,7 +57,7 @@ import numpy as np
 
 from workbench.autodiff import fuse_attention
 from workbench.autodiff import tape as _tape
-from workbench.autodiff.fuse_attention import only_reader
+from workbench.autodiff.fuse_attention import guards_hold, leaf_value, only_reader
 
 _SQRT2 = np.float32(math.sqrt(2.0))
 _PARALLEL_MIN = 1 << 15   # elements under which the gradient kernel runs on this thread
@@ -85,8 +85,8 @@ class Chain:
     run-time checks read and the highest rank of its three constants (a constant of shape
     (1, 1, 1) broadcasts a rank-2 ``x`` to rank 3: such a chain runs unfused), whether the
     half comes first (``swapped``: dynamo's ``x * ((1 + erf(x / sqrt2)) * 0.5)``), the
-    ``guards`` of its constants held by initializers (:func:`guards_hold`), plus the state of
-    the run in progress."""
+    ``guards`` of its constants held by initializers (``fuse_attention.guards_hold``), plus
+    the state of the run in progress."""
 
     __slots__ = ("ids", "pos", "rank", "swapped", "guards", "x", "y", "expect")
 
@@ -114,34 +114,6 @@ def _const_value(st, calls):
     return float(v.reshape(())), v.ndim
 
 
-def leaf_value(t):
-    """``(value, rank)`` of a Tensor that can stand for a constant of one float32 value: a
-    host float32 array of one element that needs no gradient and has no creator (an
-    initializer that is no parameter, a replay's leaf); else None."""
-    if not isinstance(t, _tape.Tensor) or t.requires_grad or t.creator is not None:
-        return None
-    a = t.data
-    if type(a) is not np.ndarray or a.size != 1 or a.dtype != np.float32:
-        return None
-    return float(a.reshape(())), a.ndim
-
-
-def guards_hold(runner, guards) -> bool:
-    """Whether every ``(slot, value, rank)`` of ``guards`` still holds: the Tensor that the
-    runner's ``leaf_source`` gives for the slot (the one the step will read in this run) is
-    a constant (:func:`leaf_value`) of that value and rank. Checked by a chain's or a core's
-    first step: the fused kernels bake the value in, and a parameter (``requires_grad``)
-    would need a gradient they do not make."""
-    src = runner.leaf_source
-    if src is None:
-        return False
-    for slot, value, rank in guards:
-        v = leaf_value(src(slot))
-        if v is None or v[0] != value or v[1] != rank:
-            return False
-    return True
-
-
 def find_chains(order, calls, leaf_source=None) -> dict:
     """``{id(step): (role, Chain)}`` for the GELU chains among ``order`` (the steps of one
     plan in the order they ran; ``calls``: the runner's prepared calls by step id), and
@@ -152,10 +124,10 @@ def find_chains(order, calls, leaf_source=None) -> dict:
     fused kernels do not, so the run-time checks compare them. They come from Constant nodes
     and, with ``leaf_source`` (``slot -> Tensor or None``: what a plan input slot holds in
     this run, e.g. an imported model's initializers), from the plan's inputs that hold a
-    constant (:func:`leaf_value`): exporters write scalar constants as initializers too
+    constant (``fuse_attention.leaf_value``): exporters write scalar constants as initializers too
     (torch.onnx's dynamo exporter always). Those may change between runs, so the chains and
     cores that use one keep ``guards`` (``(slot, value, rank)``) that their first step
-    checks in every run (:func:`guards_hold`); where one fails, the run is unfused."""
+    checks in every run (``fuse_attention.guards_hold``); where one fails, the run is unfused."""
     readers: dict = {}
     for st in order:
         for k, s in enumerate(st.ins):

@@ -680,7 +680,8 @@ class SONNXModel(Model):
     def _set(self, values: dict, mine: dict, what: str) -> None:
         # states saved when these initializers were parameters (scalar_params=True, an
         # earlier version, SINGA): say how to load them instead of only "unknown"
-        kept = [k for k in values if k not in mine and k in self._weights]
+        kept = [k for k in values if k not in mine and k in self._weights
+                and _is_float(self._weights[k].data)]
         if kept:
             raise InputError(f"{what}(s) {kept[:5]} are initializers that this model keeps as "
                              f"constants (0-d initializers, settings or constants=...); to "
