@@ -216,3 +216,46 @@ def test_a_changed_constant_initializer_runs_unfused():
     scale.CopyFrom(numpy_helper.from_array(np.array(2.0, np.float32), scale.name))
     want, _ = step(sonnx.SONNXModel(proto))
     np.testing.assert_allclose(changed.item(), want.item(), rtol=1e-6)
+
+
+def _gelu_half_first(cshape, as_initializers):
+    """X (4, 6) @ W -> the erf GELU chain in the dynamo exporter's order, ``0.5 * (1 + erf(x /
+    sqrt2))`` then ``x *`` that, the constants (of shape ``cshape``) as initializers (with
+    ``constants=`` for the non-0-d ones) or Constant nodes."""
+    from onnx import helper
+    vals = {"s2": np.sqrt(2.0), "one": 1.0, "half": 0.5}
+    consts = {k: np.full(cshape, v, np.float32) for k, v in vals.items()}
+    nodes = [] if as_initializers else [
+        helper.make_node("Constant", [], [k], value=numpy_helper.from_array(a, k))
+        for k, a in consts.items()]
+    nodes += [helper.make_node("MatMul", ["X", "W"], ["x"]),
+              helper.make_node("Div", ["x", "s2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+              helper.make_node("Add", ["e", "one"], ["a"]),
+              helper.make_node("Mul", ["half", "a"], ["m"]),
+              helper.make_node("Mul", ["x", "m"], ["out"])]
+    w = np.random.default_rng(0).standard_normal((6, 6)).astype(np.float32) * 0.3
+    inits = [numpy_helper.from_array(w, "W")]
+    if as_initializers:
+        inits += [numpy_helper.from_array(a, k) for k, a in consts.items()]
+    out = [1] * max(0, len(cshape) - 2) + [4, 6]
+    return fx._model(nodes, (4, 6), out, inits)
+
+
+@pytest.mark.usefixtures("kernels")
+@pytest.mark.parametrize("cshape,fuses", [((), True), ((1, 1), True), ((1, 1, 1), False)])
+@pytest.mark.parametrize("as_initializers", [True, False])
+def test_gelu_with_the_half_first_trains_fused_as_unfused(monkeypatch, cshape, fuses,
+                                                          as_initializers):
+    # (1, 1, 1) constants broadcast the (4, 6) activations to rank 3: unfused, as in
+    # test_fusion_exports; the fused gradient goes to x at the last Mul. Initializers that
+    # are not 0-d are parameters by default: constants= keeps them constant
+    proto = _gelu_half_first(cshape, as_initializers)
+    original = sonnx.SONNXModel
+    monkeypatch.setattr(sonnx, "SONNXModel", lambda p: original(
+        p, constants=["s2", "one", "half"] if as_initializers else None))
+    fused = fx.train(proto, (4, 6))
+    plain = fx.train(proto, (4, 6), env=UNFUSED, monkeypatch=monkeypatch)
+    assert set(fused[2]) == {"W"}
+    assert fused[3] == (GELU if fuses else [])
+    assert {o.shape for o in fused[0]} == {(1,) * max(0, len(cshape) - 2) + (4, 6)}
+    fx._same_training(fused, plain)
