@@ -6,9 +6,12 @@ torch.onnx (and most exporters) write the core of a self-attention layer as::
     O = MatMul(P, V)
 
 with Q (..., Sq, d), Kt (..., d, Sk), V (..., Sk, dv) (rank 3 or 4, equal batch dimensions), a
-scalar Constant ``c`` and an additive mask M broadcast to the scores, or instead of the Add a
+scalar constant ``c`` and an additive mask M broadcast to the scores, or instead of the Add a
 ``Where(cond, fill, D)`` / ``Where(cond, D, fill)`` with a boolean condition and a scalar
-Constant ``fill`` (GPT-2's causal mask); the scale and the mask are each optional. A training
+constant ``fill`` (GPT-2's causal mask); the scale and the mask are each optional. The
+constants are Constant nodes or initializers that are no parameters (the dynamo exporter's),
+whose value, rank and ``requires_grad`` the first MatMul checks in every run
+(:func:`guards_hold`). A training
 step through the Tensor runner ran five kernels for it and five gradient rules in the backward
 (BERT-like, batch 8 x 4 heads x 32 tokens: ~1.2 ms a layer, the numpy softmax ~0.3 ms and each
 stacked product through the general MatMul path ~0.15-0.2 ms). Here the core is found once per
@@ -70,15 +73,18 @@ class Core:
     """One attention core of a plan: the scale (None, ``("/", c)`` or ``("*", c)``), the input
     positions the run-time checks read, and the run in progress."""
 
-    __slots__ = ("scale", "pos", "fill", "rank", "c", "passes", "q", "k", "s", "p", "mask",
-                 "softmax", "expect", "nodes", "blocks")
+    __slots__ = ("scale", "pos", "fill", "rank", "guards", "c", "passes", "q", "k", "s", "p",
+                 "mask", "softmax", "expect", "nodes", "blocks")
 
-    def __init__(self, scale, pos, fill=None, rank=0):
+    def __init__(self, scale, pos, fill=None, rank=0, guards=()):
         # fill: None (an additive mask, or none), or (mode, value) for a Where that puts the
         # scalar ``value`` where its condition is true (mode 2) or false (mode 3); rank: the
         # highest rank of the scale's and the fill's constants (one of a higher rank than the
         # scores would grow their shape: such a core runs unfused)
         self.scale, self.pos, self.fill, self.rank = scale, pos, fill, rank
+        # the scale's and the fill's constants held by initializers: (slot, value, rank),
+        # checked by the first MatMul in every run (guards_hold)
+        self.guards = guards
         # the scale's constant as the float32 the kernels compute with
         self.c = None if scale is None else _F32(scale[1])
         self.passes = (_pass_rule(pos[0]), _pass_rule(pos[1]), _pass_rule(0))
@@ -117,10 +123,12 @@ def only_reader(readers, st, ops):
     return nxt, k
 
 
-def find(order, readers, consts, ranks=None) -> dict:
+def find(order, readers, consts, ranks=None, guards=None) -> dict:
     """``{id(step): (role, Core)}`` for the attention cores among ``order`` (``readers``:
     ``{slot: [(step, input position), ...]}``; ``consts``: ``{slot: float}`` of the float32
-    Constants of one value, ``ranks``: ``{slot: rank}`` of their arrays, 0 where missing)."""
+    constants of one value, ``ranks``: ``{slot: rank}`` of their arrays, 0 where missing;
+    ``guards(*slots)``: the run-time checks of those of the slots that initializers hold,
+    :func:`workbench.autodiff.fusion.find_chains`)."""
     ranks = ranks or {}
 
     found: dict = {}
@@ -128,7 +136,7 @@ def find(order, readers, consts, ranks=None) -> dict:
         n = mm1.node
         if n.op_type != "MatMul" or n.domain or len(mm1.ins) != 2 or min(mm1.ins) < 0:
             continue
-        steps, scale, pos, rank = [mm1], None, [-1, -1, -1], 0
+        steps, scale, pos, rank, held = [mm1], None, [-1, -1, -1], 0, []
         nxt, k = only_reader(readers, mm1, ("Div", "Mul", "Add", "Where", "Softmax"))
         if nxt is not None and nxt.node.op_type in ("Div", "Mul"):
             if len(nxt.ins) != 2 or (nxt.node.op_type == "Div" and k != 0):
@@ -138,6 +146,7 @@ def find(order, readers, consts, ranks=None) -> dict:
                 continue
             scale = ("/" if nxt.node.op_type == "Div" else "*", c)
             rank = ranks.get(nxt.ins[1 - k], 0)
+            held.append(nxt.ins[1 - k])
             steps.append(nxt)
             pos[0] = k
             nxt, k = only_reader(readers, nxt, ("Add", "Where", "Softmax"))
@@ -159,6 +168,7 @@ def find(order, readers, consts, ranks=None) -> dict:
                 continue
             fill = (2 if k == 2 else 3, value)
             rank = max(rank, ranks.get(nxt.ins[3 - k], 0))
+            held.append(nxt.ins[3 - k])
             steps.append(nxt)
             pos[1] = k
             nxt, k = only_reader(readers, nxt, ("Softmax",))
@@ -173,11 +183,40 @@ def find(order, readers, consts, ranks=None) -> dict:
         steps.append(mm2)
         if any(s is not None and id(s) in found for s in steps):
             continue
-        core = Core(scale, tuple(pos), fill, rank)
+        core = Core(scale, tuple(pos), fill, rank,
+                    guards(*held) if guards is not None and held else ())
         for role, s in enumerate(steps):
             if s is not None:
                 found[id(s)] = (role, core)
     return found
+
+
+def leaf_value(t):
+    """``(value, rank)`` of a Tensor that can stand for a constant of one float32 value: a
+    host float32 array of one element that needs no gradient and has no creator (an
+    initializer that is no parameter, a replay's leaf); else None."""
+    if not isinstance(t, _tape.Tensor) or t.requires_grad or t.creator is not None:
+        return None
+    a = t.data
+    if type(a) is not np.ndarray or a.size != 1 or a.dtype != np.float32:
+        return None
+    return float(a.reshape(())), a.ndim
+
+
+def guards_hold(runner, guards) -> bool:
+    """Whether every ``(slot, value, rank)`` of ``guards`` still holds: the Tensor that the
+    runner's ``leaf_source`` gives for the slot (the one the step will read in this run) is
+    a constant (:func:`leaf_value`) of that value and rank. Checked by a chain's or a core's
+    first step: the fused kernels bake the value in, and a parameter (``requires_grad``)
+    would need a gradient they do not make."""
+    src = runner.leaf_source
+    if src is None:
+        return False
+    for slot, value, rank in guards:
+        v = leaf_value(src(slot))
+        if v is None or v[0] != value or v[1] != rank:
+            return False
+    return True
 
 
 def _placeholder(shape):
@@ -243,7 +282,8 @@ def _run(core, runner, role, step, call, args):
         if not (_host_f32(q) and _host_f32(k)) or not (q.requires_grad or k.requires_grad) \
                 or not _stacked(q.data, k.data) or q.data.ndim > 4 or q.data.ndim < core.rank \
                 or not _tape._recording.get() or not _tape._grad_enabled.get() \
-                or _kernel("attention_avx2.attention_probs") is None:
+                or _kernel("attention_avx2.attention_probs") is None \
+                or (core.guards and not guards_hold(runner, core.guards)):
             return None
         core.q, core.k = q.data, k.data
         out = _tape.record_given(runner, step, call, args, _placeholder(_score_shape(core)))

@@ -20,9 +20,15 @@ What the five nodes hold: ``y`` is the fused GELU; the three intermediate values
 right shape, so any reader the analysis did not foresee gets NaN, never a plausible number.
 The analysis only fuses when each intermediate value has exactly one reader, the next node of
 the chain, and is freed there (so it is neither a graph output nor read by another node), and
-when the three constants are Constant nodes holding sqrt(2), 1 and 0.5 (one value each; where
-one has a higher rank than ``x`` it broadcasts the output to that rank, which the fused kernel
-does not: that chain runs unfused). At run time every
+when the three constants hold sqrt(2), 1 and 0.5 (one value each; where one has a higher rank
+than ``x`` it broadcasts the output to that rank, which the fused kernel does not: that chain
+runs unfused). The constants are Constant nodes or initializers that are no parameters
+(torch.onnx's dynamo exporter writes them as 0-d initializers, which ``SONNXModel`` keeps as
+constants): the runner's ``leaf_source`` gives the Tensor a plan input slot holds, and the
+chain's first step checks in every run that it still holds that value and rank and needs no
+gradient (``fuse_attention.guards_hold``; else the run is unfused). The half may come first, as the
+dynamo exporter writes it: ``m = Mul(a, 0.5); y = Mul(x, m)`` (``Chain.swapped``; the last
+Mul's rule then gives the fused gradient to ``x`` itself). At run time every
 step of the chain checks that it receives the Tensor the previous step made (else it runs its
 own kernel). The backward: the last Mul's rule is the fused gradient
 ``g * (Phi(x) + x phi(x))`` for its product input, the first Mul's passes that gradient to
@@ -51,7 +57,7 @@ import numpy as np
 
 from workbench.autodiff import fuse_attention
 from workbench.autodiff import tape as _tape
-from workbench.autodiff.fuse_attention import only_reader
+from workbench.autodiff.fuse_attention import guards_hold, leaf_value, only_reader
 
 _SQRT2 = np.float32(math.sqrt(2.0))
 _PARALLEL_MIN = 1 << 15   # elements under which the gradient kernel runs on this thread
@@ -77,13 +83,16 @@ def enabled() -> bool:
 class Chain:
     """One GELU chain of a plan: its five steps' ids, the positions of the inputs the
     run-time checks read and the highest rank of its three constants (a constant of shape
-    (1, 1, 1) broadcasts a rank-2 ``x`` to rank 3: such a chain runs unfused), plus the state
-    of the run in progress."""
+    (1, 1, 1) broadcasts a rank-2 ``x`` to rank 3: such a chain runs unfused), whether the
+    half comes first (``swapped``: dynamo's ``x * ((1 + erf(x / sqrt2)) * 0.5)``), the
+    ``guards`` of its constants held by initializers (``fuse_attention.guards_hold``), plus
+    the state of the run in progress."""
 
-    __slots__ = ("ids", "pos", "rank", "x", "y", "expect")
+    __slots__ = ("ids", "pos", "rank", "swapped", "guards", "x", "y", "expect")
 
-    def __init__(self, ids, pos, rank=0):
+    def __init__(self, ids, pos, rank=0, swapped=False, guards=()):
         self.ids, self.pos, self.rank = ids, pos, rank
+        self.swapped, self.guards = swapped, guards
         self.x = self.y = self.expect = None
 
 
@@ -105,14 +114,20 @@ def _const_value(st, calls):
     return float(v.reshape(())), v.ndim
 
 
-def find_chains(order, calls) -> dict:
+def find_chains(order, calls, leaf_source=None) -> dict:
     """``{id(step): (role, Chain)}`` for the GELU chains among ``order`` (the steps of one
     plan in the order they ran; ``calls``: the runner's prepared calls by step id), and
     ``{id(step): (role, fuse_attention.Core)}`` for the attention cores.
 
     The constants are those of one value; their ranks are kept beside (``ranks``): a
     constant of a higher rank than the value it scales grows the result's shape, which the
-    fused kernels do not, so the run-time checks compare them."""
+    fused kernels do not, so the run-time checks compare them. They come from Constant nodes
+    and, with ``leaf_source`` (``slot -> Tensor or None``: what a plan input slot holds in
+    this run, e.g. an imported model's initializers), from the plan's inputs that hold a
+    constant (``fuse_attention.leaf_value``): exporters write scalar constants as initializers too
+    (torch.onnx's dynamo exporter always). Those may change between runs, so the chains and
+    cores that use one keep ``guards`` (``(slot, value, rank)``) that their first step
+    checks in every run (``fuse_attention.guards_hold``); where one fails, the run is unfused."""
     readers: dict = {}
     for st in order:
         for k, s in enumerate(st.ins):
@@ -123,10 +138,22 @@ def find_chains(order, calls) -> dict:
         v = _const_value(st, calls)
         if v is not None:
             consts[st.outs[0]], ranks[st.outs[0]] = v
+    leaves: set = set()
+    if leaf_source is not None:
+        made = {s for st in order for s in st.outs}
+        for s in readers:
+            if s not in made and s not in consts:
+                v = leaf_value(leaf_source(s))
+                if v is not None:
+                    consts[s], ranks[s] = v
+                    leaves.add(s)
+
+    def guards(*slots):
+        return tuple((s, consts[s], ranks[s]) for s in dict.fromkeys(slots) if s in leaves)
 
     found: dict = {}
     if attention_enabled():
-        found.update(fuse_attention.find(order, readers, consts, ranks))
+        found.update(fuse_attention.find(order, readers, consts, ranks, guards))
     if not gelu_enabled():
         return found
     for div in order:
@@ -143,16 +170,26 @@ def find_chains(order, calls) -> dict:
         if add is None or len(add.ins) != 2 or consts.get(add.ins[1 - ka]) != 1.0:
             continue
         mul, km = only_reader(readers, add, ("Mul",))
-        if mul is None or len(mul.ins) != 2 or mul.ins[1 - km] != x_slot:
+        if mul is None or len(mul.ins) != 2:
+            continue
+        # x * (1 + erf) then * 0.5 (TorchScript's order), or (1 + erf) * 0.5 then x * that
+        # (the dynamo exporter's)
+        swapped = mul.ins[1 - km] != x_slot
+        if swapped and consts.get(mul.ins[1 - km]) != 0.5:
             continue
         mul2, k2 = only_reader(readers, mul, ("Mul",))
-        if mul2 is None or len(mul2.ins) != 2 or consts.get(mul2.ins[1 - k2]) != 0.5:
+        if mul2 is None or len(mul2.ins) != 2:
+            continue
+        if (mul2.ins[1 - k2] != x_slot) if swapped else \
+                (consts.get(mul2.ins[1 - k2]) != 0.5):
             continue
         steps = (div, erf, add, mul, mul2)
         if any(id(s) in found for s in steps):
             continue
-        rank = max(ranks[c_slot], ranks[add.ins[1 - ka]], ranks[mul2.ins[1 - k2]])
-        chain = Chain(tuple(id(s) for s in steps), (ka, km, k2), rank)
+        half = mul.ins[1 - km] if swapped else mul2.ins[1 - k2]
+        rank = max(ranks[c_slot], ranks[add.ins[1 - ka]], ranks[half])
+        chain = Chain(tuple(id(s) for s in steps), (ka, km, k2), rank, swapped,
+                      guards(c_slot, add.ins[1 - ka], half))
         for role, s in enumerate(steps):
             found[id(s)] = (role, chain)
     return found
@@ -253,7 +290,8 @@ def run_step(runner, role, chain, step, call, args):
         if not isinstance(x, _tape.Tensor) or not x.requires_grad \
                 or type(x.data) is not np.ndarray or x.data.dtype != np.float32 \
                 or x.data.ndim < chain.rank or not _tape._recording.get() \
-                or not _tape._grad_enabled.get():
+                or not _tape._grad_enabled.get() \
+                or (chain.guards and not guards_hold(runner, chain.guards)):
             return None
         y = _gelu_forward(x.data)
         if y is None:
@@ -271,19 +309,23 @@ def run_step(runner, role, chain, step, call, args):
         elif role == _ADD:
             ok = args[ka] is prev
         elif role == _MUL:
-            ok = args[km] is prev and args[1 - km] is chain.x
+            ok = args[km] is prev and (chain.swapped or args[1 - km] is chain.x)
         else:
-            ok = args[k2] is prev
+            ok = args[k2] is prev and (not chain.swapped or args[1 - k2] is chain.x)
         if not ok:
             chain.x = chain.y = chain.expect = None
             return None
         if role == _MUL2:
+            # the fused gradient goes to the product input (then the first Mul passes it to
+            # x) or, with the half first, straight to x; the other input receives none
             out = _tape.record_given(runner, step, call, args, chain.y)
-            out.creator.grad_rule = _fused_rule(chain.x.data, k2, len(args))
+            out.creator.grad_rule = _fused_rule(chain.x.data, 1 - k2 if chain.swapped else k2,
+                                                len(args))
             chain.x = chain.y = chain.expect = None
             return out
         out = _tape.record_given(runner, step, call, args, _placeholder(prev.shape))
-        out.creator.grad_rule = _pass_to(1 - km, len(args)) if role == _MUL else _no_gradient
+        out.creator.grad_rule = _pass_to(1 - km, len(args)) \
+            if role == _MUL and not chain.swapped else _no_gradient
     chain.expect = out
     return out
 

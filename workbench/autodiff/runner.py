@@ -205,6 +205,10 @@ class TapeRunner:
         # the host Constants whose recorded output is reused (_Reused)
         self._special: dict = {}
         self._memo_on = memo_enabled()
+        #: ``slot -> Tensor or None``: the Tensor a plan input slot (an initializer, a
+        #: replay's leaf) holds in this runner's runs, set by the plan's owner; the fusions
+        #: read the scalar constants held there (``fusion.find_chains``), None: none
+        self.leaf_source: Callable | None = None
 
     def preset(self, step, *, kw: dict, wants_ctx: bool, n_outputs: int, fn: Callable,
                training_mode: bool, state_updates: dict | None, out_names=None) -> None:
@@ -269,7 +273,8 @@ class TapeRunner:
             fused = self._fused
             if fused is None:   # a second run (a replay's first): find the chains once
                 fused = self._fused = _training_chains(
-                    fusion.find_chains(self._order, self._calls), self._calls)
+                    fusion.find_chains(self._order, self._calls, self.leaf_source),
+                    self._calls)
                 self._order = []
             if fused:
                 f = fused.get(id(step))

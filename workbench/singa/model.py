@@ -446,6 +446,7 @@ class _Replay:
             steps.append(step)
         self.plan = Plan.of_steps(steps, n_slots=n_slots[0],
                                   inputs=range(n_in), outputs=out_slots, constants=constants)
+        runner.leaf_source = constants.get   # the leaves the plan holds, fixed
         self.runner = runner
         self.single = isinstance(out, Tensor)
         self.kind = type(out)
@@ -491,6 +492,66 @@ def _is_float(a) -> bool:
     return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
 
 
+def _initializer_source(plan, weights: dict, inputs: set):
+    """``slot -> Tensor or None`` (``TapeRunner.leaf_source``): the Tensor of ``weights``
+    ({initializer name: Tensor}, the dict the model's runs pass as ``values``) that a plan
+    slot holds; None for the graph's inputs (a fed input overrides an initializer)."""
+    names = {s: n for n, s in plan.slots.items() if n in weights and n not in inputs}
+
+    def source(slot):
+        name = names.get(slot)
+        return None if name is None else weights.get(name)
+    return source
+
+
+def _parameter_rule(graph, params, constants, scalars):
+    """``trainable(name, array, used_as_weight) -> bool`` for the float initializers of
+    ``graph`` that are no running statistics (see :class:`SONNXModel`).
+
+    By default a float initializer read as a weight (not only as an op's setting) is a
+    parameter unless it is 0-d: exporters write scalar constants as 0-d initializers (the
+    dynamo exporter of torch >= 2.9 every one: the attention scale, GELU's sqrt(2), 1 and
+    0.5, mask fills; TorchScript's constant folding and tf2onnx some), while a layer's weights
+    have a shape. ``scalars`` (True) makes 0-d ones parameters too; ``params`` / ``constants``
+    (names) decide single initializers either way."""
+    if scalars is None:
+        env = os.environ.get("WORKBENCH_SCALAR_PARAMS", "").strip().lower()
+        if env not in ("", "0", "1", "false", "true", "no", "yes", "off", "on"):
+            raise InputError(f"WORKBENCH_SCALAR_PARAMS must be 0 or 1, got {env!r}")
+        scalars = env in ("1", "true", "yes", "on")
+    names = dict(graph.initializers)
+
+    def named(arg, what):
+        if arg is None:
+            return set()
+        got = {arg} if isinstance(arg, str) else set(arg)
+        bad = sorted(k for k in got if not isinstance(k, str) or k not in names)
+        if bad:
+            raise InputError(f"SONNXModel({what}=...): {bad} are no initializers of the "
+                             f"graph {graph.name!r} (its float initializers: "
+                             f"{sorted(k for k, a in names.items() if _is_float(a))[:20]})")
+        return got
+
+    forced, fixed = named(params, "params"), named(constants, "constants")
+    both = sorted(forced & fixed)
+    if both:
+        raise InputError(f"SONNXModel: {both} given both as params and as constants")
+    not_float = sorted(k for k in forced if not _is_float(names[k]))
+    if not_float:
+        raise InputError(f"SONNXModel(params=...): {not_float} are no float initializers "
+                         f"(dtypes {[str(names[k].dtype) for k in not_float]}): only float "
+                         f"tensors can be trained")
+
+    def trainable(name, a, used_as_weight) -> bool:
+        if name in forced:
+            return True
+        if name in fixed:
+            return False
+        return used_as_weight and (scalars or a.ndim > 0)
+    trainable.forced = forced
+    return trainable
+
+
 class SONNXModel(Model):
     """An ONNX model as a trainable ``model.Model`` (SINGA's ``sonnx.SONNXModel``).
 
@@ -502,12 +563,29 @@ class SONNXModel(Model):
     variable ``WORKBENCH_LAST_LAYERS`` (``singa`` or ``workbench``): SINGA programs run
     unchanged with ``WORKBENCH_LAST_LAYERS=singa``. Node or value names mean the same in
     both.
+
+    Which initializers are parameters (``get_params()``, trained): the float initializers
+    that a node reads as a weight, except 0-d ones, which are constants like the
+    non-float initializers, the ops' settings (Dropout's ratio, Clip's bounds...) and
+    BatchNormalization's running statistics (buffers). Exporters write scalar constants as 0-d
+    initializers (torch.onnx's dynamo exporter every one: the attention scale, GELU's
+    sqrt(2), 1 and 0.5, mask fills); trained, they would make training differ from the
+    framework's. The overrides: ``params=[names]`` trains these initializers anyway (e.g. a
+    learnable 0-d ``nn.Parameter``), ``constants=[names]`` keeps these out of the
+    parameters; ``scalar_params=True`` (or the class attribute, or the environment variable
+    ``WORKBENCH_SCALAR_PARAMS=1``) makes every 0-d float initializer a parameter (this class's
+    rule before 0-d initializers became constants). A name that is no initializer of the
+    graph is an error.
     """
 
     #: None: taken from WORKBENCH_LAST_LAYERS (default "workbench")
     last_layers_counting: str | None = None
+    #: None: taken from WORKBENCH_SCALAR_PARAMS ("1": 0-d float initializers are parameters
+    #: too, the rule before 0-d ones became constants; default: they are constants)
+    scalar_params: bool | None = None
 
-    def __init__(self, onnx_model, device=None, *, last_layers_counting: str | None = None):
+    def __init__(self, onnx_model, device=None, *, last_layers_counting: str | None = None,
+                 params=None, constants=None, scalar_params: bool | None = None):
         super().__init__()
         counting = (last_layers_counting or type(self).last_layers_counting
                     or os.environ.get("WORKBENCH_LAST_LAYERS") or "workbench")
@@ -524,6 +602,9 @@ class SONNXModel(Model):
         self._weights: OrderedDict[str, Tensor] = OrderedDict()
         self._tplans: dict = {}
         stats, trainable = set(), set()
+        trainable_now = _parameter_rule(self.onnx_graph, params, constants, scalar_params
+                                        if scalar_params is not None else
+                                        type(self).scalar_params)
         for n in self.onnx_graph.nodes:
             # an op's registered ``state_inputs`` hold running statistics (buffers) and its
             # ``settings`` inputs settings (Dropout's ratio, Clip's bounds...), not weights
@@ -533,6 +614,11 @@ class SONNXModel(Model):
             trainable.update(i for k, i in enumerate(n.inputs) if i and k not in fixed)
             for sg in n.subgraphs:
                 trainable.update(sg.free_variables())
+        stat_params = sorted(stats & trainable_now.forced)
+        if stat_params:
+            raise InputError(f"SONNXModel(params=...): {stat_params} are running statistics "
+                             f"(BatchNormalization's mean/variance: buffers updated in "
+                             f"training), not trainable weights")
         # the initial host weights and the graph's attribute arrays in one block
         # (``inference_cache.Arena``): the inference cache compares them with its snapshot in
         # one ``memcmp`` per run; copied once, straight from the loader's arrays
@@ -542,7 +628,7 @@ class SONNXModel(Model):
         for name, arr in arrays.items():
             held = arena is not None and arena.holds(arr)
             a = arr if held else np.array(arr, copy=True)
-            if _is_float(a) and name not in stats and name in trainable:
+            if _is_float(a) and name not in stats and trainable_now(name, a, name in trainable):
                 t = Tensor(device=self._dev, data=a, requires_grad=True, stores_grad=True,
                            name=name)
                 self._params[name] = t
@@ -590,6 +676,18 @@ class SONNXModel(Model):
         # the graph's initializer arrays are not used by the Tensor runner: share ours
         for k in list(self.onnx_graph.initializers):
             self.onnx_graph.initializers[k] = self._weights[k].data
+
+    def _set(self, values: dict, mine: dict, what: str) -> None:
+        # states saved when these initializers were parameters (scalar_params=True, an
+        # earlier version, SINGA): say how to load them instead of only "unknown"
+        kept = [k for k in values if k not in mine and k in self._weights
+                and _is_float(self._weights[k].data)]
+        if kept:
+            raise InputError(f"{what}(s) {kept[:5]} are initializers that this model keeps as "
+                             f"constants (0-d initializers, settings or constants=...); to "
+                             f"load them as parameters build it with "
+                             f"SONNXModel(..., params={kept[:5]!r}) or scalar_params=True")
+        super()._set(values, mine, what)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -915,7 +1013,10 @@ class SONNXModel(Model):
             # weights are this model's Tensors, so the plan's own copies stay where they are
             plan = Plan(graph, outputs=list(outputs), training=self.training,
                         check_inputs=False, device=self._dev, move_initializers=inference)
-            tp = (plan, TapeRunner(self._dev, training_mode=self.training))
+            runner = TapeRunner(self._dev, training_mode=self.training)
+            runner.leaf_source = _initializer_source(plan, self._weights,
+                                                     {v.name for v in graph.inputs})
+            tp = (plan, runner)
             self._tplans[key] = tp
         return tp
 
@@ -1005,8 +1106,12 @@ class SONNXModel(Model):
             if not vi.type.tensor_type.elem_type:
                 self._type_outputs(proto)
                 break
+        kept = set(g.initializers)
         return SONNXModel(proto, device=self._dev,
-                          last_layers_counting=self.last_layers_counting)
+                          last_layers_counting=self.last_layers_counting,
+                          params=[k for k in self._params if k in kept],
+                          constants=[k for k in self._weights
+                                     if k in kept and k not in self._params])
 
     def _value_info(self, name: str) -> ValueInfo:
         v = self.onnx_graph.value(name)

@@ -12,9 +12,13 @@
 
 ``SONNXModel(onnx_model)`` loads the model with ``workbench.graph.load`` (validation, shape
 inference). Float initializers become trainable parameters (``get_params()``, named as in the
-file), except BatchNormalization's running mean/variance, which are states (buffers), and
-initializers used only as settings (Dropout's ratio, Clip's bounds, Resize's scales...), which
-are constants like the non-float ones. ``imported_params()`` / ``freeze_imported()`` address
+file), except BatchNormalization's running mean/variance, which are states (buffers),
+initializers used only as settings (Dropout's ratio, Clip's bounds, Resize's scales...) and 0-d
+initializers (the scalar constants exporters write: torch.onnx's dynamo exporter writes every
+one as an initializer), which are constants like the non-float ones. ``SONNXModel(...,
+params=[names], constants=[names], scalar_params=True)`` overrides (``scalar_params``, the class
+attribute or ``WORKBENCH_SCALAR_PARAMS=1``: every 0-d float initializer is a parameter, the
+rule before they became constants). ``imported_params()`` / ``freeze_imported()`` address
 the imported weights apart from appended layers.
 ``forward(*x, last_layers=None, aux_output=())`` runs the
 graph's Plan on Tensors - every node through ``autograd`` - and returns a list of Tensors.
