@@ -138,7 +138,15 @@ def test_fused_step_exports_the_original_nodes_and_refuses_single_node_backward(
     m.compile([tensor.PlaceHolder(X.shape), tensor.PlaceHolder(MASK.shape)], is_train=True)
     x, mk = tensor.from_numpy(X), tensor.from_numpy(MASK)
     m.forward(x, mk)
-    out = m.forward(x, mk)[0]    # fused
+    check_fused_core_exports_and_refuses_single_node_backward(m, X)    # fused
+
+
+def check_fused_core_exports_and_refuses_single_node_backward(m, xa):
+    """A forward of ``m`` (the attention model, compiled) on ``xa`` and MASK runs its core
+    fused: the tape keeps the five original nodes, ``to_onnx`` writes them and runs to the
+    same output, and a single node's backward is refused."""
+    x, mk = tensor.from_numpy(xa), tensor.from_numpy(MASK)
+    out = m.forward(x, mk)[0]
     core = [n for n in tape_order([out]) if n.grad_rule is not None]
     assert [n.op_type for n in core] == ["MatMul", "Div", "Add", "Softmax", "MatMul"]
     exported = sonnx.to_onnx([x, mk], [out])
@@ -146,7 +154,7 @@ def test_fused_step_exports_the_original_nodes_and_refuses_single_node_backward(
     for op in ("Div", "Add", "Softmax"):
         assert op in ops
     from workbench import backend
-    got = backend.prepare(exported).run([X, MASK])[0]
+    got = backend.prepare(exported).run([xa, MASK])[0]
     np.testing.assert_allclose(got, out.numpy(), rtol=1e-5, atol=1e-6)
     last = core[-1]
     with pytest.raises(GradientError, match="attention core"):

@@ -22,21 +22,16 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from workbench import autograd, compiled, sonnx, tensor  # noqa: E402
+from tests.autograd import test_graph_fusion as graph_fusion  # noqa: E402
+from workbench import autograd, sonnx, tensor  # noqa: E402
 from workbench.autodiff.tape import tape_order  # noqa: E402
-from workbench.compiled import image  # noqa: E402
+
+kernels = graph_fusion.kernels          # the fixture: the compiled kernel modules are loaded
 
 UNFUSED = {"WORKBENCH_FUSE_ATTENTION": "0", "WORKBENCH_FUSE_GELU": "0",
            "WORKBENCH_SHAPE_MEMO": "0"}
 
 
-@pytest.fixture(scope="module")
-def kernels():
-    names = ("transformer.gelu_grad", "attention_avx2.attention_grad")
-    if image.supported() is not None \
-            or not compiled.wait(["transformer", "attention_avx2"], timeout=900) \
-            or any(compiled.kernel(k) is None for k in names):
-        pytest.skip(f"kernel modules are not available: {compiled.status()}")
 
 
 def _const(name, value, shape=()):

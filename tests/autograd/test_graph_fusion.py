@@ -12,17 +12,19 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 
-from tests.autograd.test_fuse_attention import MASK, attention_model  # noqa: E402
+from tests.autograd.test_fuse_attention import (  # noqa: E402
+    MASK,
+    attention_model,
+    check_fused_core_exports_and_refuses_single_node_backward,
+)
 from tests.autograd.test_fuse_attention import X as AX  # noqa: E402
 from tests.autograd.test_fuse_attention import Y as AY  # noqa: E402
 from tests.autograd.test_fusion import X as GX  # noqa: E402
 from tests.autograd.test_fusion import Y as GY  # noqa: E402
 from tests.autograd.test_fusion import gelu_mlp  # noqa: E402
 from workbench import autograd, compiled, opt, sonnx, tensor  # noqa: E402
-from workbench.autodiff import backprop  # noqa: E402
 from workbench.autodiff.tape import tape_order  # noqa: E402
 from workbench.compiled import image  # noqa: E402
-from workbench.errors import GradientError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -81,19 +83,7 @@ def test_replayed_fused_step_exports_the_graph_and_refuses_single_node_backward(
               use_graph=True)
     x, mk = tensor.from_numpy(AX), tensor.from_numpy(MASK)
     m.forward(x, mk)                 # recorded (eager)
-    out = m.forward(x, mk)[0]        # replayed, fused
-    core = [n for n in tape_order([out]) if n.grad_rule is not None]
-    assert [n.op_type for n in core] == ["MatMul", "Div", "Add", "Softmax", "MatMul"]
-    exported = sonnx.to_onnx([x, mk], [out])
-    ops = [n.op_type for n in exported.graph.node]
-    for op in ("Div", "Add", "Softmax"):
-        assert op in ops
-    from workbench import backend
-    got = backend.prepare(exported).run([AX, MASK])[0]
-    np.testing.assert_allclose(got, out.numpy(), rtol=1e-5, atol=1e-6)
-    with pytest.raises(GradientError, match="attention core"):
-        backprop.run_rule(core[-1], [np.ones(core[-1].out_meta[0][0], np.float32)],
-                          (True, True))
+    check_fused_core_exports_and_refuses_single_node_backward(m, AX)   # replayed, fused
 
 
 def test_eval_replay_and_replay_without_kernels_run_unfused(kernels):

@@ -17,6 +17,16 @@ from workbench import autograd, compiled, opt, sonnx, tensor
 from workbench.ops import parallel
 
 
+def _onnx(nodes, name, inits, x_shape, y_shape):
+    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, x_shape)], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, y_shape)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
 def _model():
     rng = np.random.default_rng(3)
     inits = {"w1": rng.standard_normal((64, 256)).astype(np.float32) * 0.1,
@@ -36,27 +46,22 @@ def _model():
         helper.make_node("Reshape", ["u", "shape2"], ["u2"]),
         helper.make_node("Gemm", ["u2", "w3", "b3"], ["y"], transB=1),
     ]
-    g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, [256, 64])], [helper.make_tensor_value_info(
-            "y", TensorProto.FLOAT, [256, 4])],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
-    return m
+    return _onnx(nodes, "mm", inits, [256, 64], [256, 4])
 
 
-def _train(monkeypatch, threads, steps=3):
+def _train(monkeypatch, threads, model=None, x_shape=(256, 64), seed=4, lr=0.01, steps=3):
+    """Losses and parameters after ``steps`` SGD steps of ``model`` (default: the products'
+    model) at ``threads`` engine threads."""
     monkeypatch.setenv("WORKBENCH_NUM_THREADS", str(threads))
-    rng = np.random.default_rng(4)
-    x = tensor.from_numpy(rng.standard_normal((256, 64)).astype(np.float32))
-    labels = rng.integers(0, 4, size=256).astype(np.int64)
-    m = sonnx.SONNXModel(_model())
+    rng = np.random.default_rng(seed)
+    x = tensor.from_numpy(rng.standard_normal(x_shape).astype(np.float32))
+    labels = rng.integers(0, 4, size=x_shape[0]).astype(np.int64)
+    m = sonnx.SONNXModel(model if model is not None else _model())
     m.compile([x], is_train=True, use_graph=False)
-    sgd = opt.SGD(lr=0.01, momentum=0.9)
+    sgd = opt.SGD(lr=lr, momentum=0.9)
     losses = []
     for _ in range(steps):
-        out = m.forward(x)
-        loss = autograd.softmax_cross_entropy(out[-1], labels)
+        loss = autograd.softmax_cross_entropy(m.forward(x)[-1], labels)
         sgd.backward_and_update(loss)
         losses.append(loss.numpy().copy())
     return losses, {k: v.numpy().copy() for k, v in m.get_params().items()}
@@ -158,29 +163,11 @@ def _conv_model():
         helper.make_node("Flatten", ["p"], ["f"]),
         helper.make_node("Gemm", ["f", "w5", "b5"], ["y"], transB=1),
     ]
-    g = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, [4, 8, 10, 10])], [helper.make_tensor_value_info(
-            "y", TensorProto.FLOAT, [4, 4])],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
-    return m
+    return _onnx(nodes, "conv", inits, [4, 8, 10, 10], [4, 4])
 
 
-def _train_conv(monkeypatch, threads, steps=3):
-    monkeypatch.setenv("WORKBENCH_NUM_THREADS", str(threads))
-    rng = np.random.default_rng(7)
-    x = tensor.from_numpy(rng.standard_normal((4, 8, 10, 10)).astype(np.float32))
-    labels = rng.integers(0, 4, size=4).astype(np.int64)
-    m = sonnx.SONNXModel(_conv_model())
-    m.compile([x], is_train=True, use_graph=False)
-    sgd = opt.SGD(lr=0.05, momentum=0.9)
-    losses = []
-    for _ in range(steps):
-        loss = autograd.softmax_cross_entropy(m.forward(x)[-1], labels)
-        sgd.backward_and_update(loss)
-        losses.append(loss.numpy().copy())
-    return losses, {k: v.numpy().copy() for k, v in m.get_params().items()}
+def _train_conv(monkeypatch, threads):
+    return _train(monkeypatch, threads, _conv_model(), (4, 8, 10, 10), seed=7, lr=0.05)
 
 
 @pytest.mark.parametrize("kernels", ["numpy", "compiled"])
