@@ -368,6 +368,24 @@ def one_blas_thread() -> single_threaded_blas:
 _PARALLEL_GEMM_MIN = 1 << 22  # multiply-adds under which a product stays one BLAS call
 
 
+def _batch_work(xp, a, b, out, epilogue):
+    """A :func:`run_blocks` job function computing ``out[i0:i1] = a[i0:i1] @ b[i0:i1]`` (an
+    operand without that leading axis, or with one entry there, broadcast) for each
+    ``(i0, i1)`` of its chunk, then ``epilogue(out[i0:i1], slice(i0, i1), full)``: a stack
+    split over its leading batch axis, each matrix the call numpy's own loop makes."""
+    nd, full = out.ndim, slice(None)
+
+    def part(op, i0, i1):
+        return op[i0:i1] if op.ndim == nd and op.shape[0] != 1 else op
+
+    def work(chunk):
+        for i0, i1 in chunk:
+            xp.matmul(part(a, i0, i1), part(b, i0, i1), out=out[i0:i1])
+            if epilogue is not None:
+                epilogue(out[i0:i1], slice(i0, i1), full)
+    return work
+
+
 def parallel_matmul(xp, a, b, out=None, epilogue=None):
     """``matmul(a, b)`` with the work split over the worker threads (numpy).
 
@@ -394,14 +412,7 @@ def parallel_matmul(xp, a, b, out=None, epilogue=None):
         return out
     nd = out.ndim
     if nd > 2 and out.shape[0] >= nw:
-        def part(op, i0, i1):
-            return op[i0:i1] if op.ndim == nd and op.shape[0] != 1 else op
-
-        def work(chunk):
-            for i0, i1 in chunk:
-                xp.matmul(part(a, i0, i1), part(b, i0, i1), out=out[i0:i1])
-                if epilogue is not None:
-                    epilogue(out[i0:i1], slice(i0, i1), full)
+        work = _batch_work(xp, a, b, out, epilogue)
         n = out.shape[0]
     else:
         def work(chunk):
@@ -524,16 +535,8 @@ def fixed_matmul(xp, a, b, out=None, epilogue=None):
                 epilogue(out, full, full)
             return out
         if nd > 2 and out.shape[0] > 1:
-            def part(op, i0, i1):
-                return op[i0:i1] if op.ndim == nd and op.shape[0] != 1 else op
-
-            def work(chunk):
-                for i0, i1 in chunk:
-                    np.matmul(part(a, i0, i1), part(b, i0, i1), out=out[i0:i1])
-                    if epilogue is not None:
-                        epilogue(out[i0:i1], slice(i0, i1), full)
             jobs = [(i, i + 1) for i in range(out.shape[0])]
-            run_blocks(np, jobs, work, 1 << 30)
+            run_blocks(np, jobs, _batch_work(np, a, b, out, epilogue), 1 << 30)
             return out
         per = -(-m // _ROW_PIECES)
         step = -(-per // _ROW_UNIT) * _ROW_UNIT
